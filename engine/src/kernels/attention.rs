@@ -1,0 +1,298 @@
+//! Fused attention over an f16 KV cache: exact softmax over the tokens a [`KvView`] exposes.
+//!
+//! K is stored in tiles of [`KV_TILE`] tokens, dimension-major inside a tile, so the scores of a
+//! whole tile for all query heads of a KV group come from one pass of broadcast-multiply-adds
+//! with no horizontal sums; each KV head is read once for its whole query group. V is
+//! token-major. Work is split over (KV head, query token, key range) tasks; key ranges of one
+//! query are merged by log-sum-exp (flash-decoding), so a single decoding token still uses
+//! every core.
+
+use super::SimdLevel;
+use half::f16;
+use rayon::prelude::*;
+
+/// Tokens per K tile.
+pub const KV_TILE: usize = 16;
+/// Keys scored at once inside a task (bounds the score buffer).
+const KEY_CHUNK: usize = 256;
+
+/// Index of element `dim` of token `token` in one head's tiled K.
+#[inline]
+pub fn k_tile_index(token: usize, dim: usize, head_dim: usize) -> usize {
+    (token / KV_TILE * head_dim + dim) * KV_TILE + token % KV_TILE
+}
+
+/// The keys and values one attention call may read, for every KV head of one layer.
+#[derive(Debug, Clone, Copy)]
+pub struct KvView<'a> {
+    pub n_tokens: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Token slots between consecutive heads (a multiple of [`KV_TILE`]).
+    pub head_stride_tokens: usize,
+    /// `[kv_head][tile][dim][lane]`
+    pub k: &'a [f16],
+    /// `[kv_head][token][dim]`
+    pub v: &'a [f16],
+    /// Position of each token; `None` means token j sits at position j.
+    pub positions: Option<&'a [u32]>,
+}
+
+impl KvView<'_> {
+    /// Keys `0..n` the query at `position` may attend to (later ones are masked, if any).
+    fn key_limit(&self, position: usize) -> usize {
+        match self.positions {
+            None => self.n_tokens.min(position + 1),
+            Some(_) => self.n_tokens,
+        }
+    }
+}
+
+/// One task's softmax partial for each head of a KV group: running max, sum, weighted V.
+struct Partial<'a> {
+    max: &'a mut [f32],
+    sum: &'a mut [f32],
+    acc: &'a mut [f32],
+}
+
+/// Attention output `out` (`n × n_heads·head_dim`) for queries `q` (same shape, RoPE applied) at
+/// `q_positions`.
+pub fn attend(q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32]) {
+    let (hd, n_kv) = (view.head_dim, view.n_kv_heads);
+    let group = n_heads / n_kv;
+    let n = q_positions.len();
+    assert_eq!(q.len(), n * n_heads * hd, "attention query shape");
+    assert_eq!(out.len(), q.len(), "attention output shape");
+
+    let max_keys = q_positions.iter().map(|&p| view.key_limit(p)).max().unwrap_or(0);
+    let threads = rayon::current_num_threads();
+    let splits = (4 * threads).div_ceil(n_kv * n).min(max_keys.div_ceil(4 * KEY_CHUNK)).max(1);
+    let split_tokens = max_keys.div_ceil(splits).div_ceil(KV_TILE) * KV_TILE;
+    let tasks = n_kv * n * splits;
+    let stride = group * (hd + 2);
+    let mut partials = vec![0f32; tasks * stride];
+    let level = super::simd_level();
+    let scale = 1.0 / (hd as f32).sqrt();
+    partials.par_chunks_mut(stride).enumerate().for_each_init(
+        || Scratch::new(group, hd),
+        |scratch, (task, part)| {
+            let (h, rest) = (task / (n * splits), task % (n * splits));
+            let (t, split) = (rest / splits, rest % splits);
+            let limit = view.key_limit(q_positions[t]);
+            let start = (split * split_tokens).min(limit);
+            let end = (start + split_tokens).min(limit);
+            for gi in 0..group {
+                let src = &q[(t * n_heads + h * group + gi) * hd..][..hd];
+                for (dst, &s) in scratch.q[gi * hd..][..hd].iter_mut().zip(src) {
+                    *dst = s * scale;
+                }
+            }
+            let (max, rest) = part.split_at_mut(group);
+            let (sum, acc) = rest.split_at_mut(group);
+            let mut partial = Partial { max, sum, acc };
+            attend_range(view, h, group, q_positions[t], start, end, scratch, &mut partial, level);
+        },
+    );
+
+    // Merge the key-range partials of each (head, token) by log-sum-exp.
+    for t in 0..n {
+        for h in 0..n_kv {
+            for gi in 0..group {
+                let dst = &mut out[(t * n_heads + h * group + gi) * hd..][..hd];
+                let parts = (0..splits).map(|s| &partials[((h * n + t) * splits + s) * stride..][..stride]);
+                let global_max = parts.clone().map(|p| p[gi]).fold(f32::NEG_INFINITY, f32::max);
+                dst.fill(0.0);
+                let mut total = 0f32;
+                for p in parts {
+                    if p[gi] == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let w = (p[gi] - global_max).exp();
+                    total += w * p[group + gi];
+                    let acc = &p[2 * group + gi * hd..][..hd];
+                    for (d, a) in dst.iter_mut().zip(acc) {
+                        *d += w * a;
+                    }
+                }
+                if total > 0.0 {
+                    dst.iter_mut().for_each(|d| *d /= total);
+                }
+            }
+        }
+    }
+}
+
+struct Scratch {
+    /// group × head_dim, pre-scaled by 1/√d
+    q: Vec<f32>,
+    /// group × KEY_CHUNK
+    scores: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(group: usize, hd: usize) -> Self {
+        Self { q: vec![0.0; group * hd], scores: vec![0.0; group * KEY_CHUNK] }
+    }
+}
+
+/// Online softmax over keys `start..end` of KV head `h` for one token's query group.
+#[allow(clippy::too_many_arguments)]
+fn attend_range(
+    view: &KvView<'_>,
+    h: usize,
+    group: usize,
+    position: usize,
+    start: usize,
+    end: usize,
+    scratch: &mut Scratch,
+    partial: &mut Partial<'_>,
+    level: SimdLevel,
+) {
+    let hd = view.head_dim;
+    let head_k = &view.k[h * view.head_stride_tokens * hd..][..view.head_stride_tokens * hd];
+    let head_v = &view.v[h * view.head_stride_tokens * hd..][..view.head_stride_tokens * hd];
+    partial.max.fill(f32::NEG_INFINITY);
+    partial.sum.fill(0.0);
+    partial.acc.fill(0.0);
+    let mut c0 = start;
+    while c0 < end {
+        let len = KEY_CHUNK.min(end - c0);
+        let scores = &mut scratch.scores[..group * len];
+        score_keys(head_k, hd, &scratch.q, group, c0, len, scores, level);
+        if let Some(positions) = view.positions {
+            for (j, &p) in positions[c0..c0 + len].iter().enumerate() {
+                if p as usize > position {
+                    (0..group).for_each(|gi| scores[gi * len + j] = f32::NEG_INFINITY);
+                }
+            }
+        }
+        for gi in 0..group {
+            let row = &mut scores[gi * len..][..len];
+            let chunk_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if chunk_max == f32::NEG_INFINITY {
+                row.fill(0.0);
+                continue;
+            }
+            let new_max = partial.max[gi].max(chunk_max);
+            let rescale = (partial.max[gi] - new_max).exp();
+            partial.max[gi] = new_max;
+            partial.sum[gi] = partial.sum[gi] * rescale + exp_shifted(row, new_max, level);
+            partial.acc[gi * hd..][..hd].iter_mut().for_each(|a| *a *= rescale);
+        }
+        accumulate_values(head_v, hd, scores, group, c0, len, partial.acc, level);
+        c0 += len;
+    }
+}
+
+/// `scores[g][j] = q[g] · k[c0 + j]` for j in 0..len; `c0` is a multiple of [`KV_TILE`].
+#[allow(clippy::too_many_arguments)]
+fn score_keys(k: &[f16], hd: usize, q: &[f32], group: usize, c0: usize, len: usize, scores: &mut [f32], level: SimdLevel) {
+    debug_assert_eq!(c0 % KV_TILE, 0);
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni && hd % 16 == 0 && super::x86::supports_group(group) {
+        // SAFETY: the level guarantees the CPU features; the slices cover every tile touched.
+        unsafe { super::x86::score_keys(k, hd, q, group, c0, len, scores) };
+        return;
+    }
+    let _ = level;
+    for j in 0..len {
+        let token = c0 + j;
+        for gi in 0..group {
+            let qg = &q[gi * hd..][..hd];
+            let mut s = 0f32;
+            for (d, &qd) in qg.iter().enumerate() {
+                s += qd * k[k_tile_index(token, d, hd)].to_f32();
+            }
+            scores[gi * len + j] = s;
+        }
+    }
+}
+
+/// Replaces each score with exp(score − max) and returns their sum.
+fn exp_shifted(row: &mut [f32], max: f32, level: SimdLevel) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni {
+        // SAFETY: the level guarantees the CPU features.
+        return unsafe { super::x86::exp_shifted(row, max) };
+    }
+    let _ = level;
+    row.iter_mut().map(|s| {
+        *s = (*s - max).exp();
+        *s
+    }).sum()
+}
+
+/// `acc[g] += Σ_j p[g][j] · v[c0 + j]`.
+#[allow(clippy::too_many_arguments)]
+fn accumulate_values(v: &[f16], hd: usize, p: &[f32], group: usize, c0: usize, len: usize, acc: &mut [f32], level: SimdLevel) {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512Vnni && hd % 16 == 0 && super::x86::supports_group(group) {
+        // SAFETY: the level guarantees the CPU features; the slices cover every row touched.
+        unsafe { super::x86::accumulate_values(v, hd, p, group, c0, len, acc) };
+        return;
+    }
+    let _ = level;
+    for j in 0..len {
+        let row = &v[(c0 + j) * hd..][..hd];
+        for gi in 0..group {
+            let w = p[gi * len + j];
+            for (a, x) in acc[gi * hd..][..hd].iter_mut().zip(row) {
+                *a += w * x.to_f32();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain softmax attention over f32 copies, the reference the kernels must match.
+    fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], limit: usize) -> Vec<f32> {
+        let hd = q.len();
+        let scores: Vec<f32> = k[..limit].iter().map(|kj| kj.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt()).collect();
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+        let z: f32 = e.iter().sum();
+        (0..hd).map(|d| e.iter().zip(v).map(|(w, vj)| w * vj[d]).sum::<f32>() / z).collect()
+    }
+
+    #[test]
+    fn matches_plain_softmax_for_every_group_size_and_length() {
+        let hd = 64;
+        for (n_heads, n_kv) in [(9, 3), (4, 4), (8, 1), (14, 2)] {
+            for n_tokens in [1, 15, 16, 17, 300, 2100] {
+                let stride = n_tokens.div_ceil(KV_TILE) * KV_TILE;
+                let val = |h: usize, t: usize, d: usize, salt: usize| (((h * 31 + t * 17 + d * 7 + salt) % 97) as f32 / 48.0 - 1.0) * 0.8;
+                let mut k = vec![f16::ZERO; n_kv * stride * hd];
+                let mut v = vec![f16::ZERO; n_kv * stride * hd];
+                for h in 0..n_kv {
+                    for t in 0..n_tokens {
+                        for d in 0..hd {
+                            k[h * stride * hd + k_tile_index(t, d, hd)] = f16::from_f32(val(h, t, d, 1));
+                            v[(h * stride + t) * hd + d] = f16::from_f32(val(h, t, d, 2));
+                        }
+                    }
+                }
+                let view = KvView { n_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: None };
+                // two queries: the last position, and one in the middle (causal mask)
+                let positions = [n_tokens - 1, n_tokens / 2];
+                let q: Vec<f32> = (0..2 * n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
+                let mut out = vec![0f32; q.len()];
+                attend(&q, &positions, n_heads, &view, &mut out);
+                for (t, &pos) in positions.iter().enumerate() {
+                    for head in 0..n_heads {
+                        let h = head / (n_heads / n_kv);
+                        let kk: Vec<Vec<f32>> = (0..n_tokens).map(|j| (0..hd).map(|d| f16::from_f32(val(h, j, d, 1)).to_f32()).collect()).collect();
+                        let vv: Vec<Vec<f32>> = (0..n_tokens).map(|j| (0..hd).map(|d| f16::from_f32(val(h, j, d, 2)).to_f32()).collect()).collect();
+                        let want = reference(&q[(t * n_heads + head) * hd..][..hd], &kk, &vv, pos + 1);
+                        let got = &out[(t * n_heads + head) * hd..][..hd];
+                        for (a, b) in got.iter().zip(&want) {
+                            assert!((a - b).abs() < 1e-4, "heads {n_heads}/{n_kv} tokens {n_tokens} pos {pos}: {a} vs {b}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

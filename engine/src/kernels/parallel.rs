@@ -1,0 +1,40 @@
+//! Helpers for splitting kernel work over the rayon pool.
+
+use std::marker::PhantomData;
+
+/// Lets parallel tasks write disjoint parts of one output slice that are not contiguous chunks
+/// (for example one row range of every token in a token-major matrix).
+pub struct DisjointWriter<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _borrow: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: the writer only hands out writes through `write`, whose contract requires that no two
+// tasks write the same index; with that, sharing it across threads is like sharing `&mut` parts.
+unsafe impl Send for DisjointWriter<'_> {}
+unsafe impl Sync for DisjointWriter<'_> {}
+
+impl<'a> DisjointWriter<'a> {
+    pub fn new(out: &'a mut [f32]) -> Self {
+        Self { ptr: out.as_mut_ptr(), len: out.len(), _borrow: PhantomData }
+    }
+
+    /// Writes `value` at `index`.
+    ///
+    /// # Safety
+    /// No other task may read or write `index` while the writer is alive.
+    #[inline]
+    pub unsafe fn write(&self, index: usize, value: f32) {
+        assert!(index < self.len, "DisjointWriter index {index} out of bounds {}", self.len);
+        // SAFETY: in bounds (checked above); exclusive per the caller's contract.
+        unsafe { self.ptr.add(index).write(value) }
+    }
+}
+
+/// How many pieces to cut `work_items` into so that every thread gets a few.
+pub fn task_count(work_items: usize, min_items_per_task: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let by_size = work_items.div_ceil(min_items_per_task.max(1));
+    by_size.clamp(1, (threads * 4).max(1))
+}

@@ -1,0 +1,266 @@
+//! AVX-512 (F, BW, VL, VNNI) kernels. Callers check [`super::simd_level`] first; every function
+//! here is `unsafe` only because it needs those CPU features, and reads only inside the slices
+//! it is given (bounds are asserted before the raw loops).
+
+use super::attention::KV_TILE;
+use super::matrix::TOKEN_TILE;
+use super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
+use half::f16;
+use std::arch::x86_64::*;
+
+/// Lanes 0–7 take element 0 of a 2-float vector, lanes 8–15 element 1.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pair_index() -> __m512i {
+    _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+}
+
+/// Products of weight row `row` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE).
+///
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl and avx512vnni.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn uq_dot_rows(w: &UqMatrix, row: usize, x: &QuantizedActivations, t0: usize, nt: usize, sums: &mut [f32; TOKEN_TILE]) {
+    assert!(row < w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
+    // SAFETY (all arms): features per this function's contract; bounds asserted above.
+    unsafe {
+        match nt {
+            1 => uq_dot_tile::<1>(w, row, x, t0, sums),
+            2 => uq_dot_tile::<2>(w, row, x, t0, sums),
+            3 => uq_dot_tile::<3>(w, row, x, t0, sums),
+            _ => uq_dot_tile::<4>(w, row, x, t0, sums),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, row: usize, x: &QuantizedActivations, t0: usize, sums: &mut [f32; TOKEN_TILE]) {
+    let nb = w.blocks_per_row();
+    let bpb = w.bits.bytes_per_block();
+    let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
+    let wd = &w.d[row * nb..][..nb];
+    let wm = &w.m[row * nb..][..nb];
+    let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
+    let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
+    let xs: [&[f32]; NT] = std::array::from_fn(|t| &x.scaled_sums[(t0 + t) * nb..][..nb]);
+
+    let low_nibbles = _mm256_set1_epi8(0x0f);
+    let pair = pair_index();
+    let mut acc = [_mm512_setzero_ps(); NT];
+    for p in 0..nb / 2 {
+        // 64 unsigned weights of blocks 2p and 2p+1, in activation order.
+        // SAFETY: blocks 2p, 2p+1 < nb lie inside this row's nb·bpb bytes.
+        let wv = unsafe {
+            match w.bits {
+                QuantBits::Four => {
+                    let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
+                    let lo = _mm256_and_si256(raw, low_nibbles);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
+                    // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
+                    let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                    _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
+                }
+                QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
+            }
+        };
+        let dw = _mm_castpd_ps(_mm_load_sd(wd[2 * p..].as_ptr() as *const f64));
+        for t in 0..NT {
+            // SAFETY: 64 activations of this block pair lie inside the token's row.
+            let xv = unsafe { _mm512_loadu_si512(xq[t][p * 64..].as_ptr() as *const __m512i) };
+            let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+            let dx = _mm_castpd_ps(_mm_load_sd(xd[t][2 * p..].as_ptr() as *const f64));
+            let scale = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
+        }
+    }
+    // The weights' per-block offsets times the activations' scaled sums, 16 blocks at a time.
+    for c in (0..nb).step_by(16) {
+        let mask: __mmask16 = ((1u32 << (nb - c).min(16)) - 1) as __mmask16;
+        let m = _mm512_maskz_loadu_ps(mask, wm[c..].as_ptr());
+        for t in 0..NT {
+            let s = _mm512_maskz_loadu_ps(mask, xs[t][c..].as_ptr());
+            acc[t] = _mm512_fmadd_ps(m, s, acc[t]);
+        }
+    }
+    for t in 0..NT {
+        let mut total = _mm512_reduce_add_ps(acc[t]);
+        if nb % 2 == 1 {
+            total += odd_block(w, row, x, t0 + t, nb - 1);
+        }
+        sums[t] = total;
+    }
+}
+
+/// The integer part of the last block of a row with an odd block count.
+fn odd_block(w: &UqMatrix, row: usize, x: &QuantizedActivations, t: usize, b: usize) -> f32 {
+    let nb = w.blocks_per_row();
+    let bpb = w.bits.bytes_per_block();
+    let wq = &w.qs[(row * nb + b) * bpb..][..bpb];
+    let xq = &x.qs[(t * nb + b) * BLOCK..][..BLOCK];
+    let isum: i32 = match w.bits {
+        QuantBits::Four => (0..BLOCK / 2)
+            .map(|j| i32::from(wq[j] & 0x0f) * i32::from(xq[j]) + i32::from(wq[j] >> 4) * i32::from(xq[j + BLOCK / 2]))
+            .sum(),
+        QuantBits::Eight => (0..BLOCK).map(|j| i32::from(wq[j]) * i32::from(xq[j])).sum(),
+    };
+    w.d[row * nb + b] * x.d[t * nb + b] * isum as f32
+}
+
+/// Query-group sizes with a register-resident kernel.
+pub fn supports_group(group: usize) -> bool {
+    (1..=8).contains(&group)
+}
+
+macro_rules! dispatch_group {
+    ($group:expr, $f:ident::<G>($($arg:expr),*)) => {
+        match $group {
+            1 => $f::<1>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            4 => $f::<4>($($arg),*),
+            5 => $f::<5>($($arg),*),
+            6 => $f::<6>($($arg),*),
+            7 => $f::<7>($($arg),*),
+            8 => $f::<8>($($arg),*),
+            g => unreachable!("group size {g} has no AVX-512 kernel"),
+        }
+    };
+}
+
+/// Scores of keys `c0..c0+len` (c0 a multiple of KV_TILE) against `group` queries.
+///
+/// # Safety
+/// The CPU must support avx512f and f16c; `hd % 16 == 0`; `supports_group(group)`.
+#[target_feature(enable = "avx512f,f16c")]
+pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], group: usize, c0: usize, len: usize, scores: &mut [f32]) {
+    let tiles_end = (c0 + len).div_ceil(KV_TILE);
+    assert!(tiles_end * KV_TILE * hd <= k.len() && q.len() >= group * hd && scores.len() >= group * len);
+    // SAFETY: features per contract; bounds asserted above.
+    unsafe { dispatch_group!(group, score_keys_g::<G>(k, hd, q, c0, len, scores)) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn score_keys_g<const G: usize>(k: &[f16], hd: usize, q: &[f32], c0: usize, len: usize, scores: &mut [f32]) {
+    let mut tile_scores = [[0f32; KV_TILE]; G];
+    let mut j = 0;
+    while j < len {
+        let tile = (c0 + j) / KV_TILE;
+        let base = k[tile * hd * KV_TILE..][..hd * KV_TILE].as_ptr();
+        let mut acc = [_mm512_setzero_ps(); G];
+        for d in 0..hd {
+            // SAFETY: row d of this tile lies inside the tile's hd·KV_TILE values.
+            let kv = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add(d * KV_TILE) as *const __m256i) });
+            for g in 0..G {
+                acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d]), kv, acc[g]);
+            }
+        }
+        let n = KV_TILE.min(len - j);
+        for g in 0..G {
+            if n == KV_TILE {
+                // SAFETY: j + 16 ≤ len, inside row g of `scores`.
+                unsafe { _mm512_storeu_ps(scores[g * len + j..].as_mut_ptr(), acc[g]) };
+            } else {
+                // SAFETY: a local 16-float array.
+                unsafe { _mm512_storeu_ps(tile_scores[g].as_mut_ptr(), acc[g]) };
+                scores[g * len + j..][..n].copy_from_slice(&tile_scores[g][..n]);
+            }
+        }
+        j += n;
+    }
+}
+
+/// `acc[g] += Σ_j p[g][j] · v[c0+j]` for j in 0..len.
+///
+/// # Safety
+/// The CPU must support avx512f and f16c; `hd % 16 == 0`; `supports_group(group)`.
+#[target_feature(enable = "avx512f,f16c")]
+pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], group: usize, c0: usize, len: usize, acc: &mut [f32]) {
+    assert!((c0 + len) * hd <= v.len() && p.len() >= group * len && acc.len() >= group * hd);
+    // SAFETY: features per contract; bounds asserted above.
+    unsafe { dispatch_group!(group, accumulate_values_g::<G>(v, hd, p, c0, len, acc)) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn accumulate_values_g<const G: usize>(v: &[f16], hd: usize, p: &[f32], c0: usize, len: usize, acc: &mut [f32]) {
+    let rows = v[c0 * hd..][..len * hd].as_ptr();
+    for c in (0..hd).step_by(16) {
+        let mut sums = [_mm512_setzero_ps(); G];
+        for j in 0..len {
+            // SAFETY: 16 values of row j at column c, inside the len·hd values above.
+            let vv = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(rows.add(j * hd + c) as *const __m256i) });
+            for g in 0..G {
+                sums[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * len + j]), vv, sums[g]);
+            }
+        }
+        for g in 0..G {
+            let dst = acc[g * hd + c..][..16].as_mut_ptr();
+            // SAFETY: 16 floats of row g at column c, inside `acc`.
+            unsafe { _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), sums[g])) };
+        }
+    }
+}
+
+/// exp(x) for 16 lanes: 2^n · e^r with |r| ≤ ln2/2, a degree-6 polynomial for e^r.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut poly = _mm512_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(c));
+    }
+    _mm512_scalef_ps(poly, n)
+}
+
+/// Replaces each value with exp(value − max) and returns their sum.
+///
+/// # Safety
+/// The CPU must support avx512f.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
+    let m = _mm512_set1_ps(max);
+    let mut total = _mm512_setzero_ps();
+    let mut chunks = row.chunks_exact_mut(16);
+    for c in &mut chunks {
+        // SAFETY: `c` holds exactly 16 floats.
+        unsafe {
+            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(c.as_ptr()), m));
+            _mm512_storeu_ps(c.as_mut_ptr(), e);
+            total = _mm512_add_ps(total, e);
+        }
+    }
+    let rest = chunks.into_remainder();
+    let mask: __mmask16 = ((1u32 << rest.len()) - 1) as __mmask16;
+    // SAFETY: the mask covers only the remaining values.
+    unsafe {
+        let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, rest.as_ptr()), m));
+        _mm512_mask_storeu_ps(rest.as_mut_ptr(), mask, e);
+        total = _mm512_add_ps(total, _mm512_maskz_mov_ps(mask, e));
+    }
+    _mm512_reduce_add_ps(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate_over_the_softmax_range() {
+        if crate::kernels::simd_level() != crate::kernels::SimdLevel::Avx512Vnni {
+            return; // nothing to compare on this CPU; the portable path uses f32::exp
+        }
+        let mut xs: Vec<f32> = (0..1000).map(|i| -80.0 + i as f32 * 0.08).collect();
+        let want: Vec<f32> = xs.iter().map(|x| x.exp()).collect();
+        let sum = unsafe { exp_shifted(&mut xs, 0.0) };
+        for (got, want) in xs.iter().zip(&want) {
+            assert!((got - want).abs() <= 2e-6 * want.max(1e-30), "{got} vs {want}");
+        }
+        assert!((sum - want.iter().sum::<f32>()).abs() < 1e-5 * sum);
+    }
+}

@@ -1,0 +1,79 @@
+//! The KV cache, as the model sees it: one trait for every way of keeping keys and values.
+//!
+//! A decode step, per layer: `append` the new tokens' K/V, `select` the cached tokens the
+//! queries should attend to, `gather` them into a [`KvView`], attend, then `observe` what was
+//! used. Once every layer is done the step is `commit`ted. The model never knows where a token
+//! lives: a store that keeps everything in memory, one that offloads to disk and one that keeps
+//! only the important tokens all look the same from here.
+
+pub mod full;
+
+use crate::error::Result;
+pub use crate::kernels::attention::{KvView, KV_TILE};
+pub use full::FullKvStore;
+
+/// The dimensions of the cache a model needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_layers: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// The most tokens the store can hold (at most the model's context).
+    pub max_tokens: usize,
+}
+
+impl KvShape {
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// f16 bytes of K and V per token across all layers.
+    pub fn bytes_per_token(&self) -> usize {
+        2 * self.n_layers * self.kv_dim() * 2
+    }
+}
+
+/// Which cached tokens a layer's queries attend to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// Every cached token (causally masked).
+    All,
+    /// These token indices, ascending.
+    Tokens(Vec<u32>),
+}
+
+/// What a store reports about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KvStats {
+    pub tokens: usize,
+    /// Bytes of K/V the store holds in memory for those tokens.
+    pub resident_bytes: usize,
+}
+
+pub trait KvStore: Send {
+    fn shape(&self) -> KvShape;
+
+    /// Tokens every layer holds.
+    fn len_tokens(&self) -> usize;
+
+    /// Stores K and V (`n × kv_dim` f32 rows each, RoPE applied to K) of the `n` tokens that
+    /// follow the committed ones, for one layer.
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()>;
+
+    /// Chooses the tokens that queries `q` (`n × n_heads·head_dim`) at `q_positions` attend to.
+    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection>;
+
+    /// Makes the selected tokens' K/V readable (including the tokens appended this step).
+    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>>;
+
+    /// Called after attention with the selection that was used.
+    fn observe(&mut self, layer: usize, selection: &Selection);
+
+    /// Every layer has appended the `n_tokens` new tokens: they become part of the sequence.
+    fn commit(&mut self, n_tokens: usize);
+
+    /// Forgets every token from index `n_tokens` on, and anything appended but not committed.
+    fn truncate(&mut self, n_tokens: usize);
+
+    fn stats(&self) -> KvStats;
+}

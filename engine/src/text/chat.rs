@@ -1,0 +1,73 @@
+//! Chat templates: the model's own Jinja template (GGUF `tokenizer.chat_template` or
+//! `tokenizer_config.json`) rendered with minijinja, ChatML where a model has none.
+
+use crate::error::{Error, Result};
+use minijinja::{context, Environment, ErrorKind};
+use serde::{Deserialize, Serialize};
+
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        Self { role: role.to_string(), content: content.into() }
+    }
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    /// `source` is the model's template; `None` uses ChatML.
+    pub fn new(source: Option<&str>, bos_token: &str, eos_token: &str) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", source.unwrap_or(CHATML).to_string())
+            .map_err(|e| Error::ChatTemplate(e.to_string()))?;
+        Ok(Self { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+    }
+
+    /// The prompt text for `messages`, ending with the assistant's turn opener when asked.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let template = self.env.get_template("chat").map_err(|e| Error::ChatTemplate(e.to_string()))?;
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            })
+            .map_err(|e| Error::ChatTemplate(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_fallback_renders_roles_and_generation_prompt() {
+        let t = ChatTemplate::new(None, "", "").unwrap();
+        let text = t.render(&[ChatMessage::new("user", "Hi")], true).unwrap();
+        assert_eq!(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn template_errors_are_reported_not_panicked() {
+        let t = ChatTemplate::new(Some("{{ raise_exception('no system role') }}"), "", "").unwrap();
+        let err = t.render(&[], false).unwrap_err().to_string();
+        assert!(err.contains("no system role"), "{err}");
+        assert!(ChatTemplate::new(Some("{% for %}"), "", "").is_err());
+    }
+}

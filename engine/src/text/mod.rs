@@ -1,0 +1,6 @@
+//! Text in and out of the model: tokenizer, chat template, streamed detokenization.
+
+pub mod chat;
+pub mod stop;
+pub mod stream;
+pub mod tokenizer;

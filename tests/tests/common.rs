@@ -1,0 +1,26 @@
+//! Shared helpers for the end-to-end tests: where the real model and the shared documents are.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::PathBuf;
+
+/// The default model, fetched by `make test` (`python3 models/fetch.py`).
+pub fn model_path() -> PathBuf {
+    let path = match std::env::var_os("HILLSIDE_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let data = std::env::var_os("XDG_DATA_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".local/share"));
+            data.join("hillside/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        }
+    };
+    assert!(path.exists(), "model not found at {}: run `python3 models/fetch.py` (make test does)", path.display());
+    path
+}
+
+/// A document from ../shared/data (never copied into the project).
+pub fn shared_document(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
