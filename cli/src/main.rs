@@ -1,1 +1,193 @@
-fn main() {}
+//! `hillside`: chat with a local model, generate text, manage models, benchmark the engine.
+
+mod bench;
+mod chat;
+mod models;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use hillside_engine::{Engine, GenerateParams, SamplingParams};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "hillside", version, about = "A local LLM for long documents")]
+struct Cli {
+    /// Compute threads (default: all cores).
+    #[arg(long, global = true, env = "HILLSIDE_THREADS")]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Chat in the terminal (streams; /reset starts over, /exit or Ctrl-D quits).
+    Chat(ChatArgs),
+    /// Continue one prompt and exit.
+    Generate(GenerateArgs),
+    /// List, fetch and locate models.
+    Models {
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
+    /// Measure the engine.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Known models and whether they are installed.
+    List,
+    /// Fetch a model: a registry name, or a Hugging Face repo with --file.
+    Pull {
+        name: String,
+        #[arg(long)]
+        file: Option<String>,
+    },
+    /// Print the path of an installed model (fetching the default if needed).
+    Path { name: Option<String> },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Prefill and decode speed with the whole cache in memory, and the memory roofline.
+    Decode(bench::DecodeArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// A registry name (see `hillside models list`) or a path to a .gguf file or checkpoint folder.
+    #[arg(long, short, env = "HILLSIDE_MODEL")]
+    pub model: Option<String>,
+    /// Context length in tokens (default: the model's).
+    #[arg(long)]
+    pub context: Option<usize>,
+}
+
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.1)]
+    pub repeat_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text appears (not printed); repeatable.
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> GenerateParams {
+        GenerateParams {
+            max_tokens: self.max_tokens,
+            stop: self.stop.clone(),
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                seed: self.seed,
+                ..SamplingParams::default()
+            },
+            ..GenerateParams::default()
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A system prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt (a user message, unless --raw).
+    #[arg(long, short)]
+    pub prompt: String,
+    /// Feed the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+}
+
+/// Loads the model named by `args` with a spinner on stderr.
+pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
+    let path: PathBuf = models::resolve(args.model.as_deref())?;
+    let spinner = ProgressBar::new_spinner().with_message(format!("loading {}", path.display()));
+    spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let engine = Engine::load(&path).with_context(|| format!("loading {}", path.display()));
+    spinner.finish_and_clear();
+    let engine = engine?;
+    let c = &engine.model().config;
+    tracing::info!(
+        arch = c.architecture.name(), layers = c.n_layers, hidden = c.hidden_size, context = c.context_tokens,
+        weights_mb = engine.model().weight_bytes() / 1_000_000, simd = hillside_engine::kernels::simd_level().name(),
+        "model loaded"
+    );
+    Ok(engine)
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HILLSIDE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    if let Some(threads) = cli.threads {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
+    }
+    match cli.command {
+        Command::Chat(args) => chat::chat(&args),
+        Command::Generate(args) => chat::generate_once(&args),
+        Command::Models { command } => match command {
+            ModelsCommand::List => {
+                models::list();
+                Ok(())
+            }
+            ModelsCommand::Pull { name, file } => {
+                println!("{}", models::pull(&name, file.as_deref())?.display());
+                Ok(())
+            }
+            ModelsCommand::Path { name } => {
+                println!("{}", models::resolve(name.as_deref())?.display());
+                Ok(())
+            }
+        },
+        Command::Bench { command } => match command {
+            BenchCommand::Decode(args) => bench::decode(&args),
+        },
+    }
+}

@@ -1,0 +1,214 @@
+//! `hillside bench decode`: prefill and decode speed with the whole cache in memory, next to
+//! this machine's memory read bandwidth, so each figure can be read against its roofline.
+
+use crate::{load_engine, ModelArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hillside_engine::sampling::argmax;
+use hillside_engine::{Engine, Logits};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct DecodeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Text the prompts are cut from (default: ../shared/data/pride-and-prejudice.txt).
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// Prompt length for the prefill figure.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_tokens: usize,
+    /// Contexts (tokens) at which decode speed is measured.
+    #[arg(long, value_delimiter = ',', default_values_t = [512, 2048, 4096, 8192])]
+    pub contexts: Vec<usize>,
+    /// Tokens decoded at each context.
+    #[arg(long, default_value_t = 32)]
+    pub decode_tokens: usize,
+    /// Where the JSON report goes.
+    #[arg(long, default_value = "bench-decode.json")]
+    pub json: PathBuf,
+}
+
+#[derive(Serialize)]
+struct PrefillResult {
+    tokens: usize,
+    ms: f64,
+    tokens_per_s: f64,
+}
+
+#[derive(Serialize)]
+struct DecodeResult {
+    context_tokens: usize,
+    prompt: PrefillResult,
+    decode_tokens: usize,
+    ms_per_token: f64,
+    tokens_per_s: f64,
+    /// Weights plus the K/V the step reads (average over the decoded tokens).
+    bytes_read_per_token: usize,
+    /// bytes_read_per_token / (step time × measured bandwidth).
+    roofline_efficiency: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    date: String,
+    cpu: String,
+    threads: usize,
+    simd: &'static str,
+    model: String,
+    weight_bytes: usize,
+    kv_bytes_per_token: usize,
+    memory_read_gb_per_s: f64,
+    prefill: PrefillResult,
+    decode: Vec<DecodeResult>,
+    peak_rss_mb: f64,
+}
+
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// Best of a few passes of summing a 512 MiB buffer on every thread (well past any cache).
+fn memory_read_gb_per_s() -> f64 {
+    let words = (512usize << 20) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let sum = buf
+            .par_chunks(1 << 16)
+            .map(|c| {
+                // Eight independent lanes so the compiler vectorizes the loads.
+                let lanes = c.chunks_exact(8).fold([0u64; 8], |mut acc, w| {
+                    acc.iter_mut().zip(w).for_each(|(a, &x)| *a = a.wrapping_add(x));
+                    acc
+                });
+                lanes.iter().fold(0u64, |s, &x| s.wrapping_add(x))
+            })
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(sum);
+        best = best.max((words * 8) as f64 / start.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+fn prefill(engine: &Engine, tokens: &[u32], chunk: usize) -> Result<(hillside_engine::Sequence, Vec<f32>, PrefillResult)> {
+    let mut seq = engine.new_sequence(None);
+    let start = Instant::now();
+    let mut logits = Vec::new();
+    for piece in tokens.chunks(chunk) {
+        logits = engine.model().forward(piece, seq.kv.as_mut(), Logits::Last)?;
+    }
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok((seq, logits, PrefillResult { tokens: tokens.len(), ms, tokens_per_s: tokens.len() as f64 / (ms / 1e3) }))
+}
+
+pub fn decode(args: &DecodeArgs) -> Result<()> {
+    let engine = load_engine(&args.model)?;
+    let text_path = args.text.clone().unwrap_or_else(|| PathBuf::from("../shared/data/pride-and-prejudice.txt"));
+    let text = std::fs::read_to_string(&text_path).with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
+    let tokens = engine.tokenizer().encode(&text)?;
+    let config = &engine.model().config;
+    let longest = args.contexts.iter().copied().max().unwrap_or(0).max(args.prefill_tokens);
+    if longest > config.context_tokens {
+        bail!("context {longest} is past the model's {}", config.context_tokens);
+    }
+    if tokens.len() < longest {
+        bail!("{} has only {} tokens; {longest} needed", text_path.display(), tokens.len());
+    }
+
+    let chunk = hillside_engine::GenerateParams::default().prefill_chunk_tokens;
+    eprintln!("prefill of {} tokens ...", args.prefill_tokens);
+    let (_, _, prefill_result) = prefill(&engine, &tokens[..args.prefill_tokens], chunk)?;
+
+    let weight_bytes = engine.model().weight_bytes();
+    let kv_per_token = config.kv_bytes_per_token();
+    let mut decode_results = Vec::new();
+    for &context in &args.contexts {
+        let n = args.decode_tokens.min(context - 1);
+        eprintln!("context {context}: prefill {} tokens, then decode {n} ...", context - n);
+        let (mut seq, mut logits, prompt) = prefill(&engine, &tokens[..context - n], chunk)?;
+        let start = Instant::now();
+        for _ in 0..n {
+            let next = argmax(&logits);
+            logits = engine.model().forward(&[next], seq.kv.as_mut(), Logits::Last)?;
+        }
+        let s_per_token = start.elapsed().as_secs_f64() / n as f64;
+        decode_results.push(DecodeResult {
+            context_tokens: context,
+            prompt,
+            decode_tokens: n,
+            ms_per_token: s_per_token * 1e3,
+            tokens_per_s: 1.0 / s_per_token,
+            bytes_read_per_token: weight_bytes + (context - n / 2) * kv_per_token,
+            roofline_efficiency: 0.0,
+        });
+    }
+    // Peak RSS is read before the bandwidth probe, whose 512 MiB buffer is not the engine's.
+    let peak_rss_mb = peak_rss_mb();
+    eprintln!("measuring memory bandwidth ...");
+    let bandwidth = memory_read_gb_per_s();
+    for d in &mut decode_results {
+        d.roofline_efficiency = d.bytes_read_per_token as f64 / (d.ms_per_token / 1e3 * bandwidth * 1e9);
+    }
+
+    let report = Report {
+        date: chrono_free_date(),
+        cpu: cpu_name(),
+        threads: rayon::current_num_threads(),
+        simd: hillside_engine::kernels::simd_level().name(),
+        model: args.model.model.clone().unwrap_or_else(|| crate::models::registry().default),
+        weight_bytes,
+        kv_bytes_per_token: kv_per_token,
+        memory_read_gb_per_s: bandwidth,
+        prefill: prefill_result,
+        decode: decode_results,
+        peak_rss_mb,
+    };
+    print_table(&report);
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)? + "\n").with_context(|| format!("writing {}", args.json.display()))?;
+    eprintln!("wrote {}", args.json.display());
+    Ok(())
+}
+
+fn print_table(r: &Report) {
+    println!("hillside bench decode · {} · {} threads · {} · {}", r.cpu, r.threads, r.simd, r.model);
+    println!("memory read bandwidth {:.1} GB/s · weights {:.1} MB · KV {} B/token", r.memory_read_gb_per_s, r.weight_bytes as f64 / 1e6, r.kv_bytes_per_token);
+    println!();
+    println!("{:<28} {:>10} {:>12} {:>10}", "figure", "tok/s", "ms/token", "roofline");
+    println!("{:<28} {:>10.1} {:>12.2} {:>10}", format!("prefill {} tokens", r.prefill.tokens), r.prefill.tokens_per_s, r.prefill.ms / r.prefill.tokens as f64, "-");
+    for d in &r.decode {
+        println!("{:<28} {:>10.1} {:>12.2} {:>10}", format!("prefill {} tokens", d.prompt.tokens), d.prompt.tokens_per_s, d.prompt.ms / d.prompt.tokens as f64, "-");
+        println!("{:<28} {:>10.1} {:>12.2} {:>9.0}%", format!("decode at {} context", d.context_tokens), d.tokens_per_s, d.ms_per_token, 100.0 * d.roofline_efficiency);
+    }
+    println!("\npeak RSS {:.0} MB", r.peak_rss_mb);
+}
+
+/// Today's date (UTC) as YYYY-MM-DD, from the system clock.
+fn chrono_free_date() -> String {
+    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}

