@@ -54,6 +54,8 @@ pub struct Summary {
     /// Prompt tokens whose K/V were already cached.
     pub reused_tokens: usize,
     pub completion_tokens: usize,
+    /// The generated token ids (stop tokens excluded).
+    pub completion_ids: Vec<u32>,
     pub finish_reason: FinishReason,
     pub prefill_ms: f64,
     pub decode_ms: f64,
@@ -149,7 +151,7 @@ pub fn generate(
     on_event(Event::Prefill { done_tokens: reused, total_tokens: prompt.len() });
     for chunk in prompt[reused..].chunks(params.prefill_chunk_tokens) {
         if cancel.is_cancelled() {
-            return Ok(finished(prompt, reused, 0, FinishReason::Cancelled, prefill_start.elapsed().as_secs_f64() * 1e3, 0.0));
+            return Ok(finished(prompt, reused, Vec::new(), FinishReason::Cancelled, prefill_start.elapsed().as_secs_f64() * 1e3, 0.0));
         }
         logits = seq.feed(engine, chunk)?;
         on_event(Event::Prefill { done_tokens: seq.tokens.len(), total_tokens: prompt.len() });
@@ -194,14 +196,15 @@ pub fn generate(
             on_event(Event::Text(tail));
         }
     }
-    Ok(finished(prompt, reused, generated.len(), reason, prefill_ms, decode_start.elapsed().as_secs_f64() * 1e3))
+    Ok(finished(prompt, reused, generated, reason, prefill_ms, decode_start.elapsed().as_secs_f64() * 1e3))
 }
 
-fn finished(prompt: &[u32], reused: usize, completion: usize, reason: FinishReason, prefill_ms: f64, decode_ms: f64) -> Summary {
+fn finished(prompt: &[u32], reused: usize, completion: Vec<u32>, reason: FinishReason, prefill_ms: f64, decode_ms: f64) -> Summary {
     Summary {
         prompt_tokens: prompt.len(),
         reused_tokens: reused,
-        completion_tokens: completion,
+        completion_tokens: completion.len(),
+        completion_ids: completion,
         finish_reason: reason,
         prefill_ms,
         decode_ms,

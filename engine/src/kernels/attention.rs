@@ -261,7 +261,7 @@ mod tests {
     fn matches_plain_softmax_for_every_group_size_and_length() {
         let hd = 64;
         for (n_heads, n_kv) in [(9, 3), (4, 4), (8, 1), (14, 2)] {
-            for n_tokens in [1, 15, 16, 17, 300, 2100] {
+            for n_tokens in [1usize, 15, 16, 17, 300, 2100] {
                 let stride = n_tokens.div_ceil(KV_TILE) * KV_TILE;
                 let val = |h: usize, t: usize, d: usize, salt: usize| (((h * 31 + t * 17 + d * 7 + salt) % 97) as f32 / 48.0 - 1.0) * 0.8;
                 let mut k = vec![f16::ZERO; n_kv * stride * hd];

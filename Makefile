@@ -1,0 +1,26 @@
+# Hillside: `make run` chats with the default model, `make test` runs every test.
+# Both install what they need first (scripts/setup.sh).
+
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+# Builds live outside the clone so a fresh checkout (CI) reuses them.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/hillside-target
+
+.PHONY: setup run test bench clean
+
+setup:
+	@scripts/setup.sh
+
+run: setup
+	cargo run --release -p hillside -- chat
+
+test: setup
+	cargo test --workspace
+	# The portable kernels too (the fast ones are picked whenever the CPU has them).
+	HILLSIDE_SIMD=portable cargo test -p hillside-engine --lib
+
+bench: setup
+	cargo run --release -p hillside -- bench decode --json docs/bench-decode.json
+
+clean:
+	cargo clean

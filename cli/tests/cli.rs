@@ -1,0 +1,70 @@
+//! The `hillside` binary end to end, on the real default model.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+fn hillside() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hillside"))
+}
+
+#[test]
+fn generate_answers_and_reports_speed() {
+    let out = hillside()
+        .args(["generate", "--prompt", "What is the capital of Germany?", "--temperature", "0", "--max-tokens", "30"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("Berlin"), "{stdout}");
+    assert!(stderr.contains("tok/s"), "speed line missing: {stderr}");
+}
+
+#[test]
+fn chat_keeps_the_conversation_and_resets() {
+    let mut child = hillside()
+        .args(["chat", "--temperature", "0", "--max-tokens", "40"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of Germany?\nAnd what is the capital of Italy?\n/reset\nWhat is the capital of Germany?\n/exit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("Berlin") && stdout.contains("Rome"), "{stdout}");
+    assert!(stderr.contains("conversation cleared"), "{stderr}");
+    // The second turn reuses the first turn's cache; after /reset nothing matches but the system prompt.
+    let cached: Vec<usize> = stderr
+        .lines()
+        .filter_map(|l| l.split('(').nth(1)?.split(" cached").next()?.parse().ok())
+        .collect();
+    assert_eq!(cached.len(), 3, "{stderr}");
+    assert!(cached[1] > cached[0] + 20, "second turn should reuse the first: {cached:?}");
+    assert!(cached[2] < cached[1], "after /reset the conversation starts over: {cached:?}");
+}
+
+#[test]
+fn a_bad_model_file_is_a_one_line_error() {
+    let path = std::env::temp_dir().join(format!("hillside-cli-notes-{}.gguf", std::process::id()));
+    std::fs::write(&path, "not a model").unwrap();
+    let out = hillside().args(["generate", "--prompt", "hi", "--model"]).arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr.contains("not a GGUF file"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn models_list_shows_the_default_installed() {
+    let out = hillside().args(["models", "list"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    let line = stdout.lines().find(|l| l.contains("(default)")).expect("default model listed");
+    assert!(line.contains(".gguf"), "default model should be installed: {line}");
+}

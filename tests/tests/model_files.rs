@@ -1,0 +1,177 @@
+//! Model files: bad ones fail with a clear error (never a panic), and tiny random-weight models
+//! exercise shapes the default model does not have (qwen2 biases, dense safetensors weights).
+
+mod common;
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{DType, Device, Tensor};
+use hillside_engine::model::{gguf, safetensors, Model};
+use hillside_engine::{Engine, Error, Logits};
+use std::collections::HashMap;
+use std::path::Path;
+
+fn load_err(path: &Path) -> String {
+    match Engine::load(path) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn truncated_empty_and_foreign_files_are_clear_errors() {
+    let dir = tempdir("bad-files");
+    let real = std::fs::read(common::model_path()).unwrap();
+
+    let truncated = dir.join("truncated.gguf");
+    std::fs::write(&truncated, &real[..real.len() / 2]).unwrap();
+    let msg = load_err(&truncated);
+    assert!(msg.contains("truncated.gguf") && msg.contains("remaining"), "{msg}");
+
+    let header_only = dir.join("header-only.gguf");
+    std::fs::write(&header_only, &real[..4096]).unwrap();
+    assert!(load_err(&header_only).contains("header-only.gguf"));
+
+    let text = dir.join("notes.gguf");
+    std::fs::write(&text, "these are my notes, not a model\n").unwrap();
+    assert!(load_err(&text).contains("not a GGUF file"), "{}", load_err(&text));
+
+    let empty = dir.join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(load_err(&empty).contains("not a GGUF file"));
+
+    assert!(load_err(&dir.join("missing.gguf")).contains("missing.gguf"));
+}
+
+#[test]
+fn unknown_architectures_and_missing_tensors_are_named() {
+    let dir = tempdir("bad-arch");
+    let path = dir.join("mamba.gguf");
+    write_gguf(&path, &[("general.architecture", Value::String("mamba".into()))], &[]);
+    assert!(matches!(gguf::load(&path), Err(Error::UnsupportedArchitecture(a)) if a == "mamba"));
+
+    let path = dir.join("empty-llama.gguf");
+    write_gguf(&path, &tiny_metadata("llama"), &[]);
+    match gguf::load(&path) {
+        Err(Error::MissingTensor(name)) => assert_eq!(name, "blk.0.attn_q.weight"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("loaded a model without tensors"),
+    }
+}
+
+#[test]
+fn tiny_qwen2_gguf_runs_with_biases_and_gqa() {
+    let dir = tempdir("tiny-qwen2");
+    let path = dir.join("tiny-qwen2.gguf");
+    let tensors = tiny_tensors(true);
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    write_gguf(&path, &tiny_metadata("qwen2"), &refs);
+    let loaded = gguf::load(&path).unwrap();
+    assert!(loaded.weights.layers[0].qkv_bias.is_some());
+    check_consistent(&Model::new(loaded.config, loaded.weights));
+}
+
+#[test]
+fn tiny_llama_safetensors_runs_on_dense_weights() {
+    let dir = tempdir("tiny-llama-st");
+    let mut tensors: HashMap<String, Tensor> = HashMap::new();
+    for (name, t) in tiny_tensors(false) {
+        let w = t.dequantize(&Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
+        let hf = name
+            .replace("token_embd.weight", "model.embed_tokens.weight")
+            .replace("output_norm.weight", "model.norm.weight")
+            .replace("blk.", "model.layers.")
+            .replace("attn_q.", "self_attn.q_proj.")
+            .replace("attn_k.", "self_attn.k_proj.")
+            .replace("attn_v.", "self_attn.v_proj.")
+            .replace("attn_output.", "self_attn.o_proj.")
+            .replace("ffn_gate.", "mlp.gate_proj.")
+            .replace("ffn_up.", "mlp.up_proj.")
+            .replace("ffn_down.", "mlp.down_proj.")
+            .replace("attn_norm.", "input_layernorm.")
+            .replace("ffn_norm.", "post_attention_layernorm.");
+        tensors.insert(hf, w);
+    }
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,
+            "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":128,"max_position_embeddings":256,
+            "rms_norm_eps":1e-5,"rope_theta":10000.0,"tie_word_embeddings":true}"#,
+    )
+    .unwrap();
+    let (config, weights) = safetensors::load(&dir).unwrap();
+    check_consistent(&Model::new(config, weights));
+}
+
+/// Logits are finite and the same whether the tokens go through at once or one by one.
+fn check_consistent(model: &Model) {
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 % 128) as u32).collect();
+    let mut kv = hillside_engine::kv::FullKvStore::new(model.kv_shape(64));
+    let all = model.forward(&tokens, &mut kv, Logits::All).unwrap();
+    assert!(all.iter().all(|l| l.is_finite()));
+    let mut kv = hillside_engine::kv::FullKvStore::new(model.kv_shape(64));
+    for (i, &t) in tokens.iter().enumerate() {
+        let step = model.forward(&[t], &mut kv, Logits::Last).unwrap();
+        let row = &all[i * 128..][..128];
+        let diff = step.iter().zip(row).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff < 1e-3, "token {i}: one-by-one differs from one pass by {diff}");
+    }
+    // Past the store's limit: an error, not a panic.
+    assert!(matches!(model.forward(&tokens, &mut kv, Logits::Last), Err(Error::ContextOverflow { .. })));
+}
+
+fn tempdir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hillside-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn tiny_metadata(arch: &str) -> Vec<(&'static str, Value)> {
+    let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
+    vec![
+        ("general.architecture", Value::String(arch.into())),
+        (key("embedding_length"), Value::U32(64)),
+        (key("feed_forward_length"), Value::U32(96)),
+        (key("block_count"), Value::U32(2)),
+        (key("attention.head_count"), Value::U32(4)),
+        (key("attention.head_count_kv"), Value::U32(2)),
+        (key("context_length"), Value::U32(256)),
+        (key("vocab_size"), Value::U32(128)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
+        (key("rope.freq_base"), Value::F32(10_000.0)),
+    ]
+}
+
+/// Random weights for a 2-layer model: hidden 64, 4 heads of 16 over 2 KV heads, FFN 96.
+fn tiny_tensors(biases: bool) -> Vec<(String, QTensor)> {
+    let dev = Device::Cpu;
+    let q = |rows: usize, cols: usize| QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (rows, cols), &dev).unwrap(), GgmlDType::Q4_1).unwrap();
+    let f = |len: usize| QTensor::quantize(&Tensor::rand(0.8f32, 1.2, len, &dev).unwrap(), GgmlDType::F32).unwrap();
+    let mut out = vec![("token_embd.weight".to_string(), q(128, 64)), ("output_norm.weight".to_string(), f(64))];
+    for l in 0..2 {
+        let p = |n: &str| format!("blk.{l}.{n}");
+        out.push((p("attn_q.weight"), q(64, 64)));
+        out.push((p("attn_k.weight"), q(32, 64)));
+        out.push((p("attn_v.weight"), q(32, 64)));
+        out.push((p("attn_output.weight"), q(64, 64)));
+        out.push((p("ffn_gate.weight"), q(96, 64)));
+        out.push((p("ffn_up.weight"), q(96, 64)));
+        out.push((p("ffn_down.weight"), q(64, 96)));
+        out.push((p("attn_norm.weight"), f(64)));
+        out.push((p("ffn_norm.weight"), f(64)));
+        if biases {
+            let b = |len: usize| QTensor::quantize(&Tensor::rand(-0.1f32, 0.1, len, &dev).unwrap(), GgmlDType::F32).unwrap();
+            out.push((p("attn_q.bias"), b(64)));
+            out.push((p("attn_k.bias"), b(32)));
+            out.push((p("attn_v.bias"), b(32)));
+        }
+    }
+    out
+}
+
+fn write_gguf(path: &Path, metadata: &[(&str, Value)], tensors: &[(&str, &QTensor)]) {
+    let meta: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let mut file = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut file, &meta, tensors).unwrap();
+}

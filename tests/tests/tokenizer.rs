@@ -1,0 +1,56 @@
+//! The tokenizer built from the GGUF's metadata, against an independent implementation and on
+//! the shared documents; and streamed detokenization.
+
+mod common;
+
+use hillside_engine::text::stream::TextStream;
+use hillside_engine::Engine;
+
+/// Ids from tests/tools/bpe_reference.py: a from-scratch Python byte-level BPE over the same
+/// GGUF's vocabulary and merges, read with llama.cpp's `gguf` package (see the script's header).
+const REFERENCE_IDS: &[(&str, &[u32])] = &[
+    ("Hello, world!", &[19556, 28, 905, 17]),
+    ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.", &[1589, 314, 253, 4569, 21902, 14494, 28, 338, 253, 2244, 555, 281, 13932, 282, 253, 1123, 18598, 28, 1251, 325, 281, 1277, 282, 253, 6221, 30]),
+    ("  leading spaces and\ttabs\nnewlines  ", &[216, 2899, 5600, 284, 197, 100, 7366, 198, 2241, 5110, 256]),
+    ("Numbers: 12345 and 3.14159, year 2026.", &[39006, 42, 216, 33, 34, 35, 36, 37, 284, 216, 35, 30, 33, 36, 33, 37, 41, 28, 713, 216, 34, 32, 34, 38, 30]),
+    ("Unicode: café, naïve, 日本語, emoji 🎉!", &[3706, 15817, 42, 37366, 28, 15486, 46494, 28, 17097, 241, 115, 40993, 179, 120, 248, 28, 649, 33777, 15107, 232, 227, 17]),
+    ("<|im_start|>user\nHi there<|im_end|>\n", &[1, 4093, 198, 26843, 665, 2, 198]),
+    ("GNU GENERAL PUBLIC LICENSE\n                       Version 3, 29 June 2007", &[35037, 69, 35185, 49126, 35696, 45581, 41026, 16997, 13867, 216, 35, 28, 216, 34, 41, 4019, 216, 34, 32, 32, 39]),
+];
+
+#[test]
+fn ids_agree_with_an_independent_bpe() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    for (text, want) in REFERENCE_IDS {
+        assert_eq!(engine.tokenizer().encode(text).unwrap(), *want, "ids of {text:?}");
+    }
+}
+
+#[test]
+fn shared_documents_round_trip_exactly() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    for name in ["gpl-3.0.txt", "pride-and-prejudice.txt"] {
+        let text = common::shared_document(name);
+        let ids = engine.tokenizer().encode(&text).unwrap();
+        assert!(ids.len() > text.len() / 8, "{name}: suspiciously few tokens ({})", ids.len());
+        assert!(engine.tokenizer().decode(&ids).unwrap() == text, "{name} does not round-trip");
+    }
+}
+
+#[test]
+fn streamed_deltas_rebuild_the_text_without_splitting_characters() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let tok = engine.tokenizer();
+    for text in ["Unicode: café, naïve, 日本語, emoji 🎉🎉 and 👩‍👩‍👧!", "  two  spaces  apart ", &common::shared_document("gpl-3.0.txt")[..3000]] {
+        let mut stream = TextStream::new();
+        let mut out = String::new();
+        for id in tok.encode(text).unwrap() {
+            if let Some(delta) = stream.push(tok, id).unwrap() {
+                assert!(!delta.contains('\u{FFFD}'), "delta split a character: {delta:?}");
+                out.push_str(&delta);
+            }
+        }
+        out.extend(stream.finish(tok).unwrap());
+        assert_eq!(out, text);
+    }
+}
