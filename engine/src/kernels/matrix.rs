@@ -7,6 +7,7 @@ use super::parallel::{task_count, DisjointWriter};
 use super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
 use super::SimdLevel;
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Tokens whose products one kernel call computes together.
 pub const TOKEN_TILE: usize = 4;
@@ -113,12 +114,12 @@ fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &mut [f32], level: Sim
     (0..tasks).into_par_iter().for_each(|task| {
         let r0 = task * rows_per_task;
         let r1 = (r0 + rows_per_task).min(rows);
-        let mut sums = [0f32; TOKEN_TILE];
+        let mut sums = vec![0f32; (r1 - r0) * TOKEN_TILE];
         for t0 in (0..x.n).step_by(TOKEN_TILE) {
             let nt = TOKEN_TILE.min(x.n - t0);
-            for r in r0..r1 {
-                uq_dot_rows(w, r, x, t0, nt, &mut sums, level);
-                for (t, &s) in sums[..nt].iter().enumerate() {
+            uq_dot_rows(w, r0..r1, x, t0, nt, &mut sums, level);
+            for (r, row_sums) in (r0..r1).zip(sums.chunks_exact(TOKEN_TILE)) {
+                for (t, &s) in row_sums[..nt].iter().enumerate() {
                     // SAFETY: each task owns rows r0..r1 of every token's output.
                     unsafe { writer.write((t0 + t) * rows + r, s) };
                 }
@@ -127,26 +128,22 @@ fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &mut [f32], level: Sim
     });
 }
 
-/// Products of weight row `row` with tokens `t0 .. t0+nt` into `sums[..nt]`.
+/// Products of weight rows `rows` with tokens `t0 .. t0+nt` into
+/// `out[(row - rows.start) · TOKEN_TILE + t]`.
 #[inline]
-fn uq_dot_rows(
-    w: &UqMatrix,
-    row: usize,
-    x: &QuantizedActivations,
-    t0: usize,
-    nt: usize,
-    sums: &mut [f32; TOKEN_TILE],
-    level: SimdLevel,
-) {
+fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32], level: SimdLevel) {
     match level {
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512Vnni => {
             // SAFETY: the level is only Avx512Vnni when the CPU reports every feature it needs.
-            unsafe { super::x86::uq_dot_rows(w, row, x, t0, nt, sums) }
+            unsafe { super::x86::uq_dot_rows(w, rows, x, t0, nt, out) }
         }
         _ => {
-            for t in 0..nt {
-                sums[t] = uq_dot_portable(w, row, x, t0 + t);
+            let start = rows.start;
+            for r in rows {
+                for t in 0..nt {
+                    out[(r - start) * TOKEN_TILE + t] = uq_dot_portable(w, r, x, t0 + t);
+                }
             }
         }
     }

@@ -7,6 +7,7 @@ use super::matrix::TOKEN_TILE;
 use super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
 use half::f16;
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 /// Lanes 0–7 take element 0 of a 2-float vector, lanes 8–15 element 1.
 #[inline]
@@ -15,80 +16,89 @@ fn pair_index() -> __m512i {
     _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 }
 
-/// Products of weight row `row` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE).
+/// Products of weight rows `rows` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE), into
+/// `out[(row - rows.start) · TOKEN_TILE + t]`.
 ///
 /// # Safety
 /// The CPU must support avx512f, avx512bw, avx512vl and avx512vnni.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn uq_dot_rows(w: &UqMatrix, row: usize, x: &QuantizedActivations, t0: usize, nt: usize, sums: &mut [f32; TOKEN_TILE]) {
-    assert!(row < w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
+pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
+    assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
+    assert!(out.len() >= rows.len() * TOKEN_TILE);
     // SAFETY (all arms): features per this function's contract; bounds asserted above.
     unsafe {
         match nt {
-            1 => uq_dot_tile::<1>(w, row, x, t0, sums),
-            2 => uq_dot_tile::<2>(w, row, x, t0, sums),
-            3 => uq_dot_tile::<3>(w, row, x, t0, sums),
-            _ => uq_dot_tile::<4>(w, row, x, t0, sums),
+            1 => uq_dot_tile::<1>(w, rows, x, t0, out),
+            2 => uq_dot_tile::<2>(w, rows, x, t0, out),
+            3 => uq_dot_tile::<3>(w, rows, x, t0, out),
+            _ => uq_dot_tile::<4>(w, rows, x, t0, out),
         }
     }
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, row: usize, x: &QuantizedActivations, t0: usize, sums: &mut [f32; TOKEN_TILE]) {
+unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, out: &mut [f32]) {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
-    let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
-    let wd = &w.d[row * nb..][..nb];
-    let wm = &w.m[row * nb..][..nb];
-    let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
-    let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
-    let xs: [&[f32]; NT] = std::array::from_fn(|t| &x.scaled_sums[(t0 + t) * nb..][..nb]);
-
+    let mut xq: [&[i8]; NT] = [&[]; NT];
+    let mut xd: [&[f32]; NT] = [&[]; NT];
+    let mut xs: [&[f32]; NT] = [&[]; NT];
+    for t in 0..NT {
+        xq[t] = &x.qs[(t0 + t) * w.cols..][..w.cols];
+        xd[t] = &x.d[(t0 + t) * nb..][..nb];
+        xs[t] = &x.scaled_sums[(t0 + t) * nb..][..nb];
+    }
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let pair = pair_index();
-    let mut acc = [_mm512_setzero_ps(); NT];
-    for p in 0..nb / 2 {
-        // 64 unsigned weights of blocks 2p and 2p+1, in activation order.
-        // SAFETY: blocks 2p, 2p+1 < nb lie inside this row's nb·bpb bytes.
-        let wv = unsafe {
-            match w.bits {
-                QuantBits::Four => {
-                    let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
-                    let lo = _mm256_and_si256(raw, low_nibbles);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
-                    // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
-                    let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                    _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
+    let start = rows.start;
+    for row in rows {
+        let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
+        let wd = &w.d[row * nb..][..nb];
+        let wm = &w.m[row * nb..][..nb];
+        let mut acc = [_mm512_setzero_ps(); NT];
+        for p in 0..nb / 2 {
+            // 64 unsigned weights of blocks 2p and 2p+1, in activation order.
+            // SAFETY: blocks 2p, 2p+1 < nb lie inside this row's nb·bpb bytes.
+            let wv = unsafe {
+                match w.bits {
+                    QuantBits::Four => {
+                        let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
+                        let lo = _mm256_and_si256(raw, low_nibbles);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
+                        // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
+                        let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                        _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
+                    }
+                    QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
                 }
-                QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
+            };
+            let dw = _mm_castpd_ps(_mm_load_sd(wd[2 * p..].as_ptr() as *const f64));
+            for t in 0..NT {
+                // SAFETY: 64 activations of this block pair lie inside the token's row.
+                let xv = unsafe { _mm512_loadu_si512(xq[t][p * 64..].as_ptr() as *const __m512i) };
+                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                let dx = _mm_castpd_ps(_mm_load_sd(xd[t][2 * p..].as_ptr() as *const f64));
+                let scale = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
             }
-        };
-        let dw = _mm_castpd_ps(_mm_load_sd(wd[2 * p..].as_ptr() as *const f64));
+        }
+        // The weights' per-block offsets times the activations' scaled sums, 16 blocks at a time.
+        for c in (0..nb).step_by(16) {
+            let mask: __mmask16 = ((1u32 << (nb - c).min(16)) - 1) as __mmask16;
+            let m = _mm512_maskz_loadu_ps(mask, wm[c..].as_ptr());
+            for t in 0..NT {
+                let s = _mm512_maskz_loadu_ps(mask, xs[t][c..].as_ptr());
+                acc[t] = _mm512_fmadd_ps(m, s, acc[t]);
+            }
+        }
         for t in 0..NT {
-            // SAFETY: 64 activations of this block pair lie inside the token's row.
-            let xv = unsafe { _mm512_loadu_si512(xq[t][p * 64..].as_ptr() as *const __m512i) };
-            let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-            let dx = _mm_castpd_ps(_mm_load_sd(xd[t][2 * p..].as_ptr() as *const f64));
-            let scale = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
+            let mut total = _mm512_reduce_add_ps(acc[t]);
+            if nb % 2 == 1 {
+                total += odd_block(w, row, x, t0 + t, nb - 1);
+            }
+            out[(row - start) * TOKEN_TILE + t] = total;
         }
-    }
-    // The weights' per-block offsets times the activations' scaled sums, 16 blocks at a time.
-    for c in (0..nb).step_by(16) {
-        let mask: __mmask16 = ((1u32 << (nb - c).min(16)) - 1) as __mmask16;
-        let m = _mm512_maskz_loadu_ps(mask, wm[c..].as_ptr());
-        for t in 0..NT {
-            let s = _mm512_maskz_loadu_ps(mask, xs[t][c..].as_ptr());
-            acc[t] = _mm512_fmadd_ps(m, s, acc[t]);
-        }
-    }
-    for t in 0..NT {
-        let mut total = _mm512_reduce_add_ps(acc[t]);
-        if nb % 2 == 1 {
-            total += odd_block(w, row, x, t0 + t, nb - 1);
-        }
-        sums[t] = total;
     }
 }
 
