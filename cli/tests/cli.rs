@@ -68,3 +68,23 @@ fn models_list_shows_the_default_installed() {
     let line = stdout.lines().find(|l| l.contains("(default)")).expect("default model listed");
     assert!(line.contains(".gguf"), "default model should be installed: {line}");
 }
+
+#[test]
+fn hub_models_resolve_from_the_local_cache_without_network() {
+    // The layout hf-hub writes: hub/models--ORG--REPO/{refs/main, snapshots/REV/FILE}.
+    let home = std::env::temp_dir().join(format!("hillside-hf-home-{}", std::process::id()));
+    let repo = home.join("hub/models--someone--tiny-model");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(repo.join("snapshots/abc123")).unwrap();
+    std::fs::write(repo.join("refs/main"), "abc123").unwrap();
+    std::fs::write(repo.join("snapshots/abc123/model.gguf"), b"GGUF-placeholder").unwrap();
+
+    let out = hillside().env("HF_HOME", &home).args(["models", "pull", "someone/tiny-model", "--file", "model.gguf"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.trim().ends_with("snapshots/abc123/model.gguf"), "{stdout}");
+
+    let out = hillside().env("HF_HOME", &home).args(["models", "pull", "someone/tiny-model"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--file"));
+}

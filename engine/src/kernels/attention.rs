@@ -189,7 +189,7 @@ fn attend_range(
 fn score_keys(k: &[f16], hd: usize, q: &[f32], group: usize, c0: usize, len: usize, scores: &mut [f32], level: SimdLevel) {
     debug_assert_eq!(c0 % KV_TILE, 0);
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512Vnni && hd % 16 == 0 && super::x86::supports_group(group) {
+    if level == SimdLevel::Avx512Vnni && hd.is_multiple_of(16) && super::x86::supports_group(group) {
         // SAFETY: the level guarantees the CPU features; the slices cover every tile touched.
         unsafe { super::x86::score_keys(k, hd, q, group, c0, len, scores) };
         return;
@@ -226,7 +226,7 @@ fn exp_shifted(row: &mut [f32], max: f32, level: SimdLevel) -> f32 {
 #[allow(clippy::too_many_arguments)]
 fn accumulate_values(v: &[f16], hd: usize, p: &[f32], group: usize, c0: usize, len: usize, acc: &mut [f32], level: SimdLevel) {
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512Vnni && hd % 16 == 0 && super::x86::supports_group(group) {
+    if level == SimdLevel::Avx512Vnni && hd.is_multiple_of(16) && super::x86::supports_group(group) {
         // SAFETY: the level guarantees the CPU features; the slices cover every row touched.
         unsafe { super::x86::accumulate_values(v, hd, p, group, c0, len, acc) };
         return;

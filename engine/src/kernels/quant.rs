@@ -66,7 +66,7 @@ impl UqMatrix {
 
     /// Repacks raw GGUF blocks (as stored in the file) of a `rows × cols` matrix.
     pub fn from_gguf(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
-        if cols % BLOCK != 0 {
+        if !cols.is_multiple_of(BLOCK) {
             return None;
         }
         let n_blocks = rows * cols / BLOCK;

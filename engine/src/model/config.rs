@@ -84,10 +84,10 @@ impl ModelConfig {
         if self.hidden_size == 0 || self.n_layers == 0 || self.n_heads == 0 || self.vocab_size == 0 {
             return bad("hidden size, layer count, head count and vocabulary must be non-zero");
         }
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad("head count must be a multiple of the KV head count");
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad("head dimension must be even and non-zero");
         }
         if self.context_tokens == 0 {
