@@ -5,6 +5,19 @@ use anyhow::Result;
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Sequence, Summary};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufRead, Write};
+use std::sync::Mutex;
+
+/// The generation Ctrl-C should stop; with none running, Ctrl-C quits.
+static INTERRUPTIBLE: Mutex<Option<CancelFlag>> = Mutex::new(None);
+
+/// Ctrl-C stops the reply being written (like llama.cpp's and Ollama's chats), or quits at the prompt.
+fn install_interrupt_handler() -> Result<()> {
+    ctrlc::set_handler(|| match INTERRUPTIBLE.lock().ok().and_then(|g| g.clone()) {
+        Some(flag) => flag.cancel(),
+        None => std::process::exit(130),
+    })?;
+    Ok(())
+}
 
 /// Prompts longer than this get a progress bar while they are read.
 const PREFILL_BAR_MIN_TOKENS: usize = 256;
@@ -34,7 +47,11 @@ fn stream_reply(engine: &Engine, seq: &mut Sequence, prompt: &[u32], params: &Ge
             let _ = stdout.write_all(delta.as_bytes()).and_then(|_| stdout.flush());
         }
     };
-    let summary = generate(engine, seq, prompt, params, &CancelFlag::default(), &mut on_event)?;
+    let cancel = CancelFlag::default();
+    *INTERRUPTIBLE.lock().expect("interrupt slot") = Some(cancel.clone());
+    let summary = generate(engine, seq, prompt, params, &cancel, &mut on_event);
+    *INTERRUPTIBLE.lock().expect("interrupt slot") = None;
+    let summary = summary?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -65,11 +82,12 @@ pub fn generate_once(args: &GenerateArgs) -> Result<()> {
 
 pub fn chat(args: &ChatArgs) -> Result<()> {
     let engine = load_engine(&args.model)?;
+    install_interrupt_handler()?;
     let params = args.sampling.params();
     let mut seq = engine.new_sequence(args.model.context);
     let system: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
     let mut messages = system.clone();
-    eprintln!("Hillside chat · {} · /reset starts over, /exit quits", engine.model().config.architecture.name());
+    eprintln!("Hillside chat · {} · Ctrl-C stops a reply, /reset starts over, /exit quits", engine.model().config.architecture.name());
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {

@@ -88,3 +88,30 @@ fn hub_models_resolve_from_the_local_cache_without_network() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--file"));
 }
+
+#[test]
+fn ctrl_c_stops_the_reply_and_the_chat_goes_on() {
+    let mut child = hillside()
+        .args(["chat", "--max-tokens", "2000", "--seed", "3"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"Write a very long story about a lighthouse keeper.\n").unwrap();
+    // Interrupt once the reply is streaming.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    stdin.write_all(b"/exit\n").unwrap();
+    drop(stdin);
+    let reader = std::thread::spawn(move || std::io::Read::read_to_end(&mut stdout, &mut Vec::new()));
+    let out = child.wait_with_output().unwrap();
+    reader.join().unwrap().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "chat should survive Ctrl-C during a reply: {stderr}");
+    assert!(stderr.contains("Cancelled"), "{stderr}");
+}
