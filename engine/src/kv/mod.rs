@@ -6,6 +6,8 @@
 //! lives: a store that keeps everything in memory, one that offloads to disk and one that keeps
 //! only the important tokens all look the same from here.
 
+pub mod aligned;
+pub mod cold;
 pub mod full;
 
 use crate::error::Result;

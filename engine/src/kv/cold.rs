@@ -1,0 +1,305 @@
+//! The cold pool: one preallocated file per sequence on the SSD, holding K and V in page-sized
+//! groups of [`GROUP_TOKENS`] tokens, laid out by (layer, KV head, group) so that one head's
+//! groups are contiguous and a whole-head read is one large sequential request.
+//!
+//! Reads and writes use direct I/O (O_DIRECT, page-aligned buffers) so the page cache neither
+//! hides the device's real cost nor competes with the hot pool for DRAM; where the filesystem
+//! refuses O_DIRECT (tmpfs, some network filesystems) the pool falls back to buffered I/O and
+//! says so in the log. Every group carries a CRC32 (kept in DRAM), so a damaged block is an
+//! error, never garbage attention. The file is removed when the pool is dropped; files left by
+//! a crashed process are swept the next time a pool is created in that directory.
+
+use super::aligned::{AlignedBuf, IO_ALIGN};
+use crate::error::{Error, Result};
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Tokens per cold-pool group (one page of K and V for a 64-dim head).
+pub const GROUP_TOKENS: usize = 16;
+const FILE_PREFIX: &str = "hillside-kv-";
+const FILE_SUFFIX: &str = ".cold";
+
+/// Where each group lives in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColdLayout {
+    pub n_layers: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub max_groups: usize,
+}
+
+impl ColdLayout {
+    /// f16 values of K (or of V) in one group.
+    pub fn group_values(&self) -> usize {
+        GROUP_TOKENS * self.head_dim
+    }
+
+    /// Bytes a group occupies on disk: K then V, padded to whole pages.
+    pub fn group_bytes(&self) -> usize {
+        (2 * self.group_values() * 2).div_ceil(IO_ALIGN) * IO_ALIGN
+    }
+
+    fn group_index(&self, layer: usize, head: usize, group: usize) -> usize {
+        (layer * self.n_kv_heads + head) * self.max_groups + group
+    }
+
+    pub fn file_bytes(&self) -> u64 {
+        (self.n_layers * self.n_kv_heads * self.max_groups * self.group_bytes()) as u64
+    }
+}
+
+/// I/O counters, for the benchmark and the stats route.
+#[derive(Debug, Default)]
+pub struct ColdIoStats {
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub reads: AtomicU64,
+}
+
+pub struct ColdPool {
+    file: File,
+    path: PathBuf,
+    layout: ColdLayout,
+    direct_io: bool,
+    /// CRC32 of each written group, `None` until written.
+    checksums: Vec<Option<u32>>,
+    pub stats: ColdIoStats,
+}
+
+fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
+    let hint = match e.kind() {
+        ErrorKind::StorageFull => " (the disk is full; free space or choose another cold-pool directory)",
+        ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied => " (choose a writable cold-pool directory)",
+        _ => "",
+    };
+    Error::Kv(format!("cold pool: {what} {}: {e}{hint}", path.display()))
+}
+
+/// Directories already swept by this process.
+static SWEPT: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
+impl ColdPool {
+    /// Creates and preallocates the pool file in `dir` (created if missing).
+    pub fn create(dir: &Path, layout: ColdLayout) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| io_error("cannot create directory", dir, e))?;
+        sweep_once(dir);
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!("{FILE_PREFIX}{}-{}{FILE_SUFFIX}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let path = dir.join(name);
+        let (file, direct_io) = open_pool_file(&path)?;
+        // From here the file exists; dropping `pool` on an error path removes it.
+        let pool = Self {
+            file,
+            path,
+            layout,
+            direct_io,
+            checksums: vec![None; layout.n_layers * layout.n_kv_heads * layout.max_groups],
+            stats: ColdIoStats::default(),
+        };
+        pool.preallocate()?;
+        Ok(pool)
+    }
+
+    /// Reserves the file's blocks now, so a full disk is reported here rather than mid-decode.
+    fn preallocate(&self) -> Result<()> {
+        let len = self.layout.file_bytes();
+        // SAFETY: plain syscall on an owned, open descriptor.
+        let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&self.file), 0, len as libc::off_t) };
+        match rc {
+            0 => Ok(()),
+            libc::EOPNOTSUPP | libc::EINVAL => self.file.set_len(len).map_err(|e| io_error("cannot size", &self.path, e)),
+            errno => Err(io_error(
+                &format!("cannot reserve {} MB for", len / 1_000_000),
+                &self.path,
+                std::io::Error::from_raw_os_error(errno),
+            )),
+        }
+    }
+
+    pub fn layout(&self) -> ColdLayout {
+        self.layout
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn is_direct_io(&self) -> bool {
+        self.direct_io
+    }
+
+    fn offset(&self, layer: usize, head: usize, group: usize) -> u64 {
+        (self.layout.group_index(layer, head, group) * self.layout.group_bytes()) as u64
+    }
+
+    /// A buffer sized for `groups` consecutive groups.
+    pub fn buffer(&self, groups: usize) -> AlignedBuf {
+        AlignedBuf::zeroed(groups * self.layout.group_bytes())
+    }
+
+    /// Writes one group from `buf`, which holds K (token-major, `GROUP_TOKENS × head_dim` f16)
+    /// followed by V, as laid out by [`ColdPool::buffer`].
+    pub fn write_group(&mut self, layer: usize, head: usize, group: usize, buf: &AlignedBuf) -> Result<()> {
+        assert!(group < self.layout.max_groups && buf.len() >= self.layout.group_bytes());
+        let bytes = &buf.as_bytes()[..self.layout.group_bytes()];
+        let offset = self.offset(layer, head, group);
+        self.file.write_all_at(bytes, offset).map_err(|e| io_error("write to", &self.path, e))?;
+        self.checksums[self.layout.group_index(layer, head, group)] = Some(crc32fast::hash(bytes));
+        self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads groups `first .. first + count` of one (layer, head) into `buf` with one request,
+    /// checking each group's checksum.
+    pub fn read_groups(&self, layer: usize, head: usize, first: usize, count: usize, buf: &mut AlignedBuf) -> Result<()> {
+        let gb = self.layout.group_bytes();
+        assert!(first + count <= self.layout.max_groups && buf.len() >= count * gb);
+        let bytes = &mut buf.as_bytes_mut()[..count * gb];
+        self.file.read_exact_at(bytes, self.offset(layer, head, first)).map_err(|e| io_error("read from", &self.path, e))?;
+        self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        for (i, chunk) in bytes.chunks_exact(gb).enumerate() {
+            let group = first + i;
+            match self.checksums[self.layout.group_index(layer, head, group)] {
+                Some(sum) if sum == crc32fast::hash(chunk) => {}
+                Some(_) => {
+                    return Err(Error::Kv(format!(
+                        "cold pool block damaged: layer {layer}, KV head {head}, tokens {}..{} fail their checksum ({})",
+                        group * GROUP_TOKENS,
+                        (group + 1) * GROUP_TOKENS,
+                        self.path.display()
+                    )))
+                }
+                None => return Err(Error::Kv(format!("cold pool: layer {layer} head {head} group {group} was never written"))),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ColdPool {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %e, "could not remove cold pool file");
+        }
+    }
+}
+
+/// Opens a new pool file with O_DIRECT, or buffered where the filesystem refuses O_DIRECT.
+fn open_pool_file(path: &Path) -> Result<(File, bool)> {
+    let open = |flags: i32| OpenOptions::new().read(true).write(true).create_new(true).custom_flags(flags).open(path);
+    match open(libc::O_DIRECT) {
+        Ok(file) => Ok((file, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let _ = std::fs::remove_file(path);
+            tracing::warn!(dir = %path.parent().unwrap_or(path).display(), "filesystem refuses direct I/O; cold pool uses buffered I/O");
+            open(0).map(|f| (f, false)).map_err(|e| io_error("cannot create", path, e))
+        }
+        Err(e) => Err(io_error("cannot create", path, e)),
+    }
+}
+
+fn sweep_once(dir: &Path) {
+    let mut swept = SWEPT.lock().unwrap_or_else(|p| p.into_inner());
+    if swept.get_or_insert_with(HashSet::new).insert(dir.to_path_buf()) {
+        let removed = sweep_stale(dir);
+        if removed > 0 {
+            tracing::info!(dir = %dir.display(), removed, "removed cold pool files left by a crashed process");
+        }
+    }
+}
+
+/// Removes pool files in `dir` whose owning process is gone; returns how many.
+pub fn sweep_stale(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(FILE_PREFIX)?.strip_suffix(FILE_SUFFIX)?.split('-').next()?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = Path::new("/proc").join(pid.to_string()).exists();
+        if !alive && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> ColdLayout {
+        ColdLayout { n_layers: 2, n_kv_heads: 3, head_dim: 64, max_groups: 8 }
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("hillside-cold-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn filled(pool: &ColdPool, seed: u16) -> AlignedBuf {
+        let mut buf = pool.buffer(1);
+        buf.as_u16_mut().iter_mut().enumerate().for_each(|(i, w)| *w = (i as u16).wrapping_mul(31).wrapping_add(seed));
+        buf
+    }
+
+    #[test]
+    fn groups_round_trip_and_are_contiguous_per_head() {
+        let dir = temp_dir("roundtrip");
+        let mut pool = ColdPool::create(&dir, layout()).unwrap();
+        assert_eq!(layout().group_bytes(), 4096, "16 tokens × 64 dims × f16 × (K, V) is one page");
+        for g in 0..4 {
+            pool.write_group(1, 2, g, &filled(&pool, g as u16)).unwrap();
+        }
+        let mut buf = pool.buffer(4);
+        pool.read_groups(1, 2, 0, 4, &mut buf).unwrap();
+        for g in 0..4 {
+            assert_eq!(&buf.as_bytes()[g * 4096..][..4096], filled(&pool, g as u16).as_bytes());
+        }
+        assert_eq!(pool.stats.reads.load(Ordering::Relaxed), 1);
+        let path = pool.path().to_path_buf();
+        assert!(path.exists());
+        drop(pool);
+        assert!(!path.exists(), "the file goes with the pool");
+    }
+
+    #[test]
+    fn a_damaged_block_is_an_error() {
+        let dir = temp_dir("damaged");
+        let mut pool = ColdPool::create(&dir, layout()).unwrap();
+        pool.write_group(0, 1, 3, &filled(&pool, 7)).unwrap();
+        // Flip one byte behind the pool's back.
+        let offset = pool.offset(0, 1, 3) + 100;
+        let other = OpenOptions::new().write(true).open(pool.path()).unwrap();
+        other.write_all_at(&[0xAB], offset).unwrap();
+        other.sync_all().unwrap();
+        let mut buf = pool.buffer(1);
+        let err = pool.read_groups(0, 1, 3, 1, &mut buf).unwrap_err().to_string();
+        assert!(err.contains("checksum") && err.contains("tokens 48..64"), "{err}");
+        let err = pool.read_groups(0, 1, 4, 1, &mut buf).unwrap_err().to_string();
+        assert!(err.contains("never written"), "{err}");
+    }
+
+    #[test]
+    fn files_of_dead_processes_are_swept_and_live_ones_kept() {
+        let dir = temp_dir("sweep");
+        let dead_pid = (4_000_000..4_100_000).find(|p| !Path::new(&format!("/proc/{p}")).exists()).unwrap();
+        let stale = dir.join(format!("{FILE_PREFIX}{dead_pid}-0{FILE_SUFFIX}"));
+        std::fs::write(&stale, b"left by a crash").unwrap();
+        let pool = ColdPool::create(&dir, layout()).unwrap();
+        assert_eq!(sweep_stale(&dir), 0, "the creating call already swept");
+        assert!(!stale.exists());
+        assert!(pool.path().exists(), "a live process's pool is kept");
+    }
+}
