@@ -11,6 +11,9 @@ use hillside_engine::{Engine, Error, Logits};
 use std::collections::HashMap;
 use std::path::Path;
 
+/// The tiny models share the real tokenizer's vocabulary, so a checkpoint of one can be chatted with.
+const VOCAB: usize = 49152;
+
 fn load_err(path: &Path) -> String {
     match Engine::load(path) {
         Ok(_) => panic!("{} loaded", path.display()),
@@ -96,12 +99,31 @@ fn tiny_llama_safetensors_runs_on_dense_weights() {
     std::fs::write(
         dir.join("config.json"),
         r#"{"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,
-            "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":128,"max_position_embeddings":256,
+            "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":49152,"max_position_embeddings":256,
             "rms_norm_eps":1e-5,"rope_theta":10000.0,"tie_word_embeddings":true}"#,
     )
     .unwrap();
     let (config, weights) = safetensors::load(&dir).unwrap();
     check_consistent(&Model::new(config, weights));
+
+    // With tokenizer.json and tokenizer_config.json beside it, it is a whole model to chat with.
+    let real = Engine::load(&common::model_path()).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), real.tokenizer().to_json().unwrap()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{{ '<|im_start|>assistant\n' }}",
+            "eos_token": "<|im_end|>"}"#,
+    )
+    .unwrap();
+    let engine = Engine::load(&dir).unwrap();
+    let text = "Tokenizer from tokenizer.json: café 123";
+    assert_eq!(engine.tokenizer().encode(text).unwrap(), real.tokenizer().encode(text).unwrap());
+    let prompt = engine.chat_prompt(&[hillside_engine::ChatMessage::new("user", "hi")]).unwrap();
+    assert_eq!(prompt, real.tokenizer().encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n").unwrap());
+    let params = hillside_engine::GenerateParams { max_tokens: 5, ..Default::default() };
+    let mut seq = engine.new_sequence(None);
+    let summary = hillside_engine::generate(&engine, &mut seq, &prompt, &params, &Default::default(), &mut |_| {}).unwrap();
+    assert!(summary.completion_tokens <= 5);
 }
 
 /// Logits are finite and the same whether the tokens go through at once or one by one.
@@ -113,7 +135,7 @@ fn check_consistent(model: &Model) {
     let mut kv = hillside_engine::kv::FullKvStore::new(model.kv_shape(64));
     for (i, &t) in tokens.iter().enumerate() {
         let step = model.forward(&[t], &mut kv, Logits::Last).unwrap();
-        let row = &all[i * 128..][..128];
+        let row = &all[i * VOCAB..][..VOCAB];
         let diff = step.iter().zip(row).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(diff < 1e-3, "token {i}: one-by-one differs from one pass by {diff}");
     }
@@ -137,7 +159,7 @@ fn tiny_metadata(arch: &str) -> Vec<(&'static str, Value)> {
         (key("attention.head_count"), Value::U32(4)),
         (key("attention.head_count_kv"), Value::U32(2)),
         (key("context_length"), Value::U32(256)),
-        (key("vocab_size"), Value::U32(128)),
+        (key("vocab_size"), Value::U32(VOCAB as u32)),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
         (key("rope.freq_base"), Value::F32(10_000.0)),
     ]
@@ -148,7 +170,7 @@ fn tiny_tensors(biases: bool) -> Vec<(String, QTensor)> {
     let dev = Device::Cpu;
     let q = |rows: usize, cols: usize| QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (rows, cols), &dev).unwrap(), GgmlDType::Q4_1).unwrap();
     let f = |len: usize| QTensor::quantize(&Tensor::rand(0.8f32, 1.2, len, &dev).unwrap(), GgmlDType::F32).unwrap();
-    let mut out = vec![("token_embd.weight".to_string(), q(128, 64)), ("output_norm.weight".to_string(), f(64))];
+    let mut out = vec![("token_embd.weight".to_string(), q(VOCAB, 64)), ("output_norm.weight".to_string(), f(64))];
     for l in 0..2 {
         let p = |n: &str| format!("blk.{l}.{n}");
         out.push((p("attn_q.weight"), q(64, 64)));

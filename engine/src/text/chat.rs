@@ -29,6 +29,9 @@ impl ChatTemplate {
     /// `source` is the model's template; `None` uses ChatML.
     pub fn new(source: Option<&str>, bos_token: &str, eos_token: &str) -> Result<Self> {
         let mut env = Environment::new();
+        // As Hugging Face renders chat templates (and so as their authors test them).
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))

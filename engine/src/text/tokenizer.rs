@@ -151,6 +151,11 @@ impl Tokenizer {
         self.inner.token_to_id(text)
     }
 
+    /// The tokenizer as a `tokenizer.json` document (to export a GGUF model's tokenizer).
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(true).map_err(tok_err)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
