@@ -105,8 +105,8 @@ fn memory_read_gb_per_s() -> f64 {
     best
 }
 
-fn prefill(engine: &Engine, tokens: &[u32], chunk: usize) -> Result<(hillside_engine::Sequence, Vec<f32>, PrefillResult)> {
-    let mut seq = engine.new_sequence(None);
+fn prefill(engine: &Engine, model: &ModelArgs, tokens: &[u32], chunk: usize) -> Result<(hillside_engine::Sequence, Vec<f32>, PrefillResult)> {
+    let mut seq = model.new_sequence(engine)?;
     let start = Instant::now();
     let mut logits = Vec::new();
     for piece in tokens.chunks(chunk) {
@@ -132,7 +132,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
 
     let chunk = hillside_engine::GenerateParams::default().prefill_chunk_tokens;
     eprintln!("prefill of {} tokens ...", args.prefill_tokens);
-    let (_, _, prefill_result) = prefill(&engine, &tokens[..args.prefill_tokens], chunk)?;
+    let (_, _, prefill_result) = prefill(&engine, &args.model, &tokens[..args.prefill_tokens], chunk)?;
 
     let weight_bytes = engine.model().weight_bytes();
     let kv_per_token = config.kv_bytes_per_token();
@@ -140,7 +140,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
     for &context in &args.contexts {
         let n = args.decode_tokens.min(context - 1);
         eprintln!("context {context}: prefill {} tokens, then decode {n} ...", context - n);
-        let (mut seq, mut logits, prompt) = prefill(&engine, &tokens[..context - n], chunk)?;
+        let (mut seq, mut logits, prompt) = prefill(&engine, &args.model, &tokens[..context - n], chunk)?;
         let start = Instant::now();
         for _ in 0..n {
             let next = argmax(&logits);

@@ -75,7 +75,7 @@ pub fn generate_once(args: &GenerateArgs) -> Result<()> {
     } else {
         engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?
     };
-    let mut seq = engine.new_sequence(args.model.context);
+    let mut seq = args.model.new_sequence(&engine)?;
     stream_reply(&engine, &mut seq, &prompt, &args.sampling.params())?;
     Ok(())
 }
@@ -84,7 +84,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
     let engine = load_engine(&args.model)?;
     install_interrupt_handler()?;
     let params = args.sampling.params();
-    let mut seq = engine.new_sequence(args.model.context);
+    let mut seq = args.model.new_sequence(&engine)?;
     let system: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
     let mut messages = system.clone();
     eprintln!("Hillside chat · {} · Ctrl-C stops a reply, /reset starts over, /exit quits", engine.model().config.architecture.name());

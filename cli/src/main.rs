@@ -67,6 +67,27 @@ pub struct ModelArgs {
     /// Context length in tokens (default: the model's).
     #[arg(long)]
     pub context: Option<usize>,
+    /// Where the KV cache lives: full (all in memory) or offload (all on disk, read back each step).
+    #[arg(long, default_value = "full")]
+    pub kv: hillside_engine::kv::StoreKind,
+    /// Directory for cold-pool files (default: ~/.cache/hillside/kv).
+    #[arg(long, env = "HILLSIDE_COLD_DIR")]
+    pub cold_dir: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    pub fn kv_config(&self) -> hillside_engine::kv::KvConfig {
+        let mut config = hillside_engine::kv::KvConfig { store: self.kv, ..Default::default() };
+        if let Some(dir) = &self.cold_dir {
+            config.cold_dir = dir.clone();
+        }
+        config
+    }
+
+    /// A new sequence in the configured store.
+    pub fn new_sequence(&self, engine: &Engine) -> Result<hillside_engine::Sequence> {
+        Ok(engine.new_sequence_with(&self.kv_config(), self.context)?)
+    }
 }
 
 #[derive(Args, Clone)]

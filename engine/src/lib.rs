@@ -101,6 +101,12 @@ impl Engine {
         Sequence { kv: Box::new(FullKvStore::new(self.model.kv_shape(max))), tokens: Vec::new() }
     }
 
+    /// A new, empty sequence in the store `kv` describes.
+    pub fn new_sequence_with(&self, kv: &kv::KvConfig, max_tokens: Option<usize>) -> Result<Sequence> {
+        let max = max_tokens.unwrap_or(self.model.config.context_tokens);
+        Ok(Sequence { kv: kv.build(self.model.kv_shape(max))?, tokens: Vec::new() })
+    }
+
     /// The prompt tokens for a chat, with the assistant's turn opened.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
         self.tokenizer.encode(&self.chat_template.render(messages, true)?)

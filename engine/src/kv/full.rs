@@ -115,6 +115,6 @@ impl KvStore for FullKvStore {
     }
 
     fn stats(&self) -> KvStats {
-        KvStats { tokens: self.len, resident_bytes: self.len * self.shape.bytes_per_token() }
+        KvStats { tokens: self.len, resident_bytes: self.len * self.shape.bytes_per_token(), ..KvStats::default() }
     }
 }

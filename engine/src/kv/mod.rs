@@ -8,11 +8,17 @@
 
 pub mod aligned;
 pub mod cold;
+pub mod config;
 pub mod full;
+pub mod offload;
+pub mod view;
+pub mod window;
 
 use crate::error::Result;
 pub use crate::kernels::attention::{KvView, KV_TILE};
+pub use config::{KvConfig, StoreKind};
 pub use full::FullKvStore;
+pub use offload::OffloadKvStore;
 
 /// The dimensions of the cache a model needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,8 +54,12 @@ pub enum Selection {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct KvStats {
     pub tokens: usize,
-    /// Bytes of K/V the store holds in memory for those tokens.
+    /// Bytes the store holds in memory (K/V, scoring copies, working buffers).
     pub resident_bytes: usize,
+    /// Bytes of K/V in the cold pool.
+    pub cold_bytes: usize,
+    /// Bytes read from the cold pool so far.
+    pub cold_bytes_read: u64,
 }
 
 pub trait KvStore: Send {
