@@ -8,6 +8,7 @@ pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod sampling;
+pub mod score;
 pub mod text;
 
 pub use error::{Error, Result};

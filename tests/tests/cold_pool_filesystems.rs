@@ -51,6 +51,6 @@ fn full_and_read_only_filesystems_are_clear_errors() {
     buf.as_u16_mut()[5] = 42;
     pool.write_group(0, 0, 2, &buf).unwrap();
     let mut back = pool.buffer(1);
-    pool.read_groups(0, 0, 2, 1, &mut back).unwrap();
+    pool.read_groups(0, 0, 2, 1, back.as_bytes_mut()).unwrap();
     assert_eq!(back.as_u16()[5], 42);
 }

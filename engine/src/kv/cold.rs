@@ -154,12 +154,14 @@ impl ColdPool {
         Ok(())
     }
 
-    /// Reads groups `first .. first + count` of one (layer, head) into `buf` with one request,
-    /// checking each group's checksum.
-    pub fn read_groups(&self, layer: usize, head: usize, first: usize, count: usize, buf: &mut AlignedBuf) -> Result<()> {
+    /// Reads groups `first .. first + count` of one (layer, head) into the start of `dst` with
+    /// one request, checking each group's checksum. `dst` must start on a page boundary (a
+    /// page-aligned slice of an [`AlignedBuf`]).
+    pub fn read_groups(&self, layer: usize, head: usize, first: usize, count: usize, dst: &mut [u8]) -> Result<()> {
         let gb = self.layout.group_bytes();
-        assert!(first + count <= self.layout.max_groups && buf.len() >= count * gb);
-        let bytes = &mut buf.as_bytes_mut()[..count * gb];
+        assert!(first + count <= self.layout.max_groups && dst.len() >= count * gb);
+        assert_eq!(dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
+        let bytes = &mut dst[..count * gb];
         self.file.read_exact_at(bytes, self.offset(layer, head, first)).map_err(|e| io_error("read from", &self.path, e))?;
         self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
@@ -263,7 +265,7 @@ mod tests {
             pool.write_group(1, 2, g, &filled(&pool, g as u16)).unwrap();
         }
         let mut buf = pool.buffer(4);
-        pool.read_groups(1, 2, 0, 4, &mut buf).unwrap();
+        pool.read_groups(1, 2, 0, 4, buf.as_bytes_mut()).unwrap();
         for g in 0..4 {
             assert_eq!(&buf.as_bytes()[g * 4096..][..4096], filled(&pool, g as u16).as_bytes());
         }
@@ -285,9 +287,9 @@ mod tests {
         other.write_all_at(&[0xAB], offset).unwrap();
         other.sync_all().unwrap();
         let mut buf = pool.buffer(1);
-        let err = pool.read_groups(0, 1, 3, 1, &mut buf).unwrap_err().to_string();
+        let err = pool.read_groups(0, 1, 3, 1, buf.as_bytes_mut()).unwrap_err().to_string();
         assert!(err.contains("checksum") && err.contains("tokens 48..64"), "{err}");
-        let err = pool.read_groups(0, 1, 4, 1, &mut buf).unwrap_err().to_string();
+        let err = pool.read_groups(0, 1, 4, 1, buf.as_bytes_mut()).unwrap_err().to_string();
         assert!(err.contains("never written"), "{err}");
     }
 

@@ -1,6 +1,8 @@
 //! Which KV store a sequence gets, and its settings (shared by CLI flags and config files).
 
+use super::tiered::{TieredKvStore, TieredSettings};
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
+use crate::score::KeyBits;
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -13,6 +15,8 @@ pub enum StoreKind {
     Full,
     /// Everything in the cold pool, all of it read back every step (FlexGen-style baseline).
     Offload,
+    /// Hot pool in DRAM, cold pool on disk, attention over the top-α tokens (HillInfer).
+    Tiered,
 }
 
 impl std::str::FromStr for StoreKind {
@@ -22,7 +26,8 @@ impl std::str::FromStr for StoreKind {
         match s {
             "full" => Ok(Self::Full),
             "offload" => Ok(Self::Offload),
-            other => Err(format!("unknown KV store '{other}' (full, offload)")),
+            "tiered" => Ok(Self::Tiered),
+            other => Err(format!("unknown KV store '{other}' (full, offload, tiered)")),
         }
     }
 }
@@ -33,11 +38,33 @@ pub struct KvConfig {
     pub store: StoreKind,
     /// Where cold-pool files go (one per sequence, removed when it ends).
     pub cold_dir: PathBuf,
+    /// Tiered: share of the cached tokens each decode step attends to.
+    pub alpha: f32,
+    /// Tiered: DRAM for hot rows, scoring keys and the write-back window (default: a quarter
+    /// of the full cache at the sequence's maximum length).
+    pub hot_budget_bytes: Option<usize>,
+    /// Tiered: first tokens always attended to.
+    pub sink_tokens: usize,
+    /// Tiered: most recent tokens always attended to.
+    pub recent_tokens: usize,
+    /// Tiered: leading layers that attend densely.
+    pub dense_layers: usize,
+    /// Tiered: precision of the scoring copy of the keys.
+    pub key_bits: KeyBits,
 }
 
 impl Default for KvConfig {
     fn default() -> Self {
-        Self { store: StoreKind::Full, cold_dir: default_cold_dir() }
+        Self {
+            store: StoreKind::Full,
+            cold_dir: default_cold_dir(),
+            alpha: 0.2,
+            hot_budget_bytes: None,
+            sink_tokens: 4,
+            recent_tokens: 64,
+            dense_layers: 1,
+            key_bits: KeyBits::Int4,
+        }
     }
 }
 
@@ -55,6 +82,18 @@ impl KvConfig {
         Ok(match self.store {
             StoreKind::Full => Box::new(FullKvStore::new(shape)),
             StoreKind::Offload => Box::new(OffloadKvStore::new(shape, &self.cold_dir)?),
+            StoreKind::Tiered => Box::new(TieredKvStore::new(shape, &self.cold_dir, self.tiered_settings(shape))?),
         })
+    }
+
+    pub fn tiered_settings(&self, shape: KvShape) -> TieredSettings {
+        TieredSettings {
+            alpha: self.alpha,
+            hot_budget_bytes: self.hot_budget_bytes.unwrap_or(shape.max_tokens * shape.bytes_per_token() / 4),
+            sink_tokens: self.sink_tokens,
+            recent_tokens: self.recent_tokens,
+            dense_layers: self.dense_layers,
+            key_bits: self.key_bits,
+        }
     }
 }

@@ -11,6 +11,7 @@ pub mod cold;
 pub mod config;
 pub mod full;
 pub mod offload;
+pub mod tiered;
 pub mod view;
 pub mod window;
 
@@ -60,6 +61,22 @@ pub struct KvStats {
     pub cold_bytes: usize,
     /// Bytes read from the cold pool so far.
     pub cold_bytes_read: u64,
+    /// Hot/cold bookkeeping, for stores with tiers.
+    pub tier: Option<TierStats>,
+}
+
+/// What a tiered store did so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TierStats {
+    /// DRAM counted against the budget: hot rows, scoring keys, write-back window.
+    pub hot_bytes: usize,
+    pub hot_budget_bytes: usize,
+    /// Selected tokens found hot / read from the cold pool (decode steps).
+    pub hot_hits: u64,
+    pub cold_hits: u64,
+    pub promotions: u64,
+    pub demotions: u64,
+    pub steps: u64,
 }
 
 pub trait KvStore: Send {

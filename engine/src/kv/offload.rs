@@ -69,7 +69,7 @@ impl KvStore for OffloadKvStore {
         let page_words = self.cold.layout().group_bytes() / 2;
         for head in 0..self.shape.n_kv_heads {
             if spilled_groups > 0 {
-                self.cold.read_groups(layer, head, 0, spilled_groups, &mut self.read_buf)?;
+                self.cold.read_groups(layer, head, 0, spilled_groups, self.read_buf.as_bytes_mut())?;
                 let words = self.read_buf.as_u16();
                 for g in 0..spilled_groups {
                     self.view.set_group(g * GROUP_TOKENS, head, &words[g * page_words..][..page_words]);
@@ -118,6 +118,7 @@ impl KvStore for OffloadKvStore {
             resident_bytes: self.view.bytes() + self.read_buf.len(),
             cold_bytes: self.window.base() * self.shape.bytes_per_token(),
             cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
+            tier: None,
         }
     }
 }

@@ -96,7 +96,7 @@ impl RecentWindow {
                 self.k[layer][head].clear();
                 self.v[layer][head].clear();
                 if keep > 0 {
-                    cold.read_groups(layer, head, group, 1, &mut page)?;
+                    cold.read_groups(layer, head, group, 1, page.as_bytes_mut())?;
                     let words = page.as_u16();
                     self.k[layer][head].extend_from_slice(&words[..keep * hd]);
                     self.v[layer][head].extend_from_slice(&words[GROUP_TOKENS * hd..][..keep * hd]);

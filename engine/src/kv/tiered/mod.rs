@@ -1,0 +1,395 @@
+//! HillInfer's tiered cache: a hot pool in DRAM, a cold pool on the SSD, and per decode step
+//! attention over only the most important tokens.
+//!
+//! Per layer and step: the new token's K/V enter the write-back window (and reach the cold pool
+//! a page at a time); every token is ranked by raw q·k against a compact INT4/INT8 copy of its
+//! key that stays in DRAM, in score blocks merged into the global top-k as they are produced;
+//! the selection is the attention sinks, the recent window and the top-α tokens; hot tokens are
+//! copied from DRAM, cold ones read from the SSD page by page and filtered; attention is exact
+//! over the selection. After the step, cold tokens that made the cut are promoted to the hot
+//! pool and the least-selected unpinned hot tokens are demoted, within the hot byte budget.
+//! Prompts (several queries at once) attend to everything, so prefill stays exact.
+
+pub mod hot;
+
+use super::aligned::AlignedBuf;
+use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
+use super::view::ViewBuffers;
+use super::window::RecentWindow;
+use super::{KvShape, KvStats, KvStore, KvView, Selection, TierStats};
+use crate::error::{Error, Result};
+use crate::score::{KeyBits, ScoreBlock, ScoringKeys, TopK, SCORE_BLOCK_TOKENS};
+use hot::HotPool;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+/// The tiered store's knobs (see [`super::KvConfig`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TieredSettings {
+    /// Share of the cached tokens each decode step attends to.
+    pub alpha: f32,
+    /// DRAM for hot K/V rows, scoring keys and the write-back window together.
+    pub hot_budget_bytes: usize,
+    /// First tokens, always attended to and always hot.
+    pub sink_tokens: usize,
+    /// Most recent tokens, always attended to and always hot (at least one cold-pool group).
+    pub recent_tokens: usize,
+    /// Leading layers that attend densely (layer 0 is not sparse) and stay wholly hot.
+    pub dense_layers: usize,
+    pub key_bits: KeyBits,
+}
+
+pub struct TieredKvStore {
+    shape: KvShape,
+    settings: TieredSettings,
+    cold: ColdPool,
+    window: RecentWindow,
+    keys: Vec<ScoringKeys>,
+    hot: HotPool,
+    /// `[layer][token]`: how many decode steps selected the token.
+    hits: Vec<Vec<u32>>,
+    /// `[layer]`: cold tokens selected this step, with their rows: promotion candidates.
+    fetched: Vec<Vec<(u32, Vec<u16>, Vec<u16>)>>,
+    view: ViewBuffers,
+    positions: Vec<u32>,
+    staging: AlignedBuf,
+    len: usize,
+    pending: Vec<usize>,
+    tier: TierStats,
+}
+
+impl TieredKvStore {
+    pub fn new(shape: KvShape, cold_dir: &Path, settings: TieredSettings) -> Result<Self> {
+        let max_groups = shape.max_tokens.div_ceil(GROUP_TOKENS);
+        let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups };
+        if !(settings.alpha > 0.0 && settings.alpha <= 1.0) {
+            return Err(Error::InvalidParameter("alpha must be in (0, 1]".into()));
+        }
+        if settings.recent_tokens < GROUP_TOKENS {
+            return Err(Error::InvalidParameter(format!("the recent window must hold at least {GROUP_TOKENS} tokens")));
+        }
+        let keys: Vec<ScoringKeys> =
+            (0..shape.n_layers).map(|_| ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim)).collect();
+        let row_words = shape.kv_dim();
+        let store = Self {
+            hot: HotPool::new(shape.n_layers, row_words),
+            window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
+            hits: vec![Vec::new(); shape.n_layers],
+            fetched: vec![Vec::new(); shape.n_layers],
+            view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
+            positions: Vec::new(),
+            staging: AlignedBuf::zeroed(max_groups * shape.n_kv_heads * layout.group_bytes()),
+            cold: ColdPool::create(cold_dir, layout)?,
+            keys,
+            shape,
+            settings,
+            len: 0,
+            pending: vec![0; shape.n_layers],
+            tier: TierStats::default(),
+        };
+        let floor = store.budget_floor(shape.max_tokens);
+        if store.settings.hot_budget_bytes < floor {
+            return Err(Error::InvalidParameter(format!(
+                "hot budget {} MB is below the {} MB that scoring keys, dense layers and pinned tokens need at {} tokens",
+                store.settings.hot_budget_bytes / 1_000_000,
+                floor.div_ceil(1_000_000),
+                shape.max_tokens
+            )));
+        }
+        Ok(store)
+    }
+
+    /// DRAM the store must hold at `n` tokens whatever it decides: scoring keys, the write-back
+    /// window, dense layers, sinks and the recent window.
+    fn budget_floor(&self, n: usize) -> usize {
+        let s = &self.settings;
+        let row = self.hot.row_bytes();
+        let keys = self.shape.n_layers * n * self.keys[0].bytes_per_token();
+        let window = self.shape.n_layers * GROUP_TOKENS * row;
+        let dense = s.dense_layers.min(self.shape.n_layers) * n * row;
+        let pinned = (self.shape.n_layers - s.dense_layers.min(self.shape.n_layers)) * (s.sink_tokens + s.recent_tokens).min(n) * row;
+        keys + window + dense + pinned
+    }
+
+    /// DRAM in use now, counted against the hot budget.
+    pub fn hot_bytes(&self) -> usize {
+        let window_tokens: usize = (0..self.shape.n_layers).map(|l| self.window.len(l)).sum();
+        self.hot.bytes() + self.keys.iter().map(ScoringKeys::bytes).sum::<usize>() + window_tokens * self.hot.row_bytes()
+    }
+
+    pub fn budget_bytes(&self) -> usize {
+        self.settings.hot_budget_bytes
+    }
+
+    fn is_dense(&self, layer: usize) -> bool {
+        layer < self.settings.dense_layers
+    }
+
+    fn is_pinned(&self, layer: usize, token: u32) -> bool {
+        let t = token as usize;
+        self.is_dense(layer) || t < self.settings.sink_tokens || t + self.settings.recent_tokens >= self.len
+    }
+
+    /// K or V rows of every head of a window token, concatenated as the hot pool stores them.
+    fn window_rows(&self, layer: usize, token: usize) -> (Vec<u16>, Vec<u16>) {
+        let mut k = Vec::with_capacity(self.shape.kv_dim());
+        let mut v = Vec::with_capacity(self.shape.kv_dim());
+        for head in 0..self.shape.n_kv_heads {
+            k.extend_from_slice(self.window.row(layer, head, token, false));
+            v.extend_from_slice(self.window.row(layer, head, token, true));
+        }
+        (k, v)
+    }
+
+    /// Reads the cold groups holding `tokens` that are neither hot nor in the window, into
+    /// `staging` as `[head][needed group]`; returns the groups read (ascending).
+    fn read_cold_groups(&mut self, layer: usize, tokens: &[u32]) -> Result<Vec<usize>> {
+        let base = self.window.base();
+        let mut groups: Vec<usize> = tokens
+            .iter()
+            .filter(|&&t| (t as usize) < base && !self.hot.contains(layer, t))
+            .map(|&t| t as usize / GROUP_TOKENS)
+            .collect();
+        groups.dedup(); // tokens are ascending, so equal groups are adjacent
+        let gb = self.cold.layout().group_bytes();
+        let per_head = groups.len() * gb;
+        for head in 0..self.shape.n_kv_heads {
+            // One request per run of consecutive groups.
+            let mut i = 0;
+            while i < groups.len() {
+                let mut j = i + 1;
+                while j < groups.len() && groups[j] == groups[j - 1] + 1 {
+                    j += 1;
+                }
+                let dst = &mut self.staging.as_bytes_mut()[head * per_head + i * gb..][..(j - i) * gb];
+                self.cold.read_groups(layer, head, groups[i], j - i, dst)?;
+                i = j;
+            }
+        }
+        Ok(groups)
+    }
+}
+
+impl KvStore for TieredKvStore {
+    fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    fn len_tokens(&self) -> usize {
+        self.len
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let n = k.len() / self.shape.kv_dim();
+        if self.len + n > self.shape.max_tokens {
+            return Err(Error::ContextOverflow { prompt_tokens: self.len + n, context_tokens: self.shape.max_tokens });
+        }
+        self.window.push(layer, k, v);
+        self.keys[layer].push(k);
+        self.pending[layer] = n;
+        Ok(())
+    }
+
+    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+        let s = &self.settings;
+        let n = self.len + self.pending[layer];
+        // The top α of the tokens, on top of the sinks and the recent window.
+        let budget = (s.alpha * n as f32).ceil() as usize;
+        let pinned = s.sink_tokens + s.recent_tokens;
+        if q_positions.len() > 1 || self.is_dense(layer) || budget + pinned >= n {
+            return Ok(Selection::All);
+        }
+        // Each KV head's query is the sum of its group's query heads (the score aggregates them).
+        let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
+        let group = q.len() / hd / n_kv;
+        let mut query = vec![0f32; n_kv * hd];
+        for h in 0..n_kv {
+            for g in 0..group {
+                let src = &q[(h * group + g) * hd..][..hd];
+                query[h * hd..][..hd].iter_mut().zip(src).for_each(|(a, b)| *a += b);
+            }
+        }
+        let candidates = s.sink_tokens..n - s.recent_tokens;
+        let mut top = TopK::new(budget);
+        let mut block = ScoreBlock { first_token: 0, scores: Vec::with_capacity(SCORE_BLOCK_TOKENS) };
+        for start in candidates.clone().step_by(SCORE_BLOCK_TOKENS) {
+            let end = (start + SCORE_BLOCK_TOKENS).min(candidates.end);
+            block.first_token = start;
+            block.scores.resize(end - start, 0.0);
+            self.keys[layer].score(&query, start..end, &mut block.scores);
+            top.merge(&block);
+        }
+        let mut tokens: Vec<u32> = (0..s.sink_tokens as u32).collect();
+        tokens.extend(top.into_tokens());
+        tokens.extend(candidates.end as u32..n as u32);
+        Ok(Selection::Tokens(tokens))
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
+        let n = self.len + self.pending[layer];
+        let tokens: Vec<u32> = match selection {
+            Selection::All => (0..n as u32).collect(),
+            Selection::Tokens(t) => t.clone(),
+        };
+        let groups = self.read_cold_groups(layer, &tokens)?;
+        let (hd, n_kv, base) = (self.shape.head_dim, self.shape.n_kv_heads, self.window.base());
+        let gb_words = self.cold.layout().group_bytes() / 2;
+        let per_head_words = groups.len() * gb_words;
+        let sparse = matches!(selection, Selection::Tokens(_));
+        self.positions.clear();
+        let mut group_at = 0;
+        for (slot, &t) in tokens.iter().enumerate() {
+            let tu = t as usize;
+            self.positions.push(t);
+            if tu >= base {
+                for head in 0..n_kv {
+                    self.view.set_token(slot, head, self.window.row(layer, head, tu, false), self.window.row(layer, head, tu, true));
+                }
+            } else if let Some((k, v)) = self.hot.get(layer, t) {
+                for head in 0..n_kv {
+                    self.view.set_token(slot, head, &k[head * hd..][..hd], &v[head * hd..][..hd]);
+                }
+                if sparse {
+                    self.tier.hot_hits += 1;
+                }
+            } else {
+                while groups[group_at] != tu / GROUP_TOKENS {
+                    group_at += 1;
+                }
+                let row = tu % GROUP_TOKENS;
+                let mut k_all = Vec::with_capacity(n_kv * hd);
+                let mut v_all = Vec::with_capacity(n_kv * hd);
+                for head in 0..n_kv {
+                    let page = &self.staging.as_u16()[head * per_head_words + group_at * gb_words..][..gb_words];
+                    let (k, v) = (&page[row * hd..][..hd], &page[GROUP_TOKENS * hd + row * hd..][..hd]);
+                    self.view.set_token(slot, head, k, v);
+                    if sparse {
+                        k_all.extend_from_slice(k);
+                        v_all.extend_from_slice(v);
+                    }
+                }
+                if sparse {
+                    self.tier.cold_hits += 1;
+                    self.fetched[layer].push((t, k_all, v_all));
+                }
+            }
+        }
+        let positions = match selection {
+            Selection::All => None,
+            Selection::Tokens(_) => Some(&self.positions[..]),
+        };
+        Ok(self.view.view(tokens.len(), positions))
+    }
+
+    fn observe(&mut self, layer: usize, selection: &Selection) {
+        if let Selection::Tokens(tokens) = selection {
+            let hits = &mut self.hits[layer];
+            let n = self.len + self.pending[layer];
+            if hits.len() < n {
+                hits.resize(n, 0);
+            }
+            for &t in tokens {
+                hits[t as usize] += 1;
+            }
+        }
+    }
+
+    fn commit(&mut self, n_tokens: usize) {
+        self.len += n_tokens;
+        self.pending.fill(0);
+        for hits in &mut self.hits {
+            hits.resize(self.len, 0);
+        }
+        // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
+        let spill_end = self.window.base() + (0..self.shape.n_layers).map(|l| self.window.len(l)).min().unwrap_or(0) / GROUP_TOKENS * GROUP_TOKENS;
+        for layer in 0..self.shape.n_layers {
+            for t in self.window.base()..spill_end {
+                let (k, v) = self.window_rows(layer, t);
+                self.hot.insert(layer, t as u32, &k, &v);
+            }
+        }
+        if let Err(e) = self.window.spill(&mut self.cold) {
+            tracing::error!(error = %e, "cold pool write failed; keeping tokens in memory");
+        }
+        // Promote the cold tokens this step selected.
+        for layer in 0..self.shape.n_layers {
+            for (t, k, v) in std::mem::take(&mut self.fetched[layer]) {
+                self.hot.insert(layer, t, &k, &v);
+                self.tier.promotions += 1;
+            }
+        }
+        self.demote_to_budget();
+        self.tier.steps += 1;
+    }
+
+    fn truncate(&mut self, n_tokens: usize) {
+        self.pending.fill(0);
+        for f in &mut self.fetched {
+            f.clear();
+        }
+        let keep = n_tokens.min(self.len);
+        if let Err(e) = self.window.truncate(keep, &self.cold) {
+            tracing::error!(error = %e, "cold pool read failed while truncating; dropping the cache");
+            self.window = RecentWindow::new(self.shape.n_layers, self.shape.n_kv_heads, self.shape.head_dim);
+            return self.truncate_bookkeeping(0);
+        }
+        self.truncate_bookkeeping(keep);
+    }
+
+    fn stats(&self) -> KvStats {
+        KvStats {
+            tokens: self.len,
+            resident_bytes: self.hot_bytes() + self.view.bytes() + self.staging.len(),
+            cold_bytes: self.window.base() * self.shape.bytes_per_token(),
+            cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
+            tier: Some(TierStats { hot_bytes: self.hot_bytes(), hot_budget_bytes: self.settings.hot_budget_bytes, ..self.tier.clone() }),
+        }
+    }
+}
+
+impl TieredKvStore {
+    fn truncate_bookkeeping(&mut self, n_tokens: usize) {
+        self.len = n_tokens;
+        for keys in &mut self.keys {
+            keys.truncate(n_tokens);
+        }
+        for hits in &mut self.hits {
+            hits.truncate(n_tokens);
+        }
+        self.hot.truncate(n_tokens);
+    }
+
+    /// Evicts the least-selected unpinned hot tokens of the sparse layers until the hot pool,
+    /// the scoring keys and the window fit the budget. Evicted tokens are already on the SSD.
+    fn demote_to_budget(&mut self) {
+        let budget = self.settings.hot_budget_bytes;
+        let used = self.hot_bytes();
+        if used <= budget {
+            return;
+        }
+        let row = self.hot.row_bytes();
+        let mut excess_rows = (used - budget).div_ceil(row);
+        let sparse_layers: Vec<usize> = (self.settings.dense_layers..self.shape.n_layers).collect();
+        if sparse_layers.is_empty() {
+            return;
+        }
+        // Spread evictions over the sparse layers, each giving up its coldest tokens.
+        let mut round = 0;
+        while excess_rows > 0 && round < 2 {
+            let per_layer = excess_rows.div_ceil(sparse_layers.len());
+            for &layer in &sparse_layers {
+                let mut victims: Vec<u32> = self.hot.tokens(layer).filter(|&t| !self.is_pinned(layer, t)).collect();
+                victims.sort_by_key(|&t| (self.hits[layer].get(t as usize).copied().unwrap_or(0), t));
+                for t in victims.into_iter().take(per_layer.min(excess_rows)) {
+                    self.hot.remove(layer, t);
+                    self.tier.demotions += 1;
+                    excess_rows -= 1;
+                }
+                if excess_rows == 0 {
+                    break;
+                }
+            }
+            round += 1;
+        }
+    }
+}

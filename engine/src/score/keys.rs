@@ -1,0 +1,144 @@
+//! Low-precision copies of the keys, used only to rank tokens: symmetric INT8 or INT4 with one
+//! f32 scale per (token, KV head). The full-precision K/V are what attention uses.
+
+use std::ops::Range;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyBits {
+    Int8,
+    Int4,
+}
+
+impl KeyBits {
+    fn max_level(self) -> f32 {
+        match self {
+            Self::Int8 => 127.0,
+            Self::Int4 => 7.0,
+        }
+    }
+
+    fn bytes_per_row(self, head_dim: usize) -> usize {
+        match self {
+            Self::Int8 => head_dim,
+            Self::Int4 => head_dim.div_ceil(2),
+        }
+    }
+}
+
+/// One layer's scoring copy: `[token][kv_head]` quantized rows and their scales.
+pub struct ScoringKeys {
+    bits: KeyBits,
+    n_kv_heads: usize,
+    head_dim: usize,
+    row_bytes: usize,
+    data: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl ScoringKeys {
+    pub fn new(bits: KeyBits, n_kv_heads: usize, head_dim: usize) -> Self {
+        Self { bits, n_kv_heads, head_dim, row_bytes: bits.bytes_per_row(head_dim), data: Vec::new(), scales: Vec::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.scales.len() / self.n_kv_heads
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.scales.is_empty()
+    }
+
+    /// DRAM this copy occupies.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + 4 * self.scales.len()
+    }
+
+    /// Bytes one more token adds.
+    pub fn bytes_per_token(&self) -> usize {
+        self.n_kv_heads * (self.row_bytes + 4)
+    }
+
+    /// Appends the keys of `n` tokens (`n × n_kv_heads·head_dim` f32, RoPE applied).
+    pub fn push(&mut self, k: &[f32]) {
+        let max_level = self.bits.max_level();
+        for row in k.chunks_exact(self.head_dim) {
+            let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let scale = amax / max_level;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let q = |x: f32| (x * inv).round().clamp(-max_level, max_level) as i8;
+            match self.bits {
+                KeyBits::Int8 => self.data.extend(row.iter().map(|&x| q(x) as u8)),
+                // Two signed nibbles per byte: even dimension low, odd dimension high.
+                KeyBits::Int4 => self.data.extend(row.chunks(2).map(|p| {
+                    let lo = (q(p[0]) as u8) & 0x0f;
+                    let hi = (q(p.get(1).copied().unwrap_or(0.0)) as u8) & 0x0f;
+                    lo | (hi << 4)
+                })),
+            }
+            self.scales.push(scale);
+        }
+    }
+
+    pub fn truncate(&mut self, n_tokens: usize) {
+        self.data.truncate(n_tokens * self.n_kv_heads * self.row_bytes);
+        self.scales.truncate(n_tokens * self.n_kv_heads);
+    }
+
+    /// `out[i] = Σ_h query[h] · k[tokens.start + i][h]`: each token's raw inner product with
+    /// the per-KV-head query (the sum of that head's query group), summed over KV heads.
+    pub fn score(&self, query: &[f32], tokens: Range<usize>, out: &mut [f32]) {
+        let (hd, rb) = (self.head_dim, self.row_bytes);
+        debug_assert_eq!(query.len(), self.n_kv_heads * hd);
+        for (o, t) in out.iter_mut().zip(tokens) {
+            let mut total = 0f32;
+            for h in 0..self.n_kv_heads {
+                let row = t * self.n_kv_heads + h;
+                let data = &self.data[row * rb..][..rb];
+                let q = &query[h * hd..][..hd];
+                let dot: f32 = match self.bits {
+                    KeyBits::Int8 => data.iter().zip(q).map(|(&k, &q)| f32::from(k as i8) * q).sum(),
+                    KeyBits::Int4 => data
+                        .iter()
+                        .zip(q.chunks(2))
+                        .map(|(&b, qp)| {
+                            let lo = f32::from(((b << 4) as i8) >> 4);
+                            let hi = f32::from((b as i8) >> 4);
+                            lo * qp[0] + qp.get(1).map_or(0.0, |q1| hi * q1)
+                        })
+                        .sum(),
+                };
+                total += dot * self.scales[row];
+            }
+            *o = total;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scores_track_exact_inner_products() {
+        let (heads, hd, n) = (3, 64, 50);
+        let k: Vec<f32> = (0..n * heads * hd).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 3.0).collect();
+        let q: Vec<f32> = (0..heads * hd).map(|i| (i % 13) as f32 / 6.0 - 1.0).collect();
+        let exact: Vec<f32> = (0..n)
+            .map(|t| (0..heads * hd).map(|i| q[i] * k[t * heads * hd + i]).sum())
+            .collect();
+        for (bits, tolerance) in [(KeyBits::Int8, 0.01), (KeyBits::Int4, 0.15)] {
+            let mut keys = ScoringKeys::new(bits, heads, hd);
+            keys.push(&k);
+            assert_eq!(keys.len(), n);
+            let mut out = vec![0f32; n];
+            keys.score(&q, 0..n, &mut out);
+            let norm = exact.iter().fold(0f32, |m, x| m.max(x.abs()));
+            for (a, b) in out.iter().zip(&exact) {
+                assert!((a - b).abs() <= tolerance * norm, "{bits:?}: {a} vs {b}");
+            }
+            keys.truncate(10);
+            assert_eq!(keys.len(), 10);
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! Token importance for sparse attention: compact low-precision key copies, the raw q·k scores
+//! computed from them (no softmax, no 1/√d: only the ranking matters), and the streaming top-k
+//! merge of score blocks.
+
+pub mod keys;
+pub mod topk;
+
+pub use keys::{KeyBits, ScoringKeys};
+pub use topk::{ScoreBlock, TopK};
+
+/// Tokens scored per block: small enough that merging starts early, large enough to amortize.
+pub const SCORE_BLOCK_TOKENS: usize = 256;
