@@ -67,17 +67,30 @@ pub struct ModelArgs {
     /// Context length in tokens (default: the model's).
     #[arg(long)]
     pub context: Option<usize>,
-    /// Where the KV cache lives: full (all in memory) or offload (all on disk, read back each step).
+    /// Where the KV cache lives: full (all in memory), offload (all on disk, read back each
+    /// step) or tiered (hot pool in memory, cold pool on disk, attention over the top α).
     #[arg(long, default_value = "full")]
     pub kv: hillside_engine::kv::StoreKind,
     /// Directory for cold-pool files (default: ~/.cache/hillside/kv).
     #[arg(long, env = "HILLSIDE_COLD_DIR")]
     pub cold_dir: Option<PathBuf>,
+    /// Tiered: share of the cached tokens each step attends to.
+    #[arg(long, default_value_t = 0.2)]
+    pub alpha: f32,
+    /// Tiered: DRAM budget in MB for hot K/V, scoring keys and the write-back window
+    /// (default: a quarter of the full cache).
+    #[arg(long)]
+    pub hot_budget_mb: Option<usize>,
 }
 
 impl ModelArgs {
     pub fn kv_config(&self) -> hillside_engine::kv::KvConfig {
-        let mut config = hillside_engine::kv::KvConfig { store: self.kv, ..Default::default() };
+        let mut config = hillside_engine::kv::KvConfig {
+            store: self.kv,
+            alpha: self.alpha,
+            hot_budget_bytes: self.hot_budget_mb.map(|mb| mb * 1_000_000),
+            ..Default::default()
+        };
         if let Some(dir) = &self.cold_dir {
             config.cold_dir = dir.clone();
         }

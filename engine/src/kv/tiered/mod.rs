@@ -152,20 +152,32 @@ impl TieredKvStore {
             .collect();
         groups.dedup(); // tokens are ascending, so equal groups are adjacent
         let gb = self.cold.layout().group_bytes();
-        let per_head = groups.len() * gb;
+        // One request per run of consecutive groups per head, issued from the I/O pool so that
+        // many are in flight at once (an SSD needs a deep queue for its random-read rate).
+        let mut runs = Vec::new(); // (head, first group index in `groups`, count), in staging order
         for head in 0..self.shape.n_kv_heads {
-            // One request per run of consecutive groups.
             let mut i = 0;
             while i < groups.len() {
                 let mut j = i + 1;
                 while j < groups.len() && groups[j] == groups[j - 1] + 1 {
                     j += 1;
                 }
-                let dst = &mut self.staging.as_bytes_mut()[head * per_head + i * gb..][..(j - i) * gb];
-                self.cold.read_groups(layer, head, groups[i], j - i, dst)?;
+                runs.push((head, i, j - i));
                 i = j;
             }
         }
+        let mut rest = &mut self.staging.as_bytes_mut()[..self.shape.n_kv_heads * groups.len() * gb];
+        let mut requests = Vec::with_capacity(runs.len());
+        for &(head, at, count) in &runs {
+            let (dst, tail) = rest.split_at_mut(count * gb);
+            requests.push((head, groups[at], count, dst));
+            rest = tail;
+        }
+        let cold = &self.cold;
+        io_pool().install(|| {
+            use rayon::prelude::*;
+            requests.into_par_iter().try_for_each(|(head, first, count, dst)| cold.read_groups(layer, head, first, count, dst))
+        })?;
         Ok(groups)
     }
 }
@@ -346,6 +358,22 @@ impl KvStore for TieredKvStore {
         }
     }
 }
+
+/// Threads that issue cold-pool reads: blocking preads, so more threads than cores means more
+/// requests in flight.
+fn io_pool() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(IO_THREADS)
+            .thread_name(|i| format!("hillside-io-{i}"))
+            .build()
+            .expect("starting the cold-pool I/O threads")
+    })
+}
+
+/// Reads in flight at once against the cold pool.
+const IO_THREADS: usize = 16;
 
 impl TieredKvStore {
     fn truncate_bookkeeping(&mut self, n_tokens: usize) {
