@@ -50,13 +50,7 @@ impl KvStore for FullKvStore {
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
         let (hd, kv_dim) = (self.shape.head_dim, self.shape.kv_dim());
-        let n = k.len() / kv_dim;
-        if k.len() != n * kv_dim || v.len() != k.len() || layer >= self.shape.n_layers {
-            return Err(Error::Kv(format!("append: bad shape for layer {layer}")));
-        }
-        if self.len + n > self.shape.max_tokens {
-            return Err(Error::ContextOverflow { prompt_tokens: self.len + n, context_tokens: self.shape.max_tokens });
-        }
+        let n = self.shape.tokens_to_append(self.len, k, v)?;
         let layer_len = self.layer_len();
         let (k_layer, v_layer) = (
             &mut self.k[layer * layer_len..][..layer_len],

@@ -40,6 +40,19 @@ impl KvShape {
     pub fn bytes_per_token(&self) -> usize {
         2 * self.n_layers * self.kv_dim() * 2
     }
+
+    /// How many tokens the rows `k`/`v` hold, checking their shape and that they fit after
+    /// the `held` tokens already cached (the check every store's `append` starts with).
+    pub fn tokens_to_append(&self, held: usize, k: &[f32], v: &[f32]) -> Result<usize> {
+        let n = k.len() / self.kv_dim();
+        if k.len() != n * self.kv_dim() || v.len() != k.len() {
+            return Err(crate::Error::Kv(format!("append: {} K and {} V values are not whole rows of {}", k.len(), v.len(), self.kv_dim())));
+        }
+        if held + n > self.max_tokens {
+            return Err(crate::Error::ContextOverflow { prompt_tokens: held + n, context_tokens: self.max_tokens });
+        }
+        Ok(n)
+    }
 }
 
 /// Which cached tokens a layer's queries attend to.

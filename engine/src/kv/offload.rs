@@ -7,7 +7,7 @@ use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
 use super::view::ViewBuffers;
 use super::window::RecentWindow;
 use super::{KvShape, KvStats, KvStore, KvView, Selection};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -50,10 +50,7 @@ impl KvStore for OffloadKvStore {
     }
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        let n = k.len() / self.shape.kv_dim();
-        if self.len + n > self.shape.max_tokens {
-            return Err(Error::ContextOverflow { prompt_tokens: self.len + n, context_tokens: self.shape.max_tokens });
-        }
+        let n = self.shape.tokens_to_append(self.len, k, v)?;
         self.window.push(layer, k, v);
         self.pending[layer] = n;
         Ok(())

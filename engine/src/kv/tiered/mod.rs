@@ -39,6 +39,9 @@ pub struct TieredSettings {
     pub key_bits: KeyBits,
 }
 
+/// A cold token read this step, with its K and V rows (all KV heads, f16 bits).
+type FetchedRow = (u32, Vec<u16>, Vec<u16>);
+
 pub struct TieredKvStore {
     shape: KvShape,
     settings: TieredSettings,
@@ -48,8 +51,8 @@ pub struct TieredKvStore {
     hot: HotPool,
     /// `[layer][token]`: how many decode steps selected the token.
     hits: Vec<Vec<u32>>,
-    /// `[layer]`: cold tokens selected this step, with their rows: promotion candidates.
-    fetched: Vec<Vec<(u32, Vec<u16>, Vec<u16>)>>,
+    /// `[layer]`: cold tokens selected this step: promotion candidates.
+    fetched: Vec<Vec<FetchedRow>>,
     view: ViewBuffers,
     positions: Vec<u32>,
     staging: AlignedBuf,
@@ -192,10 +195,7 @@ impl KvStore for TieredKvStore {
     }
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        let n = k.len() / self.shape.kv_dim();
-        if self.len + n > self.shape.max_tokens {
-            return Err(Error::ContextOverflow { prompt_tokens: self.len + n, context_tokens: self.shape.max_tokens });
-        }
+        let n = self.shape.tokens_to_append(self.len, k, v)?;
         self.window.push(layer, k, v);
         self.keys[layer].push(k);
         self.pending[layer] = n;
