@@ -91,10 +91,6 @@ impl Engine {
         &self.tokenizer
     }
 
-    pub fn chat_template(&self) -> &ChatTemplate {
-        &self.chat_template
-    }
-
     /// A new, empty sequence with the whole cache in memory, for up to `max_tokens` tokens
     /// (the model's context when `None`).
     pub fn new_sequence(&self, max_tokens: Option<usize>) -> Sequence {

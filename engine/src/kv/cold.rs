@@ -65,7 +65,6 @@ pub struct ColdPool {
     file: File,
     path: PathBuf,
     layout: ColdLayout,
-    direct_io: bool,
     /// CRC32 of each written group, `None` until written.
     checksums: Vec<Option<u32>>,
     pub stats: ColdIoStats,
@@ -91,13 +90,12 @@ impl ColdPool {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = format!("{FILE_PREFIX}{}-{}{FILE_SUFFIX}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let path = dir.join(name);
-        let (file, direct_io) = open_pool_file(&path)?;
+        let file = open_pool_file(&path)?;
         // From here the file exists; dropping `pool` on an error path removes it.
         let pool = Self {
             file,
             path,
             layout,
-            direct_io,
             checksums: vec![None; layout.n_layers * layout.n_kv_heads * layout.max_groups],
             stats: ColdIoStats::default(),
         };
@@ -127,10 +125,6 @@ impl ColdPool {
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    pub fn is_direct_io(&self) -> bool {
-        self.direct_io
     }
 
     fn offset(&self, layer: usize, head: usize, group: usize) -> u64 {
@@ -193,14 +187,14 @@ impl Drop for ColdPool {
 }
 
 /// Opens a new pool file with O_DIRECT, or buffered where the filesystem refuses O_DIRECT.
-fn open_pool_file(path: &Path) -> Result<(File, bool)> {
+fn open_pool_file(path: &Path) -> Result<File> {
     let open = |flags: i32| OpenOptions::new().read(true).write(true).create_new(true).custom_flags(flags).open(path);
     match open(libc::O_DIRECT) {
-        Ok(file) => Ok((file, true)),
+        Ok(file) => Ok(file),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             let _ = std::fs::remove_file(path);
             tracing::warn!(dir = %path.parent().unwrap_or(path).display(), "filesystem refuses direct I/O; cold pool uses buffered I/O");
-            open(0).map(|f| (f, false)).map_err(|e| io_error("cannot create", path, e))
+            open(0).map_err(|e| io_error("cannot create", path, e))
         }
         Err(e) => Err(io_error("cannot create", path, e)),
     }

@@ -147,16 +147,8 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
-    pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.inner.token_to_id(text)
-    }
-
     /// The tokenizer as a `tokenizer.json` document (to export a GGUF model's tokenizer).
     pub fn to_json(&self) -> Result<String> {
         self.inner.to_string(true).map_err(tok_err)
-    }
-
-    pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
     }
 }

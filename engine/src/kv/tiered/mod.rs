@@ -120,10 +120,6 @@ impl TieredKvStore {
         self.hot.bytes() + self.keys.iter().map(ScoringKeys::bytes).sum::<usize>() + window_tokens * self.hot.row_bytes()
     }
 
-    pub fn budget_bytes(&self) -> usize {
-        self.settings.hot_budget_bytes
-    }
-
     fn is_dense(&self, layer: usize) -> bool {
         layer < self.settings.dense_layers
     }
