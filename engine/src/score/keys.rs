@@ -1,8 +1,6 @@
 //! Low-precision copies of the keys, used only to rank tokens: symmetric INT8 or INT4 with one
 //! f32 scale per (token, KV head). The full-precision K/V are what attention uses.
 
-use std::ops::Range;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KeyBits {
@@ -85,15 +83,15 @@ impl ScoringKeys {
         self.scales.truncate(n_tokens * self.n_kv_heads);
     }
 
-    /// `out[i] = Σ_h query[h] · k[tokens.start + i][h]`: each token's raw inner product with
-    /// the per-KV-head query (the sum of that head's query group), summed over KV heads.
-    pub fn score(&self, query: &[f32], tokens: Range<usize>, out: &mut [f32]) {
+    /// `out[i] = Σ_h query[h] · k[tokens[i]][h]`: each token's raw inner product with the
+    /// per-KV-head query (the sum of that head's query group), summed over KV heads.
+    pub fn score(&self, query: &[f32], tokens: &[u32], out: &mut [f32]) {
         let (hd, rb) = (self.head_dim, self.row_bytes);
         debug_assert_eq!(query.len(), self.n_kv_heads * hd);
-        for (o, t) in out.iter_mut().zip(tokens) {
+        for (o, &t) in out.iter_mut().zip(tokens) {
             let mut total = 0f32;
             for h in 0..self.n_kv_heads {
-                let row = t * self.n_kv_heads + h;
+                let row = t as usize * self.n_kv_heads + h;
                 let data = &self.data[row * rb..][..rb];
                 let q = &query[h * hd..][..hd];
                 let dot: f32 = match self.bits {
@@ -132,7 +130,7 @@ mod tests {
             keys.push(&k);
             assert_eq!(keys.len(), n);
             let mut out = vec![0f32; n];
-            keys.score(&q, 0..n, &mut out);
+            keys.score(&q, &(0..n as u32).collect::<Vec<_>>(), &mut out);
             let norm = exact.iter().fold(0f32, |m, x| m.max(x.abs()));
             for (a, b) in out.iter().zip(&exact) {
                 assert!((a - b).abs() <= tolerance * norm, "{bits:?}: {a} vs {b}");

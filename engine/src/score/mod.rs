@@ -3,9 +3,11 @@
 //! merge of score blocks.
 
 pub mod keys;
+pub mod storage;
 pub mod topk;
 
 pub use keys::{KeyBits, ScoringKeys};
+pub use storage::StorageEvaluator;
 pub use topk::{ScoreBlock, TopK};
 
 /// Tokens scored per block: small enough that merging starts early, large enough to amortize.

@@ -3,10 +3,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-/// Scores of consecutive tokens `first_token ..`, as an evaluator emits them.
-#[derive(Debug, Clone, PartialEq)]
+/// (position, score) pairs for a chunk of tokens, as an evaluator emits them.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScoreBlock {
-    pub first_token: usize,
+    pub tokens: Vec<u32>,
     pub scores: Vec<f32>,
 }
 
@@ -44,8 +44,8 @@ impl TopK {
         if self.k == 0 {
             return;
         }
-        for (i, &s) in block.scores.iter().enumerate() {
-            let entry = Reverse((Ranked(s), (block.first_token + i) as u32));
+        for (&t, &s) in block.tokens.iter().zip(&block.scores) {
+            let entry = Reverse((Ranked(s), t));
             if self.heap.len() < self.k {
                 self.heap.push(entry);
             } else if self.heap.peek().is_some_and(|worst| entry < *worst) {
@@ -76,7 +76,7 @@ mod tests {
         want.sort_unstable();
         let mut top = TopK::new(50);
         for (start, end) in [(700, 1000), (0, 256), (256, 512), (512, 700)] {
-            top.merge(&ScoreBlock { first_token: start, scores: scores[start..end].to_vec() });
+            top.merge(&ScoreBlock { tokens: (start as u32..end as u32).collect(), scores: scores[start..end].to_vec() });
         }
         assert_eq!(top.into_tokens(), want);
     }

@@ -18,10 +18,11 @@ use super::view::ViewBuffers;
 use super::window::RecentWindow;
 use super::{KvShape, KvStats, KvStore, KvView, Selection, TierStats};
 use crate::error::{Error, Result};
-use crate::score::{KeyBits, ScoreBlock, ScoringKeys, TopK, SCORE_BLOCK_TOKENS};
+use crate::score::{KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, TopK, SCORE_BLOCK_TOKENS};
 use hot::HotPool;
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
 
 /// The tiered store's knobs (see [`super::KvConfig`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -47,7 +48,10 @@ pub struct TieredKvStore {
     settings: TieredSettings,
     cold: ColdPool,
     window: RecentWindow,
-    keys: Vec<ScoringKeys>,
+    /// Per layer; shared with the storage evaluator's worker while it scans.
+    keys: Vec<Arc<RwLock<ScoringKeys>>>,
+    key_bytes_per_token: usize,
+    evaluator: StorageEvaluator,
     hot: HotPool,
     /// `[layer][token]`: how many decode steps selected the token.
     hits: Vec<Vec<u32>>,
@@ -71,8 +75,10 @@ impl TieredKvStore {
         if settings.recent_tokens < GROUP_TOKENS {
             return Err(Error::InvalidParameter(format!("the recent window must hold at least {GROUP_TOKENS} tokens")));
         }
-        let keys: Vec<ScoringKeys> =
-            (0..shape.n_layers).map(|_| ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim)).collect();
+        let keys: Vec<Arc<RwLock<ScoringKeys>>> = (0..shape.n_layers)
+            .map(|_| Arc::new(RwLock::new(ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim))))
+            .collect();
+        let key_bytes_per_token = keys[0].read().unwrap_or_else(|p| p.into_inner()).bytes_per_token();
         let row_words = shape.kv_dim();
         let store = Self {
             hot: HotPool::new(shape.n_layers, row_words),
@@ -84,6 +90,8 @@ impl TieredKvStore {
             staging: AlignedBuf::zeroed(max_groups * shape.n_kv_heads * layout.group_bytes()),
             cold: ColdPool::create(cold_dir, layout)?,
             keys,
+            key_bytes_per_token,
+            evaluator: StorageEvaluator::new(),
             shape,
             settings,
             len: 0,
@@ -107,7 +115,7 @@ impl TieredKvStore {
     fn budget_floor(&self, n: usize) -> usize {
         let s = &self.settings;
         let row = self.hot.row_bytes();
-        let keys = self.shape.n_layers * n * self.keys[0].bytes_per_token();
+        let keys = self.shape.n_layers * n * self.key_bytes_per_token;
         let window = self.shape.n_layers * GROUP_TOKENS * row;
         let dense = s.dense_layers.min(self.shape.n_layers) * n * row;
         let pinned = (self.shape.n_layers - s.dense_layers.min(self.shape.n_layers)) * (s.sink_tokens + s.recent_tokens).min(n) * row;
@@ -117,7 +125,8 @@ impl TieredKvStore {
     /// DRAM in use now, counted against the hot budget.
     pub fn hot_bytes(&self) -> usize {
         let window_tokens: usize = (0..self.shape.n_layers).map(|l| self.window.len(l)).sum();
-        self.hot.bytes() + self.keys.iter().map(ScoringKeys::bytes).sum::<usize>() + window_tokens * self.hot.row_bytes()
+        let key_bytes: usize = self.keys.iter().map(|k| k.read().unwrap_or_else(|p| p.into_inner()).bytes()).sum();
+        self.hot.bytes() + key_bytes + window_tokens * self.hot.row_bytes()
     }
 
     fn is_dense(&self, layer: usize) -> bool {
@@ -193,7 +202,7 @@ impl KvStore for TieredKvStore {
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
         let n = self.shape.tokens_to_append(self.len, k, v)?;
         self.window.push(layer, k, v);
-        self.keys[layer].push(k);
+        self.keys[layer].write().unwrap_or_else(|p| p.into_inner()).push(k);
         self.pending[layer] = n;
         Ok(())
     }
@@ -217,15 +226,30 @@ impl KvStore for TieredKvStore {
                 query[h * hd..][..hd].iter_mut().zip(src).for_each(|(a, b)| *a += b);
             }
         }
+        // Cold candidates go to the storage evaluator, which streams score blocks back while
+        // the host scores the hot ones; both kinds of block merge into one top-k as they come.
         let candidates = s.sink_tokens..n - s.recent_tokens;
+        let base = self.window.base();
+        let (hot, cold): (Vec<u32>, Vec<u32>) =
+            candidates.clone().map(|t| t as u32).partition(|&t| t as usize >= base || self.hot.contains(layer, t));
+        let cold_blocks = self.evaluator.score(self.keys[layer].clone(), query.clone(), cold);
         let mut top = TopK::new(budget);
-        let mut block = ScoreBlock { first_token: 0, scores: Vec::with_capacity(SCORE_BLOCK_TOKENS) };
-        for start in candidates.clone().step_by(SCORE_BLOCK_TOKENS) {
-            let end = (start + SCORE_BLOCK_TOKENS).min(candidates.end);
-            block.first_token = start;
-            block.scores.resize(end - start, 0.0);
-            self.keys[layer].score(&query, start..end, &mut block.scores);
-            top.merge(&block);
+        {
+            let keys = self.keys[layer].read().unwrap_or_else(|p| p.into_inner());
+            let mut block = ScoreBlock::default();
+            for chunk in hot.chunks(SCORE_BLOCK_TOKENS) {
+                block.tokens.clear();
+                block.tokens.extend_from_slice(chunk);
+                block.scores.resize(chunk.len(), 0.0);
+                keys.score(&query, chunk, &mut block.scores);
+                top.merge(&block);
+                while let Ok(cold_block) = cold_blocks.try_recv() {
+                    top.merge(&cold_block);
+                }
+            }
+        }
+        for cold_block in cold_blocks {
+            top.merge(&cold_block);
         }
         let mut tokens: Vec<u32> = (0..s.sink_tokens as u32).collect();
         tokens.extend(top.into_tokens());
@@ -374,8 +398,8 @@ const IO_THREADS: usize = 16;
 impl TieredKvStore {
     fn truncate_bookkeeping(&mut self, n_tokens: usize) {
         self.len = n_tokens;
-        for keys in &mut self.keys {
-            keys.truncate(n_tokens);
+        for keys in &self.keys {
+            keys.write().unwrap_or_else(|p| p.into_inner()).truncate(n_tokens);
         }
         for hits in &mut self.hits {
             hits.truncate(n_tokens);

@@ -1,0 +1,122 @@
+//! The storage-side evaluator: a worker thread that scores the cold pool's tokens chunk by
+//! chunk and sends each chunk's score block up the moment it is done (HillInfer's HIE), over a
+//! bounded channel, so the host merges blocks while the scan is still running. Without a
+//! SmartSSD it scores the DRAM scoring copy of the cold keys; the XRT evaluator will run the
+//! same protocol on the drive's FPGA.
+
+use super::keys::ScoringKeys;
+use super::topk::ScoreBlock;
+use super::SCORE_BLOCK_TOKENS;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, RwLock};
+
+/// Score blocks that may wait in the channel; the worker blocks when the host falls behind.
+const BLOCKS_IN_FLIGHT: usize = 2;
+
+struct Request {
+    keys: Arc<RwLock<ScoringKeys>>,
+    query: Vec<f32>,
+    tokens: Vec<u32>,
+    reply: SyncSender<ScoreBlock>,
+}
+
+pub struct StorageEvaluator {
+    requests: Option<mpsc::Sender<Request>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    /// Tokens scored since the evaluator started (for tests and stats).
+    scored: Arc<AtomicUsize>,
+}
+
+impl Default for StorageEvaluator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StorageEvaluator {
+    pub fn new() -> Self {
+        let (requests, inbox) = mpsc::channel::<Request>();
+        let scored = Arc::new(AtomicUsize::new(0));
+        let counter = scored.clone();
+        let worker = std::thread::Builder::new()
+            .name("hillside-storage-eval".into())
+            .spawn(move || {
+                for req in inbox {
+                    let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
+                    for chunk in req.tokens.chunks(SCORE_BLOCK_TOKENS) {
+                        let mut block = ScoreBlock { tokens: chunk.to_vec(), scores: vec![0.0; chunk.len()] };
+                        keys.score(&req.query, chunk, &mut block.scores);
+                        counter.fetch_add(chunk.len(), Ordering::Relaxed);
+                        if req.reply.send(block).is_err() {
+                            break; // the host stopped listening
+                        }
+                    }
+                }
+            })
+            .expect("starting the storage evaluator thread");
+        Self { requests: Some(requests), worker: Some(worker), scored }
+    }
+
+    /// Starts scoring `tokens` against `query`; blocks arrive on the returned channel in order,
+    /// and it closes when the scan is done.
+    pub fn score(&self, keys: Arc<RwLock<ScoringKeys>>, query: Vec<f32>, tokens: Vec<u32>) -> Receiver<ScoreBlock> {
+        let (reply, blocks) = mpsc::sync_channel(BLOCKS_IN_FLIGHT);
+        let request = Request { keys, query, tokens, reply };
+        if let Some(requests) = &self.requests {
+            // A dead worker drops the request, which closes the channel: the caller sees no blocks.
+            let _ = requests.send(request);
+        }
+        blocks
+    }
+
+    pub fn tokens_scored(&self) -> usize {
+        self.scored.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for StorageEvaluator {
+    fn drop(&mut self) {
+        self.requests.take();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::score::{KeyBits, TopK};
+
+    #[test]
+    fn blocks_are_merged_while_the_scan_is_still_running() {
+        let (heads, hd, n) = (3, 64, 20 * SCORE_BLOCK_TOKENS);
+        let mut keys = ScoringKeys::new(KeyBits::Int8, heads, hd);
+        keys.push(&(0..n * heads * hd).map(|i| ((i * 7919) % 997) as f32 / 500.0 - 1.0).collect::<Vec<_>>());
+        let keys = Arc::new(RwLock::new(keys));
+        let query: Vec<f32> = (0..heads * hd).map(|i| (i % 7) as f32 - 3.0).collect();
+        let tokens: Vec<u32> = (0..n as u32).collect();
+
+        let evaluator = StorageEvaluator::new();
+        let blocks = evaluator.score(keys.clone(), query.clone(), tokens.clone());
+        let mut top = TopK::new(100);
+        let mut scored_at_first_merge = None;
+        let mut received = 0;
+        for block in blocks {
+            top.merge(&block);
+            scored_at_first_merge.get_or_insert(evaluator.tokens_scored());
+            received += block.tokens.len();
+        }
+        assert_eq!(received, n);
+        // The bounded channel lets the worker run at most a few blocks ahead of the merge.
+        let ahead = scored_at_first_merge.unwrap();
+        assert!(ahead <= (BLOCKS_IN_FLIGHT + 2) * SCORE_BLOCK_TOKENS, "first block merged only after {ahead} of {n} tokens were scored");
+
+        let mut exact = vec![0f32; n];
+        keys.read().unwrap().score(&query, &tokens, &mut exact);
+        let mut all = TopK::new(100);
+        all.merge(&ScoreBlock { tokens, scores: exact });
+        assert_eq!(top.into_tokens(), all.into_tokens());
+    }
+}
