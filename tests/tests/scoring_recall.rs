@@ -1,0 +1,101 @@
+//! Ranking with the low-precision key copies picks (nearly) the same top-α tokens as exact f32
+//! scores, on the real model's keys and queries.
+
+mod common;
+
+use hillside_engine::kv::{FullKvStore, KvShape, KvStats, KvStore, KvView, Selection};
+use hillside_engine::score::{KeyBits, ScoreBlock, ScoringKeys, TopK};
+use hillside_engine::{Engine, Logits, Result};
+
+/// A full store that also keeps every appended key (f32) and the last single-token query.
+struct Recording {
+    inner: FullKvStore,
+    keys: Vec<Vec<f32>>,
+    query: Vec<Vec<f32>>,
+}
+
+impl KvStore for Recording {
+    fn shape(&self) -> KvShape {
+        self.inner.shape()
+    }
+    fn len_tokens(&self) -> usize {
+        self.inner.len_tokens()
+    }
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        self.keys[layer].extend_from_slice(k);
+        self.inner.append(layer, k, v)
+    }
+    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+        if q_positions.len() == 1 {
+            self.query[layer] = q.to_vec();
+        }
+        self.inner.select(layer, q, q_positions)
+    }
+    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
+        self.inner.gather(layer, selection)
+    }
+    fn observe(&mut self, layer: usize, selection: &Selection) {
+        self.inner.observe(layer, selection)
+    }
+    fn commit(&mut self, n_tokens: usize) {
+        self.inner.commit(n_tokens)
+    }
+    fn truncate(&mut self, n_tokens: usize) {
+        self.inner.truncate(n_tokens)
+    }
+    fn stats(&self) -> KvStats {
+        self.inner.stats()
+    }
+}
+
+fn top(tokens: &[u32], scores: Vec<f32>, k: usize) -> Vec<u32> {
+    let mut t = TopK::new(k);
+    t.merge(&ScoreBlock { tokens: tokens.to_vec(), scores });
+    t.into_tokens()
+}
+
+#[test]
+fn int8_top_alpha_recall_is_at_least_95_percent() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let c = engine.model().config.clone();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = engine.tokenizer().encode(&text[100_000..160_000]).unwrap();
+    let shape = engine.model().kv_shape(2048);
+    let mut store = Recording { inner: FullKvStore::new(shape), keys: vec![Vec::new(); c.n_layers], query: vec![Vec::new(); c.n_layers] };
+    for chunk in tokens[..2000].chunks(256) {
+        engine.model().forward(chunk, &mut store, Logits::Last).unwrap();
+    }
+    engine.model().forward(&tokens[2000..2001], &mut store, Logits::Last).unwrap();
+
+    let (hd, n_kv, group) = (c.head_dim, c.n_kv_heads, c.group_size());
+    let n = 2001;
+    let k_top = n / 5;
+    let ids: Vec<u32> = (0..n as u32).collect();
+    let mut recalls = Vec::new();
+    for layer in 0..c.n_layers {
+        let (keys, q) = (&store.keys[layer], &store.query[layer]);
+        let mut query = vec![0f32; n_kv * hd];
+        for h in 0..n_kv {
+            for g in 0..group {
+                query[h * hd..][..hd].iter_mut().zip(&q[(h * group + g) * hd..][..hd]).for_each(|(a, b)| *a += b);
+            }
+        }
+        let exact: Vec<f32> = (0..n).map(|t| keys[t * n_kv * hd..][..n_kv * hd].iter().zip(&query).map(|(k, q)| k * q).sum()).collect();
+        let want = top(&ids, exact, k_top);
+        let recall_of = |bits| {
+            let mut copy = ScoringKeys::new(bits, n_kv, hd);
+            copy.push(keys);
+            let mut scores = vec![0f32; n];
+            copy.score(&query, &ids, &mut scores);
+            let got = top(&ids, scores, k_top);
+            got.iter().filter(|t| want.binary_search(t).is_ok()).count() as f64 / k_top as f64
+        };
+        recalls.push((recall_of(KeyBits::Int8), recall_of(KeyBits::Int4)));
+    }
+    let mean = |f: fn(&(f64, f64)) -> f64| recalls.iter().map(f).sum::<f64>() / recalls.len() as f64;
+    let (int8, int4) = (mean(|r| r.0), mean(|r| r.1));
+    let worst8 = recalls.iter().map(|r| r.0).fold(1.0, f64::min);
+    eprintln!("top-20% recall vs f32 over {} layers: INT8 mean {int8:.4} (worst {worst8:.4}), INT4 mean {int4:.4}", c.n_layers);
+    assert!(int8 >= 0.95 && worst8 >= 0.9, "INT8 recall {int8} (worst layer {worst8})");
+    assert!(int4 >= 0.85, "INT4 recall {int4}");
+}
