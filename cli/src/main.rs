@@ -2,6 +2,7 @@
 
 mod bench;
 mod chat;
+mod eval;
 mod models;
 
 use anyhow::{Context, Result};
@@ -32,6 +33,8 @@ enum Command {
         #[command(subcommand)]
         command: ModelsCommand,
     },
+    /// How faithful the sparse KV stores are to the full cache (perplexity, top-1 agreement).
+    Eval(eval::EvalArgs),
     /// Measure the engine.
     Bench {
         #[command(subcommand)]
@@ -220,6 +223,7 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(())
             }
         },
+        Command::Eval(args) => eval::eval(&args),
         Command::Bench { command } => match command {
             BenchCommand::Decode(args) => bench::decode(&args),
         },

@@ -3,6 +3,7 @@
 //! No HTTP and no UI live here.
 
 pub mod error;
+pub mod eval;
 pub mod generate;
 pub mod kernels;
 pub mod kv;

@@ -2,6 +2,7 @@
 
 mod common;
 
+use hillside_engine::eval::teacher_forced;
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Logits, SamplingParams};
 
@@ -69,31 +70,6 @@ fn offload_store_reuses_and_truncates_prefixes_like_the_full_cache() {
     }
 }
 
-/// Mean negative log-likelihood of `tokens[1..]` given their prefixes, teacher-forced one token
-/// at a time after a prompt of `prompt_len` tokens; `check` sees the sequence after each step.
-fn teacher_forced_nll(
-    engine: &Engine,
-    seq: &mut hillside_engine::Sequence,
-    tokens: &[u32],
-    prompt_len: usize,
-    mut check: impl FnMut(&hillside_engine::Sequence),
-) -> (f64, Vec<u32>) {
-    let mut logits = Vec::new();
-    for chunk in tokens[..prompt_len].chunks(256) {
-        logits = engine.model().forward(chunk, seq.kv.as_mut(), Logits::Last).unwrap();
-    }
-    let (mut nll, mut top1) = (0f64, Vec::new());
-    for &t in &tokens[prompt_len..] {
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let log_z = logits.iter().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() + max as f64;
-        nll += log_z - logits[t as usize] as f64;
-        top1.push(hillside_engine::sampling::argmax(&logits));
-        logits = engine.model().forward(&[t], seq.kv.as_mut(), Logits::Last).unwrap();
-        check(seq);
-    }
-    (nll / (tokens.len() - prompt_len) as f64, top1)
-}
-
 #[test]
 fn tiered_store_stays_close_to_full_within_its_budget() {
     let engine = Engine::load(&common::model_path()).unwrap();
@@ -103,20 +79,21 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
     let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), ..KvConfig::default() };
 
     let mut full = engine.new_sequence(Some(2048));
-    let (nll_full, top_full) = teacher_forced_nll(&engine, &mut full, tokens, 1280, |_| {});
+    let reference = teacher_forced(&engine, &mut full, tokens, 1280, 256, |_| {}).unwrap();
     let mut seq = engine.new_sequence_with(&tiered, Some(2048)).unwrap();
     let mut checked = 0;
-    let (nll_tiered, top_tiered) = teacher_forced_nll(&engine, &mut seq, tokens, 1280, |s| {
+    let sparse = teacher_forced(&engine, &mut seq, tokens, 1280, 256, |s| {
         let tier = s.kv.stats().tier.unwrap();
         assert!(tier.hot_bytes <= tier.hot_budget_bytes, "hot pool over budget: {tier:?}");
         checked += 1;
-    });
+    })
+    .unwrap();
     let stats = seq.kv.stats();
     let tier = stats.tier.clone().unwrap();
-    let agree = top_full.iter().zip(&top_tiered).filter(|(a, b)| a == b).count() as f64 / top_full.len() as f64;
-    let ppl_ratio = (nll_tiered - nll_full).exp();
+    let agree = sparse.top1_agreement(&reference);
+    let ppl_ratio = sparse.perplexity() / reference.perplexity();
     eprintln!("perplexity full {:.3}, tiered {:.3} ({:+.2}%), top-1 agreement {:.1}%, {tier:?}, cold read {} MB",
-        nll_full.exp(), nll_tiered.exp(), 100.0 * (ppl_ratio - 1.0), 100.0 * agree, stats.cold_bytes_read / 1_000_000);
+        reference.perplexity(), sparse.perplexity(), 100.0 * (ppl_ratio - 1.0), 100.0 * agree, stats.cold_bytes_read / 1_000_000);
     assert_eq!(checked, 256);
     assert!(tier.cold_hits > 0 && tier.promotions > 0 && tier.demotions > 0, "all tiers in play: {tier:?}");
     // Measured here (α 0.2, INT4 keys, 25% budget, 2K context): +0.97% perplexity, 92% top-1

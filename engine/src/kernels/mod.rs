@@ -9,7 +9,7 @@ pub mod ops;
 pub mod parallel;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 use std::sync::OnceLock;
 

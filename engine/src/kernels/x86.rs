@@ -274,3 +274,61 @@ mod tests {
         assert!((sum - want.iter().sum::<f32>()).abs() < 1e-5 * sum);
     }
 }
+
+/// Scores of `tokens` against per-KV-head queries for signed INT8 (`int4 == false`) or INT4
+/// key rows (`[token][head]`, `row_bytes` each, one f32 scale per row); see
+/// `score::ScoringKeys::score`. INT4 bytes hold dimension 2i in the low nibble, 2i+1 in the high.
+///
+/// # Safety
+/// The CPU must support avx512f; `head_dim % 32 == 0`; rows of every token lie in `data`.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn score_keys_lowp(
+    data: &[u8],
+    scales: &[f32],
+    n_kv: usize,
+    hd: usize,
+    int4: bool,
+    query: &[f32],
+    tokens: &[u32],
+    out: &mut [f32],
+) {
+    let row_bytes = if int4 { hd / 2 } else { hd };
+    assert!(hd % 32 == 0 && query.len() == n_kv * hd && out.len() >= tokens.len());
+    assert!(tokens.iter().all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
+    // INT4: the query split into even and odd dimensions, to meet the unpacked nibbles.
+    let (mut even, mut odd) = (vec![0f32; n_kv * hd / 2], vec![0f32; n_kv * hd / 2]);
+    if int4 {
+        for i in 0..n_kv * hd / 2 {
+            even[i] = query[2 * i];
+            odd[i] = query[2 * i + 1];
+        }
+    }
+    for (o, &t) in out.iter_mut().zip(tokens) {
+        let mut total = 0f32;
+        for h in 0..n_kv {
+            let row = t as usize * n_kv + h;
+            let ptr = data[row * row_bytes..][..row_bytes].as_ptr();
+            let mut acc = _mm512_setzero_ps();
+            // SAFETY (loads): each 16-byte load stays inside this row's row_bytes (hd % 32 == 0).
+            if int4 {
+                for c in (0..row_bytes).step_by(16) {
+                    let bytes = _mm512_cvtepi8_epi32(unsafe { _mm_loadu_si128(ptr.add(c) as *const __m128i) });
+                    let lo = _mm512_srai_epi32(_mm512_slli_epi32(bytes, 28), 28);
+                    let hi = _mm512_srai_epi32(_mm512_slli_epi32(bytes, 24), 28);
+                    let q_even = _mm512_loadu_ps(even[h * hd / 2 + c..][..16].as_ptr());
+                    let q_odd = _mm512_loadu_ps(odd[h * hd / 2 + c..][..16].as_ptr());
+                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), q_even, acc);
+                    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), q_odd, acc);
+                }
+            } else {
+                for c in (0..hd).step_by(16) {
+                    let k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(unsafe { _mm_loadu_si128(ptr.add(c) as *const __m128i) }));
+                    acc = _mm512_fmadd_ps(k, _mm512_loadu_ps(query[h * hd + c..][..16].as_ptr()), acc);
+                }
+            }
+            total += _mm512_reduce_add_ps(acc) * scales[row];
+        }
+        *o = total;
+    }
+}

@@ -86,6 +86,27 @@ impl ScoringKeys {
     /// `out[i] = Σ_h query[h] · k[tokens[i]][h]`: each token's raw inner product with the
     /// per-KV-head query (the sum of that head's query group), summed over KV heads.
     pub fn score(&self, query: &[f32], tokens: &[u32], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::simd_level() == crate::kernels::SimdLevel::Avx512Vnni && self.head_dim % 32 == 0 {
+            // SAFETY: the level guarantees AVX-512F; the kernel asserts the bounds it reads.
+            unsafe {
+                crate::kernels::x86::score_keys_lowp(
+                    &self.data,
+                    &self.scales,
+                    self.n_kv_heads,
+                    self.head_dim,
+                    self.bits == KeyBits::Int4,
+                    query,
+                    tokens,
+                    out,
+                )
+            };
+            return;
+        }
+        self.score_portable(query, tokens, out);
+    }
+
+    fn score_portable(&self, query: &[f32], tokens: &[u32], out: &mut [f32]) {
         let (hd, rb) = (self.head_dim, self.row_bytes);
         debug_assert_eq!(query.len(), self.n_kv_heads * hd);
         for (o, &t) in out.iter_mut().zip(tokens) {
@@ -134,6 +155,11 @@ mod tests {
             let norm = exact.iter().fold(0f32, |m, x| m.max(x.abs()));
             for (a, b) in out.iter().zip(&exact) {
                 assert!((a - b).abs() <= tolerance * norm, "{bits:?}: {a} vs {b}");
+            }
+            let mut portable = vec![0f32; n];
+            keys.score_portable(&q, &(0..n as u32).collect::<Vec<_>>(), &mut portable);
+            for (a, b) in out.iter().zip(&portable) {
+                assert!((a - b).abs() <= 1e-4 * norm, "{bits:?}: kernel {a} vs portable {b}");
             }
             keys.truncate(10);
             assert_eq!(keys.len(), 10);
