@@ -50,6 +50,13 @@ struct DecodeResult {
     bytes_read_per_token: usize,
     /// bytes_read_per_token / (step time × measured bandwidth).
     roofline_efficiency: f64,
+    /// Cold-pool bytes read per decoded token (offload and tiered stores).
+    cold_bytes_read_per_token: f64,
+    /// Tiered: share of the selected tokens found in the hot pool while decoding.
+    hot_hit_rate: Option<f64>,
+    /// Tiered: promotions and demotions per decode step (all layers).
+    promotions_per_step: Option<f64>,
+    demotions_per_step: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -59,6 +66,7 @@ struct Report {
     threads: usize,
     simd: &'static str,
     model: String,
+    kv_store: hillside_engine::kv::StoreKind,
     weight_bytes: usize,
     kv_bytes_per_token: usize,
     memory_read_gb_per_s: f64,
@@ -141,13 +149,23 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
         let n = args.decode_tokens.min(context - 1);
         eprintln!("context {context}: prefill {} tokens, then decode {n} ...", context - n);
         let (mut seq, mut logits, prompt) = prefill(&engine, &args.model, &tokens[..context - n], chunk)?;
+        let before = seq.kv.stats();
         let start = Instant::now();
         for _ in 0..n {
             let next = argmax(&logits);
             logits = engine.model().forward(&[next], seq.kv.as_mut(), Logits::Last)?;
         }
         let s_per_token = start.elapsed().as_secs_f64() / n as f64;
+        let after = seq.kv.stats();
+        let tier_delta = before.tier.zip(after.tier).map(|(b, a)| {
+            let (hot, cold) = ((a.hot_hits - b.hot_hits) as f64, (a.cold_hits - b.cold_hits) as f64);
+            (hot / (hot + cold).max(1.0), (a.promotions - b.promotions) as f64 / n as f64, (a.demotions - b.demotions) as f64 / n as f64)
+        });
         decode_results.push(DecodeResult {
+            cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
+            hot_hit_rate: tier_delta.map(|t| t.0),
+            promotions_per_step: tier_delta.map(|t| t.1),
+            demotions_per_step: tier_delta.map(|t| t.2),
             context_tokens: context,
             prompt,
             decode_tokens: n,
@@ -171,6 +189,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
         threads: rayon::current_num_threads(),
         simd: hillside_engine::kernels::simd_level().name(),
         model: args.model.model.clone().unwrap_or_else(|| crate::models::registry().default),
+        kv_store: args.model.kv,
         weight_bytes,
         kv_bytes_per_token: kv_per_token,
         memory_read_gb_per_s: bandwidth,

@@ -1,6 +1,7 @@
 //! `hillside`: chat with a local model, generate text, manage models, benchmark the engine.
 
 mod bench;
+mod bench_kv;
 mod chat;
 mod eval;
 mod models;
@@ -58,8 +59,11 @@ enum ModelsCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
-    /// Prefill and decode speed with the whole cache in memory, and the memory roofline.
+    /// Prefill and decode speed (whole cache in memory unless --kv says otherwise), and the
+    /// memory roofline.
     Decode(bench::DecodeArgs),
+    /// Decode speed, cold-pool traffic and hot-pool hit rate of every KV store, plus a plot.
+    Kv(bench_kv::KvArgs),
 }
 
 #[derive(Args, Clone)]
@@ -226,6 +230,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Eval(args) => eval::eval(&args),
         Command::Bench { command } => match command {
             BenchCommand::Decode(args) => bench::decode(&args),
+            BenchCommand::Kv(args) => bench_kv::kv(&args),
         },
     }
 }

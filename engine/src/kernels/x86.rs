@@ -256,25 +256,6 @@ pub unsafe fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
     _mm512_reduce_add_ps(total)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp_is_accurate_over_the_softmax_range() {
-        if crate::kernels::simd_level() != crate::kernels::SimdLevel::Avx512Vnni {
-            return; // nothing to compare on this CPU; the portable path uses f32::exp
-        }
-        let mut xs: Vec<f32> = (0..1000).map(|i| -80.0 + i as f32 * 0.08).collect();
-        let want: Vec<f32> = xs.iter().map(|x| x.exp()).collect();
-        let sum = unsafe { exp_shifted(&mut xs, 0.0) };
-        for (got, want) in xs.iter().zip(&want) {
-            assert!((got - want).abs() <= 2e-6 * want.max(1e-30), "{got} vs {want}");
-        }
-        assert!((sum - want.iter().sum::<f32>()).abs() < 1e-5 * sum);
-    }
-}
-
 /// Scores of `tokens` against per-KV-head queries for signed INT8 (`int4 == false`) or INT4
 /// key rows (`[token][head]`, `row_bytes` each, one f32 scale per row); see
 /// `score::ScoringKeys::score`. INT4 bytes hold dimension 2i in the low nibble, 2i+1 in the high.
@@ -294,7 +275,7 @@ pub unsafe fn score_keys_lowp(
     out: &mut [f32],
 ) {
     let row_bytes = if int4 { hd / 2 } else { hd };
-    assert!(hd % 32 == 0 && query.len() == n_kv * hd && out.len() >= tokens.len());
+    assert!(hd.is_multiple_of(32) && query.len() == n_kv * hd && out.len() >= tokens.len());
     assert!(tokens.iter().all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
     // INT4: the query split into even and odd dimensions, to meet the unpacked nibbles.
     let (mut even, mut odd) = (vec![0f32; n_kv * hd / 2], vec![0f32; n_kv * hd / 2]);
@@ -330,5 +311,24 @@ pub unsafe fn score_keys_lowp(
             total += _mm512_reduce_add_ps(acc) * scales[row];
         }
         *o = total;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate_over_the_softmax_range() {
+        if crate::kernels::simd_level() != crate::kernels::SimdLevel::Avx512Vnni {
+            return; // nothing to compare on this CPU; the portable path uses f32::exp
+        }
+        let mut xs: Vec<f32> = (0..1000).map(|i| -80.0 + i as f32 * 0.08).collect();
+        let want: Vec<f32> = xs.iter().map(|x| x.exp()).collect();
+        let sum = unsafe { exp_shifted(&mut xs, 0.0) };
+        for (got, want) in xs.iter().zip(&want) {
+            assert!((got - want).abs() <= 2e-6 * want.max(1e-30), "{got} vs {want}");
+        }
+        assert!((sum - want.iter().sum::<f32>()).abs() < 1e-5 * sum);
     }
 }

@@ -87,7 +87,7 @@ impl ScoringKeys {
     /// per-KV-head query (the sum of that head's query group), summed over KV heads.
     pub fn score(&self, query: &[f32], tokens: &[u32], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::simd_level() == crate::kernels::SimdLevel::Avx512Vnni && self.head_dim % 32 == 0 {
+        if crate::kernels::simd_level() == crate::kernels::SimdLevel::Avx512Vnni && self.head_dim.is_multiple_of(32) {
             // SAFETY: the level guarantees AVX-512F; the kernel asserts the bounds it reads.
             unsafe {
                 crate::kernels::x86::score_keys_lowp(

@@ -407,37 +407,26 @@ impl TieredKvStore {
         self.hot.truncate(n_tokens);
     }
 
-    /// Evicts the least-selected unpinned hot tokens of the sparse layers until the hot pool,
-    /// the scoring keys and the window fit the budget. Evicted tokens are already on the SSD.
+    /// Evicts the least-selected unpinned hot tokens (over all sparse layers) until the hot
+    /// pool, the scoring keys and the window fit the budget. Evicted tokens are already on the
+    /// SSD, so demotion frees memory without I/O.
     fn demote_to_budget(&mut self) {
-        let budget = self.settings.hot_budget_bytes;
         let used = self.hot_bytes();
-        if used <= budget {
+        if used <= self.settings.hot_budget_bytes {
             return;
         }
-        let row = self.hot.row_bytes();
-        let mut excess_rows = (used - budget).div_ceil(row);
-        let sparse_layers: Vec<usize> = (self.settings.dense_layers..self.shape.n_layers).collect();
-        if sparse_layers.is_empty() {
-            return;
-        }
-        // Spread evictions over the sparse layers, each giving up its coldest tokens.
-        let mut round = 0;
-        while excess_rows > 0 && round < 2 {
-            let per_layer = excess_rows.div_ceil(sparse_layers.len());
-            for &layer in &sparse_layers {
-                let mut victims: Vec<u32> = self.hot.tokens(layer).filter(|&t| !self.is_pinned(layer, t)).collect();
-                victims.sort_by_key(|&t| (self.hits[layer].get(t as usize).copied().unwrap_or(0), t));
-                for t in victims.into_iter().take(per_layer.min(excess_rows)) {
-                    self.hot.remove(layer, t);
-                    self.tier.demotions += 1;
-                    excess_rows -= 1;
-                }
-                if excess_rows == 0 {
-                    break;
-                }
+        let excess_rows = (used - self.settings.hot_budget_bytes).div_ceil(self.hot.row_bytes());
+        let mut victims: Vec<(u32, usize, u32)> = Vec::new();
+        for layer in self.settings.dense_layers..self.shape.n_layers {
+            for t in self.hot.tokens(layer).filter(|&t| !self.is_pinned(layer, t)) {
+                victims.push((self.hits[layer].get(t as usize).copied().unwrap_or(0), layer, t));
             }
-            round += 1;
+        }
+        // Fewest selections first; among equals, the oldest token.
+        victims.sort_unstable_by_key(|&(hits, layer, t)| (hits, t, layer));
+        for &(_, layer, t) in victims.iter().take(excess_rows) {
+            self.hot.remove(layer, t);
+            self.tier.demotions += 1;
         }
     }
 }
