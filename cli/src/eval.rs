@@ -30,8 +30,79 @@ pub struct EvalArgs {
     /// Tokens of the text skipped before the window (front matter).
     #[arg(long, default_value_t = 1000)]
     pub skip_tokens: usize,
+    /// Contexts for passkey retrieval (empty: skip it).
+    #[arg(long, value_delimiter = ',', default_values_t = [1024, 2048, 4096, 8192])]
+    pub passkey_contexts: Vec<usize>,
+    /// Passkeys (random keys at random depths) per context.
+    #[arg(long, default_value_t = 10)]
+    pub passkey_trials: usize,
     #[arg(long, default_value = "eval.json")]
     pub json: PathBuf,
+}
+
+#[derive(Serialize)]
+struct PasskeyResult {
+    store: StoreKind,
+    context_tokens: usize,
+    trials: usize,
+    correct: usize,
+}
+
+/// A small deterministic generator for keys and depths (same trials for every store).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below
+    }
+}
+
+const PASSKEY_INTRO: &str = "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about it.\n";
+const PASSKEY_FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+
+/// The landmark-attention passkey prompt: filler of about `context` tokens with the key at `depth` (0..1).
+fn passkey_prompt(engine: &hillside_engine::Engine, context: usize, key: u64, depth: f64) -> Result<Vec<u32>> {
+    let filler_tokens = engine.tokenizer().encode(PASSKEY_FILLER)?.len();
+    let repeats = context.saturating_sub(96) / filler_tokens;
+    let before = (repeats as f64 * depth) as usize;
+    let text = format!(
+        "{PASSKEY_INTRO}{}The pass key is {key}. Remember it. {key} is the pass key.\n{}\nWhat is the pass key? The pass key is",
+        PASSKEY_FILLER.repeat(before),
+        PASSKEY_FILLER.repeat(repeats - before)
+    );
+    Ok(engine.tokenizer().encode(&text)?)
+}
+
+fn passkey(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKind]) -> Result<Vec<PasskeyResult>> {
+    let mut results = Vec::new();
+    for &context in &args.passkey_contexts {
+        let mut rng = Lcg(context as u64);
+        let trials: Vec<(u64, f64)> = (0..args.passkey_trials).map(|_| (10_000 + rng.next(90_000), rng.next(1000) as f64 / 1000.0)).collect();
+        for &store in stores {
+            let config = hillside_engine::kv::KvConfig { store, ..args.model.kv_config() };
+            let mut correct = 0;
+            for &(key, depth) in &trials {
+                let prompt = passkey_prompt(engine, context, key, depth)?;
+                let mut seq = engine.new_sequence_with(&config, Some(context))?;
+                let params = hillside_engine::GenerateParams {
+                    max_tokens: 8,
+                    sampling: hillside_engine::SamplingParams::greedy(),
+                    ..Default::default()
+                };
+                let mut answer = String::new();
+                hillside_engine::generate(engine, &mut seq, &prompt, &params, &Default::default(), &mut |e| {
+                    if let hillside_engine::Event::Text(t) = e {
+                        answer.push_str(&t);
+                    }
+                })?;
+                correct += usize::from(answer.contains(&key.to_string()));
+            }
+            eprintln!("passkey {context} tokens, {store:?}: {correct}/{}", trials.len());
+            results.push(PasskeyResult { store, context_tokens: context, trials: trials.len(), correct });
+        }
+    }
+    Ok(results)
 }
 
 #[derive(Serialize)]
@@ -51,6 +122,7 @@ struct Report {
     scored_tokens: usize,
     alpha: f32,
     results: Vec<StoreResult>,
+    passkey: Vec<PasskeyResult>,
 }
 
 pub fn eval(args: &EvalArgs) -> Result<()> {
@@ -67,7 +139,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     stores.extend(args.stores.iter().copied().filter(|s| *s != StoreKind::Full));
     let mut reference: Option<TeacherForced> = None;
     let mut results = Vec::new();
-    for store in stores {
+    for &store in &stores {
         let config = hillside_engine::kv::KvConfig { store, ..args.model.kv_config() };
         let mut seq = engine.new_sequence_with(&config, Some(args.tokens))?;
         eprintln!("{store:?}: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
@@ -84,12 +156,14 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             stats: seq.kv.stats(),
         });
     }
+    let passkey = passkey(&engine, args, &stores)?;
     let report = Report {
         text: text_path.display().to_string(),
         window_tokens: args.tokens,
         scored_tokens: args.tokens - args.prompt_tokens,
         alpha: args.model.alpha,
         results,
+        passkey,
     };
     println!("hillside eval · {} tokens of {} · α {}", report.window_tokens, report.text, report.alpha);
     println!("{:<10} {:>11} {:>9} {:>8} {:>9} {:>9} {:>12}", "store", "perplexity", "Δ", "top-1", "tok/s", "hot hit", "cold read");
@@ -107,6 +181,21 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             hit,
             r.stats.cold_bytes_read / 1_000_000
         );
+    }
+    if !report.passkey.is_empty() {
+        println!("\npasskey retrieval (correct / trials)");
+        print!("{:<10}", "store");
+        for c in &args.passkey_contexts {
+            print!(" {:>8}", c);
+        }
+        println!();
+        for &store in &stores {
+            print!("{:<10}", format!("{store:?}").to_lowercase());
+            for r in report.passkey.iter().filter(|r| r.store == store) {
+                print!(" {:>8}", format!("{}/{}", r.correct, r.trials));
+            }
+            println!();
+        }
     }
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)? + "\n").with_context(|| format!("writing {}", args.json.display()))?;
     eprintln!("wrote {}", args.json.display());

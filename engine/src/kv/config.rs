@@ -1,6 +1,6 @@
 //! Which KV store a sequence gets, and its settings (shared by CLI flags and config files).
 
-use super::tiered::{TieredKvStore, TieredSettings};
+use super::tiered::{budget_floor_bytes, TieredKvStore, TieredSettings};
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
 use crate::score::KeyBits;
 use crate::error::Result;
@@ -41,7 +41,8 @@ pub struct KvConfig {
     /// Tiered: share of the cached tokens each decode step attends to.
     pub alpha: f32,
     /// Tiered: DRAM for hot rows, scoring keys and the write-back window (default: a quarter
-    /// of the full cache at the sequence's maximum length).
+    /// of the full cache at the sequence's maximum length; where that cannot even hold the
+    /// fixed parts, as for short sequences, half again what they need).
     pub hot_budget_bytes: Option<usize>,
     /// Tiered: first tokens always attended to.
     pub sink_tokens: usize,
@@ -87,13 +88,23 @@ impl KvConfig {
     }
 
     pub fn tiered_settings(&self, shape: KvShape) -> TieredSettings {
-        TieredSettings {
+        let mut settings = TieredSettings {
             alpha: self.alpha,
-            hot_budget_bytes: self.hot_budget_bytes.unwrap_or(shape.max_tokens * shape.bytes_per_token() / 4),
+            hot_budget_bytes: 0,
             sink_tokens: self.sink_tokens,
             recent_tokens: self.recent_tokens,
             dense_layers: self.dense_layers,
             key_bits: self.key_bits,
-        }
+        };
+        settings.hot_budget_bytes = self.hot_budget_bytes.unwrap_or_else(|| {
+            let quarter = shape.max_tokens * shape.bytes_per_token() / 4;
+            let floor = budget_floor_bytes(shape, &settings);
+            if quarter >= floor {
+                quarter
+            } else {
+                floor * 3 / 2
+            }
+        });
+        settings
     }
 }

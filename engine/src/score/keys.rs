@@ -22,6 +22,11 @@ impl KeyBits {
             Self::Int4 => head_dim.div_ceil(2),
         }
     }
+
+    /// DRAM one token's scoring copy takes (all KV heads, with scales).
+    pub fn bytes_per_token(self, n_kv_heads: usize, head_dim: usize) -> usize {
+        n_kv_heads * (self.bytes_per_row(head_dim) + 4)
+    }
 }
 
 /// One layer's scoring copy: `[token][kv_head]` quantized rows and their scales.
@@ -50,11 +55,6 @@ impl ScoringKeys {
     /// DRAM this copy occupies.
     pub fn bytes(&self) -> usize {
         self.data.len() + 4 * self.scales.len()
-    }
-
-    /// Bytes one more token adds.
-    pub fn bytes_per_token(&self) -> usize {
-        self.n_kv_heads * (self.row_bytes + 4)
     }
 
     /// Appends the keys of `n` tokens (`n × n_kv_heads·head_dim` f32, RoPE applied).

@@ -40,6 +40,18 @@ pub struct TieredSettings {
     pub key_bits: KeyBits,
 }
 
+/// DRAM a tiered store must hold at its maximum length whatever it decides: scoring keys, the
+/// write-back window, dense layers, sinks and the recent window.
+pub fn budget_floor_bytes(shape: KvShape, s: &TieredSettings) -> usize {
+    let n = shape.max_tokens;
+    let row = 2 * 2 * shape.kv_dim();
+    let dense_layers = s.dense_layers.min(shape.n_layers);
+    let keys = shape.n_layers * n * s.key_bits.bytes_per_token(shape.n_kv_heads, shape.head_dim);
+    let window = shape.n_layers * GROUP_TOKENS * row;
+    let pinned = (shape.n_layers - dense_layers) * (s.sink_tokens + s.recent_tokens).min(n) * row;
+    keys + window + dense_layers * n * row + pinned
+}
+
 /// A cold token read this step, with its K and V rows (all KV heads, f16 bits).
 type FetchedRow = (u32, Vec<u16>, Vec<u16>);
 
@@ -50,7 +62,6 @@ pub struct TieredKvStore {
     window: RecentWindow,
     /// Per layer; shared with the storage evaluator's worker while it scans.
     keys: Vec<Arc<RwLock<ScoringKeys>>>,
-    key_bytes_per_token: usize,
     evaluator: StorageEvaluator,
     hot: HotPool,
     /// `[layer][token]`: how many decode steps selected the token.
@@ -78,7 +89,6 @@ impl TieredKvStore {
         let keys: Vec<Arc<RwLock<ScoringKeys>>> = (0..shape.n_layers)
             .map(|_| Arc::new(RwLock::new(ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim))))
             .collect();
-        let key_bytes_per_token = keys[0].read().unwrap_or_else(|p| p.into_inner()).bytes_per_token();
         let row_words = shape.kv_dim();
         let store = Self {
             hot: HotPool::new(shape.n_layers, row_words),
@@ -90,7 +100,6 @@ impl TieredKvStore {
             staging: AlignedBuf::zeroed(max_groups * shape.n_kv_heads * layout.group_bytes()),
             cold: ColdPool::create(cold_dir, layout)?,
             keys,
-            key_bytes_per_token,
             evaluator: StorageEvaluator::new(),
             shape,
             settings,
@@ -98,7 +107,7 @@ impl TieredKvStore {
             pending: vec![0; shape.n_layers],
             tier: TierStats::default(),
         };
-        let floor = store.budget_floor(shape.max_tokens);
+        let floor = budget_floor_bytes(shape, &store.settings);
         if store.settings.hot_budget_bytes < floor {
             return Err(Error::InvalidParameter(format!(
                 "hot budget {} MB is below the {} MB that scoring keys, dense layers and pinned tokens need at {} tokens",
@@ -108,18 +117,6 @@ impl TieredKvStore {
             )));
         }
         Ok(store)
-    }
-
-    /// DRAM the store must hold at `n` tokens whatever it decides: scoring keys, the write-back
-    /// window, dense layers, sinks and the recent window.
-    fn budget_floor(&self, n: usize) -> usize {
-        let s = &self.settings;
-        let row = self.hot.row_bytes();
-        let keys = self.shape.n_layers * n * self.key_bytes_per_token;
-        let window = self.shape.n_layers * GROUP_TOKENS * row;
-        let dense = s.dense_layers.min(self.shape.n_layers) * n * row;
-        let pinned = (self.shape.n_layers - s.dense_layers.min(self.shape.n_layers)) * (s.sink_tokens + s.recent_tokens).min(n) * row;
-        keys + window + dense + pinned
     }
 
     /// DRAM in use now, counted against the hot budget.
