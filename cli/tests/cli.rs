@@ -115,3 +115,33 @@ fn ctrl_c_stops_the_reply_and_the_chat_goes_on() {
     assert!(out.status.success(), "chat should survive Ctrl-C during a reply: {stderr}");
     assert!(stderr.contains("Cancelled"), "{stderr}");
 }
+
+#[test]
+fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
+    let dir = std::env::temp_dir().join(format!("hillside-cli-cold-{}", std::process::id()));
+    let files = |dir: &std::path::Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
+    let generate = |prompt: &str, max_tokens: &str| {
+        let mut cmd = hillside();
+        cmd.args(["generate", "--kv", "tiered", "--context", "1024", "--temperature", "0", "--max-tokens", max_tokens, "--prompt", prompt])
+            .arg("--cold-dir")
+            .arg(&dir);
+        cmd
+    };
+
+    let out = generate("What is the capital of Germany?", "30").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Berlin"));
+    assert_eq!(files(&dir), 0, "the cold-pool file goes when the process ends");
+
+    // Kill one mid-reply: its file stays behind ...
+    let mut child = generate("Write a very long story about a lighthouse keeper.", "2000").stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(files(&dir), 1, "a killed process leaves its cold-pool file");
+    // ... and the next start sweeps it.
+    let out = generate("What is the capital of Germany?", "5").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(files(&dir), 0, "the crashed process's file is swept");
+}
