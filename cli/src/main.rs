@@ -75,7 +75,8 @@ pub struct ModelArgs {
     #[arg(long)]
     pub context: Option<usize>,
     /// Where the KV cache lives: full (all in memory), offload (all on disk, read back each
-    /// step) or tiered (hot pool in memory, cold pool on disk, attention over the top α).
+    /// step), tiered (hot pool in memory, cold pool on disk, attention over the top α) or drop
+    /// (only sinks, recent tokens and the top-α heavy hitters are kept; the rest is discarded).
     #[arg(long, default_value = "full")]
     pub kv: hillside_engine::kv::StoreKind,
     /// Directory for cold-pool files (default: ~/.cache/hillside/kv).

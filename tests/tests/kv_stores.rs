@@ -103,3 +103,28 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
     drop(seq);
     assert_eq!(files_in(&dir), 0);
 }
+
+#[test]
+fn drop_store_keeps_a_fraction_and_pays_for_it_in_fidelity() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[200_000..240_000]).unwrap()[..1024];
+    let mut full = engine.new_sequence(Some(1024));
+    let reference = teacher_forced(&engine, &mut full, tokens, 768, 256, |_| {}).unwrap();
+    let config = KvConfig { store: StoreKind::Drop, ..KvConfig::default() };
+    let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
+    let dropped = teacher_forced(&engine, &mut seq, tokens, 768, 256, |_| {}).unwrap();
+    let kept = seq.kv.stats().resident_bytes;
+    eprintln!(
+        "drop: perplexity {:.3} vs {:.3}, top-1 agreement {:.1}%, {} KB resident vs {} KB",
+        dropped.perplexity(),
+        reference.perplexity(),
+        100.0 * dropped.top1_agreement(&reference),
+        kept / 1000,
+        full.kv.stats().resident_bytes / 1000
+    );
+    // α 0.2 + 68 pinned of 1024 tokens: about a third of the rows, plus the working view.
+    assert!(kept < full.kv.stats().resident_bytes * 3 / 4, "{kept}");
+    assert!(dropped.perplexity() > reference.perplexity(), "dropping tokens cannot be free here");
+    assert!(dropped.top1_agreement(&reference) > 0.6);
+}

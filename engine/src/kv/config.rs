@@ -1,6 +1,7 @@
 //! Which KV store a sequence gets, and its settings (shared by CLI flags and config files).
 
 use super::tiered::{budget_floor_bytes, TieredKvStore, TieredSettings};
+use super::drop::DropKvStore;
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
 use crate::score::KeyBits;
 use crate::error::Result;
@@ -17,6 +18,8 @@ pub enum StoreKind {
     Offload,
     /// Hot pool in DRAM, cold pool on disk, attention over the top-α tokens (HillInfer).
     Tiered,
+    /// Keep sinks, recent tokens and the top-α heavy hitters in memory; drop the rest (H2O-style).
+    Drop,
 }
 
 impl std::str::FromStr for StoreKind {
@@ -27,7 +30,8 @@ impl std::str::FromStr for StoreKind {
             "full" => Ok(Self::Full),
             "offload" => Ok(Self::Offload),
             "tiered" => Ok(Self::Tiered),
-            other => Err(format!("unknown KV store '{other}' (full, offload, tiered)")),
+            "drop" => Ok(Self::Drop),
+            other => Err(format!("unknown KV store '{other}' (full, offload, tiered, drop)")),
         }
     }
 }
@@ -38,15 +42,16 @@ pub struct KvConfig {
     pub store: StoreKind,
     /// Where cold-pool files go (one per sequence, removed when it ends).
     pub cold_dir: PathBuf,
-    /// Tiered: share of the cached tokens each decode step attends to.
+    /// Tiered and drop: share of the cached tokens each decode step attends to (tiered) or that
+    /// is kept beyond the sinks and recent tokens (drop).
     pub alpha: f32,
     /// Tiered: DRAM for hot rows, scoring keys and the write-back window (default: a quarter
     /// of the full cache at the sequence's maximum length; where that cannot even hold the
     /// fixed parts, as for short sequences, half again what they need).
     pub hot_budget_bytes: Option<usize>,
-    /// Tiered: first tokens always attended to.
+    /// Tiered and drop: first tokens always attended to.
     pub sink_tokens: usize,
-    /// Tiered: most recent tokens always attended to.
+    /// Tiered and drop: most recent tokens always attended to.
     pub recent_tokens: usize,
     /// Tiered: leading layers that attend densely.
     pub dense_layers: usize,
@@ -84,6 +89,7 @@ impl KvConfig {
             StoreKind::Full => Box::new(FullKvStore::new(shape)),
             StoreKind::Offload => Box::new(OffloadKvStore::new(shape, &self.cold_dir)?),
             StoreKind::Tiered => Box::new(TieredKvStore::new(shape, &self.cold_dir, self.tiered_settings(shape))?),
+            StoreKind::Drop => Box::new(DropKvStore::new(shape, self.alpha, self.sink_tokens, self.recent_tokens)),
         })
     }
 

@@ -9,6 +9,7 @@
 pub mod aligned;
 pub mod cold;
 pub mod config;
+pub mod drop;
 pub mod full;
 pub mod offload;
 pub mod tiered;

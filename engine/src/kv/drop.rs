@@ -1,0 +1,154 @@
+//! H2O-style eviction, a comparison store: K/V stay in memory, but only the attention sinks,
+//! the recent tokens and the heavy hitters (tokens with the most accumulated attention) are
+//! kept; the rest is discarded for good. Each layer evicts on its own. Importance is the
+//! softmax attention each token receives from the newest query of every step (the last query
+//! of a prompt chunk, every decoded token), summed over query heads.
+
+use super::tiered::hot::HotPool;
+use super::view::ViewBuffers;
+use super::{KvShape, KvStats, KvStore, KvView, Selection};
+use crate::error::Result;
+use half::f16;
+
+pub struct DropKvStore {
+    shape: KvShape,
+    alpha: f32,
+    sink_tokens: usize,
+    recent_tokens: usize,
+    kept: HotPool,
+    /// `[layer][token]` accumulated attention.
+    importance: Vec<Vec<f32>>,
+    view: ViewBuffers,
+    positions: Vec<u32>,
+    len: usize,
+    pending: Vec<usize>,
+}
+
+impl DropKvStore {
+    pub fn new(shape: KvShape, alpha: f32, sink_tokens: usize, recent_tokens: usize) -> Self {
+        Self {
+            kept: HotPool::new(shape.n_layers, shape.kv_dim()),
+            importance: vec![Vec::new(); shape.n_layers],
+            view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
+            positions: Vec::new(),
+            shape,
+            alpha,
+            sink_tokens,
+            recent_tokens,
+            len: 0,
+            pending: vec![0; shape.n_layers],
+        }
+    }
+
+    fn kept_sorted(&self, layer: usize) -> Vec<u32> {
+        let mut tokens: Vec<u32> = self.kept.tokens(layer).collect();
+        tokens.sort_unstable();
+        tokens
+    }
+
+    /// Adds the softmax attention of one query row (all query heads) to the kept tokens.
+    fn accumulate(&mut self, layer: usize, q_row: &[f32], tokens: &[u32]) {
+        let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
+        let n_heads = q_row.len() / hd;
+        let group = n_heads / n_kv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut scores = vec![0f32; tokens.len()];
+        for head in 0..n_heads {
+            let kv_head = head / group;
+            let q = &q_row[head * hd..][..hd];
+            for (s, &t) in scores.iter_mut().zip(tokens) {
+                let (k, _) = self.kept.get(layer, t).expect("kept token");
+                *s = k[kv_head * hd..][..hd].iter().zip(q).map(|(&k, &q)| f16::from_bits(k).to_f32() * q).sum::<f32>() * scale;
+            }
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let total: f32 = scores.iter().map(|s| (s - max).exp()).sum();
+            let importance = &mut self.importance[layer];
+            for (&s, &t) in scores.iter().zip(tokens) {
+                importance[t as usize] += (s - max).exp() / total;
+            }
+        }
+    }
+}
+
+impl KvStore for DropKvStore {
+    fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    fn len_tokens(&self) -> usize {
+        self.len
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let n = self.shape.tokens_to_append(self.len, k, v)?;
+        let kv_dim = self.shape.kv_dim();
+        let bits = |row: &[f32]| row.iter().map(|&x| f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+        for i in 0..n {
+            let (kr, vr) = (bits(&k[i * kv_dim..][..kv_dim]), bits(&v[i * kv_dim..][..kv_dim]));
+            self.kept.insert(layer, (self.len + i) as u32, &kr, &vr);
+        }
+        self.importance[layer].resize(self.len + n, 0.0);
+        self.pending[layer] = n;
+        Ok(())
+    }
+
+    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+        let tokens = self.kept_sorted(layer);
+        let row = q.len() / q_positions.len();
+        // The newest query sees every kept token (earlier rows of a chunk are causally masked).
+        self.accumulate(layer, &q[q.len() - row..], &tokens);
+        Ok(Selection::Tokens(tokens))
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
+        let tokens = match selection {
+            Selection::Tokens(t) => t.clone(),
+            Selection::All => self.kept_sorted(layer),
+        };
+        let hd = self.shape.head_dim;
+        self.positions.clear();
+        for (slot, &t) in tokens.iter().enumerate() {
+            let (k, v) = self.kept.get(layer, t).expect("selected tokens are kept");
+            for head in 0..self.shape.n_kv_heads {
+                self.view.set_token(slot, head, &k[head * hd..][..hd], &v[head * hd..][..hd]);
+            }
+            self.positions.push(t);
+        }
+        Ok(self.view.view(tokens.len(), Some(&self.positions)))
+    }
+
+    fn observe(&mut self, _layer: usize, _selection: &Selection) {}
+
+    fn commit(&mut self, n_tokens: usize) {
+        self.len += n_tokens;
+        self.pending.fill(0);
+        let budget = (self.alpha * self.len as f32).ceil() as usize + self.sink_tokens + self.recent_tokens;
+        for layer in 0..self.shape.n_layers {
+            let excess = self.kept.len(layer).saturating_sub(budget);
+            if excess == 0 {
+                continue;
+            }
+            let recent_start = self.len.saturating_sub(self.recent_tokens);
+            let mut victims: Vec<u32> =
+                self.kept.tokens(layer).filter(|&t| t as usize >= self.sink_tokens && (t as usize) < recent_start).collect();
+            let importance = &self.importance[layer];
+            victims.sort_by(|&a, &b| importance[a as usize].total_cmp(&importance[b as usize]));
+            for t in victims.into_iter().take(excess) {
+                self.kept.remove(layer, t);
+            }
+        }
+    }
+
+    fn truncate(&mut self, n_tokens: usize) {
+        self.pending.fill(0);
+        self.len = self.len.min(n_tokens);
+        self.kept.truncate(self.len);
+        for importance in &mut self.importance {
+            importance.truncate(self.len);
+        }
+    }
+
+    fn stats(&self) -> KvStats {
+        KvStats { tokens: self.len, resident_bytes: self.kept.bytes() + self.view.bytes(), ..KvStats::default() }
+    }
+}
