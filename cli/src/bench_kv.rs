@@ -15,7 +15,7 @@ pub struct KvArgs {
     /// Model and the tiered store's settings (--kv is ignored: see --stores).
     #[command(flatten)]
     pub model: ModelArgs,
-    #[arg(long, value_delimiter = ',', default_values = ["full", "offload", "tiered"])]
+    #[arg(long, value_delimiter = ',', default_values = ["full", "offload", "drop", "tiered"])]
     pub stores: Vec<StoreKind>,
     #[arg(long, value_delimiter = ',', default_values_t = [2048, 4096, 8192])]
     pub contexts: Vec<usize>,
