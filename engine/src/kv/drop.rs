@@ -4,7 +4,7 @@
 //! softmax attention each token receives from the newest query of every step (the last query
 //! of a prompt chunk, every decoded token), summed over query heads.
 
-use super::tiered::hot::HotPool;
+use super::hot::HotPool;
 use super::view::ViewBuffers;
 use super::{KvShape, KvStats, KvStore, KvView, Selection};
 use crate::error::Result;

@@ -11,6 +11,7 @@ pub mod cold;
 pub mod config;
 pub mod drop;
 pub mod full;
+pub mod hot;
 pub mod offload;
 pub mod tiered;
 pub mod view;

@@ -10,16 +10,14 @@
 //! pool and the least-selected unpinned hot tokens are demoted, within the hot byte budget.
 //! Prompts (several queries at once) attend to everything, so prefill stays exact.
 
-pub mod hot;
-
 use super::aligned::AlignedBuf;
 use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
+use super::hot::HotPool;
 use super::view::ViewBuffers;
 use super::window::RecentWindow;
 use super::{KvShape, KvStats, KvStore, KvView, Selection, TierStats};
 use crate::error::{Error, Result};
 use crate::score::{KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, TopK, SCORE_BLOCK_TOKENS};
-use hot::HotPool;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};

@@ -1,5 +1,6 @@
 //! The hot pool: full-precision (f16) K/V rows of the tokens kept in DRAM, per layer, in
-//! reusable slots. Which tokens belong here is the tiered store's decision.
+//! reusable slots. Which tokens belong here is the owning store's decision (tiered: the hot
+//! tier; drop: everything it has not discarded).
 
 use std::collections::HashMap;
 
