@@ -7,7 +7,6 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v cc >/dev/null || need_apt+=(build-essential)
-command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(curl ca-certificates)
