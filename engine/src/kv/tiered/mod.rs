@@ -208,18 +208,26 @@ impl KvStore for TieredKvStore {
         // The top α of the tokens, on top of the sinks and the recent window.
         let budget = (s.alpha * n as f32).ceil() as usize;
         let pinned = s.sink_tokens + s.recent_tokens;
-        if q_positions.len() > 1 || self.is_dense(layer) || budget + pinned >= n {
+        if self.is_dense(layer) || budget + pinned >= n {
             return Ok(Selection::All);
         }
         // Each KV head's query is the sum of its group's query heads (the score aggregates them).
         let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
-        let group = q.len() / hd / n_kv;
+        let row = q.len() / q_positions.len();
+        let group = row / hd / n_kv;
+        let last_row = &q[q.len() - row..];
         let mut query = vec![0f32; n_kv * hd];
         for h in 0..n_kv {
             for g in 0..group {
-                let src = &q[(h * group + g) * hd..][..hd];
+                let src = &last_row[(h * group + g) * hd..][..hd];
                 query[h * hd..][..hd].iter_mut().zip(src).for_each(|(a, b)| *a += b);
             }
+        }
+        if q_positions.len() > 1 {
+            // A prompt chunk attends to everything; its last query seeds the hit table, so the
+            // tokens the prompt found important start out hot instead of the merely recent.
+            self.seed_hits(layer, &query, s.sink_tokens..n - s.recent_tokens, budget);
+            return Ok(Selection::All);
         }
         // Cold candidates go to the storage evaluator, which streams score blocks back while
         // the host scores the hot ones; both kinds of block merge into one top-k as they come.
@@ -391,6 +399,21 @@ fn io_pool() -> &'static rayon::ThreadPool {
 const IO_THREADS: usize = 16;
 
 impl TieredKvStore {
+    /// Counts a hit for the `budget` best-scoring `candidates` against `query`.
+    fn seed_hits(&mut self, layer: usize, query: &[f32], candidates: std::ops::Range<usize>, budget: usize) {
+        let tokens: Vec<u32> = candidates.map(|t| t as u32).collect();
+        let mut block = ScoreBlock { scores: vec![0.0; tokens.len()], tokens };
+        self.keys[layer].read().unwrap_or_else(|p| p.into_inner()).score(query, &block.tokens, &mut block.scores);
+        let mut top = TopK::new(budget);
+        top.merge(&block);
+        let n = self.len + self.pending[layer];
+        let hits = &mut self.hits[layer];
+        hits.resize(hits.len().max(n), 0);
+        for t in top.into_tokens() {
+            hits[t as usize] += 1;
+        }
+    }
+
     fn truncate_bookkeeping(&mut self, n_tokens: usize) {
         self.len = n_tokens;
         for keys in &self.keys {
