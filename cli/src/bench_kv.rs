@@ -30,36 +30,23 @@ pub struct KvArgs {
     pub plot: PathBuf,
 }
 
-fn store_name(s: StoreKind) -> String {
-    format!("{s:?}").to_lowercase()
-}
-
 /// Runs `hillside bench decode` for one store in a child process and returns its report.
 fn run_store(args: &KvArgs, store: StoreKind) -> Result<Value> {
-    let out = std::env::temp_dir().join(format!("hillside-bench-kv-{}-{}.json", std::process::id(), store_name(store)));
+    let out = std::env::temp_dir().join(format!("hillside-bench-kv-{}-{}.json", std::process::id(), store));
     let contexts: Vec<String> = args.contexts.iter().map(usize::to_string).collect();
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["bench", "decode", "--kv", &store_name(store), "--prefill-tokens", "16"])
+    cmd.args(["bench", "decode", "--kv", &store.to_string(), "--prefill-tokens", "16"])
         .args(["--contexts", &contexts.join(","), "--decode-tokens", &args.decode_tokens.to_string()])
-        .args(["--alpha", &args.model.alpha.to_string()])
+        .args(args.model.to_flags())
         .arg("--json")
         .arg(&out);
-    if let Some(m) = &args.model.model {
-        cmd.args(["--model", m]);
-    }
-    if let Some(mb) = args.model.hot_budget_mb {
-        cmd.args(["--hot-budget-mb", &mb.to_string()]);
-    }
-    if let Some(dir) = &args.model.cold_dir {
-        cmd.arg("--cold-dir").arg(dir);
-    }
     if let Some(text) = &args.text {
         cmd.arg("--text").arg(text);
     }
-    eprintln!("{}: decoding at {} ...", store_name(store), contexts.join(", "));
+    eprintln!("{store}: decoding at {} ...", contexts.join(", "));
     let status = cmd.status().context("starting the benchmark child process")?;
     if !status.success() {
-        bail!("benchmark of the {} store failed", store_name(store));
+        bail!("benchmark of the {} store failed", store);
     }
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
     let _ = std::fs::remove_file(&out);
@@ -71,14 +58,14 @@ pub fn kv(args: &KvArgs) -> Result<()> {
     for &store in &args.stores {
         reports.push((store, run_store(args, store)?));
     }
-    println!("hillside bench kv · α {} · decode tok/s ({} tokens at each context)", args.model.alpha, args.decode_tokens);
+    println!("hillside bench kv · α {} · decode tok/s ({} tokens at each context)", args.model.kv_config().alpha, args.decode_tokens);
     println!("{:<9} {:>8} {:>9} {:>14} {:>9} {:>10} {:>10} {:>10}", "store", "context", "tok/s", "cold MB/token", "hot hit", "promo/step", "demo/step", "peak RSS");
     for (store, report) in &reports {
         for d in report["decode"].as_array().into_iter().flatten() {
             let opt = |key: &str, scale: f64, unit: &str| d[key].as_f64().map_or("-".to_string(), |v| format!("{:.1}{unit}", v * scale));
             println!(
                 "{:<9} {:>8} {:>9.1} {:>14.2} {:>9} {:>10} {:>10} {:>8.0}MB",
-                store_name(*store),
+                store.to_string(),
                 d["context_tokens"],
                 d["tokens_per_s"].as_f64().unwrap_or(0.0),
                 d["cold_bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e6,
@@ -89,7 +76,7 @@ pub fn kv(args: &KvArgs) -> Result<()> {
             );
         }
     }
-    let json: serde_json::Map<String, Value> = reports.iter().map(|(s, r)| (store_name(*s), r.clone())).collect();
+    let json: serde_json::Map<String, Value> = reports.iter().map(|(s, r)| (s.to_string(), r.clone())).collect();
     std::fs::write(&args.json, serde_json::to_string_pretty(&json)? + "\n").with_context(|| format!("writing {}", args.json.display()))?;
     std::fs::write(&args.plot, plot(&reports)).with_context(|| format!("writing {}", args.plot.display()))?;
     eprintln!("wrote {} and {}", args.json.display(), args.plot.display());
@@ -108,7 +95,7 @@ fn plot(reports: &[(StoreKind, Value)]) -> String {
                 .flatten()
                 .filter_map(|d| Some((d["context_tokens"].as_f64()?, d["tokens_per_s"].as_f64()?)))
                 .collect();
-            (store_name(*s), points)
+            (s.to_string(), points)
         })
         .collect();
     let all: Vec<(f64, f64)> = series.iter().flat_map(|(_, p)| p.iter().copied()).collect();

@@ -30,9 +30,12 @@ pub struct EvalArgs {
     /// Tokens of the text skipped before the window (front matter).
     #[arg(long, default_value_t = 1000)]
     pub skip_tokens: usize,
-    /// Contexts for passkey retrieval (empty: skip it).
+    /// Contexts for passkey retrieval.
     #[arg(long, value_delimiter = ',', default_values_t = [1024, 2048, 4096, 8192])]
     pub passkey_contexts: Vec<usize>,
+    /// Skip passkey retrieval.
+    #[arg(long)]
+    pub no_passkey: bool,
     /// Passkeys (random keys at random depths) per context.
     #[arg(long, default_value_t = 10)]
     pub passkey_trials: usize,
@@ -76,7 +79,8 @@ fn passkey_prompt(engine: &hillside_engine::Engine, context: usize, key: u64, de
 
 fn passkey(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKind]) -> Result<Vec<PasskeyResult>> {
     let mut results = Vec::new();
-    for &context in &args.passkey_contexts {
+    let contexts = if args.no_passkey { &[][..] } else { &args.passkey_contexts[..] };
+    for &context in contexts {
         let mut rng = Lcg(context as u64);
         let trials: Vec<(u64, f64)> = (0..args.passkey_trials).map(|_| (10_000 + rng.next(90_000), rng.next(1000) as f64 / 1000.0)).collect();
         for &store in stores {
@@ -161,7 +165,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         text: text_path.display().to_string(),
         window_tokens: args.tokens,
         scored_tokens: args.tokens - args.prompt_tokens,
-        alpha: args.model.alpha,
+        alpha: args.model.kv_config().alpha,
         results,
         passkey,
     };

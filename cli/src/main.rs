@@ -3,11 +3,14 @@
 mod bench;
 mod bench_kv;
 mod chat;
+mod config;
 mod eval;
 mod models;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use hillside_engine::kv::{EvaluatorKind, KvConfig, StoreKind};
+use hillside_engine::score::KeyBits;
 use hillside_engine::{Engine, GenerateParams, SamplingParams};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -19,6 +22,9 @@ struct Cli {
     /// Compute threads (default: all cores).
     #[arg(long, global = true, env = "HILLSIDE_THREADS")]
     threads: Option<usize>,
+    /// Config file [default: ~/.config/hillside/config.toml, if it exists].
+    #[arg(long, global = true, env = "HILLSIDE_CONFIG")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -77,37 +83,77 @@ pub struct ModelArgs {
     /// Where the KV cache lives: full (all in memory), offload (all on disk, read back each
     /// step), tiered (hot pool in memory, cold pool on disk, attention over the top α) or drop
     /// (only sinks, recent tokens and the top-α heavy hitters are kept; the rest is discarded).
-    #[arg(long, default_value = "full")]
-    pub kv: hillside_engine::kv::StoreKind,
-    /// Directory for cold-pool files (default: ~/.cache/hillside/kv).
+    /// [default: full]
+    #[arg(long)]
+    pub kv: Option<StoreKind>,
+    /// Directory for cold-pool files [default: ~/.cache/hillside/kv].
     #[arg(long, env = "HILLSIDE_COLD_DIR")]
     pub cold_dir: Option<PathBuf>,
-    /// Tiered: share of the cached tokens each step attends to.
-    #[arg(long, default_value_t = 0.2)]
-    pub alpha: f32,
+    /// Tiered: share of the cached tokens each step attends to [default: 0.2].
+    #[arg(long)]
+    pub alpha: Option<f32>,
     /// Tiered: DRAM budget in MB for hot K/V, scoring keys and the write-back window
-    /// (default: a quarter of the full cache).
+    /// [default: a quarter of the full cache].
     #[arg(long)]
     pub hot_budget_mb: Option<usize>,
+    /// Tiered: precision of the scoring copy of the keys, int8 or int4 [default: int4].
+    #[arg(long)]
+    pub key_bits: Option<KeyBits>,
+    /// Tiered: leading layers that attend to every token [default: 1].
+    #[arg(long)]
+    pub dense_layers: Option<usize>,
+    /// Tiered: who scores cold tokens, host or storage (a worker beside the cold pool)
+    /// [default: storage].
+    #[arg(long)]
+    pub evaluator: Option<EvaluatorKind>,
 }
 
 impl ModelArgs {
-    pub fn kv_config(&self) -> hillside_engine::kv::KvConfig {
-        let mut config = hillside_engine::kv::KvConfig {
-            store: self.kv,
-            alpha: self.alpha,
-            hot_budget_bytes: self.hot_budget_mb.map(|mb| mb * 1_000_000),
-            ..Default::default()
-        };
-        if let Some(dir) = &self.cold_dir {
-            config.cold_dir = dir.clone();
+    /// The KV settings: these flags over the config file's `[kv]` table over the defaults.
+    pub fn kv_config(&self) -> KvConfig {
+        let mut c = config::get().kv.clone();
+        set(&mut c.store, self.kv);
+        set(&mut c.cold_dir, self.cold_dir.clone());
+        set(&mut c.alpha, self.alpha);
+        set(&mut c.key_bits, self.key_bits);
+        set(&mut c.dense_layers, self.dense_layers);
+        set(&mut c.evaluator, self.evaluator);
+        if let Some(mb) = self.hot_budget_mb {
+            c.hot_budget_bytes = Some(mb * 1_000_000);
         }
-        config
+        c
+    }
+
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref().or(config::get().model.as_deref())
+    }
+
+    pub fn context(&self) -> Option<usize> {
+        self.context.or(config::get().context)
+    }
+
+    /// These settings as flags, for a child process.
+    pub fn to_flags(&self) -> Vec<String> {
+        let c = self.kv_config();
+        let mut flags = vec![
+            format!("--alpha={}", c.alpha),
+            format!("--key-bits={}", c.key_bits),
+            format!("--dense-layers={}", c.dense_layers),
+            format!("--evaluator={}", c.evaluator),
+            format!("--cold-dir={}", c.cold_dir.display()),
+        ];
+        if let Some(m) = self.model() {
+            flags.push(format!("--model={m}"));
+        }
+        if let Some(bytes) = c.hot_budget_bytes {
+            flags.push(format!("--hot-budget-mb={}", bytes / 1_000_000));
+        }
+        flags
     }
 
     /// A new sequence in the configured store.
     pub fn new_sequence(&self, engine: &Engine) -> Result<hillside_engine::Sequence> {
-        Ok(engine.new_sequence_with(&self.kv_config(), self.context)?)
+        Ok(engine.new_sequence_with(&self.kv_config(), self.context())?)
     }
 }
 
@@ -178,9 +224,15 @@ pub struct GenerateArgs {
     pub raw: bool,
 }
 
+fn set<T>(slot: &mut T, flag: Option<T>) {
+    if let Some(value) = flag {
+        *slot = value;
+    }
+}
+
 /// Loads the model named by `args` with a spinner on stderr.
 pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
-    let path: PathBuf = models::resolve(args.model.as_deref())?;
+    let path: PathBuf = models::resolve(args.model())?;
     let spinner = ProgressBar::new_spinner().with_message(format!("loading {}", path.display()));
     spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
     spinner.enable_steady_tick(Duration::from_millis(100));
@@ -208,7 +260,8 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    if let Some(threads) = cli.threads {
+    let file = config::load(cli.config.as_deref())?;
+    if let Some(threads) = cli.threads.or(file.threads) {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
     }
     match cli.command {

@@ -34,7 +34,8 @@ pub struct KvView<'a> {
     pub k: &'a [f16],
     /// `[kv_head][token][dim]`
     pub v: &'a [f16],
-    /// Position of each token; `None` means token j sits at position j.
+    /// Position of each token slot, `[kv_head][token]` (heads may hold different tokens);
+    /// `None` means token j sits at position j in every head.
     pub positions: Option<&'a [u32]>,
 }
 
@@ -160,7 +161,7 @@ fn attend_range(
         let scores = &mut scratch.scores[..group * len];
         score_keys(head_k, hd, &scratch.q, group, c0, len, scores, level);
         if let Some(positions) = view.positions {
-            for (j, &p) in positions[c0..c0 + len].iter().enumerate() {
+            for (j, &p) in positions[h * view.n_tokens + c0..][..len].iter().enumerate() {
                 if p as usize > position {
                     (0..group).for_each(|gi| scores[gi * len + j] = f32::NEG_INFINITY);
                 }

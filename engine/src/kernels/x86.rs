@@ -256,7 +256,7 @@ pub unsafe fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
     _mm512_reduce_add_ps(total)
 }
 
-/// Scores of `tokens` against per-KV-head queries for signed INT8 (`int4 == false`) or INT4
+/// Scores (`out[head][i]`) of `tokens` against per-KV-head queries for signed INT8 (`int4 == false`) or INT4
 /// key rows (`[token][head]`, `row_bytes` each, one f32 scale per row); see
 /// `score::ScoringKeys::score`. INT4 bytes hold dimension 2i in the low nibble, 2i+1 in the high.
 ///
@@ -275,7 +275,7 @@ pub unsafe fn score_keys_lowp(
     out: &mut [f32],
 ) {
     let row_bytes = if int4 { hd / 2 } else { hd };
-    assert!(hd.is_multiple_of(32) && query.len() == n_kv * hd && out.len() >= tokens.len());
+    assert!(hd.is_multiple_of(32) && query.len() == n_kv * hd && out.len() == n_kv * tokens.len());
     assert!(tokens.iter().all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
     // INT4: the query split into even and odd dimensions, to meet the unpacked nibbles.
     let (mut even, mut odd) = (vec![0f32; n_kv * hd / 2], vec![0f32; n_kv * hd / 2]);
@@ -285,8 +285,8 @@ pub unsafe fn score_keys_lowp(
             odd[i] = query[2 * i + 1];
         }
     }
-    for (o, &t) in out.iter_mut().zip(tokens) {
-        let mut total = 0f32;
+    let n = tokens.len();
+    for (i, &t) in tokens.iter().enumerate() {
         for h in 0..n_kv {
             let row = t as usize * n_kv + h;
             let ptr = data[row * row_bytes..][..row_bytes].as_ptr();
@@ -308,9 +308,8 @@ pub unsafe fn score_keys_lowp(
                     acc = _mm512_fmadd_ps(k, _mm512_loadu_ps(query[h * hd + c..][..16].as_ptr()), acc);
                 }
             }
-            total += _mm512_reduce_add_ps(acc) * scales[row];
+            out[h * n + i] = _mm512_reduce_add_ps(acc) * scales[row];
         }
-        *o = total;
     }
 }
 

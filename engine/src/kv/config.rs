@@ -36,8 +36,52 @@ impl std::str::FromStr for StoreKind {
     }
 }
 
+/// Who scores the cold tokens of a tiered store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EvaluatorKind {
+    /// The host scores every candidate itself.
+    Host,
+    /// A worker that owns the cold pool scores the cold tokens and streams score blocks while
+    /// the host scores the hot ones.
+    #[default]
+    Storage,
+}
+
+impl std::str::FromStr for EvaluatorKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "host" => Ok(Self::Host),
+            "storage" => Ok(Self::Storage),
+            other => Err(format!("unknown evaluator '{other}' (host, storage)")),
+        }
+    }
+}
+
+impl std::fmt::Display for EvaluatorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Host => "host",
+            Self::Storage => "storage",
+        })
+    }
+}
+
+impl std::fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Full => "full",
+            Self::Offload => "offload",
+            Self::Tiered => "tiered",
+            Self::Drop => "drop",
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct KvConfig {
     pub store: StoreKind,
     /// Where cold-pool files go (one per sequence, removed when it ends).
@@ -57,6 +101,8 @@ pub struct KvConfig {
     pub dense_layers: usize,
     /// Tiered: precision of the scoring copy of the keys.
     pub key_bits: KeyBits,
+    /// Tiered: who scores the cold tokens.
+    pub evaluator: EvaluatorKind,
 }
 
 impl Default for KvConfig {
@@ -70,6 +116,7 @@ impl Default for KvConfig {
             recent_tokens: 64,
             dense_layers: 1,
             key_bits: KeyBits::Int4,
+            evaluator: EvaluatorKind::Storage,
         }
     }
 }
@@ -101,6 +148,7 @@ impl KvConfig {
             recent_tokens: self.recent_tokens,
             dense_layers: self.dense_layers,
             key_bits: self.key_bits,
+            evaluator: self.evaluator,
         };
         settings.hot_budget_bytes = self.hot_budget_bytes.unwrap_or_else(|| {
             let quarter = shape.max_tokens * shape.bytes_per_token() / 4;

@@ -97,24 +97,25 @@ impl KvStore for DropKvStore {
         let row = q.len() / q_positions.len();
         // The newest query sees every kept token (earlier rows of a chunk are causally masked).
         self.accumulate(layer, &q[q.len() - row..], &tokens);
-        Ok(Selection::Tokens(tokens))
+        Ok(Selection::shared(&tokens, self.shape.n_kv_heads))
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
-        let tokens = match selection {
-            Selection::Tokens(t) => t.clone(),
-            Selection::All => self.kept_sorted(layer),
+        let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
+        let selection = match selection {
+            Selection::All => Selection::shared(&self.kept_sorted(layer), n_kv),
+            tokens => tokens.clone(),
         };
-        let hd = self.shape.head_dim;
         self.positions.clear();
-        for (slot, &t) in tokens.iter().enumerate() {
-            let (k, v) = self.kept.get(layer, t).expect("selected tokens are kept");
-            for head in 0..self.shape.n_kv_heads {
+        for head in 0..n_kv {
+            let tokens = selection.head(head).expect("a token selection");
+            for (slot, &t) in tokens.iter().enumerate() {
+                let (k, v) = self.kept.get(layer, t).expect("selected tokens are kept");
                 self.view.set_token(slot, head, &k[head * hd..][..hd], &v[head * hd..][..hd]);
             }
-            self.positions.push(t);
+            self.positions.extend_from_slice(tokens);
         }
-        Ok(self.view.view(tokens.len(), Some(&self.positions)))
+        Ok(self.view.view(self.positions.len() / n_kv, Some(&self.positions)))
     }
 
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}

@@ -19,7 +19,7 @@ pub mod window;
 
 use crate::error::Result;
 pub use crate::kernels::attention::{KvView, KV_TILE};
-pub use config::{KvConfig, StoreKind};
+pub use config::{EvaluatorKind, KvConfig, StoreKind};
 pub use full::FullKvStore;
 pub use offload::OffloadKvStore;
 
@@ -62,8 +62,31 @@ impl KvShape {
 pub enum Selection {
     /// Every cached token (causally masked).
     All,
-    /// These token indices, ascending.
-    Tokens(Vec<u32>),
+    /// `per_head` tokens for each KV head, ascending: head h attends to
+    /// `tokens[h * per_head..][..per_head]`.
+    Tokens { per_head: usize, tokens: Vec<u32> },
+}
+
+impl Selection {
+    /// The same tokens (ascending) for each of `n_kv_heads` heads.
+    pub fn shared(tokens: &[u32], n_kv_heads: usize) -> Self {
+        Self::Tokens { per_head: tokens.len(), tokens: tokens.repeat(n_kv_heads) }
+    }
+
+    /// One set per head, all of the same length.
+    pub fn per_head(sets: &[Vec<u32>]) -> Self {
+        let per_head = sets.first().map_or(0, Vec::len);
+        debug_assert!(sets.iter().all(|s| s.len() == per_head), "every head selects as many tokens");
+        Self::Tokens { per_head, tokens: sets.concat() }
+    }
+
+    /// Head `h`'s tokens (`None` for [`Selection::All`]).
+    pub fn head(&self, h: usize) -> Option<&[u32]> {
+        match self {
+            Self::All => None,
+            Self::Tokens { per_head, tokens } => Some(&tokens[h * per_head..][..*per_head]),
+        }
+    }
 }
 
 /// What a store reports about itself.
@@ -86,12 +109,18 @@ pub struct TierStats {
     /// DRAM counted against the budget: hot rows, scoring keys, write-back window.
     pub hot_bytes: usize,
     pub hot_budget_bytes: usize,
-    /// Selected tokens found hot / read from the cold pool (decode steps).
+    /// Selected (token, KV head) rows found hot / read from the cold pool (decode steps).
     pub hot_hits: u64,
     pub cold_hits: u64,
     pub promotions: u64,
     pub demotions: u64,
     pub steps: u64,
+    /// Cold-token score blocks merged, and the total time they waited between the storage
+    /// evaluator finishing them and the host merging them.
+    pub score_blocks: u64,
+    pub score_block_wait_ns: u64,
+    /// Total time from handing the cold tokens to the storage evaluator to merging its last block.
+    pub cold_scan_ns: u64,
 }
 
 pub trait KvStore: Send {

@@ -8,6 +8,27 @@ pub enum KeyBits {
     Int4,
 }
 
+impl std::str::FromStr for KeyBits {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "int8" => Ok(Self::Int8),
+            "int4" => Ok(Self::Int4),
+            other => Err(format!("unknown key precision '{other}' (int8, int4)")),
+        }
+    }
+}
+
+impl std::fmt::Display for KeyBits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Int8 => "int8",
+            Self::Int4 => "int4",
+        })
+    }
+}
+
 impl KeyBits {
     fn max_level(self) -> f32 {
         match self {
@@ -52,6 +73,10 @@ impl ScoringKeys {
         self.scales.is_empty()
     }
 
+    pub fn n_kv_heads(&self) -> usize {
+        self.n_kv_heads
+    }
+
     /// DRAM this copy occupies.
     pub fn bytes(&self) -> usize {
         self.data.len() + 4 * self.scales.len()
@@ -83,8 +108,8 @@ impl ScoringKeys {
         self.scales.truncate(n_tokens * self.n_kv_heads);
     }
 
-    /// `out[i] = Σ_h query[h] · k[tokens[i]][h]`: each token's raw inner product with the
-    /// per-KV-head query (the sum of that head's query group), summed over KV heads.
+    /// `out[h][i] = query[h] · k[tokens[i]][h]`: each token's raw inner product with each
+    /// per-KV-head query (the sum of that head's query group); `out` is `n_kv_heads × tokens`.
     pub fn score(&self, query: &[f32], tokens: &[u32], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if crate::kernels::simd_level() == crate::kernels::SimdLevel::Avx512Vnni && self.head_dim.is_multiple_of(32) {
@@ -109,8 +134,8 @@ impl ScoringKeys {
     fn score_portable(&self, query: &[f32], tokens: &[u32], out: &mut [f32]) {
         let (hd, rb) = (self.head_dim, self.row_bytes);
         debug_assert_eq!(query.len(), self.n_kv_heads * hd);
-        for (o, &t) in out.iter_mut().zip(tokens) {
-            let mut total = 0f32;
+        let n = tokens.len();
+        for (i, &t) in tokens.iter().enumerate() {
             for h in 0..self.n_kv_heads {
                 let row = t as usize * self.n_kv_heads + h;
                 let data = &self.data[row * rb..][..rb];
@@ -127,9 +152,8 @@ impl ScoringKeys {
                         })
                         .sum(),
                 };
-                total += dot * self.scales[row];
+                out[h * n + i] = dot * self.scales[row];
             }
-            *o = total;
         }
     }
 }
@@ -143,20 +167,21 @@ mod tests {
         let (heads, hd, n) = (3, 64, 50);
         let k: Vec<f32> = (0..n * heads * hd).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 3.0).collect();
         let q: Vec<f32> = (0..heads * hd).map(|i| (i % 13) as f32 / 6.0 - 1.0).collect();
-        let exact: Vec<f32> = (0..n)
-            .map(|t| (0..heads * hd).map(|i| q[i] * k[t * heads * hd + i]).sum())
+        let (q_ref, k_ref) = (&q, &k);
+        let exact: Vec<f32> = (0..heads)
+            .flat_map(|h| (0..n).map(move |t| (h * hd..(h + 1) * hd).map(|i| q_ref[i] * k_ref[t * heads * hd + i]).sum()))
             .collect();
         for (bits, tolerance) in [(KeyBits::Int8, 0.01), (KeyBits::Int4, 0.15)] {
             let mut keys = ScoringKeys::new(bits, heads, hd);
             keys.push(&k);
             assert_eq!(keys.len(), n);
-            let mut out = vec![0f32; n];
+            let mut out = vec![0f32; heads * n];
             keys.score(&q, &(0..n as u32).collect::<Vec<_>>(), &mut out);
             let norm = exact.iter().fold(0f32, |m, x| m.max(x.abs()));
             for (a, b) in out.iter().zip(&exact) {
                 assert!((a - b).abs() <= tolerance * norm, "{bits:?}: {a} vs {b}");
             }
-            let mut portable = vec![0f32; n];
+            let mut portable = vec![0f32; heads * n];
             keys.score_portable(&q, &(0..n as u32).collect::<Vec<_>>(), &mut portable);
             for (a, b) in out.iter().zip(&portable) {
                 assert!((a - b).abs() <= 1e-4 * norm, "{bits:?}: kernel {a} vs portable {b}");

@@ -45,8 +45,9 @@ impl StorageEvaluator {
                 for req in inbox {
                     let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
                     for chunk in req.tokens.chunks(SCORE_BLOCK_TOKENS) {
-                        let mut block = ScoreBlock { tokens: chunk.to_vec(), scores: vec![0.0; chunk.len()] };
+                        let mut block = ScoreBlock::new(chunk.to_vec(), keys.n_kv_heads());
                         keys.score(&req.query, chunk, &mut block.scores);
+                        block.produced = std::time::Instant::now();
                         counter.fetch_add(chunk.len(), Ordering::Relaxed);
                         if req.reply.send(block).is_err() {
                             break; // the host stopped listening
@@ -87,7 +88,7 @@ impl Drop for StorageEvaluator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::score::{KeyBits, TopK};
+    use crate::score::{HeadsTopK, KeyBits};
 
     #[test]
     fn blocks_are_merged_while_the_scan_is_still_running() {
@@ -100,7 +101,7 @@ mod tests {
 
         let evaluator = StorageEvaluator::new();
         let blocks = evaluator.score(keys.clone(), query.clone(), tokens.clone());
-        let mut top = TopK::new(100);
+        let mut top = HeadsTopK::new(heads, 100);
         let mut scored_at_first_merge = None;
         let mut received = 0;
         for block in blocks {
@@ -113,10 +114,10 @@ mod tests {
         let ahead = scored_at_first_merge.unwrap();
         assert!(ahead <= (BLOCKS_IN_FLIGHT + 2) * SCORE_BLOCK_TOKENS, "first block merged only after {ahead} of {n} tokens were scored");
 
-        let mut exact = vec![0f32; n];
-        keys.read().unwrap().score(&query, &tokens, &mut exact);
-        let mut all = TopK::new(100);
-        all.merge(&ScoreBlock { tokens, scores: exact });
+        let mut exact = ScoreBlock::new(tokens, heads);
+        keys.read().unwrap().score(&query, &exact.tokens, &mut exact.scores);
+        let mut all = HeadsTopK::new(heads, 100);
+        all.merge(&exact);
         assert_eq!(top.into_tokens(), all.into_tokens());
     }
 }

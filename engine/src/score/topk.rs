@@ -3,11 +3,25 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-/// (position, score) pairs for a chunk of tokens, as an evaluator emits them.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// (position, score) pairs for a chunk of tokens, as an evaluator emits them: a score per KV
+/// head and token, `scores[head][i]`.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ScoreBlock {
     pub tokens: Vec<u32>,
     pub scores: Vec<f32>,
+    /// When the evaluator finished the block (the host measures how long it waited to merge).
+    pub produced: std::time::Instant,
+}
+
+impl ScoreBlock {
+    /// A block of `tokens` with room for the scores of `n_heads` heads.
+    pub fn new(tokens: Vec<u32>, n_heads: usize) -> Self {
+        Self { scores: vec![0.0; n_heads * tokens.len()], tokens, produced: std::time::Instant::now() }
+    }
+
+    pub fn head(&self, h: usize) -> &[f32] {
+        &self.scores[h * self.tokens.len()..][..self.tokens.len()]
+    }
 }
 
 /// A score with a total order (NaN sorts lowest), for the heap.
@@ -40,11 +54,11 @@ impl TopK {
         Self { k, heap: BinaryHeap::with_capacity(k + 1) }
     }
 
-    pub fn merge(&mut self, block: &ScoreBlock) {
+    pub fn merge(&mut self, tokens: &[u32], scores: &[f32]) {
         if self.k == 0 {
             return;
         }
-        for (&t, &s) in block.tokens.iter().zip(&block.scores) {
+        for (&t, &s) in tokens.iter().zip(scores) {
             let entry = Reverse((Ranked(s), t));
             if self.heap.len() < self.k {
                 self.heap.push(entry);
@@ -63,6 +77,26 @@ impl TopK {
     }
 }
 
+/// A [`TopK`] for each KV head.
+pub struct HeadsTopK(Vec<TopK>);
+
+impl HeadsTopK {
+    pub fn new(n_heads: usize, k: usize) -> Self {
+        Self((0..n_heads).map(|_| TopK::new(k)).collect())
+    }
+
+    pub fn merge(&mut self, block: &ScoreBlock) {
+        for (h, top) in self.0.iter_mut().enumerate() {
+            top.merge(&block.tokens, block.head(h));
+        }
+    }
+
+    /// Each head's chosen tokens, ascending.
+    pub fn into_tokens(self) -> Vec<Vec<u32>> {
+        self.0.into_iter().map(TopK::into_tokens).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,7 +110,7 @@ mod tests {
         want.sort_unstable();
         let mut top = TopK::new(50);
         for (start, end) in [(700, 1000), (0, 256), (256, 512), (512, 700)] {
-            top.merge(&ScoreBlock { tokens: (start as u32..end as u32).collect(), scores: scores[start..end].to_vec() });
+            top.merge(&(start as u32..end as u32).collect::<Vec<_>>(), &scores[start..end]);
         }
         assert_eq!(top.into_tokens(), want);
     }

@@ -15,12 +15,13 @@ use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
 use super::hot::HotPool;
 use super::view::ViewBuffers;
 use super::window::RecentWindow;
-use super::{KvShape, KvStats, KvStore, KvView, Selection, TierStats};
+use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, Selection, TierStats};
 use crate::error::{Error, Result};
-use crate::score::{KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, TopK, SCORE_BLOCK_TOKENS};
+use crate::score::{HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 /// The tiered store's knobs (see [`super::KvConfig`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +37,7 @@ pub struct TieredSettings {
     /// Leading layers that attend densely (layer 0 is not sparse) and stay wholly hot.
     pub dense_layers: usize,
     pub key_bits: KeyBits,
+    pub evaluator: EvaluatorKind,
 }
 
 /// DRAM a tiered store must hold at its maximum length whatever it decides: scoring keys, the
@@ -50,8 +52,16 @@ pub fn budget_floor_bytes(shape: KvShape, s: &TieredSettings) -> usize {
     keys + window + dense_layers * n * row + pinned
 }
 
-/// A cold token read this step, with its K and V rows (all KV heads, f16 bits).
+/// A cold token read this step, with its K and V rows (one KV head, f16 bits).
 type FetchedRow = (u32, Vec<u16>, Vec<u16>);
+
+/// The cold groups one head's selection needs, as staged by a read.
+struct StagedHead {
+    /// Groups read (ascending).
+    groups: Vec<usize>,
+    /// Where the first one starts in the staging buffer, in f16 words.
+    offset_words: usize,
+}
 
 pub struct TieredKvStore {
     shape: KvShape,
@@ -60,11 +70,13 @@ pub struct TieredKvStore {
     window: RecentWindow,
     /// Per layer; shared with the storage evaluator's worker while it scans.
     keys: Vec<Arc<RwLock<ScoringKeys>>>,
-    evaluator: StorageEvaluator,
+    evaluator: Option<StorageEvaluator>,
+    /// Hot rows per lane (a layer's KV head: `layer * n_kv_heads + head`): heads select
+    /// their own tokens, so each keeps its own.
     hot: HotPool,
-    /// `[layer][token]`: how many decode steps selected the token.
+    /// `[lane][token]`: how many decode steps selected the token.
     hits: Vec<Vec<u32>>,
-    /// `[layer]`: cold tokens selected this step: promotion candidates.
+    /// `[lane]`: cold tokens selected this step: promotion candidates.
     fetched: Vec<Vec<FetchedRow>>,
     view: ViewBuffers,
     positions: Vec<u32>,
@@ -87,18 +99,18 @@ impl TieredKvStore {
         let keys: Vec<Arc<RwLock<ScoringKeys>>> = (0..shape.n_layers)
             .map(|_| Arc::new(RwLock::new(ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim))))
             .collect();
-        let row_words = shape.kv_dim();
+        let lanes = shape.n_layers * shape.n_kv_heads;
         let store = Self {
-            hot: HotPool::new(shape.n_layers, row_words),
+            hot: HotPool::new(lanes, shape.head_dim),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
-            hits: vec![Vec::new(); shape.n_layers],
-            fetched: vec![Vec::new(); shape.n_layers],
+            hits: vec![Vec::new(); lanes],
+            fetched: vec![Vec::new(); lanes],
             view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
             positions: Vec::new(),
             staging: AlignedBuf::zeroed(max_groups * shape.n_kv_heads * layout.group_bytes()),
             cold: ColdPool::create(cold_dir, layout)?,
             keys,
-            evaluator: StorageEvaluator::new(),
+            evaluator: (settings.evaluator == EvaluatorKind::Storage).then(StorageEvaluator::new),
             shape,
             settings,
             len: 0,
@@ -121,7 +133,11 @@ impl TieredKvStore {
     pub fn hot_bytes(&self) -> usize {
         let window_tokens: usize = (0..self.shape.n_layers).map(|l| self.window.len(l)).sum();
         let key_bytes: usize = self.keys.iter().map(|k| k.read().unwrap_or_else(|p| p.into_inner()).bytes()).sum();
-        self.hot.bytes() + key_bytes + window_tokens * self.hot.row_bytes()
+        self.hot.bytes() + key_bytes + window_tokens * self.hot.row_bytes() * self.shape.n_kv_heads
+    }
+
+    fn lane(&self, layer: usize, head: usize) -> usize {
+        layer * self.shape.n_kv_heads + head
     }
 
     fn is_dense(&self, layer: usize) -> bool {
@@ -133,55 +149,99 @@ impl TieredKvStore {
         self.is_dense(layer) || t < self.settings.sink_tokens || t + self.settings.recent_tokens >= self.len
     }
 
-    /// K or V rows of every head of a window token, concatenated as the hot pool stores them.
-    fn window_rows(&self, layer: usize, token: usize) -> (Vec<u16>, Vec<u16>) {
-        let mut k = Vec::with_capacity(self.shape.kv_dim());
-        let mut v = Vec::with_capacity(self.shape.kv_dim());
-        for head in 0..self.shape.n_kv_heads {
-            k.extend_from_slice(self.window.row(layer, head, token, false));
-            v.extend_from_slice(self.window.row(layer, head, token, true));
-        }
-        (k, v)
-    }
-
-    /// Reads the cold groups holding `tokens` that are neither hot nor in the window, into
-    /// `staging` as `[head][needed group]`; returns the groups read (ascending).
-    fn read_cold_groups(&mut self, layer: usize, tokens: &[u32]) -> Result<Vec<usize>> {
+    /// Reads, for each head, the cold groups holding its selected tokens that are neither hot
+    /// nor in the window, into `staging` (head after head).
+    fn read_cold_groups(&mut self, layer: usize, selection: &Selection, n: usize) -> Result<Vec<StagedHead>> {
         let base = self.window.base();
-        let mut groups: Vec<usize> = tokens
-            .iter()
-            .filter(|&&t| (t as usize) < base && !self.hot.contains(layer, t))
-            .map(|&t| t as usize / GROUP_TOKENS)
-            .collect();
-        groups.dedup(); // tokens are ascending, so equal groups are adjacent
         let gb = self.cold.layout().group_bytes();
+        let all: Vec<u32> = if matches!(selection, Selection::All) { (0..n as u32).collect() } else { Vec::new() };
+        let mut staged = Vec::with_capacity(self.shape.n_kv_heads);
+        let mut offset_words = 0;
+        for head in 0..self.shape.n_kv_heads {
+            let lane = self.lane(layer, head);
+            let tokens = selection.head(head).unwrap_or(&all);
+            let mut groups: Vec<usize> = tokens
+                .iter()
+                .filter(|&&t| (t as usize) < base && !self.hot.contains(lane, t))
+                .map(|&t| t as usize / GROUP_TOKENS)
+                .collect();
+            groups.dedup(); // tokens are ascending, so equal groups are adjacent
+            staged.push(StagedHead { offset_words, groups });
+            offset_words += staged[head].groups.len() * gb / 2;
+        }
         // One request per run of consecutive groups per head, issued from the I/O pool so that
         // many are in flight at once (an SSD needs a deep queue for its random-read rate).
-        let mut runs = Vec::new(); // (head, first group index in `groups`, count), in staging order
-        for head in 0..self.shape.n_kv_heads {
+        let mut rest = &mut self.staging.as_bytes_mut()[..offset_words * 2];
+        let mut requests = Vec::new();
+        for (head, s) in staged.iter().enumerate() {
             let mut i = 0;
-            while i < groups.len() {
+            while i < s.groups.len() {
                 let mut j = i + 1;
-                while j < groups.len() && groups[j] == groups[j - 1] + 1 {
+                while j < s.groups.len() && s.groups[j] == s.groups[j - 1] + 1 {
                     j += 1;
                 }
-                runs.push((head, i, j - i));
+                let (dst, tail) = rest.split_at_mut((j - i) * gb);
+                requests.push((head, s.groups[i], j - i, dst));
+                rest = tail;
                 i = j;
             }
-        }
-        let mut rest = &mut self.staging.as_bytes_mut()[..self.shape.n_kv_heads * groups.len() * gb];
-        let mut requests = Vec::with_capacity(runs.len());
-        for &(head, at, count) in &runs {
-            let (dst, tail) = rest.split_at_mut(count * gb);
-            requests.push((head, groups[at], count, dst));
-            rest = tail;
         }
         let cold = &self.cold;
         io_pool().install(|| {
             use rayon::prelude::*;
             requests.into_par_iter().try_for_each(|(head, first, count, dst)| cold.read_groups(layer, head, first, count, dst))
         })?;
-        Ok(groups)
+        Ok(staged)
+    }
+
+    /// The sinks, the top `budget` of `candidates` for each head by its query, and the recent
+    /// tokens. Cold candidates go to the storage evaluator, which streams score blocks back
+    /// while the host scores the hot ones; both kinds of block merge into one top-k per head
+    /// as they come.
+    fn rank(&mut self, layer: usize, query: &[f32], candidates: std::ops::Range<usize>, budget: usize) -> Vec<Vec<u32>> {
+        let n_kv = self.shape.n_kv_heads;
+        let base = self.window.base();
+        let lanes: Vec<usize> = (0..n_kv).map(|h| self.lane(layer, h)).collect();
+        // A token is the storage side's when any head's K/V must come from the SSD.
+        let (hot, cold): (Vec<u32>, Vec<u32>) = candidates
+            .clone()
+            .map(|t| t as u32)
+            .partition(|&t| self.evaluator.is_none() || t as usize >= base || lanes.iter().all(|&l| self.hot.contains(l, t)));
+        let started = Instant::now();
+        let cold_blocks = self.evaluator.as_ref().filter(|_| !cold.is_empty()).map(|e| e.score(self.keys[layer].clone(), query.to_vec(), cold));
+        let mut top = HeadsTopK::new(n_kv, budget);
+        let merge_cold = |top: &mut HeadsTopK, block: ScoreBlock, tier: &mut TierStats| {
+            tier.score_blocks += 1;
+            tier.score_block_wait_ns += block.produced.elapsed().as_nanos() as u64;
+            top.merge(&block);
+        };
+        {
+            let keys = self.keys[layer].read().unwrap_or_else(|p| p.into_inner());
+            for chunk in hot.chunks(SCORE_BLOCK_TOKENS) {
+                let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
+                keys.score(query, chunk, &mut block.scores);
+                top.merge(&block);
+                while let Some(cold_block) = cold_blocks.as_ref().and_then(|b| b.try_recv().ok()) {
+                    merge_cold(&mut top, cold_block, &mut self.tier);
+                }
+            }
+        }
+        if let Some(blocks) = cold_blocks {
+            for cold_block in blocks {
+                merge_cold(&mut top, cold_block, &mut self.tier);
+            }
+            self.tier.cold_scan_ns += started.elapsed().as_nanos() as u64;
+        }
+        let n = candidates.end + self.settings.recent_tokens;
+        top.into_tokens()
+            .into_iter()
+            .map(|chosen| {
+                let mut tokens: Vec<u32> = (0..candidates.start as u32).collect();
+                tokens.extend(chosen);
+                tokens.extend(candidates.end as u32..n as u32);
+                tokens
+            })
+            .collect()
     }
 }
 
@@ -211,6 +271,7 @@ impl KvStore for TieredKvStore {
         if self.is_dense(layer) || budget + pinned >= n {
             return Ok(Selection::All);
         }
+        let candidates = s.sink_tokens..n - s.recent_tokens;
         // Each KV head's query is the sum of its group's query heads (the score aggregates them).
         let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
         let row = q.len() / q_positions.len();
@@ -226,100 +287,58 @@ impl KvStore for TieredKvStore {
         if q_positions.len() > 1 {
             // A prompt chunk attends to everything; its last query seeds the hit table, so the
             // tokens the prompt found important start out hot instead of the merely recent.
-            self.seed_hits(layer, &query, s.sink_tokens..n - s.recent_tokens, budget);
+            self.seed_hits(layer, &query, candidates, budget);
             return Ok(Selection::All);
         }
-        // Cold candidates go to the storage evaluator, which streams score blocks back while
-        // the host scores the hot ones; both kinds of block merge into one top-k as they come.
-        let candidates = s.sink_tokens..n - s.recent_tokens;
-        let base = self.window.base();
-        let (hot, cold): (Vec<u32>, Vec<u32>) =
-            candidates.clone().map(|t| t as u32).partition(|&t| t as usize >= base || self.hot.contains(layer, t));
-        let cold_blocks = self.evaluator.score(self.keys[layer].clone(), query.clone(), cold);
-        let mut top = TopK::new(budget);
-        {
-            let keys = self.keys[layer].read().unwrap_or_else(|p| p.into_inner());
-            let mut block = ScoreBlock::default();
-            for chunk in hot.chunks(SCORE_BLOCK_TOKENS) {
-                block.tokens.clear();
-                block.tokens.extend_from_slice(chunk);
-                block.scores.resize(chunk.len(), 0.0);
-                keys.score(&query, chunk, &mut block.scores);
-                top.merge(&block);
-                while let Ok(cold_block) = cold_blocks.try_recv() {
-                    top.merge(&cold_block);
-                }
-            }
-        }
-        for cold_block in cold_blocks {
-            top.merge(&cold_block);
-        }
-        let mut tokens: Vec<u32> = (0..s.sink_tokens as u32).collect();
-        tokens.extend(top.into_tokens());
-        tokens.extend(candidates.end as u32..n as u32);
-        Ok(Selection::Tokens(tokens))
+        Ok(Selection::per_head(&self.rank(layer, &query, candidates, budget)))
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
         let n = self.len + self.pending[layer];
-        let tokens: Vec<u32> = match selection {
-            Selection::All => (0..n as u32).collect(),
-            Selection::Tokens(t) => t.clone(),
-        };
-        let groups = self.read_cold_groups(layer, &tokens)?;
-        let (hd, n_kv, base) = (self.shape.head_dim, self.shape.n_kv_heads, self.window.base());
+        let staged = self.read_cold_groups(layer, selection, n)?;
+        let (hd, base) = (self.shape.head_dim, self.window.base());
         let gb_words = self.cold.layout().group_bytes() / 2;
-        let per_head_words = groups.len() * gb_words;
-        let sparse = matches!(selection, Selection::Tokens(_));
+        let sparse = matches!(selection, Selection::Tokens { .. });
+        let all: Vec<u32> = if sparse { Vec::new() } else { (0..n as u32).collect() };
         self.positions.clear();
-        let mut group_at = 0;
-        for (slot, &t) in tokens.iter().enumerate() {
-            let tu = t as usize;
-            self.positions.push(t);
-            if tu >= base {
-                for head in 0..n_kv {
+        for (head, staged) in staged.iter().enumerate() {
+            let lane = self.lane(layer, head);
+            let tokens = selection.head(head).unwrap_or(&all);
+            let mut group_at = 0;
+            for (slot, &t) in tokens.iter().enumerate() {
+                let tu = t as usize;
+                if tu >= base {
                     self.view.set_token(slot, head, self.window.row(layer, head, tu, false), self.window.row(layer, head, tu, true));
-                }
-            } else if let Some((k, v)) = self.hot.get(layer, t) {
-                for head in 0..n_kv {
-                    self.view.set_token(slot, head, &k[head * hd..][..hd], &v[head * hd..][..hd]);
-                }
-                if sparse {
-                    self.tier.hot_hits += 1;
-                }
-            } else {
-                while groups[group_at] != tu / GROUP_TOKENS {
-                    group_at += 1;
-                }
-                let row = tu % GROUP_TOKENS;
-                let mut k_all = Vec::with_capacity(n_kv * hd);
-                let mut v_all = Vec::with_capacity(n_kv * hd);
-                for head in 0..n_kv {
-                    let page = &self.staging.as_u16()[head * per_head_words + group_at * gb_words..][..gb_words];
+                } else if let Some((k, v)) = self.hot.get(lane, t) {
+                    self.view.set_token(slot, head, k, v);
+                    self.tier.hot_hits += u64::from(sparse);
+                } else {
+                    while staged.groups[group_at] != tu / GROUP_TOKENS {
+                        group_at += 1;
+                    }
+                    let page = &self.staging.as_u16()[staged.offset_words + group_at * gb_words..][..gb_words];
+                    let row = tu % GROUP_TOKENS;
                     let (k, v) = (&page[row * hd..][..hd], &page[GROUP_TOKENS * hd + row * hd..][..hd]);
                     self.view.set_token(slot, head, k, v);
                     if sparse {
-                        k_all.extend_from_slice(k);
-                        v_all.extend_from_slice(v);
+                        self.tier.cold_hits += 1;
+                        self.fetched[lane].push((t, k.to_vec(), v.to_vec()));
                     }
                 }
-                if sparse {
-                    self.tier.cold_hits += 1;
-                    self.fetched[layer].push((t, k_all, v_all));
-                }
+            }
+            if sparse {
+                self.positions.extend_from_slice(tokens);
             }
         }
-        let positions = match selection {
-            Selection::All => None,
-            Selection::Tokens(_) => Some(&self.positions[..]),
-        };
-        Ok(self.view.view(tokens.len(), positions))
+        let slots = selection.head(0).map_or(n, <[u32]>::len);
+        Ok(self.view.view(slots, sparse.then_some(&self.positions[..])))
     }
 
     fn observe(&mut self, layer: usize, selection: &Selection) {
-        if let Selection::Tokens(tokens) = selection {
-            let hits = &mut self.hits[layer];
-            let n = self.len + self.pending[layer];
+        let n = self.len + self.pending[layer];
+        for head in 0..self.shape.n_kv_heads {
+            let Some(tokens) = selection.head(head) else { return };
+            let hits = &mut self.hits[layer * self.shape.n_kv_heads + head];
             if hits.len() < n {
                 hits.resize(n, 0);
             }
@@ -338,18 +357,20 @@ impl KvStore for TieredKvStore {
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
         let spill_end = self.window.base() + (0..self.shape.n_layers).map(|l| self.window.len(l)).min().unwrap_or(0) / GROUP_TOKENS * GROUP_TOKENS;
         for layer in 0..self.shape.n_layers {
-            for t in self.window.base()..spill_end {
-                let (k, v) = self.window_rows(layer, t);
-                self.hot.insert(layer, t as u32, &k, &v);
+            for head in 0..self.shape.n_kv_heads {
+                let lane = self.lane(layer, head);
+                for t in self.window.base()..spill_end {
+                    self.hot.insert(lane, t as u32, self.window.row(layer, head, t, false), self.window.row(layer, head, t, true));
+                }
             }
         }
         if let Err(e) = self.window.spill(&mut self.cold) {
             tracing::error!(error = %e, "cold pool write failed; keeping tokens in memory");
         }
         // Promote the cold tokens this step selected.
-        for layer in 0..self.shape.n_layers {
-            for (t, k, v) in std::mem::take(&mut self.fetched[layer]) {
-                self.hot.insert(layer, t, &k, &v);
+        for lane in 0..self.fetched.len() {
+            for (t, k, v) in std::mem::take(&mut self.fetched[lane]) {
+                self.hot.insert(lane, t, &k, &v);
                 self.tier.promotions += 1;
             }
         }
@@ -399,18 +420,21 @@ fn io_pool() -> &'static rayon::ThreadPool {
 const IO_THREADS: usize = 16;
 
 impl TieredKvStore {
-    /// Counts a hit for the `budget` best-scoring `candidates` against `query`.
+    /// Counts a hit, in each head, for the `budget` best-scoring `candidates` against `query`.
     fn seed_hits(&mut self, layer: usize, query: &[f32], candidates: std::ops::Range<usize>, budget: usize) {
-        let tokens: Vec<u32> = candidates.map(|t| t as u32).collect();
-        let mut block = ScoreBlock { scores: vec![0.0; tokens.len()], tokens };
+        let n_kv = self.shape.n_kv_heads;
+        let mut block = ScoreBlock::new(candidates.map(|t| t as u32).collect(), n_kv);
         self.keys[layer].read().unwrap_or_else(|p| p.into_inner()).score(query, &block.tokens, &mut block.scores);
-        let mut top = TopK::new(budget);
+        block.produced = Instant::now();
+        let mut top = HeadsTopK::new(n_kv, budget);
         top.merge(&block);
         let n = self.len + self.pending[layer];
-        let hits = &mut self.hits[layer];
-        hits.resize(hits.len().max(n), 0);
-        for t in top.into_tokens() {
-            hits[t as usize] += 1;
+        for (head, chosen) in top.into_tokens().into_iter().enumerate() {
+            let hits = &mut self.hits[layer * n_kv + head];
+            hits.resize(hits.len().max(n), 0);
+            for t in chosen {
+                hits[t as usize] += 1;
+            }
         }
     }
 
@@ -425,25 +449,30 @@ impl TieredKvStore {
         self.hot.truncate(n_tokens);
     }
 
-    /// Evicts the least-selected unpinned hot tokens (over all sparse layers) until the hot
-    /// pool, the scoring keys and the window fit the budget. Evicted tokens are already on the
-    /// SSD, so demotion frees memory without I/O.
+    /// Evicts the least-selected unpinned hot rows (over all sparse layers and heads) until
+    /// the hot pool, the scoring keys and the window fit the budget. Evicted rows are already
+    /// on the SSD, so demotion frees memory without I/O.
     fn demote_to_budget(&mut self) {
         let used = self.hot_bytes();
         if used <= self.settings.hot_budget_bytes {
             return;
         }
         let excess_rows = (used - self.settings.hot_budget_bytes).div_ceil(self.hot.row_bytes());
-        let mut victims: Vec<(u32, usize, u32)> = Vec::new();
-        for layer in self.settings.dense_layers..self.shape.n_layers {
-            for t in self.hot.tokens(layer).filter(|&t| !self.is_pinned(layer, t)) {
-                victims.push((self.hits[layer].get(t as usize).copied().unwrap_or(0), layer, t));
+        let n_kv = self.shape.n_kv_heads;
+        let mut victims: Vec<(u32, u32, usize)> = Vec::new();
+        for lane in self.settings.dense_layers * n_kv..self.hits.len() {
+            let layer = lane / n_kv;
+            for t in self.hot.tokens(lane).filter(|&t| !self.is_pinned(layer, t)) {
+                victims.push((self.hits[lane].get(t as usize).copied().unwrap_or(0), t, lane));
             }
         }
-        // Fewest selections first; among equals, the oldest token.
-        victims.sort_unstable_by_key(|&(hits, layer, t)| (hits, t, layer));
-        for &(_, layer, t) in victims.iter().take(excess_rows) {
-            self.hot.remove(layer, t);
+        // Fewest selections first; among equals, the oldest token. Only the cut is ordered.
+        let cut = excess_rows.min(victims.len());
+        if cut < victims.len() {
+            victims.select_nth_unstable(cut);
+        }
+        for &(_, t, lane) in &victims[..cut] {
+            self.hot.remove(lane, t);
             self.tier.demotions += 1;
         }
     }
