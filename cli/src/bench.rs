@@ -57,6 +57,15 @@ struct DecodeResult {
     /// Tiered: promotions and demotions per decode step (all layers).
     promotions_per_step: Option<f64>,
     demotions_per_step: Option<f64>,
+    /// Tiered: cold-token score blocks per step, how long each waited between the storage
+    /// evaluator finishing it and the host merging it, and the cold scan time per step (from
+    /// handing the cold tokens over to merging the last block, summed over layers).
+    score_blocks_per_step: Option<f64>,
+    score_block_wait_us: Option<f64>,
+    cold_scan_ms_per_step: Option<f64>,
+    /// Tiered: DRAM counted against the hot budget at the end, and the budget.
+    hot_bytes: Option<usize>,
+    hot_budget_bytes: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -157,15 +166,21 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
         }
         let s_per_token = start.elapsed().as_secs_f64() / n as f64;
         let after = seq.kv.stats();
-        let tier_delta = before.tier.zip(after.tier).map(|(b, a)| {
-            let (hot, cold) = ((a.hot_hits - b.hot_hits) as f64, (a.cold_hits - b.cold_hits) as f64);
-            (hot / (hot + cold).max(1.0), (a.promotions - b.promotions) as f64 / n as f64, (a.demotions - b.demotions) as f64 / n as f64)
-        });
+        let tier = before.tier.as_ref().zip(after.tier.as_ref());
+        let per_step = |f: fn(&hillside_engine::kv::TierStats) -> u64| tier.map(|(b, a)| (f(a) - f(b)) as f64 / n as f64);
+        let hot_hits = per_step(|t| t.hot_hits);
+        let cold_hits = per_step(|t| t.cold_hits);
+        let blocks = per_step(|t| t.score_blocks);
         decode_results.push(DecodeResult {
+            hot_hit_rate: hot_hits.zip(cold_hits).map(|(h, c)| h / (h + c).max(1e-9)),
+            promotions_per_step: per_step(|t| t.promotions),
+            demotions_per_step: per_step(|t| t.demotions),
+            score_blocks_per_step: blocks,
+            score_block_wait_us: per_step(|t| t.score_block_wait_ns).zip(blocks).map(|(ns, b)| ns / b.max(1e-9) / 1e3),
+            cold_scan_ms_per_step: per_step(|t| t.cold_scan_ns).map(|ns| ns / 1e6),
+            hot_bytes: after.tier.as_ref().map(|t| t.hot_bytes),
+            hot_budget_bytes: after.tier.as_ref().map(|t| t.hot_budget_bytes),
             cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
-            hot_hit_rate: tier_delta.map(|t| t.0),
-            promotions_per_step: tier_delta.map(|t| t.1),
-            demotions_per_step: tier_delta.map(|t| t.2),
             context_tokens: context,
             prompt,
             decode_tokens: n,

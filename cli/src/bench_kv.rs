@@ -5,7 +5,8 @@
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hillside_engine::kv::StoreKind;
+use hillside_engine::kv::tiered::planner::{self, Profile};
+use hillside_engine::kv::{KvConfig, StoreKind};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
@@ -28,18 +29,28 @@ pub struct KvArgs {
     pub json: PathBuf,
     #[arg(long, default_value = "bench-kv.svg")]
     pub plot: PathBuf,
+    /// Also run the tiered store at the largest context with hot pools sized for 0.25×…4× the
+    /// planner's β, to see where the real optimum sits.
+    #[arg(long)]
+    pub beta_sweep: bool,
 }
 
+/// Multiples of the predicted β the sweep tries.
+const BETA_SWEEP: [f64; 5] = [0.25, 0.5, 1.0, 2.0, 4.0];
+
 /// Runs `hillside bench decode` for one store in a child process and returns its report.
-fn run_store(args: &KvArgs, store: StoreKind) -> Result<Value> {
+fn run_store(args: &KvArgs, store: StoreKind, contexts: &[usize], hot_budget_mb: Option<usize>) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("hillside-bench-kv-{}-{}.json", std::process::id(), store));
-    let contexts: Vec<String> = args.contexts.iter().map(usize::to_string).collect();
+    let contexts: Vec<String> = contexts.iter().map(usize::to_string).collect();
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["bench", "decode", "--kv", &store.to_string(), "--prefill-tokens", "16"])
         .args(["--contexts", &contexts.join(","), "--decode-tokens", &args.decode_tokens.to_string()])
-        .args(args.model.to_flags())
+        .args(args.model.to_flags().into_iter().filter(|f| hot_budget_mb.is_none() || !f.starts_with("--hot-budget-mb")))
         .arg("--json")
         .arg(&out);
+    if let Some(mb) = hot_budget_mb {
+        cmd.arg(format!("--hot-budget-mb={mb}"));
+    }
     if let Some(text) = &args.text {
         cmd.arg("--text").arg(text);
     }
@@ -56,15 +67,23 @@ fn run_store(args: &KvArgs, store: StoreKind) -> Result<Value> {
 pub fn kv(args: &KvArgs) -> Result<()> {
     let mut reports = Vec::new();
     for &store in &args.stores {
-        reports.push((store, run_store(args, store)?));
+        reports.push((store, run_store(args, store, &args.contexts, None)?));
     }
+    let sweep = if args.beta_sweep { Some(beta_sweep(args)?) } else { None };
     println!("hillside bench kv · α {} · decode tok/s ({} tokens at each context)", args.model.kv_config().alpha, args.decode_tokens);
-    println!("{:<9} {:>8} {:>9} {:>14} {:>9} {:>10} {:>10} {:>10}", "store", "context", "tok/s", "cold MB/token", "hot hit", "promo/step", "demo/step", "peak RSS");
+    println!(
+        "{:<9} {:>8} {:>9} {:>14} {:>9} {:>10} {:>10} {:>11} {:>10} {:>12} {:>10}",
+        "store", "context", "tok/s", "cold MB/token", "hot hit", "promo/step", "demo/step", "block wait", "scan/step", "DRAM/budget", "peak RSS"
+    );
     for (store, report) in &reports {
         for d in report["decode"].as_array().into_iter().flatten() {
             let opt = |key: &str, scale: f64, unit: &str| d[key].as_f64().map_or("-".to_string(), |v| format!("{:.1}{unit}", v * scale));
+            let dram = match (d["hot_bytes"].as_f64(), d["hot_budget_bytes"].as_f64()) {
+                (Some(used), Some(budget)) => format!("{:.0}/{:.0}MB", used / 1e6, budget / 1e6),
+                _ => "-".to_string(),
+            };
             println!(
-                "{:<9} {:>8} {:>9.1} {:>14.2} {:>9} {:>10} {:>10} {:>8.0}MB",
+                "{:<9} {:>8} {:>9.1} {:>14.2} {:>9} {:>10} {:>10} {:>11} {:>10} {:>12} {:>8.0}MB",
                 store.to_string(),
                 d["context_tokens"],
                 d["tokens_per_s"].as_f64().unwrap_or(0.0),
@@ -72,11 +91,18 @@ pub fn kv(args: &KvArgs) -> Result<()> {
                 opt("hot_hit_rate", 100.0, "%"),
                 opt("promotions_per_step", 1.0, ""),
                 opt("demotions_per_step", 1.0, ""),
+                opt("score_block_wait_us", 1.0, "µs"),
+                opt("cold_scan_ms_per_step", 1.0, "ms"),
+                dram,
                 report["peak_rss_mb"].as_f64().unwrap_or(0.0),
             );
         }
     }
-    let json: serde_json::Map<String, Value> = reports.iter().map(|(s, r)| (s.to_string(), r.clone())).collect();
+    let mut json: serde_json::Map<String, Value> = reports.iter().map(|(s, r)| (s.to_string(), r.clone())).collect();
+    if let Some(sweep) = sweep {
+        print_sweep(&sweep);
+        json.insert("beta_sweep".into(), serde_json::to_value(&sweep)?);
+    }
     std::fs::write(&args.json, serde_json::to_string_pretty(&json)? + "\n").with_context(|| format!("writing {}", args.json.display()))?;
     std::fs::write(&args.plot, plot(&reports)).with_context(|| format!("writing {}", args.plot.display()))?;
     eprintln!("wrote {} and {}", args.json.display(), args.plot.display());
@@ -132,4 +158,86 @@ fn plot(reports: &[(StoreKind, Value)]) -> String {
         svg += &format!("<text x=\"{}\" y=\"{}\" fill=\"{color}\">{name}</text>\n", w - right + 10.0, top + 20.0 + 18.0 * i as f64);
     }
     svg + "</svg>\n"
+}
+
+#[derive(serde::Serialize)]
+struct SweepPoint {
+    beta: f64,
+    multiple_of_predicted: f64,
+    hot_budget_bytes: usize,
+    hot_share_of_kv: f64,
+    tokens_per_s: f64,
+    hot_hit_rate: Option<f64>,
+    cold_bytes_read_per_token: f64,
+}
+
+#[derive(serde::Serialize)]
+struct Sweep {
+    context_tokens: usize,
+    profile: Profile,
+    predicted_beta: f64,
+    /// The β the planner uses: the prediction capped by the DRAM budget.
+    planned_beta: f64,
+    points: Vec<SweepPoint>,
+}
+
+/// Tiered decode at the largest context for hot pools sized by multiples of the predicted β.
+fn beta_sweep(args: &KvArgs) -> Result<Sweep> {
+    let context = *args.contexts.iter().max().context("no contexts")?;
+    let engine = crate::load_engine(&args.model)?;
+    let shape = engine.model().kv_shape(context);
+    let config = KvConfig { store: StoreKind::Tiered, ..args.model.kv_config() };
+    let profile = planner::profile(&config.cold_dir, config.key_bits)?;
+    let predicted = profile.beta(f64::from(config.alpha));
+    let kv_bytes = shape.max_tokens * shape.bytes_per_token();
+    let planned_budget = config.tiered_settings(shape).hot_budget_bytes;
+    let fixed = config.budget_for_beta(shape, 0.0);
+    let planned_share = (planned_budget.saturating_sub(fixed)) as f64 / kv_bytes as f64;
+    let mut points = Vec::new();
+    for multiple in BETA_SWEEP {
+        let beta = predicted * multiple;
+        let budget = config.budget_for_beta(shape, beta);
+        eprintln!("β sweep: β = {beta:.2} ({multiple}× predicted), hot budget {} MB", budget / 1_000_000);
+        let report = run_store(args, StoreKind::Tiered, &[context], Some(budget.div_ceil(1_000_000)))?;
+        let d = &report["decode"][0];
+        points.push(SweepPoint {
+            beta,
+            multiple_of_predicted: multiple,
+            hot_budget_bytes: budget,
+            hot_share_of_kv: beta / (1.0 + beta),
+            tokens_per_s: d["tokens_per_s"].as_f64().unwrap_or(0.0),
+            hot_hit_rate: d["hot_hit_rate"].as_f64(),
+            cold_bytes_read_per_token: d["cold_bytes_read_per_token"].as_f64().unwrap_or(0.0),
+        });
+    }
+    Ok(Sweep { context_tokens: context, profile, predicted_beta: predicted, planned_beta: planned_share / (1.0 - planned_share), points })
+}
+
+fn print_sweep(s: &Sweep) {
+    let p = &s.profile;
+    println!(
+        "\nβ sweep at {} tokens · f_c {:.1} GB/s, f_s {:.1} GB/s, B_c {:.1} GB/s, B_s {:.2} GB/s · predicted β {:.2} (planned, under the DRAM cap: {:.2})",
+        s.context_tokens,
+        p.host_score_bytes_per_s / 1e9,
+        p.storage_score_bytes_per_s / 1e9,
+        p.hot_fetch_bytes_per_s / 1e9,
+        p.cold_read_bytes_per_s / 1e9,
+        s.predicted_beta,
+        s.planned_beta
+    );
+    println!("{:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>14}", "×β", "β", "hot share", "budget", "tok/s", "hot hit", "cold MB/token");
+    let best = s.points.iter().map(|p| p.tokens_per_s).fold(0.0, f64::max);
+    for pt in &s.points {
+        println!(
+            "{:>8} {:>8.2} {:>9.0}% {:>8}MB {:>9.1} {:>9} {:>14.2}{}",
+            pt.multiple_of_predicted,
+            pt.beta,
+            100.0 * pt.hot_share_of_kv,
+            pt.hot_budget_bytes / 1_000_000,
+            pt.tokens_per_s,
+            pt.hot_hit_rate.map_or("-".into(), |h| format!("{:.1}%", 100.0 * h)),
+            pt.cold_bytes_read_per_token / 1e6,
+            if pt.tokens_per_s == best { "  ← best" } else { "" }
+        );
+    }
 }

@@ -4,7 +4,7 @@
 use crate::{load_engine, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hillside_engine::eval::{teacher_forced, TeacherForced};
+use hillside_engine::eval::{teacher_forced, AttentionMass, AttentionMassProbe, TeacherForced};
 use hillside_engine::kv::{KvStats, StoreKind};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -36,6 +36,15 @@ pub struct EvalArgs {
     /// Skip passkey retrieval.
     #[arg(long)]
     pub no_passkey: bool,
+    /// Prompts for greedy continuations (0: skip them).
+    #[arg(long, default_value_t = 20)]
+    pub greedy_prompts: usize,
+    /// Tokens of each greedy-continuation prompt.
+    #[arg(long, default_value_t = 2048)]
+    pub greedy_prompt_tokens: usize,
+    /// Tokens each greedy continuation generates.
+    #[arg(long, default_value_t = 32)]
+    pub greedy_tokens: usize,
     /// Passkeys (random keys at random depths) per context.
     #[arg(long, default_value_t = 10)]
     pub passkey_trials: usize,
@@ -102,7 +111,7 @@ fn passkey(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKin
                 })?;
                 correct += usize::from(answer.contains(&key.to_string()));
             }
-            eprintln!("passkey {context} tokens, {store:?}: {correct}/{}", trials.len());
+            eprintln!("passkey {context} tokens, {store}: {correct}/{}", trials.len());
             results.push(PasskeyResult { store, context_tokens: context, trials: trials.len(), correct });
         }
     }
@@ -115,8 +124,74 @@ struct StoreResult {
     perplexity: f64,
     perplexity_change_pct: f64,
     top1_agreement: f64,
+    /// Share of the exact attention mass the selection captured (decode steps with a sparse
+    /// selection): the mean over steps, the lowest step, and the mean of each step's worst
+    /// (layer, head).
+    attention_mass_mean: Option<f64>,
+    attention_mass_min: Option<f64>,
+    attention_mass_worst_head_mean: Option<f64>,
     tokens_per_s: f64,
     stats: KvStats,
+}
+
+#[derive(Serialize)]
+struct GreedyResult {
+    store: StoreKind,
+    prompts: usize,
+    /// Continuations identical to `full`'s.
+    identical: usize,
+    /// Mean length of the prefix shared with `full`'s continuation.
+    mean_matching_prefix: f64,
+    tokens: usize,
+}
+
+/// Greedy continuations of `prompts` windows of the shared documents, each store against `full`.
+fn greedy(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKind], documents: &[Vec<u32>]) -> Result<Vec<GreedyResult>> {
+    if args.greedy_prompts == 0 {
+        return Ok(Vec::new());
+    }
+    let len = args.greedy_prompt_tokens;
+    // Windows spread evenly over each document, the prompts shared out between documents.
+    let mut prompts = Vec::new();
+    for (i, doc) in documents.iter().enumerate() {
+        let share = args.greedy_prompts / documents.len() + usize::from(i < args.greedy_prompts % documents.len());
+        if doc.len() < len + 1 {
+            bail!("a document has {} tokens, fewer than a {len}-token greedy prompt", doc.len());
+        }
+        prompts.extend((0..share).map(|j| &doc[(doc.len() - len) * j / share.max(1)..][..len]));
+    }
+    let params = hillside_engine::GenerateParams {
+        max_tokens: args.greedy_tokens,
+        sampling: hillside_engine::SamplingParams::greedy(),
+        ..Default::default()
+    };
+    let mut outputs: Vec<Vec<Vec<u32>>> = Vec::new();
+    for &store in stores {
+        let config = hillside_engine::kv::KvConfig { store, ..args.model.kv_config() };
+        eprintln!("{store}: {} greedy continuations of {len}-token prompts ...", prompts.len());
+        let mut out = Vec::new();
+        for prompt in &prompts {
+            let mut seq = engine.new_sequence_with(&config, Some(len + args.greedy_tokens))?;
+            let summary = hillside_engine::generate(engine, &mut seq, prompt, &params, &Default::default(), &mut |_| {})?;
+            out.push(summary.completion_ids);
+        }
+        outputs.push(out);
+    }
+    Ok(stores
+        .iter()
+        .zip(&outputs)
+        .map(|(&store, out)| {
+            let prefix = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+            let matching: Vec<usize> = out.iter().zip(&outputs[0]).map(|(a, b)| prefix(a, b)).collect();
+            GreedyResult {
+                store,
+                prompts: out.len(),
+                identical: out.iter().zip(&outputs[0]).filter(|(a, b)| a == b).count(),
+                mean_matching_prefix: matching.iter().sum::<usize>() as f64 / matching.len().max(1) as f64,
+                tokens: args.greedy_tokens,
+            }
+        })
+        .collect())
 }
 
 #[derive(Serialize)]
@@ -126,7 +201,13 @@ struct Report {
     scored_tokens: usize,
     alpha: f32,
     results: Vec<StoreResult>,
+    greedy: Vec<GreedyResult>,
     passkey: Vec<PasskeyResult>,
+}
+
+/// The GPL text beside the shared documents: greedy prompts come from both where it exists.
+fn gpl_path(text: &std::path::Path) -> PathBuf {
+    text.with_file_name("gpl-3.0.txt")
 }
 
 pub fn eval(args: &EvalArgs) -> Result<()> {
@@ -146,20 +227,41 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     for &store in &stores {
         let config = hillside_engine::kv::KvConfig { store, ..args.model.kv_config() };
         let mut seq = engine.new_sequence_with(&config, Some(args.tokens))?;
-        eprintln!("{store:?}: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
+        eprintln!("{store}: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
         let start = Instant::now();
         let run = teacher_forced(&engine, &mut seq, window, args.prompt_tokens, 256, |_| {})?;
         let seconds = start.elapsed().as_secs_f64();
+        let stats = seq.kv.stats();
+        // The attention mass needs exact scores over every key: a second, slower pass.
+        let mass = if store == StoreKind::Full {
+            None
+        } else {
+            eprintln!("{store}: attention mass over the same tokens ...");
+            let mut seq = engine.new_sequence_with(&config, Some(args.tokens))?;
+            let (probe, mass) = AttentionMassProbe::wrap(seq.kv);
+            seq.kv = Box::new(probe);
+            teacher_forced(&engine, &mut seq, window, args.prompt_tokens, 256, |_| {})?;
+            let mass = mass.lock().map_err(|_| anyhow::anyhow!("attention probe poisoned"))?.clone();
+            Some(mass)
+        };
         let base = reference.get_or_insert_with(|| run.clone());
         results.push(StoreResult {
             store,
             perplexity: run.perplexity(),
             perplexity_change_pct: 100.0 * (run.perplexity() / base.perplexity() - 1.0),
             top1_agreement: run.top1_agreement(base),
+            attention_mass_mean: mass.as_ref().map(AttentionMass::mean),
+            attention_mass_min: mass.as_ref().map(AttentionMass::min),
+            attention_mass_worst_head_mean: mass.as_ref().map(AttentionMass::mean_worst),
             tokens_per_s: run.nll.len() as f64 / seconds,
-            stats: seq.kv.stats(),
+            stats,
         });
     }
+    let mut documents = vec![all.clone()];
+    if let Some(gpl) = Some(gpl_path(&text_path)).filter(|p| p.exists() && *p != text_path) {
+        documents.push(engine.tokenizer().encode(&std::fs::read_to_string(gpl)?)?);
+    }
+    let greedy = greedy(&engine, args, &stores, &documents)?;
     let passkey = passkey(&engine, args, &stores)?;
     let report = Report {
         text: text_path.display().to_string(),
@@ -167,24 +269,40 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         scored_tokens: args.tokens - args.prompt_tokens,
         alpha: args.model.kv_config().alpha,
         results,
+        greedy,
         passkey,
     };
     println!("hillside eval · {} tokens of {} · α {}", report.window_tokens, report.text, report.alpha);
-    println!("{:<10} {:>11} {:>9} {:>8} {:>9} {:>9} {:>12}", "store", "perplexity", "Δ", "top-1", "tok/s", "hot hit", "cold read");
+    println!(
+        "{:<10} {:>11} {:>9} {:>8} {:>15} {:>9} {:>9} {:>12}",
+        "store", "perplexity", "Δ", "top-1", "attn mass/min", "tok/s", "hot hit", "cold read"
+    );
     for r in &report.results {
         let hit = r.stats.tier.as_ref().map_or("-".to_string(), |t| {
             format!("{:.1}%", 100.0 * t.hot_hits as f64 / (t.hot_hits + t.cold_hits).max(1) as f64)
         });
+        let mass = match (r.attention_mass_mean, r.attention_mass_min) {
+            (Some(mean), Some(min)) => format!("{:.1}%/{:.1}%", 100.0 * mean, 100.0 * min),
+            _ => "-".to_string(),
+        };
         println!(
-            "{:<10} {:>11.3} {:>8.2}% {:>7.1}% {:>9.1} {:>9} {:>9} MB",
-            format!("{:?}", r.store).to_lowercase(),
+            "{:<10} {:>11.3} {:>8.2}% {:>7.1}% {:>15} {:>9.1} {:>9} {:>9} MB",
+            r.store.to_string(),
             r.perplexity,
             r.perplexity_change_pct,
             100.0 * r.top1_agreement,
+            mass,
             r.tokens_per_s,
             hit,
             r.stats.cold_bytes_read / 1_000_000
         );
+    }
+    if !report.greedy.is_empty() {
+        println!("\ngreedy continuations ({} tokens after {}-token prompts) vs full", args.greedy_tokens, args.greedy_prompt_tokens);
+        println!("{:<10} {:>10} {:>16}", "store", "identical", "matching prefix");
+        for g in &report.greedy {
+            println!("{:<10} {:>10} {:>16.1}", g.store.to_string(), format!("{}/{}", g.identical, g.prompts), g.mean_matching_prefix);
+        }
     }
     if !report.passkey.is_empty() {
         println!("\npasskey retrieval (correct / trials)");
@@ -194,7 +312,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         }
         println!();
         for &store in &stores {
-            print!("{:<10}", format!("{store:?}").to_lowercase());
+            print!("{:<10}", store.to_string());
             for r in report.passkey.iter().filter(|r| r.store == store) {
                 print!(" {:>8}", format!("{}/{}", r.correct, r.trials));
             }

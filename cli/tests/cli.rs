@@ -119,7 +119,9 @@ fn ctrl_c_stops_the_reply_and_the_chat_goes_on() {
 #[test]
 fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
     let dir = std::env::temp_dir().join(format!("hillside-cli-cold-{}", std::process::id()));
-    let files = |dir: &std::path::Path| std::fs::read_dir(dir).map_or(0, |d| d.count());
+    let files = |dir: &std::path::Path| {
+        std::fs::read_dir(dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count())
+    };
     let generate = |prompt: &str, max_tokens: &str| {
         let mut cmd = hillside();
         cmd.args(["generate", "--kv", "tiered", "--context", "1024", "--temperature", "0", "--max-tokens", max_tokens, "--prompt", prompt])
@@ -144,4 +146,30 @@ fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
     let out = generate("What is the capital of Germany?", "5").output().unwrap();
     assert!(out.status.success());
     assert_eq!(files(&dir), 0, "the crashed process's file is swept");
+}
+
+#[test]
+fn the_config_file_applies_under_the_flags_and_its_mistakes_are_named() {
+    let dir = std::env::temp_dir().join(format!("hillside-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    let run = |flags: &[&str]| {
+        let out = hillside().arg("--config").arg(&config).args(["generate", "--prompt", "Hi", "--max-tokens", "2"]).args(flags).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    std::fs::write(&config, "context = 1024\n[kv]\nstore = \"tiered\"\nalpha = 1.5\n").unwrap();
+    let (ok, stderr) = run(&[]);
+    assert!(!ok && stderr.contains("alpha must be in (0, 1]"), "the file's [kv] table reaches the store: {stderr}");
+    let (ok, stderr) = run(&["--alpha", "0.2"]);
+    assert!(ok, "a flag overrides the file: {stderr}");
+
+    std::fs::write(&config, "[kv]\nstore = \"tiered\"\nalpah = 0.2\n").unwrap();
+    let (ok, stderr) = run(&[]);
+    assert!(!ok && stderr.contains("alpah") && stderr.contains("config.toml"), "{stderr}");
+
+    std::fs::remove_file(&config).unwrap();
+    let (ok, stderr) = run(&[]);
+    assert!(!ok && stderr.contains("reading the config file"), "a named file must exist: {stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,7 +2,9 @@
 //! real text, token by token, so that sparse stores select exactly as they would in generation.
 
 use crate::error::Result;
+use crate::kv::{KvShape, KvStats, KvStore, KvView, Selection};
 use crate::model::Logits;
+use rayon::prelude::*;
 use crate::sampling::argmax;
 use crate::{Engine, Sequence};
 
@@ -57,4 +59,131 @@ pub fn teacher_forced(
         after_step(seq);
     }
     Ok(out)
+}
+
+/// How much of the full attention the selected tokens captured, per decode step.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct AttentionMass {
+    /// Per decode step with a sparse selection: the share of the exact softmax mass that fell
+    /// on the selected tokens, averaged over sparse layers and query heads.
+    pub per_step: Vec<f64>,
+    /// Per step, the worst (layer, query head).
+    pub worst_per_step: Vec<f64>,
+}
+
+impl AttentionMass {
+    pub fn mean(&self) -> f64 {
+        self.per_step.iter().sum::<f64>() / self.per_step.len().max(1) as f64
+    }
+
+    pub fn min(&self) -> f64 {
+        self.per_step.iter().copied().fold(1.0, f64::min)
+    }
+
+    /// Mean over steps of the worst (layer, head) in each.
+    pub fn mean_worst(&self) -> f64 {
+        self.worst_per_step.iter().sum::<f64>() / self.worst_per_step.len().max(1) as f64
+    }
+}
+
+/// A store wrapper that measures, against exact f32 keys it keeps on the side, the share of
+/// each decode query's attention mass that the inner store's selection captured. For
+/// evaluation only: it holds every key in f32 and scores all of them each step.
+pub struct AttentionMassProbe {
+    inner: Box<dyn KvStore>,
+    /// `[layer]`, `tokens × kv_dim` f32 (RoPE applied).
+    keys: Vec<Vec<f32>>,
+    /// `[layer][query head]` mass of the step in progress.
+    step: Vec<Vec<f64>>,
+    result: std::sync::Arc<std::sync::Mutex<AttentionMass>>,
+}
+
+impl AttentionMassProbe {
+    /// Wraps `inner`; the measurements accumulate in the returned handle.
+    pub fn wrap(inner: Box<dyn KvStore>) -> (Self, std::sync::Arc<std::sync::Mutex<AttentionMass>>) {
+        let result = std::sync::Arc::new(std::sync::Mutex::new(AttentionMass::default()));
+        let n_layers = inner.shape().n_layers;
+        (Self { inner, keys: vec![Vec::new(); n_layers], step: vec![Vec::new(); n_layers], result: result.clone() }, result)
+    }
+
+    /// The captured mass for each query head of a single query row.
+    fn measure(&self, layer: usize, q: &[f32], selection: &Selection) -> Vec<f64> {
+        let shape = self.inner.shape();
+        let (hd, n_kv) = (shape.head_dim, shape.n_kv_heads);
+        let n_heads = q.len() / hd;
+        let group = n_heads / n_kv;
+        let keys = &self.keys[layer];
+        let n = keys.len() / shape.kv_dim();
+        let scale = 1.0 / (hd as f64).sqrt();
+        (0..n_heads)
+            .into_par_iter()
+            .map(|head| {
+                let kv_head = head / group;
+                let qh = &q[head * hd..][..hd];
+                let scores: Vec<f64> = (0..n)
+                    .map(|t| keys[t * shape.kv_dim() + kv_head * hd..][..hd].iter().zip(qh).map(|(k, q)| f64::from(k * q)).sum::<f64>() * scale)
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                let chosen = selection.head(kv_head).expect("a token selection");
+                chosen.iter().map(|&t| (scores[t as usize] - max).exp()).sum::<f64>() / total
+            })
+            .collect()
+    }
+}
+
+impl KvStore for AttentionMassProbe {
+    fn shape(&self) -> KvShape {
+        self.inner.shape()
+    }
+
+    fn len_tokens(&self) -> usize {
+        self.inner.len_tokens()
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        self.inner.append(layer, k, v)?;
+        self.keys[layer].extend_from_slice(k);
+        Ok(())
+    }
+
+    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+        let selection = self.inner.select(layer, q, q_positions)?;
+        if q_positions.len() == 1 && matches!(selection, Selection::Tokens { .. }) {
+            self.step[layer] = self.measure(layer, q, &selection);
+        }
+        Ok(selection)
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
+        self.inner.gather(layer, selection)
+    }
+
+    fn observe(&mut self, layer: usize, selection: &Selection) {
+        self.inner.observe(layer, selection)
+    }
+
+    fn commit(&mut self, n_tokens: usize) {
+        self.inner.commit(n_tokens);
+        let masses: Vec<f64> = self.step.iter_mut().flat_map(std::mem::take).collect();
+        if !masses.is_empty() {
+            let mut result = self.result.lock().unwrap_or_else(|p| p.into_inner());
+            result.per_step.push(masses.iter().sum::<f64>() / masses.len() as f64);
+            result.worst_per_step.push(masses.iter().copied().fold(1.0, f64::min));
+        }
+    }
+
+    fn truncate(&mut self, n_tokens: usize) {
+        self.inner.truncate(n_tokens);
+        let kv_dim = self.inner.shape().kv_dim();
+        let keep = self.inner.len_tokens();
+        for keys in &mut self.keys {
+            keys.truncate(keep * kv_dim);
+        }
+        self.step.iter_mut().for_each(Vec::clear);
+    }
+
+    fn stats(&self) -> KvStats {
+        self.inner.stats()
+    }
 }

@@ -1,6 +1,7 @@
 //! Which KV store a sequence gets, and its settings (shared by CLI flags and config files).
 
-use super::tiered::{budget_floor_bytes, TieredKvStore, TieredSettings};
+use super::tiered::planner::{self, Profile};
+use super::tiered::{budget_floor_bytes, pinned_rows_bytes, TieredKvStore, TieredSettings};
 use super::drop::DropKvStore;
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
 use crate::score::KeyBits;
@@ -89,9 +90,10 @@ pub struct KvConfig {
     /// Tiered and drop: share of the cached tokens each decode step attends to (tiered) or that
     /// is kept beyond the sinks and recent tokens (drop).
     pub alpha: f32,
-    /// Tiered: DRAM for hot rows, scoring keys and the write-back window (default: a quarter
-    /// of the full cache at the sequence's maximum length; where that cannot even hold the
-    /// fixed parts, as for short sequences, half again what they need).
+    /// Tiered: DRAM for hot rows, scoring keys and the write-back window (default: what the β
+    /// planner asks for, at most a quarter of the full cache at the sequence's maximum length;
+    /// where a quarter cannot even hold the fixed parts, as for short sequences, half again
+    /// what they need).
     pub hot_budget_bytes: Option<usize>,
     /// Tiered and drop: first tokens always attended to.
     pub sink_tokens: usize,
@@ -140,23 +142,42 @@ impl KvConfig {
         })
     }
 
-    pub fn tiered_settings(&self, shape: KvShape) -> TieredSettings {
-        let mut settings = TieredSettings {
+    /// The hot budget that holds β·M_s of the K/V in DRAM (M = the whole cache at `shape`'s
+    /// length), plus the scoring keys and the write-back window, uncapped.
+    pub fn budget_for_beta(&self, shape: KvShape, beta: f64) -> usize {
+        let settings = self.tiered_settings_with_budget(0);
+        let fixed = budget_floor_bytes(shape, &settings) - pinned_rows_bytes(shape, &settings);
+        fixed + Profile::hot_share(beta, shape.max_tokens * shape.bytes_per_token())
+    }
+
+    fn tiered_settings_with_budget(&self, hot_budget_bytes: usize) -> TieredSettings {
+        TieredSettings {
             alpha: self.alpha,
-            hot_budget_bytes: 0,
+            hot_budget_bytes,
             sink_tokens: self.sink_tokens,
             recent_tokens: self.recent_tokens,
             dense_layers: self.dense_layers,
             key_bits: self.key_bits,
             evaluator: self.evaluator,
-        };
+        }
+    }
+
+    pub fn tiered_settings(&self, shape: KvShape) -> TieredSettings {
+        let mut settings = self.tiered_settings_with_budget(0);
         settings.hot_budget_bytes = self.hot_budget_bytes.unwrap_or_else(|| {
-            let quarter = shape.max_tokens * shape.bytes_per_token() / 4;
+            let kv_bytes = shape.max_tokens * shape.bytes_per_token();
             let floor = budget_floor_bytes(shape, &settings);
-            if quarter >= floor {
-                quarter
-            } else {
-                floor * 3 / 2
+            let quarter = kv_bytes / 4;
+            if quarter < floor {
+                return floor * 3 / 2;
+            }
+            // The β planner sizes the hot pool; the quarter of the cache is the DRAM cap.
+            match planner::profile(&self.cold_dir, self.key_bits) {
+                Ok(profile) => self.budget_for_beta(shape, profile.beta(f64::from(self.alpha))).clamp(floor, quarter),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not profile the cold pool; the hot pool gets a quarter of the cache");
+                    quarter
+                }
             }
         });
         settings

@@ -10,6 +10,8 @@
 //! pool and the least-selected unpinned hot tokens are demoted, within the hot byte budget.
 //! Prompts (several queries at once) attend to everything, so prefill stays exact.
 
+pub mod planner;
+
 use super::aligned::AlignedBuf;
 use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
 use super::hot::HotPool;
@@ -41,15 +43,20 @@ pub struct TieredSettings {
 }
 
 /// DRAM a tiered store must hold at its maximum length whatever it decides: scoring keys, the
-/// write-back window, dense layers, sinks and the recent window.
+/// write-back window, and the K/V rows of dense layers, sinks and the recent window.
 pub fn budget_floor_bytes(shape: KvShape, s: &TieredSettings) -> usize {
+    let row = 2 * 2 * shape.kv_dim();
+    let keys = shape.n_layers * shape.max_tokens * s.key_bits.bytes_per_token(shape.n_kv_heads, shape.head_dim);
+    let window = shape.n_layers * GROUP_TOKENS * row;
+    keys + window + pinned_rows_bytes(shape, s)
+}
+
+/// K/V rows that are always hot: dense layers, sinks and the recent window.
+pub fn pinned_rows_bytes(shape: KvShape, s: &TieredSettings) -> usize {
     let n = shape.max_tokens;
     let row = 2 * 2 * shape.kv_dim();
     let dense_layers = s.dense_layers.min(shape.n_layers);
-    let keys = shape.n_layers * n * s.key_bits.bytes_per_token(shape.n_kv_heads, shape.head_dim);
-    let window = shape.n_layers * GROUP_TOKENS * row;
-    let pinned = (shape.n_layers - dense_layers) * (s.sink_tokens + s.recent_tokens).min(n) * row;
-    keys + window + dense_layers * n * row + pinned
+    dense_layers * n * row + (shape.n_layers - dense_layers) * (s.sink_tokens + s.recent_tokens).min(n) * row
 }
 
 /// A cold token read this step, with its K and V rows (one KV head, f16 bits).
@@ -405,7 +412,7 @@ impl KvStore for TieredKvStore {
 
 /// Threads that issue cold-pool reads: blocking preads, so more threads than cores means more
 /// requests in flight.
-fn io_pool() -> &'static rayon::ThreadPool {
+pub(crate) fn io_pool() -> &'static rayon::ThreadPool {
     static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         rayon::ThreadPoolBuilder::new()
