@@ -121,7 +121,7 @@ impl AttentionMassProbe {
                 let kv_head = head / group;
                 let qh = &q[head * hd..][..hd];
                 let scores: Vec<f64> = (0..n)
-                    .map(|t| keys[t * shape.kv_dim() + kv_head * hd..][..hd].iter().zip(qh).map(|(k, q)| f64::from(k * q)).sum::<f64>() * scale)
+                    .map(|t| f64::from(keys[t * shape.kv_dim() + kv_head * hd..][..hd].iter().zip(qh).map(|(k, q)| k * q).sum::<f32>()) * scale)
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();

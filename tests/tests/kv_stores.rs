@@ -10,8 +10,9 @@ fn cold_dir(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("hillside-kv-test-{name}-{}", std::process::id()))
 }
 
+/// Cold-pool files in `dir` (the planner's cached profile may sit beside them).
 fn files_in(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |d| d.count())
+    std::fs::read_dir(dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count())
 }
 
 #[test]
@@ -96,8 +97,8 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
         reference.perplexity(), sparse.perplexity(), 100.0 * (ppl_ratio - 1.0), 100.0 * agree, stats.cold_bytes_read / 1_000_000);
     assert_eq!(checked, 256);
     assert!(tier.cold_hits > 0 && tier.promotions > 0 && tier.demotions > 0, "all tiers in play: {tier:?}");
-    // Measured here (α 0.2, INT4 keys, 25% budget, 2K context): +0.97% perplexity, 92% top-1
-    // agreement. These bounds guard against regressions; `hillside eval` tracks the targets.
+    // Measured here (α 0.2, INT4 keys, per-KV-head selection, 2K context): +0.55% perplexity,
+    // 94% top-1 agreement. These bounds guard against regressions; `hillside eval` tracks the targets.
     assert!(ppl_ratio < 1.02, "tiered perplexity {:+.2}% above full", 100.0 * (ppl_ratio - 1.0));
     assert!(agree > 0.88, "top-1 agreement {agree}");
     drop(seq);

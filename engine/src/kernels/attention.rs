@@ -296,4 +296,40 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn each_head_attends_to_its_own_tokens_with_its_own_positions() {
+        let (hd, n_kv, n_heads, slots) = (64, 2, 6, 20usize);
+        let stride = slots.div_ceil(KV_TILE) * KV_TILE;
+        let val = |h: usize, t: usize, d: usize, salt: usize| (((h * 31 + t * 17 + d * 7 + salt) % 97) as f32 / 48.0 - 1.0) * 0.8;
+        // Head 0 holds even positions, head 1 odd ones: slot j is position 2j (+1).
+        let position = |h: usize, j: usize| (2 * j + h) as u32;
+        let mut k = vec![f16::ZERO; n_kv * stride * hd];
+        let mut v = vec![f16::ZERO; n_kv * stride * hd];
+        for h in 0..n_kv {
+            for j in 0..slots {
+                let p = position(h, j) as usize;
+                for d in 0..hd {
+                    k[h * stride * hd + k_tile_index(j, d, hd)] = f16::from_f32(val(h, p, d, 1));
+                    v[(h * stride + j) * hd + d] = f16::from_f32(val(h, p, d, 2));
+                }
+            }
+        }
+        let positions: Vec<u32> = (0..n_kv).flat_map(|h| (0..slots).map(move |j| position(h, j))).collect();
+        let view = KvView { n_tokens: slots, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: Some(&positions) };
+        let query_position = 24; // masks head 0's positions past 24 and head 1's past 23
+        let q: Vec<f32> = (0..n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
+        let mut out = vec![0f32; q.len()];
+        attend(&q, &[query_position], n_heads, &view, &mut out);
+        for head in 0..n_heads {
+            let h = head / (n_heads / n_kv);
+            let visible: Vec<usize> = (0..slots).map(|j| position(h, j) as usize).filter(|&p| p <= query_position).collect();
+            let kk: Vec<Vec<f32>> = visible.iter().map(|&p| (0..hd).map(|d| f16::from_f32(val(h, p, d, 1)).to_f32()).collect()).collect();
+            let vv: Vec<Vec<f32>> = visible.iter().map(|&p| (0..hd).map(|d| f16::from_f32(val(h, p, d, 2)).to_f32()).collect()).collect();
+            let want = reference(&q[head * hd..][..hd], &kk, &vv, visible.len());
+            for (a, b) in out[head * hd..][..hd].iter().zip(&want) {
+                assert!((a - b).abs() < 1e-4, "head {head}: {a} vs {b}");
+            }
+        }
+    }
 }

@@ -59,8 +59,22 @@ pub fn pinned_rows_bytes(shape: KvShape, s: &TieredSettings) -> usize {
     dense_layers * n * row + (shape.n_layers - dense_layers) * (s.sink_tokens + s.recent_tokens).min(n) * row
 }
 
-/// A cold token read this step, with its K and V rows (one KV head, f16 bits).
-type FetchedRow = (u32, Vec<u16>, Vec<u16>);
+/// The cold rows one lane read this step (promotion candidates): tokens and their K and V
+/// rows (f16 bits, `head_dim` each, in token order).
+#[derive(Default)]
+struct Fetched {
+    tokens: Vec<u32>,
+    k: Vec<u16>,
+    v: Vec<u16>,
+}
+
+impl Fetched {
+    fn clear(&mut self) {
+        self.tokens.clear();
+        self.k.clear();
+        self.v.clear();
+    }
+}
 
 /// The cold groups one head's selection needs, as staged by a read.
 struct StagedHead {
@@ -84,7 +98,7 @@ pub struct TieredKvStore {
     /// `[lane][token]`: how many decode steps selected the token.
     hits: Vec<Vec<u32>>,
     /// `[lane]`: cold tokens selected this step: promotion candidates.
-    fetched: Vec<Vec<FetchedRow>>,
+    fetched: Vec<Fetched>,
     view: ViewBuffers,
     positions: Vec<u32>,
     staging: AlignedBuf,
@@ -111,7 +125,7 @@ impl TieredKvStore {
             hot: HotPool::new(lanes, shape.head_dim),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
             hits: vec![Vec::new(); lanes],
-            fetched: vec![Vec::new(); lanes],
+            fetched: (0..lanes).map(|_| Fetched::default()).collect(),
             view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
             positions: Vec::new(),
             staging: AlignedBuf::zeroed(max_groups * shape.n_kv_heads * layout.group_bytes()),
@@ -329,7 +343,10 @@ impl KvStore for TieredKvStore {
                     self.view.set_token(slot, head, k, v);
                     if sparse {
                         self.tier.cold_hits += 1;
-                        self.fetched[lane].push((t, k.to_vec(), v.to_vec()));
+                        let fetched = &mut self.fetched[lane];
+                        fetched.tokens.push(t);
+                        fetched.k.extend_from_slice(k);
+                        fetched.v.extend_from_slice(v);
                     }
                 }
             }
@@ -374,14 +391,7 @@ impl KvStore for TieredKvStore {
         if let Err(e) = self.window.spill(&mut self.cold) {
             tracing::error!(error = %e, "cold pool write failed; keeping tokens in memory");
         }
-        // Promote the cold tokens this step selected.
-        for lane in 0..self.fetched.len() {
-            for (t, k, v) in std::mem::take(&mut self.fetched[lane]) {
-                self.hot.insert(lane, t, &k, &v);
-                self.tier.promotions += 1;
-            }
-        }
-        self.demote_to_budget();
+        self.rebalance();
         self.tier.steps += 1;
     }
 
@@ -456,31 +466,42 @@ impl TieredKvStore {
         self.hot.truncate(n_tokens);
     }
 
-    /// Evicts the least-selected unpinned hot rows (over all sparse layers and heads) until
-    /// the hot pool, the scoring keys and the window fit the budget. Evicted rows are already
-    /// on the SSD, so demotion frees memory without I/O.
-    fn demote_to_budget(&mut self) {
-        let used = self.hot_bytes();
-        if used <= self.settings.hot_budget_bytes {
-            return;
-        }
-        let excess_rows = (used - self.settings.hot_budget_bytes).div_ceil(self.hot.row_bytes());
+    /// Decides which rows the hot pool keeps after a step: of the unpinned hot rows and the
+    /// cold rows this step fetched, the most-selected ones that fit the budget (a hot row wins
+    /// a tie, so equals do not swap places). A fetched row that does not make the cut is not
+    /// promoted, and a hot row that falls out is demoted; demotion needs no I/O, as every row
+    /// is already on the SSD. Ranking promotions against the hot rows, instead of promoting
+    /// every fetched row and evicting others for it, is what keeps the pools from ping-ponging.
+    fn rebalance(&mut self) {
         let n_kv = self.shape.n_kv_heads;
-        let mut victims: Vec<(u32, u32, usize)> = Vec::new();
+        let row_bytes = self.hot.row_bytes();
+        // (hits, already hot, token, lane, index in `fetched` for cold rows)
+        let mut rows: Vec<(u32, bool, u32, usize, usize)> = Vec::new();
         for lane in self.settings.dense_layers * n_kv..self.hits.len() {
             let layer = lane / n_kv;
-            for t in self.hot.tokens(lane).filter(|&t| !self.is_pinned(layer, t)) {
-                victims.push((self.hits[lane].get(t as usize).copied().unwrap_or(0), t, lane));
-            }
+            let hits = &self.hits[lane];
+            rows.extend(self.hot.tokens(lane).filter(|&t| !self.is_pinned(layer, t)).map(|t| (hits.get(t as usize).copied().unwrap_or(0), true, t, lane, 0)));
+            rows.extend(self.fetched[lane].tokens.iter().enumerate().map(|(i, &t)| (hits.get(t as usize).copied().unwrap_or(0), false, t, lane, i)));
         }
-        // Fewest selections first; among equals, the oldest token. Only the cut is ordered.
-        let cut = excess_rows.min(victims.len());
-        if cut < victims.len() {
-            victims.select_nth_unstable(cut);
+        let unpinned_hot = rows.iter().filter(|r| r.1).count();
+        let fixed = self.hot_bytes() - unpinned_hot * row_bytes;
+        let capacity = self.settings.hot_budget_bytes.saturating_sub(fixed) / row_bytes;
+        if rows.len() > capacity {
+            // Best first: most hits, then already hot, then the newest token.
+            let key = |r: &(u32, bool, u32, usize, usize)| std::cmp::Reverse((r.0, r.1, r.2));
+            rows.select_nth_unstable_by_key(capacity, key);
         }
-        for &(_, t, lane) in &victims[..cut] {
+        let (kept, dropped) = rows.split_at(capacity.min(rows.len()));
+        let hd = self.shape.head_dim;
+        for &(_, _, t, lane, i) in kept.iter().filter(|r| !r.1) {
+            let fetched = &self.fetched[lane];
+            self.hot.insert(lane, t, &fetched.k[i * hd..][..hd], &fetched.v[i * hd..][..hd]);
+            self.tier.promotions += 1;
+        }
+        for &(_, _, t, lane, _) in dropped.iter().filter(|r| r.1) {
             self.hot.remove(lane, t);
             self.tier.demotions += 1;
         }
+        self.fetched.iter_mut().for_each(Fetched::clear);
     }
 }
