@@ -73,4 +73,13 @@ mod tests {
         assert!(typo.contains("alpah"), "{typo}");
         assert!(toml::from_str::<FileConfig>("[kv]\nstore = \"ssd\"\n").is_err());
     }
+
+    #[test]
+    fn the_readme_example_parses() {
+        let readme = include_str!("../../README.md");
+        let example = readme.split("```toml\n").nth(1).and_then(|s| s.split("```").next()).expect("a toml block in the README");
+        let c: FileConfig = toml::from_str(example).unwrap();
+        assert_eq!(c.kv.store, hillside_engine::kv::StoreKind::Tiered);
+        assert_eq!(c.kv.hot_budget_bytes, Some(50_000_000));
+    }
 }
