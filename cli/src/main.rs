@@ -106,6 +106,10 @@ pub struct ModelArgs {
     /// [default: storage].
     #[arg(long)]
     pub evaluator: Option<EvaluatorKind>,
+    /// Tiered: fidelity guard — widen a layer's selection when its top α holds less than this
+    /// share of the estimated attention (0: off) [default: 0].
+    #[arg(long)]
+    pub guard_mass: Option<f32>,
 }
 
 impl ModelArgs {
@@ -118,6 +122,7 @@ impl ModelArgs {
         set(&mut c.key_bits, self.key_bits);
         set(&mut c.dense_layers, self.dense_layers);
         set(&mut c.evaluator, self.evaluator);
+        set(&mut c.guard_mass, self.guard_mass);
         if let Some(mb) = self.hot_budget_mb {
             c.hot_budget_bytes = Some(mb * 1_000_000);
         }
@@ -140,6 +145,7 @@ impl ModelArgs {
             format!("--key-bits={}", c.key_bits),
             format!("--dense-layers={}", c.dense_layers),
             format!("--evaluator={}", c.evaluator),
+            format!("--guard-mass={}", c.guard_mass),
             format!("--cold-dir={}", c.cold_dir.display()),
         ];
         if let Some(m) = self.model() {

@@ -129,3 +129,24 @@ fn drop_store_keeps_a_fraction_and_pays_for_it_in_fidelity() {
     assert!(dropped.perplexity() > reference.perplexity(), "dropping tokens cannot be free here");
     assert!(dropped.top1_agreement(&reference) > 0.6);
 }
+
+#[test]
+fn the_fidelity_guard_widens_selections_that_hold_too_little_attention() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[300_000..330_000]).unwrap()[..800];
+    let dir = cold_dir("guard");
+    let run = |guard_mass: f32| {
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), guard_mass, ..KvConfig::default() };
+        let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
+        teacher_forced(&engine, &mut seq, tokens, 768, 256, |_| {}).unwrap();
+        seq.kv.stats().tier.unwrap()
+    };
+    let (off, never, always) = (run(0.0), run(1e-9), run(1.0));
+    assert_eq!((off.guard_checks, off.guard_widened), (0, 0), "off means off: {off:?}");
+    assert!(never.guard_checks > 0 && never.guard_widened == 0, "{never:?}");
+    // No top α can hold all of a softmax's mass, so a threshold of 1 widens every check.
+    assert!(always.guard_widened == always.guard_checks && always.guard_checks == never.guard_checks, "{always:?}");
+    assert!(always.hot_hits + always.cold_hits > never.hot_hits + never.cold_hits, "widened selections attend to more rows");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -105,6 +105,9 @@ pub struct KvConfig {
     pub key_bits: KeyBits,
     /// Tiered: who scores the cold tokens.
     pub evaluator: EvaluatorKind,
+    /// Tiered: the fidelity guard's threshold on the estimated attention share of the top α
+    /// (0 turns it off).
+    pub guard_mass: f32,
 }
 
 impl Default for KvConfig {
@@ -119,6 +122,7 @@ impl Default for KvConfig {
             dense_layers: 1,
             key_bits: KeyBits::Int4,
             evaluator: EvaluatorKind::Storage,
+            guard_mass: 0.0,
         }
     }
 }
@@ -159,6 +163,7 @@ impl KvConfig {
             dense_layers: self.dense_layers,
             key_bits: self.key_bits,
             evaluator: self.evaluator,
+            guard_mass: self.guard_mass,
         }
     }
 

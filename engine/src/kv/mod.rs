@@ -121,6 +121,9 @@ pub struct TierStats {
     pub score_block_wait_ns: u64,
     /// Total time from handing the cold tokens to the storage evaluator to merging its last block.
     pub cold_scan_ns: u64,
+    /// Fidelity guard: (layer, step) selections checked, and those widened.
+    pub guard_checks: u64,
+    pub guard_widened: u64,
 }
 
 pub trait KvStore: Send {

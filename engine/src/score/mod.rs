@@ -8,7 +8,7 @@ pub mod topk;
 
 pub use keys::{KeyBits, ScoringKeys};
 pub use storage::StorageEvaluator;
-pub use topk::{HeadsTopK, ScoreBlock, TopK};
+pub use topk::{HeadsMass, HeadsTopK, ScoreBlock, TopK};
 
 /// Tokens scored per block: small enough that merging starts early, large enough to amortize.
 pub const SCORE_BLOCK_TOKENS: usize = 256;

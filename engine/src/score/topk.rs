@@ -69,6 +69,13 @@ impl TopK {
         }
     }
 
+    /// The chosen (score, token) pairs, best first.
+    pub fn into_ranked(self) -> Vec<(f32, u32)> {
+        let mut ranked: Vec<(f32, u32)> = self.heap.into_iter().map(|Reverse((s, t))| (s.0, t)).collect();
+        ranked.sort_unstable_by(|a, b| Ranked(b.0).cmp(&Ranked(a.0)).then(a.1.cmp(&b.1)));
+        ranked
+    }
+
     /// The chosen tokens, ascending.
     pub fn into_tokens(self) -> Vec<u32> {
         let mut tokens: Vec<u32> = self.heap.into_iter().map(|Reverse((_, t))| t).collect();
@@ -95,11 +102,73 @@ impl HeadsTopK {
     pub fn into_tokens(self) -> Vec<Vec<u32>> {
         self.0.into_iter().map(TopK::into_tokens).collect()
     }
+
+    /// Each head's chosen (score, token) pairs, best first.
+    pub fn into_ranked(self) -> Vec<Vec<(f32, u32)>> {
+        self.0.into_iter().map(TopK::into_ranked).collect()
+    }
+}
+
+/// A running log-sum-exp of `scale`·score per head: the softmax normalizer of every score
+/// merged, so the share of it that a chosen set holds can be told once the scan ends.
+pub struct HeadsMass {
+    scale: f32,
+    max: Vec<f32>,
+    /// Σ exp(scale·s − max), per head.
+    sum: Vec<f64>,
+}
+
+impl HeadsMass {
+    pub fn new(n_heads: usize, scale: f32) -> Self {
+        Self { scale, max: vec![f32::NEG_INFINITY; n_heads], sum: vec![0.0; n_heads] }
+    }
+
+    pub fn merge(&mut self, block: &ScoreBlock) {
+        for h in 0..self.max.len() {
+            let scores = block.head(h);
+            let block_max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s * self.scale));
+            if block_max == f32::NEG_INFINITY {
+                continue;
+            }
+            let max = self.max[h].max(block_max);
+            let rescale = f64::from(self.max[h] - max).exp();
+            let added: f64 = scores.iter().map(|&s| f64::from(s * self.scale - max).exp()).sum();
+            self.sum[h] = self.sum[h] * rescale + added;
+            self.max[h] = max;
+        }
+    }
+
+    /// The share of head `h`'s normalizer that `scores` (a subset of those merged) hold.
+    pub fn share(&self, h: usize, scores: impl Iterator<Item = f32>) -> f64 {
+        let part: f64 = scores.map(|s| f64::from(s * self.scale - self.max[h]).exp()).sum();
+        if self.sum[h] > 0.0 {
+            part / self.sum[h]
+        } else {
+            1.0
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mass_shares_match_a_plain_softmax() {
+        let tokens: Vec<u32> = (0..100).collect();
+        let scores: Vec<f32> = (0..100).map(|i| ((i * 37) % 101) as f32 / 10.0).collect();
+        let mut mass = HeadsMass::new(1, 0.5);
+        for (t, s) in tokens.chunks(30).zip(scores.chunks(30)) {
+            mass.merge(&ScoreBlock { tokens: t.to_vec(), scores: s.to_vec(), produced: std::time::Instant::now() });
+        }
+        let z: f64 = scores.iter().map(|&s| f64::from(0.5 * s).exp()).sum();
+        let want: f64 = scores[..10].iter().map(|&s| f64::from(0.5 * s).exp()).sum::<f64>() / z;
+        assert!((mass.share(0, scores[..10].iter().copied()) - want).abs() < 1e-9);
+        let mut top = TopK::new(3);
+        top.merge(&tokens, &scores);
+        let ranked = top.into_ranked();
+        assert!(ranked[0].0 >= ranked[1].0 && ranked[1].0 >= ranked[2].0);
+    }
 
     #[test]
     fn blocks_in_any_order_give_the_global_top_k() {

@@ -19,7 +19,7 @@ use super::view::ViewBuffers;
 use super::window::RecentWindow;
 use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, Selection, TierStats};
 use crate::error::{Error, Result};
-use crate::score::{HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
+use crate::score::{HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
@@ -40,6 +40,9 @@ pub struct TieredSettings {
     pub dense_layers: usize,
     pub key_bits: KeyBits,
     pub evaluator: EvaluatorKind,
+    /// The fidelity guard: a step whose top α holds less than this share of a head's
+    /// estimated attention attends to twice as many tokens in that layer (0 turns it off).
+    pub guard_mass: f32,
 }
 
 /// DRAM a tiered store must hold at its maximum length whatever it decides: scoring keys, the
@@ -221,10 +224,13 @@ impl TieredKvStore {
     /// tokens. Cold candidates go to the storage evaluator, which streams score blocks back
     /// while the host scores the hot ones; both kinds of block merge into one top-k per head
     /// as they come.
-    fn rank(&mut self, layer: usize, query: &[f32], candidates: std::ops::Range<usize>, budget: usize) -> Vec<Vec<u32>> {
+    fn rank(&mut self, layer: usize, query: &[f32], group: usize, candidates: std::ops::Range<usize>, budget: usize) -> Vec<Vec<u32>> {
         let n_kv = self.shape.n_kv_heads;
         let base = self.window.base();
         let lanes: Vec<usize> = (0..n_kv).map(|h| self.lane(layer, h)).collect();
+        let guard = self.settings.guard_mass > 0.0;
+        // With the guard on, twice the budget is kept ranked, to widen into if needed.
+        let keep = if guard { (2 * budget).min(candidates.len()) } else { budget };
         // A token is the storage side's when any head's K/V must come from the SSD.
         let (hot, cold): (Vec<u32>, Vec<u32>) = candidates
             .clone()
@@ -232,33 +238,63 @@ impl TieredKvStore {
             .partition(|&t| self.evaluator.is_none() || t as usize >= base || lanes.iter().all(|&l| self.hot.contains(l, t)));
         let started = Instant::now();
         let cold_blocks = self.evaluator.as_ref().filter(|_| !cold.is_empty()).map(|e| e.score(self.keys[layer].clone(), query.to_vec(), cold));
-        let mut top = HeadsTopK::new(n_kv, budget);
-        let merge_cold = |top: &mut HeadsTopK, block: ScoreBlock, tier: &mut TierStats| {
-            tier.score_blocks += 1;
-            tier.score_block_wait_ns += block.produced.elapsed().as_nanos() as u64;
-            top.merge(&block);
+        let mut top = HeadsTopK::new(n_kv, keep);
+        // The summed query's score over G heads is G times their mean logit·√d: scaled by
+        // 1/(G·√d) its softmax is the attention of the group's mean logit.
+        let mut mass = HeadsMass::new(n_kv, 1.0 / (group as f32 * (self.shape.head_dim as f32).sqrt()));
+        let mut merge = |block: &ScoreBlock| {
+            top.merge(block);
+            if guard {
+                mass.merge(block);
+            }
         };
+        let n = candidates.end + self.settings.recent_tokens;
+        let pinned: Vec<u32> = (0..candidates.start as u32).chain(candidates.end as u32..n as u32).collect();
+        let mut pinned_block = ScoreBlock::new(pinned, n_kv);
         {
             let keys = self.keys[layer].read().unwrap_or_else(|p| p.into_inner());
+            if guard {
+                keys.score(query, &pinned_block.tokens, &mut pinned_block.scores);
+            }
             for chunk in hot.chunks(SCORE_BLOCK_TOKENS) {
                 let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
                 keys.score(query, chunk, &mut block.scores);
-                top.merge(&block);
+                merge(&block);
                 while let Some(cold_block) = cold_blocks.as_ref().and_then(|b| b.try_recv().ok()) {
-                    merge_cold(&mut top, cold_block, &mut self.tier);
+                    self.tier.score_blocks += 1;
+                    self.tier.score_block_wait_ns += cold_block.produced.elapsed().as_nanos() as u64;
+                    merge(&cold_block);
                 }
             }
         }
         if let Some(blocks) = cold_blocks {
             for cold_block in blocks {
-                merge_cold(&mut top, cold_block, &mut self.tier);
+                self.tier.score_blocks += 1;
+                self.tier.score_block_wait_ns += cold_block.produced.elapsed().as_nanos() as u64;
+                merge(&cold_block);
             }
             self.tier.cold_scan_ns += started.elapsed().as_nanos() as u64;
         }
-        let n = candidates.end + self.settings.recent_tokens;
-        top.into_tokens()
+        let ranked = top.into_ranked();
+        let mut take = budget.min(keep);
+        if guard {
+            mass.merge(&pinned_block);
+            // The fidelity guard: when the top α holds too little of any head's (estimated)
+            // attention, every head of the layer attends to twice as many tokens this step.
+            let captured = (0..n_kv)
+                .map(|h| mass.share(h, ranked[h][..take].iter().map(|r| r.0).chain(pinned_block.head(h).iter().copied())))
+                .fold(1.0, f64::min);
+            self.tier.guard_checks += 1;
+            if captured < f64::from(self.settings.guard_mass) {
+                self.tier.guard_widened += 1;
+                take = keep;
+            }
+        }
+        ranked
             .into_iter()
-            .map(|chosen| {
+            .map(|head| {
+                let mut chosen: Vec<u32> = head[..take].iter().map(|r| r.1).collect();
+                chosen.sort_unstable();
                 let mut tokens: Vec<u32> = (0..candidates.start as u32).collect();
                 tokens.extend(chosen);
                 tokens.extend(candidates.end as u32..n as u32);
@@ -316,7 +352,7 @@ impl KvStore for TieredKvStore {
             self.seed_hits(layer, &query, candidates, budget);
             return Ok(Selection::All);
         }
-        Ok(Selection::per_head(&self.rank(layer, &query, candidates, budget)))
+        Ok(Selection::per_head(&self.rank(layer, &query, group, candidates, budget)))
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
