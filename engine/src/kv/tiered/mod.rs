@@ -496,17 +496,6 @@ fn bridge_gaps(groups: &[usize], max_gap: usize) -> Vec<usize> {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn small_gaps_are_bridged_and_large_ones_kept() {
-        assert_eq!(bridge_gaps(&[0, 2, 5, 9, 10], 2), vec![0, 1, 2, 3, 4, 5, 9, 10]);
-        assert_eq!(bridge_gaps(&[3, 7], 2), vec![3, 7]);
-        assert_eq!(bridge_gaps(&[], 2), Vec::<usize>::new());
-    }
-}
 
 impl TieredKvStore {
     /// Counts a hit, in each head, for the `budget` best-scoring `candidates` against `query`.
@@ -575,5 +564,17 @@ impl TieredKvStore {
             self.tier.demotions += 1;
         }
         self.fetched.iter_mut().for_each(Fetched::clear);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_gaps_are_bridged_and_large_ones_kept() {
+        assert_eq!(bridge_gaps(&[0, 2, 5, 9, 10], 2), vec![0, 1, 2, 3, 4, 5, 9, 10]);
+        assert_eq!(bridge_gaps(&[3, 7], 2), vec![3, 7]);
+        assert_eq!(bridge_gaps(&[], 2), Vec::<usize>::new());
     }
 }
