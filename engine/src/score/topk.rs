@@ -1,7 +1,5 @@
 //! Merging score blocks into the global top-k as they arrive, without waiting for the rest.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
 /// (position, score) pairs for a chunk of tokens, as an evaluator emits them: a score per KV
 /// head and token, `scores[head][i]`.
@@ -24,65 +22,60 @@ impl ScoreBlock {
     }
 }
 
-/// A score with a total order (NaN sorts lowest), for the heap.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Ranked(f32);
-
-impl Eq for Ranked {}
-
-impl PartialOrd for Ranked {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
+/// Best first: higher score, then lower token (NaN ranks lowest).
+fn better(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+    let key = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
+    key(b.0).total_cmp(&key(a.0)).then(a.1.cmp(&b.1))
 }
 
-impl Ord for Ranked {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        let key = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
-        key(self.0).total_cmp(&key(other.0))
-    }
-}
-
-/// The k best tokens seen so far (a min-heap of size k).
+/// The k best tokens seen so far. Blocks are appended as they arrive and the buffer is cut back
+/// to the best k (a linear-time selection) whenever it doubles, so merging costs O(1) per score
+/// rather than a heap's O(log k).
 pub struct TopK {
     k: usize,
-    heap: BinaryHeap<Reverse<(Ranked, u32)>>,
+    kept: Vec<(f32, u32)>,
 }
 
 impl TopK {
     pub fn new(k: usize) -> Self {
-        Self { k, heap: BinaryHeap::with_capacity(k + 1) }
+        Self { k, kept: Vec::with_capacity(2 * k.max(SCORE_BLOCK_MIN)) }
     }
 
     pub fn merge(&mut self, tokens: &[u32], scores: &[f32]) {
         if self.k == 0 {
             return;
         }
-        for (&t, &s) in tokens.iter().zip(scores) {
-            let entry = Reverse((Ranked(s), t));
-            if self.heap.len() < self.k {
-                self.heap.push(entry);
-            } else if self.heap.peek().is_some_and(|worst| entry < *worst) {
-                self.heap.pop();
-                self.heap.push(entry);
-            }
+        self.kept.extend(scores.iter().copied().zip(tokens.iter().copied()));
+        if self.kept.len() >= 2 * self.k.max(SCORE_BLOCK_MIN) {
+            self.cut();
+        }
+    }
+
+    fn cut(&mut self) {
+        if self.kept.len() > self.k {
+            self.kept.select_nth_unstable_by(self.k - 1, better);
+            self.kept.truncate(self.k);
         }
     }
 
     /// The chosen (score, token) pairs, best first.
-    pub fn into_ranked(self) -> Vec<(f32, u32)> {
-        let mut ranked: Vec<(f32, u32)> = self.heap.into_iter().map(|Reverse((s, t))| (s.0, t)).collect();
-        ranked.sort_unstable_by(|a, b| Ranked(b.0).cmp(&Ranked(a.0)).then(a.1.cmp(&b.1)));
-        ranked
+    pub fn into_ranked(mut self) -> Vec<(f32, u32)> {
+        self.cut();
+        self.kept.sort_unstable_by(better);
+        self.kept
     }
 
     /// The chosen tokens, ascending.
-    pub fn into_tokens(self) -> Vec<u32> {
-        let mut tokens: Vec<u32> = self.heap.into_iter().map(|Reverse((_, t))| t).collect();
+    pub fn into_tokens(mut self) -> Vec<u32> {
+        self.cut();
+        let mut tokens: Vec<u32> = self.kept.into_iter().map(|(_, t)| t).collect();
         tokens.sort_unstable();
         tokens
     }
 }
+
+/// Smallest buffer [`TopK`] keeps before cutting, so tiny k does not cut every block.
+const SCORE_BLOCK_MIN: usize = 256;
 
 /// A [`TopK`] for each KV head.
 pub struct HeadsTopK(Vec<TopK>);

@@ -212,6 +212,9 @@ impl TieredKvStore {
                 i = j;
             }
         }
+        if requests.is_empty() {
+            return Ok(staged); // all hot: no hand-off to the I/O threads
+        }
         let cold = &self.cold;
         io_pool().install(|| {
             use rayon::prelude::*;
