@@ -2,13 +2,15 @@
 //! attention over only the most important tokens.
 //!
 //! Per layer and step: the new token's K/V enter the write-back window (and reach the cold pool
-//! a page at a time); every token is ranked by raw q·k against a compact INT4/INT8 copy of its
-//! key that stays in DRAM, in score blocks merged into the global top-k as they are produced;
-//! the selection is the attention sinks, the recent window and the top-α tokens; hot tokens are
-//! copied from DRAM, cold ones read from the SSD page by page and filtered; attention is exact
-//! over the selection. After the step, cold tokens that made the cut are promoted to the hot
-//! pool and the least-selected unpinned hot tokens are demoted, within the hot byte budget.
-//! Prompts (several queries at once) attend to everything, so prefill stays exact.
+//! a page at a time); every token is ranked, for each KV head, by raw q·k against a compact
+//! INT4/INT8 copy of its key that stays in DRAM, in score blocks merged into each head's top-k
+//! as they are produced; each head's selection is the attention sinks, the recent window and
+//! its top-α tokens (twice that when the fidelity guard finds the top α holds too little of the
+//! estimated attention); hot rows are copied from DRAM, cold ones read from the SSD page by page
+//! and filtered; attention is exact over the selection. After the step the hot pool keeps the
+//! most-selected of its unpinned rows and of the cold rows just read, within the byte budget
+//! (the planner in [`planner`] sizes that budget). Prompts (several queries at once) attend to
+//! everything, so prefill stays exact.
 
 pub mod planner;
 
