@@ -539,8 +539,20 @@ impl TieredKvStore {
     /// is already on the SSD. Ranking promotions against the hot rows, instead of promoting
     /// every fetched row and evicting others for it, is what keeps the pools from ping-ponging.
     fn rebalance(&mut self) {
-        let n_kv = self.shape.n_kv_heads;
+        let (n_kv, hd) = (self.shape.n_kv_heads, self.shape.head_dim);
         let row_bytes = self.hot.row_bytes();
+        let fetched_rows: usize = self.fetched.iter().map(|f| f.tokens.len()).sum();
+        if self.hot_bytes() + fetched_rows * row_bytes <= self.settings.hot_budget_bytes {
+            // Everything fits: promote all, rank nothing.
+            for (lane, fetched) in self.fetched.iter().enumerate() {
+                for (i, &t) in fetched.tokens.iter().enumerate() {
+                    self.hot.insert(lane, t, &fetched.k[i * hd..][..hd], &fetched.v[i * hd..][..hd]);
+                }
+            }
+            self.tier.promotions += fetched_rows as u64;
+            self.fetched.iter_mut().for_each(Fetched::clear);
+            return;
+        }
         // (hits, already hot, token, lane, index in `fetched` for cold rows)
         let mut rows: Vec<(u32, bool, u32, usize, usize)> = Vec::new();
         for lane in self.settings.dense_layers * n_kv..self.hits.len() {
@@ -558,7 +570,6 @@ impl TieredKvStore {
             rows.select_nth_unstable_by_key(capacity, key);
         }
         let (kept, dropped) = rows.split_at(capacity.min(rows.len()));
-        let hd = self.shape.head_dim;
         for &(_, _, t, lane, i) in kept.iter().filter(|r| !r.1) {
             let fetched = &self.fetched[lane];
             self.hot.insert(lane, t, &fetched.k[i * hd..][..hd], &fetched.v[i * hd..][..hd]);
