@@ -46,6 +46,7 @@ fn stream_reply(engine: &Engine, seq: &mut Sequence, prompt: &[u32], params: &Ge
             // A closed stdout (a pipe whose reader left) is not worth failing the reply for.
             let _ = stdout.write_all(delta.as_bytes()).and_then(|_| stdout.flush());
         }
+        Event::Logprob(_) => {}
     };
     let cancel = CancelFlag::default();
     *INTERRUPTIBLE.lock().expect("interrupt slot") = Some(cancel.clone());

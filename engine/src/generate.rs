@@ -22,11 +22,13 @@ pub struct GenerateParams {
     pub sampling: SamplingParams,
     /// Prompt tokens run through the model at once; bounds prefill memory.
     pub prefill_chunk_tokens: usize,
+    /// Report each drawn token's log-probability and this many alternatives (`Event::Logprob`).
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        Self { max_tokens: 512, stop: Vec::new(), sampling: SamplingParams::default(), prefill_chunk_tokens: 256 }
+        Self { max_tokens: 512, stop: Vec::new(), sampling: SamplingParams::default(), prefill_chunk_tokens: 256, logprobs: None }
     }
 }
 
@@ -46,6 +48,42 @@ pub enum Event {
     Prefill { done_tokens: usize, total_tokens: usize },
     /// A piece of generated text, whole characters only.
     Text(String),
+    /// A token was drawn (sent before its text, when `GenerateParams::logprobs` asks for it).
+    Logprob(TokenLogprob),
+}
+
+/// A drawn token's log-probability under the model (before penalties and temperature), with
+/// the most likely alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub text: String,
+    pub logprob: f32,
+    /// Best first: (token, text, log-probability).
+    pub top: Vec<(u32, String, f32)>,
+}
+
+impl TokenLogprob {
+    fn of(tokenizer: &crate::Tokenizer, logits: &[f32], token: u32, top_n: usize) -> Self {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let log_total = logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln() + max;
+        let text = |id: u32| tokenizer.decode(&[id]).unwrap_or_default();
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        let top_n = top_n.min(order.len());
+        if top_n > 0 {
+            order.select_nth_unstable_by(top_n - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+            order.truncate(top_n);
+            order.sort_unstable_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        } else {
+            order.clear();
+        }
+        Self {
+            token,
+            text: text(token),
+            logprob: logits[token as usize] - log_total,
+            top: order.into_iter().map(|id| (id, text(id), logits[id as usize] - log_total)).collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -129,74 +167,140 @@ pub fn generate(
     cancel: &CancelFlag,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<Summary> {
-    let context = seq.max_tokens();
-    if prompt.is_empty() {
-        return Err(Error::InvalidParameter("the prompt is empty".into()));
-    }
-    if prompt.len() >= context {
-        return Err(Error::ContextOverflow { prompt_tokens: prompt.len(), context_tokens: context });
-    }
-    if params.max_tokens == 0 || params.prefill_chunk_tokens == 0 {
-        return Err(Error::InvalidParameter("max_tokens and prefill_chunk_tokens must be at least 1".into()));
-    }
-    let mut sampler = Sampler::new(params.sampling.clone())?;
-    let tokenizer = engine.tokenizer();
-
-    // Reuse the cached prefix; at least the last prompt token is run again for its logits.
-    let reused = seq.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
-    seq.truncate(reused);
-
-    let prefill_start = Instant::now();
-    let mut logits = Vec::new();
-    on_event(Event::Prefill { done_tokens: reused, total_tokens: prompt.len() });
-    for chunk in prompt[reused..].chunks(params.prefill_chunk_tokens) {
+    let mut generation = Generation::start(seq, prompt.to_vec(), params.clone(), on_event)?;
+    loop {
         if cancel.is_cancelled() {
-            return Ok(finished(prompt, reused, Vec::new(), FinishReason::Cancelled, prefill_start.elapsed().as_secs_f64() * 1e3, 0.0));
+            return Ok(generation.cancelled());
         }
-        logits = seq.feed(engine, chunk)?;
-        on_event(Event::Prefill { done_tokens: seq.tokens.len(), total_tokens: prompt.len() });
+        if let Some(summary) = generation.step(engine, seq, on_event)? {
+            return Ok(summary);
+        }
     }
-    let prefill_ms = prefill_start.elapsed().as_secs_f64() * 1e3;
+}
 
-    let decode_start = Instant::now();
-    let mut generated: Vec<u32> = Vec::new();
-    let mut text = TextStream::new();
-    let mut stops = StopMatcher::new(&params.stop);
-    let mut hit_stop_string = false;
-    let reason = loop {
-        let recent_start = seq.tokens.len().saturating_sub(params.sampling.repeat_last_n);
-        let token = sampler.sample(&mut logits, &seq.tokens[recent_start..], &generated);
-        if tokenizer.is_stop(token) {
-            break FinishReason::Stop;
+/// One generation in progress, advanced a step at a time (a prompt chunk or one token), so a
+/// scheduler can interleave many sequences on one model.
+pub struct Generation {
+    prompt: Vec<u32>,
+    params: GenerateParams,
+    sampler: Sampler,
+    reused: usize,
+    /// Logits of the last token run; the next token is drawn from them.
+    logits: Vec<f32>,
+    generated: Vec<u32>,
+    text: TextStream,
+    stops: StopMatcher,
+    started: Instant,
+    /// Set when the prompt is done.
+    prefill_ms: Option<f64>,
+}
+
+impl Generation {
+    /// Checks the request and rolls `seq` back to the longest cached prefix of `prompt`.
+    pub fn start(seq: &mut Sequence, prompt: Vec<u32>, params: GenerateParams, on_event: &mut dyn FnMut(Event)) -> Result<Self> {
+        let context = seq.max_tokens();
+        if prompt.is_empty() {
+            return Err(Error::InvalidParameter("the prompt is empty".into()));
         }
-        generated.push(token);
-        if let Some(delta) = text.push(tokenizer, token)? {
-            let (out, hit) = stops.push(&delta);
+        if prompt.len() >= context {
+            return Err(Error::ContextOverflow { prompt_tokens: prompt.len(), context_tokens: context });
+        }
+        if params.max_tokens == 0 || params.prefill_chunk_tokens == 0 {
+            return Err(Error::InvalidParameter("max_tokens and prefill_chunk_tokens must be at least 1".into()));
+        }
+        let sampler = Sampler::new(params.sampling.clone())?;
+        // Reuse the cached prefix; at least the last prompt token is run again for its logits.
+        let reused = seq.tokens.iter().zip(&prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        seq.truncate(reused);
+        on_event(Event::Prefill { done_tokens: reused, total_tokens: prompt.len() });
+        Ok(Self {
+            stops: StopMatcher::new(&params.stop),
+            prompt,
+            params,
+            sampler,
+            reused,
+            logits: Vec::new(),
+            generated: Vec::new(),
+            text: TextStream::new(),
+            started: Instant::now(),
+            prefill_ms: None,
+        })
+    }
+
+    /// Prompt tokens, and tokens generated so far.
+    pub fn progress(&self) -> (usize, usize) {
+        (self.prompt.len(), self.generated.len())
+    }
+
+    pub fn is_prefilling(&self) -> bool {
+        self.prefill_ms.is_none()
+    }
+
+    /// Runs the next prompt chunk, or draws a token and runs it. Returns the summary once the
+    /// generation has ended (the last token drawn is not run: nothing would read its logits).
+    pub fn step(&mut self, engine: &Engine, seq: &mut Sequence, on_event: &mut dyn FnMut(Event)) -> Result<Option<Summary>> {
+        if self.prefill_ms.is_none() {
+            let done = seq.tokens.len();
+            let end = (done + self.params.prefill_chunk_tokens).min(self.prompt.len());
+            self.logits = seq.feed(engine, &self.prompt[done..end])?;
+            on_event(Event::Prefill { done_tokens: end, total_tokens: self.prompt.len() });
+            if end == self.prompt.len() {
+                self.prefill_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
+                self.started = Instant::now();
+            }
+            return Ok(None);
+        }
+        let tokenizer = engine.tokenizer();
+        let recent_start = seq.tokens.len().saturating_sub(self.params.sampling.repeat_last_n);
+        let raw = self.params.logprobs.map(|_| self.logits.clone());
+        let token = self.sampler.sample(&mut self.logits, &seq.tokens[recent_start..], &self.generated);
+        if let (Some(raw), Some(top)) = (raw, self.params.logprobs) {
+            on_event(Event::Logprob(TokenLogprob::of(tokenizer, &raw, token, top)));
+        }
+        if tokenizer.is_stop(token) {
+            return self.finish(tokenizer, FinishReason::Stop, on_event).map(Some);
+        }
+        self.generated.push(token);
+        if let Some(delta) = self.text.push(tokenizer, token)? {
+            let (out, hit) = self.stops.push(&delta);
             if !out.is_empty() {
                 on_event(Event::Text(out));
             }
             if hit {
-                hit_stop_string = true;
-                break FinishReason::Stop;
+                return Ok(Some(self.summary(FinishReason::Stop)));
             }
         }
-        if generated.len() >= params.max_tokens || seq.tokens.len() >= context {
-            break FinishReason::Length;
+        if self.generated.len() >= self.params.max_tokens || seq.tokens.len() >= seq.max_tokens() {
+            return self.finish(tokenizer, FinishReason::Length, on_event).map(Some);
         }
-        if cancel.is_cancelled() {
-            break FinishReason::Cancelled;
-        }
-        logits = seq.feed(engine, &[token])?;
-    };
-    if !hit_stop_string {
-        // Text the detokenizer and the stop matcher still hold back belongs to the output.
-        let mut tail = text.finish(tokenizer)?.map(|rest| stops.push(&rest).0).unwrap_or_default();
-        tail.push_str(&stops.finish());
+        self.logits = seq.feed(engine, &[token])?;
+        Ok(None)
+    }
+
+    /// The summary of a generation stopped from outside.
+    pub fn cancelled(&self) -> Summary {
+        self.summary(FinishReason::Cancelled)
+    }
+
+    /// Releases the text the detokenizer and the stop matcher still hold back: it belongs to
+    /// the output (unless a stop string ended it, when it is the stop string itself).
+    fn finish(&mut self, tokenizer: &crate::Tokenizer, reason: FinishReason, on_event: &mut dyn FnMut(Event)) -> Result<Summary> {
+        let mut tail = self.text.finish(tokenizer)?.map(|rest| self.stops.push(&rest).0).unwrap_or_default();
+        tail.push_str(&self.stops.finish());
         if !tail.is_empty() {
             on_event(Event::Text(tail));
         }
+        Ok(self.summary(reason))
     }
-    Ok(finished(prompt, reused, generated, reason, prefill_ms, decode_start.elapsed().as_secs_f64() * 1e3))
+
+    fn summary(&self, reason: FinishReason) -> Summary {
+        let elapsed_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        let (prefill_ms, decode_ms) = match self.prefill_ms {
+            Some(p) => (p, elapsed_ms),
+            None => (elapsed_ms, 0.0),
+        };
+        finished(&self.prompt, self.reused, self.generated.clone(), reason, prefill_ms, decode_ms)
+    }
 }
 
 fn finished(prompt: &[u32], reused: usize, completion: Vec<u32>, reason: FinishReason, prefill_ms: f64, decode_ms: f64) -> Summary {

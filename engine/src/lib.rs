@@ -9,11 +9,12 @@ pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod sampling;
+pub mod scheduler;
 pub mod score;
 pub mod text;
 
 pub use error::{Error, Result};
-pub use generate::{generate, CancelFlag, Event, FinishReason, GenerateParams, GenerationStream, Sequence, Summary};
+pub use generate::{generate, CancelFlag, Event, FinishReason, GenerateParams, Generation, GenerationStream, Sequence, Summary, TokenLogprob};
 pub use model::{Logits, Model};
 pub use sampling::SamplingParams;
 pub use text::chat::{ChatMessage, ChatTemplate};

@@ -1,0 +1,317 @@
+//! Serving several sequences on one model: a bounded queue of requests, at most `max_live`
+//! sequences alive at once, each in its own KV store, advanced in turn one step each (a prompt
+//! chunk or a token) on one worker thread. Turn-taking keeps every stream moving: a long prompt
+//! delays the others by one chunk per turn, not by its whole prefill.
+//!
+//! A sequence ends when its generation does, when its owner cancels it, or the moment its owner
+//! stops listening (a client that disconnects); its store, with any cold-pool file, is dropped
+//! at its next turn.
+
+use crate::error::Result;
+use crate::generate::{CancelFlag, Event, GenerateParams, Generation, Sequence, Summary};
+use crate::kv::{KvConfig, KvStats};
+use crate::Engine;
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Sequences generating at once.
+    pub max_live: usize,
+    /// Requests waiting for a turn beyond those; more are refused.
+    pub max_queued: usize,
+    /// The store each sequence gets.
+    pub kv: KvConfig,
+    /// Each sequence's context in tokens (the model's when `None`).
+    pub context_tokens: Option<usize>,
+}
+
+/// What a request's owner hears: its events, then exactly one `Done`.
+#[derive(Debug)]
+pub enum Update {
+    Event(Event),
+    Done(Result<Summary>),
+}
+
+/// Delivers a request's updates; returns `false` once nobody listens, which ends the sequence.
+/// It runs on the worker thread, so it must not block.
+pub type Sink = Box<dyn FnMut(Update) -> bool + Send>;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the server is busy: {queued} requests are already waiting; retry shortly")]
+    QueueFull { queued: usize },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// A submitted request: its id and a way to stop it.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub id: u64,
+    cancel: CancelFlag,
+}
+
+impl Ticket {
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Queued,
+    Prefill,
+    Decode,
+}
+
+/// One request as the worker last saw it (refreshed after every round of turns).
+#[derive(Debug, Clone, Serialize)]
+pub struct SequenceStats {
+    pub id: u64,
+    pub phase: Phase,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Its KV store (not yet created while queued).
+    pub kv: Option<KvStats>,
+}
+
+struct Job {
+    id: u64,
+    prompt: Vec<u32>,
+    params: GenerateParams,
+    sink: Sink,
+    cancel: CancelFlag,
+}
+
+struct Live {
+    job: Job,
+    seq: Sequence,
+    generation: Generation,
+}
+
+struct State {
+    queue: VecDeque<Job>,
+    /// Live sequences, as of the last round.
+    live: Vec<SequenceStats>,
+    accepting: bool,
+    /// Ends the worker: every sequence still there is cancelled.
+    stop: bool,
+    next_id: u64,
+}
+
+struct Shared {
+    config: SchedulerConfig,
+    state: Mutex<State>,
+    /// Signalled when work arrives, when a round ends, and on stop.
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub struct Scheduler {
+    shared: Arc<Shared>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Scheduler {
+    pub fn start(engine: Arc<Engine>, config: SchedulerConfig) -> Self {
+        let shared = Arc::new(Shared {
+            config,
+            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), accepting: true, stop: false, next_id: 1 }),
+            changed: Condvar::new(),
+        });
+        let worker = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("hillside-scheduler".into())
+                .spawn(move || run(&engine, &shared))
+                .expect("starting the scheduler thread")
+        };
+        Self { shared, worker: Mutex::new(Some(worker)) }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.shared.config
+    }
+
+    /// Queues a generation of `prompt`; its updates go to `sink`.
+    pub fn submit(&self, prompt: Vec<u32>, params: GenerateParams, sink: Sink) -> Result<Ticket, SubmitError> {
+        let mut state = self.shared.lock();
+        if !state.accepting {
+            return Err(SubmitError::ShuttingDown);
+        }
+        // A request may wait while every live slot is taken, up to `max_queued` of them.
+        let free_slots = self.shared.config.max_live.saturating_sub(state.live.len());
+        if state.queue.len() >= self.shared.config.max_queued + free_slots {
+            return Err(SubmitError::QueueFull { queued: state.queue.len() });
+        }
+        let id = state.next_id;
+        state.next_id += 1;
+        let cancel = CancelFlag::default();
+        state.queue.push_back(Job { id, prompt, params, sink, cancel: cancel.clone() });
+        self.shared.changed.notify_all();
+        Ok(Ticket { id, cancel })
+    }
+
+    /// Every request, live or queued, as of the last round.
+    pub fn stats(&self) -> Vec<SequenceStats> {
+        let state = self.shared.lock();
+        let queued = state.queue.iter().map(|j| SequenceStats {
+            id: j.id,
+            phase: Phase::Queued,
+            prompt_tokens: j.prompt.len(),
+            generated_tokens: 0,
+            kv: None,
+        });
+        state.live.iter().cloned().chain(queued).collect()
+    }
+
+    /// Stops taking requests, lets those under way finish for up to `grace`, cancels the rest
+    /// and waits for the worker, which drops every store (cold-pool files included).
+    pub fn shutdown(&self, grace: Duration) {
+        let deadline = Instant::now() + grace;
+        let mut state = self.shared.lock();
+        state.accepting = false;
+        while !(state.queue.is_empty() && state.live.is_empty()) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self.shared.changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        state.stop = true;
+        drop(state);
+        self.shared.changed.notify_all();
+        if let Some(worker) = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.shutdown(Duration::ZERO);
+    }
+}
+
+/// The worker: admit queued requests into free slots, give every live sequence one step, publish
+/// what they hold; sleep when there is nothing to do.
+fn run(engine: &Engine, shared: &Shared) {
+    let mut live: Vec<Live> = Vec::new();
+    loop {
+        let admitted: Vec<Job> = {
+            let mut state = shared.lock();
+            while !state.stop && live.is_empty() && state.queue.is_empty() {
+                state = shared.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            }
+            if state.stop {
+                let queued: Vec<Job> = state.queue.drain(..).collect();
+                drop(state);
+                for job in queued {
+                    finish_cancelled(job, None);
+                }
+                for l in live.drain(..) {
+                    let summary = l.generation.cancelled();
+                    finish_cancelled(l.job, Some(summary));
+                }
+                shared.lock().live.clear();
+                shared.changed.notify_all();
+                return;
+            }
+            let free = shared.config.max_live.saturating_sub(live.len());
+            let n = free.min(state.queue.len());
+            state.queue.drain(..n).collect()
+        };
+        for job in admitted {
+            if let Some(l) = admit(engine, &shared.config, job) {
+                live.push(l);
+            }
+        }
+        live.retain_mut(|l| take_turn(engine, l));
+        let stats = live.iter().map(live_stats).collect();
+        shared.lock().live = stats;
+        shared.changed.notify_all();
+    }
+}
+
+/// Creates the job's sequence and starts its generation; a failure ends the job.
+fn admit(engine: &Engine, config: &SchedulerConfig, mut job: Job) -> Option<Live> {
+    if job.cancel.is_cancelled() {
+        finish_cancelled(job, None);
+        return None;
+    }
+    let started = engine.new_sequence_with(&config.kv, config.context_tokens).and_then(|mut seq| {
+        let (sink, cancel) = (&mut job.sink, &job.cancel);
+        let generation = Generation::start(&mut seq, std::mem::take(&mut job.prompt), job.params.clone(), &mut |e| {
+            forward(sink, cancel, e)
+        })?;
+        Ok((seq, generation))
+    });
+    match started {
+        Ok((seq, generation)) => Some(Live { job, seq, generation }),
+        Err(e) => {
+            (job.sink)(Update::Done(Err(e)));
+            None
+        }
+    }
+}
+
+/// One step of one sequence; `false` when it has ended.
+fn take_turn(engine: &Engine, l: &mut Live) -> bool {
+    if l.job.cancel.is_cancelled() {
+        let summary = l.generation.cancelled();
+        (l.job.sink)(Update::Done(Ok(summary)));
+        return false;
+    }
+    let (sink, cancel) = (&mut l.job.sink, &l.job.cancel);
+    match l.generation.step(engine, &mut l.seq, &mut |e| forward(sink, cancel, e)) {
+        Ok(None) => true,
+        Ok(Some(summary)) => {
+            (l.job.sink)(Update::Done(Ok(summary)));
+            false
+        }
+        Err(e) => {
+            (l.job.sink)(Update::Done(Err(e)));
+            false
+        }
+    }
+}
+
+fn forward(sink: &mut Sink, cancel: &CancelFlag, event: Event) {
+    if !sink(Update::Event(event)) {
+        cancel.cancel(); // nobody listens: end it at its next turn
+    }
+}
+
+fn finish_cancelled(mut job: Job, summary: Option<Summary>) {
+    let summary = summary.unwrap_or_else(|| Summary {
+        prompt_tokens: job.prompt.len(),
+        reused_tokens: 0,
+        completion_tokens: 0,
+        completion_ids: Vec::new(),
+        finish_reason: crate::FinishReason::Cancelled,
+        prefill_ms: 0.0,
+        decode_ms: 0.0,
+    });
+    (job.sink)(Update::Done(Ok(summary)));
+}
+
+fn live_stats(l: &Live) -> SequenceStats {
+    let (prompt_tokens, generated_tokens) = l.generation.progress();
+    SequenceStats {
+        id: l.job.id,
+        phase: if l.generation.is_prefilling() { Phase::Prefill } else { Phase::Decode },
+        prompt_tokens,
+        generated_tokens,
+        kv: Some(l.seq.kv.stats()),
+    }
+}
