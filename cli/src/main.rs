@@ -6,6 +6,7 @@ mod chat;
 mod config;
 mod eval;
 mod models;
+mod serve;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -42,6 +43,8 @@ enum Command {
     },
     /// How faithful the sparse KV stores are to the full cache (perplexity, top-1 agreement).
     Eval(eval::EvalArgs),
+    /// Serve an OpenAI-compatible API on 127.0.0.1 (chat and text completions, streamed or not).
+    Serve(serve::ServeArgs),
     /// Measure the engine.
     Bench {
         #[command(subcommand)]
@@ -288,6 +291,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         },
         Command::Eval(args) => eval::eval(&args),
+        Command::Serve(args) => serve::serve(&args),
         Command::Bench { command } => match command {
             BenchCommand::Decode(args) => bench::decode(&args),
             BenchCommand::Kv(args) => bench_kv::kv(&args),

@@ -141,6 +141,14 @@ pub fn list() {
     }
 }
 
+/// Names of the installed models: registry names, then the stems of other GGUF files.
+pub fn installed_names() -> Vec<String> {
+    let registry = registry();
+    let mut names: Vec<String> = registry.models.iter().filter(|e| e.installed_path().is_some()).map(|e| e.name.clone()).collect();
+    names.extend(other_files(&models_dir(), &registry).iter().filter_map(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned()));
+    names
+}
+
 fn other_files(dir: &Path, registry: &Registry) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     let mut files: Vec<PathBuf> = entries

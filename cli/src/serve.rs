@@ -1,0 +1,111 @@
+//! `hillside serve`: the local OpenAI-compatible endpoint over the loaded model.
+
+use crate::{load_engine, models, ModelArgs};
+use anyhow::{Context, Result};
+use clap::Args;
+use hillside_engine::scheduler::SchedulerConfig;
+use hillside_server::{App, ServerConfig};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on; anything but loopback exposes the model to the network.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require this key as `Authorization: Bearer <key>`.
+    #[arg(long, env = "HILLSIDE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Largest request body accepted, in MB.
+    #[arg(long, default_value_t = 4)]
+    pub max_body_mb: usize,
+    /// Allow browsers on this origin (repeatable; CORS is off without one).
+    #[arg(long = "cors-origin")]
+    pub cors_origins: Vec<String>,
+    /// Sequences generating at once.
+    #[arg(long, default_value_t = 4)]
+    pub max_live: usize,
+    /// Requests that may wait for a free slot; more get 429.
+    #[arg(long, default_value_t = 32)]
+    pub max_queued: usize,
+    /// Seconds in-flight requests may run on after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 10)]
+    pub shutdown_grace_s: u64,
+}
+
+pub fn serve(args: &ServeArgs) -> Result<()> {
+    if args.max_live == 0 {
+        anyhow::bail!("--max-live must be at least 1");
+    }
+    let path = models::resolve(args.model.model())?;
+    let engine = Arc::new(load_engine(&args.model)?);
+    let (model_id, model_aliases) = model_names(args.model.model(), &path);
+    let config = ServerConfig {
+        installed_models: models::installed_names(),
+        model_id,
+        model_aliases,
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        max_body_bytes: args.max_body_mb * 1_000_000,
+        cors_origins: args.cors_origins.clone(),
+        shutdown_grace_s: args.shutdown_grace_s,
+        scheduler: SchedulerConfig {
+            max_live: args.max_live,
+            max_queued: args.max_queued,
+            kv: args.model.kv_config(),
+            context_tokens: args.model.context(),
+        },
+    };
+    if !args.host.is_loopback() {
+        tracing::warn!(host = %args.host, "listening beyond this machine: anyone who can reach it can use the model");
+        eprintln!("warning: {} is not a loopback address; anyone who can reach this machine can use the model{}", args.host,
+            if config.api_key.is_none() { " (no --api-key set)" } else { "" });
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.host, args.port))
+            .await
+            .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        let app = App::new(engine, config);
+        println!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id);
+        hillside_server::serve(listener, app, shutdown_signal()).await.context("serving")
+    })?;
+    eprintln!("hillside: stopped");
+    Ok(())
+}
+
+/// The id clients name the model by (its registry name, else the file's stem) and the other
+/// names accepted for it.
+fn model_names(spec: Option<&str>, path: &Path) -> (String, Vec<String>) {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let file = path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let registry = models::registry();
+    let name = spec.unwrap_or(&registry.default);
+    if registry.models.iter().any(|e| e.name == name) {
+        (name.to_string(), vec![stem, file])
+    } else {
+        (stem, vec![file])
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+}

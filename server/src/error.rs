@@ -1,0 +1,126 @@
+//! Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with the status
+//! each one deserves, so clients' own error handling (and retries) work unchanged.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use hillside_engine::scheduler::SubmitError;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub detail: ErrorDetail,
+    /// Seconds a client should wait before retrying (429/503).
+    pub retry_after_s: Option<u32>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, code: Option<&'static str>, message: impl Into<String>) -> Self {
+        Self { status, detail: ErrorDetail { message: message.into(), kind, param: None, code }, retry_after_s: None }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", None, message)
+    }
+
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.detail.param = Some(param.into());
+        self
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.detail.code = Some(code);
+        self
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", Some("invalid_api_key"), "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'.")
+    }
+
+    pub fn model_not_found(model: &str, served: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found"), format!("The model '{model}' does not exist here; this server runs '{served}' (see GET /v1/models)."))
+            .with_param("model")
+    }
+
+    pub fn not_found(path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("not_found"), format!("No route {path}; see GET /openapi.json."))
+    }
+
+    pub fn body_too_large(limit_bytes: usize) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("request_too_large"), format!("The request body is larger than the server's limit of {limit_bytes} bytes."))
+    }
+
+    pub fn context_exceeded(prompt_tokens: usize, max_tokens: Option<usize>, context_tokens: usize) -> Self {
+        let asked = match max_tokens {
+            Some(m) => format!("{prompt_tokens} tokens in the prompt and {m} requested for the completion"),
+            None => format!("{prompt_tokens} tokens in the prompt"),
+        };
+        Self::bad_request(format!("This model's maximum context length is {context_tokens} tokens, but the request has {asked}. Shorten the prompt or lower max_tokens."))
+            .with_code("context_length_exceeded")
+            .with_param("messages")
+    }
+
+    pub fn shutting_down() -> Self {
+        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("shutting_down"), "The server is shutting down.");
+        e.retry_after_s = Some(5);
+        e
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, message)
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody { error: self.detail.clone() }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::QueueFull { .. } => {
+                let mut err = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", Some("queue_full"), e.to_string());
+                err.retry_after_s = Some(1);
+                err
+            }
+            SubmitError::ShuttingDown => Self::shutting_down(),
+        }
+    }
+}
+
+impl From<hillside_engine::Error> for ApiError {
+    fn from(e: hillside_engine::Error) -> Self {
+        use hillside_engine::Error as E;
+        match e {
+            E::ContextOverflow { prompt_tokens, context_tokens } => Self::context_exceeded(prompt_tokens, None, context_tokens),
+            E::InvalidParameter(m) => Self::bad_request(m),
+            E::ChatTemplate(m) => Self::bad_request(format!("the messages do not fit the model's chat template: {m}")).with_param("messages"),
+            other => Self::internal(other.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after_s {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        response
+    }
+}

@@ -1,0 +1,48 @@
+//! The JSON body extractor: a body over the limit is a 413, anything that is not the request
+//! type (bad JSON, a wrong type) a 400 naming the field, both in OpenAI's error shape. Unknown
+//! fields are ignored, as OpenAI's clients send fields a local server may not know.
+
+use crate::error::ApiError;
+use crate::types::SamplingFields;
+use crate::App;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<App>> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<App>) -> Result<Self, ApiError> {
+        let limit = state.config.max_body_bytes;
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::body_too_large(limit)
+            } else {
+                ApiError::bad_request(format!("could not read the request body: {rejection}"))
+            }
+        })?;
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    serde_path_to_error::deserialize(&value).map_err(|e| {
+        let (mut path, mut message) = (e.path().to_string(), e.into_inner().to_string());
+        if path == "." {
+            // Fields flattened in from the shared sampling fields lose their path (serde
+            // buffers them); checking those fields alone finds it again.
+            if let Err(inner) = serde_path_to_error::deserialize::<_, SamplingFields>(&value) {
+                (path, message) = (inner.path().to_string(), inner.into_inner().to_string());
+            }
+        }
+        if path == "." {
+            ApiError::bad_request(format!("invalid request: {message}"))
+        } else {
+            ApiError::bad_request(format!("invalid value for '{path}': {message}")).with_param(path)
+        }
+    })
+}

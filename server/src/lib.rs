@@ -1,0 +1,134 @@
+//! Hillside's local OpenAI-compatible endpoint: axum routes over the engine's scheduler.
+//!
+//! `/v1/chat/completions`, `/v1/completions` (streamed or not), `/v1/models`, `/health`,
+//! `/openapi.json`, and Hillside's own `/v1/hillside/sequences` (KV tier stats of every live
+//! sequence) and `/v1/hillside/config`. Loopback by default, optional API key, a body limit,
+//! CORS only for origins the user names.
+
+mod auth;
+mod error;
+mod extract;
+mod openapi;
+mod routes;
+mod run;
+pub mod types;
+
+pub use error::{ApiError, ErrorBody};
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, Method};
+use axum::routing::{get, post};
+use axum::Router;
+use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
+use hillside_engine::Engine;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How the server runs (everything but the key is shown by `/v1/hillside/config`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerConfig {
+    /// The id clients name the loaded model by (a registry name, or the file's stem).
+    pub model_id: String,
+    /// Other names accepted for it (its file name).
+    pub model_aliases: Vec<String>,
+    /// Every installed model, listed by `/v1/models` (the loaded one first).
+    pub installed_models: Vec<String>,
+    #[serde(skip)]
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// Origins allowed by CORS (none: CORS off).
+    pub cors_origins: Vec<String>,
+    /// How long in-flight requests may run on after SIGINT/SIGTERM before they are cancelled.
+    pub shutdown_grace_s: u64,
+    #[serde(skip)]
+    pub scheduler: SchedulerConfig,
+}
+
+/// Shared by every request.
+pub struct App {
+    pub engine: Arc<Engine>,
+    pub scheduler: Scheduler,
+    pub config: ServerConfig,
+    /// Response ids: a random per-process prefix and a counter.
+    id_prefix: String,
+    next_id: AtomicU64,
+}
+
+impl App {
+    pub fn new(engine: Arc<Engine>, config: ServerConfig) -> Arc<Self> {
+        let scheduler = Scheduler::start(engine.clone(), config.scheduler.clone());
+        let id_prefix = format!("{:08x}", rand::random::<u32>());
+        Arc::new(Self { engine, scheduler, config, id_prefix, next_id: AtomicU64::new(1) })
+    }
+
+    /// A fresh response id such as `chatcmpl-1a2b3c4d-7`.
+    fn response_id(&self, kind: &str) -> String {
+        format!("{kind}-{}-{}", self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Each sequence's context in tokens.
+    fn context_tokens(&self) -> usize {
+        let model = self.engine.model().config.context_tokens;
+        self.config.scheduler.context_tokens.map_or(model, |c| c.min(model))
+    }
+
+    /// A request may name the loaded model (any of its names) or none.
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            None | Some("") => Ok(()),
+            Some(m) if m == self.config.model_id || self.config.model_aliases.iter().any(|a| a == m) => Ok(()),
+            Some(m) => Err(ApiError::model_not_found(m, &self.config.model_id)),
+        }
+    }
+}
+
+pub fn unix_now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Every route, with the key check, the body limit and (when origins are configured) CORS.
+pub fn router(app: Arc<App>) -> Router {
+    let mut router = Router::new()
+        .route("/v1/chat/completions", post(routes::chat::chat_completions))
+        .route("/v1/completions", post(routes::completions::completions))
+        .route("/v1/models", get(routes::info::models))
+        .route("/v1/models/{id}", get(routes::info::model))
+        .route("/v1/hillside/sequences", get(routes::info::sequences))
+        .route("/v1/hillside/config", get(routes::info::config))
+        .route("/openapi.json", get(openapi::document))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), auth::require_key))
+        .route("/health", get(routes::info::health))
+        .fallback(routes::info::not_found)
+        .layer(DefaultBodyLimit::max(app.config.max_body_bytes));
+    if !app.config.cors_origins.is_empty() {
+        let origins: Vec<HeaderValue> = app.config.cors_origins.iter().filter_map(|o| o.parse().ok()).collect();
+        router = router.layer(
+            tower_http::cors::CorsLayer::new()
+                .allow_origin(origins)
+                .allow_methods([Method::GET, Method::POST])
+                .allow_headers([axum::http::header::AUTHORIZATION, axum::http::header::CONTENT_TYPE]),
+        );
+    }
+    router.with_state(app)
+}
+
+/// Serves on `listener` until `shutdown` resolves; then stops accepting, gives in-flight
+/// generations `shutdown_grace_s` to finish, cancels the rest and returns once every
+/// connection is closed and every sequence (and its cold-pool file) is gone.
+pub async fn serve(listener: tokio::net::TcpListener, app: Arc<App>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    let grace = Duration::from_secs(app.config.shutdown_grace_s);
+    let draining = app.clone();
+    let signal = async move {
+        shutdown.await;
+        tracing::info!(grace_s = grace.as_secs(), "shutting down: finishing in-flight requests");
+        // Ends the streams of whatever is still running once the grace period is over, which
+        // lets the connections (and so `axum::serve`) finish.
+        tokio::task::spawn_blocking(move || draining.scheduler.shutdown(grace));
+    };
+    axum::serve(listener, router(app.clone())).with_graceful_shutdown(signal).await?;
+    // The connections are closed; make sure the worker is gone too (a no-op if it is).
+    tokio::task::spawn_blocking(move || app.scheduler.shutdown(Duration::ZERO)).await.ok();
+    Ok(())
+}

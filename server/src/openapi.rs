@@ -1,0 +1,25 @@
+//! `GET /openapi.json`, generated from the route annotations and the wire types.
+
+use crate::routes::{chat, completions, info};
+use axum::Json;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Hillside", description = "A local, OpenAI-compatible endpoint for long documents"),
+    paths(
+        chat::chat_completions,
+        completions::completions,
+        info::models,
+        info::model,
+        info::health,
+        info::sequences,
+        info::config,
+    ),
+    components(schemas(crate::types::ChatCompletionChunk))
+)]
+struct ApiDoc;
+
+pub async fn document() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -1,0 +1,107 @@
+//! `POST /v1/completions`: a raw prompt (no chat template) continued, streamed as
+//! `text_completion` chunks or returned whole, with the legacy log-probability format.
+
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::JsonBody;
+use crate::run::{self, Piece};
+use crate::types::*;
+use crate::{unix_now_s, App};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hillside_engine::TokenLogprob;
+use std::sync::Arc;
+
+/// OpenAI's limit on alternatives per token in the legacy API.
+const MAX_LOGPROBS: usize = 5;
+
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "The completion; with `stream: true`, server-sent `Completion` chunks ending in `[DONE]`", body = Completion),
+        (status = 400, description = "Invalid request, or the prompt does not fit the context", body = ErrorBody),
+        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
+        (status = 404, description = "Unknown model", body = ErrorBody),
+        (status = 413, description = "Body over the limit", body = ErrorBody),
+        (status = 429, description = "Queue full (see Retry-After)", body = ErrorBody),
+        (status = 503, description = "Shutting down", body = ErrorBody),
+    )
+)]
+pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<CompletionRequest>) -> Result<Response, ApiError> {
+    if let Some(n) = req.logprobs.filter(|&n| n > MAX_LOGPROBS) {
+        return Err(ApiError::bad_request(format!("logprobs must be at most {MAX_LOGPROBS} (got {n})")).with_param("logprobs"));
+    }
+    let prompt = match req.prompt {
+        Prompt::Text(text) => run::blocking(&app, move |app| app.engine.tokenizer().encode(&text).map_err(ApiError::from)).await?,
+        Prompt::Texts(mut texts) if texts.len() == 1 => {
+            let text = texts.remove(0);
+            run::blocking(&app, move |app| app.engine.tokenizer().encode(&text).map_err(ApiError::from)).await?
+        }
+        Prompt::Texts(_) => return Err(ApiError::bad_request("give one prompt per request (a list of several is not supported)").with_param("prompt")),
+        Prompt::Tokens(ids) => {
+            let vocab = app.engine.model().config.vocab_size;
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::bad_request(format!("token id {bad} is outside the vocabulary ({vocab})")).with_param("prompt"));
+            }
+            ids
+        }
+    };
+    let params = run::params(&app, &req.sampling, req.sampling.max_tokens, prompt.len(), req.logprobs)?;
+    let running = run::submit(&app, prompt, params)?;
+    let (id, created, model) = (app.response_id("cmpl"), unix_now_s(), app.config.model_id.clone());
+    let with_logprobs = req.logprobs.is_some();
+    let response = move |text: String, logprobs: Option<CompletionLogprobs>, finish_reason: Option<&'static str>, usage: Option<Option<Usage>>| Completion {
+        id: id.clone(),
+        object: "text_completion",
+        created,
+        model: model.clone(),
+        choices: vec![CompletionChoice { index: 0, text, logprobs, finish_reason }],
+        usage,
+    };
+    if !req.sampling.stream.unwrap_or(false) {
+        let (text, logprobs, summary) = running.collect().await?;
+        let logprobs = with_logprobs.then(|| legacy_logprobs(&logprobs, 0));
+        let usage = Usage::new(summary.prompt_tokens, summary.completion_tokens);
+        return Ok(Json(response(text, logprobs, Some(run::finish_reason(summary.finish_reason)), Some(Some(usage)))).into_response());
+    }
+    let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let usage_field = include_usage.then_some(None);
+    // Offsets of the legacy format count from the start of the generated text.
+    let mut offset = 0;
+    let render = move |piece: Piece| {
+        let mut chunks = Vec::new();
+        match piece {
+            Piece::Text { text, logprobs } => {
+                let lp = with_logprobs.then(|| legacy_logprobs(&logprobs, offset));
+                offset += text.len();
+                chunks.push(response(text, lp, None, usage_field.clone()));
+            }
+            Piece::Done { summary, logprobs } => {
+                let lp = (with_logprobs && !logprobs.is_empty()).then(|| legacy_logprobs(&logprobs, offset));
+                chunks.push(response(String::new(), lp, Some(run::finish_reason(summary.finish_reason)), usage_field.clone()));
+                if include_usage {
+                    let mut last = response(String::new(), None, None, Some(Some(Usage::new(summary.prompt_tokens, summary.completion_tokens))));
+                    last.choices.clear();
+                    chunks.push(last);
+                }
+            }
+        }
+        chunks.into_iter().map(|c| serde_json::to_value(c).unwrap_or_default()).collect()
+    };
+    Ok(running.into_sse(render).into_response())
+}
+
+/// Parallel lists, one entry per token; `offset` is where the first token's text starts.
+fn legacy_logprobs(tokens: &[TokenLogprob], mut offset: usize) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    for t in tokens {
+        out.tokens.push(t.text.clone());
+        out.token_logprobs.push(t.logprob);
+        out.top_logprobs.push(t.top.iter().map(|(_, text, lp)| (text.clone(), *lp)).collect());
+        out.text_offset.push(offset);
+        offset += t.text.len();
+    }
+    out
+}

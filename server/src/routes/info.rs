@@ -1,0 +1,107 @@
+//! What the server holds: `/health`, `/v1/models`, and Hillside's own `/v1/hillside/…` routes
+//! (KV tier stats per live sequence, the configuration).
+
+use crate::error::{ApiError, ErrorBody};
+use crate::types::{Health, ModelCard, ModelList};
+use crate::{unix_now_s, App, ServerConfig};
+use axum::extract::{Path, State};
+use axum::http::Uri;
+use axum::Json;
+use hillside_engine::scheduler::{Phase, SequenceStats};
+use serde::Serialize;
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+#[utoipa::path(get, path = "/health", responses((status = 200, description = "The server is up", body = Health)))]
+pub async fn health(State(app): State<Arc<App>>) -> Json<Health> {
+    let stats = app.scheduler.stats();
+    let queued = stats.iter().filter(|s| s.phase == Phase::Queued).count();
+    Json(Health { status: "ok", model: app.config.model_id.clone(), live_sequences: stats.len() - queued, queued_requests: queued })
+}
+
+fn card(id: &str) -> ModelCard {
+    ModelCard { id: id.to_string(), object: "model", created: unix_now_s(), owned_by: "hillside".into() }
+}
+
+#[utoipa::path(get, path = "/v1/models", responses((status = 200, description = "Installed models, the loaded one first", body = ModelList)))]
+pub async fn models(State(app): State<Arc<App>>) -> Json<ModelList> {
+    let mut ids = vec![app.config.model_id.as_str()];
+    ids.extend(app.config.installed_models.iter().map(String::as_str).filter(|&m| m != app.config.model_id));
+    Json(ModelList { object: "list", data: ids.into_iter().map(card).collect() })
+}
+
+#[utoipa::path(get, path = "/v1/models/{id}", params(("id" = String, Path, description = "Model id")),
+    responses((status = 200, description = "The model", body = ModelCard), (status = 404, description = "Not installed", body = ErrorBody)))]
+pub async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<ModelCard>, ApiError> {
+    if id == app.config.model_id || app.config.installed_models.contains(&id) {
+        Ok(Json(card(&id)))
+    } else {
+        Err(ApiError::model_not_found(&id, &app.config.model_id))
+    }
+}
+
+/// A request and its KV store, as of the scheduler's last round.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SequenceReport {
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub sequence: SequenceStats,
+    /// Cold-pool bytes read per generated token.
+    pub cold_bytes_read_per_token: f64,
+    /// Share of selected (token, KV head) rows found hot (tiered stores).
+    pub hot_hit_rate: Option<f64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SequencesReport {
+    pub sequences: Vec<SequenceReport>,
+}
+
+#[utoipa::path(get, path = "/v1/hillside/sequences", responses((status = 200, description = "Every live or queued sequence with its KV tier stats", body = SequencesReport)))]
+pub async fn sequences(State(app): State<Arc<App>>) -> Json<SequencesReport> {
+    let sequences = app
+        .scheduler
+        .stats()
+        .into_iter()
+        .map(|s| {
+            let read = s.kv.as_ref().map_or(0, |kv| kv.cold_bytes_read);
+            let hot_hit_rate = s.kv.as_ref().and_then(|kv| kv.tier.as_ref()).and_then(|t| {
+                let total = t.hot_hits + t.cold_hits;
+                (total > 0).then(|| t.hot_hits as f64 / total as f64)
+            });
+            SequenceReport { cold_bytes_read_per_token: read as f64 / s.generated_tokens.max(1) as f64, hot_hit_rate, sequence: s }
+        })
+        .collect();
+    Json(SequencesReport { sequences })
+}
+
+/// The configuration in force (never the API key).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ConfigReport {
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub server: ServerConfig,
+    pub api_key_required: bool,
+    pub context_tokens: usize,
+    pub max_live_sequences: usize,
+    pub max_queued_requests: usize,
+    #[schema(value_type = Object)]
+    pub kv: hillside_engine::kv::KvConfig,
+}
+
+#[utoipa::path(get, path = "/v1/hillside/config", responses((status = 200, description = "The server's configuration, read-only", body = ConfigReport)))]
+pub async fn config(State(app): State<Arc<App>>) -> Json<ConfigReport> {
+    let s = &app.config.scheduler;
+    Json(ConfigReport {
+        server: app.config.clone(),
+        api_key_required: app.config.api_key.is_some(),
+        context_tokens: app.context_tokens(),
+        max_live_sequences: s.max_live,
+        max_queued_requests: s.max_queued,
+        kv: s.kv.clone(),
+    })
+}
+
+pub async fn not_found(uri: Uri) -> ApiError {
+    ApiError::not_found(uri.path())
+}

@@ -1,0 +1,5 @@
+//! One module per API area.
+
+pub mod chat;
+pub mod completions;
+pub mod info;

@@ -1,0 +1,179 @@
+//! Between HTTP and the scheduler: request fields become engine parameters (checked, with 400s
+//! that name the field), a generation is submitted, and its updates come back either collected
+//! (a plain reply) or as server-sent events. A request that goes away cancels its sequence: the
+//! [`Running`] guard cancels on drop, and a stream whose client left stops at once.
+
+use crate::error::ApiError;
+use crate::types::{SamplingFields, Stop};
+use crate::App;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::Stream;
+use hillside_engine::scheduler::{Ticket, Update};
+use hillside_engine::{Event, FinishReason, GenerateParams, SamplingParams, Summary, TokenLogprob};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Engine parameters from the request's fields; `max_tokens` is the one the request named
+/// (chat has two names for it), `prompt_tokens` the prompt's length.
+pub fn params(app: &App, f: &SamplingFields, max_tokens: Option<usize>, prompt_tokens: usize, logprobs: Option<usize>) -> Result<GenerateParams, ApiError> {
+    app.check_model(f.model.as_deref())?;
+    if let Some(n) = f.n.filter(|&n| n != 1) {
+        return Err(ApiError::bad_request(format!("n = {n} is not supported: this server generates one choice per request")).with_param("n"));
+    }
+    let context = app.context_tokens();
+    if prompt_tokens == 0 {
+        return Err(ApiError::bad_request("the prompt is empty").with_param("messages"));
+    }
+    if prompt_tokens >= context || max_tokens.is_some_and(|m| prompt_tokens + m > context) {
+        return Err(ApiError::context_exceeded(prompt_tokens, max_tokens, context));
+    }
+    if max_tokens == Some(0) {
+        return Err(ApiError::bad_request("max_tokens must be at least 1").with_param("max_tokens"));
+    }
+    let defaults = SamplingParams::default();
+    let sampling = SamplingParams {
+        temperature: f.temperature.unwrap_or(defaults.temperature),
+        top_p: f.top_p.unwrap_or(defaults.top_p),
+        top_k: f.top_k.unwrap_or(defaults.top_k),
+        min_p: f.min_p.unwrap_or(defaults.min_p),
+        repeat_penalty: f.repeat_penalty.unwrap_or(defaults.repeat_penalty),
+        presence_penalty: f.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
+        seed: f.seed,
+        ..defaults
+    };
+    sampling.validate().map_err(ApiError::from)?;
+    let stop = match &f.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request("stop strings must not be empty").with_param("stop"));
+    }
+    Ok(GenerateParams {
+        // Unbounded requests stop at the context's end (finish_reason "length").
+        max_tokens: max_tokens.unwrap_or(context - prompt_tokens),
+        stop,
+        sampling,
+        logprobs,
+        ..GenerateParams::default()
+    })
+}
+
+/// A submitted generation; dropping it cancels the sequence.
+pub struct Running {
+    updates: mpsc::UnboundedReceiver<Update>,
+    ticket: Ticket,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.ticket.cancel();
+    }
+}
+
+pub fn submit(app: &App, prompt: Vec<u32>, params: GenerateParams) -> Result<Running, ApiError> {
+    let (tx, updates) = mpsc::unbounded_channel();
+    // Unbounded, so the scheduler never waits on a slow client; a generation is bounded by
+    // its max_tokens anyway.
+    let ticket = app.scheduler.submit(prompt, params, Box::new(move |u| tx.send(u).is_ok()))?;
+    Ok(Running { updates, ticket })
+}
+
+/// A generation as its consumers see it: text with the log-probabilities of the tokens that
+/// made it, then the end.
+pub enum Piece {
+    Text { text: String, logprobs: Vec<TokenLogprob> },
+    Done { summary: Summary, logprobs: Vec<TokenLogprob> },
+}
+
+impl Running {
+    /// The next piece; `None` after the end. A generation ended by shutdown is an error.
+    async fn next(&mut self, pending: &mut Vec<TokenLogprob>) -> Option<Result<Piece, ApiError>> {
+        loop {
+            match self.updates.recv().await? {
+                Update::Event(Event::Prefill { .. }) => {}
+                Update::Event(Event::Logprob(lp)) => pending.push(lp),
+                Update::Event(Event::Text(text)) => return Some(Ok(Piece::Text { text, logprobs: std::mem::take(pending) })),
+                Update::Done(Ok(summary)) if summary.finish_reason == FinishReason::Cancelled => return Some(Err(ApiError::shutting_down())),
+                Update::Done(Ok(summary)) => return Some(Ok(Piece::Done { summary, logprobs: std::mem::take(pending) })),
+                Update::Done(Err(e)) => return Some(Err(e.into())),
+            }
+        }
+    }
+
+    /// Waits for the whole generation: its text, every token's log-probability, the summary.
+    pub async fn collect(mut self) -> Result<(String, Vec<TokenLogprob>, Summary), ApiError> {
+        let (mut text, mut logprobs, mut pending) = (String::new(), Vec::new(), Vec::new());
+        while let Some(piece) = self.next(&mut pending).await {
+            match piece? {
+                Piece::Text { text: t, logprobs: lp } => {
+                    text.push_str(&t);
+                    logprobs.extend(lp);
+                }
+                Piece::Done { summary, logprobs: lp } => {
+                    logprobs.extend(lp);
+                    return Ok((text, logprobs, summary));
+                }
+            }
+        }
+        Err(ApiError::internal("the generation ended without a result"))
+    }
+
+    /// Server-sent events: `render` turns each piece into JSON payloads; errors become an
+    /// error payload; `[DONE]` closes the stream. A client that leaves cancels the generation.
+    pub fn into_sse<F>(mut self, mut render: F) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>>
+    where
+        F: FnMut(Piece) -> Vec<serde_json::Value> + Send + 'static,
+    {
+        let (out, events) = mpsc::channel::<Result<SseEvent, Infallible>>(32);
+        tokio::spawn(async move {
+            let mut pending = Vec::new();
+            loop {
+                let piece = tokio::select! {
+                    piece = self.next(&mut pending) => piece,
+                    _ = out.closed() => return, // the client left: dropping `self` cancels
+                };
+                let (payloads, last) = match piece {
+                    Some(Ok(p @ Piece::Done { .. })) => (render(p), true),
+                    Some(Ok(p)) => (render(p), false),
+                    Some(Err(e)) => (vec![serde_json::to_value(e.body()).unwrap_or_default()], true),
+                    None => (Vec::new(), true),
+                };
+                for payload in payloads {
+                    if out.send(Ok(SseEvent::default().data(payload.to_string()))).await.is_err() {
+                        return;
+                    }
+                }
+                if last {
+                    let _ = out.send(Ok(SseEvent::default().data("[DONE]"))).await;
+                    return;
+                }
+            }
+        });
+        // Comments keep idle streams (a long prompt being read) alive through proxies, and let
+        // the server notice a client that left.
+        Sse::new(tokio_stream(events)).keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
+    }
+}
+
+fn tokio_stream<T: Send + 'static>(rx: mpsc::Receiver<T>) -> impl Stream<Item = T> {
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
+}
+
+/// OpenAI's finish reasons.
+pub fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length | FinishReason::Cancelled => "length",
+    }
+}
+
+/// Tokenizes off the async threads (a long document takes a while).
+pub async fn blocking<T: Send + 'static>(app: &Arc<App>, f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || f(&app)).await.map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+}

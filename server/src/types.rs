@@ -1,0 +1,236 @@
+//! The wire types of the OpenAI-compatible API (the subset Hillside serves), from which the
+//! OpenAPI document is generated. Requests ignore fields they do not know.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Sampling and length fields shared by chat and text completions.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct SamplingFields {
+    /// The model to use (optional: the loaded model).
+    pub model: Option<String>,
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+    /// Strings that end the completion; they are never part of the output.
+    pub stop: Option<Stop>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Choices to generate; only 1 is supported.
+    pub n: Option<usize>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// llama.cpp-style extras.
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct StreamOptions {
+    /// Send a last chunk with token usage (and `usage: null` in the others).
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ChatCompletionRequest {
+    pub messages: Vec<RequestMessage>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// Newer name of `max_tokens`.
+    #[serde(default)]
+    pub max_completion_tokens: Option<usize>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    /// Alternatives per token with `logprobs` (0–20).
+    #[serde(default)]
+    pub top_logprobs: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct RequestMessage {
+    /// system, developer (treated as system), user or assistant.
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// Alternatives per token to report (0–5); absent: no log-probabilities.
+    #[serde(default)]
+    pub logprobs: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ResponseMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    /// stop or length.
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ResponseMessage {
+    pub role: &'static str,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChunkChoice>,
+    /// Present (null until the last chunk) only when `stream_options.include_usage` asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChunkChoice {
+    pub index: usize,
+    pub delta: Delta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Completion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    /// Always in a full reply; in a stream only in the last chunk, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The legacy completions format: parallel lists, one entry per token.
+#[derive(Debug, Clone, Default, Serialize, ToSchema)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<std::collections::BTreeMap<String, f32>>,
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Health {
+    pub status: &'static str,
+    pub model: String,
+    pub live_sequences: usize,
+    pub queued_requests: usize,
+}
