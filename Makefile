@@ -1,4 +1,4 @@
-# Hillside: `make run` chats with the default model, `make test` runs every test.
+# Hillside: `make run` serves the default model on 127.0.0.1:8080, `make test` runs every test.
 # Both install what they need first (scripts/setup.sh).
 
 SHELL := /bin/bash
@@ -12,12 +12,14 @@ setup:
 	@scripts/setup.sh
 
 run: setup
-	cargo run --release -p hillside -- chat
+	cargo run --release -p hillside -- serve
 
 test: setup
 	cargo test --workspace
 	# The portable kernels too (the fast ones are picked whenever the CPU has them).
 	HILLSIDE_SIMD=portable cargo test -p hillside-engine --lib
+	# The official openai Python client against `hillside serve`.
+	scripts/openai-client-test.sh
 
 bench: setup
 	cargo run --release -p hillside -- bench decode --json docs/bench-decode.json

