@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_kv;
+mod bench_serve;
 mod chat;
 mod config;
 mod eval;
@@ -73,6 +74,9 @@ enum BenchCommand {
     Decode(bench::DecodeArgs),
     /// Decode speed, cold-pool traffic and hot-pool hit rate of every KV store, plus a plot.
     Kv(bench_kv::KvArgs),
+    /// The OpenAI endpoint under load on loopback: requests/s, tokens/s, TTFT and inter-token
+    /// latency at several numbers of concurrent clients.
+    Serve(bench_serve::ServeBenchArgs),
 }
 
 #[derive(Args, Clone)]
@@ -295,6 +299,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench { command } => match command {
             BenchCommand::Decode(args) => bench::decode(&args),
             BenchCommand::Kv(args) => bench_kv::kv(&args),
+            BenchCommand::Serve(args) => bench_serve::serve(&args),
         },
     }
 }

@@ -82,7 +82,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
 
 /// The id clients name the model by (its registry name, else the file's stem) and the other
 /// names accepted for it.
-fn model_names(spec: Option<&str>, path: &Path) -> (String, Vec<String>) {
+pub(crate) fn model_names(spec: Option<&str>, path: &Path) -> (String, Vec<String>) {
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let file = path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let registry = models::registry();

@@ -1,0 +1,209 @@
+//! `hillside bench serve`: the endpoint under load on loopback — requests/s, tokens/s, time to
+//! first token and inter-token latency at several numbers of concurrent streaming clients.
+
+use crate::bench::{cpu_name, peak_rss_mb};
+use crate::serve::model_names;
+use crate::{load_engine, models, ModelArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hillside_engine::scheduler::SchedulerConfig;
+use hillside_server::{App, ServerConfig};
+use serde::Serialize;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct ServeBenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Concurrent streaming clients, one run each.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 4, 16])]
+    pub clients: Vec<usize>,
+    /// Requests each client sends, one after another.
+    #[arg(long, default_value_t = 3)]
+    pub requests_per_client: usize,
+    /// Tokens asked for per request.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Sequences the server generates at once (as `serve --max-live`).
+    #[arg(long, default_value_t = 4)]
+    pub max_live: usize,
+    /// Where the JSON report goes.
+    #[arg(long, default_value = "bench-serve.json")]
+    pub json: PathBuf,
+}
+
+#[derive(Serialize)]
+struct LevelResult {
+    clients: usize,
+    requests: usize,
+    wall_s: f64,
+    requests_per_s: f64,
+    /// Generated tokens per second, all clients together.
+    tokens_per_s: f64,
+    ttft_ms_p50: f64,
+    ttft_ms_p99: f64,
+    inter_token_ms_p50: f64,
+    inter_token_ms_p99: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    date: String,
+    cpu: String,
+    model: String,
+    kv_store: hillside_engine::kv::StoreKind,
+    max_live: usize,
+    max_tokens: usize,
+    levels: Vec<LevelResult>,
+    peak_rss_mb: f64,
+}
+
+/// One streamed request as a client saw it.
+struct Timing {
+    ttft: Duration,
+    /// Gaps between content chunks.
+    gaps: Vec<Duration>,
+    tokens: usize,
+}
+
+const PROMPTS: [&str; 6] = [
+    "Write a story about a lighthouse keeper.",
+    "Explain how a steam engine works.",
+    "Describe a walk through a forest in autumn.",
+    "Write a letter to a friend about a trip to the sea.",
+    "Explain why the sky is blue.",
+    "Tell me about the history of bread.",
+];
+
+pub fn serve(args: &ServeBenchArgs) -> Result<()> {
+    if args.clients.is_empty() || args.clients.contains(&0) || args.requests_per_client == 0 {
+        bail!("--clients needs positive counts and --requests-per-client at least 1");
+    }
+    let path = models::resolve(args.model.model())?;
+    let engine = Arc::new(load_engine(&args.model)?);
+    let (model_id, model_aliases) = model_names(args.model.model(), &path);
+    let max_clients = args.clients.iter().copied().max().unwrap_or(1);
+    let config = ServerConfig {
+        model_id: model_id.clone(),
+        model_aliases,
+        installed_models: Vec::new(),
+        api_key: None,
+        max_body_bytes: 1_000_000,
+        cors_origins: Vec::new(),
+        shutdown_grace_s: 0,
+        scheduler: SchedulerConfig { max_live: args.max_live, max_queued: max_clients, kv: args.model.kv_config(), context_tokens: args.model.context() },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
+    let app = App::new(engine, config);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = std::thread::spawn(move || runtime.block_on(hillside_server::serve(listener, app, async { stopped.await.ok(); })));
+
+    // One short request first, so that no level pays for warming up.
+    stream_one(&url, &model_id, PROMPTS[0], 4, 0)?;
+    let mut levels = Vec::new();
+    for &clients in &args.clients {
+        eprintln!("{clients} client(s) × {} requests", args.requests_per_client);
+        let started = Instant::now();
+        let workers: Vec<_> = (0..clients)
+            .map(|c| {
+                let (url, model, n, max_tokens) = (url.clone(), model_id.clone(), args.requests_per_client, args.max_tokens);
+                std::thread::spawn(move || -> Result<Vec<Timing>> {
+                    (0..n).map(|i| stream_one(&url, &model, PROMPTS[(c + i) % PROMPTS.len()], max_tokens, (c * n + i) as u64)).collect()
+                })
+            })
+            .collect();
+        let mut timings = Vec::new();
+        for w in workers {
+            timings.extend(w.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))??);
+        }
+        let wall_s = started.elapsed().as_secs_f64();
+        let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+        let mut ttft: Vec<f64> = timings.iter().map(|t| ms(&t.ttft)).collect();
+        let mut gaps: Vec<f64> = timings.iter().flat_map(|t| t.gaps.iter().map(ms)).collect();
+        let tokens: usize = timings.iter().map(|t| t.tokens).sum();
+        levels.push(LevelResult {
+            clients,
+            requests: timings.len(),
+            wall_s,
+            requests_per_s: timings.len() as f64 / wall_s,
+            tokens_per_s: tokens as f64 / wall_s,
+            ttft_ms_p50: percentile(&mut ttft, 0.50),
+            ttft_ms_p99: percentile(&mut ttft, 0.99),
+            inter_token_ms_p50: percentile(&mut gaps, 0.50),
+            inter_token_ms_p99: percentile(&mut gaps, 0.99),
+        });
+    }
+    let _ = stop.send(());
+    server.join().map_err(|_| anyhow::anyhow!("the server thread panicked"))??;
+
+    let report = Report {
+        date: std::process::Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default(),
+        cpu: cpu_name(),
+        model: model_id,
+        kv_store: args.model.kv_config().store,
+        max_live: args.max_live,
+        max_tokens: args.max_tokens,
+        levels,
+        peak_rss_mb: peak_rss_mb(),
+    };
+    print_table(&report);
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", args.json.display()))?;
+    eprintln!("wrote {}", args.json.display());
+    Ok(())
+}
+
+/// One streamed chat completion, timed from sending to each content chunk.
+fn stream_one(url: &str, model: &str, prompt: &str, max_tokens: usize, seed: u64) -> Result<Timing> {
+    let body = serde_json::json!({
+        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "seed": seed, "stream": true, "stream_options": {"include_usage": true},
+    });
+    let sent = Instant::now();
+    let response = ureq::post(url).send(body.to_string()).context("sending a request to the bench server")?;
+    let (mut first, mut last, mut gaps, mut tokens) = (None, sent, Vec::new(), 0);
+    for line in BufReader::new(response.into_body().into_reader()).lines() {
+        let line = line?;
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: serde_json::Value = serde_json::from_str(data)?;
+        if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
+            tokens = n as usize;
+        }
+        if chunk["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()) {
+            let now = Instant::now();
+            match first {
+                None => first = Some(now - sent),
+                Some(_) => gaps.push(now - last),
+            }
+            last = now;
+        }
+    }
+    Ok(Timing { ttft: first.context("the stream carried no text")?, gaps, tokens })
+}
+
+fn percentile(values: &mut [f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    values[((values.len() - 1) as f64 * q).round() as usize]
+}
+
+fn print_table(r: &Report) {
+    println!("{} on {}, {} store, {} live sequences at most, {} tokens per request", r.model, r.cpu, serde_json::to_value(r.kv_store).unwrap_or_default().as_str().unwrap_or("?"), r.max_live, r.max_tokens);
+    println!("{:>8} {:>9} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10}", "clients", "requests", "req/s", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99");
+    for l in &r.levels {
+        println!(
+            "{:>8} {:>9} {:>8.2} {:>9.1} {:>8.0}ms {:>8.0}ms {:>8.1}ms {:>8.1}ms",
+            l.clients, l.requests, l.requests_per_s, l.tokens_per_s, l.ttft_ms_p50, l.ttft_ms_p99, l.inter_token_ms_p50, l.inter_token_ms_p99
+        );
+    }
+    println!("peak RSS {:.0} MB", r.peak_rss_mb);
+}
