@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::kv::KvStore;
-use crate::model::Logits;
+use crate::model::{BatchItem, Logits};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::text::stop::StopMatcher;
 use crate::text::stream::TextStream;
@@ -129,7 +129,7 @@ impl Sequence {
     }
 
     /// Runs `chunk` through the model; on failure the cache is rolled back to what it held.
-    fn feed(&mut self, engine: &Engine, chunk: &[u32]) -> Result<Vec<f32>> {
+    pub fn feed(&mut self, engine: &Engine, chunk: &[u32]) -> Result<Vec<f32>> {
         match engine.model().forward(chunk, self.kv.as_mut(), Logits::Last) {
             Ok(logits) => {
                 self.tokens.extend_from_slice(chunk);
@@ -176,6 +176,32 @@ pub fn generate(
             return Ok(summary);
         }
     }
+}
+
+/// What a generation needs next.
+#[derive(Debug)]
+pub enum Next {
+    /// Run these tokens.
+    Feed(Vec<u32>),
+    Done(Summary),
+}
+
+/// Runs each sequence's tokens in one batched forward pass and returns each one's logits. On
+/// an error every cache is rolled back to what it held before.
+pub fn feed_batch(engine: &Engine, batch: &mut [(&mut Sequence, &[u32])]) -> Result<Vec<Vec<f32>>> {
+    let mut items: Vec<BatchItem<'_>> = batch.iter_mut().map(|(seq, tokens)| BatchItem { tokens, kv: seq.kv.as_mut() }).collect();
+    let result = engine.model().forward_batch(&mut items, Logits::Last);
+    drop(items);
+    for (seq, tokens) in batch.iter_mut() {
+        match &result {
+            Ok(_) => seq.tokens.extend_from_slice(tokens),
+            Err(_) => {
+                let held = seq.tokens.len();
+                seq.truncate(held);
+            }
+        }
+    }
+    result
 }
 
 /// One generation in progress, advanced a step at a time (a prompt chunk or one token), so a
@@ -237,18 +263,27 @@ impl Generation {
     }
 
     /// Runs the next prompt chunk, or draws a token and runs it. Returns the summary once the
-    /// generation has ended (the last token drawn is not run: nothing would read its logits).
+    /// generation has ended.
     pub fn step(&mut self, engine: &Engine, seq: &mut Sequence, on_event: &mut dyn FnMut(Event)) -> Result<Option<Summary>> {
+        match self.next_input(engine, seq, on_event)? {
+            Next::Done(summary) => Ok(Some(summary)),
+            Next::Feed(tokens) => {
+                let logits = seq.feed(engine, &tokens)?;
+                self.accept(seq, logits, on_event);
+                Ok(None)
+            }
+        }
+    }
+
+    /// What to run next: the next prompt chunk, or the token drawn from the last logits (its
+    /// text is sent now). `Done` once the generation has ended; the last token drawn is not
+    /// run, as nothing would read its logits. Run the tokens (alone with [`Sequence::feed`] or
+    /// batched with others' with [`feed_batch`]), then hand the logits to [`Self::accept`].
+    pub fn next_input(&mut self, engine: &Engine, seq: &Sequence, on_event: &mut dyn FnMut(Event)) -> Result<Next> {
         if self.prefill_ms.is_none() {
             let done = seq.tokens.len();
             let end = (done + self.params.prefill_chunk_tokens).min(self.prompt.len());
-            self.logits = seq.feed(engine, &self.prompt[done..end])?;
-            on_event(Event::Prefill { done_tokens: end, total_tokens: self.prompt.len() });
-            if end == self.prompt.len() {
-                self.prefill_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
-                self.started = Instant::now();
-            }
-            return Ok(None);
+            return Ok(Next::Feed(self.prompt[done..end].to_vec()));
         }
         let tokenizer = engine.tokenizer();
         let recent_start = seq.tokens.len().saturating_sub(self.params.sampling.repeat_last_n);
@@ -258,7 +293,7 @@ impl Generation {
             on_event(Event::Logprob(TokenLogprob::of(tokenizer, &raw, token, top)));
         }
         if tokenizer.is_stop(token) {
-            return self.finish(tokenizer, FinishReason::Stop, on_event).map(Some);
+            return self.finish(tokenizer, FinishReason::Stop, on_event).map(Next::Done);
         }
         self.generated.push(token);
         if let Some(delta) = self.text.push(tokenizer, token)? {
@@ -267,14 +302,26 @@ impl Generation {
                 on_event(Event::Text(out));
             }
             if hit {
-                return Ok(Some(self.summary(FinishReason::Stop)));
+                return Ok(Next::Done(self.summary(FinishReason::Stop)));
             }
         }
         if self.generated.len() >= self.params.max_tokens || seq.tokens.len() >= seq.max_tokens() {
-            return self.finish(tokenizer, FinishReason::Length, on_event).map(Some);
+            return self.finish(tokenizer, FinishReason::Length, on_event).map(Next::Done);
         }
-        self.logits = seq.feed(engine, &[token])?;
-        Ok(None)
+        Ok(Next::Feed(vec![token]))
+    }
+
+    /// Takes the logits of the tokens [`Self::next_input`] asked for, now that `seq` holds them.
+    pub fn accept(&mut self, seq: &Sequence, logits: Vec<f32>, on_event: &mut dyn FnMut(Event)) {
+        self.logits = logits;
+        if self.prefill_ms.is_none() {
+            let done = seq.tokens.len();
+            on_event(Event::Prefill { done_tokens: done, total_tokens: self.prompt.len() });
+            if done == self.prompt.len() {
+                self.prefill_ms = Some(self.started.elapsed().as_secs_f64() * 1e3);
+                self.started = Instant::now();
+            }
+        }
     }
 
     /// The summary of a generation stopped from outside.

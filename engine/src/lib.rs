@@ -14,8 +14,8 @@ pub mod score;
 pub mod text;
 
 pub use error::{Error, Result};
-pub use generate::{generate, CancelFlag, Event, FinishReason, GenerateParams, Generation, GenerationStream, Sequence, Summary, TokenLogprob};
-pub use model::{Logits, Model};
+pub use generate::{feed_batch, generate, CancelFlag, Event, FinishReason, GenerateParams, Generation, GenerationStream, Next, Sequence, Summary, TokenLogprob};
+pub use model::{BatchItem, Logits, Model};
 pub use sampling::SamplingParams;
 pub use text::chat::{ChatMessage, ChatTemplate};
 pub use text::tokenizer::Tokenizer;

@@ -94,10 +94,14 @@ impl Sampler {
             return argmax(logits);
         }
         let mut candidates: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
-        if self.params.top_k > 0 {
+        let best_first = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
+        if self.params.top_k > 0 && self.params.top_k < candidates.len() {
+            // Partition out the top k first: sorting the whole vocabulary costs more than the
+            // rest of a small model's decode step.
+            candidates.select_nth_unstable_by(self.params.top_k - 1, best_first);
             candidates.truncate(self.params.top_k);
         }
+        candidates.sort_unstable_by(best_first);
         // Softmax at the temperature over the survivors.
         let max = candidates[0].1;
         let mut probs: Vec<f32> = candidates.iter().map(|c| ((c.1 - max) / self.params.temperature).exp()).collect();

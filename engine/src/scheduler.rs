@@ -1,14 +1,16 @@
 //! Serving several sequences on one model: a bounded queue of requests, at most `max_live`
-//! sequences alive at once, each in its own KV store, advanced in turn one step each (a prompt
-//! chunk or a token) on one worker thread. Turn-taking keeps every stream moving: a long prompt
-//! delays the others by one chunk per turn, not by its whole prefill.
+//! sequences alive at once, each in its own KV store, all advanced together one step per round
+//! (a prompt chunk or a token each) on one worker thread, in one batched forward pass: the
+//! weights are read once per round, not once per sequence (continuous batching: a sequence
+//! joins the batch the round after it arrives and leaves it when it ends). A long prompt
+//! delays the others by one chunk per round, not by its whole prefill.
 //!
 //! A sequence ends when its generation does, when its owner cancels it, or the moment its owner
 //! stops listening (a client that disconnects); its store, with any cold-pool file, is dropped
 //! at its next turn.
 
 use crate::error::Result;
-use crate::generate::{CancelFlag, Event, GenerateParams, Generation, Sequence, Summary};
+use crate::generate::{feed_batch, CancelFlag, Event, GenerateParams, Generation, Next, Sequence, Summary};
 use crate::kv::{KvConfig, KvStats};
 use crate::Engine;
 use serde::Serialize;
@@ -92,6 +94,8 @@ struct Live {
     job: Job,
     seq: Sequence,
     generation: Generation,
+    /// What this round runs for it.
+    input: Vec<u32>,
 }
 
 struct State {
@@ -236,7 +240,7 @@ fn run(engine: &Engine, shared: &Shared) {
                 live.push(l);
             }
         }
-        live.retain_mut(|l| take_turn(engine, l));
+        run_round(engine, &mut live);
         let stats = live.iter().map(live_stats).collect();
         shared.lock().live = stats;
         shared.changed.notify_all();
@@ -257,7 +261,7 @@ fn admit(engine: &Engine, config: &SchedulerConfig, mut job: Job) -> Option<Live
         Ok((seq, generation))
     });
     match started {
-        Ok((seq, generation)) => Some(Live { job, seq, generation }),
+        Ok((seq, generation)) => Some(Live { job, seq, generation, input: Vec::new() }),
         Err(e) => {
             (job.sink)(Update::Done(Err(e)));
             None
@@ -265,25 +269,53 @@ fn admit(engine: &Engine, config: &SchedulerConfig, mut job: Job) -> Option<Live
     }
 }
 
-/// One step of one sequence; `false` when it has ended.
-fn take_turn(engine: &Engine, l: &mut Live) -> bool {
-    if l.job.cancel.is_cancelled() {
-        let summary = l.generation.cancelled();
-        (l.job.sink)(Update::Done(Ok(summary)));
-        return false;
-    }
-    let (sink, cancel) = (&mut l.job.sink, &l.job.cancel);
-    match l.generation.step(engine, &mut l.seq, &mut |e| forward(sink, cancel, e)) {
-        Ok(None) => true,
-        Ok(Some(summary)) => {
+/// One step of every live sequence, batched: each says what it needs next (a prompt chunk or
+/// its next token, whose text goes out now), all of it runs in one forward pass, and each
+/// takes its logits. Sequences that ended, were cancelled or failed leave the batch.
+fn run_round(engine: &Engine, live: &mut Vec<Live>) {
+    live.retain_mut(|l| {
+        if l.job.cancel.is_cancelled() {
+            let summary = l.generation.cancelled();
             (l.job.sink)(Update::Done(Ok(summary)));
-            false
+            return false;
         }
-        Err(e) => {
+        let (sink, cancel) = (&mut l.job.sink, &l.job.cancel);
+        match l.generation.next_input(engine, &l.seq, &mut |e| forward(sink, cancel, e)) {
+            Ok(Next::Feed(tokens)) => {
+                l.input = tokens;
+                true
+            }
+            Ok(Next::Done(summary)) => {
+                (l.job.sink)(Update::Done(Ok(summary)));
+                false
+            }
+            Err(e) => {
+                (l.job.sink)(Update::Done(Err(e)));
+                false
+            }
+        }
+    });
+    let mut batch: Vec<(&mut Sequence, &[u32])> = live.iter_mut().map(|l| (&mut l.seq, &l.input[..])).collect();
+    let outcome: Vec<Result<Vec<f32>>> = match feed_batch(engine, &mut batch) {
+        Ok(logits) => logits.into_iter().map(Ok).collect(),
+        // One sequence's failure (its cold pool's disk is full, say) must not end the others:
+        // every cache was rolled back, so run each alone to find whose it was.
+        Err(_) if batch.len() > 1 => batch.iter_mut().map(|(seq, tokens)| seq.feed(engine, tokens)).collect(),
+        Err(e) => vec![Err(e)],
+    };
+    let mut outcome = outcome.into_iter();
+    live.retain_mut(|l| match outcome.next() {
+        Some(Ok(logits)) => {
+            let (sink, cancel) = (&mut l.job.sink, &l.job.cancel);
+            l.generation.accept(&l.seq, logits, &mut |e| forward(sink, cancel, e));
+            true
+        }
+        Some(Err(e)) => {
             (l.job.sink)(Update::Done(Err(e)));
             false
         }
-    }
+        None => true,
+    });
 }
 
 fn forward(sink: &mut Sink, cancel: &CancelFlag, event: Event) {

@@ -72,6 +72,32 @@ fn chunked_prefill_gives_the_same_logits_as_one_pass() {
 }
 
 #[test]
+fn a_batch_of_sequences_gives_each_the_logits_it_gets_alone() {
+    let engine = engine();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = engine.tokenizer().encode(&text[..10_000]).unwrap();
+    let (a, b, c) = (&tokens[..300], &tokens[300..420], &tokens[500..580]);
+    let alone = |prefix: &[u32], next: &[u32]| {
+        let mut seq = engine.new_sequence(Some(1024));
+        engine.model().forward(prefix, seq.kv.as_mut(), Logits::Last).unwrap();
+        engine.model().forward(next, seq.kv.as_mut(), Logits::Last).unwrap()
+    };
+    // Two sequences decoding a token each and a third reading a prompt chunk, in one pass.
+    let (mut sa, mut sb, mut sc) = (engine.new_sequence(Some(1024)), engine.new_sequence(Some(1024)), engine.new_sequence(Some(1024)));
+    hillside_engine::feed_batch(&engine, &mut [(&mut sa, &a[..299]), (&mut sb, &b[..119])]).unwrap();
+    let batched = hillside_engine::feed_batch(&engine, &mut [(&mut sa, &a[299..]), (&mut sb, &b[119..]), (&mut sc, c)]).unwrap();
+    assert_eq!(batched[0], alone(&a[..299], &a[299..]), "batching must not change a sequence's logits");
+    assert_eq!(batched[1], alone(&b[..119], &b[119..]));
+    assert_eq!(batched[2], alone(&c[..0], c));
+    assert_eq!((sa.tokens.len(), sb.tokens.len(), sc.tokens.len()), (300, 120, 80));
+    // One sequence over its context fails the pass, and every cache is rolled back.
+    let mut small = engine.new_sequence(Some(64));
+    let err = hillside_engine::feed_batch(&engine, &mut [(&mut sa, &a[..1]), (&mut small, c)]).unwrap_err();
+    assert!(matches!(err, Error::ContextOverflow { .. }), "{err}");
+    assert_eq!((sa.tokens.len(), sa.kv.len_tokens(), small.kv.len_tokens()), (300, 300, 0));
+}
+
+#[test]
 fn the_context_limit_is_a_clear_error_and_length_finishes_cleanly() {
     let engine = engine();
     let text = common::shared_document("gpl-3.0.txt");

@@ -59,30 +59,46 @@ impl Model {
     /// Runs `tokens`, which follow the `kv.len_tokens()` tokens already cached, through the
     /// model; their K/V are appended to `kv`. Returns logits as asked (`vocab` per row).
     pub fn forward(&self, tokens: &[u32], kv: &mut dyn KvStore, want: Logits) -> Result<Vec<f32>> {
-        // Run the whole pass on a pool thread: the kernels' parallel loops then split work
-        // within the pool instead of paying a cross-thread hand-off each (~200 per token).
-        rayon::scope(|_| self.forward_on_pool(tokens, kv, want))
+        let mut logits = self.forward_batch(&mut [BatchItem { tokens, kv }], want)?;
+        Ok(logits.pop().unwrap_or_default())
     }
 
-    fn forward_on_pool(&self, tokens: &[u32], kv: &mut dyn KvStore, want: Logits) -> Result<Vec<f32>> {
+    /// Runs several sequences' tokens through the model at once: the matrix products take every
+    /// row together, so a decode step reads the weights once for the whole batch instead of
+    /// once per sequence; attention runs per sequence against its own cache. Returns each
+    /// item's logits as asked. On an error the caches may hold part of the step: callers roll
+    /// them back (`KvStore::truncate`).
+    pub fn forward_batch(&self, items: &mut [BatchItem<'_>], want: Logits) -> Result<Vec<Vec<f32>>> {
+        // Run the whole pass on a pool thread: the kernels' parallel loops then split work
+        // within the pool instead of paying a cross-thread hand-off each (~200 per token).
+        rayon::scope(|_| self.forward_on_pool(items, want))
+    }
+
+    fn forward_on_pool(&self, items: &mut [BatchItem<'_>], want: Logits) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
-        let n = tokens.len();
-        let pos0 = kv.len_tokens();
-        let limit = kv.shape().max_tokens;
-        if pos0 + n > limit {
-            return Err(Error::ContextOverflow { prompt_tokens: pos0 + n, context_tokens: limit });
+        // Row ranges of each item in the batch, and every row's position in its sequence.
+        let mut rows_of = Vec::with_capacity(items.len());
+        let mut positions = Vec::new();
+        for item in items.iter() {
+            let (n, pos0, limit) = (item.tokens.len(), item.kv.len_tokens(), item.kv.shape().max_tokens);
+            if pos0 + n > limit {
+                return Err(Error::ContextOverflow { prompt_tokens: pos0 + n, context_tokens: limit });
+            }
+            if let Some(&bad) = item.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(Error::InvalidParameter(format!("token id {bad} is outside the vocabulary ({})", c.vocab_size)));
+            }
+            rows_of.push(positions.len()..positions.len() + n);
+            positions.extend(pos0..pos0 + n);
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(Error::InvalidParameter(format!("token id {bad} is outside the vocabulary ({})", c.vocab_size)));
-        }
+        let n = positions.len();
         if n == 0 {
-            return Ok(Vec::new());
+            return Ok(vec![Vec::new(); items.len()]);
         }
         let (hidden, q_dim, kv_dim, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let positions: Vec<usize> = (pos0..pos0 + n).collect();
         let (cos, sin) = self.rope.tables(&positions);
 
         let mut x = vec![0f32; n * hidden];
+        let tokens = items.iter().flat_map(|item| item.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(hidden).zip(tokens) {
             self.weights.embedding.dequantize_row(t as usize, row);
         }
@@ -108,13 +124,17 @@ impl Model {
             self.rope.apply(&mut q, c.n_heads, &cos, &sin);
             self.rope.apply(&mut k, c.n_kv_heads, &cos, &sin);
 
-            kv.append(l, &k, &v)?;
-            let selection = kv.select(l, &q, &positions)?;
-            {
-                let view = kv.gather(l, &selection)?;
-                attend(&q, &positions, c.n_heads, &view, &mut attn);
+            for (item, rows) in items.iter_mut().zip(&rows_of) {
+                let (qs, kvs) = (rows.start * q_dim..rows.end * q_dim, rows.start * kv_dim..rows.end * kv_dim);
+                let kv = &mut *item.kv;
+                kv.append(l, &k[kvs.clone()], &v[kvs])?;
+                let selection = kv.select(l, &q[qs.clone()], &positions[rows.clone()])?;
+                {
+                    let view = kv.gather(l, &selection)?;
+                    attend(&q[qs.clone()], &positions[rows.clone()], c.n_heads, &view, &mut attn[qs]);
+                }
+                kv.observe(l, &selection);
             }
-            kv.observe(l, &selection);
 
             layer.attn_output.matmul(&attn, n, &mut scratch, &mut h);
             add_in_place(&mut x, &h);
@@ -125,17 +145,34 @@ impl Model {
             layer.down.matmul(&act, n, &mut scratch, &mut h);
             add_in_place(&mut x, &h);
         }
-        kv.commit(n);
+        for (item, rows) in items.iter_mut().zip(&rows_of) {
+            item.kv.commit(rows.len());
+        }
 
-        let rows = match want {
-            Logits::Last => &x[(n - 1) * hidden..],
-            Logits::All => &x[..],
+        // The rows whose logits were asked for, all items together through the output head.
+        let wanted: Vec<std::ops::Range<usize>> = match want {
+            Logits::Last => rows_of.iter().map(|r| r.end - 1..r.end).collect(),
+            Logits::All => rows_of.clone(),
         };
+        let rows: Vec<f32> = wanted.iter().flat_map(|r| &x[r.start * hidden..r.end * hidden]).copied().collect();
         let m = rows.len() / hidden;
         let mut normed = vec![0f32; rows.len()];
-        rms_norm(rows, &self.weights.output_norm, c.rms_norm_eps, &mut normed);
+        rms_norm(&rows, &self.weights.output_norm, c.rms_norm_eps, &mut normed);
         let mut logits = vec![0f32; m * c.vocab_size];
         self.weights.lm_head().matmul(&normed, m, &mut scratch, &mut logits);
-        Ok(logits)
+        let mut out = Vec::with_capacity(items.len());
+        let mut rest = &logits[..];
+        for r in &wanted {
+            let (mine, tail) = rest.split_at(r.len() * c.vocab_size);
+            out.push(mine.to_vec());
+            rest = tail;
+        }
+        Ok(out)
     }
+}
+
+/// One sequence's part of a batched forward pass: its new tokens and its cache.
+pub struct BatchItem<'a> {
+    pub tokens: &'a [u32],
+    pub kv: &'a mut dyn KvStore,
 }
