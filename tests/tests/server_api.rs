@@ -390,3 +390,34 @@ fn a_client_that_disconnects_frees_its_sequence_and_cold_files() {
     }
     let _ = std::fs::remove_dir_all(&cold_dir);
 }
+
+#[test]
+fn cors_answers_only_the_configured_origins() {
+    let preflight = |s: &Server, origin: &str| {
+        let r = agent()
+            .options(&s.url("/v1/chat/completions"))
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "POST")
+            .header("Access-Control-Request-Headers", "authorization,content-type")
+            .call()
+            .unwrap();
+        r.headers().get("access-control-allow-origin").map(|v| v.to_str().unwrap().to_string())
+    };
+    assert_eq!(preflight(shared(), "http://localhost:3000"), None, "CORS is off by default");
+    let s = Server::start(ServerConfig { cors_origins: vec!["http://localhost:3000".into()], ..config() });
+    assert_eq!(preflight(&s, "http://localhost:3000").as_deref(), Some("http://localhost:3000"));
+    assert_eq!(preflight(&s, "http://evil.example"), None);
+}
+
+#[test]
+fn a_reply_without_max_tokens_ends_at_the_context_with_length() {
+    let s = Server::start(ServerConfig { scheduler: SchedulerConfig { context_tokens: Some(64), ..config().scheduler }, ..config() });
+    let body = json!({"prompt": "One, two, three, four,", "temperature": 0, "repeat_penalty": 1.0, "stop": []});
+    let (st, r) = s.post("/v1/completions", &body);
+    assert_eq!(st, 200, "{r}");
+    // Greedy counting goes on and on: the reply fills the context and says so.
+    assert_eq!(r["choices"][0]["finish_reason"], "length", "{r}");
+    assert_eq!(r["usage"]["total_tokens"], 64, "it ran to the end of the context: {r}");
+    let (st, r) = s.post("/v1/completions", &json!({"prompt": "word ".repeat(100)}));
+    assert_error(st, &r, 400, "maximum context length is 64 tokens");
+}
