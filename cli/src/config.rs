@@ -11,6 +11,10 @@
 //! alpha = 0.2
 //! hot_budget_bytes = 50_000_000
 //! cold_dir = "/mnt/nvme/hillside-kv"
+//!
+//! [server]
+//! port = 8080
+//! max_live = 4
 //! ```
 
 use anyhow::{Context, Result};
@@ -27,6 +31,21 @@ pub struct FileConfig {
     pub context: Option<usize>,
     pub threads: Option<usize>,
     pub kv: KvConfig,
+    pub server: ServerFile,
+}
+
+/// `[server]`: what `hillside serve`'s flags set (each flag wins over its key).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerFile {
+    pub host: Option<std::net::IpAddr>,
+    pub port: Option<u16>,
+    pub api_key: Option<String>,
+    pub max_body_mb: Option<usize>,
+    pub cors_origins: Option<Vec<String>>,
+    pub max_live: Option<usize>,
+    pub max_queued: Option<usize>,
+    pub shutdown_grace_s: Option<u64>,
 }
 
 static CONFIG: OnceLock<FileConfig> = OnceLock::new();
@@ -72,6 +91,9 @@ mod tests {
         let typo = toml::from_str::<FileConfig>("[kv]\nalpah = 0.1\n").unwrap_err().to_string();
         assert!(typo.contains("alpah"), "{typo}");
         assert!(toml::from_str::<FileConfig>("[kv]\nstore = \"ssd\"\n").is_err());
+        let c: FileConfig = toml::from_str("[server]\nport = 9000\ncors_origins = [\"http://localhost:3000\"]\n").unwrap();
+        assert_eq!((c.server.port, c.server.max_live), (Some(9000), None));
+        assert!(toml::from_str::<FileConfig>("[server]\nprot = 9000\n").is_err());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `hillside serve`: the local OpenAI-compatible endpoint over the loaded model.
 
-use crate::{load_engine, models, ModelArgs};
+use crate::{config, load_engine, models, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use hillside_engine::scheduler::SchedulerConfig;
@@ -13,35 +13,41 @@ use std::sync::Arc;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Address to listen on; anything but loopback exposes the model to the network.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: IpAddr,
-    /// Port (0 picks a free one; the address is printed).
-    #[arg(long, default_value_t = 8080)]
-    pub port: u16,
+    /// Address to listen on; anything but loopback exposes the model to the network
+    /// [default: 127.0.0.1].
+    #[arg(long)]
+    pub host: Option<IpAddr>,
+    /// Port (0 picks a free one; the address is printed) [default: 8080].
+    #[arg(long)]
+    pub port: Option<u16>,
     /// Require this key as `Authorization: Bearer <key>`.
     #[arg(long, env = "HILLSIDE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Largest request body accepted, in MB.
-    #[arg(long, default_value_t = 4)]
-    pub max_body_mb: usize,
+    /// Largest request body accepted, in MB [default: 4].
+    #[arg(long)]
+    pub max_body_mb: Option<usize>,
     /// Allow browsers on this origin (repeatable; CORS is off without one).
     #[arg(long = "cors-origin")]
     pub cors_origins: Vec<String>,
-    /// Sequences generating at once.
-    #[arg(long, default_value_t = 4)]
-    pub max_live: usize,
-    /// Requests that may wait for a free slot; more get 429.
-    #[arg(long, default_value_t = 32)]
-    pub max_queued: usize,
-    /// Seconds in-flight requests may run on after SIGINT/SIGTERM.
-    #[arg(long, default_value_t = 10)]
-    pub shutdown_grace_s: u64,
+    /// Sequences generating at once, batched together [default: 4].
+    #[arg(long)]
+    pub max_live: Option<usize>,
+    /// Requests that may wait for a free slot; more get 429 [default: 32].
+    #[arg(long)]
+    pub max_queued: Option<usize>,
+    /// Seconds in-flight requests may run on after SIGINT/SIGTERM [default: 10].
+    #[arg(long)]
+    pub shutdown_grace_s: Option<u64>,
 }
 
 pub fn serve(args: &ServeArgs) -> Result<()> {
-    if args.max_live == 0 {
-        anyhow::bail!("--max-live must be at least 1");
+    // Each flag over its `[server]` key over the default.
+    let file = &config::get().server;
+    let host = args.host.or(file.host).unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    let port = args.port.or(file.port).unwrap_or(8080);
+    let max_live = args.max_live.or(file.max_live).unwrap_or(4);
+    if max_live == 0 {
+        anyhow::bail!("max_live must be at least 1");
     }
     let path = models::resolve(args.model.model())?;
     let engine = Arc::new(load_engine(&args.model)?);
@@ -50,27 +56,25 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         installed_models: models::installed_names(),
         model_id,
         model_aliases,
-        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
-        max_body_bytes: args.max_body_mb * 1_000_000,
-        cors_origins: args.cors_origins.clone(),
-        shutdown_grace_s: args.shutdown_grace_s,
+        api_key: args.api_key.clone().or_else(|| file.api_key.clone()).filter(|k| !k.is_empty()),
+        max_body_bytes: args.max_body_mb.or(file.max_body_mb).unwrap_or(4) * 1_000_000,
+        cors_origins: if args.cors_origins.is_empty() { file.cors_origins.clone().unwrap_or_default() } else { args.cors_origins.clone() },
+        shutdown_grace_s: args.shutdown_grace_s.or(file.shutdown_grace_s).unwrap_or(10),
         scheduler: SchedulerConfig {
-            max_live: args.max_live,
-            max_queued: args.max_queued,
+            max_live,
+            max_queued: args.max_queued.or(file.max_queued).unwrap_or(32),
             kv: args.model.kv_config(),
             context_tokens: args.model.context(),
         },
     };
-    if !args.host.is_loopback() {
-        tracing::warn!(host = %args.host, "listening beyond this machine: anyone who can reach it can use the model");
-        eprintln!("warning: {} is not a loopback address; anyone who can reach this machine can use the model{}", args.host,
-            if config.api_key.is_none() { " (no --api-key set)" } else { "" });
+    if !host.is_loopback() {
+        tracing::warn!(%host, "listening beyond this machine: anyone who can reach it can use the model");
+        eprintln!("warning: {host} is not a loopback address; anyone who can reach this machine can use the model{}",
+            if config.api_key.is_none() { " (no API key set)" } else { "" });
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.host, args.port))
-            .await
-            .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
+        let listener = tokio::net::TcpListener::bind(SocketAddr::new(host, port)).await.with_context(|| format!("listening on {host}:{port}"))?;
         let addr = listener.local_addr()?;
         let app = App::new(engine, config);
         println!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id);
