@@ -63,6 +63,8 @@ struct DecodeResult {
     score_blocks_per_step: Option<f64>,
     score_block_wait_us: Option<f64>,
     cold_scan_ms_per_step: Option<f64>,
+    /// Tiered: share of the cold groups read ahead of their layer's turn that it then needed.
+    read_ahead_used_share: Option<f64>,
     /// Tiered: DRAM counted against the hot budget at the end, and the budget.
     hot_bytes: Option<usize>,
     hot_budget_bytes: Option<usize>,
@@ -178,6 +180,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             score_blocks_per_step: blocks,
             score_block_wait_us: per_step(|t| t.score_block_wait_ns).zip(blocks).map(|(ns, b)| ns / b.max(1e-9) / 1e3),
             cold_scan_ms_per_step: per_step(|t| t.cold_scan_ns).map(|ns| ns / 1e6),
+            read_ahead_used_share: per_step(|t| t.read_ahead_used).zip(per_step(|t| t.read_ahead_groups)).map(|(u, g)| u / g.max(1e-9)),
             hot_bytes: after.tier.as_ref().map(|t| t.hot_bytes),
             hot_budget_bytes: after.tier.as_ref().map(|t| t.hot_budget_bytes),
             cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,

@@ -61,12 +61,16 @@ pub struct ColdIoStats {
     pub reads: AtomicU64,
 }
 
+/// Marks a checksum slot as written (a CRC32 of 0 is a valid checksum).
+const WRITTEN: u64 = 1 << 32;
+
 pub struct ColdPool {
     file: File,
     path: PathBuf,
     layout: ColdLayout,
-    /// CRC32 of each written group, `None` until written.
-    checksums: Vec<Option<u32>>,
+    /// CRC32 of each written group with [`WRITTEN`] set; 0 until written. Atomic, so the pool
+    /// can be shared with readers that work ahead (prefetch) while the owner writes.
+    checksums: Vec<AtomicU64>,
     pub stats: ColdIoStats,
 }
 
@@ -96,7 +100,7 @@ impl ColdPool {
             file,
             path,
             layout,
-            checksums: vec![None; layout.n_layers * layout.n_kv_heads * layout.max_groups],
+            checksums: (0..layout.n_layers * layout.n_kv_heads * layout.max_groups).map(|_| AtomicU64::new(0)).collect(),
             stats: ColdIoStats::default(),
         };
         pool.preallocate()?;
@@ -138,12 +142,12 @@ impl ColdPool {
 
     /// Writes one group from `buf`, which holds K (token-major, `GROUP_TOKENS × head_dim` f16)
     /// followed by V, as laid out by [`ColdPool::buffer`].
-    pub fn write_group(&mut self, layer: usize, head: usize, group: usize, buf: &AlignedBuf) -> Result<()> {
+    pub fn write_group(&self, layer: usize, head: usize, group: usize, buf: &AlignedBuf) -> Result<()> {
         assert!(group < self.layout.max_groups && buf.len() >= self.layout.group_bytes());
         let bytes = &buf.as_bytes()[..self.layout.group_bytes()];
         let offset = self.offset(layer, head, group);
         self.file.write_all_at(bytes, offset).map_err(|e| io_error("write to", &self.path, e))?;
-        self.checksums[self.layout.group_index(layer, head, group)] = Some(crc32fast::hash(bytes));
+        self.checksums[self.layout.group_index(layer, head, group)].store(WRITTEN | u64::from(crc32fast::hash(bytes)), Ordering::Release);
         self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -161,9 +165,10 @@ impl ColdPool {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         for (i, chunk) in bytes.chunks_exact(gb).enumerate() {
             let group = first + i;
-            match self.checksums[self.layout.group_index(layer, head, group)] {
-                Some(sum) if sum == crc32fast::hash(chunk) => {}
-                Some(_) => {
+            match self.checksums[self.layout.group_index(layer, head, group)].load(Ordering::Acquire) {
+                0 => return Err(Error::Kv(format!("cold pool: layer {layer} head {head} group {group} was never written"))),
+                sum if sum == WRITTEN | u64::from(crc32fast::hash(chunk)) => {}
+                _ => {
                     return Err(Error::Kv(format!(
                         "cold pool block damaged: layer {layer}, KV head {head}, tokens {}..{} fail their checksum ({})",
                         group * GROUP_TOKENS,
@@ -171,7 +176,6 @@ impl ColdPool {
                         self.path.display()
                     )))
                 }
-                None => return Err(Error::Kv(format!("cold pool: layer {layer} head {head} group {group} was never written"))),
             }
         }
         Ok(())

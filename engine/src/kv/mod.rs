@@ -124,6 +124,10 @@ pub struct TierStats {
     /// Fidelity guard: (layer, step) selections checked, and those widened.
     pub guard_checks: u64,
     pub guard_widened: u64,
+    /// Cold groups read ahead of their layer's turn (predicted from the last step), and those
+    /// that the layer's selection then needed.
+    pub read_ahead_groups: u64,
+    pub read_ahead_used: u64,
 }
 
 pub trait KvStore: Send {

@@ -86,7 +86,7 @@ impl KvStore for OffloadKvStore {
         self.pending.fill(0);
         // A failed spill keeps the tokens in the window, where attention still finds them; the
         // next commit tries again.
-        if let Err(e) = self.window.spill(&mut self.cold) {
+        if let Err(e) = self.window.spill(&self.cold) {
             tracing::error!(error = %e, "cold pool write failed; keeping tokens in memory");
         }
     }

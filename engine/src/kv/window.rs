@@ -51,7 +51,7 @@ impl RecentWindow {
     }
 
     /// Writes every complete group to `cold` and drops it from the window.
-    pub fn spill(&mut self, cold: &mut ColdPool) -> Result<usize> {
+    pub fn spill(&mut self, cold: &ColdPool) -> Result<usize> {
         let groups = (0..self.n_layers).map(|l| self.len(l)).min().unwrap_or(0) / GROUP_TOKENS;
         if groups == 0 {
             return Ok(0);

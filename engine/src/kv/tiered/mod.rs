@@ -13,6 +13,7 @@
 //! everything, so prefill stays exact.
 
 pub mod planner;
+mod reads;
 
 use super::aligned::AlignedBuf;
 use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
@@ -24,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::score::{HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use reads::{read_heads, Prefetched, Prefetcher, Staged};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -82,18 +84,11 @@ impl Fetched {
     }
 }
 
-/// The cold groups one head's selection needs, as staged by a read.
-struct StagedHead {
-    /// Groups read (ascending).
-    groups: Vec<usize>,
-    /// Where the first one starts in the staging buffer, in f16 words.
-    offset_words: usize,
-}
-
 pub struct TieredKvStore {
     shape: KvShape,
     settings: TieredSettings,
-    cold: ColdPool,
+    /// Shared with the read-ahead on the I/O threads.
+    cold: Arc<ColdPool>,
     window: RecentWindow,
     /// Per layer; shared with the storage evaluator's worker while it scans.
     keys: Vec<Arc<RwLock<ScoringKeys>>>,
@@ -107,7 +102,11 @@ pub struct TieredKvStore {
     fetched: Vec<Fetched>,
     view: ViewBuffers,
     positions: Vec<u32>,
+    /// Cold groups read at a layer's turn.
     staging: AlignedBuf,
+    /// `[layer]`: what the layer selected last step, which predicts what it reads next.
+    last_selected: Vec<Option<Selection>>,
+    prefetch: Prefetcher,
     len: usize,
     pending: Vec<usize>,
     tier: TierStats,
@@ -134,8 +133,10 @@ impl TieredKvStore {
             fetched: (0..lanes).map(|_| Fetched::default()).collect(),
             view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
             positions: Vec::new(),
-            staging: AlignedBuf::zeroed(max_groups * shape.n_kv_heads * layout.group_bytes()),
-            cold: ColdPool::create(cold_dir, layout)?,
+            staging: AlignedBuf::zeroed(0),
+            last_selected: vec![None; shape.n_layers],
+            prefetch: Prefetcher::default(),
+            cold: Arc::new(ColdPool::create(cold_dir, layout)?),
             keys,
             evaluator: (settings.evaluator == EvaluatorKind::Storage).then(StorageEvaluator::new),
             shape,
@@ -176,53 +177,52 @@ impl TieredKvStore {
         self.is_dense(layer) || t < self.settings.sink_tokens || t + self.settings.recent_tokens >= self.len
     }
 
-    /// Reads, for each head, the cold groups holding its selected tokens that are neither hot
-    /// nor in the window, into `staging` (head after head).
-    fn read_cold_groups(&mut self, layer: usize, selection: &Selection, n: usize) -> Result<Vec<StagedHead>> {
+    /// For each head of `layer`, the cold groups (ascending) holding `tokens(head)` that are
+    /// neither hot nor in the window, small gaps bridged.
+    fn cold_groups<'t>(&self, layer: usize, tokens: impl Fn(usize) -> &'t [u32]) -> Vec<Vec<usize>> {
         let base = self.window.base();
-        let gb = self.cold.layout().group_bytes();
+        (0..self.shape.n_kv_heads)
+            .map(|head| {
+                let lane = self.lane(layer, head);
+                let mut groups: Vec<usize> =
+                    tokens(head).iter().filter(|&&t| (t as usize) < base && !self.hot.contains(lane, t)).map(|&t| t as usize / GROUP_TOKENS).collect();
+                groups.dedup(); // tokens are ascending, so equal groups are adjacent
+                bridge_gaps(&groups, MAX_BRIDGED_GROUPS)
+            })
+            .collect()
+    }
+
+    /// Reads the cold groups `selection` needs that the read-ahead did not bring (`ahead`).
+    fn read_cold_groups(&mut self, layer: usize, selection: &Selection, n: usize, ahead: Option<&Prefetched>) -> Result<Staged> {
         let all: Vec<u32> = if matches!(selection, Selection::All) { (0..n as u32).collect() } else { Vec::new() };
-        let mut staged = Vec::with_capacity(self.shape.n_kv_heads);
-        let mut offset_words = 0;
-        for head in 0..self.shape.n_kv_heads {
-            let lane = self.lane(layer, head);
-            let tokens = selection.head(head).unwrap_or(&all);
-            let mut groups: Vec<usize> = tokens
-                .iter()
-                .filter(|&&t| (t as usize) < base && !self.hot.contains(lane, t))
-                .map(|&t| t as usize / GROUP_TOKENS)
-                .collect();
-            groups.dedup(); // tokens are ascending, so equal groups are adjacent
-            let groups = bridge_gaps(&groups, MAX_BRIDGED_GROUPS);
-            staged.push(StagedHead { offset_words, groups });
-            offset_words += staged[head].groups.len() * gb / 2;
+        let mut groups = self.cold_groups(layer, |head| selection.head(head).unwrap_or(&all));
+        if let Some(ahead) = ahead {
+            let mut used = 0;
+            for (head, g) in groups.iter_mut().enumerate() {
+                let before = g.len();
+                g.retain(|&g| !ahead.staged.contains(head, g));
+                used += before - g.len();
+            }
+            self.tier.read_ahead_used += used as u64;
         }
-        // One request per run of consecutive groups per head, issued from the I/O pool so that
-        // many are in flight at once (an SSD needs a deep queue for its random-read rate).
-        let mut rest = &mut self.staging.as_bytes_mut()[..offset_words * 2];
-        let mut requests = Vec::new();
-        for (head, s) in staged.iter().enumerate() {
-            let mut i = 0;
-            while i < s.groups.len() {
-                let mut j = i + 1;
-                while j < s.groups.len() && s.groups[j] == s.groups[j - 1] + 1 {
-                    j += 1;
-                }
-                let (dst, tail) = rest.split_at_mut((j - i) * gb);
-                requests.push((head, s.groups[i], j - i, dst));
-                rest = tail;
-                i = j;
+        read_heads(&self.cold, layer, groups, &mut self.staging)
+    }
+
+    /// Starts reading, for the next [`READ_AHEAD_LAYERS`] layers after `layer`, the groups they
+    /// selected last step that are still cold, so the reads run while this layer computes.
+    fn read_ahead(&mut self, layer: usize) {
+        for next in layer + 1..(layer + 1 + READ_AHEAD_LAYERS).min(self.shape.n_layers) {
+            if self.is_dense(next) || self.prefetch.is_issued(next) {
+                continue;
+            }
+            let Some(last) = &self.last_selected[next] else { continue };
+            let groups = self.cold_groups(next, |head| last.head(head).unwrap_or(&[]));
+            let count: usize = groups.iter().map(Vec::len).sum();
+            if count > 0 {
+                self.tier.read_ahead_groups += count as u64;
+                self.prefetch.issue(&self.cold, next, groups);
             }
         }
-        if requests.is_empty() {
-            return Ok(staged); // all hot: no hand-off to the I/O threads
-        }
-        let cold = &self.cold;
-        io_pool().install(|| {
-            use rayon::prelude::*;
-            requests.into_par_iter().try_for_each(|(head, first, count, dst)| cold.read_groups(layer, head, first, count, dst))
-        })?;
-        Ok(staged)
     }
 
     /// The sinks, the top `budget` of `candidates` for each head by its query, and the recent
@@ -362,16 +362,19 @@ impl KvStore for TieredKvStore {
 
     fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
         let n = self.len + self.pending[layer];
-        let staged = self.read_cold_groups(layer, selection, n)?;
+        let sparse = matches!(selection, Selection::Tokens { .. });
+        let ahead = if sparse { self.prefetch.take(layer) } else { None };
+        let staged = self.read_cold_groups(layer, selection, n, ahead.as_ref())?;
+        if self.pending[layer] == 1 {
+            self.read_ahead(layer); // decode steps only: a prompt attends to everything
+        }
         let (hd, base) = (self.shape.head_dim, self.window.base());
         let gb_words = self.cold.layout().group_bytes() / 2;
-        let sparse = matches!(selection, Selection::Tokens { .. });
         let all: Vec<u32> = if sparse { Vec::new() } else { (0..n as u32).collect() };
         self.positions.clear();
-        for (head, staged) in staged.iter().enumerate() {
+        for head in 0..self.shape.n_kv_heads {
             let lane = self.lane(layer, head);
             let tokens = selection.head(head).unwrap_or(&all);
-            let mut group_at = 0;
             for (slot, &t) in tokens.iter().enumerate() {
                 let tu = t as usize;
                 if tu >= base {
@@ -380,10 +383,11 @@ impl KvStore for TieredKvStore {
                     self.view.set_token(slot, head, k, v);
                     self.tier.hot_hits += u64::from(sparse);
                 } else {
-                    while staged.groups[group_at] != tu / GROUP_TOKENS {
-                        group_at += 1;
-                    }
-                    let page = &self.staging.as_u16()[staged.offset_words + group_at * gb_words..][..gb_words];
+                    let group = tu / GROUP_TOKENS;
+                    let page = staged
+                        .group(&self.staging, head, group, gb_words)
+                        .or_else(|| ahead.as_ref().and_then(|a| a.staged.group(&a.buf, head, group, gb_words)))
+                        .expect("every cold group a selection needs is read");
                     let row = tu % GROUP_TOKENS;
                     let (k, v) = (&page[row * hd..][..hd], &page[GROUP_TOKENS * hd + row * hd..][..hd]);
                     self.view.set_token(slot, head, k, v);
@@ -400,12 +404,18 @@ impl KvStore for TieredKvStore {
                 self.positions.extend_from_slice(tokens);
             }
         }
+        if let Some(ahead) = ahead {
+            self.prefetch.recycle(ahead.buf);
+        }
         let slots = selection.head(0).map_or(n, <[u32]>::len);
         Ok(self.view.view(slots, sparse.then_some(&self.positions[..])))
     }
 
     fn observe(&mut self, layer: usize, selection: &Selection) {
         let n = self.len + self.pending[layer];
+        if matches!(selection, Selection::Tokens { .. }) {
+            self.last_selected[layer] = Some(selection.clone());
+        }
         for head in 0..self.shape.n_kv_heads {
             let Some(tokens) = selection.head(head) else { return };
             let hits = &mut self.hits[layer * self.shape.n_kv_heads + head];
@@ -419,6 +429,7 @@ impl KvStore for TieredKvStore {
     }
 
     fn commit(&mut self, n_tokens: usize) {
+        self.prefetch.clear(); // normally empty: each layer claims its read-ahead in the step
         self.len += n_tokens;
         self.pending.fill(0);
         for hits in &mut self.hits {
@@ -434,7 +445,7 @@ impl KvStore for TieredKvStore {
                 }
             }
         }
-        if let Err(e) = self.window.spill(&mut self.cold) {
+        if let Err(e) = self.window.spill(&self.cold) {
             tracing::error!(error = %e, "cold pool write failed; keeping tokens in memory");
         }
         self.rebalance();
@@ -443,6 +454,8 @@ impl KvStore for TieredKvStore {
 
     fn truncate(&mut self, n_tokens: usize) {
         self.pending.fill(0);
+        self.prefetch.clear();
+        self.last_selected.fill(None);
         for f in &mut self.fetched {
             f.clear();
         }
@@ -458,7 +471,7 @@ impl KvStore for TieredKvStore {
     fn stats(&self) -> KvStats {
         KvStats {
             tokens: self.len,
-            resident_bytes: self.hot_bytes() + self.view.bytes() + self.staging.len(),
+            resident_bytes: self.hot_bytes() + self.view.bytes() + self.staging.len() + self.prefetch.bytes(),
             cold_bytes: self.window.base() * self.shape.bytes_per_token(),
             cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
             tier: Some(TierStats { hot_bytes: self.hot_bytes(), hot_budget_bytes: self.settings.hot_budget_bytes, ..self.tier.clone() }),
@@ -466,21 +479,8 @@ impl KvStore for TieredKvStore {
     }
 }
 
-/// Threads that issue cold-pool reads: blocking preads, so more threads than cores means more
-/// requests in flight.
-pub(crate) fn io_pool() -> &'static rayon::ThreadPool {
-    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(IO_THREADS)
-            .thread_name(|i| format!("hillside-io-{i}"))
-            .build()
-            .expect("starting the cold-pool I/O threads")
-    })
-}
-
-/// Reads in flight at once against the cold pool.
-const IO_THREADS: usize = 16;
+/// Layers whose likely cold groups are read ahead of their turn.
+const READ_AHEAD_LAYERS: usize = 1;
 
 /// Unneeded groups read anyway to join two needed ones into one request: an SSD serves a few
 /// more sequential pages faster than one more random read (on the disk here, random 4 KiB

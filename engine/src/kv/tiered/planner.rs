@@ -10,7 +10,7 @@
 
 use super::super::aligned::AlignedBuf;
 use super::super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
-use super::io_pool;
+use super::reads::io_pool;
 use crate::error::Result;
 use crate::score::{KeyBits, ScoringKeys, StorageEvaluator};
 use serde::{Deserialize, Serialize};
@@ -122,7 +122,7 @@ pub fn measure(cold_dir: &Path, key_bits: KeyBits) -> Result<Profile> {
     // of scattered tokens issues them.
     let groups = 8 * 1024; // 32 MiB: quick to write, small enough for a nearly full disk
     let layout = ColdLayout { n_layers: 1, n_kv_heads: 1, head_dim: PROFILE_HEAD_DIM, max_groups: groups };
-    let mut pool = ColdPool::create(cold_dir, layout)?;
+    let pool = ColdPool::create(cold_dir, layout)?;
     let page = pool.buffer(1);
     for g in 0..groups {
         pool.write_group(0, 0, g, &page)?;

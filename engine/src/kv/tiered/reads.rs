@@ -1,0 +1,247 @@
+//! Cold-pool reads for the tiered store: the groups a layer's selection needs, read with many
+//! requests in flight, and the same reads issued ahead of a layer's turn.
+//!
+//! A layer's query exists only once the layer before it has run, but consecutive steps select
+//! mostly the same tokens. So while layer l computes, the [`Prefetcher`] already reads the
+//! groups that layers l+1.. selected last step and that are still cold; at their turn only the
+//! groups the prediction missed are read. Groups read for nothing cost bandwidth, and count in
+//! the pool's read statistics like any other read.
+
+use super::super::aligned::AlignedBuf;
+use super::super::cold::ColdPool;
+use crate::error::Result;
+use std::collections::VecDeque;
+use std::sync::{mpsc, Arc};
+
+/// The groups read for one layer, per head, laid out head after head in some buffer.
+#[derive(Debug, Default)]
+pub(super) struct Staged {
+    heads: Vec<StagedHead>,
+}
+
+#[derive(Debug)]
+struct StagedHead {
+    /// Groups read (ascending).
+    groups: Vec<usize>,
+    /// Where the first one starts in the buffer, in f16 words.
+    offset_words: usize,
+}
+
+impl Staged {
+    /// Group `group` of `head` (K then V, f16 bits), if it was read into `buf`.
+    pub fn group<'a>(&self, buf: &'a AlignedBuf, head: usize, group: usize, group_words: usize) -> Option<&'a [u16]> {
+        let h = self.heads.get(head)?;
+        let i = h.groups.binary_search(&group).ok()?;
+        Some(&buf.as_u16()[h.offset_words + i * group_words..][..group_words])
+    }
+
+    pub fn contains(&self, head: usize, group: usize) -> bool {
+        self.heads.get(head).is_some_and(|h| h.groups.binary_search(&group).is_ok())
+    }
+}
+
+/// Reads each head's `groups` (ascending) of `layer` into `buf` (grown if too small), head after
+/// head: one request per run of consecutive groups, issued from the I/O threads so that many
+/// are in flight at once (an SSD needs a deep queue for its random-read rate).
+pub(super) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf) -> Result<Staged> {
+    let gb = cold.layout().group_bytes();
+    let total: usize = groups.iter().map(Vec::len).sum();
+    if buf.len() < total * gb {
+        *buf = AlignedBuf::zeroed(total * gb);
+    }
+    let mut staged = Staged { heads: Vec::with_capacity(groups.len()) };
+    let mut offset_words = 0;
+    for g in groups {
+        let n = g.len();
+        staged.heads.push(StagedHead { groups: g, offset_words });
+        offset_words += n * gb / 2;
+    }
+    if total == 0 {
+        return Ok(staged); // nothing cold: no hand-off to the I/O threads
+    }
+    let mut rest = &mut buf.as_bytes_mut()[..total * gb];
+    let mut requests = Vec::new();
+    for (head, s) in staged.heads.iter().enumerate() {
+        let mut i = 0;
+        while i < s.groups.len() {
+            let mut j = i + 1;
+            while j < s.groups.len() && s.groups[j] == s.groups[j - 1] + 1 {
+                j += 1;
+            }
+            let (dst, tail) = rest.split_at_mut((j - i) * gb);
+            requests.push((head, s.groups[i], j - i, dst));
+            rest = tail;
+            i = j;
+        }
+    }
+    io_pool().install(|| {
+        use rayon::prelude::*;
+        requests.into_par_iter().try_for_each(|(head, first, count, dst)| cold.read_groups(layer, head, first, count, dst))
+    })?;
+    Ok(staged)
+}
+
+/// Groups read ahead for one layer, and the buffer that holds them.
+pub(super) struct Prefetched {
+    pub staged: Staged,
+    pub buf: AlignedBuf,
+}
+
+struct InFlight {
+    layer: usize,
+    done: mpsc::Receiver<(Result<Staged>, AlignedBuf)>,
+}
+
+/// Reads issued ahead of their layer's turn, in layer order.
+#[derive(Default)]
+pub(super) struct Prefetcher {
+    in_flight: VecDeque<InFlight>,
+    /// Buffers handed back, for the next reads.
+    spare: Vec<AlignedBuf>,
+}
+
+impl Prefetcher {
+    pub fn is_issued(&self, layer: usize) -> bool {
+        self.in_flight.iter().any(|f| f.layer == layer)
+    }
+
+    /// Starts reading `groups` (per head, ascending) of `layer` on the I/O threads.
+    pub fn issue(&mut self, cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>) {
+        let (tx, done) = mpsc::channel();
+        // Sized here, on the store's thread: buffers allocated on the I/O threads would land in
+        // their own malloc arenas and keep the process's memory up.
+        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().group_bytes();
+        let mut buf = match self.spare.iter().position(|b| b.len() >= need) {
+            Some(i) => self.spare.swap_remove(i),
+            None => {
+                // Replace a buffer that is too small rather than keep it: as many buffers
+                // circulate as reads are ever outstanding, with some room to grow.
+                self.spare.pop();
+                AlignedBuf::zeroed(need + need / 4)
+            }
+        };
+        let cold = cold.clone();
+        io_pool().spawn(move || {
+            let staged = read_heads(&cold, layer, groups, &mut buf);
+            let _ = tx.send((staged, buf)); // the store may have moved on; then the read is dropped
+        });
+        self.in_flight.push_back(InFlight { layer, done });
+    }
+
+    /// What was read ahead for `layer`, once it is there; reads for earlier layers that were
+    /// never claimed are dropped. A failed read is logged and left to the regular path.
+    pub fn take(&mut self, layer: usize) -> Option<Prefetched> {
+        while let Some(f) = self.in_flight.front() {
+            if f.layer > layer {
+                return None;
+            }
+            let f = self.in_flight.pop_front()?;
+            let Ok((staged, buf)) = f.done.recv() else { continue };
+            if f.layer < layer {
+                self.spare.push(buf);
+                continue;
+            }
+            return match staged {
+                Ok(staged) => Some(Prefetched { staged, buf }),
+                Err(e) => {
+                    tracing::warn!(error = %e, layer, "read-ahead failed; reading at the layer's turn");
+                    self.spare.push(buf);
+                    None
+                }
+            };
+        }
+        None
+    }
+
+    pub fn recycle(&mut self, buf: AlignedBuf) {
+        self.spare.push(buf);
+    }
+
+    /// Forgets every read in flight (their results are dropped unseen): after a truncation the
+    /// groups they read may be rewritten.
+    pub fn clear(&mut self) {
+        self.in_flight.clear();
+    }
+
+    /// Memory held by spare buffers.
+    pub fn bytes(&self) -> usize {
+        self.spare.iter().map(AlignedBuf::len).sum()
+    }
+}
+
+/// Threads that issue cold-pool reads: blocking preads, so more threads than cores means more
+/// requests in flight.
+pub(crate) fn io_pool() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(IO_THREADS)
+            .thread_name(|i| format!("hillside-io-{i}"))
+            .build()
+            .expect("starting the cold-pool I/O threads")
+    })
+}
+
+/// Reads in flight at once against the cold pool.
+const IO_THREADS: usize = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::cold::{ColdLayout, GROUP_TOKENS};
+    use super::*;
+
+    /// A pool whose every group holds its own (layer, head, group) in each f16 word.
+    fn pool(dir: &std::path::Path) -> Arc<ColdPool> {
+        let layout = ColdLayout { n_layers: 3, n_kv_heads: 2, head_dim: 8, max_groups: 6 };
+        let pool = ColdPool::create(dir, layout).unwrap();
+        let mut page = pool.buffer(1);
+        for layer in 0..3 {
+            for head in 0..2 {
+                for group in 0..6 {
+                    page.as_u16_mut().fill((layer * 100 + head * 10 + group) as u16);
+                    pool.write_group(layer, head, group, &page).unwrap();
+                }
+            }
+        }
+        Arc::new(pool)
+    }
+
+    #[test]
+    fn read_ahead_brings_the_groups_asked_for_and_drops_what_is_not_claimed() {
+        let dir = std::env::temp_dir().join(format!("hillside-read-ahead-{}", std::process::id()));
+        let cold = pool(&dir);
+        let words = cold.layout().group_bytes() / 2;
+        let mut prefetch = Prefetcher::default();
+        prefetch.issue(&cold, 1, vec![vec![0, 1, 4], vec![5]]);
+        prefetch.issue(&cold, 2, vec![vec![2], vec![]]);
+        assert!(prefetch.is_issued(1) && prefetch.is_issued(2) && !prefetch.is_issued(0));
+        assert!(prefetch.take(0).is_none(), "nothing was read ahead for layer 0");
+
+        let got = prefetch.take(1).expect("layer 1 was read ahead");
+        for (head, group) in [(0, 0), (0, 1), (0, 4), (1, 5)] {
+            let page = got.staged.group(&got.buf, head, group, words).unwrap();
+            assert!(page.iter().all(|&w| w as usize == 100 + head * 10 + group), "layer 1 head {head} group {group}");
+        }
+        assert!(got.staged.group(&got.buf, 0, 2, words).is_none() && !got.staged.contains(1, 0));
+        prefetch.recycle(got.buf);
+
+        // A read for a later layer waits for its turn; clear forgets it.
+        assert!(prefetch.take(1).is_none() && prefetch.is_issued(2));
+        prefetch.clear();
+        assert!(!prefetch.is_issued(2) && prefetch.take(2).is_none());
+        // Claiming a layer drops the unclaimed reads of the layers before it.
+        prefetch.issue(&cold, 0, vec![vec![3], vec![3]]);
+        prefetch.issue(&cold, 2, vec![vec![3], vec![]]);
+        let got = prefetch.take(2).expect("layer 2 was read ahead");
+        assert_eq!(got.staged.group(&got.buf, 0, 3, words).unwrap()[0], 203);
+        assert!(!prefetch.is_issued(0));
+
+        // The same reads at the layer's turn.
+        let mut buf = AlignedBuf::zeroed(0);
+        let staged = read_heads(&cold, 2, vec![vec![1, 2], vec![0]], &mut buf).unwrap();
+        assert_eq!(staged.group(&buf, 1, 0, words).unwrap()[0] as usize, 210);
+        assert_eq!(staged.group(&buf, 0, 2, words).unwrap()[GROUP_TOKENS] as usize, 202);
+        drop(cold);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
