@@ -46,7 +46,7 @@ fn full_and_read_only_filesystems_are_clear_errors() {
 
     // A pool that fits works there (buffered where the kernel's tmpfs refuses O_DIRECT).
     let small = ColdLayout { n_layers: 1, n_kv_heads: 1, head_dim: 64, max_groups: 4 };
-    let mut pool = ColdPool::create(&full, small).unwrap();
+    let pool = ColdPool::create(&full, small).unwrap();
     let mut buf = pool.buffer(1);
     buf.as_u16_mut()[5] = 42;
     pool.write_group(0, 0, 2, &buf).unwrap();

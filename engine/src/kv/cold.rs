@@ -257,7 +257,7 @@ mod tests {
     #[test]
     fn groups_round_trip_and_are_contiguous_per_head() {
         let dir = temp_dir("roundtrip");
-        let mut pool = ColdPool::create(&dir, layout()).unwrap();
+        let pool = ColdPool::create(&dir, layout()).unwrap();
         assert_eq!(layout().group_bytes(), 4096, "16 tokens × 64 dims × f16 × (K, V) is one page");
         for g in 0..4 {
             pool.write_group(1, 2, g, &filled(&pool, g as u16)).unwrap();
@@ -277,7 +277,7 @@ mod tests {
     #[test]
     fn a_damaged_block_is_an_error() {
         let dir = temp_dir("damaged");
-        let mut pool = ColdPool::create(&dir, layout()).unwrap();
+        let pool = ColdPool::create(&dir, layout()).unwrap();
         pool.write_group(0, 1, 3, &filled(&pool, 7)).unwrap();
         // Flip one byte behind the pool's back.
         let offset = pool.offset(0, 1, 3) + 100;
