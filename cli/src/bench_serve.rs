@@ -94,7 +94,14 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
         max_body_bytes: 1_000_000,
         cors_origins: Vec::new(),
         shutdown_grace_s: 0,
-        scheduler: SchedulerConfig { max_live: args.max_live, max_queued: max_clients, kv: args.model.kv_config(), context_tokens: args.model.context() },
+        scheduler: SchedulerConfig {
+            max_live: args.max_live,
+            max_queued: max_clients,
+            kv: args.model.kv_config(),
+            context_tokens: args.model.context(),
+            // Each request is a new conversation: nothing to reuse.
+            cached_sequences: 0,
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;

@@ -45,6 +45,7 @@ pub struct ServerFile {
     pub cors_origins: Option<Vec<String>>,
     pub max_live: Option<usize>,
     pub max_queued: Option<usize>,
+    pub cached_sequences: Option<usize>,
     pub shutdown_grace_s: Option<u64>,
 }
 

@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// Requests that may wait for a free slot; more get 429 [default: 32].
     #[arg(long)]
     pub max_queued: Option<usize>,
+    /// Finished conversations kept in memory so that their next turn (or another question on
+    /// the same document) skips reading the shared prefix again [default: 2].
+    #[arg(long)]
+    pub cached_sequences: Option<usize>,
     /// Seconds in-flight requests may run on after SIGINT/SIGTERM [default: 10].
     #[arg(long)]
     pub shutdown_grace_s: Option<u64>,
@@ -65,6 +69,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             max_queued: args.max_queued.or(file.max_queued).unwrap_or(32),
             kv: args.model.kv_config(),
             context_tokens: args.model.context(),
+            cached_sequences: args.cached_sequences.or(file.cached_sequences).unwrap_or(2),
         },
     };
     if !host.is_loopback() {

@@ -103,11 +103,23 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose K/V came from an earlier request (the prefix cache).
+    pub cached_tokens: usize,
 }
 
 impl Usage {
-    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
-        Self { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    pub fn of(summary: &hillside_engine::Summary) -> Self {
+        Self {
+            prompt_tokens: summary.prompt_tokens,
+            completion_tokens: summary.completion_tokens,
+            total_tokens: summary.prompt_tokens + summary.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: summary.reused_tokens },
+        }
     }
 }
 

@@ -56,7 +56,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
                 logprobs: with_logprobs.then(|| chat_logprobs(&logprobs)),
                 finish_reason: run::finish_reason(summary.finish_reason),
             }],
-            usage: Usage::new(summary.prompt_tokens, summary.completion_tokens),
+            usage: Usage::of(&summary),
         })
         .into_response());
     }
@@ -79,7 +79,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
                 if include_usage {
                     let mut last = head.chunk(Delta::default(), None, None, true);
                     last.choices.clear();
-                    last.usage = Some(Some(Usage::new(summary.prompt_tokens, summary.completion_tokens)));
+                    last.usage = Some(Some(Usage::of(&summary)));
                     chunks.push(last);
                 }
             }

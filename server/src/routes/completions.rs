@@ -63,7 +63,7 @@ pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<Co
     if !req.sampling.stream.unwrap_or(false) {
         let (text, logprobs, summary) = running.collect().await?;
         let logprobs = with_logprobs.then(|| legacy_logprobs(&logprobs, 0));
-        let usage = Usage::new(summary.prompt_tokens, summary.completion_tokens);
+        let usage = Usage::of(&summary);
         return Ok(Json(response(text, logprobs, Some(run::finish_reason(summary.finish_reason)), Some(Some(usage)))).into_response());
     }
     let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -82,7 +82,7 @@ pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<Co
                 let lp = (with_logprobs && !logprobs.is_empty()).then(|| legacy_logprobs(&logprobs, offset));
                 chunks.push(response(String::new(), lp, Some(run::finish_reason(summary.finish_reason)), usage_field.clone()));
                 if include_usage {
-                    let mut last = response(String::new(), None, None, Some(Some(Usage::new(summary.prompt_tokens, summary.completion_tokens))));
+                    let mut last = response(String::new(), None, None, Some(Some(Usage::of(&summary))));
                     last.choices.clear();
                     chunks.push(last);
                 }

@@ -15,8 +15,10 @@ use utoipa::ToSchema;
 #[utoipa::path(get, path = "/health", responses((status = 200, description = "The server is up", body = Health)))]
 pub async fn health(State(app): State<Arc<App>>) -> Json<Health> {
     let stats = app.scheduler.stats();
-    let queued = stats.iter().filter(|s| s.phase == Phase::Queued).count();
-    Json(Health { status: "ok", model: app.config.model_id.clone(), live_sequences: stats.len() - queued, queued_requests: queued })
+    let count = |phase: Phase| stats.iter().filter(|s| s.phase == phase).count();
+    let queued = count(Phase::Queued);
+    let live = stats.len() - queued - count(Phase::Cached);
+    Json(Health { status: "ok", model: app.config.model_id.clone(), live_sequences: live, queued_requests: queued })
 }
 
 fn card(id: &str) -> ModelCard {
@@ -85,6 +87,7 @@ pub struct ConfigReport {
     pub context_tokens: usize,
     pub max_live_sequences: usize,
     pub max_queued_requests: usize,
+    pub cached_sequences: usize,
     #[schema(value_type = Object)]
     pub kv: hillside_engine::kv::KvConfig,
 }
@@ -98,6 +101,7 @@ pub async fn config(State(app): State<Arc<App>>) -> Json<ConfigReport> {
         context_tokens: app.context_tokens(),
         max_live_sequences: s.max_live,
         max_queued_requests: s.max_queued,
+        cached_sequences: s.cached_sequences,
         kv: s.kv.clone(),
     })
 }

@@ -6,13 +6,17 @@
 //! delays the others by one chunk per round, not by its whole prefill.
 //!
 //! A sequence ends when its generation does, when its owner cancels it, or the moment its owner
-//! stops listening (a client that disconnects); its store, with any cold-pool file, is dropped
-//! at its next turn.
+//! stops listening (a client that disconnects); a cancelled one's store, with any cold-pool
+//! file, is dropped at its next turn, while one that finished is kept in the prefix cache
+//! ([`prefix_cache`]) for the next request that starts the same way.
+
+mod prefix_cache;
 
 use crate::error::Result;
 use crate::generate::{feed_batch, CancelFlag, Event, GenerateParams, Generation, Next, Sequence, Summary};
 use crate::kv::{KvConfig, KvStats};
-use crate::Engine;
+use crate::{Engine, FinishReason};
+use prefix_cache::PrefixCache;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -29,6 +33,9 @@ pub struct SchedulerConfig {
     pub kv: KvConfig,
     /// Each sequence's context in tokens (the model's when `None`).
     pub context_tokens: Option<usize>,
+    /// Finished sequences kept so that a request sharing their prefix (the next turn of a
+    /// conversation, another question on the same document) skips reading it again.
+    pub cached_sequences: usize,
 }
 
 /// What a request's owner hears: its events, then exactly one `Done`.
@@ -69,11 +76,14 @@ pub enum Phase {
     Queued,
     Prefill,
     Decode,
+    /// Finished, kept for its prefix.
+    Cached,
 }
 
-/// One request as the worker last saw it (refreshed after every round of turns).
+/// One request (or a cached sequence) as the worker last saw it (refreshed every round).
 #[derive(Debug, Clone, Serialize)]
 pub struct SequenceStats {
+    /// The request's id (0 for a cached sequence).
     pub id: u64,
     pub phase: Phase,
     pub prompt_tokens: usize,
@@ -100,7 +110,7 @@ struct Live {
 
 struct State {
     queue: VecDeque<Job>,
-    /// Live sequences, as of the last round.
+    /// Live and cached sequences, as of the last round.
     live: Vec<SequenceStats>,
     accepting: bool,
     /// Ends the worker: every sequence still there is cancelled.
@@ -154,7 +164,8 @@ impl Scheduler {
             return Err(SubmitError::ShuttingDown);
         }
         // A request may wait while every live slot is taken, up to `max_queued` of them.
-        let free_slots = self.shared.config.max_live.saturating_sub(state.live.len());
+        let live = state.live.iter().filter(|s| s.phase != Phase::Cached).count();
+        let free_slots = self.shared.config.max_live.saturating_sub(live);
         if state.queue.len() >= self.shared.config.max_queued + free_slots {
             return Err(SubmitError::QueueFull { queued: state.queue.len() });
         }
@@ -166,7 +177,7 @@ impl Scheduler {
         Ok(Ticket { id, cancel })
     }
 
-    /// Every request, live or queued, as of the last round.
+    /// Every request, live or queued, and every cached sequence, as of the last round.
     pub fn stats(&self) -> Vec<SequenceStats> {
         let state = self.shared.lock();
         let queued = state.queue.iter().map(|j| SequenceStats {
@@ -185,7 +196,7 @@ impl Scheduler {
         let deadline = Instant::now() + grace;
         let mut state = self.shared.lock();
         state.accepting = false;
-        while !(state.queue.is_empty() && state.live.is_empty()) {
+        while !(state.queue.is_empty() && state.live.iter().all(|s| s.phase == Phase::Cached)) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -211,6 +222,7 @@ impl Drop for Scheduler {
 /// what they hold; sleep when there is nothing to do.
 fn run(engine: &Engine, shared: &Shared) {
     let mut live: Vec<Live> = Vec::new();
+    let mut cache = PrefixCache::new(shared.config.cached_sequences);
     loop {
         let admitted: Vec<Job> = {
             let mut state = shared.lock();
@@ -236,24 +248,36 @@ fn run(engine: &Engine, shared: &Shared) {
             state.queue.drain(..n).collect()
         };
         for job in admitted {
-            if let Some(l) = admit(engine, &shared.config, job) {
+            if let Some(l) = admit(engine, &shared.config, &mut cache, job) {
                 live.push(l);
             }
         }
-        run_round(engine, &mut live);
-        let stats = live.iter().map(live_stats).collect();
+        run_round(engine, &mut live, &mut cache);
+        let cached = cache.sequences().iter().map(|seq| SequenceStats {
+            id: 0,
+            phase: Phase::Cached,
+            prompt_tokens: seq.tokens.len(),
+            generated_tokens: 0,
+            kv: Some(seq.kv.stats()),
+        });
+        let stats = live.iter().map(live_stats).chain(cached).collect();
         shared.lock().live = stats;
         shared.changed.notify_all();
     }
 }
 
-/// Creates the job's sequence and starts its generation; a failure ends the job.
-fn admit(engine: &Engine, config: &SchedulerConfig, mut job: Job) -> Option<Live> {
+/// Gives the job a sequence — the cached one sharing the longest prefix with its prompt, else a
+/// new one — and starts its generation; a failure ends the job.
+fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut job: Job) -> Option<Live> {
     if job.cancel.is_cancelled() {
         finish_cancelled(job, None);
         return None;
     }
-    let started = engine.new_sequence_with(&config.kv, config.context_tokens).and_then(|mut seq| {
+    let seq = match cache.take(&job.prompt) {
+        Some(seq) => Ok(seq),
+        None => engine.new_sequence_with(&config.kv, config.context_tokens),
+    };
+    let started = seq.and_then(|mut seq| {
         let (sink, cancel) = (&mut job.sink, &job.cancel);
         let generation = Generation::start(&mut seq, std::mem::take(&mut job.prompt), job.params.clone(), &mut |e| {
             forward(sink, cancel, e)
@@ -271,31 +295,34 @@ fn admit(engine: &Engine, config: &SchedulerConfig, mut job: Job) -> Option<Live
 
 /// One step of every live sequence, batched: each says what it needs next (a prompt chunk or
 /// its next token, whose text goes out now), all of it runs in one forward pass, and each
-/// takes its logits. Sequences that ended, were cancelled or failed leave the batch.
-fn run_round(engine: &Engine, live: &mut Vec<Live>) {
-    live.retain_mut(|l| {
+/// takes its logits. Sequences that ended, were cancelled or failed leave the batch; those that
+/// finished go to the prefix cache (a cancelled one is freed at once: its client left).
+fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache) {
+    let mut finished = |mut l: Live, outcome: Result<Summary>| {
+        let keep = matches!(&outcome, Ok(s) if s.finish_reason != FinishReason::Cancelled);
+        (l.job.sink)(Update::Done(outcome));
+        if keep {
+            cache.put(l.seq);
+        }
+    };
+    let mut batched = Vec::with_capacity(live.len());
+    for mut l in live.drain(..) {
         if l.job.cancel.is_cancelled() {
             let summary = l.generation.cancelled();
-            (l.job.sink)(Update::Done(Ok(summary)));
-            return false;
+            finished(l, Ok(summary));
+            continue;
         }
         let (sink, cancel) = (&mut l.job.sink, &l.job.cancel);
         match l.generation.next_input(engine, &l.seq, &mut |e| forward(sink, cancel, e)) {
             Ok(Next::Feed(tokens)) => {
                 l.input = tokens;
-                true
+                batched.push(l);
             }
-            Ok(Next::Done(summary)) => {
-                (l.job.sink)(Update::Done(Ok(summary)));
-                false
-            }
-            Err(e) => {
-                (l.job.sink)(Update::Done(Err(e)));
-                false
-            }
+            Ok(Next::Done(summary)) => finished(l, Ok(summary)),
+            Err(e) => finished(l, Err(e)),
         }
-    });
-    let mut batch: Vec<(&mut Sequence, &[u32])> = live.iter_mut().map(|l| (&mut l.seq, &l.input[..])).collect();
+    }
+    let mut batch: Vec<(&mut Sequence, &[u32])> = batched.iter_mut().map(|l| (&mut l.seq, &l.input[..])).collect();
     let outcome: Vec<Result<Vec<f32>>> = match feed_batch(engine, &mut batch) {
         Ok(logits) => logits.into_iter().map(Ok).collect(),
         // One sequence's failure (its cold pool's disk is full, say) must not end the others:
@@ -303,19 +330,16 @@ fn run_round(engine: &Engine, live: &mut Vec<Live>) {
         Err(_) if batch.len() > 1 => batch.iter_mut().map(|(seq, tokens)| seq.feed(engine, tokens)).collect(),
         Err(e) => vec![Err(e)],
     };
-    let mut outcome = outcome.into_iter();
-    live.retain_mut(|l| match outcome.next() {
-        Some(Ok(logits)) => {
-            let (sink, cancel) = (&mut l.job.sink, &l.job.cancel);
-            l.generation.accept(&l.seq, logits, &mut |e| forward(sink, cancel, e));
-            true
+    for (mut l, outcome) in batched.into_iter().zip(outcome) {
+        match outcome {
+            Ok(logits) => {
+                let (sink, cancel) = (&mut l.job.sink, &l.job.cancel);
+                l.generation.accept(&l.seq, logits, &mut |e| forward(sink, cancel, e));
+                live.push(l);
+            }
+            Err(e) => finished(l, Err(e)),
         }
-        Some(Err(e)) => {
-            (l.job.sink)(Update::Done(Err(e)));
-            false
-        }
-        None => true,
-    });
+    }
 }
 
 fn forward(sink: &mut Sink, cancel: &CancelFlag, event: Event) {
