@@ -16,12 +16,20 @@ impl PrefixCache {
         Self { idle: Vec::new(), capacity }
     }
 
-    /// The kept sequence sharing the longest prefix with `prompt` (at least one token), taken
-    /// out of the cache.
+    /// The kept sequence sharing the longest prefix with `prompt`, taken out of the cache. Only
+    /// a sequence that `prompt` mostly continues (at least half of its tokens shared) is taken:
+    /// every chat shares a few template tokens, and an unrelated request must not cut a long
+    /// cached conversation down to them.
     pub fn take(&mut self, prompt: &[u32]) -> Option<Sequence> {
         let shared = |seq: &Sequence| seq.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
-        let (best, len) = self.idle.iter().enumerate().map(|(i, s)| (i, shared(s))).max_by_key(|&(_, n)| n)?;
-        (len > 0).then(|| self.idle.remove(best))
+        let (best, _) = self
+            .idle
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i, shared(s)))
+            .filter(|&(i, n)| n > 0 && 2 * n >= self.idle[i].tokens.len())
+            .max_by_key(|&(_, n)| n)?;
+        Some(self.idle.remove(best))
     }
 
     /// Keeps `seq`, dropping the least recently used beyond the capacity (with its memory and
@@ -57,10 +65,12 @@ mod tests {
         cache.put(seq(&[1, 2, 3]));
         cache.put(seq(&[1, 2, 9, 9]));
         assert!(cache.take(&[7, 1, 2]).is_none(), "no shared prefix, nothing to reuse");
+        cache.put(seq(&[1, 5, 6, 7, 8]));
+        assert!(cache.take(&[1, 9]).is_none(), "one shared token of five does not make a continuation");
         assert_eq!(cache.take(&[1, 2, 9, 5]).unwrap().tokens, [1, 2, 9, 9]);
         cache.put(seq(&[4]));
-        cache.put(seq(&[5])); // over capacity: [1, 2, 3], the least recently kept, goes
-        assert!(cache.take(&[1, 2, 3]).is_none());
+        cache.put(seq(&[5])); // over capacity: the least recently kept go
+        assert!(cache.take(&[1, 2, 3]).is_none() && cache.take(&[1, 5, 6, 7, 8]).is_none());
         assert_eq!(cache.sequences().len(), 2);
         assert!(PrefixCache::new(0).take(&[1]).is_none());
     }
