@@ -12,6 +12,30 @@ pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
+/// The errors a generation request can meet, for the OpenAPI document.
+#[allow(dead_code)] // only its derived description is used
+#[derive(utoipa::IntoResponses)]
+pub enum GenerationErrors {
+    /// Invalid request, or the prompt does not fit the context
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// Missing or wrong API key
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// Unknown model
+    #[response(status = 404)]
+    UnknownModel(ErrorBody),
+    /// Body over the limit
+    #[response(status = 413)]
+    TooLarge(ErrorBody),
+    /// Queue full (see Retry-After)
+    #[response(status = 429)]
+    QueueFull(ErrorBody),
+    /// Shutting down (see Retry-After)
+    #[response(status = 503)]
+    ShuttingDown(ErrorBody),
+}
+
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorDetail {
     pub message: String,

@@ -1,7 +1,7 @@
 //! `POST /v1/chat/completions`: messages through the model's chat template, one choice,
 //! streamed as `chat.completion.chunk` events or returned whole.
 
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{ApiError, GenerationErrors};
 use crate::extract::JsonBody;
 use crate::run::{self, Piece};
 use crate::types::*;
@@ -21,12 +21,7 @@ const MAX_TOP_LOGPROBS: usize = 20;
     request_body = ChatCompletionRequest,
     responses(
         (status = 200, description = "The completion; with `stream: true`, server-sent `ChatCompletionChunk`s ending in `[DONE]`", body = ChatCompletion),
-        (status = 400, description = "Invalid request, or the prompt does not fit the context", body = ErrorBody),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "Unknown model", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
-        (status = 429, description = "Queue full (see Retry-After)", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody),
+        GenerationErrors,
     )
 )]
 pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<ChatCompletionRequest>) -> Result<Response, ApiError> {

@@ -1,7 +1,7 @@
 //! `POST /v1/completions`: a raw prompt (no chat template) continued, streamed as
 //! `text_completion` chunks or returned whole, with the legacy log-probability format.
 
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{ApiError, GenerationErrors};
 use crate::extract::JsonBody;
 use crate::run::{self, Piece};
 use crate::types::*;
@@ -21,12 +21,7 @@ const MAX_LOGPROBS: usize = 5;
     request_body = CompletionRequest,
     responses(
         (status = 200, description = "The completion; with `stream: true`, server-sent `Completion` chunks ending in `[DONE]`", body = Completion),
-        (status = 400, description = "Invalid request, or the prompt does not fit the context", body = ErrorBody),
-        (status = 401, description = "Missing or wrong API key", body = ErrorBody),
-        (status = 404, description = "Unknown model", body = ErrorBody),
-        (status = 413, description = "Body over the limit", body = ErrorBody),
-        (status = 429, description = "Queue full (see Retry-After)", body = ErrorBody),
-        (status = 503, description = "Shutting down", body = ErrorBody),
+        GenerationErrors,
     )
 )]
 pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<CompletionRequest>) -> Result<Response, ApiError> {
