@@ -85,6 +85,10 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("not_found"), format!("No route {path}; see GET /openapi.json."))
     }
 
+    pub fn method_not_allowed(method: &axum::http::Method, path: &str) -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", Some("method_not_allowed"), format!("{path} does not take {method}; see GET /openapi.json."))
+    }
+
     pub fn body_too_large(limit_bytes: usize) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("request_too_large"), format!("The request body is larger than the server's limit of {limit_bytes} bytes."))
     }

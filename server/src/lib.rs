@@ -101,6 +101,7 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::middleware::from_fn_with_state(app.clone(), auth::require_key))
         .route("/health", get(routes::info::health))
         .fallback(routes::info::not_found)
+        .method_not_allowed_fallback(routes::info::method_not_allowed)
         .layer(DefaultBodyLimit::max(app.config.max_body_bytes));
     if !app.config.cors_origins.is_empty() {
         let origins: Vec<HeaderValue> = app.config.cors_origins.iter().filter_map(|o| o.parse().ok()).collect();

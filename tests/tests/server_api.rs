@@ -249,6 +249,8 @@ fn bad_requests_get_openai_errors_with_the_right_status() {
     assert_eq!(b["error"]["code"], "model_not_found");
     let (st, b) = s.get("/v1/nothing-here");
     assert_error(st, &b, 404, "/v1/nothing-here");
+    let (st, b) = s.get("/v1/chat/completions");
+    assert_error(st, &b, 405, "does not take GET");
     // Unknown fields are ignored, and the model's file name works as its id.
     let (st, _) = s.post("/v1/chat/completions", &chat("hi", json!({"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "user": "x", "max_tokens": 2})));
     assert_eq!(st, 200);

@@ -5,7 +5,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::types::{Health, ModelCard, ModelList};
 use crate::{unix_now_s, App, ServerConfig};
 use axum::extract::{Path, State};
-use axum::http::Uri;
+use axum::http::{Method, Uri};
 use axum::Json;
 use hillside_engine::scheduler::{Phase, SequenceStats};
 use serde::Serialize;
@@ -108,4 +108,8 @@ pub async fn config(State(app): State<Arc<App>>) -> Json<ConfigReport> {
 
 pub async fn not_found(uri: Uri) -> ApiError {
     ApiError::not_found(uri.path())
+}
+
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::method_not_allowed(&method, uri.path())
 }
