@@ -20,6 +20,8 @@ test: setup
 	HILLSIDE_SIMD=portable cargo test -p hillside-engine --lib
 	# The official openai Python client against `hillside serve`.
 	scripts/openai-client-test.sh
+	# The FPGA scoring kernel's C simulation against the Rust reference's vectors.
+	$(MAKE) -C fpga csim BUILD=$(CARGO_TARGET_DIR)/fpga
 
 bench: setup
 	cargo run --release -p hillside -- bench decode --json docs/bench-decode.json

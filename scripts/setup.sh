@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-command -v cc >/dev/null || need_apt+=(build-essential)
+command -v cc >/dev/null && command -v g++ >/dev/null || need_apt+=(build-essential) # g++: the FPGA kernel's C simulation
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 python3 -c "import ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv) # the tests' openai client venv
