@@ -54,7 +54,7 @@ fn key_value(bits: KeyBits, row: &[u8], d: usize) -> i32 {
         KeyBits::Int8 => i32::from(row[d] as i8),
         KeyBits::Int4 => {
             let byte = row[d / 2];
-            let nibble = if d % 2 == 0 { byte << 4 } else { byte & 0xf0 };
+            let nibble = if d.is_multiple_of(2) { byte << 4 } else { byte & 0xf0 };
             i32::from((nibble as i8) >> 4)
         }
     }
