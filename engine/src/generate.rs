@@ -205,7 +205,7 @@ pub fn feed_batch(engine: &Engine, batch: &mut [(&mut Sequence, &[u32])]) -> Res
 }
 
 /// One generation in progress, advanced a step at a time (a prompt chunk or one token), so a
-/// scheduler can interleave many sequences on one model.
+/// scheduler can run many sequences' steps together in one batch.
 pub struct Generation {
     prompt: Vec<u32>,
     params: GenerateParams,
