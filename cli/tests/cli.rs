@@ -7,6 +7,11 @@ fn hillside() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hillside"))
 }
 
+/// Cold-pool files in `dir`.
+fn cold_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count())
+}
+
 #[test]
 fn generate_answers_and_reports_speed() {
     let out = hillside()
@@ -119,9 +124,6 @@ fn ctrl_c_stops_the_reply_and_the_chat_goes_on() {
 #[test]
 fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
     let dir = std::env::temp_dir().join(format!("hillside-cli-cold-{}", std::process::id()));
-    let files = |dir: &std::path::Path| {
-        std::fs::read_dir(dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count())
-    };
     let generate = |prompt: &str, max_tokens: &str| {
         let mut cmd = hillside();
         cmd.args(["generate", "--kv", "tiered", "--context", "1024", "--temperature", "0", "--max-tokens", max_tokens, "--prompt", prompt])
@@ -133,7 +135,7 @@ fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
     let out = generate("What is the capital of Germany?", "30").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("Berlin"));
-    assert_eq!(files(&dir), 0, "the cold-pool file goes when the process ends");
+    assert_eq!(cold_files(&dir), 0, "the cold-pool file goes when the process ends");
 
     // Kill one mid-reply: its file stays behind ...
     let mut child = generate("Write a very long story about a lighthouse keeper.", "2000").stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
@@ -141,11 +143,11 @@ fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
     std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
-    assert_eq!(files(&dir), 1, "a killed process leaves its cold-pool file");
+    assert_eq!(cold_files(&dir), 1, "a killed process leaves its cold-pool file");
     // ... and the next start sweeps it.
     let out = generate("What is the capital of Germany?", "5").output().unwrap();
     assert!(out.status.success());
-    assert_eq!(files(&dir), 0, "the crashed process's file is swept");
+    assert_eq!(cold_files(&dir), 0, "the crashed process's file is swept");
 }
 
 #[test]
@@ -178,7 +180,6 @@ fn the_config_file_applies_under_the_flags_and_its_mistakes_are_named() {
 fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
     use std::io::{BufRead, BufReader, Read};
     let dir = std::env::temp_dir().join(format!("hillside-cli-serve-{}", std::process::id()));
-    let cold_files = || std::fs::read_dir(&dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count());
     let mut child = hillside()
         .args(["serve", "--port", "0", "--kv", "tiered", "--context", "2048", "--shutdown-grace-s", "1", "--cold-dir"])
         .arg(&dir)
@@ -202,7 +203,7 @@ fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
         assert!(n > 0, "{seen}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    assert_eq!(cold_files(), 1);
+    assert_eq!(cold_files(&dir), 1);
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
 
     // The stream runs on through the grace period, then ends with an error and [DONE].
@@ -221,7 +222,7 @@ fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
     let mut stderr = String::new();
     child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
     assert!(status.success(), "a clean exit: {stderr}");
-    assert_eq!(cold_files(), 0, "no files left behind");
+    assert_eq!(cold_files(&dir), 0, "no files left behind");
     assert!(std::net::TcpStream::connect(&addr).is_err(), "nothing listens any more");
     let _ = std::fs::remove_dir_all(&dir);
 }

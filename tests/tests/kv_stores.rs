@@ -10,11 +10,6 @@ fn cold_dir(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("hillside-kv-test-{name}-{}", std::process::id()))
 }
 
-/// Cold-pool files in `dir` (the planner's cached profile may sit beside them).
-fn files_in(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count())
-}
-
 #[test]
 fn offload_store_reproduces_the_full_cache_exactly_and_cleans_up() {
     let engine = Engine::load(&common::model_path()).unwrap();
@@ -25,7 +20,7 @@ fn offload_store_reproduces_the_full_cache_exactly_and_cleans_up() {
 
     let mut full = engine.new_sequence(Some(1024));
     let mut cold = engine.new_sequence_with(&offload, Some(1024)).unwrap();
-    assert_eq!(files_in(&dir), 1, "one cold-pool file per sequence");
+    assert_eq!(common::cold_files(&dir), 1, "one cold-pool file per sequence");
     // A chunked prompt, then teacher-forced single steps (crossing several group boundaries).
     for chunk in tokens[..500].chunks(128) {
         let a = engine.model().forward(chunk, full.kv.as_mut(), Logits::Last).unwrap();
@@ -41,7 +36,7 @@ fn offload_store_reproduces_the_full_cache_exactly_and_cleans_up() {
     assert_eq!(stats.tokens, 600);
     assert!(stats.cold_bytes_read > 0 && stats.cold_bytes >= 592 * 23_040, "{stats:?}");
     drop(cold);
-    assert_eq!(files_in(&dir), 0, "the cold file goes with the sequence");
+    assert_eq!(common::cold_files(&dir), 0, "the cold file goes with the sequence");
 }
 
 #[test]
@@ -104,7 +99,7 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
     assert!(ppl_ratio < 1.02, "tiered perplexity {:+.2}% above full", 100.0 * (ppl_ratio - 1.0));
     assert!(agree > 0.88, "top-1 agreement {agree}");
     drop(seq);
-    assert_eq!(files_in(&dir), 0);
+    assert_eq!(common::cold_files(&dir), 0);
 }
 
 #[test]

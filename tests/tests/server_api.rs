@@ -367,7 +367,7 @@ fn a_client_that_disconnects_frees_its_sequence_and_cold_files() {
     let cold_dir = std::env::temp_dir().join(format!("hillside-serve-test-{}", std::process::id()));
     let kv = KvConfig { store: StoreKind::Tiered, cold_dir: cold_dir.clone(), ..KvConfig::default() };
     let s = Server::start(ServerConfig { scheduler: SchedulerConfig { kv, ..config().scheduler }, ..config() });
-    let cold_files = || std::fs::read_dir(&cold_dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count());
+    let cold_files = || common::cold_files(&cold_dir);
     // A raw socket, so that dropping it really closes the connection.
     let addr = s.base.trim_start_matches("http://");
     let mut socket = std::net::TcpStream::connect(addr).unwrap();

@@ -19,6 +19,11 @@ pub fn model_path() -> PathBuf {
     path
 }
 
+/// Cold-pool files in `dir` (the planner's cached profile may sit beside them).
+pub fn cold_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count())
+}
+
 /// A document from ../shared/data (never copied into the project).
 pub fn shared_document(name: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name);
