@@ -350,7 +350,7 @@ impl Generation {
     }
 }
 
-fn finished(prompt: &[u32], reused: usize, completion: Vec<u32>, reason: FinishReason, prefill_ms: f64, decode_ms: f64) -> Summary {
+pub(crate) fn finished(prompt: &[u32], reused: usize, completion: Vec<u32>, reason: FinishReason, prefill_ms: f64, decode_ms: f64) -> Summary {
     Summary {
         prompt_tokens: prompt.len(),
         reused_tokens: reused,

@@ -70,8 +70,8 @@ impl App {
 
     /// Each sequence's context in tokens.
     fn context_tokens(&self) -> usize {
-        let model = self.engine.model().config.context_tokens;
-        self.config.scheduler.context_tokens.map_or(model, |c| c.min(model))
+        let model = self.engine.model();
+        model.kv_shape(self.config.scheduler.context_tokens.unwrap_or(model.config.context_tokens)).max_tokens
     }
 
     /// A request may name the loaded model (any of its names) or none.

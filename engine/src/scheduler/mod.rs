@@ -13,7 +13,7 @@
 mod prefix_cache;
 
 use crate::error::Result;
-use crate::generate::{feed_batch, CancelFlag, Event, GenerateParams, Generation, Next, Sequence, Summary};
+use crate::generate::{feed_batch, finished, CancelFlag, Event, GenerateParams, Generation, Next, Sequence, Summary};
 use crate::kv::{KvConfig, KvStats};
 use crate::{Engine, FinishReason};
 use prefix_cache::PrefixCache;
@@ -233,11 +233,10 @@ fn run(engine: &Engine, shared: &Shared) {
                 let queued: Vec<Job> = state.queue.drain(..).collect();
                 drop(state);
                 for job in queued {
-                    finish_cancelled(job, None);
+                    finish_cancelled(job);
                 }
-                for l in live.drain(..) {
-                    let summary = l.generation.cancelled();
-                    finish_cancelled(l.job, Some(summary));
+                for mut l in live.drain(..) {
+                    (l.job.sink)(Update::Done(Ok(l.generation.cancelled())));
                 }
                 shared.lock().live.clear();
                 shared.changed.notify_all();
@@ -270,7 +269,7 @@ fn run(engine: &Engine, shared: &Shared) {
 /// new one — and starts its generation; a failure ends the job.
 fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut job: Job) -> Option<Live> {
     if job.cancel.is_cancelled() {
-        finish_cancelled(job, None);
+        finish_cancelled(job);
         return None;
     }
     let seq = match cache.take(&job.prompt) {
@@ -348,16 +347,9 @@ fn forward(sink: &mut Sink, cancel: &CancelFlag, event: Event) {
     }
 }
 
-fn finish_cancelled(mut job: Job, summary: Option<Summary>) {
-    let summary = summary.unwrap_or_else(|| Summary {
-        prompt_tokens: job.prompt.len(),
-        reused_tokens: 0,
-        completion_tokens: 0,
-        completion_ids: Vec::new(),
-        finish_reason: crate::FinishReason::Cancelled,
-        prefill_ms: 0.0,
-        decode_ms: 0.0,
-    });
+/// Ends a job that never started.
+fn finish_cancelled(mut job: Job) {
+    let summary = finished(&job.prompt, 0, Vec::new(), FinishReason::Cancelled, 0.0, 0.0);
     (job.sink)(Update::Done(Ok(summary)));
 }
 
