@@ -41,6 +41,9 @@ pub enum Error {
     #[error("KV cache: {0}")]
     Kv(String),
 
+    #[error("SmartSSD: {0}")]
+    Xrt(String),
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -8,9 +8,15 @@
 //! says so in the log. Every group carries a CRC32 (kept in DRAM), so a damaged block is an
 //! error, never garbage attention. The file is removed when the pool is dropped; files left by
 //! a crashed process are swept the next time a pool is created in that directory.
+//!
+//! For a SmartSSD the file also holds, after the K/V groups, each layer's scoring keys in chunks
+//! laid out for the FPGA kernel ([`crate::score::device::KeyChunkLayout`]), read with direct I/O
+//! straight into the card's peer-to-peer buffers. They carry no checksum: the host never sees
+//! those bytes, and a damaged one can only misrank a token, never corrupt attention.
 
 use super::aligned::{AlignedBuf, IO_ALIGN};
 use crate::error::{Error, Result};
+use crate::score::device::CHUNK_TOKENS;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -68,6 +74,8 @@ pub struct ColdPool {
     file: File,
     path: PathBuf,
     layout: ColdLayout,
+    /// Bytes of one layer's scoring-key chunk; 0 when the file has no key section.
+    key_chunk_bytes: usize,
     /// CRC32 of each written group with [`WRITTEN`] set; 0 until written. Atomic, so the pool
     /// can be shared with readers that work ahead (prefetch) while the owner writes.
     checksums: Vec<AtomicU64>,
@@ -89,6 +97,13 @@ static SWEPT: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
 impl ColdPool {
     /// Creates and preallocates the pool file in `dir` (created if missing).
     pub fn create(dir: &Path, layout: ColdLayout) -> Result<Self> {
+        Self::create_with_key_chunks(dir, layout, 0)
+    }
+
+    /// As [`ColdPool::create`], with room for every layer's scoring keys in chunks of
+    /// `key_chunk_bytes` (a whole number of pages) per [`CHUNK_TOKENS`] tokens.
+    pub fn create_with_key_chunks(dir: &Path, layout: ColdLayout, key_chunk_bytes: usize) -> Result<Self> {
+        assert!(key_chunk_bytes.is_multiple_of(IO_ALIGN));
         std::fs::create_dir_all(dir).map_err(|e| io_error("cannot create directory", dir, e))?;
         sweep_once(dir);
         static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -100,6 +115,7 @@ impl ColdPool {
             file,
             path,
             layout,
+            key_chunk_bytes,
             checksums: (0..layout.n_layers * layout.n_kv_heads * layout.max_groups).map(|_| AtomicU64::new(0)).collect(),
             stats: ColdIoStats::default(),
         };
@@ -109,7 +125,7 @@ impl ColdPool {
 
     /// Reserves the file's blocks now, so a full disk is reported here rather than mid-decode.
     fn preallocate(&self) -> Result<()> {
-        let len = self.layout.file_bytes();
+        let len = self.key_section_offset() + (self.layout.n_layers * self.max_key_chunks() * self.key_chunk_bytes) as u64;
         // SAFETY: plain syscall on an owned, open descriptor.
         let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&self.file), 0, len as libc::off_t) };
         match rc {
@@ -129,6 +145,37 @@ impl ColdPool {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn key_section_offset(&self) -> u64 {
+        self.layout.file_bytes()
+    }
+
+    fn max_key_chunks(&self) -> usize {
+        (self.layout.max_groups * GROUP_TOKENS).div_ceil(CHUNK_TOKENS)
+    }
+
+    fn key_chunk_offset(&self, layer: usize, chunk: usize) -> u64 {
+        assert!(self.key_chunk_bytes > 0 && layer < self.layout.n_layers && chunk < self.max_key_chunks(), "no such key chunk");
+        self.key_section_offset() + ((layer * self.max_key_chunks() + chunk) * self.key_chunk_bytes) as u64
+    }
+
+    /// Writes one layer's scoring-key chunk (`key_chunk_bytes` from the start of `buf`).
+    pub fn write_key_chunk(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()> {
+        let bytes = &buf.as_bytes()[..self.key_chunk_bytes];
+        self.file.write_all_at(bytes, self.key_chunk_offset(layer, chunk)).map_err(|e| io_error("write to", &self.path, e))?;
+        self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Reads `dst.len()` bytes from `offset` into one layer's key chunk, into `dst`: a
+    /// page-aligned buffer, normally a card's peer-to-peer mapping, so the bytes go from the SSD
+    /// to the FPGA without passing through DRAM. Not counted as cold bytes read by the host.
+    pub fn read_key_chunk(&self, layer: usize, chunk: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
+        assert!(offset + dst.len() <= self.key_chunk_bytes, "read past the key chunk");
+        assert_eq!(dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
+        let at = self.key_chunk_offset(layer, chunk) + offset as u64;
+        self.file.read_exact_at(dst, at).map_err(|e| io_error("read from", &self.path, e))
     }
 
     fn offset(&self, layer: usize, head: usize, group: usize) -> u64 {

@@ -4,6 +4,7 @@ use super::tiered::planner::{self, Profile};
 use super::tiered::{budget_floor_bytes, pinned_rows_bytes, TieredKvStore, TieredSettings};
 use super::drop::DropKvStore;
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
+use crate::score::xrt::XrtOptions;
 use crate::score::KeyBits;
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
@@ -47,6 +48,9 @@ pub enum EvaluatorKind {
     /// the host scores the hot ones.
     #[default]
     Storage,
+    /// A SmartSSD's FPGA scores the cold tokens next to the NAND (through XRT); where there is
+    /// none, the storage evaluator does.
+    Xrt,
 }
 
 impl std::str::FromStr for EvaluatorKind {
@@ -56,7 +60,8 @@ impl std::str::FromStr for EvaluatorKind {
         match s {
             "host" => Ok(Self::Host),
             "storage" => Ok(Self::Storage),
-            other => Err(format!("unknown evaluator '{other}' (host, storage)")),
+            "xrt" => Ok(Self::Xrt),
+            other => Err(format!("unknown evaluator '{other}' (host, storage, xrt)")),
         }
     }
 }
@@ -66,6 +71,7 @@ impl std::fmt::Display for EvaluatorKind {
         f.write_str(match self {
             Self::Host => "host",
             Self::Storage => "storage",
+            Self::Xrt => "xrt",
         })
     }
 }
@@ -105,6 +111,14 @@ pub struct KvConfig {
     pub key_bits: KeyBits,
     /// Tiered: who scores the cold tokens.
     pub evaluator: EvaluatorKind,
+    /// Evaluator `xrt`: XRT's `libxrt_coreutil.so` (default: `HILLSIDE_XRT_LIBRARY`, then
+    /// `$XILINX_XRT/lib`, then the standard install paths).
+    pub xrt_library: Option<PathBuf>,
+    /// Evaluator `xrt`: the scoring kernel's xclbin (default: `HILLSIDE_XCLBIN`, then
+    /// `hillside_score.xclbin` in Hillside's data directory).
+    pub xrt_xclbin: Option<PathBuf>,
+    /// Evaluator `xrt`: which card.
+    pub xrt_device: u32,
     /// Tiered: the fidelity guard's threshold on the estimated attention share of the top α
     /// (0 turns it off).
     pub guard_mass: f32,
@@ -122,6 +136,9 @@ impl Default for KvConfig {
             dense_layers: 1,
             key_bits: KeyBits::Int4,
             evaluator: EvaluatorKind::Storage,
+            xrt_library: None,
+            xrt_xclbin: None,
+            xrt_device: 0,
             guard_mass: 0.0,
         }
     }
@@ -163,8 +180,13 @@ impl KvConfig {
             dense_layers: self.dense_layers,
             key_bits: self.key_bits,
             evaluator: self.evaluator,
+            xrt: self.xrt_options(),
             guard_mass: self.guard_mass,
         }
+    }
+
+    pub fn xrt_options(&self) -> XrtOptions {
+        XrtOptions { library: self.xrt_library.clone(), xclbin: self.xrt_xclbin.clone(), device: self.xrt_device }
     }
 
     pub fn tiered_settings(&self, shape: KvShape) -> TieredSettings {

@@ -128,6 +128,11 @@ pub struct TierStats {
     /// that the layer's selection then needed.
     pub read_ahead_groups: u64,
     pub read_ahead_used: u64,
+    /// SmartSSD (evaluator `xrt`): cold tokens the card scored, kernel runs, and whether the
+    /// card failed and the host took over.
+    pub device_tokens: u64,
+    pub device_runs: u64,
+    pub device_failed: bool,
 }
 
 pub trait KvStore: Send {

@@ -12,7 +12,8 @@
 //! is common to all tokens and does not change their ranking. Scores go out in blocks of
 //! `block_tokens` (position, score) pairs per head, each block readable as soon as it is written.
 
-use super::KeyBits;
+use super::{KeyBits, ScoringKeys};
+use crate::kv::aligned::IO_ALIGN;
 
 /// Bytes the device reads per bus word (512 bits).
 pub const WORD_BYTES: usize = 64;
@@ -46,6 +47,112 @@ pub fn quantize_query(query: &[f32]) -> Vec<i8> {
     let amax = query.iter().fold(0f32, |m, x| m.max(x.abs()));
     let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
     query.iter().map(|&x| (x * inv).round().clamp(-127.0, 127.0) as i8).collect()
+}
+
+/// A decode step's query as the device takes it, and as the host scores the cold tokens when
+/// the device is absent: per KV head, an INT8 row and its scale. Every storage-side score is
+/// `(float)dot × key scale` (the device's exact number) times the query scale, so the host's
+/// stand-in and the card rank tokens identically, and on the same scale as the query itself.
+pub struct DeviceQuery {
+    head_dim: usize,
+    rows: Vec<i8>,
+    /// The INT8 values as f32: the host's scoring kernels sum their products exactly (every
+    /// partial sum is an integer below 2²⁴), so they reproduce the device's integer dot.
+    values: Vec<f32>,
+    scales: Vec<f32>,
+}
+
+impl DeviceQuery {
+    /// `query` holds one row of `head_dim` per KV head.
+    pub fn new(query: &[f32], head_dim: usize) -> Self {
+        let mut rows = Vec::with_capacity(query.len());
+        let mut scales = Vec::with_capacity(query.len() / head_dim);
+        for row in query.chunks_exact(head_dim) {
+            rows.extend(quantize_query(row));
+            scales.push(row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0);
+        }
+        Self { head_dim, values: rows.iter().map(|&q| f32::from(q)).collect(), rows, scales }
+    }
+
+    pub fn n_heads(&self) -> usize {
+        self.scales.len()
+    }
+
+    /// `[head][head_dim]` INT8 rows.
+    pub fn rows(&self) -> &[i8] {
+        &self.rows
+    }
+
+    /// A device score of `head` in the host's units.
+    pub fn rescale(&self, head: usize, device_score: f32) -> f32 {
+        device_score * self.scales[head]
+    }
+
+    /// `out[h][i]`: what the device would return for `tokens[i]`, rescaled, from the host's
+    /// scoring copy.
+    pub fn score(&self, keys: &ScoringKeys, tokens: &[u32], out: &mut [f32]) {
+        keys.score(&self.values, tokens, out);
+        for (h, head) in out.chunks_exact_mut(tokens.len().max(1)).enumerate().take(self.n_heads()) {
+            head.iter_mut().for_each(|s| *s = self.rescale(h, *s));
+        }
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+}
+
+/// Tokens per scoring-key chunk on the SSD: what one device run scores.
+pub const CHUNK_TOKENS: usize = 256;
+
+/// One layer's chunk of [`CHUNK_TOKENS`] tokens' scoring keys as the cold pool stores it for the
+/// device: the kernel's key regions (one per KV head), then its `[head][token]` scales, each
+/// part padded to whole pages so both can be read with direct I/O straight into device buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyChunkLayout {
+    pub bits: KeyBits,
+    pub n_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KeyChunkLayout {
+    pub fn keys_bytes(&self) -> usize {
+        (self.n_heads * head_region_bytes(self.bits, self.head_dim, CHUNK_TOKENS)).next_multiple_of(IO_ALIGN)
+    }
+
+    pub fn scales_bytes(&self) -> usize {
+        (self.n_heads * CHUNK_TOKENS * 4).next_multiple_of(IO_ALIGN)
+    }
+
+    pub fn chunk_bytes(&self) -> usize {
+        self.keys_bytes() + self.scales_bytes()
+    }
+
+    /// Bytes of the device's query buffer: one word-padded INT8 row per head.
+    pub fn query_bytes(&self) -> usize {
+        self.n_heads * self.head_dim.next_multiple_of(WORD_BYTES)
+    }
+
+    /// Writes chunk `chunk` of `keys` (every token of it must be present) into `out`.
+    pub fn fill(&self, keys: &ScoringKeys, chunk: usize, out: &mut [u8]) {
+        let region = head_region_bytes(self.bits, self.head_dim, CHUNK_TOKENS);
+        let (key_part, scale_part) = out[..self.chunk_bytes()].split_at_mut(self.keys_bytes());
+        key_part.fill(0);
+        for h in 0..self.n_heads {
+            let scales = &mut scale_part[h * CHUNK_TOKENS * 4..][..CHUNK_TOKENS * 4];
+            keys.copy_head_rows(h, chunk * CHUNK_TOKENS, CHUNK_TOKENS, &mut key_part[h * region..][..region], scales);
+        }
+    }
+
+    /// The device's query buffer contents for `query`.
+    pub fn query_buffer(&self, query: &DeviceQuery) -> Vec<u8> {
+        let row = self.head_dim.next_multiple_of(WORD_BYTES);
+        let mut out = vec![0u8; self.query_bytes()];
+        for (h, q) in query.rows().chunks_exact(self.head_dim).enumerate() {
+            out[h * row..][..self.head_dim].iter_mut().zip(q).for_each(|(o, &q)| *o = q as u8);
+        }
+        out
+    }
 }
 
 /// Dimension `d` of a packed row, as a signed integer.
@@ -95,5 +202,29 @@ mod tests {
         assert_eq!(scores, vec![(-10 - 6) as f32 * 0.5, (70 + 14) as f32 * 2.0]);
         assert_eq!(quantize_query(&[0.5, -1.0, 0.0]), vec![64, -127, 0]);
         assert!(supports(KeyBits::Int4, 64) && supports(KeyBits::Int8, 128) && !supports(KeyBits::Int8, 96) && !supports(KeyBits::Int8, 256));
+    }
+
+    #[test]
+    fn host_scores_of_a_device_query_equal_the_devices_on_the_chunk_layout() {
+        let (heads, hd) = (3, 64);
+        let k: Vec<f32> = (0..CHUNK_TOKENS * heads * hd).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2.5).collect();
+        let q: Vec<f32> = (0..heads * hd).map(|i| (i % 11) as f32 / 3.0 - 1.7).collect();
+        for bits in [KeyBits::Int4, KeyBits::Int8] {
+            let mut keys = ScoringKeys::new(bits, heads, hd);
+            keys.push(&k);
+            let layout = KeyChunkLayout { bits, n_heads: heads, head_dim: hd };
+            let mut chunk = vec![0u8; layout.chunk_bytes()];
+            layout.fill(&keys, 0, &mut chunk);
+            let scales: Vec<f32> =
+                chunk[layout.keys_bytes()..][..heads * CHUNK_TOKENS * 4].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            let query = DeviceQuery::new(&q, hd);
+            let device = reference_scores(bits, hd, CHUNK_TOKENS, &chunk[..layout.keys_bytes()], &scales, query.rows());
+            let tokens: Vec<u32> = (0..CHUNK_TOKENS as u32).collect();
+            let mut host = vec![0f32; heads * CHUNK_TOKENS];
+            query.score(&keys, &tokens, &mut host);
+            for (i, (&h, &d)) in host.iter().zip(&device).enumerate() {
+                assert_eq!(h.to_bits(), query.rescale(i / CHUNK_TOKENS, d).to_bits(), "{bits:?} head {} token {}", i / CHUNK_TOKENS, i % CHUNK_TOKENS);
+            }
+        }
     }
 }

@@ -77,6 +77,25 @@ impl ScoringKeys {
         self.n_kv_heads
     }
 
+    pub fn bits(&self) -> KeyBits {
+        self.bits
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Copies head `head`'s rows of tokens `first .. first + n` densely into `rows` and their
+    /// scales (little-endian f32) into `scales`: the device's per-head layout.
+    pub fn copy_head_rows(&self, head: usize, first: usize, n: usize, rows: &mut [u8], scales: &mut [u8]) {
+        let rb = self.row_bytes;
+        for (i, t) in (first..first + n).enumerate() {
+            let row = t * self.n_kv_heads + head;
+            rows[i * rb..][..rb].copy_from_slice(&self.data[row * rb..][..rb]);
+            scales[i * 4..][..4].copy_from_slice(&self.scales[row].to_le_bytes());
+        }
+    }
+
     /// DRAM this copy occupies.
     pub fn bytes(&self) -> usize {
         self.data.len() + 4 * self.scales.len()

@@ -3,11 +3,14 @@
 //! merge of score blocks.
 
 pub mod device;
+pub mod evaluator;
 pub mod keys;
 pub mod storage;
 pub mod topk;
+pub mod xrt;
 
 pub use keys::{KeyBits, ScoringKeys};
+pub use evaluator::ColdEvaluator;
 pub use storage::StorageEvaluator;
 pub use topk::{HeadsMass, HeadsTopK, ScoreBlock, TopK};
 

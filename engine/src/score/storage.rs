@@ -1,9 +1,10 @@
 //! The storage-side evaluator: a worker thread that scores the cold pool's tokens chunk by
 //! chunk and sends each chunk's score block up the moment it is done (HillInfer's HIE), over a
 //! bounded channel, so the host merges blocks while the scan is still running. Without a
-//! SmartSSD it scores the DRAM scoring copy of the cold keys; the XRT evaluator will run the
-//! same protocol on the drive's FPGA.
+//! SmartSSD it scores the DRAM scoring copy of the cold keys, with the device's arithmetic
+//! ([`DeviceQuery`]); the XRT evaluator runs the same protocol on the drive's FPGA.
 
+use super::device::DeviceQuery;
 use super::keys::ScoringKeys;
 use super::topk::ScoreBlock;
 use super::SCORE_BLOCK_TOKENS;
@@ -16,7 +17,7 @@ const BLOCKS_IN_FLIGHT: usize = 2;
 
 struct Request {
     keys: Arc<RwLock<ScoringKeys>>,
-    query: Vec<f32>,
+    query: Arc<DeviceQuery>,
     tokens: Vec<u32>,
     reply: SyncSender<ScoreBlock>,
 }
@@ -45,11 +46,8 @@ impl StorageEvaluator {
                 for req in inbox {
                     let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
                     for chunk in req.tokens.chunks(SCORE_BLOCK_TOKENS) {
-                        let mut block = ScoreBlock::new(chunk.to_vec(), keys.n_kv_heads());
-                        keys.score(&req.query, chunk, &mut block.scores);
-                        block.produced = std::time::Instant::now();
                         counter.fetch_add(chunk.len(), Ordering::Relaxed);
-                        if req.reply.send(block).is_err() {
+                        if req.reply.send(score_on_host(&keys, &req.query, chunk)).is_err() {
                             break; // the host stopped listening
                         }
                     }
@@ -61,7 +59,7 @@ impl StorageEvaluator {
 
     /// Starts scoring `tokens` against `query`; blocks arrive on the returned channel in order,
     /// and it closes when the scan is done.
-    pub fn score(&self, keys: Arc<RwLock<ScoringKeys>>, query: Vec<f32>, tokens: Vec<u32>) -> Receiver<ScoreBlock> {
+    pub fn score(&self, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> Receiver<ScoreBlock> {
         let (reply, blocks) = mpsc::sync_channel(BLOCKS_IN_FLIGHT);
         let request = Request { keys, query, tokens, reply };
         if let Some(requests) = &self.requests {
@@ -74,6 +72,14 @@ impl StorageEvaluator {
     pub fn tokens_scored(&self) -> usize {
         self.scored.load(Ordering::Relaxed)
     }
+}
+
+/// One score block of `tokens`, scored from the DRAM copy as the device would score them.
+pub(super) fn score_on_host(keys: &ScoringKeys, query: &DeviceQuery, tokens: &[u32]) -> ScoreBlock {
+    let mut block = ScoreBlock::new(tokens.to_vec(), keys.n_kv_heads());
+    query.score(keys, tokens, &mut block.scores);
+    block.produced = std::time::Instant::now();
+    block
 }
 
 impl Drop for StorageEvaluator {
@@ -100,6 +106,7 @@ mod tests {
         let tokens: Vec<u32> = (0..n as u32).collect();
 
         let evaluator = StorageEvaluator::new();
+        let query = Arc::new(DeviceQuery::new(&query, hd));
         let blocks = evaluator.score(keys.clone(), query.clone(), tokens.clone());
         let mut top = HeadsTopK::new(heads, 100);
         let mut scored_at_first_merge = None;
@@ -115,7 +122,7 @@ mod tests {
         assert!(ahead <= (BLOCKS_IN_FLIGHT + 2) * SCORE_BLOCK_TOKENS, "first block merged only after {ahead} of {n} tokens were scored");
 
         let mut exact = ScoreBlock::new(tokens, heads);
-        keys.read().unwrap().score(&query, &exact.tokens, &mut exact.scores);
+        query.score(&keys.read().unwrap(), &exact.tokens, &mut exact.scores);
         let mut all = HeadsTopK::new(heads, 100);
         all.merge(&exact);
         assert_eq!(top.into_tokens(), all.into_tokens());

@@ -22,7 +22,9 @@ use super::view::ViewBuffers;
 use super::window::RecentWindow;
 use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, Selection, TierStats};
 use crate::error::{Error, Result};
-use crate::score::{HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
+use crate::score::device::{DeviceQuery, KeyChunkLayout};
+use crate::score::xrt::{XrtEvaluator, XrtOptions};
+use crate::score::{ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use reads::{read_heads, Prefetched, Prefetcher, Staged};
@@ -44,6 +46,8 @@ pub struct TieredSettings {
     pub dense_layers: usize,
     pub key_bits: KeyBits,
     pub evaluator: EvaluatorKind,
+    /// The card for [`EvaluatorKind::Xrt`].
+    pub xrt: XrtOptions,
     /// The fidelity guard: a step whose top α holds less than this share of a head's
     /// estimated attention attends to twice as many tokens in that layer (0 turns it off).
     pub guard_mass: f32,
@@ -92,7 +96,7 @@ pub struct TieredKvStore {
     window: RecentWindow,
     /// Per layer; shared with the storage evaluator's worker while it scans.
     keys: Vec<Arc<RwLock<ScoringKeys>>>,
-    evaluator: Option<StorageEvaluator>,
+    evaluator: Option<ColdEvaluator>,
     /// Hot rows per lane (a layer's KV head: `layer * n_kv_heads + head`): heads select
     /// their own tokens, so each keeps its own.
     hot: HotPool,
@@ -126,7 +130,9 @@ impl TieredKvStore {
             .map(|_| Arc::new(RwLock::new(ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim))))
             .collect();
         let lanes = shape.n_layers * shape.n_kv_heads;
-        let store = Self {
+        let key_chunks = (settings.evaluator == EvaluatorKind::Xrt)
+            .then_some(KeyChunkLayout { bits: settings.key_bits, n_heads: shape.n_kv_heads, head_dim: shape.head_dim });
+        let mut store = Self {
             hot: HotPool::new(lanes, shape.head_dim),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
             hits: vec![Vec::new(); lanes],
@@ -136,9 +142,9 @@ impl TieredKvStore {
             staging: AlignedBuf::zeroed(0),
             last_selected: vec![None; shape.n_layers],
             prefetch: Prefetcher::default(),
-            cold: Arc::new(ColdPool::create(cold_dir, layout)?),
+            cold: Arc::new(ColdPool::create_with_key_chunks(cold_dir, layout, key_chunks.map_or(0, |k| k.chunk_bytes()))?),
             keys,
-            evaluator: (settings.evaluator == EvaluatorKind::Storage).then(StorageEvaluator::new),
+            evaluator: None,
             shape,
             settings,
             len: 0,
@@ -154,7 +160,29 @@ impl TieredKvStore {
                 shape.max_tokens
             )));
         }
+        store.evaluator = match (store.settings.evaluator, key_chunks) {
+            (EvaluatorKind::Host, _) => None,
+            (EvaluatorKind::Xrt, Some(layout)) => match XrtEvaluator::open(&store.settings.xrt, store.cold.clone(), layout) {
+                Ok(xrt) => Some(ColdEvaluator::Xrt(xrt)),
+                Err(e) => {
+                    tracing::warn!("{e}; the storage evaluator scores the cold pool instead");
+                    Some(ColdEvaluator::Storage(StorageEvaluator::new()))
+                }
+            },
+            _ => Some(ColdEvaluator::Storage(StorageEvaluator::new())),
+        };
         Ok(store)
+    }
+
+    fn tier_stats(&self) -> TierStats {
+        let mut tier = TierStats { hot_bytes: self.hot_bytes(), hot_budget_bytes: self.settings.hot_budget_bytes, ..self.tier.clone() };
+        if let Some(ColdEvaluator::Xrt(xrt)) = &self.evaluator {
+            let c = xrt.counters();
+            tier.device_tokens = c.device_tokens.load(Ordering::Relaxed);
+            tier.device_runs = c.runs.load(Ordering::Relaxed);
+            tier.device_failed = c.failed.load(Ordering::Relaxed);
+        }
+        tier
     }
 
     /// DRAM in use now, counted against the hot budget.
@@ -242,7 +270,10 @@ impl TieredKvStore {
             .map(|t| t as u32)
             .partition(|&t| self.evaluator.is_none() || t as usize >= base || lanes.iter().all(|&l| self.hot.contains(l, t)));
         let started = Instant::now();
-        let cold_blocks = self.evaluator.as_ref().filter(|_| !cold.is_empty()).map(|e| e.score(self.keys[layer].clone(), query.to_vec(), cold));
+        // Every candidate is ranked with the storage side's arithmetic, hot or cold, so where a
+        // token lives never changes its rank.
+        let query = Arc::new(DeviceQuery::new(query, self.shape.head_dim));
+        let cold_blocks = self.evaluator.as_ref().filter(|_| !cold.is_empty()).map(|e| e.score(layer, self.keys[layer].clone(), query.clone(), cold));
         let mut top = HeadsTopK::new(n_kv, keep);
         // The summed query's score over G heads is G times their mean logit·√d: scaled by
         // 1/(G·√d) its softmax is the attention of the group's mean logit.
@@ -259,11 +290,11 @@ impl TieredKvStore {
         {
             let keys = self.keys[layer].read().unwrap_or_else(|p| p.into_inner());
             if guard {
-                keys.score(query, &pinned_block.tokens, &mut pinned_block.scores);
+                query.score(&keys, &pinned_block.tokens, &mut pinned_block.scores);
             }
             for chunk in hot.chunks(SCORE_BLOCK_TOKENS) {
                 let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
-                keys.score(query, chunk, &mut block.scores);
+                query.score(&keys, chunk, &mut block.scores);
                 merge(&block);
                 while let Some(cold_block) = cold_blocks.as_ref().and_then(|b| b.try_recv().ok()) {
                     self.tier.score_blocks += 1;
@@ -448,6 +479,13 @@ impl KvStore for TieredKvStore {
         if let Err(e) = self.window.spill(&self.cold) {
             tracing::error!(error = %e, "cold pool write failed; keeping tokens in memory");
         }
+        let (sparse, cold_tokens) = (self.settings.dense_layers.min(self.shape.n_layers)..self.shape.n_layers, self.window.base());
+        if let Some(ColdEvaluator::Xrt(xrt)) = &mut self.evaluator {
+            if let Err(e) = xrt.store_chunks(&self.keys, sparse, cold_tokens) {
+                // Unwritten chunks are scored on the host; the next spill tries again.
+                tracing::error!(error = %e, "writing scoring keys for the SmartSSD failed");
+            }
+        }
         self.rebalance();
         self.tier.steps += 1;
     }
@@ -474,7 +512,7 @@ impl KvStore for TieredKvStore {
             resident_bytes: self.hot_bytes() + self.view.bytes() + self.staging.len() + self.prefetch.bytes(),
             cold_bytes: self.window.base() * self.shape.bytes_per_token(),
             cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
-            tier: Some(TierStats { hot_bytes: self.hot_bytes(), hot_budget_bytes: self.settings.hot_budget_bytes, ..self.tier.clone() }),
+            tier: Some(self.tier_stats()),
         }
     }
 }
@@ -523,6 +561,9 @@ impl TieredKvStore {
 
     fn truncate_bookkeeping(&mut self, n_tokens: usize) {
         self.len = n_tokens;
+        if let Some(ColdEvaluator::Xrt(xrt)) = &mut self.evaluator {
+            xrt.truncate(n_tokens);
+        }
         for keys in &self.keys {
             keys.write().unwrap_or_else(|p| p.into_inner()).truncate(n_tokens);
         }

@@ -12,6 +12,7 @@ use super::super::aligned::AlignedBuf;
 use super::super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
 use super::reads::io_pool;
 use crate::error::Result;
+use crate::score::device::DeviceQuery;
 use crate::score::{KeyBits, ScoringKeys, StorageEvaluator};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -93,10 +94,11 @@ pub fn measure(cold_dir: &Path, key_bits: KeyBits) -> Result<Profile> {
     let mut keys = ScoringKeys::new(key_bits, heads, hd);
     keys.push(&(0..n * heads * hd).map(|i| ((i * 7919) % 997) as f32 / 500.0 - 1.0).collect::<Vec<_>>());
     let query: Vec<f32> = (0..heads * hd).map(|i| (i % 7) as f32 - 3.0).collect();
+    let query = Arc::new(DeviceQuery::new(&query, hd));
     let tokens: Vec<u32> = (0..n as u32).collect();
     let mut scores = vec![0f32; heads * n];
     let host = rate(window, || {
-        keys.score(&query, &tokens, &mut scores);
+        query.score(&keys, &tokens, &mut scores);
         n * row_bytes
     });
     let keys = Arc::new(RwLock::new(keys));

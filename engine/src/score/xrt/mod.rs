@@ -1,0 +1,327 @@
+//! The XRT evaluator: the cold pool's tokens scored on a SmartSSD's FPGA (HillInfer §4.2, §4.4).
+//!
+//! Each layer's scoring keys reach the SSD in chunks of [`CHUNK_TOKENS`] in the kernel's layout
+//! as the sequence grows ([`XrtEvaluator::store_chunks`]). To rank a layer's cold tokens, a
+//! worker thread reads each needed chunk with direct I/O into the card's peer-to-peer buffers
+//! (NAND → FPGA DDR, no DRAM on the way), runs `hillside_score` on it and sends the chunk's
+//! (position, score) block up the same bounded channel the storage evaluator uses; the tokens
+//! not yet in a whole chunk on the SSD are scored on the host with the same arithmetic, so the
+//! selection is exactly the storage evaluator's.
+//!
+//! Where XRT, the card or the kernel is missing, [`XrtEvaluator::open`] says why in one line and
+//! the caller uses the storage evaluator. If the card fails mid-decode, the worker logs it once,
+//! lets go of the card and scores the rest on the host from the DRAM copy of the keys (which is
+//! kept for exactly this): the decode goes on.
+
+mod api;
+mod probe;
+
+pub use probe::{probe, Probe};
+
+use super::device::{DeviceQuery, KeyChunkLayout, CHUNK_TOKENS};
+use super::storage::score_on_host;
+use super::{KeyBits, ScoreBlock, ScoringKeys, SCORE_BLOCK_TOKENS};
+use crate::error::{Error, Result};
+use crate::kv::aligned::AlignedBuf;
+use crate::kv::cold::ColdPool;
+use api::{Arg, Buffer, Device, Kernel, Xrt};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, RwLock};
+
+/// The kernel's name in the xclbin (`fpga/kernel/score_kernel.cpp`).
+pub const KERNEL_NAME: &str = "hillside_score";
+
+/// Where XRT's C API lives, when neither the config nor `HILLSIDE_XRT_LIBRARY` says: XRT's own
+/// install, then Debian's packages.
+const STANDARD_LIBRARIES: [&str; 3] =
+    ["/opt/xilinx/xrt/lib/libxrt_coreutil.so", "/usr/lib/x86_64-linux-gnu/libxrt_coreutil.so.2", "/usr/lib64/libxrt_coreutil.so.2"];
+
+/// Score blocks that may wait in the channel, as for the storage evaluator.
+const BLOCKS_IN_FLIGHT: usize = 2;
+
+/// Which XRT library, xclbin and card to use (each from the config, else the environment).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct XrtOptions {
+    /// `libxrt_coreutil.so` (or the emulator built from `fpga/emu/`).
+    pub library: Option<PathBuf>,
+    /// The scoring kernel's xclbin.
+    pub xclbin: Option<PathBuf>,
+    /// Card index.
+    pub device: u32,
+}
+
+impl XrtOptions {
+    /// The library to load: configured, `HILLSIDE_XRT_LIBRARY`, `$XILINX_XRT/lib`, then the
+    /// standard install paths.
+    pub fn library_path(&self) -> PathBuf {
+        let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        self.library
+            .clone()
+            .or_else(|| env("HILLSIDE_XRT_LIBRARY"))
+            .or_else(|| env("XILINX_XRT").map(|dir| dir.join("lib/libxrt_coreutil.so")).filter(|p| p.exists()))
+            .or_else(|| STANDARD_LIBRARIES.iter().map(PathBuf::from).find(|p| p.exists()))
+            .unwrap_or_else(|| PathBuf::from(STANDARD_LIBRARIES[0]))
+    }
+
+    /// The xclbin to load: configured, `HILLSIDE_XCLBIN`, then `hillside_score.xclbin` in
+    /// Hillside's data directory.
+    pub fn xclbin_path(&self) -> Option<PathBuf> {
+        let data_dir = std::env::var_os("XDG_DATA_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+            .map(|d| d.join("hillside").join(format!("{KERNEL_NAME}.xclbin")));
+        self.xclbin
+            .clone()
+            .or_else(|| std::env::var_os("HILLSIDE_XCLBIN").filter(|v| !v.is_empty()).map(PathBuf::from))
+            .or(data_dir.filter(|p| p.exists()))
+    }
+}
+
+/// What the evaluator did, for stats and tests.
+#[derive(Debug, Default)]
+pub struct XrtCounters {
+    /// Tokens the card scored.
+    pub device_tokens: AtomicU64,
+    /// Tokens scored on the host: not yet in a whole chunk on the SSD, or after a failure.
+    pub host_tokens: AtomicU64,
+    pub runs: AtomicU64,
+    /// Set when the card failed and the host took over for good.
+    pub failed: AtomicBool,
+}
+
+struct Request {
+    layer: usize,
+    keys: Arc<RwLock<ScoringKeys>>,
+    query: Arc<DeviceQuery>,
+    tokens: Vec<u32>,
+    /// Chunks of every layer on the SSD when the request was made.
+    chunks: usize,
+    reply: SyncSender<ScoreBlock>,
+}
+
+pub struct XrtEvaluator {
+    requests: Option<mpsc::Sender<Request>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    cold: Arc<ColdPool>,
+    layout: KeyChunkLayout,
+    /// Chunks of every layer in `layers` written to the SSD.
+    chunks: usize,
+    staging: AlignedBuf,
+    counters: Arc<XrtCounters>,
+    description: String,
+}
+
+impl XrtEvaluator {
+    /// Opens the card `options` name and prepares the kernel for keys of this shape, or says in
+    /// one line why it cannot. `cold` must have a key section of `layout`'s chunks.
+    pub fn open(options: &XrtOptions, cold: Arc<ColdPool>, layout: KeyChunkLayout) -> Result<Self> {
+        if !super::device::supports(layout.bits, layout.head_dim) {
+            return Err(Error::Xrt(format!("the kernel does not take head_dim {} at {}", layout.head_dim, layout.bits)));
+        }
+        let found = probe(options);
+        if let Some(problem) = found.problem {
+            return Err(Error::Xrt(problem));
+        }
+        // The probe loaded the same library, card and xclbin in a child: safe to do here.
+        let xrt = Xrt::load(&found.library)?;
+        let device = xrt.open_device(options.device).ok_or_else(|| Error::Xrt(format!("device {} went away", options.device)))?;
+        let xclbin = found.xclbin.clone().ok_or_else(|| Error::Xrt("no xclbin".into()))?;
+        let kernel = device.load_xclbin(&xclbin).and_then(|uuid| device.open_kernel(&uuid, KERNEL_NAME))?;
+        let session = Session::new(device, kernel, layout)?;
+        let description = format!("{} via {}, {}", xclbin.display(), found.library.display(), found.version.unwrap_or_default());
+        let counters = Arc::new(XrtCounters::default());
+        let (requests, inbox) = mpsc::channel::<Request>();
+        let worker = {
+            let (cold, counters) = (cold.clone(), counters.clone());
+            std::thread::Builder::new()
+                .name("hillside-xrt-eval".into())
+                .spawn(move || serve(Some(session), &cold, inbox, &counters))
+                .map_err(|e| Error::Xrt(format!("cannot start the XRT worker: {e}")))?
+        };
+        Ok(Self {
+            requests: Some(requests),
+            worker: Some(worker),
+            staging: AlignedBuf::zeroed(layout.chunk_bytes()),
+            cold,
+            layout,
+            chunks: 0,
+            counters,
+            description,
+        })
+    }
+
+    /// The xclbin, library and version in use.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    pub fn counters(&self) -> &XrtCounters {
+        &self.counters
+    }
+
+    /// Writes to the SSD every chunk now whole among the first `cold_tokens` tokens, for each
+    /// of `layers` (`keys[layer]`), so the card can score them.
+    pub fn store_chunks(&mut self, keys: &[Arc<RwLock<ScoringKeys>>], layers: std::ops::Range<usize>, cold_tokens: usize) -> Result<()> {
+        while (self.chunks + 1) * CHUNK_TOKENS <= cold_tokens {
+            for layer in layers.clone() {
+                let keys = keys[layer].read().unwrap_or_else(|p| p.into_inner());
+                self.layout.fill(&keys, self.chunks, self.staging.as_bytes_mut());
+                self.cold.write_key_chunk(layer, self.chunks, &self.staging)?;
+            }
+            self.chunks += 1;
+        }
+        Ok(())
+    }
+
+    /// Forgets chunks past `n_tokens` (they are rewritten once whole again).
+    pub fn truncate(&mut self, n_tokens: usize) {
+        self.chunks = self.chunks.min(n_tokens / CHUNK_TOKENS);
+    }
+
+    /// Starts scoring `tokens` (ascending) of `layer` against `query`; blocks arrive on the
+    /// returned channel as each is done, and it closes when all are.
+    pub fn score(&self, layer: usize, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> Receiver<ScoreBlock> {
+        let (reply, blocks) = mpsc::sync_channel(BLOCKS_IN_FLIGHT);
+        if let Some(requests) = &self.requests {
+            let _ = requests.send(Request { layer, keys, query, tokens, chunks: self.chunks, reply });
+        }
+        blocks
+    }
+}
+
+impl Drop for XrtEvaluator {
+    fn drop(&mut self) {
+        self.requests.take();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// The card's side: the kernel and its buffers, allocated once in the banks the kernel's
+/// arguments are connected to. Keys and scales are peer-to-peer buffers the SSD writes into.
+struct Session {
+    kernel: Kernel,
+    keys: Buffer,
+    scales: Buffer,
+    query: Buffer,
+    blocks: Buffer,
+    blocks_done: Buffer,
+    layout: KeyChunkLayout,
+    // Dropped last: buffers and kernel belong to it.
+    _device: Device,
+}
+
+impl Session {
+    fn new(device: Device, kernel: Kernel, layout: KeyChunkLayout) -> Result<Self> {
+        let entries = layout.n_heads * CHUNK_TOKENS * 8;
+        Ok(Self {
+            keys: device.alloc(layout.keys_bytes(), kernel.group_id(0)?, true)?,
+            scales: device.alloc(layout.scales_bytes(), kernel.group_id(1)?, true)?,
+            query: device.alloc(layout.query_bytes(), kernel.group_id(2)?, false)?,
+            blocks: device.alloc(entries, kernel.group_id(3)?, false)?,
+            blocks_done: device.alloc(4, kernel.group_id(4)?, false)?,
+            kernel,
+            layout,
+            _device: device,
+        })
+    }
+
+    fn load_query(&mut self, query: &DeviceQuery) -> Result<()> {
+        self.query.as_mut_slice().copy_from_slice(&self.layout.query_buffer(query));
+        self.query.to_device()
+    }
+
+    /// Scores one chunk on the card and returns the block of `tokens` (all in that chunk).
+    fn score_chunk(&mut self, cold: &ColdPool, layer: usize, chunk: usize, query: &DeviceQuery, tokens: &[u32]) -> Result<ScoreBlock> {
+        let l = self.layout;
+        cold.read_key_chunk(layer, chunk, 0, &mut self.keys.as_mut_slice()[..l.keys_bytes()])?;
+        cold.read_key_chunk(layer, chunk, l.keys_bytes(), &mut self.scales.as_mut_slice()[..l.scales_bytes()])?;
+        let first = (chunk * CHUNK_TOKENS) as u32;
+        let bits = match l.bits {
+            KeyBits::Int8 => 8,
+            KeyBits::Int4 => 4,
+        };
+        self.kernel.run(&[
+            Arg::Buffer(&self.keys),
+            Arg::Buffer(&self.scales),
+            Arg::Buffer(&self.query),
+            Arg::Buffer(&self.blocks),
+            Arg::Buffer(&self.blocks_done),
+            Arg::U32(l.n_heads as u32),
+            Arg::U32(CHUNK_TOKENS as u32),
+            Arg::U32(bits),
+            Arg::U32(l.head_dim as u32),
+            Arg::U32(SCORE_BLOCK_TOKENS as u32),
+            Arg::U32(first),
+        ])?;
+        self.blocks.from_device()?;
+        let entries = self.blocks.as_slice();
+        let mut block = ScoreBlock::new(tokens.to_vec(), l.n_heads);
+        let n = tokens.len();
+        for h in 0..l.n_heads {
+            for (i, &t) in tokens.iter().enumerate() {
+                let at = (h * CHUNK_TOKENS + (t - first) as usize) * 8;
+                let entry = u64::from_le_bytes(entries[at..at + 8].try_into().expect("8 bytes"));
+                if entry as u32 != t {
+                    return Err(Error::Xrt(format!("the card returned position {} where token {t} belongs", entry as u32)));
+                }
+                block.scores[h * n + i] = query.rescale(h, f32::from_bits((entry >> 32) as u32));
+            }
+        }
+        block.produced = std::time::Instant::now();
+        Ok(block)
+    }
+}
+
+/// The worker: one request at a time, the card's chunks first, then what only the host has.
+fn serve(mut session: Option<Session>, cold: &ColdPool, inbox: mpsc::Receiver<Request>, counters: &XrtCounters) {
+    for req in inbox {
+        let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
+        let on_ssd = req.tokens.partition_point(|&t| (t as usize) < req.chunks * CHUNK_TOKENS);
+        let mut rest = &req.tokens[..];
+        if let Some(card) = session.as_mut() {
+            match score_on_card(card, cold, &req, &mut rest, on_ssd, counters) {
+                Ok(true) => {}
+                Ok(false) => continue, // the host stopped listening
+                Err(e) => {
+                    tracing::warn!(error = %e, "the SmartSSD failed; the host scores the cold pool from here on");
+                    counters.failed.store(true, Ordering::Relaxed);
+                    session = None;
+                }
+            }
+        }
+        for chunk in rest.chunks(SCORE_BLOCK_TOKENS) {
+            counters.host_tokens.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            if req.reply.send(score_on_host(&keys, &req.query, chunk)).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// Sends the blocks of `req.tokens[..on_ssd]` from the card, advancing `rest` past each one
+/// sent; `Ok(false)` when the host hung up.
+fn score_on_card(card: &mut Session, cold: &ColdPool, req: &Request, rest: &mut &[u32], on_ssd: usize, counters: &XrtCounters) -> Result<bool> {
+    if on_ssd == 0 {
+        return Ok(true);
+    }
+    card.load_query(&req.query)?;
+    let mut left = on_ssd;
+    while left > 0 {
+        let chunk = rest[0] as usize / CHUNK_TOKENS;
+        let n = rest[..left].partition_point(|&t| t as usize / CHUNK_TOKENS == chunk);
+        let block = card.score_chunk(cold, req.layer, chunk, &req.query, &rest[..n])?;
+        counters.runs.fetch_add(1, Ordering::Relaxed);
+        counters.device_tokens.fetch_add(n as u64, Ordering::Relaxed);
+        if req.reply.send(block).is_err() {
+            return Ok(false);
+        }
+        *rest = &rest[n..];
+        left -= n;
+    }
+    Ok(true)
+}
