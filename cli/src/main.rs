@@ -5,6 +5,7 @@ mod bench_kv;
 mod bench_serve;
 mod chat;
 mod config;
+mod devices;
 mod eval;
 mod models;
 mod serve;
@@ -46,6 +47,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Serve an OpenAI-compatible API on 127.0.0.1 (chat and text completions, streamed or not).
     Serve(serve::ServeArgs),
+    /// Storage-side scoring hardware: XRT, SmartSSD cards, the kernel's xclbin, P2P.
+    Devices(devices::DevicesArgs),
     /// Measure the engine.
     Bench {
         #[command(subcommand)]
@@ -109,10 +112,12 @@ pub struct ModelArgs {
     /// Tiered: leading layers that attend to every token [default: 1].
     #[arg(long)]
     pub dense_layers: Option<usize>,
-    /// Tiered: who scores cold tokens, host or storage (a worker beside the cold pool)
-    /// [default: storage].
+    /// Tiered: who scores cold tokens: host, storage (a worker beside the cold pool) or xrt
+    /// (a SmartSSD's FPGA; the storage worker where there is none) [default: storage].
     #[arg(long)]
     pub evaluator: Option<EvaluatorKind>,
+    #[command(flatten)]
+    pub xrt: devices::XrtArgs,
     /// Tiered: fidelity guard — widen a layer's selection when its top α holds less than this
     /// share of the estimated attention (0: off) [default: 0].
     #[arg(long)]
@@ -130,6 +135,7 @@ impl ModelArgs {
         set(&mut c.dense_layers, self.dense_layers);
         set(&mut c.evaluator, self.evaluator);
         set(&mut c.guard_mass, self.guard_mass);
+        self.xrt.apply(&mut c);
         if let Some(mb) = self.hot_budget_mb {
             c.hot_budget_bytes = Some(mb * 1_000_000);
         }
@@ -161,6 +167,13 @@ impl ModelArgs {
         if let Some(bytes) = c.hot_budget_bytes {
             flags.push(format!("--hot-budget-mb={}", bytes / 1_000_000));
         }
+        if let Some(library) = &c.xrt_library {
+            flags.push(format!("--xrt-library={}", library.display()));
+        }
+        if let Some(xclbin) = &c.xrt_xclbin {
+            flags.push(format!("--xclbin={}", xclbin.display()));
+        }
+        flags.push(format!("--xrt-device={}", c.xrt_device));
         flags
     }
 
@@ -296,6 +309,7 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Eval(args) => eval::eval(&args),
         Command::Serve(args) => serve::serve(&args),
+        Command::Devices(args) => devices::devices(&args),
         Command::Bench { command } => match command {
             BenchCommand::Decode(args) => bench::decode(&args),
             BenchCommand::Kv(args) => bench_kv::kv(&args),

@@ -52,6 +52,17 @@ pub struct Xrt {
     _lib: Library,
 }
 
+/// XRT's version from the file name `path` resolves to (`libxrt_coreutil.so.2.13.0`): its C
+/// API does not report one, and this needs no call into it.
+pub fn file_version(path: &Path) -> String {
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let name = real.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    match name.split_once(".so.") {
+        Some((_, version)) => format!("XRT {version}"),
+        None => "XRT (version unknown)".into(),
+    }
+}
+
 fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
 }
@@ -104,18 +115,9 @@ impl Xrt {
         Ok(Arc::new(Self { api, path: path.to_path_buf(), emulator, _lib: lib }))
     }
 
-    /// What the library is: the emulator's description, or XRT's version from the file name
-    /// the path resolves to (`libxrt_coreutil.so.2.13.0`), which its C API does not report.
+    /// What the library is: the emulator's description, or XRT's version.
     pub fn version(&self) -> String {
-        if let Some(emulator) = &self.emulator {
-            return emulator.clone();
-        }
-        let real = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
-        let name = real.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        match name.split_once(".so.") {
-            Some((_, version)) => format!("XRT {version}"),
-            None => "XRT (version unknown)".into(),
-        }
+        self.emulator.clone().unwrap_or_else(|| file_version(&self.path))
     }
 
     /// Opens card `index`; `None` when there is no such card.

@@ -5,7 +5,7 @@
 //! buffer, and writes what it found to a pipe. Whatever the child does — abort, crash, hang —
 //! the parent gets a [`Probe`] that says so. Results are cached per library, xclbin and card.
 
-use super::api::Xrt;
+use super::api::{file_version, Xrt};
 use super::{XrtOptions, KERNEL_NAME};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -74,7 +74,7 @@ fn probe_uncached(options: &XrtOptions) -> Probe {
     let status = wait_child(pid, finished);
     match serde_json::from_slice::<Probe>(&report) {
         Ok(probe) => probe,
-        Err(_) => Probe::failed(library, explain_death(status)),
+        Err(_) => Probe { version: library.exists().then(|| file_version(&library)), ..Probe::failed(library, explain_death(status)) },
     }
 }
 

@@ -1,0 +1,72 @@
+//! `hillside devices`: what storage-side scoring hardware this machine has — the XRT library,
+//! its cards, whether the scoring kernel's xclbin loads, whether peer-to-peer buffers work — and
+//! so which evaluator a tiered store with `--evaluator xrt` will really use.
+
+use crate::config;
+use anyhow::Result;
+use clap::Args;
+use hillside_engine::score::xrt::{probe, XrtOptions};
+use std::path::PathBuf;
+
+/// Which XRT library, xclbin and card (flags over the config file's `[kv]` table).
+#[derive(Args, Clone, Debug, Default)]
+pub struct XrtArgs {
+    /// Evaluator xrt: XRT's libxrt_coreutil.so (or the emulator built by `make -C fpga emu`)
+    /// [default: $XILINX_XRT/lib, then /opt/xilinx/xrt/lib, then the system's].
+    #[arg(long, env = "HILLSIDE_XRT_LIBRARY")]
+    pub xrt_library: Option<PathBuf>,
+    /// Evaluator xrt: the scoring kernel's xclbin [default: ~/.local/share/hillside/hillside_score.xclbin].
+    #[arg(long, env = "HILLSIDE_XCLBIN")]
+    pub xclbin: Option<PathBuf>,
+    /// Evaluator xrt: which card [default: 0].
+    #[arg(long)]
+    pub xrt_device: Option<u32>,
+}
+
+impl XrtArgs {
+    /// Applies the flags that were given to `kv`.
+    pub fn apply(&self, kv: &mut hillside_engine::kv::KvConfig) {
+        if self.xrt_library.is_some() {
+            kv.xrt_library = self.xrt_library.clone();
+        }
+        if self.xclbin.is_some() {
+            kv.xrt_xclbin = self.xclbin.clone();
+        }
+        if let Some(device) = self.xrt_device {
+            kv.xrt_device = device;
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct DevicesArgs {
+    #[command(flatten)]
+    pub xrt: XrtArgs,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn devices(args: &DevicesArgs) -> Result<()> {
+    let mut kv = config::get().kv.clone();
+    args.xrt.apply(&mut kv);
+    let options: XrtOptions = kv.xrt_options();
+    let found = probe(&options);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&found)?);
+        return Ok(());
+    }
+    let show = |p: &Option<PathBuf>| p.as_ref().map_or("-".to_string(), |p| p.display().to_string());
+    println!("XRT library  {} ({})", found.library.display(), found.version.as_deref().unwrap_or("not loaded"));
+    println!("cards        {}", found.cards);
+    println!("xclbin       {}", show(&found.xclbin));
+    println!("P2P          {}", if found.p2p { "enabled" } else { "no" });
+    match &found.problem {
+        None => println!("evaluator    xrt: card {} scores the cold pool", options.device),
+        Some(problem) => {
+            println!("status       {problem}");
+            println!("evaluator    storage (a host worker over the cold pool): --evaluator xrt falls back to it");
+        }
+    }
+    Ok(())
+}
