@@ -302,6 +302,25 @@ mod tests {
     }
 
     #[test]
+    fn key_chunks_live_after_the_groups_and_round_trip() {
+        let dir = temp_dir("key-chunks");
+        let chunk_bytes = 2 * IO_ALIGN;
+        let pool = ColdPool::create_with_key_chunks(&dir, layout(), chunk_bytes).unwrap();
+        // 8 groups of 16 tokens: one chunk of 256 tokens per layer, after every K/V group.
+        assert_eq!(std::fs::metadata(pool.path()).unwrap().len(), layout().file_bytes() + 2 * chunk_bytes as u64);
+        let mut chunk = AlignedBuf::zeroed(chunk_bytes);
+        chunk.as_bytes_mut().iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+        pool.write_key_chunk(1, 0, &chunk).unwrap();
+        pool.write_group(1, 2, 7, &filled(&pool, 9)).unwrap(); // the last group, just before the keys
+        let mut back = AlignedBuf::zeroed(IO_ALIGN);
+        pool.read_key_chunk(1, 0, IO_ALIGN, back.as_bytes_mut()).unwrap();
+        assert_eq!(back.as_bytes(), &chunk.as_bytes()[IO_ALIGN..]);
+        let mut group = pool.buffer(1);
+        pool.read_groups(1, 2, 7, 1, group.as_bytes_mut()).unwrap();
+        assert_eq!(group.as_bytes(), filled(&pool, 9).as_bytes());
+    }
+
+    #[test]
     fn groups_round_trip_and_are_contiguous_per_head() {
         let dir = temp_dir("roundtrip");
         let pool = ColdPool::create(&dir, layout()).unwrap();

@@ -25,7 +25,6 @@ use crate::error::{Error, Result};
 use crate::kv::aligned::AlignedBuf;
 use crate::kv::cold::ColdPool;
 use api::{Arg, Buffer, Device, Kernel, Xrt};
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -43,7 +42,7 @@ const STANDARD_LIBRARIES: [&str; 3] =
 const BLOCKS_IN_FLIGHT: usize = 2;
 
 /// Which XRT library, xclbin and card to use (each from the config, else the environment).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct XrtOptions {
     /// `libxrt_coreutil.so` (or the emulator built from `fpga/emu/`).
     pub library: Option<PathBuf>,
