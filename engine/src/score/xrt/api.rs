@@ -204,35 +204,52 @@ impl Kernel {
         Ok(group)
     }
 
-    /// Runs the kernel once with `args` and waits for it.
-    pub fn run(&self, args: &[Arg<'_>]) -> Result<()> {
-        // SAFETY: valid kernel handle; the run is closed below on every path.
-        let run = unsafe { (self.xrt.api.run_open)(self.handle) };
-        if run.is_null() {
+    /// Starts one run of the kernel with `args`. The buffers must stay untouched until it is
+    /// waited for.
+    pub fn start(&self, args: &[Arg<'_>]) -> Result<Run> {
+        // SAFETY: valid kernel handle.
+        let handle = unsafe { (self.xrt.api.run_open)(self.handle) };
+        if handle.is_null() {
             return Err(Error::Xrt(format!("xrtRunOpen failed: {}", errno())));
         }
-        let result = (|| {
-            for (i, arg) in args.iter().enumerate() {
-                // SAFETY: the argument types are XRT's: a buffer handle or a promoted uint32.
-                let rc = unsafe {
-                    match arg {
-                        Arg::Buffer(b) => (self.xrt.api.run_set_arg)(run, i as c_int, b.handle),
-                        Arg::U32(v) => (self.xrt.api.run_set_arg)(run, i as c_int, *v as c_uint),
-                    }
-                };
-                check(&format!("setting kernel argument {i}"), rc)?;
-            }
-            // SAFETY: a fully argumented run.
-            check("xrtRunStart", unsafe { (self.xrt.api.run_start)(run) })?;
-            // SAFETY: a started run.
-            match unsafe { (self.xrt.api.run_wait)(run) } {
-                RUN_COMPLETED => Ok(()),
-                state => Err(Error::Xrt(format!("the kernel run ended in state {state} (ERT_CMD_STATE), not completed"))),
-            }
-        })();
-        // SAFETY: opened above, closed once.
-        unsafe { (self.xrt.api.run_close)(run) };
-        result
+        // From here dropping `run` closes it.
+        let run = Run { xrt: self.xrt.clone(), handle };
+        for (i, arg) in args.iter().enumerate() {
+            // SAFETY: the argument types are XRT's: a buffer handle or a promoted uint32.
+            let rc = unsafe {
+                match arg {
+                    Arg::Buffer(b) => (self.xrt.api.run_set_arg)(handle, i as c_int, b.handle),
+                    Arg::U32(v) => (self.xrt.api.run_set_arg)(handle, i as c_int, *v as c_uint),
+                }
+            };
+            check(&format!("setting kernel argument {i}"), rc)?;
+        }
+        // SAFETY: a fully argumented run.
+        check("xrtRunStart", unsafe { (self.xrt.api.run_start)(handle) })?;
+        Ok(run)
+    }
+}
+
+/// A started kernel run.
+pub struct Run {
+    xrt: Arc<Xrt>,
+    handle: Handle,
+}
+
+impl Run {
+    pub fn wait(self) -> Result<()> {
+        // SAFETY: a started run.
+        match unsafe { (self.xrt.api.run_wait)(self.handle) } {
+            RUN_COMPLETED => Ok(()),
+            state => Err(Error::Xrt(format!("the kernel run ended in state {state} (ERT_CMD_STATE), not completed"))),
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        // SAFETY: opened by run_open, closed once (XRT waits for a run still going).
+        unsafe { (self.xrt.api.run_close)(self.handle) };
     }
 }
 

@@ -24,7 +24,7 @@ use super::{KeyBits, ScoreBlock, ScoringKeys, SCORE_BLOCK_TOKENS};
 use crate::error::{Error, Result};
 use crate::kv::aligned::AlignedBuf;
 use crate::kv::cold::ColdPool;
-use api::{Arg, Buffer, Device, Kernel, Xrt};
+use api::{Arg, Buffer, Device, Kernel, Run, Xrt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -200,15 +200,21 @@ impl Drop for XrtEvaluator {
     }
 }
 
-/// The card's side: the kernel and its buffers, allocated once in the banks the kernel's
-/// arguments are connected to. Keys and scales are peer-to-peer buffers the SSD writes into.
-struct Session {
-    kernel: Kernel,
+/// One run's buffers: keys and scales are peer-to-peer buffers the SSD writes into.
+struct Slot {
     keys: Buffer,
     scales: Buffer,
-    query: Buffer,
     blocks: Buffer,
     blocks_done: Buffer,
+}
+
+/// The card's side: the kernel and two slots of buffers, allocated once in the banks the
+/// kernel's arguments are connected to, so chunk i+1 is read from the SSD while chunk i is
+/// scored.
+struct Session {
+    kernel: Kernel,
+    query: Buffer,
+    slots: [Slot; 2],
     layout: KeyChunkLayout,
     // Dropped last: buffers and kernel belong to it.
     _device: Device,
@@ -217,16 +223,15 @@ struct Session {
 impl Session {
     fn new(device: Device, kernel: Kernel, layout: KeyChunkLayout) -> Result<Self> {
         let entries = layout.n_heads * CHUNK_TOKENS * 8;
-        Ok(Self {
-            keys: device.alloc(layout.keys_bytes(), kernel.group_id(0)?, true)?,
-            scales: device.alloc(layout.scales_bytes(), kernel.group_id(1)?, true)?,
-            query: device.alloc(layout.query_bytes(), kernel.group_id(2)?, false)?,
-            blocks: device.alloc(entries, kernel.group_id(3)?, false)?,
-            blocks_done: device.alloc(4, kernel.group_id(4)?, false)?,
-            kernel,
-            layout,
-            _device: device,
-        })
+        let slot = || -> Result<Slot> {
+            Ok(Slot {
+                keys: device.alloc(layout.keys_bytes(), kernel.group_id(0)?, true)?,
+                scales: device.alloc(layout.scales_bytes(), kernel.group_id(1)?, true)?,
+                blocks: device.alloc(entries, kernel.group_id(3)?, false)?,
+                blocks_done: device.alloc(4, kernel.group_id(4)?, false)?,
+            })
+        };
+        Ok(Self { slots: [slot()?, slot()?], query: device.alloc(layout.query_bytes(), kernel.group_id(2)?, false)?, kernel, layout, _device: device })
     }
 
     fn load_query(&mut self, query: &DeviceQuery) -> Result<()> {
@@ -234,34 +239,42 @@ impl Session {
         self.query.to_device()
     }
 
-    /// Scores one chunk on the card and returns the block of `tokens` (all in that chunk).
-    fn score_chunk(&mut self, cold: &ColdPool, layer: usize, chunk: usize, query: &DeviceQuery, tokens: &[u32]) -> Result<ScoreBlock> {
-        let l = self.layout;
-        cold.read_key_chunk(layer, chunk, 0, &mut self.keys.as_mut_slice()[..l.keys_bytes()])?;
-        cold.read_key_chunk(layer, chunk, l.keys_bytes(), &mut self.scales.as_mut_slice()[..l.scales_bytes()])?;
-        let first = (chunk * CHUNK_TOKENS) as u32;
+    /// SSD → card: the chunk's keys and scales into a slot's P2P buffers.
+    fn read(&mut self, cold: &ColdPool, layer: usize, chunk: usize, slot: usize) -> Result<()> {
+        let (l, s) = (self.layout, &mut self.slots[slot]);
+        cold.read_key_chunk(layer, chunk, 0, &mut s.keys.as_mut_slice()[..l.keys_bytes()])?;
+        cold.read_key_chunk(layer, chunk, l.keys_bytes(), &mut s.scales.as_mut_slice()[..l.scales_bytes()])
+    }
+
+    fn start(&self, chunk: usize, slot: usize) -> Result<Run> {
+        let (l, s) = (self.layout, &self.slots[slot]);
         let bits = match l.bits {
             KeyBits::Int8 => 8,
             KeyBits::Int4 => 4,
         };
-        self.kernel.run(&[
-            Arg::Buffer(&self.keys),
-            Arg::Buffer(&self.scales),
+        self.kernel.start(&[
+            Arg::Buffer(&s.keys),
+            Arg::Buffer(&s.scales),
             Arg::Buffer(&self.query),
-            Arg::Buffer(&self.blocks),
-            Arg::Buffer(&self.blocks_done),
+            Arg::Buffer(&s.blocks),
+            Arg::Buffer(&s.blocks_done),
             Arg::U32(l.n_heads as u32),
             Arg::U32(CHUNK_TOKENS as u32),
             Arg::U32(bits),
             Arg::U32(l.head_dim as u32),
             Arg::U32(SCORE_BLOCK_TOKENS as u32),
-            Arg::U32(first),
-        ])?;
-        self.blocks.from_device()?;
-        let entries = self.blocks.as_slice();
-        let mut block = ScoreBlock::new(tokens.to_vec(), l.n_heads);
+            Arg::U32((chunk * CHUNK_TOKENS) as u32),
+        ])
+    }
+
+    /// The score block of `tokens` (all in `chunk`) from a finished run's slot.
+    fn collect(&self, chunk: usize, slot: usize, query: &DeviceQuery, tokens: &[u32]) -> Result<ScoreBlock> {
+        let s = &self.slots[slot];
+        s.blocks.from_device()?;
+        let (entries, first) = (s.blocks.as_slice(), (chunk * CHUNK_TOKENS) as u32);
+        let mut block = ScoreBlock::new(tokens.to_vec(), self.layout.n_heads);
         let n = tokens.len();
-        for h in 0..l.n_heads {
+        for h in 0..self.layout.n_heads {
             for (i, &t) in tokens.iter().enumerate() {
                 let at = (h * CHUNK_TOKENS + (t - first) as usize) * 8;
                 let entry = u64::from_le_bytes(entries[at..at + 8].try_into().expect("8 bytes"));
@@ -274,6 +287,41 @@ impl Session {
         block.produced = std::time::Instant::now();
         Ok(block)
     }
+
+    /// Scores `tokens` (ascending, all on the SSD) chunk by chunk, handing each block to `emit`
+    /// as soon as it is collected; stops early when `emit` returns false. While the card scores
+    /// one chunk, the next is already on its way from the SSD.
+    fn score(&mut self, cold: &ColdPool, layer: usize, query: &DeviceQuery, tokens: &[u32], mut emit: impl FnMut(ScoreBlock) -> bool) -> Result<()> {
+        let mut chunks = Vec::new(); // (chunk, its tokens)
+        let mut rest = tokens;
+        while let Some(&t) = rest.first() {
+            let chunk = t as usize / CHUNK_TOKENS;
+            let n = rest.partition_point(|&u| u as usize / CHUNK_TOKENS == chunk);
+            chunks.push((chunk, &rest[..n]));
+            rest = &rest[n..];
+        }
+        let Some(&(first, _)) = chunks.first() else { return Ok(()) };
+        self.load_query(query)?;
+        self.read(cold, layer, first, 0)?;
+        let mut running = Some(self.start(first, 0)?);
+        if let Some(&(second, _)) = chunks.get(1) {
+            self.read(cold, layer, second, 1)?;
+        }
+        for (i, &(chunk, chunk_tokens)) in chunks.iter().enumerate() {
+            running.take().expect("a run per chunk").wait()?;
+            if let Some(&(next, _)) = chunks.get(i + 1) {
+                running = Some(self.start(next, (i + 1) % 2)?);
+            }
+            let block = self.collect(chunk, i % 2, query, chunk_tokens)?;
+            if !emit(block) {
+                return Ok(());
+            }
+            if let Some(&(after, _)) = chunks.get(i + 2) {
+                self.read(cold, layer, after, i % 2)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The worker: one request at a time, the card's chunks first, then what only the host has.
@@ -281,17 +329,25 @@ fn serve(mut session: Option<Session>, cold: &ColdPool, inbox: mpsc::Receiver<Re
     for req in inbox {
         let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
         let on_ssd = req.tokens.partition_point(|&t| (t as usize) < req.chunks * CHUNK_TOKENS);
+        // Advanced past each block sent, so after a failure the host scores exactly the rest.
         let mut rest = &req.tokens[..];
+        let mut listening = true;
         if let Some(card) = session.as_mut() {
-            match score_on_card(card, cold, &req, &mut rest, on_ssd, counters) {
-                Ok(true) => {}
-                Ok(false) => continue, // the host stopped listening
-                Err(e) => {
-                    tracing::warn!(error = %e, "the SmartSSD failed; the host scores the cold pool from here on");
-                    counters.failed.store(true, Ordering::Relaxed);
-                    session = None;
-                }
+            let sent = card.score(cold, req.layer, &req.query, &req.tokens[..on_ssd], |block| {
+                counters.runs.fetch_add(1, Ordering::Relaxed);
+                counters.device_tokens.fetch_add(block.tokens.len() as u64, Ordering::Relaxed);
+                rest = &rest[block.tokens.len()..];
+                listening = req.reply.send(block).is_ok();
+                listening
+            });
+            if let Err(e) = sent {
+                tracing::warn!(error = %e, "the SmartSSD failed; the host scores the cold pool from here on");
+                counters.failed.store(true, Ordering::Relaxed);
+                session = None;
             }
+        }
+        if !listening {
+            continue; // the host stopped listening
         }
         for chunk in rest.chunks(SCORE_BLOCK_TOKENS) {
             counters.host_tokens.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -300,27 +356,4 @@ fn serve(mut session: Option<Session>, cold: &ColdPool, inbox: mpsc::Receiver<Re
             }
         }
     }
-}
-
-/// Sends the blocks of `req.tokens[..on_ssd]` from the card, advancing `rest` past each one
-/// sent; `Ok(false)` when the host hung up.
-fn score_on_card(card: &mut Session, cold: &ColdPool, req: &Request, rest: &mut &[u32], on_ssd: usize, counters: &XrtCounters) -> Result<bool> {
-    if on_ssd == 0 {
-        return Ok(true);
-    }
-    card.load_query(&req.query)?;
-    let mut left = on_ssd;
-    while left > 0 {
-        let chunk = rest[0] as usize / CHUNK_TOKENS;
-        let n = rest[..left].partition_point(|&t| t as usize / CHUNK_TOKENS == chunk);
-        let block = card.score_chunk(cold, req.layer, chunk, &req.query, &rest[..n])?;
-        counters.runs.fetch_add(1, Ordering::Relaxed);
-        counters.device_tokens.fetch_add(n as u64, Ordering::Relaxed);
-        if req.reply.send(block).is_err() {
-            return Ok(false);
-        }
-        *rest = &rest[n..];
-        left -= n;
-    }
-    Ok(true)
 }
