@@ -23,7 +23,7 @@ use super::window::RecentWindow;
 use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, Selection, TierStats};
 use crate::error::{Error, Result};
 use crate::score::device::{DeviceQuery, KeyChunkLayout};
-use crate::score::xrt::{XrtEvaluator, XrtOptions};
+use crate::score::xrt::{self, XrtEvaluator, XrtOptions};
 use crate::score::{ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -130,8 +130,16 @@ impl TieredKvStore {
             .map(|_| Arc::new(RwLock::new(ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim))))
             .collect();
         let lanes = shape.n_layers * shape.n_kv_heads;
-        let key_chunks = (settings.evaluator == EvaluatorKind::Xrt)
-            .then_some(KeyChunkLayout { bits: settings.key_bits, n_heads: shape.n_kv_heads, head_dim: shape.head_dim });
+        // Asked for the card but there is none: say why once, and lay out no key chunks for it.
+        let mut evaluator = settings.evaluator;
+        if evaluator == EvaluatorKind::Xrt {
+            if let Some(problem) = xrt::probe(&settings.xrt).problem {
+                tracing::warn!("{problem}; {FALLBACK}");
+                evaluator = EvaluatorKind::Storage;
+            }
+        }
+        let key_chunks = KeyChunkLayout { bits: settings.key_bits, n_heads: shape.n_kv_heads, head_dim: shape.head_dim };
+        let key_chunk_bytes = if evaluator == EvaluatorKind::Xrt { key_chunks.chunk_bytes() } else { 0 };
         let mut store = Self {
             hot: HotPool::new(lanes, shape.head_dim),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
@@ -142,7 +150,7 @@ impl TieredKvStore {
             staging: AlignedBuf::zeroed(0),
             last_selected: vec![None; shape.n_layers],
             prefetch: Prefetcher::default(),
-            cold: Arc::new(ColdPool::create_with_key_chunks(cold_dir, layout, key_chunks.map_or(0, |k| k.chunk_bytes()))?),
+            cold: Arc::new(ColdPool::create_with_key_chunks(cold_dir, layout, key_chunk_bytes)?),
             keys,
             evaluator: None,
             shape,
@@ -160,16 +168,16 @@ impl TieredKvStore {
                 shape.max_tokens
             )));
         }
-        store.evaluator = match (store.settings.evaluator, key_chunks) {
-            (EvaluatorKind::Host, _) => None,
-            (EvaluatorKind::Xrt, Some(layout)) => match XrtEvaluator::open(&store.settings.xrt, store.cold.clone(), layout) {
-                Ok(xrt) => Some(ColdEvaluator::Xrt(xrt)),
+        store.evaluator = match evaluator {
+            EvaluatorKind::Host => None,
+            EvaluatorKind::Storage => Some(ColdEvaluator::Storage(StorageEvaluator::new())),
+            EvaluatorKind::Xrt => Some(match XrtEvaluator::open(&store.settings.xrt, store.cold.clone(), key_chunks) {
+                Ok(card) => ColdEvaluator::Xrt(card),
                 Err(e) => {
-                    tracing::warn!("{e}; the storage evaluator scores the cold pool instead");
-                    Some(ColdEvaluator::Storage(StorageEvaluator::new()))
+                    tracing::warn!("{e}; {FALLBACK}");
+                    ColdEvaluator::Storage(StorageEvaluator::new())
                 }
-            },
-            _ => Some(ColdEvaluator::Storage(StorageEvaluator::new())),
+            }),
         };
         Ok(store)
     }
@@ -516,6 +524,9 @@ impl KvStore for TieredKvStore {
         }
     }
 }
+
+/// What a tiered store does when the SmartSSD it was asked for cannot score.
+const FALLBACK: &str = "the storage evaluator scores the cold pool instead";
 
 /// Layers whose likely cold groups are read ahead of their turn.
 const READ_AHEAD_LAYERS: usize = 1;
