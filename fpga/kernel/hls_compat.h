@@ -9,6 +9,7 @@
 
 #if defined(__SYNTHESIS__) || defined(HILLSIDE_VITIS)
 #include <ap_int.h>
+#include <hls_stream.h>
 
 typedef ap_uint<512> word512;
 typedef ap_uint<64> entry64;
@@ -25,6 +26,26 @@ struct word512 {
 typedef uint64_t entry64;
 
 static inline uint8_t word_byte(const word512 &w, int i) { return (uint8_t)(w.lane[i / 8] >> (8 * (i % 8))); }
+
+#include <deque>
+
+namespace hls {
+// A FIFO between dataflow stages. Without HLS the stages run one after another, so it is
+// unbounded here; on the FPGA they run concurrently through a FIFO of the declared depth.
+template <typename T> class stream {
+   public:
+    explicit stream(const char * = nullptr) {}
+    void write(const T &v) { items_.push_back(v); }
+    T read() {
+        T v = items_.front();
+        items_.pop_front();
+        return v;
+    }
+
+   private:
+    std::deque<T> items_;
+};
+}  // namespace hls
 
 #endif
 
