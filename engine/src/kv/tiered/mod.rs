@@ -71,6 +71,17 @@ pub fn pinned_rows_bytes(shape: KvShape, s: &TieredSettings) -> usize {
     dense_layers * n * row + (shape.n_layers - dense_layers) * (s.sink_tokens + s.recent_tokens).min(n) * row
 }
 
+/// A row competing for the hot pool after a step: hot already, or just read from the cold pool.
+struct RowCandidate {
+    /// Decode steps that selected it.
+    hits: u32,
+    hot: bool,
+    token: u32,
+    lane: u32,
+    /// For a cold row, its index in the lane's [`Fetched`].
+    fetched_at: u32,
+}
+
 /// The cold rows one lane read this step (promotion candidates): tokens and their K and V
 /// rows (f16 bits, `head_dim` each, in token order).
 #[derive(Default)]
@@ -111,6 +122,7 @@ pub struct TieredKvStore {
     /// `[layer]`: what the layer selected last step, which predicts what it reads next.
     last_selected: Vec<Option<Selection>>,
     prefetch: Prefetcher,
+    rebalance_rows: Vec<RowCandidate>,
     len: usize,
     pending: Vec<usize>,
     tier: TierStats,
@@ -150,6 +162,7 @@ impl TieredKvStore {
             staging: AlignedBuf::zeroed(0),
             last_selected: vec![None; shape.n_layers],
             prefetch: Prefetcher::default(),
+            rebalance_rows: Vec::new(),
             cold: Arc::new(ColdPool::create_with_key_chunks(cold_dir, layout, key_chunk_bytes)?),
             keys,
             evaluator: None,
@@ -517,7 +530,11 @@ impl KvStore for TieredKvStore {
     fn stats(&self) -> KvStats {
         KvStats {
             tokens: self.len,
-            resident_bytes: self.hot_bytes() + self.view.bytes() + self.staging.len() + self.prefetch.bytes(),
+            resident_bytes: self.hot_bytes()
+                + self.view.bytes()
+                + self.staging.len()
+                + self.prefetch.bytes()
+                + self.rebalance_rows.capacity() * std::mem::size_of::<RowCandidate>(),
             cold_bytes: self.window.base() * self.shape.bytes_per_token(),
             cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
             tier: Some(self.tier_stats()),
@@ -605,32 +622,34 @@ impl TieredKvStore {
             self.fetched.iter_mut().for_each(Fetched::clear);
             return;
         }
-        // (hits, already hot, token, lane, index in `fetched` for cold rows)
-        let mut rows: Vec<(u32, bool, u32, usize, usize)> = Vec::new();
+        // Reused across steps: at 8K tokens this holds ~120K rows, too big to allocate per step.
+        let mut rows = std::mem::take(&mut self.rebalance_rows);
+        rows.clear();
         for lane in self.settings.dense_layers * n_kv..self.hits.len() {
             let layer = lane / n_kv;
-            let hits = &self.hits[lane];
-            rows.extend(self.hot.tokens(lane).filter(|&t| !self.is_pinned(layer, t)).map(|t| (hits.get(t as usize).copied().unwrap_or(0), true, t, lane, 0)));
-            rows.extend(self.fetched[lane].tokens.iter().enumerate().map(|(i, &t)| (hits.get(t as usize).copied().unwrap_or(0), false, t, lane, i)));
+            let hits = |t: u32| self.hits[lane].get(t as usize).copied().unwrap_or(0);
+            let (lane_id, pinned) = (lane as u32, |t: u32| self.is_pinned(layer, t));
+            rows.extend(self.hot.tokens(lane).filter(|&t| !pinned(t)).map(|t| RowCandidate { hits: hits(t), hot: true, token: t, lane: lane_id, fetched_at: 0 }));
+            rows.extend(self.fetched[lane].tokens.iter().enumerate().map(|(i, &t)| RowCandidate { hits: hits(t), hot: false, token: t, lane: lane_id, fetched_at: i as u32 }));
         }
-        let unpinned_hot = rows.iter().filter(|r| r.1).count();
+        let unpinned_hot = rows.iter().filter(|r| r.hot).count();
         let fixed = self.hot_bytes() - unpinned_hot * row_bytes;
         let capacity = self.settings.hot_budget_bytes.saturating_sub(fixed) / row_bytes;
         if rows.len() > capacity {
             // Best first: most hits, then already hot, then the newest token.
-            let key = |r: &(u32, bool, u32, usize, usize)| std::cmp::Reverse((r.0, r.1, r.2));
-            rows.select_nth_unstable_by_key(capacity, key);
+            rows.select_nth_unstable_by_key(capacity, |r| std::cmp::Reverse((r.hits, r.hot, r.token)));
         }
         let (kept, dropped) = rows.split_at(capacity.min(rows.len()));
-        for &(_, _, t, lane, i) in kept.iter().filter(|r| !r.1) {
-            let fetched = &self.fetched[lane];
-            self.hot.insert(lane, t, &fetched.k[i * hd..][..hd], &fetched.v[i * hd..][..hd]);
+        for r in kept.iter().filter(|r| !r.hot) {
+            let (fetched, i) = (&self.fetched[r.lane as usize], r.fetched_at as usize);
+            self.hot.insert(r.lane as usize, r.token, &fetched.k[i * hd..][..hd], &fetched.v[i * hd..][..hd]);
             self.tier.promotions += 1;
         }
-        for &(_, _, t, lane, _) in dropped.iter().filter(|r| r.1) {
-            self.hot.remove(lane, t);
+        for r in dropped.iter().filter(|r| r.hot) {
+            self.hot.remove(r.lane as usize, r.token);
             self.tier.demotions += 1;
         }
+        self.rebalance_rows = rows;
         self.fetched.iter_mut().for_each(Fetched::clear);
     }
 }
