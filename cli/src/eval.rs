@@ -4,8 +4,9 @@
 use crate::{load_engine, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hillside_engine::eval::{teacher_forced, AttentionMass, AttentionMassProbe, TeacherForced};
+use hillside_engine::eval::{teacher_forced, AttentionMass, AttentionMassProbe, IdealSelector, TeacherForced};
 use hillside_engine::kv::{KvStats, StoreKind};
+use hillside_engine::Engine;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -50,6 +51,10 @@ pub struct EvalArgs {
     pub passkey_trials: usize,
     #[arg(long, default_value = "eval.json")]
     pub json: PathBuf,
+    /// Also run the ideal selector: the tiered store's α, sinks and recent window, with the
+    /// rest chosen by exact attention (f32 keys, true softmax) — the ceiling of any scorer.
+    #[arg(long)]
+    pub ideal: bool,
 }
 
 #[derive(Serialize)]
@@ -135,6 +140,28 @@ struct StoreResult {
 }
 
 #[derive(Serialize)]
+struct IdealResult {
+    perplexity: f64,
+    perplexity_change_pct: f64,
+    top1_agreement: f64,
+}
+
+/// Teacher-forces the window with [`IdealSelector`] over a tiered store that holds every row.
+fn ideal(engine: &Engine, args: &EvalArgs, window: &[u32], reference: &TeacherForced) -> Result<IdealResult> {
+    eprintln!("ideal selector: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
+    let kv = args.model.kv_config();
+    let config = hillside_engine::kv::KvConfig { store: StoreKind::Tiered, hot_budget_bytes: Some(1 << 40), ..kv.clone() };
+    let mut seq = engine.new_sequence_with(&config, Some(args.tokens))?;
+    seq.kv = Box::new(IdealSelector::wrap(seq.kv, kv.sink_tokens, kv.recent_tokens));
+    let run = teacher_forced(engine, &mut seq, window, args.prompt_tokens, 256, |_| {})?;
+    Ok(IdealResult {
+        perplexity: run.perplexity(),
+        perplexity_change_pct: 100.0 * (run.perplexity() / reference.perplexity() - 1.0),
+        top1_agreement: run.top1_agreement(reference),
+    })
+}
+
+#[derive(Serialize)]
 struct GreedyResult {
     store: StoreKind,
     prompts: usize,
@@ -201,6 +228,8 @@ struct Report {
     scored_tokens: usize,
     alpha: f32,
     results: Vec<StoreResult>,
+    /// The ideal selector (`--ideal`), teacher-forced over the same window.
+    ideal: Option<IdealResult>,
     greedy: Vec<GreedyResult>,
     passkey: Vec<PasskeyResult>,
 }
@@ -261,6 +290,10 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     if let Some(gpl) = Some(gpl_path(&text_path)).filter(|p| p.exists() && *p != text_path) {
         documents.push(engine.tokenizer().encode(&std::fs::read_to_string(gpl)?)?);
     }
+    let ideal = match (&reference, args.ideal) {
+        (Some(reference), true) => Some(ideal(&engine, args, window, reference)?),
+        _ => None,
+    };
     let greedy = greedy(&engine, args, &stores, &documents)?;
     let passkey = passkey(&engine, args, &stores)?;
     let report = Report {
@@ -269,6 +302,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         scored_tokens: args.tokens - args.prompt_tokens,
         alpha: args.model.kv_config().alpha,
         results,
+        ideal,
         greedy,
         passkey,
     };
@@ -296,6 +330,9 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             hit,
             r.stats.cold_bytes_read / 1_000_000
         );
+    }
+    if let Some(i) = &report.ideal {
+        println!("{:<10} {:>11.3} {:>8.2}% {:>7.1}%", "ideal", i.perplexity, i.perplexity_change_pct, 100.0 * i.top1_agreement);
     }
     if !report.greedy.is_empty() {
         println!("\ngreedy continuations ({} tokens after {}-token prompts) vs full", args.greedy_tokens, args.greedy_prompt_tokens);

@@ -187,3 +187,104 @@ impl KvStore for AttentionMassProbe {
         self.inner.stats()
     }
 }
+
+/// The ideal selector, for evaluation: wherever the inner store attends to a subset, each KV
+/// head attends instead to as many tokens, chosen with perfect knowledge — the sinks and recent
+/// tokens the inner store pins, plus the other tokens with the most exact attention (softmax
+/// probability from f32 keys, summed over the head's query heads). What it scores is the
+/// ceiling of any selector at the inner store's α. The inner store must gather any selection
+/// (a tiered store whose budget holds every row does).
+pub struct IdealSelector {
+    inner: Box<dyn KvStore>,
+    /// `[layer]`, `tokens × kv_dim` f32 (RoPE applied).
+    keys: Vec<Vec<f32>>,
+    sink_tokens: usize,
+    recent_tokens: usize,
+}
+
+impl IdealSelector {
+    pub fn wrap(inner: Box<dyn KvStore>, sink_tokens: usize, recent_tokens: usize) -> Self {
+        let n_layers = inner.shape().n_layers;
+        Self { inner, keys: vec![Vec::new(); n_layers], sink_tokens, recent_tokens }
+    }
+
+    /// Per KV head, the `per_head` tokens (ascending) a perfect selector picks for query `q`.
+    fn ideal(&self, layer: usize, q: &[f32], per_head: usize) -> Vec<Vec<u32>> {
+        let shape = self.inner.shape();
+        let (hd, n_kv, kv_dim) = (shape.head_dim, shape.n_kv_heads, shape.kv_dim());
+        let group = q.len() / hd / n_kv;
+        let keys = &self.keys[layer];
+        let n = keys.len() / kv_dim;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let (sinks, recent_from) = (self.sink_tokens.min(n), n.saturating_sub(self.recent_tokens));
+        (0..n_kv)
+            .into_par_iter()
+            .map(|kv_head| {
+                let mut mass = vec![0f64; n];
+                for g in 0..group {
+                    let qh = &q[(kv_head * group + g) * hd..][..hd];
+                    let logits: Vec<f64> =
+                        (0..n).map(|t| f64::from(keys[t * kv_dim + kv_head * hd..][..hd].iter().zip(qh).map(|(k, q)| k * q).sum::<f32>()) * scale).collect();
+                    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let total: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+                    mass.iter_mut().zip(&logits).for_each(|(m, l)| *m += (l - max).exp() / total);
+                }
+                let mut middle: Vec<u32> = (sinks as u32..recent_from as u32).collect();
+                let take = per_head.saturating_sub(sinks + (n - recent_from)).min(middle.len());
+                if take < middle.len() {
+                    middle.select_nth_unstable_by(take, |&a, &b| mass[b as usize].total_cmp(&mass[a as usize]));
+                    middle.truncate(take);
+                }
+                middle.sort_unstable();
+                (0..sinks as u32).chain(middle).chain(recent_from as u32..n as u32).collect()
+            })
+            .collect()
+    }
+}
+
+impl KvStore for IdealSelector {
+    fn shape(&self) -> KvShape {
+        self.inner.shape()
+    }
+
+    fn len_tokens(&self) -> usize {
+        self.inner.len_tokens()
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        self.inner.append(layer, k, v)?;
+        self.keys[layer].extend_from_slice(k);
+        Ok(())
+    }
+
+    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+        match self.inner.select(layer, q, q_positions)? {
+            Selection::Tokens { per_head, .. } if q_positions.len() == 1 => Ok(Selection::per_head(&self.ideal(layer, q, per_head))),
+            selection => Ok(selection),
+        }
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
+        self.inner.gather(layer, selection)
+    }
+
+    fn observe(&mut self, layer: usize, selection: &Selection) {
+        self.inner.observe(layer, selection)
+    }
+
+    fn commit(&mut self, n_tokens: usize) {
+        self.inner.commit(n_tokens)
+    }
+
+    fn truncate(&mut self, n_tokens: usize) {
+        self.inner.truncate(n_tokens);
+        let (kv_dim, keep) = (self.inner.shape().kv_dim(), self.inner.len_tokens());
+        for keys in &mut self.keys {
+            keys.truncate(keep * kv_dim);
+        }
+    }
+
+    fn stats(&self) -> KvStats {
+        self.inner.stats()
+    }
+}
