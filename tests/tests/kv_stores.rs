@@ -147,3 +147,31 @@ fn the_fidelity_guard_widens_selections_that_hold_too_little_attention() {
     assert!(always.hot_hits + always.cold_hits > never.hot_hits + never.cold_hits, "widened selections attend to more rows");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_ideal_selector_captures_more_attention_than_the_scored_selection() {
+    use hillside_engine::eval::{AttentionMassProbe, IdealSelector};
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[400_000..430_000]).unwrap()[..900];
+    let dir = cold_dir("ideal");
+    let mass = |ideal: bool| {
+        let budget = ideal.then_some(1 << 40); // every row hot: the ideal picks any token
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: budget, ..KvConfig::default() };
+        let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
+        if ideal {
+            seq.kv = Box::new(IdealSelector::wrap(seq.kv, config.sink_tokens, config.recent_tokens));
+        }
+        let (probe, mass) = AttentionMassProbe::wrap(seq.kv);
+        seq.kv = Box::new(probe);
+        teacher_forced(&engine, &mut seq, tokens, 768, 256, |_| {}).unwrap();
+        let mass = mass.lock().unwrap().clone();
+        (mass.mean(), mass.per_step.len())
+    };
+    let ((scored, steps), (ideal, ideal_steps)) = (mass(false), mass(true));
+    eprintln!("attention mass captured: scored {scored:.4}, ideal {ideal:.4}");
+    assert_eq!((steps, ideal_steps), (132, 132), "every decode step is measured");
+    // Same number of tokens per head, chosen by exact attention: more mass, short of all of it.
+    assert!(ideal > scored && ideal < 1.0, "ideal {ideal} vs scored {scored}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

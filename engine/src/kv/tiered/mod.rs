@@ -185,7 +185,10 @@ impl TieredKvStore {
             EvaluatorKind::Host => None,
             EvaluatorKind::Storage => Some(ColdEvaluator::Storage(StorageEvaluator::new())),
             EvaluatorKind::Xrt => Some(match XrtEvaluator::open(&store.settings.xrt, store.cold.clone(), key_chunks) {
-                Ok(card) => ColdEvaluator::Xrt(card),
+                Ok(card) => {
+                    tracing::info!(card = card.description(), "the SmartSSD scores the cold pool");
+                    ColdEvaluator::Xrt(card)
+                }
                 Err(e) => {
                     tracing::warn!("{e}; {FALLBACK}");
                     ColdEvaluator::Storage(StorageEvaluator::new())

@@ -82,10 +82,9 @@ impl XrtOptions {
 /// What the evaluator did, for stats and tests.
 #[derive(Debug, Default)]
 pub struct XrtCounters {
-    /// Tokens the card scored.
+    /// Tokens the card scored (the rest are scored on the host: not yet in a whole chunk on
+    /// the SSD, or after a failure).
     pub device_tokens: AtomicU64,
-    /// Tokens scored on the host: not yet in a whole chunk on the SSD, or after a failure.
-    pub host_tokens: AtomicU64,
     pub runs: AtomicU64,
     /// Set when the card failed and the host took over for good.
     pub failed: AtomicBool,
@@ -106,7 +105,7 @@ pub struct XrtEvaluator {
     worker: Option<std::thread::JoinHandle<()>>,
     cold: Arc<ColdPool>,
     layout: KeyChunkLayout,
-    /// Chunks of every layer in `layers` written to the SSD.
+    /// Chunks written to the SSD, for every sparse layer.
     chunks: usize,
     staging: AlignedBuf,
     counters: Arc<XrtCounters>,
@@ -350,7 +349,6 @@ fn serve(mut session: Option<Session>, cold: &ColdPool, inbox: mpsc::Receiver<Re
             continue; // the host stopped listening
         }
         for chunk in rest.chunks(SCORE_BLOCK_TOKENS) {
-            counters.host_tokens.fetch_add(chunk.len() as u64, Ordering::Relaxed);
             if req.reply.send(score_on_host(&keys, &req.query, chunk)).is_err() {
                 break;
             }
