@@ -113,23 +113,29 @@ impl AttentionMassProbe {
         let n_heads = q.len() / hd;
         let group = n_heads / n_kv;
         let keys = &self.keys[layer];
-        let n = keys.len() / shape.kv_dim();
-        let scale = 1.0 / (hd as f64).sqrt();
         (0..n_heads)
             .into_par_iter()
             .map(|head| {
                 let kv_head = head / group;
-                let qh = &q[head * hd..][..hd];
-                let scores: Vec<f64> = (0..n)
-                    .map(|t| f64::from(keys[t * shape.kv_dim() + kv_head * hd..][..hd].iter().zip(qh).map(|(k, q)| k * q).sum::<f32>()) * scale)
-                    .collect();
-                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                let attention = exact_attention(keys, shape.kv_dim(), hd, kv_head, &q[head * hd..][..hd]);
                 let chosen = selection.head(kv_head).expect("a token selection");
-                chosen.iter().map(|&t| (scores[t as usize] - max).exp()).sum::<f64>() / total
+                chosen.iter().map(|&t| attention[t as usize]).sum::<f64>()
             })
             .collect()
     }
+}
+
+/// One query head's exact attention over every key of a layer (`tokens × kv_dim` f32, RoPE
+/// applied): the softmax of q·k/√d, in f64.
+fn exact_attention(keys: &[f32], kv_dim: usize, head_dim: usize, kv_head: usize, q: &[f32]) -> Vec<f64> {
+    let scale = 1.0 / (head_dim as f64).sqrt();
+    let logits: Vec<f64> = keys
+        .chunks_exact(kv_dim)
+        .map(|row| f64::from(row[kv_head * head_dim..][..head_dim].iter().zip(q).map(|(k, q)| k * q).sum::<f32>()) * scale)
+        .collect();
+    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let total: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+    logits.iter().map(|l| (l - max).exp() / total).collect()
 }
 
 impl KvStore for AttentionMassProbe {
@@ -215,19 +221,14 @@ impl IdealSelector {
         let group = q.len() / hd / n_kv;
         let keys = &self.keys[layer];
         let n = keys.len() / kv_dim;
-        let scale = 1.0 / (hd as f64).sqrt();
         let (sinks, recent_from) = (self.sink_tokens.min(n), n.saturating_sub(self.recent_tokens));
         (0..n_kv)
             .into_par_iter()
             .map(|kv_head| {
                 let mut mass = vec![0f64; n];
                 for g in 0..group {
-                    let qh = &q[(kv_head * group + g) * hd..][..hd];
-                    let logits: Vec<f64> =
-                        (0..n).map(|t| f64::from(keys[t * kv_dim + kv_head * hd..][..hd].iter().zip(qh).map(|(k, q)| k * q).sum::<f32>()) * scale).collect();
-                    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let total: f64 = logits.iter().map(|l| (l - max).exp()).sum();
-                    mass.iter_mut().zip(&logits).for_each(|(m, l)| *m += (l - max).exp() / total);
+                    let attention = exact_attention(keys, kv_dim, hd, kv_head, &q[(kv_head * group + g) * hd..][..hd]);
+                    mass.iter_mut().zip(attention).for_each(|(m, a)| *m += a);
                 }
                 let mut middle: Vec<u32> = (sinks as u32..recent_from as u32).collect();
                 let take = per_head.saturating_sub(sinks + (n - recent_from)).min(middle.len());
