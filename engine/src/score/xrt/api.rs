@@ -288,12 +288,12 @@ impl Buffer {
         unsafe { std::slice::from_raw_parts(self.map, self.bytes) }
     }
 
-    pub fn to_device(&self) -> Result<()> {
+    pub fn sync_to_device(&self) -> Result<()> {
         // SAFETY: valid buffer handle, whole-buffer range.
         check("xrtBOSync to the device", unsafe { (self.xrt.api.bo_sync)(self.handle, SYNC_TO_DEVICE, self.bytes, 0) })
     }
 
-    pub fn from_device(&self) -> Result<()> {
+    pub fn sync_from_device(&self) -> Result<()> {
         // SAFETY: valid buffer handle, whole-buffer range.
         check("xrtBOSync from the device", unsafe { (self.xrt.api.bo_sync)(self.handle, SYNC_FROM_DEVICE, self.bytes, 0) })
     }

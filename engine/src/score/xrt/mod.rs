@@ -235,7 +235,7 @@ impl Session {
 
     fn load_query(&mut self, query: &DeviceQuery) -> Result<()> {
         self.query.as_mut_slice().copy_from_slice(&self.layout.query_buffer(query));
-        self.query.to_device()
+        self.query.sync_to_device()
     }
 
     /// SSD → card: the chunk's keys and scales into a slot's P2P buffers.
@@ -269,7 +269,7 @@ impl Session {
     /// The score block of `tokens` (all in `chunk`) from a finished run's slot.
     fn collect(&self, chunk: usize, slot: usize, query: &DeviceQuery, tokens: &[u32]) -> Result<ScoreBlock> {
         let s = &self.slots[slot];
-        s.blocks.from_device()?;
+        s.blocks.sync_from_device()?;
         let (entries, first) = (s.blocks.as_slice(), (chunk * CHUNK_TOKENS) as u32);
         let mut block = ScoreBlock::new(tokens.to_vec(), self.layout.n_heads);
         let n = tokens.len();
