@@ -144,14 +144,13 @@ impl KeyChunkLayout {
         }
     }
 
-    /// The device's query buffer contents for `query`.
-    pub fn query_buffer(&self, query: &DeviceQuery) -> Vec<u8> {
+    /// Writes `query` into the device's query buffer `out` (`query_bytes()` long).
+    pub fn fill_query(&self, query: &DeviceQuery, out: &mut [u8]) {
         let row = self.head_dim.next_multiple_of(WORD_BYTES);
-        let mut out = vec![0u8; self.query_bytes()];
+        out.fill(0);
         for (h, q) in query.rows().chunks_exact(self.head_dim).enumerate() {
             out[h * row..][..self.head_dim].iter_mut().zip(q).for_each(|(o, &q)| *o = q as u8);
         }
-        out
     }
 }
 

@@ -7,6 +7,7 @@ pub mod evaluator;
 pub mod keys;
 pub mod storage;
 pub mod topk;
+mod worker;
 pub mod xrt;
 
 pub use keys::{KeyBits, ScoringKeys};

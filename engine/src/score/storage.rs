@@ -8,12 +8,10 @@ use super::device::DeviceQuery;
 use super::keys::ScoringKeys;
 use super::topk::ScoreBlock;
 use super::SCORE_BLOCK_TOKENS;
+use super::worker::Worker;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, RwLock};
-
-/// Score blocks that may wait in the channel; the worker blocks when the host falls behind.
-const BLOCKS_IN_FLIGHT: usize = 2;
 
 struct Request {
     keys: Arc<RwLock<ScoringKeys>>,
@@ -23,8 +21,7 @@ struct Request {
 }
 
 pub struct StorageEvaluator {
-    requests: Option<mpsc::Sender<Request>>,
-    worker: Option<std::thread::JoinHandle<()>>,
+    worker: Worker<Request>,
     /// Tokens scored since the evaluator started (for tests and stats).
     scored: Arc<AtomicUsize>,
 }
@@ -37,35 +34,28 @@ impl Default for StorageEvaluator {
 
 impl StorageEvaluator {
     pub fn new() -> Self {
-        let (requests, inbox) = mpsc::channel::<Request>();
         let scored = Arc::new(AtomicUsize::new(0));
         let counter = scored.clone();
-        let worker = std::thread::Builder::new()
-            .name("hillside-storage-eval".into())
-            .spawn(move || {
-                for req in inbox {
-                    let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
-                    for chunk in req.tokens.chunks(SCORE_BLOCK_TOKENS) {
-                        counter.fetch_add(chunk.len(), Ordering::Relaxed);
-                        if req.reply.send(score_on_host(&keys, &req.query, chunk)).is_err() {
-                            break; // the host stopped listening
-                        }
+        let worker = Worker::spawn("hillside-storage-eval", move |inbox: Receiver<Request>| {
+            for req in inbox {
+                let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
+                for chunk in req.tokens.chunks(SCORE_BLOCK_TOKENS) {
+                    counter.fetch_add(chunk.len(), Ordering::Relaxed);
+                    if req.reply.send(score_on_host(&keys, &req.query, chunk)).is_err() {
+                        break; // the host stopped listening
                     }
                 }
-            })
-            .expect("starting the storage evaluator thread");
-        Self { requests: Some(requests), worker: Some(worker), scored }
+            }
+        })
+        .expect("starting the storage evaluator thread");
+        Self { worker, scored }
     }
 
     /// Starts scoring `tokens` against `query`; blocks arrive on the returned channel in order,
     /// and it closes when the scan is done.
     pub fn score(&self, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> Receiver<ScoreBlock> {
-        let (reply, blocks) = mpsc::sync_channel(BLOCKS_IN_FLIGHT);
-        let request = Request { keys, query, tokens, reply };
-        if let Some(requests) = &self.requests {
-            // A dead worker drops the request, which closes the channel: the caller sees no blocks.
-            let _ = requests.send(request);
-        }
+        let (reply, blocks) = Worker::<Request>::reply_channel();
+        self.worker.send(Request { keys, query, tokens, reply });
         blocks
     }
 
@@ -82,18 +72,10 @@ pub(super) fn score_on_host(keys: &ScoringKeys, query: &DeviceQuery, tokens: &[u
     block
 }
 
-impl Drop for StorageEvaluator {
-    fn drop(&mut self) {
-        self.requests.take();
-        if let Some(worker) = self.worker.take() {
-            let _ = worker.join();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::score::worker::BLOCKS_IN_FLIGHT;
     use crate::score::{HeadsTopK, KeyBits};
 
     #[test]

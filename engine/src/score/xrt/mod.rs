@@ -20,6 +20,7 @@ pub use probe::{probe, Probe};
 
 use super::device::{DeviceQuery, KeyChunkLayout, CHUNK_TOKENS};
 use super::storage::score_on_host;
+use super::worker::Worker;
 use super::{KeyBits, ScoreBlock, ScoringKeys, SCORE_BLOCK_TOKENS};
 use crate::error::{Error, Result};
 use crate::kv::aligned::AlignedBuf;
@@ -27,7 +28,7 @@ use crate::kv::cold::ColdPool;
 use api::{Arg, Buffer, Device, Kernel, Run, Xrt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, RwLock};
 
 /// The kernel's name in the xclbin (`fpga/kernel/score_kernel.cpp`).
@@ -37,9 +38,6 @@ pub const KERNEL_NAME: &str = "hillside_score";
 /// install, then Debian's packages.
 const STANDARD_LIBRARIES: [&str; 3] =
     ["/opt/xilinx/xrt/lib/libxrt_coreutil.so", "/usr/lib/x86_64-linux-gnu/libxrt_coreutil.so.2", "/usr/lib64/libxrt_coreutil.so.2"];
-
-/// Score blocks that may wait in the channel, as for the storage evaluator.
-const BLOCKS_IN_FLIGHT: usize = 2;
 
 /// Which XRT library, xclbin and card to use (each from the config, else the environment).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -101,8 +99,7 @@ struct Request {
 }
 
 pub struct XrtEvaluator {
-    requests: Option<mpsc::Sender<Request>>,
-    worker: Option<std::thread::JoinHandle<()>>,
+    worker: Worker<Request>,
     cold: Arc<ColdPool>,
     layout: KeyChunkLayout,
     /// Chunks written to the SSD, for every sparse layer.
@@ -131,17 +128,13 @@ impl XrtEvaluator {
         let session = Session::new(device, kernel, layout)?;
         let description = format!("{} via {}, {}", xclbin.display(), found.library.display(), found.version.unwrap_or_default());
         let counters = Arc::new(XrtCounters::default());
-        let (requests, inbox) = mpsc::channel::<Request>();
         let worker = {
             let (cold, counters) = (cold.clone(), counters.clone());
-            std::thread::Builder::new()
-                .name("hillside-xrt-eval".into())
-                .spawn(move || serve(Some(session), &cold, inbox, &counters))
+            Worker::spawn("hillside-xrt-eval", move |inbox| serve(Some(session), &cold, inbox, &counters))
                 .map_err(|e| Error::Xrt(format!("cannot start the XRT worker: {e}")))?
         };
         Ok(Self {
-            requests: Some(requests),
-            worker: Some(worker),
+            worker,
             staging: AlignedBuf::zeroed(layout.chunk_bytes()),
             cold,
             layout,
@@ -182,20 +175,9 @@ impl XrtEvaluator {
     /// Starts scoring `tokens` (ascending) of `layer` against `query`; blocks arrive on the
     /// returned channel as each is done, and it closes when all are.
     pub fn score(&self, layer: usize, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> Receiver<ScoreBlock> {
-        let (reply, blocks) = mpsc::sync_channel(BLOCKS_IN_FLIGHT);
-        if let Some(requests) = &self.requests {
-            let _ = requests.send(Request { layer, keys, query, tokens, chunks: self.chunks, reply });
-        }
+        let (reply, blocks) = Worker::<Request>::reply_channel();
+        self.worker.send(Request { layer, keys, query, tokens, chunks: self.chunks, reply });
         blocks
-    }
-}
-
-impl Drop for XrtEvaluator {
-    fn drop(&mut self) {
-        self.requests.take();
-        if let Some(worker) = self.worker.take() {
-            let _ = worker.join();
-        }
     }
 }
 
@@ -234,7 +216,7 @@ impl Session {
     }
 
     fn load_query(&mut self, query: &DeviceQuery) -> Result<()> {
-        self.query.as_mut_slice().copy_from_slice(&self.layout.query_buffer(query));
+        self.layout.fill_query(query, self.query.as_mut_slice());
         self.query.sync_to_device()
     }
 
@@ -324,7 +306,7 @@ impl Session {
 }
 
 /// The worker: one request at a time, the card's chunks first, then what only the host has.
-fn serve(mut session: Option<Session>, cold: &ColdPool, inbox: mpsc::Receiver<Request>, counters: &XrtCounters) {
+fn serve(mut session: Option<Session>, cold: &ColdPool, inbox: Receiver<Request>, counters: &XrtCounters) {
     for req in inbox {
         let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
         let on_ssd = req.tokens.partition_point(|&t| (t as usize) < req.chunks * CHUNK_TOKENS);
