@@ -91,8 +91,7 @@ impl AttentionMass {
 /// evaluation only: it holds every key in f32 and scores all of them each step.
 pub struct AttentionMassProbe {
     inner: Box<dyn KvStore>,
-    /// `[layer]`, `tokens × kv_dim` f32 (RoPE applied).
-    keys: Vec<Vec<f32>>,
+    keys: ExactKeys,
     /// `[layer][query head]` mass of the step in progress.
     step: Vec<Vec<f64>>,
     result: std::sync::Arc<std::sync::Mutex<AttentionMass>>,
@@ -103,7 +102,7 @@ impl AttentionMassProbe {
     pub fn wrap(inner: Box<dyn KvStore>) -> (Self, std::sync::Arc<std::sync::Mutex<AttentionMass>>) {
         let result = std::sync::Arc::new(std::sync::Mutex::new(AttentionMass::default()));
         let n_layers = inner.shape().n_layers;
-        (Self { inner, keys: vec![Vec::new(); n_layers], step: vec![Vec::new(); n_layers], result: result.clone() }, result)
+        (Self { keys: ExactKeys::new(inner.shape()), inner, step: vec![Vec::new(); n_layers], result: result.clone() }, result)
     }
 
     /// The captured mass for each query head of a single query row.
@@ -112,12 +111,12 @@ impl AttentionMassProbe {
         let (hd, n_kv) = (shape.head_dim, shape.n_kv_heads);
         let n_heads = q.len() / hd;
         let group = n_heads / n_kv;
-        let keys = &self.keys[layer];
+        let keys = &self.keys;
         (0..n_heads)
             .into_par_iter()
             .map(|head| {
                 let kv_head = head / group;
-                let attention = exact_attention(keys, shape.kv_dim(), hd, kv_head, &q[head * hd..][..hd]);
+                let attention = keys.attention(layer, kv_head, &q[head * hd..][..hd]);
                 let chosen = selection.head(kv_head).expect("a token selection");
                 chosen.iter().map(|&t| attention[t as usize]).sum::<f64>()
             })
@@ -125,17 +124,45 @@ impl AttentionMassProbe {
     }
 }
 
-/// One query head's exact attention over every key of a layer (`tokens × kv_dim` f32, RoPE
-/// applied): the softmax of q·k/√d, in f64.
-fn exact_attention(keys: &[f32], kv_dim: usize, head_dim: usize, kv_head: usize, q: &[f32]) -> Vec<f64> {
-    let scale = 1.0 / (head_dim as f64).sqrt();
-    let logits: Vec<f64> = keys
-        .chunks_exact(kv_dim)
-        .map(|row| f64::from(row[kv_head * head_dim..][..head_dim].iter().zip(q).map(|(k, q)| k * q).sum::<f32>()) * scale)
-        .collect();
-    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let total: f64 = logits.iter().map(|l| (l - max).exp()).sum();
-    logits.iter().map(|l| (l - max).exp() / total).collect()
+/// Every key of every layer in f32 (RoPE applied), kept beside a store so that attention can
+/// be computed exactly.
+struct ExactKeys {
+    shape: KvShape,
+    /// `[layer]`, `tokens × kv_dim`.
+    layers: Vec<Vec<f32>>,
+}
+
+impl ExactKeys {
+    fn new(shape: KvShape) -> Self {
+        Self { shape, layers: vec![Vec::new(); shape.n_layers] }
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32]) {
+        self.layers[layer].extend_from_slice(k);
+    }
+
+    fn truncate(&mut self, n_tokens: usize) {
+        let kv_dim = self.shape.kv_dim();
+        self.layers.iter_mut().for_each(|keys| keys.truncate(n_tokens * kv_dim));
+    }
+
+    /// Keys of `layer` so far, including any appended this step.
+    fn tokens(&self, layer: usize) -> usize {
+        self.layers[layer].len() / self.shape.kv_dim()
+    }
+
+    /// One query head's exact attention over every key of `layer`: the softmax of q·k/√d, in f64.
+    fn attention(&self, layer: usize, kv_head: usize, q: &[f32]) -> Vec<f64> {
+        let hd = self.shape.head_dim;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let logits: Vec<f64> = self.layers[layer]
+            .chunks_exact(self.shape.kv_dim())
+            .map(|row| f64::from(row[kv_head * hd..][..hd].iter().zip(q).map(|(k, q)| k * q).sum::<f32>()) * scale)
+            .collect();
+        let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let total: f64 = logits.iter().map(|l| (l - max).exp()).sum();
+        logits.iter().map(|l| (l - max).exp() / total).collect()
+    }
 }
 
 impl KvStore for AttentionMassProbe {
@@ -149,7 +176,7 @@ impl KvStore for AttentionMassProbe {
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
         self.inner.append(layer, k, v)?;
-        self.keys[layer].extend_from_slice(k);
+        self.keys.append(layer, k);
         Ok(())
     }
 
@@ -181,11 +208,7 @@ impl KvStore for AttentionMassProbe {
 
     fn truncate(&mut self, n_tokens: usize) {
         self.inner.truncate(n_tokens);
-        let kv_dim = self.inner.shape().kv_dim();
-        let keep = self.inner.len_tokens();
-        for keys in &mut self.keys {
-            keys.truncate(keep * kv_dim);
-        }
+        self.keys.truncate(self.inner.len_tokens());
         self.step.iter_mut().for_each(Vec::clear);
     }
 
@@ -202,32 +225,30 @@ impl KvStore for AttentionMassProbe {
 /// (a tiered store whose budget holds every row does).
 pub struct IdealSelector {
     inner: Box<dyn KvStore>,
-    /// `[layer]`, `tokens × kv_dim` f32 (RoPE applied).
-    keys: Vec<Vec<f32>>,
+    keys: ExactKeys,
     sink_tokens: usize,
     recent_tokens: usize,
 }
 
 impl IdealSelector {
     pub fn wrap(inner: Box<dyn KvStore>, sink_tokens: usize, recent_tokens: usize) -> Self {
-        let n_layers = inner.shape().n_layers;
-        Self { inner, keys: vec![Vec::new(); n_layers], sink_tokens, recent_tokens }
+        Self { keys: ExactKeys::new(inner.shape()), inner, sink_tokens, recent_tokens }
     }
 
     /// Per KV head, the `per_head` tokens (ascending) a perfect selector picks for query `q`.
     fn ideal(&self, layer: usize, q: &[f32], per_head: usize) -> Vec<Vec<u32>> {
         let shape = self.inner.shape();
-        let (hd, n_kv, kv_dim) = (shape.head_dim, shape.n_kv_heads, shape.kv_dim());
+        let (hd, n_kv) = (shape.head_dim, shape.n_kv_heads);
         let group = q.len() / hd / n_kv;
-        let keys = &self.keys[layer];
-        let n = keys.len() / kv_dim;
+        let keys = &self.keys;
+        let n = keys.tokens(layer);
         let (sinks, recent_from) = (self.sink_tokens.min(n), n.saturating_sub(self.recent_tokens));
         (0..n_kv)
             .into_par_iter()
             .map(|kv_head| {
                 let mut mass = vec![0f64; n];
                 for g in 0..group {
-                    let attention = exact_attention(keys, kv_dim, hd, kv_head, &q[(kv_head * group + g) * hd..][..hd]);
+                    let attention = keys.attention(layer, kv_head, &q[(kv_head * group + g) * hd..][..hd]);
                     mass.iter_mut().zip(attention).for_each(|(m, a)| *m += a);
                 }
                 let mut middle: Vec<u32> = (sinks as u32..recent_from as u32).collect();
@@ -254,7 +275,7 @@ impl KvStore for IdealSelector {
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
         self.inner.append(layer, k, v)?;
-        self.keys[layer].extend_from_slice(k);
+        self.keys.append(layer, k);
         Ok(())
     }
 
@@ -279,10 +300,7 @@ impl KvStore for IdealSelector {
 
     fn truncate(&mut self, n_tokens: usize) {
         self.inner.truncate(n_tokens);
-        let (kv_dim, keep) = (self.inner.shape().kv_dim(), self.inner.len_tokens());
-        for keys in &mut self.keys {
-            keys.truncate(keep * kv_dim);
-        }
+        self.keys.truncate(self.inner.len_tokens());
     }
 
     fn stats(&self) -> KvStats {
