@@ -26,9 +26,15 @@ pub struct HotPool {
     /// f16 bits, `[slot][dim]`.
     k: Vec<u16>,
     v: Vec<u16>,
-    /// `[slot]`: where the slot's token sits in its lane's `tokens`.
-    member_at: Vec<u32>,
+    /// `[slot]`: the lane holding the slot, and where its token sits in the lane's `tokens`.
+    owner: Vec<SlotOwner>,
     free: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct SlotOwner {
+    lane: u32,
+    at: u32,
 }
 
 impl HotPool {
@@ -38,7 +44,7 @@ impl HotPool {
             lanes: (0..n_lanes).map(|_| Lane::default()).collect(),
             k: Vec::new(),
             v: Vec::new(),
-            member_at: Vec::new(),
+            owner: Vec::new(),
             free: Vec::new(),
         }
     }
@@ -54,7 +60,7 @@ impl HotPool {
 
     /// Bytes held for rows across all lanes (freed slots are reused, not counted).
     pub fn bytes(&self) -> usize {
-        (self.member_at.len() - self.free.len()) * self.row_bytes()
+        (self.owner.len() - self.free.len()) * self.row_bytes()
     }
 
     fn slot(&self, lane: usize, token: u32) -> Option<usize> {
@@ -85,8 +91,8 @@ impl HotPool {
                     None => {
                         self.k.resize(self.k.len() + rw, 0);
                         self.v.resize(self.v.len() + rw, 0);
-                        self.member_at.push(0);
-                        self.member_at.len() - 1
+                        self.owner.push(SlotOwner::default());
+                        self.owner.len() - 1
                     }
                 };
                 let l = &mut self.lanes[lane];
@@ -94,7 +100,7 @@ impl HotPool {
                     l.slot_of.resize(token as usize + 1, ABSENT);
                 }
                 l.slot_of[token as usize] = s as u32;
-                self.member_at[s] = l.tokens.len() as u32;
+                self.owner[s] = SlotOwner { lane: lane as u32, at: l.tokens.len() as u32 };
                 l.tokens.push(token);
                 s
             }
@@ -107,12 +113,46 @@ impl HotPool {
         let Some(slot) = self.slot(lane, token) else { return };
         let l = &mut self.lanes[lane];
         l.slot_of[token as usize] = ABSENT;
-        let at = self.member_at[slot] as usize;
+        let at = self.owner[slot].at as usize;
         l.tokens.swap_remove(at);
         if let Some(&moved) = l.tokens.get(at) {
-            self.member_at[l.slot_of[moved as usize] as usize] = at as u32;
+            self.owner[l.slot_of[moved as usize] as usize].at = at as u32;
         }
         self.free.push(slot as u32);
+    }
+
+    /// Moves the rows held in the last slots into the freed ones below them and gives the
+    /// emptied tail back to the allocator. Freed slots are reused by later inserts, but a pool
+    /// that shrinks for good (a long prompt fills it before the scoring keys grow into their
+    /// share of the budget) would otherwise keep its high-water mark in memory.
+    pub fn compact(&mut self) {
+        let held = self.owner.len() - self.free.len();
+        let rw = self.row_words;
+        let mut is_free = vec![false; self.owner.len()];
+        self.free.iter().for_each(|&s| is_free[s as usize] = true);
+        let holes = (0..held).filter(|&s| is_free[s]);
+        let movers = (held..self.owner.len()).filter(|&s| !is_free[s]);
+        for (to, from) in holes.zip(movers) {
+            self.k.copy_within(from * rw..(from + 1) * rw, to * rw);
+            self.v.copy_within(from * rw..(from + 1) * rw, to * rw);
+            let owner = self.owner[from];
+            let l = &mut self.lanes[owner.lane as usize];
+            l.slot_of[l.tokens[owner.at as usize] as usize] = to as u32;
+            self.owner[to] = owner;
+        }
+        self.owner.truncate(held);
+        self.k.truncate(held * rw);
+        self.v.truncate(held * rw);
+        self.free.clear();
+        for buf in [&mut self.k, &mut self.v] {
+            buf.shrink_to_fit();
+        }
+        self.owner.shrink_to_fit();
+    }
+
+    /// Bytes of freed slots not yet reused.
+    pub fn free_bytes(&self) -> usize {
+        self.free.len() * self.row_bytes()
     }
 
     /// Drops every token at or after `n_tokens`.
@@ -150,7 +190,7 @@ mod tests {
         for t in 20..30 {
             pool.insert(2, t, &row(t), &row(t + 100));
         }
-        assert_eq!(pool.member_at.len(), 10);
+        assert_eq!(pool.owner.len(), 10);
         assert_eq!(pool.bytes(), 10 * pool.row_bytes());
         pool.remove(2, 22);
         pool.remove(2, 29);
@@ -164,5 +204,30 @@ mod tests {
         held.sort_unstable();
         assert_eq!(held, vec![20, 21, 23, 24]);
         assert_eq!(pool.bytes(), 4 * pool.row_bytes());
+    }
+
+    #[test]
+    fn compacting_keeps_every_row_and_frees_the_tail() {
+        let mut pool = HotPool::new(2, 3);
+        let row = |t: u32, lane: u16| [t as u16, lane, 7];
+        for t in 0..40 {
+            pool.insert((t % 2) as usize, t, &row(t, (t % 2) as u16), &row(t + 1000, 9));
+        }
+        for t in (0..40).filter(|t| t % 3 != 0) {
+            pool.remove((t % 2) as usize, t);
+        }
+        assert_eq!(pool.free_bytes(), 26 * pool.row_bytes());
+        pool.compact();
+        assert_eq!((pool.owner.len(), pool.free_bytes()), (14, 0));
+        assert!(pool.k.capacity() <= 14 * 3);
+        for t in 0..40 {
+            let lane = (t % 2) as usize;
+            let expect = (t % 3 == 0).then(|| (row(t, lane as u16), row(t + 1000, 9)));
+            assert_eq!(pool.get(lane, t).map(|(k, v)| (k.to_vec(), v.to_vec())), expect.map(|(k, v)| (k.to_vec(), v.to_vec())), "token {t}");
+        }
+        // Removing after a compaction still finds each row's place in its lane.
+        pool.remove(1, 33);
+        pool.remove(0, 0);
+        assert!(!pool.contains(1, 33) && !pool.contains(0, 0) && pool.contains(1, 39) && pool.len(0) + pool.len(1) == 12);
     }
 }

@@ -13,6 +13,7 @@
 //! everything, so prefill stays exact.
 
 pub mod planner;
+mod promotion;
 mod reads;
 
 use super::aligned::AlignedBuf;
@@ -27,6 +28,7 @@ use crate::score::xrt::{self, XrtEvaluator, XrtOptions};
 use crate::score::{ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use promotion::{Candidates, RowCandidate};
 use reads::{read_heads, Prefetched, Prefetcher, Staged};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
@@ -71,34 +73,6 @@ pub fn pinned_rows_bytes(shape: KvShape, s: &TieredSettings) -> usize {
     dense_layers * n * row + (shape.n_layers - dense_layers) * (s.sink_tokens + s.recent_tokens).min(n) * row
 }
 
-/// A row competing for the hot pool after a step: hot already, or just read from the cold pool.
-struct RowCandidate {
-    /// Decode steps that selected it.
-    hits: u32,
-    hot: bool,
-    token: u32,
-    lane: u32,
-    /// For a cold row, its index in the lane's [`Fetched`].
-    fetched_at: u32,
-}
-
-/// The cold rows one lane read this step (promotion candidates): tokens and their K and V
-/// rows (f16 bits, `head_dim` each, in token order).
-#[derive(Default)]
-struct Fetched {
-    tokens: Vec<u32>,
-    k: Vec<u16>,
-    v: Vec<u16>,
-}
-
-impl Fetched {
-    fn clear(&mut self) {
-        self.tokens.clear();
-        self.k.clear();
-        self.v.clear();
-    }
-}
-
 pub struct TieredKvStore {
     shape: KvShape,
     settings: TieredSettings,
@@ -113,8 +87,8 @@ pub struct TieredKvStore {
     hot: HotPool,
     /// `[lane][token]`: how many decode steps selected the token.
     hits: Vec<Vec<u32>>,
-    /// `[lane]`: cold tokens selected this step: promotion candidates.
-    fetched: Vec<Fetched>,
+    /// Cold rows read this step that may enter the hot pool.
+    candidates: Candidates,
     view: ViewBuffers,
     positions: Vec<u32>,
     /// Cold groups read at a layer's turn.
@@ -156,7 +130,7 @@ impl TieredKvStore {
             hot: HotPool::new(lanes, shape.head_dim),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
             hits: vec![Vec::new(); lanes],
-            fetched: (0..lanes).map(|_| Fetched::default()).collect(),
+            candidates: Candidates::new(shape.head_dim, settings.hot_budget_bytes),
             view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
             positions: Vec::new(),
             staging: AlignedBuf::zeroed(0),
@@ -448,10 +422,9 @@ impl KvStore for TieredKvStore {
                     self.view.set_token(slot, head, k, v);
                     if sparse {
                         self.tier.cold_hits += 1;
-                        let fetched = &mut self.fetched[lane];
-                        fetched.tokens.push(t);
-                        fetched.k.extend_from_slice(k);
-                        fetched.v.extend_from_slice(v);
+                        // With this step's hit, which `observe` counts after attention.
+                        let hits = self.hits[lane].get(tu).map_or(1, |h| h + 1);
+                        self.candidates.offer(lane, t, hits, k, v);
                     }
                 }
             }
@@ -518,9 +491,7 @@ impl KvStore for TieredKvStore {
         self.pending.fill(0);
         self.prefetch.clear();
         self.last_selected.fill(None);
-        for f in &mut self.fetched {
-            f.clear();
-        }
+        self.candidates.reset();
         let keep = n_tokens.min(self.len);
         if let Err(e) = self.window.truncate(keep, &self.cold) {
             tracing::error!(error = %e, "cold pool read failed while truncating; dropping the cache");
@@ -537,6 +508,7 @@ impl KvStore for TieredKvStore {
                 + self.view.bytes()
                 + self.staging.len()
                 + self.prefetch.bytes()
+                + self.candidates.bytes()
                 + self.rebalance_rows.capacity() * std::mem::size_of::<RowCandidate>(),
             cold_bytes: self.window.base() * self.shape.bytes_per_token(),
             cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
@@ -602,58 +574,7 @@ impl TieredKvStore {
             hits.truncate(n_tokens);
         }
         self.hot.truncate(n_tokens);
-    }
-
-    /// Decides which rows the hot pool keeps after a step: of the unpinned hot rows and the
-    /// cold rows this step fetched, the most-selected ones that fit the budget (a hot row wins
-    /// a tie, so equals do not swap places). A fetched row that does not make the cut is not
-    /// promoted, and a hot row that falls out is demoted; demotion needs no I/O, as every row
-    /// is already on the SSD. Ranking promotions against the hot rows, instead of promoting
-    /// every fetched row and evicting others for it, is what keeps the pools from ping-ponging.
-    fn rebalance(&mut self) {
-        let (n_kv, hd) = (self.shape.n_kv_heads, self.shape.head_dim);
-        let row_bytes = self.hot.row_bytes();
-        let fetched_rows: usize = self.fetched.iter().map(|f| f.tokens.len()).sum();
-        if self.hot_bytes() + fetched_rows * row_bytes <= self.settings.hot_budget_bytes {
-            // Everything fits: promote all, rank nothing.
-            for (lane, fetched) in self.fetched.iter().enumerate() {
-                for (i, &t) in fetched.tokens.iter().enumerate() {
-                    self.hot.insert(lane, t, &fetched.k[i * hd..][..hd], &fetched.v[i * hd..][..hd]);
-                }
-            }
-            self.tier.promotions += fetched_rows as u64;
-            self.fetched.iter_mut().for_each(Fetched::clear);
-            return;
-        }
-        // Reused across steps: at 8K tokens this holds ~120K rows, too big to allocate per step.
-        let mut rows = std::mem::take(&mut self.rebalance_rows);
-        rows.clear();
-        for lane in self.settings.dense_layers * n_kv..self.hits.len() {
-            let layer = lane / n_kv;
-            let hits = |t: u32| self.hits[lane].get(t as usize).copied().unwrap_or(0);
-            let (lane_id, pinned) = (lane as u32, |t: u32| self.is_pinned(layer, t));
-            rows.extend(self.hot.tokens(lane).filter(|&t| !pinned(t)).map(|t| RowCandidate { hits: hits(t), hot: true, token: t, lane: lane_id, fetched_at: 0 }));
-            rows.extend(self.fetched[lane].tokens.iter().enumerate().map(|(i, &t)| RowCandidate { hits: hits(t), hot: false, token: t, lane: lane_id, fetched_at: i as u32 }));
-        }
-        let unpinned_hot = rows.iter().filter(|r| r.hot).count();
-        let fixed = self.hot_bytes() - unpinned_hot * row_bytes;
-        let capacity = self.settings.hot_budget_bytes.saturating_sub(fixed) / row_bytes;
-        if rows.len() > capacity {
-            // Best first: most hits, then already hot, then the newest token.
-            rows.select_nth_unstable_by_key(capacity, |r| std::cmp::Reverse((r.hits, r.hot, r.token)));
-        }
-        let (kept, dropped) = rows.split_at(capacity.min(rows.len()));
-        for r in kept.iter().filter(|r| !r.hot) {
-            let (fetched, i) = (&self.fetched[r.lane as usize], r.fetched_at as usize);
-            self.hot.insert(r.lane as usize, r.token, &fetched.k[i * hd..][..hd], &fetched.v[i * hd..][..hd]);
-            self.tier.promotions += 1;
-        }
-        for r in dropped.iter().filter(|r| r.hot) {
-            self.hot.remove(r.lane as usize, r.token);
-            self.tier.demotions += 1;
-        }
-        self.rebalance_rows = rows;
-        self.fetched.iter_mut().for_each(Fetched::clear);
+        self.hot.compact();
     }
 }
 
