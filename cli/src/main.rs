@@ -122,6 +122,10 @@ pub struct ModelArgs {
     /// share of the estimated attention (0: off) [default: 0].
     #[arg(long)]
     pub guard_mass: Option<f32>,
+    /// Where attention runs: cpu, or cuda (the decode working set in VRAM; needs a build with
+    /// `--features cuda`) [default: cpu].
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
 }
 
 impl ModelArgs {
@@ -264,11 +268,15 @@ pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
     spinner.enable_steady_tick(Duration::from_millis(100));
     let engine = Engine::load(&path).with_context(|| format!("loading {}", path.display()));
     spinner.finish_and_clear();
-    let engine = engine?;
+    let mut engine = engine?;
+    if args.device == "cuda" {
+        engine.set_attention(hillside_engine::device::Attention::cuda(0)?);
+    }
     let c = &engine.model().config;
     tracing::info!(
         arch = c.architecture.name(), layers = c.n_layers, hidden = c.hidden_size, context = c.context_tokens,
         weights_mb = engine.model().weight_bytes() / 1_000_000, simd = hillside_engine::kernels::simd_level().name(),
+        attention = engine.model().attention().name(),
         "model loaded"
     );
     Ok(engine)

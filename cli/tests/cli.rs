@@ -66,6 +66,16 @@ fn a_bad_model_file_is_a_one_line_error() {
 }
 
 #[test]
+#[cfg(not(feature = "cuda"))]
+fn asking_a_cpu_build_for_the_gpu_says_how_to_get_one() {
+    let out = hillside().args(["generate", "--prompt", "hi", "--device", "cuda"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("no CUDA support") && stderr.contains("--features cuda"), "{stderr}");
+}
+
+#[test]
 fn models_list_shows_the_default_installed() {
     let out = hillside().args(["models", "list"]).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -44,6 +44,9 @@ pub enum Error {
     #[error("SmartSSD: {0}")]
     Xrt(String),
 
+    #[error("compute device: {0}")]
+    Device(String),
+
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -2,6 +2,7 @@
 //! behind one trait, tokenization, chat templates, sampling and streaming generation.
 //! No HTTP and no UI live here.
 
+pub mod device;
 pub mod error;
 pub mod eval;
 pub mod generate;
@@ -83,6 +84,11 @@ impl Engine {
         };
         let chat_template = ChatTemplate::new(tok_config["chat_template"].as_str(), &token_str("bos_token"), &token_str("eos_token"))?;
         Ok(Self { model: Model::new(config, weights), tokenizer, chat_template })
+    }
+
+    /// Where attention runs: the CPU kernel, or a GPU with the `cuda` feature.
+    pub fn set_attention(&mut self, attention: device::Attention) {
+        self.model.set_attention(attention);
     }
 
     pub fn model(&self) -> &Model {

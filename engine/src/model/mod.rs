@@ -7,7 +7,7 @@ pub mod safetensors;
 pub mod weights;
 
 use crate::error::{Error, Result};
-use crate::kernels::attention::attend;
+use crate::device::Attention;
 use crate::kernels::ops::{add_bias, add_in_place, rms_norm, swiglu, Rope};
 use crate::kernels::quant::QuantizedActivations;
 use crate::kv::{KvShape, KvStore};
@@ -27,6 +27,7 @@ pub struct Model {
     pub config: ModelConfig,
     weights: Weights,
     rope: Rope,
+    attention: Attention,
 }
 
 impl Model {
@@ -38,7 +39,16 @@ impl Model {
             config.rope_layout,
             weights.rope_freq_factors.as_deref(),
         );
-        Self { config, weights, rope }
+        Self { config, weights, rope, attention: Attention::Host }
+    }
+
+    /// Where attention over each layer's gathered K/V runs (the CPU kernel unless set).
+    pub fn set_attention(&mut self, attention: Attention) {
+        self.attention = attention;
+    }
+
+    pub fn attention(&self) -> &Attention {
+        &self.attention
     }
 
     /// Bytes of weights one decode step streams.
@@ -131,7 +141,7 @@ impl Model {
                 let selection = kv.select(l, &q[qs.clone()], &positions[rows.clone()])?;
                 {
                     let view = kv.gather(l, &selection)?;
-                    attend(&q[qs.clone()], &positions[rows.clone()], c.n_heads, &view, &mut attn[qs]);
+                    self.attention.attend(&q[qs.clone()], &positions[rows.clone()], c.n_heads, &view, &mut attn[qs])?;
                 }
                 kv.observe(l, &selection);
             }
