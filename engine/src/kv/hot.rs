@@ -80,6 +80,24 @@ impl HotPool {
         Some((&self.k[at..][..self.row_words], &self.v[at..][..self.row_words]))
     }
 
+    /// Asks the CPU to start loading a hot token's rows: a step reads thousands of rows from
+    /// scattered slots, and each read otherwise waits out a cache miss of its own.
+    pub fn prefetch(&self, lane: usize, token: u32) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(slot) = self.slot(lane, token) {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let at = slot * self.row_words;
+            for row in [&self.k[at..][..self.row_words], &self.v[at..][..self.row_words]] {
+                for line in row.chunks(32) {
+                    // SAFETY: a prefetch is a hint; it never faults, and the address is in bounds.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (lane, token);
+    }
+
     /// Stores (or overwrites) a token's rows.
     pub fn insert(&mut self, lane: usize, token: u32, k: &[u16], v: &[u16]) {
         let rw = self.row_words;

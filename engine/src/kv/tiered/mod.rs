@@ -405,6 +405,9 @@ impl KvStore for TieredKvStore {
             let lane = self.lane(layer, head);
             let tokens = selection.head(head).unwrap_or(&all);
             for (slot, &t) in tokens.iter().enumerate() {
+                if let Some(&ahead) = tokens.get(slot + PREFETCH_ROWS_AHEAD) {
+                    self.hot.prefetch(lane, ahead);
+                }
                 let tu = t as usize;
                 if tu >= base {
                     self.view.set_token(slot, head, self.window.row(layer, head, tu, false), self.window.row(layer, head, tu, true));
@@ -519,6 +522,9 @@ impl KvStore for TieredKvStore {
 
 /// What a tiered store does when the SmartSSD it was asked for cannot score.
 const FALLBACK: &str = "the storage evaluator scores the cold pool instead";
+
+/// How far ahead of the row being copied into the view the next hot rows are prefetched.
+const PREFETCH_ROWS_AHEAD: usize = 8;
 
 /// Layers whose likely cold groups are read ahead of their turn.
 const READ_AHEAD_LAYERS: usize = 1;
