@@ -83,7 +83,8 @@ impl Candidates {
     }
 
     pub fn bytes(&self) -> usize {
-        2 * (self.k.capacity() + self.v.capacity()) + self.rows.capacity() * 12 + self.weakest.capacity() * 12
+        let entry = std::mem::size_of::<(u32, u32, u32)>();
+        2 * (self.k.capacity() + self.v.capacity()) + (self.rows.capacity() + self.weakest.capacity()) * entry
     }
 
     fn row(&self, slot: usize) -> (usize, u32, &[u16], &[u16]) {
