@@ -38,7 +38,8 @@ impl Attention {
     }
 
     /// Attention output `out` (`n × n_heads·head_dim`) for queries `q` (same shape, RoPE
-    /// applied) at `q_positions`, exactly as [`attend`] computes it.
+    /// applied) at `q_positions`: the same exact softmax attention as [`attend`], up to the
+    /// order of rounding.
     pub fn attend(&self, q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32]) -> Result<()> {
         match self {
             Self::Host => {
@@ -70,6 +71,7 @@ fn attend_on(device: &Device, q: &[f32], q_positions: &[usize], n_heads: usize, 
     let earliest = q_positions.iter().copied().min().unwrap_or(0);
     let masked = (0..n_kv).any(|h| (0..n_tokens).any(|j| position(h, j) > earliest));
     let scores = if masked {
+        // Built on the host: a prompt chunk's mask is as large as its scores (a GPU holds it).
         let mask: Vec<f32> = (0..n_kv)
             .flat_map(|h| q_positions.iter().flat_map(move |&p| std::iter::repeat_n((h, p), group)))
             .flat_map(|(h, p)| (0..n_tokens).map(move |j| if position(h, j) <= p { 0.0 } else { f32::NEG_INFINITY }))
