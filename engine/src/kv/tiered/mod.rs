@@ -218,10 +218,14 @@ impl TieredKvStore {
             .collect()
     }
 
-    /// Reads the cold groups `selection` needs that the read-ahead did not bring (`ahead`).
-    fn read_cold_groups(&mut self, layer: usize, selection: &Selection, n: usize, ahead: Option<&Prefetched>) -> Result<Staged> {
+    /// Reads the cold groups `selection` needs that the read-ahead did not bring (`ahead`), for
+    /// every head or `only_head`.
+    fn read_cold_groups(&mut self, layer: usize, selection: &Selection, n: usize, ahead: Option<&Prefetched>, only_head: Option<usize>) -> Result<Staged> {
         let all: Vec<u32> = if matches!(selection, Selection::All) { (0..n as u32).collect() } else { Vec::new() };
-        let mut groups = self.cold_groups(layer, |head| selection.head(head).unwrap_or(&all));
+        let mut groups = self.cold_groups(layer, |head| match only_head {
+            Some(h) if h != head => &[],
+            _ => selection.head(head).unwrap_or(&all),
+        });
         if let Some(ahead) = ahead {
             let mut used = 0;
             for (head, g) in groups.iter_mut().enumerate() {
@@ -393,7 +397,10 @@ impl KvStore for TieredKvStore {
         let n = self.len + self.pending[layer];
         let sparse = matches!(selection, Selection::Tokens { .. });
         let ahead = if sparse { self.prefetch.take(layer) } else { None };
-        let staged = self.read_cold_groups(layer, selection, n, ahead.as_ref())?;
+        // A decode step reads every head's groups at once, for more requests in flight; a
+        // prompt, which reads nearly the whole layer, one head at a time, so that the staging
+        // holds one head's K/V instead of the layer's.
+        let mut staged = if sparse { Some(self.read_cold_groups(layer, selection, n, ahead.as_ref(), None)?) } else { None };
         if self.pending[layer] == 1 {
             self.read_ahead(layer); // decode steps only: a prompt attends to everything
         }
@@ -402,6 +409,10 @@ impl KvStore for TieredKvStore {
         let all: Vec<u32> = if sparse { Vec::new() } else { (0..n as u32).collect() };
         self.positions.clear();
         for head in 0..self.shape.n_kv_heads {
+            if !sparse {
+                staged = Some(self.read_cold_groups(layer, selection, n, None, Some(head))?);
+            }
+            let staged = staged.as_ref().expect("read above");
             let lane = self.lane(layer, head);
             let tokens = selection.head(head).unwrap_or(&all);
             for (slot, &t) in tokens.iter().enumerate() {
