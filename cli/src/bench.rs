@@ -97,7 +97,7 @@ pub(crate) fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
-        .map_or(0.0, |kb| kb / 1024.0)
+        .map_or(0.0, |kib| kib * 1024.0 / 1e6)
 }
 
 /// Best of a few passes of summing a 512 MiB buffer on every thread (well past any cache).
@@ -139,9 +139,15 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
     let engine = load_engine(&args.model)?;
     let text_path = args.text.clone().unwrap_or_else(|| PathBuf::from("../shared/data/pride-and-prejudice.txt"));
     let text = std::fs::read_to_string(&text_path).with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
-    let tokens = engine.tokenizer().encode(&text)?;
     let config = &engine.model().config;
     let longest = args.contexts.iter().copied().max().unwrap_or(0).max(args.prefill_tokens);
+    // Encoding a whole book would set the process's peak memory itself: a prefix of ~8 bytes
+    // per token needed is plenty for English prose (the whole text if it is not).
+    let prefix = &text[..text.floor_char_boundary(longest.saturating_mul(8))];
+    let mut tokens = engine.tokenizer().encode(prefix)?;
+    if tokens.len() < longest && prefix.len() < text.len() {
+        tokens = engine.tokenizer().encode(&text)?;
+    }
     if longest > config.context_tokens {
         bail!("context {longest} is past the model's {}", config.context_tokens);
     }

@@ -1,5 +1,6 @@
-//! `hillside bench kv`: decode speed of every KV store at several contexts, each store in its
-//! own process (so peak RSS is that store's), with cold-pool traffic and hot-pool hit rates.
+//! `hillside bench kv`: decode speed of every KV store at several contexts, each store and
+//! context in its own process (so peak RSS is that one conversation's), with cold-pool traffic
+//! and hot-pool hit rates.
 //! Prints a table, writes JSON and an SVG plot of tok/s against context.
 
 use crate::ModelArgs;
@@ -67,7 +68,9 @@ fn run_store(args: &KvArgs, store: StoreKind, contexts: &[usize], hot_budget_mb:
 pub fn kv(args: &KvArgs) -> Result<()> {
     let mut reports = Vec::new();
     for &store in &args.stores {
-        reports.push((store, run_store(args, store, &args.contexts, None)?));
+        let runs = args.contexts.iter().map(|&context| run_store(args, store, &[context], None)).collect::<Result<Vec<_>>>()?;
+        let report = merge_contexts(runs);
+        reports.push((store, report));
     }
     let sweep = if args.beta_sweep { Some(beta_sweep(args)?) } else { None };
     println!("hillside bench kv · α {} · decode tok/s ({} tokens at each context)", args.model.kv_config().alpha, args.decode_tokens);
@@ -94,7 +97,7 @@ pub fn kv(args: &KvArgs) -> Result<()> {
                 opt("score_block_wait_us", 1.0, "µs"),
                 opt("cold_scan_ms_per_step", 1.0, "ms"),
                 dram,
-                report["peak_rss_mb"].as_f64().unwrap_or(0.0),
+                d["peak_rss_mb"].as_f64().unwrap_or(0.0),
             );
         }
     }
@@ -107,6 +110,28 @@ pub fn kv(args: &KvArgs) -> Result<()> {
     std::fs::write(&args.plot, plot(&reports)).with_context(|| format!("writing {}", args.plot.display()))?;
     eprintln!("wrote {} and {}", args.json.display(), args.plot.display());
     Ok(())
+}
+
+/// One report from the single-context runs of a store: their decode entries, each with the
+/// peak RSS of its own process.
+fn merge_contexts(runs: Vec<Value>) -> Value {
+    let mut decode = Vec::new();
+    let mut merged = Value::Null;
+    for mut run in runs {
+        let rss = run["peak_rss_mb"].take();
+        for mut d in run["decode"].take().as_array().cloned().unwrap_or_default() {
+            d["peak_rss_mb"] = rss.clone();
+            decode.push(d);
+        }
+        if merged.is_null() {
+            merged = run;
+        }
+    }
+    if let Some(m) = merged.as_object_mut() {
+        m.remove("peak_rss_mb");
+        m.insert("decode".into(), Value::Array(decode));
+    }
+    merged
 }
 
 /// A line per store: decode tok/s (log scale) against context.

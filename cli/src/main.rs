@@ -178,6 +178,7 @@ impl ModelArgs {
             flags.push(format!("--xclbin={}", xclbin.display()));
         }
         flags.push(format!("--xrt-device={}", c.xrt_device));
+        flags.push(format!("--device={}", self.device));
         flags
     }
 
