@@ -294,7 +294,9 @@ impl TieredKvStore {
             if guard {
                 query.score(&keys, &pinned_block.tokens, &mut pinned_block.scores);
             }
-            for chunk in hot.chunks(SCORE_BLOCK_TOKENS) {
+            // Newest first: recent tokens tend to score highest, so the top-k's floor rises
+            // early and most older tokens' scores are dropped on arrival.
+            for chunk in hot.rchunks(SCORE_BLOCK_TOKENS) {
                 let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
                 query.score(&keys, chunk, &mut block.scores);
                 merge(&block);
@@ -313,30 +315,38 @@ impl TieredKvStore {
             }
             self.tier.cold_scan_ns += started.elapsed().as_nanos() as u64;
         }
-        let ranked = top.into_ranked();
-        let mut take = budget.min(keep);
-        if guard {
-            mass.merge(&pinned_block);
-            // The fidelity guard: when the top α holds too little of any head's (estimated)
-            // attention, every head of the layer attends to twice as many tokens this step.
-            let captured = (0..n_kv)
-                .map(|h| mass.share(h, ranked[h][..take].iter().map(|r| r.0).chain(pinned_block.head(h).iter().copied())))
-                .fold(1.0, f64::min);
-            self.tier.guard_checks += 1;
-            if captured < f64::from(self.settings.guard_mass) {
-                self.tier.guard_widened += 1;
-                take = keep;
-            }
-        }
-        ranked
+        let chosen = if guard { self.guard(top, mass, &pinned_block, budget.min(keep)) } else { top.into_tokens() };
+        chosen
             .into_iter()
-            .map(|head| {
-                let mut chosen: Vec<u32> = head[..take].iter().map(|r| r.1).collect();
-                chosen.sort_unstable();
+            .map(|chosen| {
                 let mut tokens: Vec<u32> = (0..candidates.start as u32).collect();
                 tokens.extend(chosen);
                 tokens.extend(candidates.end as u32..n as u32);
                 tokens
+            })
+            .collect()
+    }
+
+    /// The fidelity guard: each head's best `take` tokens (ascending) — or, when they hold too
+    /// little of any head's estimated attention (`mass`, with the pinned tokens' scores), every
+    /// head's whole ranked set, twice as many.
+    fn guard(&mut self, top: HeadsTopK, mut mass: HeadsMass, pinned: &ScoreBlock, mut take: usize) -> Vec<Vec<u32>> {
+        mass.merge(pinned);
+        let ranked = top.into_ranked();
+        let captured = (0..ranked.len())
+            .map(|h| mass.share(h, ranked[h][..take].iter().map(|r| r.0).chain(pinned.head(h).iter().copied())))
+            .fold(1.0, f64::min);
+        self.tier.guard_checks += 1;
+        if captured < f64::from(self.settings.guard_mass) {
+            self.tier.guard_widened += 1;
+            take = usize::MAX;
+        }
+        ranked
+            .into_iter()
+            .map(|head| {
+                let mut chosen: Vec<u32> = head.iter().take(take).map(|r| r.1).collect();
+                chosen.sort_unstable();
+                chosen
             })
             .collect()
     }
