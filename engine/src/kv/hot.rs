@@ -5,6 +5,8 @@
 //! Each lane maps tokens to slots with a dense table indexed by token, not a hash map: the
 //! tiered store asks "is this token hot?" for every candidate of every lane each step.
 
+use super::slab::RowSlab;
+
 const ABSENT: u32 = u32::MAX;
 
 /// One lane's index into the shared slots.
@@ -20,12 +22,11 @@ struct Lane {
 /// lanes together: with a slab per lane, each would keep the most rows it ever held, and as the
 /// hot set moves between lanes their sum drifts far above the budget.
 pub struct HotPool {
-    /// f16 values per row.
+    /// f16 values per row, of K and of V.
     row_words: usize,
     lanes: Vec<Lane>,
-    /// f16 bits, `[slot][dim]`.
-    k: Vec<u16>,
-    v: Vec<u16>,
+    /// `[slot]`: the K row then the V row (f16 bits), side by side so one read brings both.
+    slots: RowSlab,
     /// `[slot]`: the lane holding the slot, and where its token sits in the lane's `tokens`.
     owner: Vec<SlotOwner>,
     free: Vec<u32>,
@@ -38,12 +39,12 @@ struct SlotOwner {
 }
 
 impl HotPool {
-    pub fn new(n_lanes: usize, row_words: usize) -> Self {
+    /// A pool for `n_lanes` lanes of at most `max_tokens` tokens each.
+    pub fn new(n_lanes: usize, row_words: usize, max_tokens: usize) -> Self {
         Self {
             row_words,
             lanes: (0..n_lanes).map(|_| Lane::default()).collect(),
-            k: Vec::new(),
-            v: Vec::new(),
+            slots: RowSlab::new(2 * row_words, n_lanes * max_tokens),
             owner: Vec::new(),
             free: Vec::new(),
         }
@@ -76,8 +77,7 @@ impl HotPool {
 
     /// K and V rows of a hot token.
     pub fn get(&self, lane: usize, token: u32) -> Option<(&[u16], &[u16])> {
-        let at = self.slot(lane, token)? * self.row_words;
-        Some((&self.k[at..][..self.row_words], &self.v[at..][..self.row_words]))
+        Some(self.slots.row(self.slot(lane, token)?).split_at(self.row_words))
     }
 
     /// Asks the CPU to start loading a hot token's rows: a step reads thousands of rows from
@@ -86,12 +86,9 @@ impl HotPool {
         #[cfg(target_arch = "x86_64")]
         if let Some(slot) = self.slot(lane, token) {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let at = slot * self.row_words;
-            for row in [&self.k[at..][..self.row_words], &self.v[at..][..self.row_words]] {
-                for line in row.chunks(32) {
-                    // SAFETY: a prefetch is a hint; it never faults, and the address is in bounds.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
-                }
+            for line in self.slots.row(slot).chunks(32) {
+                // SAFETY: a prefetch is a hint; it never faults, and the address is in bounds.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -107,10 +104,8 @@ impl HotPool {
                 let s = match self.free.pop() {
                     Some(s) => s as usize,
                     None => {
-                        self.k.resize(self.k.len() + rw, 0);
-                        self.v.resize(self.v.len() + rw, 0);
                         self.owner.push(SlotOwner::default());
-                        self.owner.len() - 1
+                        self.slots.push()
                     }
                 };
                 let l = &mut self.lanes[lane];
@@ -123,8 +118,9 @@ impl HotPool {
                 s
             }
         };
-        self.k[slot * rw..][..rw].copy_from_slice(k);
-        self.v[slot * rw..][..rw].copy_from_slice(v);
+        let (k_row, v_row) = self.slots.row_mut(slot).split_at_mut(rw);
+        k_row.copy_from_slice(k);
+        v_row.copy_from_slice(v);
     }
 
     pub fn remove(&mut self, lane: usize, token: u32) {
@@ -140,31 +136,25 @@ impl HotPool {
     }
 
     /// Moves the rows held in the last slots into the freed ones below them and gives the
-    /// emptied tail back to the allocator. Freed slots are reused by later inserts, but a pool
+    /// emptied tail back to the kernel. Freed slots are reused by later inserts, but a pool
     /// that shrinks for good (a long prompt fills it before the scoring keys grow into their
     /// share of the budget) would otherwise keep its high-water mark in memory.
     pub fn compact(&mut self) {
         let held = self.owner.len() - self.free.len();
-        let rw = self.row_words;
         let mut is_free = vec![false; self.owner.len()];
         self.free.iter().for_each(|&s| is_free[s as usize] = true);
         let holes = (0..held).filter(|&s| is_free[s]);
         let movers = (held..self.owner.len()).filter(|&s| !is_free[s]);
         for (to, from) in holes.zip(movers) {
-            self.k.copy_within(from * rw..(from + 1) * rw, to * rw);
-            self.v.copy_within(from * rw..(from + 1) * rw, to * rw);
+            self.slots.copy_row(from, to);
             let owner = self.owner[from];
             let l = &mut self.lanes[owner.lane as usize];
             l.slot_of[l.tokens[owner.at as usize] as usize] = to as u32;
             self.owner[to] = owner;
         }
         self.owner.truncate(held);
-        self.k.truncate(held * rw);
-        self.v.truncate(held * rw);
+        self.slots.truncate(held);
         self.free.clear();
-        for buf in [&mut self.k, &mut self.v] {
-            buf.shrink_to_fit();
-        }
         self.owner.shrink_to_fit();
     }
 
@@ -196,7 +186,7 @@ mod tests {
 
     #[test]
     fn lanes_share_slots_so_memory_follows_the_rows_held() {
-        let mut pool = HotPool::new(3, 2);
+        let mut pool = HotPool::new(3, 2, 10);
         let row = |t: u32| [t as u16, t as u16 + 1];
         for t in 0..10 {
             pool.insert(0, t, &row(t), &row(t + 100));
@@ -226,7 +216,7 @@ mod tests {
 
     #[test]
     fn compacting_keeps_every_row_and_frees_the_tail() {
-        let mut pool = HotPool::new(2, 3);
+        let mut pool = HotPool::new(2, 3, 40);
         let row = |t: u32, lane: u16| [t as u16, lane, 7];
         for t in 0..40 {
             pool.insert((t % 2) as usize, t, &row(t, (t % 2) as u16), &row(t + 1000, 9));
@@ -237,7 +227,7 @@ mod tests {
         assert_eq!(pool.free_bytes(), 26 * pool.row_bytes());
         pool.compact();
         assert_eq!((pool.owner.len(), pool.free_bytes()), (14, 0));
-        assert!(pool.k.capacity() <= 14 * 3);
+        assert_eq!(pool.slots.len(), 14);
         for t in 0..40 {
             let lane = (t % 2) as usize;
             let expect = (t % 3 == 0).then(|| (row(t, lane as u16), row(t + 1000, 9)));

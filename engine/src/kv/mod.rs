@@ -13,6 +13,7 @@ pub mod drop;
 pub mod full;
 pub mod hot;
 pub mod offload;
+pub mod slab;
 pub mod tiered;
 pub mod view;
 pub mod window;
