@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::kv::{KvShape, KvStats, KvStore, KvView, Selection};
 use crate::model::Logits;
 use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
 use crate::sampling::argmax;
 use crate::{Engine, Sequence};
 
@@ -86,47 +87,85 @@ impl AttentionMass {
     }
 }
 
-/// A store wrapper that measures, against exact f32 keys it keeps on the side, the share of
-/// each decode query's attention mass that the inner store's selection captured. For
-/// evaluation only: it holds every key in f32 and scores all of them each step.
-pub struct AttentionMassProbe {
-    inner: Box<dyn KvStore>,
-    keys: ExactKeys,
-    /// `[layer][query head]` mass of the step in progress.
-    step: Vec<Vec<f64>>,
-    result: std::sync::Arc<std::sync::Mutex<AttentionMass>>,
+/// Watches a store's selections against exact f32 copies of every key, and may replace them:
+/// the measuring and the ideal selection of `hillside eval`, and the tests' recorders.
+pub trait SelectionWatch: Send {
+    /// Sees the inner store's `selection` for queries `q` at `q_positions` and returns the one
+    /// to use; `keys` holds every key so far, this step's included.
+    fn select(&mut self, keys: &ExactKeys, layer: usize, q: &[f32], q_positions: &[usize], selection: Selection) -> Selection;
+
+    /// Every layer has run the step.
+    fn commit(&mut self) {}
+
+    /// Tokens were forgotten: what the step in progress saw no longer counts.
+    fn truncate(&mut self) {}
 }
 
-impl AttentionMassProbe {
-    /// Wraps `inner`; the measurements accumulate in the returned handle.
-    pub fn wrap(inner: Box<dyn KvStore>) -> (Self, std::sync::Arc<std::sync::Mutex<AttentionMass>>) {
-        let result = std::sync::Arc::new(std::sync::Mutex::new(AttentionMass::default()));
-        let n_layers = inner.shape().n_layers;
-        (Self { keys: ExactKeys::new(inner.shape()), inner, step: vec![Vec::new(); n_layers], result: result.clone() }, result)
+/// A store with exact f32 copies of its keys beside it and a [`SelectionWatch`] on its
+/// selections. For evaluation and tests only: it holds every key in f32.
+pub struct Watched<W> {
+    inner: Box<dyn KvStore>,
+    keys: ExactKeys,
+    pub watch: W,
+}
+
+impl<W: SelectionWatch> Watched<W> {
+    pub fn new(inner: Box<dyn KvStore>, watch: W) -> Self {
+        Self { keys: ExactKeys::new(inner.shape()), inner, watch }
     }
 
-    /// The captured mass for each query head of a single query row.
-    fn measure(&self, layer: usize, q: &[f32], selection: &Selection) -> Vec<f64> {
-        let shape = self.inner.shape();
-        let (hd, n_kv) = (shape.head_dim, shape.n_kv_heads);
-        let n_heads = q.len() / hd;
-        let group = n_heads / n_kv;
-        let keys = &self.keys;
-        (0..n_heads)
-            .into_par_iter()
-            .map(|head| {
-                let kv_head = head / group;
-                let attention = keys.attention(layer, kv_head, &q[head * hd..][..hd]);
-                let chosen = selection.head(kv_head).expect("a token selection");
-                chosen.iter().map(|&t| attention[t as usize]).sum::<f64>()
-            })
-            .collect()
+    pub fn keys(&self) -> &ExactKeys {
+        &self.keys
+    }
+}
+
+impl<W: SelectionWatch> KvStore for Watched<W> {
+    fn shape(&self) -> KvShape {
+        self.inner.shape()
+    }
+
+    fn len_tokens(&self) -> usize {
+        self.inner.len_tokens()
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        self.inner.append(layer, k, v)?;
+        self.keys.append(layer, k);
+        Ok(())
+    }
+
+    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+        let selection = self.inner.select(layer, q, q_positions)?;
+        Ok(self.watch.select(&self.keys, layer, q, q_positions, selection))
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
+        self.inner.gather(layer, selection)
+    }
+
+    fn observe(&mut self, layer: usize, selection: &Selection) {
+        self.inner.observe(layer, selection)
+    }
+
+    fn commit(&mut self, n_tokens: usize) {
+        self.inner.commit(n_tokens);
+        self.watch.commit();
+    }
+
+    fn truncate(&mut self, n_tokens: usize) {
+        self.inner.truncate(n_tokens);
+        self.keys.truncate(self.inner.len_tokens());
+        self.watch.truncate();
+    }
+
+    fn stats(&self) -> KvStats {
+        self.inner.stats()
     }
 }
 
 /// Every key of every layer in f32 (RoPE applied), kept beside a store so that attention can
 /// be computed exactly.
-struct ExactKeys {
+pub struct ExactKeys {
     shape: KvShape,
     /// `[layer]`, `tokens × kv_dim`.
     layers: Vec<Vec<f32>>,
@@ -146,13 +185,18 @@ impl ExactKeys {
         self.layers.iter_mut().for_each(|keys| keys.truncate(n_tokens * kv_dim));
     }
 
-    /// Keys of `layer` so far, including any appended this step.
-    fn tokens(&self, layer: usize) -> usize {
+    /// Keys of `layer` so far (`tokens × kv_dim`), including any appended this step.
+    pub fn layer(&self, layer: usize) -> &[f32] {
+        &self.layers[layer]
+    }
+
+    /// How many tokens' keys `layer` holds.
+    pub fn tokens(&self, layer: usize) -> usize {
         self.layers[layer].len() / self.shape.kv_dim()
     }
 
     /// One query head's exact attention over every key of `layer`: the softmax of q·k/√d, in f64.
-    fn attention(&self, layer: usize, kv_head: usize, q: &[f32]) -> Vec<f64> {
+    pub fn attention(&self, layer: usize, kv_head: usize, q: &[f32]) -> Vec<f64> {
         let hd = self.shape.head_dim;
         let scale = 1.0 / (hd as f64).sqrt();
         let logits: Vec<f64> = self.layers[layer]
@@ -165,39 +209,42 @@ impl ExactKeys {
     }
 }
 
-impl KvStore for AttentionMassProbe {
-    fn shape(&self) -> KvShape {
-        self.inner.shape()
-    }
+/// Measures the share of each decode query's exact attention mass that the store's selection
+/// captured (it scores every key each step).
+pub struct AttentionMassProbe {
+    /// `[layer][query head]` mass of the step in progress.
+    step: Vec<Vec<f64>>,
+    result: Arc<Mutex<AttentionMass>>,
+}
 
-    fn len_tokens(&self) -> usize {
-        self.inner.len_tokens()
+impl AttentionMassProbe {
+    /// Wraps `inner`; the measurements accumulate in the returned handle.
+    pub fn wrap(inner: Box<dyn KvStore>) -> (Watched<Self>, Arc<Mutex<AttentionMass>>) {
+        let result = Arc::new(Mutex::new(AttentionMass::default()));
+        let probe = Self { step: vec![Vec::new(); inner.shape().n_layers], result: result.clone() };
+        (Watched::new(inner, probe), result)
     }
+}
 
-    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        self.inner.append(layer, k, v)?;
-        self.keys.append(layer, k);
-        Ok(())
-    }
-
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
-        let selection = self.inner.select(layer, q, q_positions)?;
-        if q_positions.len() == 1 && matches!(selection, Selection::Tokens { .. }) {
-            self.step[layer] = self.measure(layer, q, &selection);
+impl SelectionWatch for AttentionMassProbe {
+    fn select(&mut self, keys: &ExactKeys, layer: usize, q: &[f32], q_positions: &[usize], selection: Selection) -> Selection {
+        if q_positions.len() != 1 || matches!(selection, Selection::All) {
+            return selection;
         }
-        Ok(selection)
+        let hd = keys.shape.head_dim;
+        let group = q.len() / hd / keys.shape.n_kv_heads;
+        self.step[layer] = (0..q.len() / hd)
+            .into_par_iter()
+            .map(|head| {
+                let attention = keys.attention(layer, head / group, &q[head * hd..][..hd]);
+                let chosen = selection.head(head / group).expect("a token selection");
+                chosen.iter().map(|&t| attention[t as usize]).sum::<f64>()
+            })
+            .collect();
+        selection
     }
 
-    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
-        self.inner.gather(layer, selection)
-    }
-
-    fn observe(&mut self, layer: usize, selection: &Selection) {
-        self.inner.observe(layer, selection)
-    }
-
-    fn commit(&mut self, n_tokens: usize) {
-        self.inner.commit(n_tokens);
+    fn commit(&mut self) {
         let masses: Vec<f64> = self.step.iter_mut().flat_map(std::mem::take).collect();
         if !masses.is_empty() {
             let mut result = self.result.lock().unwrap_or_else(|p| p.into_inner());
@@ -206,14 +253,8 @@ impl KvStore for AttentionMassProbe {
         }
     }
 
-    fn truncate(&mut self, n_tokens: usize) {
-        self.inner.truncate(n_tokens);
-        self.keys.truncate(self.inner.len_tokens());
+    fn truncate(&mut self) {
         self.step.iter_mut().for_each(Vec::clear);
-    }
-
-    fn stats(&self) -> KvStats {
-        self.inner.stats()
     }
 }
 
@@ -224,26 +265,27 @@ impl KvStore for AttentionMassProbe {
 /// ceiling of any selector at the inner store's α. The inner store must gather any selection
 /// (a tiered store whose budget holds every row does).
 pub struct IdealSelector {
-    inner: Box<dyn KvStore>,
-    keys: ExactKeys,
     sink_tokens: usize,
     recent_tokens: usize,
 }
 
 impl IdealSelector {
-    pub fn wrap(inner: Box<dyn KvStore>, sink_tokens: usize, recent_tokens: usize) -> Self {
-        Self { keys: ExactKeys::new(inner.shape()), inner, sink_tokens, recent_tokens }
+    pub fn wrap(inner: Box<dyn KvStore>, sink_tokens: usize, recent_tokens: usize) -> Watched<Self> {
+        Watched::new(inner, Self { sink_tokens, recent_tokens })
     }
+}
 
-    /// Per KV head, the `per_head` tokens (ascending) a perfect selector picks for query `q`.
-    fn ideal(&self, layer: usize, q: &[f32], per_head: usize) -> Vec<Vec<u32>> {
-        let shape = self.inner.shape();
-        let (hd, n_kv) = (shape.head_dim, shape.n_kv_heads);
+impl SelectionWatch for IdealSelector {
+    fn select(&mut self, keys: &ExactKeys, layer: usize, q: &[f32], q_positions: &[usize], selection: Selection) -> Selection {
+        let per_head = match selection {
+            Selection::Tokens { per_head, .. } if q_positions.len() == 1 => per_head,
+            selection => return selection,
+        };
+        let (hd, n_kv) = (keys.shape.head_dim, keys.shape.n_kv_heads);
         let group = q.len() / hd / n_kv;
-        let keys = &self.keys;
         let n = keys.tokens(layer);
         let (sinks, recent_from) = (self.sink_tokens.min(n), n.saturating_sub(self.recent_tokens));
-        (0..n_kv)
+        let sets: Vec<Vec<u32>> = (0..n_kv)
             .into_par_iter()
             .map(|kv_head| {
                 let mut mass = vec![0f64; n];
@@ -260,50 +302,7 @@ impl IdealSelector {
                 middle.sort_unstable();
                 (0..sinks as u32).chain(middle).chain(recent_from as u32..n as u32).collect()
             })
-            .collect()
-    }
-}
-
-impl KvStore for IdealSelector {
-    fn shape(&self) -> KvShape {
-        self.inner.shape()
-    }
-
-    fn len_tokens(&self) -> usize {
-        self.inner.len_tokens()
-    }
-
-    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        self.inner.append(layer, k, v)?;
-        self.keys.append(layer, k);
-        Ok(())
-    }
-
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
-        match self.inner.select(layer, q, q_positions)? {
-            Selection::Tokens { per_head, .. } if q_positions.len() == 1 => Ok(Selection::per_head(&self.ideal(layer, q, per_head))),
-            selection => Ok(selection),
-        }
-    }
-
-    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
-        self.inner.gather(layer, selection)
-    }
-
-    fn observe(&mut self, layer: usize, selection: &Selection) {
-        self.inner.observe(layer, selection)
-    }
-
-    fn commit(&mut self, n_tokens: usize) {
-        self.inner.commit(n_tokens)
-    }
-
-    fn truncate(&mut self, n_tokens: usize) {
-        self.inner.truncate(n_tokens);
-        self.keys.truncate(self.inner.len_tokens());
-    }
-
-    fn stats(&self) -> KvStats {
-        self.inner.stats()
+            .collect();
+        Selection::per_head(&sets)
     }
 }

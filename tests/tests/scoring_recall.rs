@@ -3,48 +3,20 @@
 
 mod common;
 
-use hillside_engine::kv::{FullKvStore, KvShape, KvStats, KvStore, KvView, Selection};
+use hillside_engine::eval::{ExactKeys, SelectionWatch, Watched};
+use hillside_engine::kv::{FullKvStore, Selection};
 use hillside_engine::score::{KeyBits, ScoreBlock, ScoringKeys, TopK};
-use hillside_engine::{Engine, Logits, Result};
+use hillside_engine::{Engine, Logits};
 
-/// A full store that also keeps every appended key (f32) and the last single-token query.
-struct Recording {
-    inner: FullKvStore,
-    keys: Vec<Vec<f32>>,
-    query: Vec<Vec<f32>>,
-}
+/// Keeps the last single-token query of each layer (the wrapper keeps every key in f32).
+struct LastQuery(Vec<Vec<f32>>);
 
-impl KvStore for Recording {
-    fn shape(&self) -> KvShape {
-        self.inner.shape()
-    }
-    fn len_tokens(&self) -> usize {
-        self.inner.len_tokens()
-    }
-    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        self.keys[layer].extend_from_slice(k);
-        self.inner.append(layer, k, v)
-    }
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+impl SelectionWatch for LastQuery {
+    fn select(&mut self, _: &ExactKeys, layer: usize, q: &[f32], q_positions: &[usize], selection: Selection) -> Selection {
         if q_positions.len() == 1 {
-            self.query[layer] = q.to_vec();
+            self.0[layer] = q.to_vec();
         }
-        self.inner.select(layer, q, q_positions)
-    }
-    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
-        self.inner.gather(layer, selection)
-    }
-    fn observe(&mut self, layer: usize, selection: &Selection) {
-        self.inner.observe(layer, selection)
-    }
-    fn commit(&mut self, n_tokens: usize) {
-        self.inner.commit(n_tokens)
-    }
-    fn truncate(&mut self, n_tokens: usize) {
-        self.inner.truncate(n_tokens)
-    }
-    fn stats(&self) -> KvStats {
-        self.inner.stats()
+        selection
     }
 }
 
@@ -61,7 +33,7 @@ fn int8_top_alpha_recall_is_at_least_95_percent() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = engine.tokenizer().encode(&text[100_000..160_000]).unwrap();
     let shape = engine.model().kv_shape(2048);
-    let mut store = Recording { inner: FullKvStore::new(shape), keys: vec![Vec::new(); c.n_layers], query: vec![Vec::new(); c.n_layers] };
+    let mut store = Watched::new(Box::new(FullKvStore::new(shape)), LastQuery(vec![Vec::new(); c.n_layers]));
     for chunk in tokens[..2000].chunks(256) {
         engine.model().forward(chunk, &mut store, Logits::Last).unwrap();
     }
@@ -73,7 +45,7 @@ fn int8_top_alpha_recall_is_at_least_95_percent() {
     let ids: Vec<u32> = (0..n as u32).collect();
     let mut recalls = Vec::new();
     for layer in 0..c.n_layers {
-        let (keys, q) = (&store.keys[layer], &store.query[layer]);
+        let (keys, q) = (store.keys().layer(layer), &store.watch.0[layer]);
         let mut query = vec![0f32; n_kv * hd];
         for h in 0..n_kv {
             for g in 0..group {

@@ -5,7 +5,8 @@
 
 mod common;
 
-use hillside_engine::kv::{EvaluatorKind, KvConfig, KvStats, KvStore, KvView, Selection, StoreKind};
+use hillside_engine::eval::{ExactKeys, SelectionWatch, Watched};
+use hillside_engine::kv::{EvaluatorKind, KvConfig, KvStats, Selection, StoreKind};
 use hillside_engine::score::xrt::{probe, XrtOptions};
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams, Sequence};
 use std::path::{Path, PathBuf};
@@ -40,43 +41,15 @@ fn failing_xclbin(runs: usize) -> PathBuf {
     path
 }
 
-/// A KV store that records every sparse selection it makes.
-struct Recording {
-    inner: Box<dyn KvStore>,
-    log: Arc<Mutex<Vec<(usize, Selection)>>>,
-}
+/// Records every sparse selection the store makes.
+struct SelectionLog(Arc<Mutex<Vec<(usize, Selection)>>>);
 
-impl KvStore for Recording {
-    fn shape(&self) -> hillside_engine::kv::KvShape {
-        self.inner.shape()
-    }
-    fn len_tokens(&self) -> usize {
-        self.inner.len_tokens()
-    }
-    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> hillside_engine::Result<()> {
-        self.inner.append(layer, k, v)
-    }
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> hillside_engine::Result<Selection> {
-        let selection = self.inner.select(layer, q, q_positions)?;
+impl SelectionWatch for SelectionLog {
+    fn select(&mut self, _: &ExactKeys, layer: usize, _: &[f32], _: &[usize], selection: Selection) -> Selection {
         if matches!(selection, Selection::Tokens { .. }) {
-            self.log.lock().unwrap().push((layer, selection.clone()));
+            self.0.lock().unwrap().push((layer, selection.clone()));
         }
-        Ok(selection)
-    }
-    fn gather(&mut self, layer: usize, selection: &Selection) -> hillside_engine::Result<KvView<'_>> {
-        self.inner.gather(layer, selection)
-    }
-    fn observe(&mut self, layer: usize, selection: &Selection) {
-        self.inner.observe(layer, selection)
-    }
-    fn commit(&mut self, n_tokens: usize) {
-        self.inner.commit(n_tokens)
-    }
-    fn truncate(&mut self, n_tokens: usize) {
-        self.inner.truncate(n_tokens)
-    }
-    fn stats(&self) -> KvStats {
-        self.inner.stats()
+        selection
     }
 }
 
@@ -93,7 +66,7 @@ fn decode(engine: &Engine, config: &KvConfig) -> Decoded {
     let prompt = engine.chat_prompt(&[ChatMessage::new("user", &format!("{document}\n\nWho is speaking in the last paragraph?"))]).unwrap();
     let inner = engine.new_sequence_with(config, Some(2048)).unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut seq = Sequence { kv: Box::new(Recording { inner: inner.kv, log: log.clone() }), tokens: inner.tokens };
+    let mut seq = Sequence { kv: Box::new(Watched::new(inner.kv, SelectionLog(log.clone()))), tokens: inner.tokens };
     let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
     let mut out = String::new();
     generate(engine, &mut seq, &prompt, &params, &CancelFlag::default(), &mut |e| {
