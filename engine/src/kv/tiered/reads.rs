@@ -9,7 +9,7 @@
 
 use super::super::aligned::AlignedBuf;
 use super::super::cold::ColdPool;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc};
 
@@ -81,6 +81,33 @@ pub(super) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>,
     Ok(staged)
 }
 
+/// A read running on the I/O threads, with the buffer it reads into.
+pub(super) struct PendingRead(mpsc::Receiver<(Result<Staged>, AlignedBuf)>);
+
+impl PendingRead {
+    /// Starts reading each head's `groups` (ascending) of `layer` into `buf`, grown here if too
+    /// small: buffers allocated on the I/O threads would land in their own malloc arenas and
+    /// keep the process's memory up.
+    pub fn start(cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>, mut buf: AlignedBuf) -> Self {
+        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().group_bytes();
+        if buf.len() < need {
+            buf = AlignedBuf::zeroed(need);
+        }
+        let (tx, done) = mpsc::channel();
+        let cold = cold.clone();
+        io_pool().spawn(move || {
+            let staged = read_heads(&cold, layer, groups, &mut buf);
+            let _ = tx.send((staged, buf)); // the store may have moved on; then the read is dropped
+        });
+        Self(done)
+    }
+
+    /// Waits for the read: what it staged (or its error), and the buffer back.
+    pub fn wait(self) -> (Result<Staged>, AlignedBuf) {
+        self.0.recv().unwrap_or_else(|_| (Err(Error::Kv("a cold-pool read thread stopped".into())), AlignedBuf::zeroed(0)))
+    }
+}
+
 /// Groups read ahead for one layer, and the buffer that holds them.
 pub(super) struct Prefetched {
     pub staged: Staged,
@@ -89,7 +116,7 @@ pub(super) struct Prefetched {
 
 struct InFlight {
     layer: usize,
-    done: mpsc::Receiver<(Result<Staged>, AlignedBuf)>,
+    read: PendingRead,
 }
 
 /// Reads issued ahead of their layer's turn, in layer order.
@@ -107,11 +134,8 @@ impl Prefetcher {
 
     /// Starts reading `groups` (per head, ascending) of `layer` on the I/O threads.
     pub fn issue(&mut self, cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>) {
-        let (tx, done) = mpsc::channel();
-        // Sized here, on the store's thread: buffers allocated on the I/O threads would land in
-        // their own malloc arenas and keep the process's memory up.
         let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().group_bytes();
-        let mut buf = match self.spare.iter().position(|b| b.len() >= need) {
+        let buf = match self.spare.iter().position(|b| b.len() >= need) {
             Some(i) => self.spare.swap_remove(i),
             None => {
                 // Replace a buffer that is too small rather than keep it: as many buffers
@@ -120,12 +144,7 @@ impl Prefetcher {
                 AlignedBuf::zeroed(need + need / 4)
             }
         };
-        let cold = cold.clone();
-        io_pool().spawn(move || {
-            let staged = read_heads(&cold, layer, groups, &mut buf);
-            let _ = tx.send((staged, buf)); // the store may have moved on; then the read is dropped
-        });
-        self.in_flight.push_back(InFlight { layer, done });
+        self.in_flight.push_back(InFlight { layer, read: PendingRead::start(cold, layer, groups, buf) });
     }
 
     /// What was read ahead for `layer`, once it is there; reads for earlier layers that were
@@ -136,7 +155,7 @@ impl Prefetcher {
                 return None;
             }
             let f = self.in_flight.pop_front()?;
-            let Ok((staged, buf)) = f.done.recv() else { continue };
+            let (staged, buf) = f.read.wait();
             if f.layer < layer {
                 self.spare.push(buf);
                 continue;
