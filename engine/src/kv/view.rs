@@ -37,6 +37,24 @@ impl ViewBuffers {
         self.v[base + slot * hd..][..hd].copy_from_slice(v_row);
     }
 
+    /// Each head in `heads`, its first `n_slots` slots cut into runs of `run_slots` (a multiple
+    /// of [`KV_TILE`]) that do not overlap, so that they can be filled in parallel.
+    pub fn runs_mut(&mut self, heads: std::ops::Range<usize>, n_slots: usize, run_slots: usize) -> Vec<SlotRun<'_>> {
+        assert!(run_slots > 0 && run_slots.is_multiple_of(KV_TILE) && n_slots <= self.stride_tokens);
+        let (hd, head_words) = (self.head_dim, self.stride_tokens * self.head_dim);
+        let mut runs = Vec::new();
+        let heads_k = self.k.chunks_mut(head_words).zip(self.v.chunks_mut(head_words)).enumerate();
+        for (head, (k, v)) in heads_k.skip(heads.start).take(heads.len()) {
+            // K is tiled, so a run's K spans whole tiles: the last one's slots past n_slots
+            // are never read.
+            let (k, v) = (&mut k[..n_slots.next_multiple_of(KV_TILE) * hd], &mut v[..n_slots * hd]);
+            for (i, (k, v)) in k.chunks_mut(run_slots * hd).zip(v.chunks_mut(run_slots * hd)).enumerate() {
+                runs.push(SlotRun { head, first_slot: i * run_slots, head_dim: hd, k, v });
+            }
+        }
+        runs
+    }
+
     /// Puts a cold-pool group (K then V, token-major, GROUP_TOKENS rows each) at `first_slot`.
     pub fn set_group(&mut self, first_slot: usize, head: usize, page: &[u16]) {
         let hd = self.head_dim;
@@ -57,6 +75,66 @@ impl ViewBuffers {
             k: self.k.reinterpret_cast(),
             v: self.v.reinterpret_cast(),
             positions,
+        }
+    }
+}
+
+/// Consecutive slots of one head's part of a [`ViewBuffers`], starting at a tile boundary.
+pub struct SlotRun<'a> {
+    pub head: usize,
+    pub first_slot: usize,
+    head_dim: usize,
+    k: &'a mut [u16],
+    v: &'a mut [u16],
+}
+
+impl SlotRun<'_> {
+    /// Slots in the run.
+    pub fn len(&self) -> usize {
+        self.v.len() / self.head_dim
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.v.is_empty()
+    }
+
+    /// Puts one token's K and V rows (f16 bits) in the run's `i`-th slot.
+    pub fn set_token(&mut self, i: usize, k_row: &[u16], v_row: &[u16]) {
+        let hd = self.head_dim;
+        for (d, &x) in k_row.iter().enumerate() {
+            self.k[k_tile_index(i, d, hd)] = x;
+        }
+        self.v[i * hd..][..hd].copy_from_slice(v_row);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_fill_the_same_slots_as_single_tokens() {
+        let (heads, hd, n) = (3, 4, 70);
+        let row = |h: usize, t: usize, off: u16| -> Vec<u16> { (0..hd).map(|d| (h * 1000 + t * 10 + d) as u16 + off).collect() };
+        let mut one_by_one = ViewBuffers::new(heads, hd, 100);
+        for h in 0..heads {
+            for t in 0..n {
+                one_by_one.set_token(t, h, &row(h, t, 0), &row(h, t, 5));
+            }
+        }
+        let mut by_runs = ViewBuffers::new(heads, hd, 100);
+        let runs = by_runs.runs_mut(1..3, n, 32);
+        assert_eq!(runs.iter().map(SlotRun::len).collect::<Vec<_>>(), vec![32, 32, 6, 32, 32, 6]);
+        for mut run in runs {
+            for i in 0..run.len() {
+                let (h, t) = (run.head, run.first_slot + i);
+                run.set_token(i, &row(h, t, 0), &row(h, t, 5));
+            }
+        }
+        for h in 0..heads {
+            let (a, b) = (one_by_one.view(n, None), by_runs.view(n, None));
+            let part = |x: &[half::f16]| x[h * 112 * hd..][..n * hd].to_vec();
+            assert_eq!(part(a.k) == part(b.k) && part(a.v) == part(b.v), h > 0, "head {h}");
         }
     }
 }

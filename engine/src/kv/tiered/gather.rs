@@ -5,6 +5,11 @@
 use super::reads::{PendingRead, Prefetched, Staged};
 use super::{TieredKvStore, PREFETCH_ROWS_AHEAD};
 use crate::kv::cold::GROUP_TOKENS;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Slots one parallel task copies: a few tiles, enough to amortize the hand-off.
+const RUN_SLOTS: usize = 128;
 
 /// A view slot whose row must come from the cold pool.
 pub(super) struct ColdRow {
@@ -34,30 +39,39 @@ impl TieredKvStore {
         Some(PendingRead::start(&self.cold, layer, groups, buf))
     }
 
-    /// Copies each head's (or `only_head`'s) rows that are in the write-back window or the hot
-    /// pool into the view, and returns the slots left for cold rows. `decode` counts hot hits.
-    pub(super) fn copy_resident_rows<'t>(&mut self, layer: usize, tokens: &impl Fn(usize) -> &'t [u32], only_head: Option<usize>, decode: bool) -> Vec<ColdRow> {
-        let base = self.window.base();
-        let mut cold = Vec::new();
-        for head in (0..self.shape.n_kv_heads).filter(|&h| only_head.is_none_or(|o| o == h)) {
-            let lane = self.lane(layer, head);
-            let tokens = tokens(head);
-            for (slot, &t) in tokens.iter().enumerate() {
-                if let Some(&ahead) = tokens.get(slot + PREFETCH_ROWS_AHEAD) {
-                    self.hot.prefetch(lane, ahead);
+    /// Copies the rows of `heads` that are in the write-back window or the hot pool into the
+    /// view, in parallel runs of slots, and returns the slots left for cold rows. `decode`
+    /// counts hot hits.
+    pub(super) fn copy_resident_rows<'t>(&mut self, layer: usize, tokens: &(impl Fn(usize) -> &'t [u32] + Sync), heads: Range<usize>, decode: bool) -> Vec<ColdRow> {
+        let n_slots = tokens(heads.start).len();
+        let (hot, window, lane0) = (&self.hot, &self.window, self.lane(layer, 0));
+        let runs = self.view.runs_mut(heads, n_slots, RUN_SLOTS);
+        let copied: Vec<(u64, Vec<ColdRow>)> = runs
+            .into_par_iter()
+            .map(|mut run| {
+                let (head, lane) = (run.head, lane0 + run.head);
+                let tokens = &tokens(head)[run.first_slot..][..run.len()];
+                let (mut hot_hits, mut cold) = (0, Vec::new());
+                for (i, &t) in tokens.iter().enumerate() {
+                    if let Some(&ahead) = tokens.get(i + PREFETCH_ROWS_AHEAD) {
+                        hot.prefetch(lane, ahead);
+                    }
+                    if t as usize >= window.base() {
+                        run.set_token(i, window.row(layer, head, t as usize, false), window.row(layer, head, t as usize, true));
+                    } else if let Some((k, v)) = hot.get(lane, t) {
+                        run.set_token(i, k, v);
+                        hot_hits += 1;
+                    } else {
+                        cold.push(ColdRow { slot: (run.first_slot + i) as u32, head: head as u32, token: t });
+                    }
                 }
-                if t as usize >= base {
-                    let (k, v) = (self.window.row(layer, head, t as usize, false), self.window.row(layer, head, t as usize, true));
-                    self.view.set_token(slot, head, k, v);
-                } else if let Some((k, v)) = self.hot.get(lane, t) {
-                    self.view.set_token(slot, head, k, v);
-                    self.tier.hot_hits += u64::from(decode);
-                } else {
-                    cold.push(ColdRow { slot: slot as u32, head: head as u32, token: t });
-                }
-            }
+                (hot_hits, cold)
+            })
+            .collect();
+        if decode {
+            self.tier.hot_hits += copied.iter().map(|c| c.0).sum::<u64>();
         }
-        cold
+        copied.into_iter().flat_map(|c| c.1).collect()
     }
 
     /// Fills the cold slots from the groups read now (`staged`, in the staging buffer) or ahead
