@@ -123,7 +123,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub guard_mass: Option<f32>,
     /// Where attention runs: cpu, or cuda (the decode working set in VRAM; needs a build with
-    /// `--features cuda`) [default: cpu].
+    /// `--features cuda`).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
 }
