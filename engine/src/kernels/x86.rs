@@ -313,6 +313,62 @@ pub unsafe fn score_keys_lowp(
     }
 }
 
+/// A device query's scores from a low-precision key copy, in integers: `out[h][i] = dot(k, q)
+/// as f32 × scale` for each KV head `h` and token `tokens[i]`, the device's exact number
+/// (`query` holds one INT8 row per KV head). VNNI's `dpbusd` multiplies unsigned by signed
+/// bytes, so keys enter offset to unsigned — an INT4 nibble XOR 8 is its value + 8, an INT8
+/// byte XOR 0x80 its value + 128 — and the offset times the query's sum is taken back off.
+///
+/// # Safety
+/// The CPU must support avx512f, avx512bw, avx512vl and avx512vnni.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn score_keys_int(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+    let row_bytes = if int4 { hd / 2 } else { hd };
+    assert!(hd.is_multiple_of(64) && query.len() == n_kv * hd && out.len() == n_kv * tokens.len());
+    assert!(tokens.iter().all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
+    let chunks = hd / 64;
+    // Per (head, 64-dimension chunk), the query bytes in the order the key bytes arrive: INT4
+    // unpacks 32 bytes to their low nibbles (even dimensions) then their high ones (odd).
+    let mut q_words = vec![0i8; n_kv * hd];
+    for (chunk, q) in q_words.chunks_exact_mut(64).zip(query.chunks_exact(64)) {
+        if int4 {
+            for j in 0..32 {
+                chunk[j] = q[2 * j];
+                chunk[32 + j] = q[2 * j + 1];
+            }
+        } else {
+            chunk.copy_from_slice(q);
+        }
+    }
+    let offset = if int4 { 8 } else { 128 };
+    let offset_sums: Vec<i32> = query.chunks_exact(hd).map(|q| offset * q.iter().map(|&x| i32::from(x)).sum::<i32>()).collect();
+    let (low_nibbles, nibble_bias, byte_bias) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x08), _mm512_set1_epi8(-128));
+    let n = tokens.len();
+    for (i, &t) in tokens.iter().enumerate() {
+        for h in 0..n_kv {
+            let row = t as usize * n_kv + h;
+            let ptr = data[row * row_bytes..][..row_bytes].as_ptr();
+            let mut acc = _mm512_setzero_si512();
+            for c in 0..chunks {
+                let q = _mm512_loadu_si512(q_words[(h * chunks + c) * 64..][..64].as_ptr().cast());
+                // SAFETY (loads): each reads whole bytes of this row (32 per chunk for INT4, 64
+                // for INT8), inside the bounds asserted above.
+                let k = if int4 {
+                    let packed = unsafe { _mm256_loadu_si256(ptr.add(c * 32).cast()) };
+                    let lo = _mm256_xor_si256(_mm256_and_si256(packed, low_nibbles), nibble_bias);
+                    let hi = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles), nibble_bias);
+                    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+                } else {
+                    _mm512_xor_si512(unsafe { _mm512_loadu_si512(ptr.add(c * 64).cast()) }, byte_bias)
+                };
+                acc = _mm512_dpbusd_epi32(acc, k, q);
+            }
+            out[h * n + i] = (_mm512_reduce_add_epi32(acc) - offset_sums[h]) as f32 * scales[row];
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

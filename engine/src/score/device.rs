@@ -56,9 +56,6 @@ pub fn quantize_query(query: &[f32]) -> Vec<i8> {
 pub struct DeviceQuery {
     head_dim: usize,
     rows: Vec<i8>,
-    /// The INT8 values as f32: the host's scoring kernels sum their products exactly (every
-    /// partial sum is an integer below 2²⁴), so they reproduce the device's integer dot.
-    values: Vec<f32>,
     scales: Vec<f32>,
 }
 
@@ -71,7 +68,7 @@ impl DeviceQuery {
             rows.extend(quantize_query(row));
             scales.push(row.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0);
         }
-        Self { head_dim, values: rows.iter().map(|&q| f32::from(q)).collect(), rows, scales }
+        Self { head_dim, rows, scales }
     }
 
     pub fn n_heads(&self) -> usize {
@@ -91,7 +88,7 @@ impl DeviceQuery {
     /// `out[h][i]`: what the device would return for `tokens[i]`, rescaled, from the host's
     /// scoring copy.
     pub fn score(&self, keys: &ScoringKeys, tokens: &[u32], out: &mut [f32]) {
-        keys.score(&self.values, tokens, out);
+        keys.score_int(&self.rows, tokens, out);
         for (h, head) in out.chunks_exact_mut(tokens.len().max(1)).enumerate().take(self.n_heads()) {
             head.iter_mut().for_each(|s| *s = self.rescale(h, *s));
         }
@@ -205,10 +202,10 @@ mod tests {
 
     #[test]
     fn host_scores_of_a_device_query_equal_the_devices_on_the_chunk_layout() {
-        let (heads, hd) = (3, 64);
-        let k: Vec<f32> = (0..CHUNK_TOKENS * heads * hd).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2.5).collect();
-        let q: Vec<f32> = (0..heads * hd).map(|i| (i % 11) as f32 / 3.0 - 1.7).collect();
-        for bits in [KeyBits::Int4, KeyBits::Int8] {
+        let heads = 3;
+        for (bits, hd) in [(KeyBits::Int4, 64), (KeyBits::Int8, 64), (KeyBits::Int4, 128), (KeyBits::Int8, 128)] {
+            let k: Vec<f32> = (0..CHUNK_TOKENS * heads * hd).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2.5).collect();
+            let q: Vec<f32> = (0..heads * hd).map(|i| (i % 11) as f32 / 3.0 - 1.7).collect();
             let mut keys = ScoringKeys::new(bits, heads, hd);
             keys.push(&k);
             let layout = KeyChunkLayout { bits, n_heads: heads, head_dim: hd };
@@ -222,7 +219,7 @@ mod tests {
             let mut host = vec![0f32; heads * CHUNK_TOKENS];
             query.score(&keys, &tokens, &mut host);
             for (i, (&h, &d)) in host.iter().zip(&device).enumerate() {
-                assert_eq!(h.to_bits(), query.rescale(i / CHUNK_TOKENS, d).to_bits(), "{bits:?} head {} token {}", i / CHUNK_TOKENS, i % CHUNK_TOKENS);
+                assert_eq!(h.to_bits(), query.rescale(i / CHUNK_TOKENS, d).to_bits(), "{bits:?} hd {hd} head {} token {}", i / CHUNK_TOKENS, i % CHUNK_TOKENS);
             }
         }
     }

@@ -150,6 +150,22 @@ impl ScoringKeys {
         self.score_portable(query, tokens, out);
     }
 
+    /// [`Self::score`] for a query of integers (one INT8 row per KV head): `out[h][i]` is
+    /// `dot as f32 × scale`, exactly, whichever kernel runs.
+    pub fn score_int(&self, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::kernels::simd_level() == crate::kernels::SimdLevel::Avx512Vnni && self.head_dim.is_multiple_of(64) {
+            // SAFETY: the level guarantees AVX-512 VNNI; the kernel asserts the bounds it reads.
+            unsafe {
+                crate::kernels::x86::score_keys_int(&self.data, &self.scales, self.n_kv_heads, self.head_dim, self.bits == KeyBits::Int4, query, tokens, out)
+            };
+            return;
+        }
+        // Every partial sum of integer products below 2²⁴ is exact in f32: the same numbers.
+        let values: Vec<f32> = query.iter().map(|&q| f32::from(q)).collect();
+        self.score(&values, tokens, out);
+    }
+
     fn score_portable(&self, query: &[f32], tokens: &[u32], out: &mut [f32]) {
         let (hd, rb) = (self.head_dim, self.row_bytes);
         debug_assert_eq!(query.len(), self.n_kv_heads * hd);
