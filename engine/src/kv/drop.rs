@@ -27,7 +27,7 @@ pub struct DropKvStore {
 impl DropKvStore {
     pub fn new(shape: KvShape, alpha: f32, sink_tokens: usize, recent_tokens: usize) -> Self {
         Self {
-            kept: HotPool::new(shape.n_layers, shape.kv_dim(), shape.max_tokens),
+            kept: HotPool::new(shape.n_layers, shape.kv_dim(), shape.n_layers * shape.max_tokens),
             importance: vec![Vec::new(); shape.n_layers],
             view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
             positions: Vec::new(),

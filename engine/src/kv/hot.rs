@@ -39,12 +39,13 @@ struct SlotOwner {
 }
 
 impl HotPool {
-    /// A pool for `n_lanes` lanes of at most `max_tokens` tokens each.
-    pub fn new(n_lanes: usize, row_words: usize, max_tokens: usize) -> Self {
+    /// A pool for `n_lanes` lanes, with address space set aside for `expected_rows` rows (it
+    /// grows past them if it must).
+    pub fn new(n_lanes: usize, row_words: usize, expected_rows: usize) -> Self {
         Self {
             row_words,
             lanes: (0..n_lanes).map(|_| Lane::default()).collect(),
-            slots: RowSlab::new(2 * row_words, n_lanes * max_tokens),
+            slots: RowSlab::new(2 * row_words, expected_rows),
             owner: Vec::new(),
             free: Vec::new(),
         }

@@ -1,10 +1,11 @@
-//! Fixed-size rows of f16 bits in one anonymous mapping, reserved up front for the most rows a
-//! pool can ever hold and backed by memory only where rows are written.
+//! Fixed-size rows of f16 bits in one anonymous mapping, reserved for the rows a pool expects
+//! to hold (and remapped larger if it ever needs more), backed by memory only where rows are
+//! written.
 //!
 //! The hot pool reads thousands of rows per step from scattered slots; with 4 KiB pages nearly
-//! every row read is a TLB miss as well as a cache miss. A single reservation can ask for
-//! transparent huge pages (2 MiB) and never moves when it grows, and its tail can be given back
-//! to the kernel page by page when the pool shrinks.
+//! every row read is a TLB miss as well as a cache miss. A mapping of its own can ask for
+//! transparent huge pages (2 MiB), grows without copying, and gives its tail back to the kernel
+//! when the pool shrinks.
 
 use std::ptr::NonNull;
 
@@ -23,8 +24,8 @@ unsafe impl Sync for RowSlab {}
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 impl RowSlab {
-    /// Room for `capacity_rows` rows of `row_words` f16 values; no memory is used until rows
-    /// are pushed.
+    /// Room for `capacity_rows` rows of `row_words` f16 values to start with; no memory is
+    /// used until rows are pushed.
     pub fn new(row_words: usize, capacity_rows: usize) -> Self {
         let bytes = Self::map_bytes(row_words, capacity_rows);
         // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
@@ -38,11 +39,28 @@ impl RowSlab {
                 0,
             )
         };
-        assert!(ptr != libc::MAP_FAILED, "reserving {bytes} bytes of address space for the hot pool: {}", std::io::Error::last_os_error());
+        let ptr = Self::mapped(ptr, bytes);
+        Self { ptr, row_words, capacity_rows: bytes / (2 * row_words), len_rows: 0 }
+    }
+
+    /// The mapping's address, advised for huge pages; out of address space is out of memory.
+    fn mapped(ptr: *mut libc::c_void, bytes: usize) -> NonNull<u16> {
+        if ptr == libc::MAP_FAILED {
+            std::alloc::handle_alloc_error(std::alloc::Layout::from_size_align(bytes, HUGE_PAGE_BYTES).expect("a valid layout"));
+        }
         // A hint: where transparent huge pages are off, the slab simply uses small pages.
-        // SAFETY: the range is the mapping just made.
+        // SAFETY: the range is our mapping.
         unsafe { libc::madvise(ptr, bytes, libc::MADV_HUGEPAGE) };
-        Self { ptr: NonNull::new(ptr.cast()).expect("mmap returns a non-null address"), row_words, capacity_rows, len_rows: 0 }
+        NonNull::new(ptr.cast()).expect("mmap returns a non-null address")
+    }
+
+    /// Doubles the room, moving the mapping if it must (rows are only reached through `self`).
+    fn grow(&mut self) {
+        let (old, new) = (Self::map_bytes(self.row_words, self.capacity_rows), Self::map_bytes(self.row_words, 2 * self.capacity_rows));
+        // SAFETY: remaps our own mapping; every pointer into it is derived from `self.ptr` anew.
+        let ptr = unsafe { libc::mremap(self.ptr.as_ptr().cast(), old, new, libc::MREMAP_MAYMOVE) };
+        self.ptr = Self::mapped(ptr, new);
+        self.capacity_rows = new / (2 * self.row_words);
     }
 
     fn map_bytes(row_words: usize, capacity_rows: usize) -> usize {
@@ -55,7 +73,9 @@ impl RowSlab {
 
     /// Adds a row (zeroed, or whatever a truncated row held) and returns its index.
     pub fn push(&mut self) -> usize {
-        assert!(self.len_rows < self.capacity_rows, "the hot pool holds at most {} rows", self.capacity_rows);
+        if self.len_rows == self.capacity_rows {
+            self.grow();
+        }
         self.len_rows += 1;
         self.len_rows - 1
     }
@@ -106,7 +126,7 @@ mod tests {
     #[test]
     fn rows_survive_growth_and_truncation_gives_memory_back() {
         let row_words = 256;
-        let mut slab = RowSlab::new(row_words, 20_000);
+        let mut slab = RowSlab::new(row_words, 10);
         for i in 0..20_000 {
             let r = slab.push();
             slab.row_mut(r).fill(i as u16);

@@ -128,7 +128,7 @@ impl TieredKvStore {
         let key_chunks = KeyChunkLayout { bits: settings.key_bits, n_heads: shape.n_kv_heads, head_dim: shape.head_dim };
         let key_chunk_bytes = if evaluator == EvaluatorKind::Xrt { key_chunks.chunk_bytes() } else { 0 };
         let mut store = Self {
-            hot: HotPool::new(lanes, shape.head_dim, shape.max_tokens),
+            hot: HotPool::new(lanes, shape.head_dim, (settings.hot_budget_bytes / (4 * shape.head_dim)).min(lanes * shape.max_tokens)),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
             hits: vec![Vec::new(); lanes],
             candidates: Candidates::new(shape.head_dim, settings.hot_budget_bytes),
