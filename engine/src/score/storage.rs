@@ -80,7 +80,7 @@ mod tests {
 
     #[test]
     fn blocks_are_merged_while_the_scan_is_still_running() {
-        let (heads, hd, n) = (3, 64, 20 * SCORE_BLOCK_TOKENS);
+        let (heads, hd, n) = (3, 64, 4 * BLOCKS_IN_FLIGHT * SCORE_BLOCK_TOKENS);
         let mut keys = ScoringKeys::new(KeyBits::Int8, heads, hd);
         keys.push(&(0..n * heads * hd).map(|i| ((i * 7919) % 997) as f32 / 500.0 - 1.0).collect::<Vec<_>>());
         let keys = Arc::new(RwLock::new(keys));
