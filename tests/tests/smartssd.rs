@@ -63,7 +63,7 @@ struct Decoded {
 fn decode(engine: &Engine, config: &KvConfig) -> Decoded {
     let text = common::shared_document("pride-and-prejudice.txt");
     let document: String = engine.tokenizer().decode(&engine.tokenizer().encode(&text[120_000..140_000]).unwrap()[..1400]).unwrap();
-    let prompt = engine.chat_prompt(&[ChatMessage::new("user", &format!("{document}\n\nWho is speaking in the last paragraph?"))]).unwrap();
+    let prompt = engine.chat_prompt(&[ChatMessage::new("user", format!("{document}\n\nWho is speaking in the last paragraph?"))]).unwrap();
     let inner = engine.new_sequence_with(config, Some(2048)).unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut seq = Sequence { kv: Box::new(Watched::new(inner.kv, SelectionLog(log.clone()))), tokens: inner.tokens };

@@ -67,7 +67,8 @@ impl RowSlab {
         (row_words * 2 * capacity_rows).next_multiple_of(HUGE_PAGE_BYTES).max(HUGE_PAGE_BYTES)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.len_rows
     }
 

@@ -3,6 +3,7 @@
 //! rows are filled in once the reads land.
 
 use super::reads::{PendingRead, Prefetched, Staged};
+use crate::kv::aligned::AlignedBuf;
 use super::{TieredKvStore, PREFETCH_ROWS_AHEAD};
 use crate::kv::cold::GROUP_TOKENS;
 use rayon::prelude::*;
@@ -35,7 +36,7 @@ impl TieredKvStore {
         if groups.iter().all(Vec::is_empty) {
             return None;
         }
-        let buf = std::mem::replace(&mut self.staging, crate::kv::aligned::AlignedBuf::zeroed(0));
+        let buf = std::mem::replace(&mut self.staging, AlignedBuf::zeroed(0));
         Some(PendingRead::start(&self.cold, layer, groups, buf))
     }
 
