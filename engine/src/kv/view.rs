@@ -29,12 +29,9 @@ impl ViewBuffers {
 
     /// Puts one token's K and V rows (f16 bits) of `head` in `slot`.
     pub fn set_token(&mut self, slot: usize, head: usize, k_row: &[u16], v_row: &[u16]) {
-        let hd = self.head_dim;
-        let base = head * self.stride_tokens * hd;
-        for (d, &x) in k_row.iter().enumerate() {
-            self.k[base + k_tile_index(slot, d, hd)] = x;
-        }
-        self.v[base + slot * hd..][..hd].copy_from_slice(v_row);
+        let head_words = self.stride_tokens * self.head_dim;
+        let (k, v) = (&mut self.k[head * head_words..][..head_words], &mut self.v[head * head_words..][..head_words]);
+        put_token(k, v, self.head_dim, slot, k_row, v_row);
     }
 
     /// Each head in `heads`, its first `n_slots` slots cut into runs of `run_slots` (a multiple
@@ -100,12 +97,17 @@ impl SlotRun<'_> {
 
     /// Puts one token's K and V rows (f16 bits) in the run's `i`-th slot.
     pub fn set_token(&mut self, i: usize, k_row: &[u16], v_row: &[u16]) {
-        let hd = self.head_dim;
-        for (d, &x) in k_row.iter().enumerate() {
-            self.k[k_tile_index(i, d, hd)] = x;
-        }
-        self.v[i * hd..][..hd].copy_from_slice(v_row);
+        put_token(self.k, self.v, self.head_dim, i, k_row, v_row);
     }
+}
+
+/// Writes one token's rows into `slot` of a head's K tiles and V rows (or of a run of them
+/// starting at a tile boundary).
+fn put_token(k: &mut [u16], v: &mut [u16], head_dim: usize, slot: usize, k_row: &[u16], v_row: &[u16]) {
+    for (d, &x) in k_row.iter().enumerate() {
+        k[k_tile_index(slot, d, head_dim)] = x;
+    }
+    v[slot * head_dim..][..head_dim].copy_from_slice(v_row);
 }
 
 #[cfg(test)]
