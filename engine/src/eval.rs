@@ -139,8 +139,12 @@ impl<W: SelectionWatch> KvStore for Watched<W> {
         Ok(self.watch.select(&self.keys, layer, q, q_positions, selection))
     }
 
-    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
-        self.inner.gather(layer, selection)
+    fn heads_per_gather(&self, selection: &Selection) -> usize {
+        self.inner.heads_per_gather(selection)
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
+        self.inner.gather(layer, selection, heads)
     }
 
     fn observe(&mut self, layer: usize, selection: &Selection) {

@@ -29,7 +29,7 @@ impl DropKvStore {
         Self {
             kept: HotPool::new(shape.n_layers, shape.kv_dim(), shape.n_layers * shape.max_tokens),
             importance: vec![Vec::new(); shape.n_layers],
-            view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
+            view: ViewBuffers::new(shape.head_dim),
             positions: Vec::new(),
             shape,
             alpha,
@@ -100,22 +100,28 @@ impl KvStore for DropKvStore {
         Ok(Selection::shared(&tokens, self.shape.n_kv_heads))
     }
 
-    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
+    fn heads_per_gather(&self, _selection: &Selection) -> usize {
+        self.shape.n_kv_heads // the kept tokens are a fifth of the cache, prompt or not
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
         let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
         let selection = match selection {
             Selection::All => Selection::shared(&self.kept_sorted(layer), n_kv),
             tokens => tokens.clone(),
         };
         self.positions.clear();
-        for head in 0..n_kv {
+        let slots = selection.head(heads.start).map_or(0, <[u32]>::len);
+        self.view.reset(heads.len(), slots);
+        for (at, head) in heads.enumerate() {
             let tokens = selection.head(head).expect("a token selection");
             for (slot, &t) in tokens.iter().enumerate() {
                 let (k, v) = self.kept.get(layer, t).expect("selected tokens are kept");
-                self.view.set_token(slot, head, &k[head * hd..][..hd], &v[head * hd..][..hd]);
+                self.view.set_token(slot, at, &k[head * hd..][..hd], &v[head * hd..][..hd]);
             }
             self.positions.extend_from_slice(tokens);
         }
-        Ok(self.view.view(self.positions.len() / n_kv, Some(&self.positions)))
+        Ok(self.view.view(slots, Some(&self.positions)))
     }
 
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}

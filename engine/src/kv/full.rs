@@ -79,18 +79,23 @@ impl KvStore for FullKvStore {
         Ok(Selection::All)
     }
 
-    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
+    fn heads_per_gather(&self, _selection: &Selection) -> usize {
+        self.shape.n_kv_heads // the view is the cache itself: nothing to save
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
         if *selection != Selection::All {
             return Err(Error::Kv("the full store serves only whole-cache selections".into()));
         }
-        let layer_len = self.layer_len();
+        let head_len = self.stride_tokens * self.shape.head_dim;
+        let part = layer * self.layer_len() + heads.start * head_len..layer * self.layer_len() + heads.end * head_len;
         Ok(KvView {
             n_tokens: self.len + self.pending[layer],
-            n_kv_heads: self.shape.n_kv_heads,
+            n_kv_heads: heads.len(),
             head_dim: self.shape.head_dim,
             head_stride_tokens: self.stride_tokens,
-            k: self.k[layer * layer_len..][..layer_len].reinterpret_cast(),
-            v: self.v[layer * layer_len..][..layer_len].reinterpret_cast(),
+            k: self.k[part.clone()].reinterpret_cast(),
+            v: self.v[part].reinterpret_cast(),
             positions: None,
         })
     }

@@ -19,6 +19,7 @@ pub mod view;
 pub mod window;
 
 use crate::error::Result;
+use std::ops::Range;
 pub use crate::kernels::attention::{KvView, KV_TILE};
 pub use config::{EvaluatorKind, KvConfig, StoreKind};
 pub use full::FullKvStore;
@@ -149,8 +150,15 @@ pub trait KvStore: Send {
     /// Chooses the tokens that queries `q` (`n × n_heads·head_dim`) at `q_positions` attend to.
     fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection>;
 
-    /// Makes the selected tokens' K/V readable (including the tokens appended this step).
-    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>>;
+    /// How many KV heads one [`KvStore::gather`] of `selection` covers: the model gathers the
+    /// layer's heads in turn, in ranges of this many. Stores that assemble a view (rather than
+    /// lend their own memory) gather a prompt's whole-cache selection one head at a time, so
+    /// the view holds one head's tokens instead of the layer's.
+    fn heads_per_gather(&self, selection: &Selection) -> usize;
+
+    /// Makes the selected tokens' K/V of the KV heads `heads` readable (including the tokens
+    /// appended this step). `heads` is one of the ranges `heads_per_gather` cuts the layer into.
+    fn gather(&mut self, layer: usize, selection: &Selection, heads: Range<usize>) -> Result<KvView<'_>>;
 
     /// Called after attention with the selection that was used.
     fn observe(&mut self, layer: usize, selection: &Selection);

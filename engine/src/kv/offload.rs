@@ -31,7 +31,7 @@ impl OffloadKvStore {
         Ok(Self {
             shape,
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
-            view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
+            view: ViewBuffers::new(shape.head_dim),
             read_buf,
             cold,
             len: 0,
@@ -60,20 +60,25 @@ impl KvStore for OffloadKvStore {
         Ok(Selection::All)
     }
 
-    fn gather(&mut self, layer: usize, _selection: &Selection) -> Result<KvView<'_>> {
+    fn heads_per_gather(&self, _selection: &Selection) -> usize {
+        1 // every step reads the whole cache: a head at a time holds a third as much
+    }
+
+    fn gather(&mut self, layer: usize, _selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
         let total = self.len + self.pending[layer];
         let spilled_groups = self.window.base() / GROUP_TOKENS;
         let page_words = self.cold.layout().group_bytes() / 2;
-        for head in 0..self.shape.n_kv_heads {
+        self.view.reset(heads.len(), total);
+        for (at, head) in heads.enumerate() {
             if spilled_groups > 0 {
                 self.cold.read_groups(layer, head, 0, spilled_groups, self.read_buf.as_bytes_mut())?;
                 let words = self.read_buf.as_u16();
                 for g in 0..spilled_groups {
-                    self.view.set_group(g * GROUP_TOKENS, head, &words[g * page_words..][..page_words]);
+                    self.view.set_group(g * GROUP_TOKENS, at, &words[g * page_words..][..page_words]);
                 }
             }
             for token in self.window.base()..total {
-                self.view.set_token(token, head, self.window.row(layer, head, token, false), self.window.row(layer, head, token, true));
+                self.view.set_token(token, at, self.window.row(layer, head, token, false), self.window.row(layer, head, token, true));
             }
         }
         Ok(self.view.view(total, None))

@@ -1,6 +1,10 @@
 //! Buffers that hold one layer's gathered K/V in the layout attention reads ([`KvView`]): K in
 //! dimension-major tiles of [`KV_TILE`] tokens, V token-major. Stores that do not keep the
 //! whole cache in that layout (offloaded, tiered) assemble each step's working set here.
+//!
+//! The buffers are laid out afresh for each gather, sized to its heads and slots: a prompt's
+//! view holds every token of one head, a decode step's the selected fifth of every head, and
+//! memory follows what is asked now rather than the longest prompt so far.
 
 use super::cold::GROUP_TOKENS;
 use super::{KvView, KV_TILE};
@@ -8,23 +12,36 @@ use crate::kernels::attention::k_tile_index;
 use half::slice::HalfBitsSliceExt;
 
 pub struct ViewBuffers {
+    /// Heads laid out by the last `reset`.
     n_kv_heads: usize,
     head_dim: usize,
-    /// Token slots per head (a multiple of KV_TILE).
+    /// Token slots per head (a multiple of KV_TILE), as laid out by the last `reset`.
     stride_tokens: usize,
     k: Vec<u16>,
     v: Vec<u16>,
 }
 
 impl ViewBuffers {
-    pub fn new(n_kv_heads: usize, head_dim: usize, max_tokens: usize) -> Self {
-        let stride_tokens = max_tokens.div_ceil(KV_TILE) * KV_TILE;
-        let len = n_kv_heads * stride_tokens * head_dim;
-        Self { n_kv_heads, head_dim, stride_tokens, k: vec![0; len], v: vec![0; len] }
+    pub fn new(head_dim: usize) -> Self {
+        Self { n_kv_heads: 0, head_dim, stride_tokens: 0, k: Vec::new(), v: Vec::new() }
+    }
+
+    /// Lays the buffers out for `n_heads` heads of `n_slots` tokens; what they held is lost.
+    /// Memory beyond twice the need is given back (the first decode step after a long prompt).
+    pub fn reset(&mut self, n_heads: usize, n_slots: usize) {
+        self.n_kv_heads = n_heads;
+        self.stride_tokens = n_slots.next_multiple_of(KV_TILE);
+        let len = self.n_kv_heads * self.stride_tokens * self.head_dim;
+        for buf in [&mut self.k, &mut self.v] {
+            if 2 * len < buf.capacity() {
+                *buf = Vec::new();
+            }
+            buf.resize(len, 0);
+        }
     }
 
     pub fn bytes(&self) -> usize {
-        2 * (self.k.len() + self.v.len())
+        2 * (self.k.capacity() + self.v.capacity())
     }
 
     /// Puts one token's K and V rows (f16 bits) of `head` in `slot`.
@@ -118,13 +135,15 @@ mod tests {
     fn runs_fill_the_same_slots_as_single_tokens() {
         let (heads, hd, n) = (3, 4, 70);
         let row = |h: usize, t: usize, off: u16| -> Vec<u16> { (0..hd).map(|d| (h * 1000 + t * 10 + d) as u16 + off).collect() };
-        let mut one_by_one = ViewBuffers::new(heads, hd, 100);
+        let mut one_by_one = ViewBuffers::new(hd);
+        one_by_one.reset(heads, 100);
         for h in 0..heads {
             for t in 0..n {
                 one_by_one.set_token(t, h, &row(h, t, 0), &row(h, t, 5));
             }
         }
-        let mut by_runs = ViewBuffers::new(heads, hd, 100);
+        let mut by_runs = ViewBuffers::new(hd);
+        by_runs.reset(heads, 100);
         let runs = by_runs.runs_mut(1..3, n, 32);
         assert_eq!(runs.iter().map(SlotRun::len).collect::<Vec<_>>(), vec![32, 32, 6, 32, 32, 6]);
         for mut run in runs {

@@ -10,7 +10,8 @@ use crate::error::{Error, Result};
 use crate::device::Attention;
 use crate::kernels::ops::{add_bias, add_in_place, rms_norm, swiglu, Rope};
 use crate::kernels::quant::QuantizedActivations;
-use crate::kv::{KvShape, KvStore};
+use crate::kv::{KvShape, KvStore, KvView};
+use std::ops::Range;
 use config::ModelConfig;
 use weights::Weights;
 
@@ -104,57 +105,13 @@ impl Model {
         if n == 0 {
             return Ok(vec![Vec::new(); items.len()]);
         }
-        let (hidden, q_dim, kv_dim, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let (cos, sin) = self.rope.tables(&positions);
-
+        let hidden = c.hidden_size;
         let mut x = vec![0f32; n * hidden];
         let tokens = items.iter().flat_map(|item| item.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(hidden).zip(tokens) {
             self.weights.embedding.dequantize_row(t as usize, row);
         }
-        let mut h = vec![0f32; n * hidden];
-        let mut qkv = vec![0f32; n * (q_dim + 2 * kv_dim)];
-        let (mut q, mut k, mut v) = (vec![0f32; n * q_dim], vec![0f32; n * kv_dim], vec![0f32; n * kv_dim]);
-        let mut attn = vec![0f32; n * q_dim];
-        let mut gate_up = vec![0f32; n * 2 * inter];
-        let mut act = vec![0f32; n * inter];
-        let mut scratch = QuantizedActivations::default();
-
-        for (l, layer) in self.weights.layers.iter().enumerate() {
-            rms_norm(&x, &layer.attn_norm, c.rms_norm_eps, &mut h);
-            layer.qkv.matmul(&h, n, &mut scratch, &mut qkv);
-            if let Some(bias) = &layer.qkv_bias {
-                add_bias(&mut qkv, bias);
-            }
-            for (t, row) in qkv.chunks_exact(q_dim + 2 * kv_dim).enumerate() {
-                q[t * q_dim..][..q_dim].copy_from_slice(&row[..q_dim]);
-                k[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim..][..kv_dim]);
-                v[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim + kv_dim..][..kv_dim]);
-            }
-            self.rope.apply(&mut q, c.n_heads, &cos, &sin);
-            self.rope.apply(&mut k, c.n_kv_heads, &cos, &sin);
-
-            for (item, rows) in items.iter_mut().zip(&rows_of) {
-                let (qs, kvs) = (rows.start * q_dim..rows.end * q_dim, rows.start * kv_dim..rows.end * kv_dim);
-                let kv = &mut *item.kv;
-                kv.append(l, &k[kvs.clone()], &v[kvs])?;
-                let selection = kv.select(l, &q[qs.clone()], &positions[rows.clone()])?;
-                {
-                    let view = kv.gather(l, &selection)?;
-                    self.attention.attend(&q[qs.clone()], &positions[rows.clone()], c.n_heads, &view, &mut attn[qs])?;
-                }
-                kv.observe(l, &selection);
-            }
-
-            layer.attn_output.matmul(&attn, n, &mut scratch, &mut h);
-            add_in_place(&mut x, &h);
-
-            rms_norm(&x, &layer.ffn_norm, c.rms_norm_eps, &mut h);
-            layer.gate_up.matmul(&h, n, &mut scratch, &mut gate_up);
-            swiglu(&gate_up, inter, &mut act);
-            layer.down.matmul(&act, n, &mut scratch, &mut h);
-            add_in_place(&mut x, &h);
-        }
+        self.blocks(items, &rows_of, &positions, &mut x)?;
         for (item, rows) in items.iter_mut().zip(&rows_of) {
             item.kv.commit(rows.len());
         }
@@ -169,7 +126,7 @@ impl Model {
         let mut normed = vec![0f32; rows.len()];
         rms_norm(&rows, &self.weights.output_norm, c.rms_norm_eps, &mut normed);
         let mut logits = vec![0f32; m * c.vocab_size];
-        self.weights.lm_head().matmul(&normed, m, &mut scratch, &mut logits);
+        self.weights.lm_head().matmul(&normed, m, &mut QuantizedActivations::default(), &mut logits);
         let mut out = Vec::with_capacity(items.len());
         let mut rest = &logits[..];
         for r in &wanted {
@@ -178,6 +135,84 @@ impl Model {
             rest = tail;
         }
         Ok(out)
+    }
+}
+
+impl Model {
+    /// The transformer blocks over the hidden states `x` (one row per token of the batch),
+    /// appending each item's K/V to its cache. The per-layer activations live only here, so
+    /// they are gone before the caches commit the step (a prompt chunk's are ~8 MB).
+    fn blocks(&self, items: &mut [BatchItem<'_>], rows_of: &[Range<usize>], positions: &[usize], x: &mut [f32]) -> Result<()> {
+        let c = &self.config;
+        let n = positions.len();
+        let (hidden, q_dim, kv_dim, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let (cos, sin) = self.rope.tables(positions);
+
+        let mut h = vec![0f32; n * hidden];
+        let mut qkv = vec![0f32; n * (q_dim + 2 * kv_dim)];
+        let (mut q, mut k, mut v) = (vec![0f32; n * q_dim], vec![0f32; n * kv_dim], vec![0f32; n * kv_dim]);
+        let mut attn = vec![0f32; n * q_dim];
+        let mut gate_up = vec![0f32; n * 2 * inter];
+        let mut act = vec![0f32; n * inter];
+        let mut scratch = QuantizedActivations::default();
+
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            rms_norm(x, &layer.attn_norm, c.rms_norm_eps, &mut h);
+            layer.qkv.matmul(&h, n, &mut scratch, &mut qkv);
+            if let Some(bias) = &layer.qkv_bias {
+                add_bias(&mut qkv, bias);
+            }
+            for (t, row) in qkv.chunks_exact(q_dim + 2 * kv_dim).enumerate() {
+                q[t * q_dim..][..q_dim].copy_from_slice(&row[..q_dim]);
+                k[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim..][..kv_dim]);
+                v[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim + kv_dim..][..kv_dim]);
+            }
+            self.rope.apply(&mut q, c.n_heads, &cos, &sin);
+            self.rope.apply(&mut k, c.n_kv_heads, &cos, &sin);
+
+            for (item, rows) in items.iter_mut().zip(rows_of) {
+                let (qs, kvs) = (rows.start * q_dim..rows.end * q_dim, rows.start * kv_dim..rows.end * kv_dim);
+                let kv = &mut *item.kv;
+                kv.append(l, &k[kvs.clone()], &v[kvs])?;
+                let selection = kv.select(l, &q[qs.clone()], &positions[rows.clone()])?;
+                let per_gather = kv.heads_per_gather(&selection).clamp(1, c.n_kv_heads);
+                for first in (0..c.n_kv_heads).step_by(per_gather) {
+                    let heads = first..(first + per_gather).min(c.n_kv_heads);
+                    let view = kv.gather(l, &selection, heads.clone())?;
+                    self.attend_heads(&q[qs.clone()], &positions[rows.clone()], heads, &view, &mut attn[qs.clone()])?;
+                }
+                kv.observe(l, &selection);
+            }
+
+            layer.attn_output.matmul(&attn, n, &mut scratch, &mut h);
+            add_in_place(x, &h);
+
+            rms_norm(x, &layer.ffn_norm, c.rms_norm_eps, &mut h);
+            layer.gate_up.matmul(&h, n, &mut scratch, &mut gate_up);
+            swiglu(&gate_up, inter, &mut act);
+            layer.down.matmul(&act, n, &mut scratch, &mut h);
+            add_in_place(x, &h);
+        }
+        Ok(())
+    }
+
+    /// Attention of the query heads that share the KV heads `heads` (all of them, or the ones
+    /// a [`KvView`] of part of the layer holds) over `view`, into their columns of `out`.
+    fn attend_heads(&self, q: &[f32], q_positions: &[usize], heads: Range<usize>, view: &KvView<'_>, out: &mut [f32]) -> Result<()> {
+        let c = &self.config;
+        if heads.len() == c.n_kv_heads {
+            return self.attention.attend(q, q_positions, c.n_heads, view, out);
+        }
+        // The heads' columns of each row, gathered into rows of their own and scattered back.
+        let group_width = c.n_heads / c.n_kv_heads * c.head_dim;
+        let columns = heads.start * group_width..heads.end * group_width;
+        let part_q: Vec<f32> = q.chunks_exact(c.q_dim()).flat_map(|row| &row[columns.clone()]).copied().collect();
+        let mut part_out = vec![0f32; part_q.len()];
+        self.attention.attend(&part_q, q_positions, columns.len() / c.head_dim, view, &mut part_out)?;
+        for (row, part) in out.chunks_exact_mut(c.q_dim()).zip(part_out.chunks_exact(columns.len())) {
+            row[columns.clone()].copy_from_slice(part);
+        }
+        Ok(())
     }
 }
 

@@ -1,6 +1,6 @@
-//! Assembling a layer's view for attention: rows from the write-back window and the hot pool
-//! are copied while the cold groups a decode step needs are still being read, and the cold
-//! rows are filled in once the reads land.
+//! Assembling a layer's view for attention: rows from the write-back window and the hot pool,
+//! and cold rows read ahead of the layer's turn, are copied while the cold groups the read-ahead
+//! missed are still being read; their rows are filled in once the reads land.
 
 use super::reads::{PendingRead, Prefetched, Staged};
 use crate::kv::aligned::AlignedBuf;
@@ -13,6 +13,7 @@ use std::ops::Range;
 const RUN_SLOTS: usize = 128;
 
 /// A view slot whose row must come from the cold pool.
+#[derive(Clone, Copy)]
 pub(super) struct ColdRow {
     slot: u32,
     head: u32,
@@ -36,21 +37,23 @@ impl TieredKvStore {
         if groups.iter().all(Vec::is_empty) {
             return None;
         }
-        let buf = std::mem::replace(&mut self.staging, AlignedBuf::zeroed(0));
+        let buf = self.prefetch.buffer(&self.cold, &groups);
         Some(PendingRead::start(&self.cold, layer, groups, buf))
     }
 
-    /// Copies the rows of `heads` that are in the write-back window or the hot pool into the
-    /// view, in parallel runs of slots, and returns the slots left for cold rows. `decode`
-    /// counts hot hits.
+    /// Copies the rows of `heads` (the view's) that are in the write-back window or the hot pool
+    /// into the view, in parallel runs of slots, and returns the slots left for cold rows.
+    /// `decode` counts hot hits.
     pub(super) fn copy_resident_rows<'t>(&mut self, layer: usize, tokens: &(impl Fn(usize) -> &'t [u32] + Sync), heads: Range<usize>, decode: bool) -> Vec<ColdRow> {
         let n_slots = tokens(heads.start).len();
         let (hot, window, lane0) = (&self.hot, &self.window, self.lane(layer, 0));
-        let runs = self.view.runs_mut(heads, n_slots, RUN_SLOTS);
+        let first_head = heads.start;
+        let runs = self.view.runs_mut(0..heads.len(), n_slots, RUN_SLOTS);
         let copied: Vec<(u64, Vec<ColdRow>)> = runs
             .into_par_iter()
             .map(|mut run| {
-                let (head, lane) = (run.head, lane0 + run.head);
+                let head = first_head + run.head;
+                let lane = lane0 + head;
                 let tokens = &tokens(head)[run.first_slot..][..run.len()];
                 let (mut hot_hits, mut cold) = (0, Vec::new());
                 for (i, &t) in tokens.iter().enumerate() {
@@ -75,28 +78,26 @@ impl TieredKvStore {
         copied.into_iter().flat_map(|c| c.1).collect()
     }
 
-    /// Fills the cold slots from the groups read now (`staged`, in the staging buffer) or ahead
-    /// of time. `decode` counts cold hits and offers the rows for promotion.
-    pub(super) fn copy_cold_rows(&mut self, layer: usize, rows: &[ColdRow], staged: &Staged, ahead: Option<&Prefetched>, decode: bool) {
+    /// Fills the cold slots (`rows`, of the view holding `heads`) whose groups `staged` holds in
+    /// `buf`, and keeps in `rows` those it could not. `decode` counts cold hits and offers the
+    /// rows for promotion.
+    pub(super) fn copy_cold_rows(&mut self, layer: usize, rows: &mut Vec<ColdRow>, staged: &Staged, buf: &AlignedBuf, heads: Range<usize>, decode: bool) {
         let hd = self.shape.head_dim;
         let gb_words = self.cold.layout().group_bytes() / 2;
-        for &ColdRow { slot, head, token } in rows {
+        rows.retain(|&ColdRow { slot, head, token }| {
             let (head, tu) = (head as usize, token as usize);
-            let group = tu / GROUP_TOKENS;
-            let page = staged
-                .group(&self.staging, head, group, gb_words)
-                .or_else(|| ahead.and_then(|a| a.staged.group(&a.buf, head, group, gb_words)))
-                .expect("every cold group a selection needs is read");
+            let Some(page) = staged.group(buf, head, tu / GROUP_TOKENS, gb_words) else { return true };
             let row = tu % GROUP_TOKENS;
             let (k, v) = (&page[row * hd..][..hd], &page[GROUP_TOKENS * hd + row * hd..][..hd]);
-            self.view.set_token(slot as usize, head, k, v);
+            self.view.set_token(slot as usize, head - heads.start, k, v);
             if decode {
                 self.tier.cold_hits += 1;
                 let lane = self.lane(layer, head);
                 // With this step's hit, which `observe` counts after attention.
-                let hits = self.hits[lane].get(tu).map_or(1, |h| h + 1);
+                let hits = self.hits[lane].get(tu).map_or(1, |&h| u32::from(h) + 1);
                 self.candidates.offer(lane, token, hits, k, v);
             }
-        }
+            false
+        });
     }
 }

@@ -17,7 +17,6 @@ pub mod planner;
 mod promotion;
 mod reads;
 
-use super::aligned::AlignedBuf;
 use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
 use super::hot::HotPool;
 use super::view::ViewBuffers;
@@ -29,8 +28,8 @@ use crate::score::xrt::{self, XrtEvaluator, XrtOptions};
 use crate::score::{ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use promotion::{Candidates, RowCandidate};
-use reads::{read_heads, Prefetcher, Staged};
+use promotion::Candidates;
+use reads::{read_heads, Prefetcher};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -86,18 +85,16 @@ pub struct TieredKvStore {
     /// Hot rows per lane (a layer's KV head: `layer * n_kv_heads + head`): heads select
     /// their own tokens, so each keeps its own.
     hot: HotPool,
-    /// `[lane][token]`: how many decode steps selected the token.
-    hits: Vec<Vec<u32>>,
+    /// `[lane][token]`: how many decode steps selected the token (saturating: past 65,535
+    /// steps a token's rank no longer needs the exact count).
+    hits: Vec<Vec<u16>>,
     /// Cold rows read this step that may enter the hot pool.
     candidates: Candidates,
     view: ViewBuffers,
     positions: Vec<u32>,
-    /// Cold groups read at a layer's turn.
-    staging: AlignedBuf,
     /// `[layer]`: what the layer selected last step, which predicts what it reads next.
     last_selected: Vec<Option<Selection>>,
     prefetch: Prefetcher,
-    rebalance_rows: Vec<RowCandidate>,
     len: usize,
     pending: Vec<usize>,
     tier: TierStats,
@@ -132,12 +129,10 @@ impl TieredKvStore {
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
             hits: vec![Vec::new(); lanes],
             candidates: Candidates::new(shape.head_dim, settings.hot_budget_bytes),
-            view: ViewBuffers::new(shape.n_kv_heads, shape.head_dim, shape.max_tokens),
+            view: ViewBuffers::new(shape.head_dim),
             positions: Vec::new(),
-            staging: AlignedBuf::zeroed(0),
             last_selected: vec![None; shape.n_layers],
             prefetch: Prefetcher::default(),
-            rebalance_rows: Vec::new(),
             cold: Arc::new(ColdPool::create_with_key_chunks(cold_dir, layout, key_chunk_bytes)?),
             keys,
             evaluator: None,
@@ -384,47 +379,59 @@ impl KvStore for TieredKvStore {
         Ok(Selection::per_head(&self.rank(layer, &query, group, candidates, budget)))
     }
 
-    fn gather(&mut self, layer: usize, selection: &Selection) -> Result<KvView<'_>> {
+    fn heads_per_gather(&self, selection: &Selection) -> usize {
+        match selection {
+            // A prompt (or a dense layer's step) attends to every token: one head at a time,
+            // so that the view and the read staging hold one head's K/V instead of the layer's.
+            Selection::All => 1,
+            // A decode step reads every head's cold groups at once, for more requests in flight.
+            Selection::Tokens { .. } => self.shape.n_kv_heads,
+        }
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
         let n = self.len + self.pending[layer];
         let all: Vec<u32> = if matches!(selection, Selection::All) { (0..n as u32).collect() } else { Vec::new() };
         let tokens = |head: usize| selection.head(head).unwrap_or(&all);
+        self.view.reset(heads.len(), tokens(heads.start).len());
         self.positions.clear();
         if let Selection::Tokens { .. } = selection {
-            // A decode step: its cold groups, every head's at once for more requests in
-            // flight, are read on the I/O threads while the resident rows are copied. The next
-            // layer's read-ahead starts only once they land: sharing the disk with it delays
-            // this layer's reads, which the step waits for (8K: 6.3 vs 5.3 tok/s).
+            debug_assert_eq!(heads, 0..self.shape.n_kv_heads, "a decode step gathers every head at once");
+            // A decode step: the cold groups the read-ahead missed, every head's at once for
+            // more requests in flight, are read on the I/O threads while the resident rows and
+            // the rows read ahead are copied. The next layer's read-ahead starts only once the
+            // reads land: sharing the disk with it delays this layer's reads, which the step
+            // waits for (8K: 6.3 vs 5.3 tok/s).
             let ahead = self.prefetch.take(layer);
             let reading = self.start_cold_read(layer, &tokens, ahead.as_ref());
-            let cold_rows = self.copy_resident_rows(layer, &tokens, 0..self.shape.n_kv_heads, true);
-            let staged = match reading {
-                Some(reading) => {
-                    let (staged, buf) = reading.wait();
-                    self.staging = buf;
-                    staged?
-                }
-                None => Staged::default(),
-            };
-            self.read_ahead(layer);
-            self.copy_cold_rows(layer, &cold_rows, &staged, ahead.as_ref(), true);
+            let mut cold_rows = self.copy_resident_rows(layer, &tokens, heads.clone(), true);
             if let Some(ahead) = ahead {
-                self.prefetch.recycle(ahead.buf);
+                self.copy_cold_rows(layer, &mut cold_rows, &ahead.staged, &ahead.buf, heads.clone(), true);
+                self.prefetch.recycle(ahead.buf); // for the next layer's read-ahead
             }
-            (0..self.shape.n_kv_heads).for_each(|head| self.positions.extend_from_slice(tokens(head)));
-        } else {
-            // A prompt reads nearly the whole layer: one head at a time, so that the staging
-            // holds one head's K/V instead of the layer's. (A dense layer's decode step too.)
-            if self.pending[layer] == 1 {
+            if let Some(reading) = reading {
+                let (staged, buf) = reading.wait();
+                let staged = staged?;
+                self.read_ahead(layer);
+                self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, true);
+                self.prefetch.recycle(buf);
+            } else {
                 self.read_ahead(layer);
             }
-            for head in 0..self.shape.n_kv_heads {
-                let groups = self.cold_groups(layer, |h| if h == head { tokens(h) } else { &[] });
-                let staged = read_heads(&self.cold, layer, groups, &mut self.staging)?;
-                let cold_rows = self.copy_resident_rows(layer, &tokens, head..head + 1, false);
-                self.copy_cold_rows(layer, &cold_rows, &staged, None, false);
+            assert!(cold_rows.is_empty(), "every cold group a selection needs is read");
+            (0..self.shape.n_kv_heads).for_each(|head| self.positions.extend_from_slice(tokens(head)));
+        } else {
+            if self.pending[layer] == 1 && heads.start == 0 {
+                self.read_ahead(layer); // a dense layer's decode step
             }
+            let groups = self.cold_groups(layer, |h| if heads.contains(&h) { tokens(h) } else { &[] });
+            let mut buf = self.prefetch.buffer(&self.cold, &groups);
+            let staged = read_heads(&self.cold, layer, groups, &mut buf)?;
+            let mut cold_rows = self.copy_resident_rows(layer, &tokens, heads.clone(), false);
+            self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, false);
+            self.prefetch.recycle(buf);
         }
-        let slots = selection.head(0).map_or(n, <[u32]>::len);
+        let slots = tokens(0).len();
         let positions = matches!(selection, Selection::Tokens { .. }).then_some(&self.positions[..]);
         Ok(self.view.view(slots, positions))
     }
@@ -441,7 +448,7 @@ impl KvStore for TieredKvStore {
                 hits.resize(n, 0);
             }
             for &t in tokens {
-                hits[t as usize] += 1;
+                hits[t as usize] = hits[t as usize].saturating_add(1);
             }
         }
     }
@@ -496,10 +503,8 @@ impl KvStore for TieredKvStore {
             tokens: self.len,
             resident_bytes: self.hot_bytes()
                 + self.view.bytes()
-                + self.staging.len()
                 + self.prefetch.bytes()
-                + self.candidates.bytes()
-                + self.rebalance_rows.capacity() * std::mem::size_of::<RowCandidate>(),
+                + self.candidates.bytes(),
             cold_bytes: self.window.base() * self.shape.bytes_per_token(),
             cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
             tier: Some(self.tier_stats()),
@@ -550,7 +555,7 @@ impl TieredKvStore {
             let hits = &mut self.hits[layer * n_kv + head];
             hits.resize(hits.len().max(n), 0);
             for t in chosen {
-                hits[t as usize] += 1;
+                hits[t as usize] = hits[t as usize].saturating_add(1);
             }
         }
     }

@@ -10,23 +10,78 @@ use super::TieredKvStore;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-/// Candidates may hold this share of the hot budget (an eighth: at 8K tokens 23K rows, while
-/// a steady step promotes ~6K).
-const CANDIDATE_BUDGET_DIVISOR: usize = 8;
+/// Candidates may hold this share of the hot budget (a sixteenth: at 8K tokens 11.5K rows,
+/// while a steady step promotes ~2.6K). Candidates are kept best first in the rebalance's own
+/// order, so the cap changes nothing as long as a step promotes fewer rows than it holds.
+const CANDIDATE_BUDGET_DIVISOR: usize = 16;
 
 /// Freed hot slots worth more than this are given back to the allocator after a rebalance
 /// (fewer are simply reused by the next step's promotions).
 const COMPACT_FREE_BYTES: usize = 1 << 20;
 
-/// A row competing for the hot pool after a step: hot already, or a candidate.
-pub(super) struct RowCandidate {
-    /// Decode steps that selected it.
-    hits: u32,
-    hot: bool,
-    token: u32,
-    lane: u32,
-    /// For a candidate, its slot in [`Candidates`].
-    slot: u32,
+/// A row's place in the rebalance's ranking, best highest: most hits, then already hot (a hot
+/// row wins a tie, so equals do not swap places), then the newest token.
+fn rank_key(hits: u32, hot: bool, token: u32) -> u64 {
+    (u64::from(hits) << 33) | (u64::from(hot) << 32) | u64::from(token)
+}
+
+/// Where the ranking is cut to keep the best `capacity` rows: every row ranked above `key`, and
+/// the first `ties` rows met that are ranked exactly `key` (rows of different lanes can be).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cut {
+    key: u64,
+    ties: usize,
+}
+
+impl Cut {
+    /// The cut that keeps the best `capacity` of the rows `keys()` yields (it is called twice),
+    /// or `None` when all of them fit. Found by counting, not sorting: a rank's upper half (hits
+    /// and hot) and lower half (the token) are both small integers, so two histograms locate it
+    /// without holding a list of the ~100K rows a long context has.
+    fn find<I: Iterator<Item = u64>>(keys: impl Fn() -> I, capacity: usize) -> Option<Cut> {
+        let mut levels: Vec<usize> = Vec::new();
+        for key in keys() {
+            let level = (key >> 32) as usize;
+            if level >= levels.len() {
+                levels.resize(level + 1, 0);
+            }
+            levels[level] += 1;
+        }
+        let (level, left) = nth_from_top(&levels, capacity)?;
+        let mut tokens: Vec<usize> = Vec::new();
+        for key in keys().filter(|&k| (k >> 32) as usize == level) {
+            let token = key as u32 as usize;
+            if token >= tokens.len() {
+                tokens.resize(token + 1, 0);
+            }
+            tokens[token] += 1;
+        }
+        let (token, ties) = nth_from_top(&tokens, left).expect("the level holds the rows counted for it");
+        Some(Cut { key: ((level as u64) << 32) | token as u64, ties })
+    }
+
+    /// Whether the next row, ranked `key`, is kept (rows must be offered in a fixed order).
+    fn keeps(&mut self, key: u64) -> bool {
+        if key == self.key && self.ties > 0 {
+            self.ties -= 1;
+            return true;
+        }
+        key > self.key
+    }
+}
+
+/// Walking `counts` from the highest index down, where the `n`-th item falls: its index and
+/// how many items of that index are among the first `n`. `None` when fewer than `n + 1` items
+/// are counted in all (every item fits in `n`). `n` = 0 keeps nothing: the top index is cut.
+fn nth_from_top(counts: &[usize], n: usize) -> Option<(usize, usize)> {
+    let mut above = 0;
+    for (i, &c) in counts.iter().enumerate().rev() {
+        if above + c > n {
+            return Some((i, n - above));
+        }
+        above += c;
+    }
+    None
 }
 
 /// The cold rows one step read that may enter the hot pool, with their K and V rows.
@@ -115,55 +170,57 @@ impl TieredKvStore {
     /// SSD. Ranking promotions against the hot rows, instead of promoting every fetched row
     /// and evicting others for it, is what keeps the pools from ping-ponging.
     pub(super) fn rebalance(&mut self) {
-        let n_kv = self.shape.n_kv_heads;
         let row_bytes = self.hot.row_bytes();
         let candidates = std::mem::take(&mut self.candidates);
-        if self.hot_bytes() + candidates.len() * row_bytes <= self.settings.hot_budget_bytes {
-            // Everything fits: promote all, rank nothing.
-            for slot in 0..candidates.len() {
-                let (lane, token, k, v) = candidates.row(slot);
-                self.hot.insert(lane, token, k, v);
+        let candidate_keys = || candidates.rows.iter().map(|&(_, token, hits)| rank_key(hits, false, token));
+        let cut = if self.hot_bytes() + candidates.len() * row_bytes <= self.settings.hot_budget_bytes {
+            None // everything fits: rank nothing
+        } else {
+            let unpinned_hot = self.unpinned_hot_rows().count();
+            let fixed = self.hot_bytes() - unpinned_hot * row_bytes;
+            let capacity = self.settings.hot_budget_bytes.saturating_sub(fixed) / row_bytes;
+            Cut::find(|| self.unpinned_hot_rows().map(|(_, _, key)| key).chain(candidate_keys()), capacity)
+        };
+        // No row with fewer hits than the cut's can win a place next step.
+        let cutoff = cut.map_or(0, |c| (c.key >> 33) as u32);
+        match cut {
+            Some(mut cut) => {
+                // Rows are offered in the order `find` counted them: hot rows, then candidates.
+                let demoted: Vec<(usize, u32)> = self.unpinned_hot_rows().filter(|&(_, _, key)| !cut.keeps(key)).map(|(lane, t, _)| (lane, t)).collect();
+                // Demotions first, so that promotions reuse their slots.
+                for &(lane, token) in &demoted {
+                    self.hot.remove(lane, token);
+                }
+                self.tier.demotions += demoted.len() as u64;
+                for (slot, key) in candidate_keys().enumerate() {
+                    if cut.keeps(key) {
+                        self.promote(&candidates, slot);
+                    }
+                }
             }
-            self.tier.promotions += candidates.len() as u64;
-            self.candidates = Candidates { cutoff: 0, ..candidates };
-            self.candidates.clear();
-            return;
-        }
-        // Reused across steps: at 8K tokens this holds ~100K rows, too big to allocate per step.
-        let mut rows = std::mem::take(&mut self.rebalance_rows);
-        rows.clear();
-        for lane in self.settings.dense_layers * n_kv..self.hits.len() {
-            let layer = lane / n_kv;
-            let hits = |t: u32| self.hits[lane].get(t as usize).copied().unwrap_or(0);
-            let (lane_id, pinned) = (lane as u32, |t: u32| self.is_pinned(layer, t));
-            rows.extend(self.hot.tokens(lane).filter(|&t| !pinned(t)).map(|t| RowCandidate { hits: hits(t), hot: true, token: t, lane: lane_id, slot: 0 }));
-        }
-        rows.extend(candidates.rows.iter().enumerate().map(|(slot, &(lane, token, hits))| RowCandidate { hits, hot: false, token, lane, slot: slot as u32 }));
-        let unpinned_hot = rows.len() - candidates.len();
-        let fixed = self.hot_bytes() - unpinned_hot * row_bytes;
-        let capacity = self.settings.hot_budget_bytes.saturating_sub(fixed) / row_bytes;
-        if rows.len() > capacity {
-            // Best first: most hits, then already hot, then the newest token.
-            rows.select_nth_unstable_by_key(capacity, |r| Reverse((r.hits, r.hot, r.token)));
-        }
-        let (kept, dropped) = rows.split_at(capacity.min(rows.len()));
-        let cutoff = if dropped.is_empty() { 0 } else { kept.iter().map(|r| r.hits).min().unwrap_or(0) };
-        // Demotions first, so that promotions reuse their slots.
-        for r in dropped.iter().filter(|r| r.hot) {
-            self.hot.remove(r.lane as usize, r.token);
-            self.tier.demotions += 1;
-        }
-        for r in kept.iter().filter(|r| !r.hot) {
-            let (lane, token, k, v) = candidates.row(r.slot as usize);
-            self.hot.insert(lane, token, k, v);
-            self.tier.promotions += 1;
+            None => (0..candidates.len()).for_each(|slot| self.promote(&candidates, slot)),
         }
         if self.hot.free_bytes() > COMPACT_FREE_BYTES {
             self.hot.compact();
         }
-        self.rebalance_rows = rows;
         self.candidates = Candidates { cutoff, ..candidates };
         self.candidates.clear();
+    }
+
+    /// The unpinned hot rows of the sparse layers, lane by lane: (lane, token, rank key).
+    fn unpinned_hot_rows(&self) -> impl Iterator<Item = (usize, u32, u64)> + '_ {
+        let n_kv = self.shape.n_kv_heads;
+        (self.settings.dense_layers * n_kv..self.hits.len()).flat_map(move |lane| {
+            let (layer, hits) = (lane / n_kv, &self.hits[lane]);
+            let unpinned = self.hot.tokens(lane).filter(move |&t| !self.is_pinned(layer, t));
+            unpinned.map(move |t| (lane, t, rank_key(hits.get(t as usize).map_or(0, |&h| u32::from(h)), true, t)))
+        })
+    }
+
+    fn promote(&mut self, candidates: &Candidates, slot: usize) {
+        let (lane, token, k, v) = candidates.row(slot);
+        self.hot.insert(lane, token, k, v);
+        self.tier.promotions += 1;
     }
 }
 
@@ -172,9 +229,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn counting_cuts_where_a_full_sort_would() {
+        // Rows with few distinct hits and repeated tokens (the same token in several lanes).
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let keys: Vec<u64> = (0..2000).map(|_| rank_key(next(6) as u32, next(2) == 1, next(300) as u32)).collect();
+        let mut sorted = keys.clone();
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        for capacity in [0, 1, 17, 999, 1000, 1999] {
+            let mut cut = Cut::find(|| keys.iter().copied(), capacity).expect("not everything fits");
+            let kept: Vec<u64> = keys.iter().copied().filter(|&k| cut.keeps(k)).collect();
+            let mut kept_sorted = kept.clone();
+            kept_sorted.sort_unstable_by(|a, b| b.cmp(a));
+            assert_eq!(kept_sorted, sorted[..capacity], "capacity {capacity}");
+        }
+        assert_eq!(Cut::find(|| keys.iter().copied(), 2000), None);
+        assert_eq!(Cut::find(std::iter::empty, 0), None);
+    }
+
+    #[test]
     fn candidates_keep_the_best_within_their_share_and_skip_hopeless_rows() {
-        // One f16 word per K/V row: 4 bytes a row; a 64-byte budget allows 2 candidates.
-        let mut c = Candidates::new(1, 64);
+        // One f16 word per K/V row: 4 bytes a row; a 128-byte budget allows 2 candidates.
+        let mut c = Candidates::new(1, 128);
         c.offer(0, 10, 3, &[10], &[110]);
         c.offer(1, 11, 5, &[11], &[111]);
         c.offer(0, 12, 1, &[12], &[112]); // weaker than both: not kept

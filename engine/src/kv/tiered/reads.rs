@@ -119,7 +119,8 @@ struct InFlight {
     read: PendingRead,
 }
 
-/// Reads issued ahead of their layer's turn, in layer order.
+/// Reads issued ahead of their layer's turn, in layer order, and the buffers that every
+/// cold-pool read of the store (ahead or at a layer's turn) reads into.
 #[derive(Default)]
 pub(super) struct Prefetcher {
     in_flight: VecDeque<InFlight>,
@@ -134,17 +135,25 @@ impl Prefetcher {
 
     /// Starts reading `groups` (per head, ascending) of `layer` on the I/O threads.
     pub fn issue(&mut self, cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>) {
-        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().group_bytes();
-        let buf = match self.spare.iter().position(|b| b.len() >= need) {
-            Some(i) => self.spare.swap_remove(i),
-            None => {
-                // Replace a buffer that is too small rather than keep it: as many buffers
-                // circulate as reads are ever outstanding, with some room to grow.
-                self.spare.pop();
-                AlignedBuf::zeroed(need + need / 4)
-            }
-        };
+        let buf = self.buffer(cold, &groups);
         self.in_flight.push_back(InFlight { layer, read: PendingRead::start(cold, layer, groups, buf) });
+    }
+
+    /// A buffer for reading `groups` (per head): the smallest spare one that holds them, or a
+    /// new one with some room to grow. A decode step's reads use two at a time (the layer's
+    /// reads, and the read-ahead they overlap), so two circulate.
+    pub fn buffer(&mut self, cold: &ColdPool, groups: &[Vec<usize>]) -> AlignedBuf {
+        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().group_bytes();
+        let by_size = |(_, b): &(usize, &AlignedBuf)| b.len();
+        let fitting = self.spare.iter().enumerate().filter(|(_, b)| b.len() >= need).min_by_key(by_size);
+        if let Some((i, _)) = fitting {
+            return self.spare.swap_remove(i);
+        }
+        // Replace a buffer that is too small rather than keep it beside the new one.
+        if let Some((i, _)) = self.spare.iter().enumerate().max_by_key(by_size) {
+            self.spare.swap_remove(i);
+        }
+        AlignedBuf::zeroed(need + need / 4)
     }
 
     /// What was read ahead for `layer`, once it is there; reads for earlier layers that were
