@@ -132,6 +132,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_small_view_after_a_large_one_gives_the_memory_back() {
+        let bytes = |heads: usize, slots: usize| 2 * 2 * heads * slots * 64;
+        let mut view = ViewBuffers::new(64);
+        view.reset(3, 8000);
+        assert_eq!(view.bytes(), bytes(3, 8000));
+        // A third of that (a prompt's head at a time): the rest is given back.
+        view.reset(1, 8000);
+        assert_eq!(view.bytes(), bytes(1, 8000));
+        // Decode steps after it (every head, a fifth of the tokens) fit in what is there.
+        view.reset(3, 1600);
+        assert_eq!(view.bytes(), bytes(1, 8000));
+    }
+
+    #[test]
     fn runs_fill_the_same_slots_as_single_tokens() {
         let (heads, hd, n) = (3, 4, 70);
         let row = |h: usize, t: usize, off: u16| -> Vec<u16> { (0..hd).map(|d| (h * 1000 + t * 10 + d) as u16 + off).collect() };

@@ -148,3 +148,55 @@ impl RecentWindow {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::cold::ColdLayout;
+    use super::*;
+
+    #[test]
+    fn rows_survive_spills_relayouts_and_truncation_into_the_cold_pool() {
+        let (layers, heads, hd) = (2, 2, 4);
+        let dir = std::env::temp_dir().join(format!("hillside-window-{}", std::process::id()));
+        let cold = ColdPool::create(&dir, ColdLayout { n_layers: layers, n_kv_heads: heads, head_dim: hd, max_groups: 40 }).unwrap();
+        // Token t's K in (layer, head) is all t + 1000·layer + 100·head (f16-exact); V is its negation.
+        let value = |layer: usize, head: usize, t: usize| (t + 1000 * layer + 100 * head) as f32;
+        let rows = |layer: usize, tokens: std::ops::Range<usize>, sign: f32| -> Vec<f32> {
+            tokens.flat_map(|t| (0..heads).flat_map(move |h| std::iter::repeat_n(sign * value(layer, h, t), hd))).collect()
+        };
+        let check = |w: &RecentWindow, tokens: std::ops::Range<usize>| {
+            for t in tokens {
+                for (layer, head) in (0..layers).flat_map(|l| (0..heads).map(move |h| (l, h))) {
+                    let (k, v) = (w.row(layer, head, t, false), w.row(layer, head, t, true));
+                    assert!(k.iter().all(|&x| f16::from_bits(x).to_f32() == value(layer, head, t)), "K of token {t}");
+                    assert!(v.iter().all(|&x| f16::from_bits(x).to_f32() == -value(layer, head, t)), "V of token {t}");
+                }
+            }
+        };
+        let mut w = RecentWindow::new(layers, heads, hd);
+        // A prompt chunk, then single tokens: the window grows, spills whole groups and shrinks.
+        for layer in 0..layers {
+            w.push(layer, &rows(layer, 0..300, 1.0), &rows(layer, 0..300, -1.0));
+        }
+        assert!(w.slots >= 300);
+        check(&w, 0..300);
+        assert_eq!(w.spill(&cold).unwrap(), 300 / GROUP_TOKENS);
+        assert_eq!((w.base(), w.len(0)), (288, 12));
+        assert!(w.slots <= 2 * GROUP_TOKENS, "the chunk's room is given back: {} slots", w.slots);
+        check(&w, 288..300);
+        for t in 300..310 {
+            for layer in 0..layers {
+                w.push(layer, &rows(layer, t..t + 1, 1.0), &rows(layer, t..t + 1, -1.0));
+            }
+        }
+        check(&w, 288..310);
+        w.spill(&cold).unwrap();
+        assert_eq!((w.base(), w.len(1)), (304, 6));
+        // Back into the spilled part: the partial group is read back from the cold pool.
+        w.truncate(250, &cold).unwrap();
+        assert_eq!((w.base(), w.len(0)), (240, 10));
+        check(&w, 240..250);
+        drop(cold);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
