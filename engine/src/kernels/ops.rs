@@ -14,14 +14,25 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// SwiGLU: for rows laid out as `[gate (width) | up (width)]`, writes `silu(gate) · up`.
-pub fn swiglu(gate_up: &[f32], width: usize, out: &mut [f32]) {
-    for (row, dst) in gate_up.chunks_exact(2 * width).zip(out.chunks_exact_mut(width)) {
-        let (gate, up) = row.split_at(width);
-        for ((d, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
-            *d = g / (1.0 + (-g).exp()) * u;
+/// SwiGLU in place: for rows laid out as `[gate (width) | up (width)]`, `silu(gate) · up` as
+/// rows of `width` at the start of `gate_up`, returned. Row t lands at t·width, where only rows
+/// already done (or, for row 0, its own gate) lay, so the MLP needs no buffer of its own.
+pub fn swiglu_in_place(gate_up: &mut [f32], width: usize) -> &[f32] {
+    let n = gate_up.len() / (2 * width);
+    let silu_times = |g: f32, u: f32| g / (1.0 + (-g).exp()) * u;
+    for t in 0..n {
+        if t == 0 {
+            let (gate, up) = gate_up[..2 * width].split_at_mut(width);
+            gate.iter_mut().zip(&*up).for_each(|(g, &u)| *g = silu_times(*g, u));
+        } else {
+            let (done, rest) = gate_up.split_at_mut(2 * t * width);
+            let (gate, up) = rest[..2 * width].split_at(width);
+            for ((d, &g), &u) in done[t * width..][..width].iter_mut().zip(gate).zip(up) {
+                *d = silu_times(g, u);
+            }
         }
     }
+    &gate_up[..n * width]
 }
 
 pub fn add_in_place(acc: &mut [f32], x: &[f32]) {
@@ -103,5 +114,22 @@ impl Rope {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swiglu_in_place_matches_the_formula_row_by_row() {
+        let (n, width) = (5, 7);
+        let gate_up: Vec<f32> = (0..n * 2 * width).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let expected: Vec<f32> = gate_up
+            .chunks_exact(2 * width)
+            .flat_map(|row| (0..width).map(move |i| row[i] / (1.0 + (-row[i]).exp()) * row[width + i]))
+            .collect();
+        let mut buf = gate_up.clone();
+        assert_eq!(swiglu_in_place(&mut buf, width), &expected[..]);
     }
 }

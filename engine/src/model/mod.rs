@@ -8,7 +8,7 @@ pub mod weights;
 
 use crate::error::{Error, Result};
 use crate::device::Attention;
-use crate::kernels::ops::{add_bias, add_in_place, rms_norm, swiglu, Rope};
+use crate::kernels::ops::{add_bias, add_in_place, rms_norm, swiglu_in_place, Rope};
 use crate::kernels::quant::QuantizedActivations;
 use crate::kv::{KvShape, KvStore, KvView};
 use std::ops::Range;
@@ -153,7 +153,6 @@ impl Model {
         let (mut q, mut k, mut v) = (vec![0f32; n * q_dim], vec![0f32; n * kv_dim], vec![0f32; n * kv_dim]);
         let mut attn = vec![0f32; n * q_dim];
         let mut gate_up = vec![0f32; n * 2 * inter];
-        let mut act = vec![0f32; n * inter];
         let mut scratch = QuantizedActivations::default();
 
         for (l, layer) in self.weights.layers.iter().enumerate() {
@@ -189,8 +188,8 @@ impl Model {
 
             rms_norm(x, &layer.ffn_norm, c.rms_norm_eps, &mut h);
             layer.gate_up.matmul(&h, n, &mut scratch, &mut gate_up);
-            swiglu(&gate_up, inter, &mut act);
-            layer.down.matmul(&act, n, &mut scratch, &mut h);
+            let act = swiglu_in_place(&mut gate_up, inter);
+            layer.down.matmul(act, n, &mut scratch, &mut h);
             add_in_place(x, &h);
         }
         Ok(())
