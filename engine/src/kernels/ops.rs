@@ -15,22 +15,15 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// SwiGLU in place: for rows laid out as `[gate (width) | up (width)]`, `silu(gate) · up` as
-/// rows of `width` at the start of `gate_up`, returned. Row t lands at t·width, where only rows
-/// already done (or, for row 0, its own gate) lay, so the MLP needs no buffer of its own.
+/// rows of `width` at the start of `gate_up`, returned. Each row's result replaces its gate and
+/// then moves down to t·width, where only rows already done lay, so the MLP needs no buffer of
+/// its own.
 pub fn swiglu_in_place(gate_up: &mut [f32], width: usize) -> &[f32] {
     let n = gate_up.len() / (2 * width);
-    let silu_times = |g: f32, u: f32| g / (1.0 + (-g).exp()) * u;
     for t in 0..n {
-        if t == 0 {
-            let (gate, up) = gate_up[..2 * width].split_at_mut(width);
-            gate.iter_mut().zip(&*up).for_each(|(g, &u)| *g = silu_times(*g, u));
-        } else {
-            let (done, rest) = gate_up.split_at_mut(2 * t * width);
-            let (gate, up) = rest[..2 * width].split_at(width);
-            for ((d, &g), &u) in done[t * width..][..width].iter_mut().zip(gate).zip(up) {
-                *d = silu_times(g, u);
-            }
-        }
+        let (gate, up) = gate_up[2 * t * width..][..2 * width].split_at_mut(width);
+        gate.iter_mut().zip(&*up).for_each(|(g, &u)| *g = *g / (1.0 + (-*g).exp()) * u);
+        gate_up.copy_within(2 * t * width..(2 * t + 1) * width, t * width);
     }
     &gate_up[..n * width]
 }

@@ -40,7 +40,12 @@ impl RecentWindow {
 
     /// Where (layer, head)'s slot `slot` starts in `k` and `v`.
     fn at(&self, layer: usize, head: usize, slot: usize) -> usize {
-        ((layer * self.n_kv_heads + head) * self.slots + slot) * self.head_dim
+        self.at_in(self.slots, layer, head, slot)
+    }
+
+    /// The same, in buffers laid out for `slots` tokens per (layer, head).
+    fn at_in(&self, slots: usize, layer: usize, head: usize, slot: usize) -> usize {
+        ((layer * self.n_kv_heads + head) * slots + slot) * self.head_dim
     }
 
     /// Lays the buffers out for `slots` tokens per (layer, head), keeping what they hold.
@@ -50,7 +55,7 @@ impl RecentWindow {
         for layer in 0..self.n_layers {
             let words = self.lens[layer] * self.head_dim;
             for head in 0..self.n_kv_heads {
-                let (from, to) = (self.at(layer, head, 0), (layer * self.n_kv_heads + head) * slots * self.head_dim);
+                let (from, to) = (self.at(layer, head, 0), self.at_in(slots, layer, head, 0));
                 k[to..][..words].copy_from_slice(&self.k[from..][..words]);
                 v[to..][..words].copy_from_slice(&self.v[from..][..words]);
             }

@@ -393,7 +393,8 @@ impl KvStore for TieredKvStore {
         let n = self.len + self.pending[layer];
         let all: Vec<u32> = if matches!(selection, Selection::All) { (0..n as u32).collect() } else { Vec::new() };
         let tokens = |head: usize| selection.head(head).unwrap_or(&all);
-        self.view.reset(heads.len(), tokens(heads.start).len());
+        let slots = tokens(heads.start).len(); // every head selects as many
+        self.view.reset(heads.len(), slots);
         self.positions.clear();
         if let Selection::Tokens { .. } = selection {
             debug_assert_eq!(heads, 0..self.shape.n_kv_heads, "a decode step gathers every head at once");
@@ -431,7 +432,6 @@ impl KvStore for TieredKvStore {
             self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, false);
             self.prefetch.recycle(buf);
         }
-        let slots = tokens(0).len();
         let positions = matches!(selection, Selection::Tokens { .. }).then_some(&self.positions[..]);
         Ok(self.view.view(slots, positions))
     }

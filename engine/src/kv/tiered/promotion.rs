@@ -39,23 +39,9 @@ impl Cut {
     /// and hot) and lower half (the token) are both small integers, so two histograms locate it
     /// without holding a list of the ~100K rows a long context has.
     fn find<I: Iterator<Item = u64>>(keys: impl Fn() -> I, capacity: usize) -> Option<Cut> {
-        let mut levels: Vec<usize> = Vec::new();
-        for key in keys() {
-            let level = (key >> 32) as usize;
-            if level >= levels.len() {
-                levels.resize(level + 1, 0);
-            }
-            levels[level] += 1;
-        }
+        let levels = histogram(keys().map(|k| (k >> 32) as usize));
         let (level, left) = nth_from_top(&levels, capacity)?;
-        let mut tokens: Vec<usize> = Vec::new();
-        for key in keys().filter(|&k| (k >> 32) as usize == level) {
-            let token = key as u32 as usize;
-            if token >= tokens.len() {
-                tokens.resize(token + 1, 0);
-            }
-            tokens[token] += 1;
-        }
+        let tokens = histogram(keys().filter(|&k| (k >> 32) as usize == level).map(|k| k as u32 as usize));
         let (token, ties) = nth_from_top(&tokens, left).expect("the level holds the rows counted for it");
         Some(Cut { key: ((level as u64) << 32) | token as u64, ties })
     }
@@ -68,6 +54,18 @@ impl Cut {
         }
         key > self.key
     }
+}
+
+/// How many times each index occurs.
+fn histogram(indices: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut counts = Vec::new();
+    for i in indices {
+        if i >= counts.len() {
+            counts.resize(i + 1, 0);
+        }
+        counts[i] += 1;
+    }
+    counts
 }
 
 /// Walking `counts` from the highest index down, where the `n`-th item falls: its index and
