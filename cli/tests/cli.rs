@@ -202,9 +202,11 @@ fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
     let addr = banner.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("no address in {banner:?}")).to_string();
     assert!(addr.starts_with("127.0.0.1:"), "loopback by default: {banner}");
 
-    // A long stream is under way when the signal comes.
+    // A long stream is under way when the signal comes. Greedy, so that it cannot draw an
+    // end-of-text within the grace period (sampled, it sometimes did after ~70 tokens; greedy
+    // runs all 1800).
     let mut socket = std::net::TcpStream::connect(&addr).unwrap();
-    let body = r#"{"prompt": "Once upon a time", "max_tokens": 1800, "stream": true}"#;
+    let body = r#"{"prompt": "Once upon a time", "max_tokens": 1800, "temperature": 0, "stream": true}"#;
     write!(socket, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut seen = String::new();
     let mut buf = [0u8; 4096];
