@@ -63,15 +63,18 @@ def fetch(entry: dict, dest: Path) -> Path:
 
 
 def main() -> None:
-    here = Path(__file__).resolve().parent
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name", nargs="?", help="model name from the registry (default: the registry's default)")
     ap.add_argument("--dest", type=Path, default=None)
-    ap.add_argument("--registry", type=Path, default=here / "registry.json")
+    ap.add_argument("--registry", type=Path, help="registry file (default: registry.json beside this script)")
     ap.add_argument("--registry-json", help="the registry as a JSON string (used by the hillside binary)")
     ap.add_argument("--print-path", action="store_true", help="print only the model path")
     args = ap.parse_args()
-    registry = json.loads(args.registry_json) if args.registry_json else json.loads(args.registry.read_text())
+    if args.registry_json:
+        registry = json.loads(args.registry_json)
+    else:
+        # Only a script run from a file has __file__: the binary passes --registry-json to `python3 -c`.
+        registry = json.loads((args.registry or Path(__file__).resolve().parent / "registry.json").read_text())
     name = args.name or registry["default"]
     entries = [m for m in registry["models"] if m["name"] == name]
     if not entries:

