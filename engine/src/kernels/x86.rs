@@ -344,29 +344,71 @@ pub unsafe fn score_keys_int(data: &[u8], scales: &[f32], n_kv: usize, hd: usize
     let offset = if int4 { 8 } else { 128 };
     let offset_sums: Vec<i32> = query.chunks_exact(hd).map(|q| offset * q.iter().map(|&x| i32::from(x)).sum::<i32>()).collect();
     let (low_nibbles, nibble_bias, byte_bias) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x08), _mm512_set1_epi8(-128));
+    // The key bytes of one row's 64-dimension chunk, as the unsigned operand of VNNI.
+    let key_chunk = |row: usize, c: usize| {
+        let ptr = data[row * row_bytes..][..row_bytes].as_ptr();
+        // SAFETY: each load reads whole bytes of this row (32 per chunk for INT4, 64 for
+        // INT8), inside the bounds asserted above.
+        if int4 {
+            let packed = unsafe { _mm256_loadu_si256(ptr.add(c * 32).cast()) };
+            let lo = _mm256_xor_si256(_mm256_and_si256(packed, low_nibbles), nibble_bias);
+            let hi = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles), nibble_bias);
+            _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+        } else {
+            _mm512_xor_si512(unsafe { _mm512_loadu_si512(ptr.add(c * 64).cast()) }, byte_bias)
+        }
+    };
+    let query_chunk = |h: usize, c: usize| _mm512_loadu_si512(q_words[(h * chunks + c) * 64..][..64].as_ptr().cast());
     let n = tokens.len();
-    for (i, &t) in tokens.iter().enumerate() {
+    // Sixteen tokens at a time: their sums are reduced together, which costs a fifth of
+    // reducing each on its own.
+    let blocks = tokens.chunks_exact(ROWS);
+    let tail = blocks.remainder();
+    for (b, block) in blocks.enumerate() {
+        let i = b * ROWS;
+        let block: &[u32; ROWS] = block.try_into().expect("chunks_exact");
+        for h in 0..n_kv {
+            let mut acc = [_mm512_setzero_si512(); ROWS];
+            for c in 0..chunks {
+                let q = query_chunk(h, c);
+                for (acc, &t) in acc.iter_mut().zip(block) {
+                    *acc = _mm512_dpbusd_epi32(*acc, key_chunk(t as usize * n_kv + h, c), q);
+                }
+            }
+            let sums = _mm512_sub_epi32(reduce_16(&acc), _mm512_set1_epi32(offset_sums[h]));
+            let row_scales: [f32; ROWS] = std::array::from_fn(|j| scales[block[j] as usize * n_kv + h]);
+            let scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_loadu_ps(row_scales.as_ptr()));
+            _mm512_storeu_ps(out[h * n + i..][..ROWS].as_mut_ptr(), scaled);
+        }
+    }
+    for (i, &t) in tokens.iter().enumerate().skip(n - tail.len()) {
         for h in 0..n_kv {
             let row = t as usize * n_kv + h;
-            let ptr = data[row * row_bytes..][..row_bytes].as_ptr();
             let mut acc = _mm512_setzero_si512();
             for c in 0..chunks {
-                let q = _mm512_loadu_si512(q_words[(h * chunks + c) * 64..][..64].as_ptr().cast());
-                // SAFETY (loads): each reads whole bytes of this row (32 per chunk for INT4, 64
-                // for INT8), inside the bounds asserted above.
-                let k = if int4 {
-                    let packed = unsafe { _mm256_loadu_si256(ptr.add(c * 32).cast()) };
-                    let lo = _mm256_xor_si256(_mm256_and_si256(packed, low_nibbles), nibble_bias);
-                    let hi = _mm256_xor_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles), nibble_bias);
-                    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
-                } else {
-                    _mm512_xor_si512(unsafe { _mm512_loadu_si512(ptr.add(c * 64).cast()) }, byte_bias)
-                };
-                acc = _mm512_dpbusd_epi32(acc, k, q);
+                acc = _mm512_dpbusd_epi32(acc, key_chunk(row, c), query_chunk(h, c));
             }
             out[h * n + i] = (_mm512_reduce_add_epi32(acc) - offset_sums[h]) as f32 * scales[row];
         }
     }
+}
+
+/// Rows [`score_keys_int`] reduces together.
+const ROWS: usize = 16;
+
+/// The sums of each of 16 vectors' lanes, as one vector (lane j: the sum of `v[j]`): adds of
+/// interleaved halves, so each level halves the vectors and doubles the sums each lane holds.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn reduce_16(v: &[__m512i; ROWS]) -> __m512i {
+    // Within each 128-bit lane: pairs, then quads, of vectors fold into one.
+    let pair = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    let quad = |ab, cd| _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    // Lane l of quads[g] now holds [v4g, v4g+1, v4g+2, v4g+3] summed over 128-bit lane l.
+    let quads: [__m512i; 4] = std::array::from_fn(|g| quad(pair(v[4 * g], v[4 * g + 1]), pair(v[4 * g + 2], v[4 * g + 3])));
+    // Across the 128-bit lanes: lanes (0+1, 2+3) of two quads, then of those.
+    let across = |a, b| _mm512_add_epi32(_mm512_shuffle_i32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b));
+    across(across(quads[0], quads[1]), across(quads[2], quads[3]))
 }
 
 #[cfg(test)]

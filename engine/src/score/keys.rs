@@ -216,6 +216,13 @@ mod tests {
             for (a, b) in out.iter().zip(&exact) {
                 assert!((a - b).abs() <= tolerance * norm, "{bits:?}: {a} vs {b}");
             }
+            // Any order of tokens, in blocks of sixteen or not, scores each the same.
+            let reversed: Vec<u32> = (0..n as u32).rev().collect();
+            let mut out_reversed = vec![0f32; heads * n];
+            keys.score(&q, &reversed, &mut out_reversed);
+            for (h, i) in (0..heads).flat_map(|h| (0..n).map(move |i| (h, i))) {
+                assert_eq!(out_reversed[h * n + i].to_bits(), out[h * n + n - 1 - i].to_bits(), "{bits:?} head {h} token {i}");
+            }
             let mut portable = vec![0f32; heads * n];
             keys.score_portable(&q, &(0..n as u32).collect::<Vec<_>>(), &mut portable);
             for (a, b) in out.iter().zip(&portable) {

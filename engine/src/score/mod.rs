@@ -13,7 +13,7 @@ pub mod xrt;
 pub use keys::{KeyBits, ScoringKeys};
 pub use evaluator::ColdEvaluator;
 pub use storage::StorageEvaluator;
-pub use topk::{HeadsMass, HeadsTopK, ScoreBlock, TopK};
+pub use topk::{BlockMerge, HeadsMass, HeadsTopK, ScoreBlock, TopK};
 
 /// Tokens scored per block: small enough that merging starts early, large enough to amortize.
 pub const SCORE_BLOCK_TOKENS: usize = 256;

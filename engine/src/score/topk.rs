@@ -68,6 +68,15 @@ impl TopK {
         }
     }
 
+    /// Takes in what another top-k of the same k kept (of other tokens' scores).
+    pub fn absorb(&mut self, other: TopK) {
+        let floor = self.floor;
+        self.kept.extend(other.kept.into_iter().filter(|&key| key > floor));
+        if self.kept.len() >= 2 * self.k.max(SCORE_BLOCK_MIN) {
+            self.cut();
+        }
+    }
+
     fn cut(&mut self) {
         if self.kept.len() > self.k {
             let dropped = self.kept.len() - self.k;
@@ -87,10 +96,31 @@ impl TopK {
     /// The chosen tokens, ascending.
     pub fn into_tokens(mut self) -> Vec<u32> {
         self.cut();
-        let mut tokens: Vec<u32> = self.kept.into_iter().map(|key| unrank_key(key).1).collect();
-        tokens.sort_unstable();
-        tokens
+        ascending(self.kept.into_iter().map(|key| unrank_key(key).1).collect())
     }
+}
+
+/// `tokens` (distinct) in ascending order. A top-k keeps a dense share of its range (a fifth of
+/// the context), so marking them in a bitmap and reading it back beats sorting them several
+/// times over; a sparse set is sorted.
+fn ascending(mut tokens: Vec<u32>) -> Vec<u32> {
+    let words = tokens.iter().max().map_or(0, |&m| m as usize / 64 + 1);
+    if words > 4 * tokens.len() {
+        tokens.sort_unstable();
+        return tokens;
+    }
+    let mut bits = vec![0u64; words];
+    for &t in &tokens {
+        bits[t as usize / 64] |= 1 << (t % 64);
+    }
+    tokens.clear();
+    for (w, mut word) in bits.into_iter().enumerate() {
+        while word != 0 {
+            tokens.push(w as u32 * 64 + word.trailing_zeros());
+            word &= word - 1;
+        }
+    }
+    tokens
 }
 
 /// Smallest buffer [`TopK`] keeps before cutting, so tiny k does not cut every block.
@@ -108,6 +138,10 @@ impl HeadsTopK {
         for (h, top) in self.0.iter_mut().enumerate() {
             top.merge(&block.tokens, block.head(h));
         }
+    }
+
+    pub fn absorb(&mut self, other: HeadsTopK) {
+        self.0.iter_mut().zip(other.0).for_each(|(top, other)| top.absorb(other));
     }
 
     /// Each head's chosen tokens, ascending.
@@ -150,6 +184,18 @@ impl HeadsMass {
         }
     }
 
+    /// Takes in the normalizers another mass (of the same scale) summed over other scores.
+    pub fn absorb(&mut self, other: HeadsMass) {
+        for h in 0..self.max.len() {
+            if other.max[h] == f32::NEG_INFINITY {
+                continue;
+            }
+            let max = self.max[h].max(other.max[h]);
+            self.sum[h] = self.sum[h] * f64::from(self.max[h] - max).exp() + other.sum[h] * f64::from(other.max[h] - max).exp();
+            self.max[h] = max;
+        }
+    }
+
     /// The share of head `h`'s normalizer that `scores` (a subset of those merged) hold.
     pub fn share(&self, h: usize, scores: impl Iterator<Item = f32>) -> f64 {
         let part: f64 = scores.map(|s| f64::from(s * self.scale - self.max[h]).exp()).sum();
@@ -157,6 +203,34 @@ impl HeadsMass {
             part / self.sum[h]
         } else {
             1.0
+        }
+    }
+}
+
+/// What the host merges a layer's score blocks into: each head's top-k and, when the fidelity
+/// guard is on, its attention mass. Merges of disjoint sets of blocks combine into the merge of
+/// all of them, so blocks can be merged on several threads at once.
+pub struct BlockMerge {
+    pub top: HeadsTopK,
+    pub mass: Option<HeadsMass>,
+}
+
+impl BlockMerge {
+    pub fn new(top: HeadsTopK, mass: Option<HeadsMass>) -> Self {
+        Self { top, mass }
+    }
+
+    pub fn merge(&mut self, block: &ScoreBlock) {
+        self.top.merge(block);
+        if let Some(mass) = &mut self.mass {
+            mass.merge(block);
+        }
+    }
+
+    pub fn absorb(&mut self, other: BlockMerge) {
+        self.top.absorb(other.top);
+        if let (Some(mass), Some(other)) = (&mut self.mass, other.mass) {
+            mass.absorb(other);
         }
     }
 }
@@ -205,6 +279,42 @@ mod tests {
             top.merge(&(start as u32..end as u32).collect::<Vec<_>>(), &scores[start..end]);
         }
         assert_eq!(top.into_tokens(), want);
+    }
+
+    #[test]
+    fn merges_of_parts_combine_into_the_merge_of_the_whole() {
+        let tokens: Vec<u32> = (0..3000).collect();
+        let scores: Vec<f32> = (0..2 * 3000).map(|i| ((i * 7919) % 1013) as f32 / 100.0).collect();
+        let block = |range: std::ops::Range<usize>| {
+            let heads: Vec<f32> = (0..2).flat_map(|h| scores[h * 3000..][range.clone()].iter().copied()).collect();
+            ScoreBlock { tokens: tokens[range].to_vec(), scores: heads, produced: std::time::Instant::now() }
+        };
+        let new = || BlockMerge::new(HeadsTopK::new(2, 300), Some(HeadsMass::new(2, 0.3)));
+        let mut whole = new();
+        whole.merge(&block(0..3000));
+        let mut parts = [new(), new(), new()];
+        for (i, start) in (0..3000).step_by(250).enumerate() {
+            parts[i % 3].merge(&block(start..start + 250));
+        }
+        let [mut all, b, c] = parts;
+        all.absorb(c);
+        all.absorb(b);
+        let (whole_mass, all_mass) = (whole.mass.unwrap(), all.mass.unwrap());
+        for h in 0..2 {
+            let share = |m: &HeadsMass| m.share(h, scores[h * 3000..][..100].iter().copied());
+            assert!((share(&whole_mass) - share(&all_mass)).abs() < 1e-9, "head {h}: {} vs {}", share(&whole_mass), share(&all_mass));
+        }
+        assert_eq!(all.top.into_tokens(), whole.top.into_tokens());
+    }
+
+    #[test]
+    fn token_sets_come_out_ascending_dense_or_sparse() {
+        let dense: Vec<u32> = (0..500u32).map(|i| i * 7919 % 1000).collect();
+        let mut want = dense.clone();
+        want.sort_unstable();
+        assert_eq!(ascending(dense), want);
+        assert_eq!(ascending(vec![1_000_000, 3, 64, 63, 0]), vec![0, 3, 63, 64, 1_000_000]);
+        assert_eq!(ascending(Vec::new()), Vec::<u32>::new());
     }
 
     #[test]
