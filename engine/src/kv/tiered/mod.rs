@@ -25,7 +25,8 @@ use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, Selection, TierSta
 use crate::error::{Error, Result};
 use crate::score::device::{DeviceQuery, KeyChunkLayout};
 use crate::score::xrt::{self, XrtEvaluator, XrtOptions};
-use crate::score::{ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
+use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
+use rayon::prelude::*;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use promotion::Candidates;
@@ -194,11 +195,6 @@ impl TieredKvStore {
         layer < self.settings.dense_layers
     }
 
-    fn is_pinned(&self, layer: usize, token: u32) -> bool {
-        let t = token as usize;
-        self.is_dense(layer) || t < self.settings.sink_tokens || t + self.settings.recent_tokens >= self.len
-    }
-
     /// For each head of `layer`, the cold groups (ascending) holding `tokens(head)` that are
     /// neither hot nor in the window, small gaps bridged.
     fn cold_groups<'t>(&self, layer: usize, tokens: impl Fn(usize) -> &'t [u32]) -> Vec<Vec<usize>> {
@@ -252,46 +248,62 @@ impl TieredKvStore {
         // token lives never changes its rank.
         let query = Arc::new(DeviceQuery::new(query, self.shape.head_dim));
         let cold_blocks = self.evaluator.as_ref().filter(|_| !cold.is_empty()).map(|e| e.score(layer, self.keys[layer].clone(), query.clone(), cold));
-        let mut top = HeadsTopK::new(n_kv, keep);
         // The summed query's score over G heads is G times their mean logit·√d: scaled by
         // 1/(G·√d) its softmax is the attention of the group's mean logit.
-        let mut mass = HeadsMass::new(n_kv, 1.0 / (group as f32 * (self.shape.head_dim as f32).sqrt()));
-        let mut merge = |block: &ScoreBlock| {
-            top.merge(block);
-            if guard {
-                mass.merge(block);
-            }
-        };
+        let mass_scale = 1.0 / (group as f32 * (self.shape.head_dim as f32).sqrt());
+        let new_merge = || BlockMerge::new(HeadsTopK::new(n_kv, keep), guard.then(|| HeadsMass::new(n_kv, mass_scale)));
         let n = candidates.end + self.settings.recent_tokens;
         let pinned: Vec<u32> = (0..candidates.start as u32).chain(candidates.end as u32..n as u32).collect();
         let mut pinned_block = ScoreBlock::new(pinned, n_kv);
-        {
-            let keys = self.keys[layer].read().unwrap_or_else(|p| p.into_inner());
-            if guard {
-                query.score(&keys, &pinned_block.tokens, &mut pinned_block.scores);
-            }
-            // Newest first: recent tokens tend to score highest, so the top-k's floor rises
-            // early and most older tokens' scores are dropped on arrival.
-            for chunk in hot.rchunks(SCORE_BLOCK_TOKENS) {
-                let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
-                query.score(&keys, chunk, &mut block.scores);
-                merge(&block);
-                while let Some(cold_block) = cold_blocks.as_ref().and_then(|b| b.try_recv().ok()) {
-                    self.tier.score_blocks += 1;
-                    self.tier.score_block_wait_ns += cold_block.produced.elapsed().as_nanos() as u64;
-                    merge(&cold_block);
+        let keys = self.keys[layer].read().unwrap_or_else(|p| p.into_inner());
+        if guard {
+            query.score(&keys, &pinned_block.tokens, &mut pinned_block.scores);
+        }
+        // The hot tokens are scored on the compute threads while one of them merges the cold
+        // blocks as they arrive; once those are in, it helps score the hot ones.
+        let threads = rayon::current_num_threads();
+        let hot_chunks = hot.len().div_ceil(SCORE_BLOCK_TOKENS);
+        let (mut merged, (cold_merged, blocks, wait_ns, cold_scan)) = rayon::join(
+            || {
+                // Newest first: recent tokens tend to score highest, so the top-k's floor
+                // rises early and most older tokens' scores are dropped on arrival.
+                let hot_merged = hot
+                    .par_rchunks(SCORE_BLOCK_TOKENS)
+                    .with_min_len(hot_chunks.div_ceil(threads).max(1))
+                    .fold(new_merge, |mut merged, chunk| {
+                        let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
+                        query.score(&keys, chunk, &mut block.scores);
+                        merged.merge(&block);
+                        merged
+                    })
+                    .reduce_with(|mut a, b| {
+                        a.absorb(b);
+                        a
+                    });
+                hot_merged.unwrap_or_else(new_merge)
+            },
+            || {
+                let mut merged = new_merge();
+                let (mut blocks, mut wait_ns) = (0, 0);
+                for block in cold_blocks.into_iter().flatten() {
+                    blocks += 1;
+                    wait_ns += block.produced.elapsed().as_nanos() as u64;
+                    merged.merge(&block);
                 }
-            }
+                (merged, blocks, wait_ns, started.elapsed())
+            },
+        );
+        merged.absorb(cold_merged);
+        drop(keys);
+        if blocks > 0 {
+            self.tier.score_blocks += blocks;
+            self.tier.score_block_wait_ns += wait_ns;
+            self.tier.cold_scan_ns += cold_scan.as_nanos() as u64;
         }
-        if let Some(blocks) = cold_blocks {
-            for cold_block in blocks {
-                self.tier.score_blocks += 1;
-                self.tier.score_block_wait_ns += cold_block.produced.elapsed().as_nanos() as u64;
-                merge(&cold_block);
-            }
-            self.tier.cold_scan_ns += started.elapsed().as_nanos() as u64;
-        }
-        let chosen = if guard { self.guard(top, mass, &pinned_block, budget.min(keep)) } else { top.into_tokens() };
+        let chosen = match merged.mass {
+            Some(mass) => self.guard(merged.top, mass, &pinned_block, budget.min(keep)),
+            None => merged.top.into_tokens(),
+        };
         chosen
             .into_iter()
             .map(|chosen| {
