@@ -34,15 +34,14 @@ struct Cut {
 }
 
 impl Cut {
-    /// The cut that keeps the best `capacity` of the rows `keys()` yields (it is called twice),
-    /// or `None` when all of them fit. Found by counting, not sorting: a rank's upper half (hits
-    /// and hot) and lower half (the token) are both small integers, so two histograms locate it
-    /// without holding a list of the ~100K rows a long context has.
-    fn find<I: Iterator<Item = u64>>(keys: impl Fn() -> I, capacity: usize) -> Option<Cut> {
-        let levels = histogram(keys().map(|k| (k >> 32) as usize));
-        let (level, left) = nth_from_top(&levels, capacity)?;
-        let tokens = histogram(keys().filter(|&k| (k >> 32) as usize == level).map(|k| k as u32 as usize));
-        let (token, ties) = nth_from_top(&tokens, left).expect("the level holds the rows counted for it");
+    /// The cut that keeps the best `capacity` rows, given how many each level (a rank key's upper
+    /// half: hits and hot) holds and, for one level, how many of its rows each token (the lower
+    /// half) has; `None` when all rows fit. Found by counting, not sorting: both halves are
+    /// small integers, so two histograms locate it without holding a list of the ~100K rows a
+    /// long context has.
+    fn find(levels: &[usize], tokens_at: impl FnOnce(usize) -> Vec<usize>, capacity: usize) -> Option<Cut> {
+        let (level, left) = nth_from_top(levels, capacity)?;
+        let (token, ties) = nth_from_top(&tokens_at(level), left).expect("the level holds the rows counted for it");
         Some(Cut { key: ((level as u64) << 32) | token as u64, ties })
     }
 
@@ -56,16 +55,17 @@ impl Cut {
     }
 }
 
-/// How many times each index occurs.
-fn histogram(indices: impl Iterator<Item = usize>) -> Vec<usize> {
-    let mut counts = Vec::new();
-    for i in indices {
-        if i >= counts.len() {
-            counts.resize(i + 1, 0);
-        }
-        counts[i] += 1;
+/// A rank key's level: its hits and whether the row is hot.
+fn level_of(key: u64) -> usize {
+    (key >> 32) as usize
+}
+
+/// Counts one more `i` in a histogram.
+fn count(counts: &mut Vec<usize>, i: usize) {
+    if i >= counts.len() {
+        counts.resize(i + 1, 0);
     }
-    counts
+    counts[i] += 1;
 }
 
 /// Walking `counts` from the highest index down, where the `n`-th item falls: its index and
@@ -174,17 +174,37 @@ impl TieredKvStore {
         let cut = if self.hot_bytes() + candidates.len() * row_bytes <= self.settings.hot_budget_bytes {
             None // everything fits: rank nothing
         } else {
-            let unpinned_hot = self.unpinned_hot_rows().count();
+            // One walk counts the unpinned hot rows by level; their number is the sum.
+            let mut levels = Vec::new();
+            self.for_each_unpinned_hot_row(|_, _, key| count(&mut levels, level_of(key)));
+            let unpinned_hot: usize = levels.iter().sum();
+            candidate_keys().for_each(|key| count(&mut levels, level_of(key)));
             let fixed = self.hot_bytes() - unpinned_hot * row_bytes;
             let capacity = self.settings.hot_budget_bytes.saturating_sub(fixed) / row_bytes;
-            Cut::find(|| self.unpinned_hot_rows().map(|(_, _, key)| key).chain(candidate_keys()), capacity)
+            let tokens_at = |level: usize| {
+                let mut tokens = Vec::new();
+                let mut count_token = |key: u64| {
+                    if level_of(key) == level {
+                        count(&mut tokens, key as u32 as usize);
+                    }
+                };
+                self.for_each_unpinned_hot_row(|_, _, key| count_token(key));
+                candidate_keys().for_each(count_token);
+                tokens
+            };
+            Cut::find(&levels, tokens_at, capacity)
         };
         // No row with fewer hits than the cut's can win a place next step.
         let cutoff = cut.map_or(0, |c| (c.key >> 33) as u32);
         match cut {
             Some(mut cut) => {
                 // Rows are offered in the order `find` counted them: hot rows, then candidates.
-                let demoted: Vec<(usize, u32)> = self.unpinned_hot_rows().filter(|&(_, _, key)| !cut.keeps(key)).map(|(lane, t, _)| (lane, t)).collect();
+                let mut demoted = Vec::new();
+                self.for_each_unpinned_hot_row(|lane, t, key| {
+                    if !cut.keeps(key) {
+                        demoted.push((lane, t));
+                    }
+                });
                 // Demotions first, so that promotions reuse their slots.
                 for &(lane, token) in &demoted {
                     self.hot.remove(lane, token);
@@ -205,14 +225,18 @@ impl TieredKvStore {
         self.candidates.clear();
     }
 
-    /// The unpinned hot rows of the sparse layers, lane by lane: (lane, token, rank key).
-    fn unpinned_hot_rows(&self) -> impl Iterator<Item = (usize, u32, u64)> + '_ {
-        let n_kv = self.shape.n_kv_heads;
-        (self.settings.dense_layers * n_kv..self.hits.len()).flat_map(move |lane| {
-            let (layer, hits) = (lane / n_kv, &self.hits[lane]);
-            let unpinned = self.hot.tokens(lane).filter(move |&t| !self.is_pinned(layer, t));
-            unpinned.map(move |t| (lane, t, rank_key(hits.get(t as usize).map_or(0, |&h| u32::from(h)), true, t)))
-        })
+    /// Calls `f(lane, token, rank key)` for each unpinned hot row of the sparse layers, lane by
+    /// lane, always in the same order. A plain loop: with a large pool the rebalance walks
+    /// ~700K rows three times a step.
+    fn for_each_unpinned_hot_row(&self, mut f: impl FnMut(usize, u32, u64)) {
+        let sinks = self.settings.sink_tokens as u32;
+        let recent = self.len.saturating_sub(self.settings.recent_tokens) as u32;
+        for lane in self.settings.dense_layers * self.shape.n_kv_heads..self.hits.len() {
+            let hits = &self.hits[lane];
+            for t in self.hot.tokens(lane).filter(|&t| t >= sinks && t < recent) {
+                f(lane, t, rank_key(hits.get(t as usize).map_or(0, |&h| u32::from(h)), true, t));
+            }
+        }
     }
 
     fn promote(&mut self, candidates: &Candidates, slot: usize) {
@@ -239,15 +263,22 @@ mod tests {
         let keys: Vec<u64> = (0..2000).map(|_| rank_key(next(6) as u32, next(2) == 1, next(300) as u32)).collect();
         let mut sorted = keys.clone();
         sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let mut levels = Vec::new();
+        keys.iter().for_each(|&k| count(&mut levels, level_of(k)));
+        let tokens_at = |level: usize| {
+            let mut tokens = Vec::new();
+            keys.iter().filter(|&&k| level_of(k) == level).for_each(|&k| count(&mut tokens, k as u32 as usize));
+            tokens
+        };
         for capacity in [0, 1, 17, 999, 1000, 1999] {
-            let mut cut = Cut::find(|| keys.iter().copied(), capacity).expect("not everything fits");
+            let mut cut = Cut::find(&levels, tokens_at, capacity).expect("not everything fits");
             let kept: Vec<u64> = keys.iter().copied().filter(|&k| cut.keeps(k)).collect();
             let mut kept_sorted = kept.clone();
             kept_sorted.sort_unstable_by(|a, b| b.cmp(a));
             assert_eq!(kept_sorted, sorted[..capacity], "capacity {capacity}");
         }
-        assert_eq!(Cut::find(|| keys.iter().copied(), 2000), None);
-        assert_eq!(Cut::find(std::iter::empty, 0), None);
+        assert_eq!(Cut::find(&levels, tokens_at, 2000), None);
+        assert_eq!(Cut::find(&[], |_| Vec::new(), 0), None);
     }
 
     #[test]
