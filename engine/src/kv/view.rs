@@ -121,8 +121,10 @@ impl SlotRun<'_> {
 /// Writes one token's rows into `slot` of a head's K tiles and V rows (or of a run of them
 /// starting at a tile boundary).
 fn put_token(k: &mut [u16], v: &mut [u16], head_dim: usize, slot: usize, k_row: &[u16], v_row: &[u16]) {
-    for (d, &x) in k_row.iter().enumerate() {
-        k[k_tile_index(slot, d, head_dim)] = x;
+    // The token's lane of its tile: every KV_TILE-th element from its offset (k_tile_index).
+    let tile = &mut k[k_tile_index(slot - slot % KV_TILE, 0, head_dim)..][..head_dim * KV_TILE];
+    for (lane, &x) in tile[slot % KV_TILE..].iter_mut().step_by(KV_TILE).zip(k_row) {
+        *lane = x;
     }
     v[slot * head_dim..][..head_dim].copy_from_slice(v_row);
 }
