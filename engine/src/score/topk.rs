@@ -50,19 +50,23 @@ pub struct TopK {
     kept: Vec<u64>,
     /// The worst key kept at the last cut (0, which every key beats, before the first).
     floor: u64,
+    /// The floor's score: a score below it cannot beat the floor, whatever its token.
+    floor_score: f32,
 }
 
 impl TopK {
     pub fn new(k: usize) -> Self {
-        Self { k, kept: Vec::with_capacity(2 * k.max(SCORE_BLOCK_MIN)), floor: 0 }
+        Self { k, kept: Vec::with_capacity(2 * k.max(SCORE_BLOCK_MIN)), floor: 0, floor_score: f32::NEG_INFINITY }
     }
 
     pub fn merge(&mut self, tokens: &[u32], scores: &[f32]) {
         if self.k == 0 {
             return;
         }
-        let floor = self.floor;
-        self.kept.extend(scores.iter().zip(tokens).map(|(&s, &t)| rank_key(s, t)).filter(|&key| key > floor));
+        let (floor, floor_score) = (self.floor, self.floor_score);
+        // Most scores fall below the floor's: one float compare drops them before a key is built.
+        let above = scores.iter().zip(tokens).filter(|&(&s, _)| s >= floor_score || s.is_nan());
+        self.kept.extend(above.map(|(&s, &t)| rank_key(s, t)).filter(|&key| key > floor));
         if self.kept.len() >= 2 * self.k.max(SCORE_BLOCK_MIN) {
             self.cut();
         }
@@ -83,6 +87,7 @@ impl TopK {
             self.kept.select_nth_unstable(dropped);
             self.kept.drain(..dropped);
             self.floor = self.kept[0];
+            self.floor_score = unrank_key(self.floor).0;
         }
     }
 
