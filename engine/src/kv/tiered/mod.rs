@@ -31,7 +31,8 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use promotion::Candidates;
 use reads::{read_heads, Prefetcher};
-use std::sync::{Arc, RwLock};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 /// The tiered store's knobs (see [`super::KvConfig`]).
@@ -259,46 +260,47 @@ impl TieredKvStore {
         if guard {
             query.score(&keys, &pinned_block.tokens, &mut pinned_block.scores);
         }
-        // The hot tokens are scored on the compute threads while one of them merges the cold
-        // blocks as they arrive; once those are in, it helps score the hot ones.
-        let threads = rayon::current_num_threads();
-        let hot_chunks = hot.len().div_ceil(SCORE_BLOCK_TOKENS);
-        let (mut merged, (cold_merged, blocks, wait_ns, cold_scan)) = rayon::join(
-            || {
-                // Newest first: recent tokens tend to score highest, so the top-k's floor
-                // rises early and most older tokens' scores are dropped on arrival.
-                let hot_merged = hot
-                    .par_rchunks(SCORE_BLOCK_TOKENS)
-                    .with_min_len(hot_chunks.div_ceil(threads).max(1))
-                    .fold(new_merge, |mut merged, chunk| {
-                        let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
-                        query.score(&keys, chunk, &mut block.scores);
-                        merged.merge(&block);
-                        merged
-                    })
-                    .reduce_with(|mut a, b| {
-                        a.absorb(b);
-                        a
-                    });
-                hot_merged.unwrap_or_else(new_merge)
-            },
-            || {
-                let mut merged = new_merge();
-                let (mut blocks, mut wait_ns) = (0, 0);
-                for block in cold_blocks.into_iter().flatten() {
-                    blocks += 1;
-                    wait_ns += block.produced.elapsed().as_nanos() as u64;
+        // The hot tokens are scored on the compute threads, each merging its own blocks and,
+        // between them, any cold blocks that have arrived; the rest of those once they are done.
+        // (No thread waits on the storage worker while hot tokens are left to score.)
+        let cold_feed = cold_blocks.map(|blocks| Mutex::new(ColdFeed { blocks, received: 0, wait_ns: 0 }));
+        let take_arrived = |merged: &mut BlockMerge| {
+            if let Some(mut feed) = cold_feed.as_ref().and_then(|f| f.try_lock().ok()) {
+                while let Ok(block) = feed.blocks.try_recv() {
+                    feed.tally(&block);
                     merged.merge(&block);
                 }
-                (merged, blocks, wait_ns, started.elapsed())
-            },
-        );
-        merged.absorb(cold_merged);
+            }
+        };
+        let threads = rayon::current_num_threads();
+        let hot_chunks = hot.len().div_ceil(SCORE_BLOCK_TOKENS);
+        // Newest first: recent tokens tend to score highest, so the top-k's floor rises early
+        // and most older tokens' scores are dropped on arrival.
+        let merged = hot
+            .par_rchunks(SCORE_BLOCK_TOKENS)
+            .with_min_len(hot_chunks.div_ceil(threads).max(1))
+            .fold(new_merge, |mut merged, chunk| {
+                let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
+                query.score(&keys, chunk, &mut block.scores);
+                merged.merge(&block);
+                take_arrived(&mut merged);
+                merged
+            })
+            .reduce_with(|mut a, b| {
+                a.absorb(b);
+                a
+            });
+        let mut merged = merged.unwrap_or_else(new_merge);
         drop(keys);
-        if blocks > 0 {
-            self.tier.score_blocks += blocks;
-            self.tier.score_block_wait_ns += wait_ns;
-            self.tier.cold_scan_ns += cold_scan.as_nanos() as u64;
+        if let Some(feed) = cold_feed {
+            let mut feed = feed.into_inner().unwrap_or_else(|p| p.into_inner());
+            while let Ok(block) = feed.blocks.recv() {
+                feed.tally(&block);
+                merged.merge(&block);
+            }
+            self.tier.score_blocks += feed.received;
+            self.tier.score_block_wait_ns += feed.wait_ns;
+            self.tier.cold_scan_ns += started.elapsed().as_nanos() as u64;
         }
         let chosen = match merged.mass {
             Some(mass) => self.guard(merged.top, mass, &pinned_block, budget.min(keep)),
@@ -521,6 +523,21 @@ impl KvStore for TieredKvStore {
             cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
             tier: Some(self.tier_stats()),
         }
+    }
+}
+
+/// The storage evaluator's blocks for one layer, and a tally of those merged so far.
+struct ColdFeed {
+    blocks: Receiver<ScoreBlock>,
+    received: u64,
+    /// Summed time blocks waited between being produced and being merged.
+    wait_ns: u64,
+}
+
+impl ColdFeed {
+    fn tally(&mut self, block: &ScoreBlock) {
+        self.received += 1;
+        self.wait_ns += block.produced.elapsed().as_nanos() as u64;
     }
 }
 
