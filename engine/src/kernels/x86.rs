@@ -358,6 +358,7 @@ pub unsafe fn score_keys_int(data: &[u8], scales: &[f32], n_kv: usize, hd: usize
             _mm512_xor_si512(unsafe { _mm512_loadu_si512(ptr.add(c * 64).cast()) }, byte_bias)
         }
     };
+    // The 64 query bytes that meet a key chunk (the slice bounds-checks what the load reads).
     let query_chunk = |h: usize, c: usize| _mm512_loadu_si512(q_words[(h * chunks + c) * 64..][..64].as_ptr().cast());
     let n = tokens.len();
     // Sixteen tokens at a time: their sums are reduced together, which costs a fifth of
