@@ -230,8 +230,8 @@ impl TieredKvStore {
 
     /// The sinks, the top `budget` of `candidates` for each head by its query, and the recent
     /// tokens. Cold candidates go to the storage evaluator, which streams score blocks back
-    /// while the host scores the hot ones; both kinds of block merge into one top-k per head
-    /// as they come.
+    /// while the compute threads score the hot ones; every block, of either kind, merges into
+    /// one top-k per head as it comes.
     fn rank(&mut self, layer: usize, query: &[f32], group: usize, candidates: std::ops::Range<usize>, budget: usize) -> Vec<Vec<u32>> {
         let n_kv = self.shape.n_kv_heads;
         let base = self.window.base();
