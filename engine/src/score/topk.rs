@@ -63,19 +63,21 @@ impl TopK {
         if self.k == 0 {
             return;
         }
-        let (floor, floor_score) = (self.floor, self.floor_score);
+        let floor_score = self.floor_score;
         // Most scores fall below the floor's: one float compare drops them before a key is built.
         let above = scores.iter().zip(tokens).filter(|&(&s, _)| s >= floor_score || s.is_nan());
-        self.kept.extend(above.map(|(&s, &t)| rank_key(s, t)).filter(|&key| key > floor));
-        if self.kept.len() >= 2 * self.k.max(SCORE_BLOCK_MIN) {
-            self.cut();
-        }
+        self.keep_above_floor(above.map(|(&s, &t)| rank_key(s, t)));
     }
 
     /// Takes in what another top-k of the same k kept (of other tokens' scores).
     pub fn absorb(&mut self, other: TopK) {
+        self.keep_above_floor(other.kept.into_iter());
+    }
+
+    /// Appends the keys that beat the floor, cutting back to k once the buffer has doubled.
+    fn keep_above_floor(&mut self, keys: impl Iterator<Item = u64>) {
         let floor = self.floor;
-        self.kept.extend(other.kept.into_iter().filter(|&key| key > floor));
+        self.kept.extend(keys.filter(|&key| key > floor));
         if self.kept.len() >= 2 * self.k.max(SCORE_BLOCK_MIN) {
             self.cut();
         }
