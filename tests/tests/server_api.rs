@@ -122,6 +122,19 @@ fn chunks(events: &[String]) -> (Vec<Value>, String) {
     (chunks, text)
 }
 
+/// Whether `condition` holds within `timeout`, polled: what the server does after a client
+/// has its answer (retiring the sequence, removing its files) happens a moment later.
+fn eventually(timeout: Duration, condition: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
 #[test]
 fn chat_reply_whole_and_streamed_agree() {
     let s = shared();
@@ -359,14 +372,11 @@ fn sixteen_concurrent_streams_get_their_own_answers() {
     let peak = peak_live.load(std::sync::atomic::Ordering::Relaxed);
     assert!((1..=4).contains(&peak), "at most max_live sequences hold memory at once (saw {peak})");
     // The last stream's end can reach its client a moment before the scheduler retires it.
-    let settled = |left: &[hillside_engine::scheduler::SequenceStats]| left.len() <= 2 && left.iter().all(|q| q.phase == Phase::Cached);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut left = s.app.scheduler.stats();
-    while !settled(&left) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-        left = s.app.scheduler.stats();
-    }
-    assert!(settled(&left), "only the prefix cache holds sequences afterwards: {left:?}");
+    let settled = || {
+        let left = s.app.scheduler.stats();
+        left.len() <= 2 && left.iter().all(|q| q.phase == Phase::Cached)
+    };
+    assert!(eventually(Duration::from_secs(5), settled), "only the prefix cache holds sequences afterwards: {:?}", s.app.scheduler.stats());
 }
 
 #[test]
@@ -393,11 +403,8 @@ fn a_client_that_disconnects_frees_its_sequence_and_cold_files() {
     assert!(seq["kv"]["tier"]["hot_budget_bytes"].as_u64().unwrap() > 0, "a tiered store: {live}");
     assert_eq!(cold_files(), 1, "the sequence has its cold-pool file");
     drop(socket);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(s.get("/v1/hillside/sequences").1["sequences"].as_array().unwrap().is_empty() && cold_files() == 0) {
-        assert!(Instant::now() < deadline, "the sequence outlived its client");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let gone = || s.get("/v1/hillside/sequences").1["sequences"].as_array().unwrap().is_empty() && cold_files() == 0;
+    assert!(eventually(Duration::from_secs(10), gone), "the sequence outlived its client");
     let _ = std::fs::remove_dir_all(&cold_dir);
 }
 
