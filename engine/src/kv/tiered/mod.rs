@@ -12,6 +12,7 @@
 //! (the planner in [`planner`] sizes that budget). Prompts (several queries at once) attend to
 //! everything, so prefill stays exact.
 
+mod demotion;
 mod gather;
 pub mod planner;
 mod promotion;
@@ -29,6 +30,7 @@ use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, Sco
 use rayon::prelude::*;
 use std::path::Path;
 use std::sync::atomic::Ordering;
+use demotion::WeakestRows;
 use promotion::Candidates;
 use reads::{read_heads, Prefetcher};
 use std::sync::mpsc::Receiver;
@@ -92,6 +94,11 @@ pub struct TieredKvStore {
     hits: Vec<Vec<u16>>,
     /// Cold rows read this step that may enter the hot pool.
     candidates: Candidates,
+    /// The weakest unpinned hot rows, where demotions come from.
+    weakest: WeakestRows,
+    /// Tokens below this had left the recent window (and the write-back window) at the last
+    /// rebalance: their hot rows have been offered to `weakest`.
+    unpinned_end: usize,
     view: ViewBuffers,
     positions: Vec<u32>,
     /// `[layer]`: what the layer selected last step, which predicts what it reads next.
@@ -131,6 +138,8 @@ impl TieredKvStore {
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
             hits: vec![Vec::new(); lanes],
             candidates: Candidates::new(shape.head_dim, settings.hot_budget_bytes),
+            weakest: WeakestRows::default(),
+            unpinned_end: 0,
             view: ViewBuffers::new(shape.head_dim),
             positions: Vec::new(),
             last_selected: vec![None; shape.n_layers],
@@ -503,6 +512,7 @@ impl KvStore for TieredKvStore {
         self.prefetch.clear();
         self.last_selected.fill(None);
         self.candidates.reset();
+        self.weakest.reset();
         let keep = n_tokens.min(self.len);
         if let Err(e) = self.window.truncate(keep, &self.cold) {
             tracing::error!(error = %e, "cold pool read failed while truncating; dropping the cache");
@@ -518,7 +528,8 @@ impl KvStore for TieredKvStore {
             resident_bytes: self.hot_bytes()
                 + self.view.bytes()
                 + self.prefetch.bytes()
-                + self.candidates.bytes(),
+                + self.candidates.bytes()
+                + self.weakest.bytes(),
             cold_bytes: self.window.base() * self.shape.bytes_per_token(),
             cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
             tier: Some(self.tier_stats()),
