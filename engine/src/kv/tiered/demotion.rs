@@ -246,13 +246,10 @@ mod tests {
         let rank = |hits: &[Vec<u32>], lane: usize, t: u32| rank_key(hits[lane][t as usize], true, t);
         let mut all: Vec<(u64, usize, u32)> = (0..5).flat_map(|l| (0..100u32).map(move |t| (l, t))).map(|(l, t)| (rank(&hits, l, t), l, t)).collect();
         all.sort_unstable();
-        let mut reserve = WeakestRows::default();
-        reserve.bar = Some(all[249].0);
-        reserve.heap = all[..250].iter().map(|&(k, l, t)| Reverse((k, l as u32, t))).collect();
+        let mut reserve =
+            WeakestRows { bar: Some(all[249].0), heap: all[..250].iter().map(|&(k, l, t)| Reverse((k, l as u32, t))).collect() };
         // Rows not yet hot join later (as if promoted or newly unpinned).
-        for t in 90..100 {
-            hot[4][t] = false;
-        }
+        hot[4][90..].fill(false);
         let mut demoted = 0;
         for step in 0.. {
             // Some rows are selected again: their rank rises.
