@@ -14,8 +14,25 @@ const ABSENT: u32 = u32::MAX;
 struct Lane {
     /// `slot_of[token]`, or ABSENT.
     slot_of: Vec<u32>,
+    /// The same membership as a bitmap (bit `t % 64` of word `t / 64`), so that a whole
+    /// range of tokens can be checked against several lanes a word at a time.
+    bits: Vec<u64>,
     /// The lane's tokens, unordered.
     tokens: Vec<u32>,
+}
+
+impl Lane {
+    fn set_bit(&mut self, token: u32, hot: bool) {
+        let (word, bit) = (token as usize / 64, 1u64 << (token % 64));
+        if self.bits.len() <= word {
+            self.bits.resize(word + 1, 0);
+        }
+        if hot {
+            self.bits[word] |= bit;
+        } else {
+            self.bits[word] &= !bit;
+        }
+    }
 }
 
 /// Rows live in one slab of slots shared by every lane, so memory follows the rows held in all
@@ -76,6 +93,12 @@ impl HotPool {
         self.slot(lane, token).is_some()
     }
 
+    /// The lane's hot tokens as a bitmap: bit `t % 64` of word `t / 64` (words past the end
+    /// hold none).
+    pub fn bitmap(&self, lane: usize) -> &[u64] {
+        &self.lanes[lane].bits
+    }
+
     /// K and V rows of a hot token.
     pub fn get(&self, lane: usize, token: u32) -> Option<(&[u16], &[u16])> {
         Some(self.slots.row(self.slot(lane, token)?).split_at(self.row_words))
@@ -114,6 +137,7 @@ impl HotPool {
                     l.slot_of.resize(token as usize + 1, ABSENT);
                 }
                 l.slot_of[token as usize] = s as u32;
+                l.set_bit(token, true);
                 self.owner[s] = SlotOwner { lane: lane as u32, at: l.tokens.len() as u32 };
                 l.tokens.push(token);
                 s
@@ -128,6 +152,7 @@ impl HotPool {
         let Some(slot) = self.slot(lane, token) else { return };
         let l = &mut self.lanes[lane];
         l.slot_of[token as usize] = ABSENT;
+        l.set_bit(token, false);
         let at = self.owner[slot].at as usize;
         l.tokens.swap_remove(at);
         if let Some(&moved) = l.tokens.get(at) {
@@ -172,6 +197,7 @@ impl HotPool {
                 self.remove(lane, t);
             }
             self.lanes[lane].slot_of.truncate(n_tokens);
+            self.lanes[lane].bits.truncate(n_tokens.div_ceil(64));
         }
     }
 
@@ -213,6 +239,8 @@ mod tests {
         held.sort_unstable();
         assert_eq!(held, vec![20, 21, 23, 24]);
         assert_eq!(pool.bytes(), 4 * pool.row_bytes());
+        assert_eq!(pool.bitmap(2), [0b1_1011 << 20]);
+        assert!(pool.bitmap(0).iter().all(|&w| w == 0));
     }
 
     #[test]

@@ -248,11 +248,10 @@ impl TieredKvStore {
         let guard = self.settings.guard_mass > 0.0;
         // With the guard on, twice the budget is kept ranked, to widen into if needed.
         let keep = if guard { (2 * budget).min(candidates.len()) } else { budget };
-        // A token is the storage side's when any head's K/V must come from the SSD.
-        let (hot, cold): (Vec<u32>, Vec<u32>) = candidates
-            .clone()
-            .map(|t| t as u32)
-            .partition(|&t| self.evaluator.is_none() || t as usize >= base || lanes.iter().all(|&l| self.hot.contains(l, t)));
+        let (hot, cold) = match self.evaluator {
+            Some(_) => split_by_residence(&lanes.iter().map(|&l| self.hot.bitmap(l)).collect::<Vec<_>>(), candidates.clone(), base),
+            None => (candidates.clone().map(|t| t as u32).collect(), Vec::new()),
+        };
         let started = Instant::now();
         // Every candidate is ranked with the storage side's arithmetic, hot or cold, so where a
         // token lives never changes its rank.
@@ -566,6 +565,33 @@ const READ_AHEAD_LAYERS: usize = 1;
 /// reads reach a quarter to a third of the sequential rate).
 const MAX_BRIDGED_GROUPS: usize = 2;
 
+/// `candidates` split (each part ascending) into the tokens that every head holds in memory —
+/// hot in each of the heads' `hot_bitmaps` (see [`HotPool::bitmap`]), or in the write-back
+/// window from `base` on — and the rest, which are the storage side's: a token is cold when any
+/// head's K/V must come from the SSD. Checked a word of 64 tokens at a time.
+fn split_by_residence(hot_bitmaps: &[&[u64]], candidates: std::ops::Range<usize>, base: usize) -> (Vec<u32>, Vec<u32>) {
+    let (mut hot, mut cold) = (Vec::with_capacity(candidates.len()), Vec::new());
+    // Bits of word `w` for the tokens of `range`.
+    let mask = |range: std::ops::Range<usize>, w: usize| {
+        let (lo, hi) = (range.start.clamp(64 * w, 64 * w + 64) - 64 * w, range.end.clamp(64 * w, 64 * w + 64) - 64 * w);
+        if lo == hi { 0 } else { (u64::MAX >> (64 - (hi - lo))) << lo }
+    };
+    let push_bits = |out: &mut Vec<u32>, w: usize, mut bits: u64| {
+        while bits != 0 {
+            out.push((64 * w) as u32 + bits.trailing_zeros());
+            bits &= bits - 1;
+        }
+    };
+    for w in candidates.start / 64..candidates.end.div_ceil(64) {
+        let in_all_lanes = hot_bitmaps.iter().fold(u64::MAX, |all, bits| all & bits.get(w).copied().unwrap_or(0));
+        let wanted = mask(candidates.clone(), w);
+        let resident = (in_all_lanes | mask(base..usize::MAX, w)) & wanted;
+        push_bits(&mut hot, w, resident);
+        push_bits(&mut cold, w, wanted & !resident);
+    }
+    (hot, cold)
+}
+
 /// `groups` (ascending) with every gap of at most `max_gap` groups filled in.
 fn bridge_gaps(groups: &[usize], max_gap: usize) -> Vec<usize> {
     let mut out = Vec::with_capacity(groups.len());
@@ -625,5 +651,20 @@ mod tests {
         assert_eq!(bridge_gaps(&[0, 2, 5, 9, 10], 2), vec![0, 1, 2, 3, 4, 5, 9, 10]);
         assert_eq!(bridge_gaps(&[3, 7], 2), vec![3, 7]);
         assert_eq!(bridge_gaps(&[], 2), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn tokens_split_by_residence_as_one_by_one_checks_would() {
+        let mut pool = HotPool::new(2, 1, 300);
+        for (lane, t) in [(0, 3), (1, 3), (0, 64), (1, 64), (0, 65), (1, 66), (0, 130), (1, 130), (0, 199), (1, 199)] {
+            pool.insert(lane, t, &[0], &[0]);
+        }
+        let bitmaps = [pool.bitmap(0), pool.bitmap(1)];
+        for (candidates, base) in [(0..300, 300), (4..190, 150), (64..65, 64), (3..131, 1000), (10..10, 0)] {
+            let (hot, cold) = split_by_residence(&bitmaps, candidates.clone(), base);
+            let resident = |t: usize| t >= base || (pool.contains(0, t as u32) && pool.contains(1, t as u32));
+            let (want_hot, want_cold): (Vec<u32>, Vec<u32>) = candidates.clone().map(|t| t as u32).partition(|&t| resident(t as usize));
+            assert_eq!((hot, cold), (want_hot, want_cold), "{candidates:?} from {base}");
+        }
     }
 }
