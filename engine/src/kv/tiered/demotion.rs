@@ -124,14 +124,25 @@ impl TieredKvStore {
     /// lane, always in the same order. A plain loop: with a large pool a refill walks ~700K rows
     /// three times.
     fn for_each_unpinned_hot_row(&self, mut f: impl FnMut(usize, u32, u64)) {
-        let sinks = self.settings.sink_tokens as u32;
-        let recent = self.len.saturating_sub(self.settings.recent_tokens) as u32;
-        for lane in self.settings.dense_layers * self.shape.n_kv_heads..self.hits.len() {
+        let unpinned = self.unpinned_tokens();
+        for lane in self.sparse_lanes() {
             let hits = &self.hits[lane];
-            for t in self.hot.tokens(lane).filter(|&t| t >= sinks && t < recent) {
+            for t in self.hot.tokens(lane).filter(|t| unpinned.contains(t)) {
                 f(lane, t, rank_key(hits_at(hits, t), true, t));
             }
         }
+    }
+}
+
+impl TieredKvStore {
+    /// Lanes of the layers that select tokens (the dense ones keep every row hot).
+    pub(super) fn sparse_lanes(&self) -> std::ops::Range<usize> {
+        self.settings.dense_layers * self.shape.n_kv_heads..self.hits.len()
+    }
+
+    /// Tokens whose rows are not pinned: past the sinks, before the recent window.
+    pub(super) fn unpinned_tokens(&self) -> std::ops::Range<u32> {
+        self.settings.sink_tokens as u32..self.len.saturating_sub(self.settings.recent_tokens) as u32
     }
 }
 

@@ -136,16 +136,17 @@ impl TieredKvStore {
     /// Offers the demotion reserve the hot rows that left the recent window since the last
     /// rebalance (rows in the write-back window are not hot yet: they are offered once spilled).
     fn offer_newly_unpinned_rows(&mut self) {
-        let end = self.len.saturating_sub(self.settings.recent_tokens).min(self.window.base());
-        let start = self.unpinned_end.max(self.settings.sink_tokens).min(end);
-        for lane in self.settings.dense_layers * self.shape.n_kv_heads..self.hits.len() {
-            for t in start as u32..end as u32 {
+        let unpinned = self.unpinned_tokens();
+        let end = unpinned.end.min(self.window.base() as u32);
+        let start = (self.unpinned_end as u32).max(unpinned.start).min(end);
+        for lane in self.sparse_lanes() {
+            for t in start..end {
                 if self.hot.contains(lane, t) {
                     self.weakest.offer(rank_key(self.hits_of(lane, t), true, t), lane, t);
                 }
             }
         }
-        self.unpinned_end = end;
+        self.unpinned_end = end as usize;
     }
 
     /// Demotes the weakest unpinned hot row if it ranks below `key`; false when none does.
