@@ -59,6 +59,11 @@ struct Partial<'a> {
 /// Attention output `out` (`n × n_heads·head_dim`) for queries `q` (same shape, RoPE applied) at
 /// `q_positions`.
 pub fn attend(q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32]) {
+    attend_at(super::simd_level(), q, q_positions, n_heads, view, out)
+}
+
+/// [`attend`] with the kernels of `level`.
+pub(crate) fn attend_at(level: SimdLevel, q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32]) {
     let (hd, n_kv) = (view.head_dim, view.n_kv_heads);
     let group = n_heads / n_kv;
     let n = q_positions.len();
@@ -72,7 +77,6 @@ pub fn attend(q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_
     let tasks = n_kv * n * splits;
     let stride = group * (hd + 2);
     let mut partials = vec![0f32; tasks * stride];
-    let level = super::simd_level();
     let scale = 1.0 / (hd as f32).sqrt();
     partials.par_chunks_mut(stride).enumerate().for_each_init(
         || Scratch::new(group, hd),
@@ -190,12 +194,14 @@ fn attend_range(
 fn score_keys(k: &[f16], hd: usize, q: &[f32], group: usize, c0: usize, len: usize, scores: &mut [f32], level: SimdLevel) {
     debug_assert_eq!(c0 % KV_TILE, 0);
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512Vnni && hd.is_multiple_of(16) && super::x86::supports_group(group) {
+    if hd.is_multiple_of(16) && super::x86::supports_group(group) {
         // SAFETY: the level guarantees the CPU features; the slices cover every tile touched.
-        unsafe { super::x86::score_keys(k, hd, q, group, c0, len, scores) };
-        return;
+        match level {
+            SimdLevel::Avx512Vnni => return unsafe { super::x86::avx512::score_keys(k, hd, q, group, c0, len, scores) },
+            SimdLevel::AvxVnni | SimdLevel::Avx2 => return unsafe { super::x86::avx2::score_keys(k, hd, q, group, c0, len, scores) },
+            SimdLevel::Portable => {}
+        }
     }
-    let _ = level;
     for j in 0..len {
         let token = c0 + j;
         for gi in 0..group {
@@ -214,25 +220,24 @@ fn exp_shifted(row: &mut [f32], max: f32, level: SimdLevel) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if level == SimdLevel::Avx512Vnni {
         // SAFETY: the level guarantees the CPU features.
-        return unsafe { super::x86::exp_shifted(row, max) };
+        return unsafe { super::x86::avx512::exp_shifted(row, max) };
     }
     let _ = level;
-    row.iter_mut().map(|s| {
-        *s = (*s - max).exp();
-        *s
-    }).sum()
+    super::ops::exp_shifted(row, max)
 }
 
 /// `acc[g] += Σ_j p[g][j] · v[c0 + j]`.
 #[allow(clippy::too_many_arguments)]
 fn accumulate_values(v: &[f16], hd: usize, p: &[f32], group: usize, c0: usize, len: usize, acc: &mut [f32], level: SimdLevel) {
     #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512Vnni && hd.is_multiple_of(16) && super::x86::supports_group(group) {
+    if hd.is_multiple_of(16) && super::x86::supports_group(group) {
         // SAFETY: the level guarantees the CPU features; the slices cover every row touched.
-        unsafe { super::x86::accumulate_values(v, hd, p, group, c0, len, acc) };
-        return;
+        match level {
+            SimdLevel::Avx512Vnni => return unsafe { super::x86::avx512::accumulate_values(v, hd, p, group, c0, len, acc) },
+            SimdLevel::AvxVnni | SimdLevel::Avx2 => return unsafe { super::x86::avx2::accumulate_values(v, hd, p, group, c0, len, acc) },
+            SimdLevel::Portable => {}
+        }
     }
-    let _ = level;
     for j in 0..len {
         let row = &v[(c0 + j) * hd..][..hd];
         for gi in 0..group {
@@ -279,8 +284,9 @@ mod tests {
                 // two queries: the last position, and one in the middle (causal mask)
                 let positions = [n_tokens - 1, n_tokens / 2];
                 let q: Vec<f32> = (0..2 * n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
+                for level in SimdLevel::supported() {
                 let mut out = vec![0f32; q.len()];
-                attend(&q, &positions, n_heads, &view, &mut out);
+                attend_at(level, &q, &positions, n_heads, &view, &mut out);
                 for (t, &pos) in positions.iter().enumerate() {
                     for head in 0..n_heads {
                         let h = head / (n_heads / n_kv);
@@ -289,9 +295,10 @@ mod tests {
                         let want = reference(&q[(t * n_heads + head) * hd..][..hd], &kk, &vv, pos + 1);
                         let got = &out[(t * n_heads + head) * hd..][..hd];
                         for (a, b) in got.iter().zip(&want) {
-                            assert!((a - b).abs() < 1e-4, "heads {n_heads}/{n_kv} tokens {n_tokens} pos {pos}: {a} vs {b}");
+                            assert!((a - b).abs() < 1e-4, "{level:?} heads {n_heads}/{n_kv} tokens {n_tokens} pos {pos}: {a} vs {b}");
                         }
                     }
+                }
                 }
             }
         }
@@ -319,8 +326,9 @@ mod tests {
         let view = KvView { n_tokens: slots, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: Some(&positions) };
         let query_position = 24; // masks head 0's positions past 24 and head 1's past 23
         let q: Vec<f32> = (0..n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
+        for level in SimdLevel::supported() {
         let mut out = vec![0f32; q.len()];
-        attend(&q, &[query_position], n_heads, &view, &mut out);
+        attend_at(level, &q, &[query_position], n_heads, &view, &mut out);
         for head in 0..n_heads {
             let h = head / (n_heads / n_kv);
             let visible: Vec<usize> = (0..slots).map(|j| position(h, j) as usize).filter(|&p| p <= query_position).collect();
@@ -328,8 +336,9 @@ mod tests {
             let vv: Vec<Vec<f32>> = visible.iter().map(|&p| (0..hd).map(|d| f16::from_f32(val(h, p, d, 2)).to_f32()).collect()).collect();
             let want = reference(&q[head * hd..][..hd], &kk, &vv, visible.len());
             for (a, b) in out[head * hd..][..hd].iter().zip(&want) {
-                assert!((a - b).abs() < 1e-4, "head {head}: {a} vs {b}");
+                assert!((a - b).abs() < 1e-4, "{level:?} head {head}: {a} vs {b}");
             }
+        }
         }
     }
 }

@@ -44,7 +44,7 @@ impl Matrix {
     /// Bytes the kernels stream per full product (what a GEMV reads from memory).
     pub fn weight_bytes(&self) -> usize {
         match self {
-            Self::Quantized(q) => q.qs.len() + 4 * (q.d.len() + q.m.len()),
+            Self::Quantized(q) => q.bytes(),
             Self::Dense(d) => 4 * d.w.len(),
         }
     }
@@ -132,12 +132,14 @@ fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &mut [f32], level: Sim
 /// `out[(row - rows.start) · TOKEN_TILE + t]`.
 #[inline]
 fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32], level: SimdLevel) {
+    // SAFETY (x86 arms): a level is only chosen when the CPU reports every feature it needs.
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512Vnni => {
-            // SAFETY: the level is only Avx512Vnni when the CPU reports every feature it needs.
-            unsafe { super::x86::uq_dot_rows(w, rows, x, t0, nt, out) }
-        }
+        SimdLevel::Avx512Vnni => unsafe { super::x86::avx512::uq_dot_rows(w, rows, x, t0, nt, out) },
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::AvxVnni => unsafe { super::x86::avx2::uq_dot_rows_vnni(w, rows, x, t0, nt, out) },
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => unsafe { super::x86::avx2::uq_dot_rows(w, rows, x, t0, nt, out) },
         _ => {
             let start = rows.start;
             for r in rows {
@@ -152,26 +154,22 @@ fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: u
 pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations, t: usize) -> f32 {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
+    let sums = x.sums_for(&w.offset);
     let mut acc = 0f32;
     for b in 0..nb {
-        let wq = &w.qs[(row * nb + b) * bpb..][..bpb];
+        let index = row * nb + b;
+        let wq = &w.qs[index * bpb..][..bpb];
         let xq = &x.qs[(t * nb + b) * BLOCK..][..BLOCK];
-        let mut isum = 0i32;
-        match w.bits {
-            QuantBits::Four => {
-                for j in 0..BLOCK / 2 {
-                    isum += i32::from(wq[j] & 0x0f) * i32::from(xq[j]);
-                    isum += i32::from(wq[j] >> 4) * i32::from(xq[j + BLOCK / 2]);
-                }
+        let isum: i32 = match w.bits {
+            QuantBits::Four => (0..BLOCK / 2).map(|j| i32::from(wq[j] & 0x0f) * i32::from(xq[j]) + i32::from(wq[j] >> 4) * i32::from(xq[j + BLOCK / 2])).sum(),
+            QuantBits::Five => {
+                let high = u32::from_le_bytes([wq[16], wq[17], wq[18], wq[19]]);
+                let q = |j: usize, nibble: u8| i32::from(nibble | ((((high >> j) & 1) as u8) << 4));
+                (0..BLOCK / 2).map(|j| q(j, wq[j] & 0x0f) * i32::from(xq[j]) + q(j + BLOCK / 2, wq[j] >> 4) * i32::from(xq[j + BLOCK / 2])).sum()
             }
-            QuantBits::Eight => {
-                for j in 0..BLOCK {
-                    isum += i32::from(wq[j]) * i32::from(xq[j]);
-                }
-            }
-        }
-        let (wd, wm) = (w.d[row * nb + b], w.m[row * nb + b]);
-        acc += wd * x.d[t * nb + b] * isum as f32 + wm * x.scaled_sums[t * nb + b];
+            QuantBits::Eight => wq.iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum(),
+        };
+        acc += w.d[index].to_f32() * x.d[t * nb + b] * isum as f32 + w.block_offset(index) * sums[t * nb + b];
     }
     acc
 }
@@ -195,17 +193,11 @@ fn dense_matmul(w: &DenseMatrix, x: &[f32], n: usize, out: &mut [f32]) {
     });
 }
 
-/// A dot product written so the compiler vectorizes it (eight independent accumulators).
-pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (xa, xb) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += xa[i] * xb[i];
-        }
+super::ops::multiversioned! {
+    /// A dot product written so the compiler vectorizes it.
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        super::ops::dot_lanes(a, b)
     }
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]
@@ -213,8 +205,8 @@ mod tests {
     use super::*;
     use crate::kernels::quant::GgufBlockFormat;
 
-    /// Random GGUF Q4_1 blocks for a rows × cols matrix (deterministic).
-    fn random_q4_1(rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    /// Random GGUF blocks of `format` for a rows × cols matrix (deterministic).
+    fn random_blocks(format: GgufBlockFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         let mut state = seed;
         let mut next = move || {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -222,37 +214,73 @@ mod tests {
         };
         let mut raw = Vec::new();
         for _ in 0..rows * cols / BLOCK {
-            let d = half::f16::from_f32((next() % 1000) as f32 / 50_000.0);
-            let m = half::f16::from_f32(-((next() % 1000) as f32) / 10_000.0);
-            raw.extend_from_slice(&d.to_le_bytes());
-            raw.extend_from_slice(&m.to_le_bytes());
-            raw.extend((0..16).map(|_| (next() & 0xff) as u8));
+            raw.extend_from_slice(&half::f16::from_f32((next() % 1000) as f32 / 50_000.0).to_le_bytes());
+            if matches!(format, GgufBlockFormat::Q4_1 | GgufBlockFormat::Q5_1) {
+                raw.extend_from_slice(&half::f16::from_f32(-((next() % 1000) as f32) / 10_000.0).to_le_bytes());
+            }
+            let payload = match format {
+                GgufBlockFormat::Q4_0 | GgufBlockFormat::Q4_1 => 16,
+                GgufBlockFormat::Q5_0 | GgufBlockFormat::Q5_1 => 20,
+                GgufBlockFormat::Q8_0 => 32,
+            };
+            raw.extend((0..payload).map(|_| (next() & 0xff) as u8));
         }
         raw
     }
 
     #[test]
-    fn simd_and_portable_products_agree_with_dequantized_reference() {
-        let (rows, cols, n) = (37, 576, 7);
-        let raw = random_q4_1(rows, cols, 7);
-        let w = UqMatrix::from_gguf(GgufBlockFormat::Q4_1, &raw, rows, cols).unwrap();
+    fn every_level_and_format_agrees_with_the_dequantized_reference() {
+        // 19 blocks a row: the AVX-512 kernel's pairs and its odd last block.
+        let (rows, cols, n) = (37, 19 * BLOCK, 7);
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
         let mut qx = QuantizedActivations::default();
         qx.quantize_into(&x, n, cols);
-        let dense = Matrix::Quantized(w.clone()).to_dense();
-        for level in [SimdLevel::Portable, crate::kernels::simd_level()] {
-            let mut out = vec![0f32; n * rows];
-            uq_matmul(&w, &qx, &mut out, level);
-            for t in 0..n {
-                for r in 0..rows {
-                    let exact = dot_f32(&dense.w[r * cols..][..cols], &x[t * cols..][..cols]);
-                    let got = out[t * rows + r];
-                    // int8 activations: error well under 1% of the row's magnitude
-                    assert!((got - exact).abs() < 0.02 * (1.0 + exact.abs()), "{level:?} t{t} r{r}: {got} vs {exact}");
-                    assert!((got - uq_dot_portable(&w, r, &qx, t)).abs() < 1e-3 * (1.0 + exact.abs()));
+        let formats = [GgufBlockFormat::Q4_0, GgufBlockFormat::Q4_1, GgufBlockFormat::Q5_0, GgufBlockFormat::Q5_1, GgufBlockFormat::Q8_0];
+        for (seed, format) in formats.into_iter().enumerate() {
+            let raw = random_blocks(format, rows, cols, seed as u64 + 7);
+            let w = UqMatrix::from_gguf(format, &raw, rows, cols).unwrap();
+            let dense = Matrix::Quantized(w.clone()).to_dense();
+            for level in SimdLevel::supported() {
+                let mut out = vec![0f32; n * rows];
+                uq_matmul(&w, &qx, &mut out, level);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let (wr, xt) = (&dense.w[r * cols..][..cols], &x[t * cols..][..cols]);
+                        let exact = dot_f32(wr, xt);
+                        let magnitude: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
+                        let got = out[t * rows + r];
+                        // int8 activations: each product off by at most 1/254 of its block's largest
+                        assert!((got - exact).abs() < 0.01 * magnitude, "{format:?} {level:?} t{t} r{r}: {got} vs {exact}");
+                        let portable = uq_dot_portable(&w, r, &qx, t);
+                        assert!((got - portable).abs() < 1e-5 * magnitude, "{format:?} {level:?} t{t} r{r}: {got} vs portable {portable}");
+                    }
                 }
             }
         }
+    }
+
+    #[test]
+    fn legacy_formats_take_their_file_size_in_memory() {
+        for (format, block_bytes) in [(GgufBlockFormat::Q4_0, 18), (GgufBlockFormat::Q4_1, 20), (GgufBlockFormat::Q5_0, 22), (GgufBlockFormat::Q8_0, 34)] {
+            let raw = random_blocks(format, 4, 64, 1);
+            assert_eq!(raw.len(), 4 * 2 * block_bytes);
+            assert_eq!(UqMatrix::from_gguf(format, &raw, 4, 64).unwrap().bytes(), raw.len(), "{format:?}");
+        }
+    }
+
+    #[test]
+    fn q5_0_reads_the_fifth_bit_from_its_mask() {
+        let mut raw = Vec::new();
+        raw.extend_from_slice(&half::f16::from_f32(1.0).to_le_bytes());
+        raw.extend_from_slice(&0x8000_0001u32.to_le_bytes()); // values 0 and 31 have bit 4 set
+        raw.extend(std::iter::repeat_n(0x21u8, 16)); // low nibbles 1, high nibbles 2
+        let w = UqMatrix::from_gguf(GgufBlockFormat::Q5_0, &raw, 1, 32).unwrap();
+        let mut row = vec![0f32; 32];
+        w.dequantize_row(0, &mut row);
+        assert_eq!(row[0], (1 + 16 - 16) as f32);
+        assert_eq!(row[1], (1 - 16) as f32);
+        assert_eq!(row[16], (2 - 16) as f32);
+        assert_eq!(row[31], (2 + 16 - 16) as f32);
     }
 
     #[test]

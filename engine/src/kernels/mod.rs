@@ -1,7 +1,8 @@
-//! CPU kernels where the time goes: quantized matrix products, fused attention, and the small
-//! element-wise ops around them. Each kernel has a portable version and, where it pays, an
-//! AVX-512 VNNI version picked at run time, so one release binary runs on any x86-64 (and on
-//! aarch64 through the portable path).
+//! CPU kernels where the time goes: quantized matrix products, fused attention, the scoring of
+//! low-bit keys, and the small element-wise ops around them. Each kernel has a portable version
+//! and x86-64 versions for AVX-512 VNNI, AVX2 with AVX-VNNI, and plain AVX2 (x86-64-v3: AVX2,
+//! FMA, F16C), picked at run time, so one release binary runs fast on any x86-64 (and on aarch64
+//! through the portable path, written so the compiler can vectorize it).
 
 pub mod attention;
 pub mod matrix;
@@ -16,47 +17,75 @@ use std::sync::OnceLock;
 /// The instruction-set level the kernels run at, detected once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimdLevel {
-    /// AVX-512 F/BW/VL with VNNI int8 dot products and F16C conversions.
+    /// AVX-512 F/BW/VL with VNNI int8 dot products, plus F16C and FMA.
     Avx512Vnni,
+    /// x86-64-v3 with the VEX-encoded VNNI dot products (Alder Lake and later, Zen 5).
+    AvxVnni,
+    /// x86-64-v3: AVX2, FMA and F16C (most laptops; AMD before Zen 4).
+    Avx2,
     Portable,
 }
 
 impl SimdLevel {
+    pub const ALL: [SimdLevel; 4] = [Self::Avx512Vnni, Self::AvxVnni, Self::Avx2, Self::Portable];
+
+    /// The name `HILLSIDE_SIMD` takes and reports show.
     pub fn name(self) -> &'static str {
         match self {
-            Self::Avx512Vnni => "avx512-vnni",
+            Self::Avx512Vnni => "avx512",
+            Self::AvxVnni => "avx-vnni",
+            Self::Avx2 => "avx2",
             Self::Portable => "portable",
         }
     }
-}
 
-/// The level in force; `HILLSIDE_SIMD=portable` forces the portable kernels (for comparisons).
-pub fn simd_level() -> SimdLevel {
-    static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        if std::env::var("HILLSIDE_SIMD").is_ok_and(|v| v == "portable") {
-            return SimdLevel::Portable;
+    /// Whether this CPU can run the level's kernels.
+    pub fn is_supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::is_x86_feature_detected as has;
+            let v3 = has!("avx2") && has!("fma") && has!("f16c");
+            match self {
+                Self::Avx512Vnni => v3 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni"),
+                Self::AvxVnni => v3 && has!("avxvnni"),
+                Self::Avx2 => v3,
+                Self::Portable => true,
+            }
         }
-        detect()
-    })
-}
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Self::Portable
+        }
+    }
 
-#[cfg(target_arch = "x86_64")]
-fn detect() -> SimdLevel {
-    if std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512bw")
-        && std::is_x86_feature_detected!("avx512vl")
-        && std::is_x86_feature_detected!("avx512vnni")
-        && std::is_x86_feature_detected!("f16c")
-        && std::is_x86_feature_detected!("fma")
-    {
-        SimdLevel::Avx512Vnni
-    } else {
-        SimdLevel::Portable
+    /// Every level this CPU runs, fastest first (tests check each against the portable one).
+    pub fn supported() -> Vec<SimdLevel> {
+        Self::ALL.into_iter().filter(|l| l.is_supported()).collect()
+    }
+
+    /// Whether the level is one of the x86-64-v3 ones (AVX2 kernels, VNNI or not).
+    pub fn is_avx2(self) -> bool {
+        matches!(self, Self::AvxVnni | Self::Avx2)
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-fn detect() -> SimdLevel {
-    SimdLevel::Portable
+/// The level in force: the fastest this CPU runs, or the one `HILLSIDE_SIMD`
+/// (`avx512|avx-vnni|avx2|portable`) names, so any machine can test and time every path it has.
+pub fn simd_level() -> SimdLevel {
+    static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let best = SimdLevel::supported()[0];
+        let Ok(wanted) = std::env::var("HILLSIDE_SIMD") else { return best };
+        match SimdLevel::ALL.into_iter().find(|l| l.name() == wanted) {
+            Some(level) if level.is_supported() => level,
+            Some(level) => {
+                tracing::warn!("HILLSIDE_SIMD={wanted}: this CPU lacks {}; using {}", level.name(), best.name());
+                best
+            }
+            None => {
+                tracing::warn!("HILLSIDE_SIMD={wanted} is not a level (avx512, avx-vnni, avx2, portable); using {}", best.name());
+                best
+            }
+        }
+    })
 }

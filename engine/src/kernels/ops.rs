@@ -1,16 +1,115 @@
 //! Element-wise and per-row operations of the transformer block.
+//!
+//! They are plain loops written so the compiler vectorizes them (independent lanes, no
+//! sequential float sums); [`multiversion`] compiles each a second time for x86-64-v3, so the
+//! same source runs 8 lanes wide wherever the CPU has AVX2.
 
 use crate::model::config::{RopeLayout, RopeScaling};
 
-/// `out = x / rms(x) · weight` for each row of `x`.
-pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let dim = weight.len();
-    for (row, dst) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
-        let mean_square = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let inv = 1.0 / (mean_square + eps).sqrt();
-        for ((d, &v), &w) in dst.iter_mut().zip(row).zip(weight) {
-            *d = v * inv * w;
+/// Defines `fn $name(args) -> ret { body }` compiled twice: as is, and inside a function with
+/// AVX2/FMA/F16C enabled that runs whenever the kernels' level has them. The body is an
+/// `#[inline(always)]` function beside the AVX2 one, so it is always code-generated there (a
+/// closure handed to a generic wrapper can land in another codegen unit and stay baseline).
+macro_rules! multiversioned {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            fn v3($($arg: $ty),*) $(-> $ret)? {
+                body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            if $crate::kernels::simd_level() != $crate::kernels::SimdLevel::Portable {
+                // SAFETY: every level but Portable is x86-64-v3 or above, checked when chosen.
+                return unsafe { v3($($arg),*) };
+            }
+            body($($arg),*)
         }
+    };
+}
+pub(crate) use multiversioned;
+
+/// Lanes of the vectorizable reductions below (a multiple of every vector width in use).
+const LANES: usize = 16;
+
+/// Σ a·b with independent lane sums, so it vectorizes.
+#[inline(always)]
+pub(crate) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (xa, xb) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += xa[i] * xb[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Σ x with independent lane sums, so it vectorizes.
+#[inline(always)]
+pub(crate) fn sum_lanes(x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for i in 0..LANES {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// max |x| with independent lane maxima, so it vectorizes.
+#[inline(always)]
+pub(crate) fn abs_max(x: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder().iter().fold(0f32, |a, v| a.max(v.abs()));
+    for c in chunks {
+        for i in 0..LANES {
+            acc[i] = if c[i].abs() > acc[i] { c[i].abs() } else { acc[i] };
+        }
+    }
+    acc.iter().fold(tail, |a, &v| a.max(v))
+}
+
+/// e^x in straight-line float and integer arithmetic (2^n · e^r, |r| ≤ ln2/2, a degree-6
+/// polynomial), so a loop of it vectorizes; relative error below 2e-7 over the float range.
+#[inline(always)]
+pub(crate) fn exp_approx(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let mut poly = 1.0 / 720.0;
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        poly = poly * r + c;
+    }
+    poly * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+multiversioned! {
+    /// `out = x / rms(x) · weight` for each row of `x`.
+    pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        let dim = weight.len();
+        for (row, dst) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+            let mean_square = dot_lanes(row, row) / dim as f32;
+            let inv = 1.0 / (mean_square + eps).sqrt();
+            for ((d, &v), &w) in dst.iter_mut().zip(row).zip(weight) {
+                *d = v * inv * w;
+            }
+        }
+    }
+}
+
+multiversioned! {
+    /// Replaces each value with exp(value − max) and returns their sum.
+    pub fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
+        row.iter_mut().for_each(|s| *s = exp_approx(*s - max));
+        sum_lanes(row)
     }
 }
 
@@ -20,16 +119,24 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// its own.
 pub fn swiglu_in_place(gate_up: &mut [f32], width: usize) -> &[f32] {
     let n = gate_up.len() / (2 * width);
-    for t in 0..n {
-        let (gate, up) = gate_up[2 * t * width..][..2 * width].split_at_mut(width);
-        gate.iter_mut().zip(&*up).for_each(|(g, &u)| *g = *g / (1.0 + (-*g).exp()) * u);
-        gate_up.copy_within(2 * t * width..(2 * t + 1) * width, t * width);
-    }
+    swiglu_rows(gate_up, width);
     &gate_up[..n * width]
 }
 
-pub fn add_in_place(acc: &mut [f32], x: &[f32]) {
-    acc.iter_mut().zip(x).for_each(|(a, b)| *a += b);
+multiversioned! {
+    fn swiglu_rows(gate_up: &mut [f32], width: usize) {
+        for t in 0..gate_up.len() / (2 * width) {
+            let (gate, up) = gate_up[2 * t * width..][..2 * width].split_at_mut(width);
+            gate.iter_mut().zip(&*up).for_each(|(g, &u)| *g = *g / (1.0 + exp_approx(-*g)) * u);
+            gate_up.copy_within(2 * t * width..(2 * t + 1) * width, t * width);
+        }
+    }
+}
+
+multiversioned! {
+    pub fn add_in_place(acc: &mut [f32], x: &[f32]) {
+        acc.iter_mut().zip(x).for_each(|(a, b)| *a += b)
+    }
 }
 
 pub fn add_bias(rows: &mut [f32], bias: &[f32]) {
@@ -91,19 +198,29 @@ impl Rope {
 
     /// Rotates every head of every row in `x` (`rows × n_heads·head_dim`); row t uses table row t.
     pub fn apply(&self, x: &mut [f32], n_heads: usize, cos: &[f32], sin: &[f32]) {
-        let half = self.inv_freq.len();
-        let hd = 2 * half;
-        for (t, row) in x.chunks_exact_mut(n_heads * hd).enumerate() {
+        rotate(x, n_heads * 2 * self.inv_freq.len(), self.inv_freq.len(), self.layout == RopeLayout::Interleaved, cos, sin)
+    }
+}
+
+multiversioned! {
+    /// [`Rope::apply`] on rows of `width` values, heads of `2·half`.
+    fn rotate(x: &mut [f32], width: usize, half: usize, interleaved: bool, cos: &[f32], sin: &[f32]) {
+        for (t, row) in x.chunks_exact_mut(width).enumerate() {
             let (c, s) = (&cos[t * half..][..half], &sin[t * half..][..half]);
-            for head in row.chunks_exact_mut(hd) {
-                for i in 0..half {
-                    let (a, b) = match self.layout {
-                        RopeLayout::Interleaved => (2 * i, 2 * i + 1),
-                        RopeLayout::Halves => (i, i + half),
-                    };
-                    let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * c[i] - x1 * s[i];
-                    head[b] = x0 * s[i] + x1 * c[i];
+            for head in row.chunks_exact_mut(2 * half) {
+                if interleaved {
+                    for (pair, (&c, &s)) in head.chunks_exact_mut(2).zip(c.iter().zip(s)) {
+                        let (x0, x1) = (pair[0], pair[1]);
+                        pair[0] = x0 * c - x1 * s;
+                        pair[1] = x0 * s + x1 * c;
+                    }
+                } else {
+                    let (lo, hi) = head.split_at_mut(half);
+                    for (((x0, x1), &c), &s) in lo.iter_mut().zip(hi.iter_mut()).zip(c).zip(s) {
+                        let (a, b) = (*x0, *x1);
+                        *x0 = a * c - b * s;
+                        *x1 = a * s + b * c;
+                    }
                 }
             }
         }
@@ -123,6 +240,17 @@ mod tests {
             .flat_map(|row| (0..width).map(move |i| row[i] / (1.0 + (-row[i]).exp()) * row[width + i]))
             .collect();
         let mut buf = gate_up.clone();
-        assert_eq!(swiglu_in_place(&mut buf, width), &expected[..]);
+        for (got, want) in swiglu_in_place(&mut buf, width).iter().zip(&expected) {
+            assert!((got - want).abs() <= 1e-6 * (1.0 + want.abs()), "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn exp_is_accurate_over_the_softmax_range() {
+        for i in 0..2000 {
+            let x = -87.0 + i as f32 * 0.0874;
+            let (got, want) = (exp_approx(x), x.exp());
+            assert!((got - want).abs() <= 2e-6 * want, "exp({x}): {got} vs {want}");
+        }
     }
 }

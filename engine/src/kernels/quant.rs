@@ -1,26 +1,24 @@
 //! Block-quantized formats as the kernels want them.
 //!
-//! Weights: GGUF's Q4_0, Q4_1 and Q8_0 all become one "unsigned ints with scale and offset"
-//! layout, `value = d·q + m` per 32-value block, so a single int8 dot-product kernel serves them
-//! (Q4_0 is `d·(q−8)`, i.e. `m = −8d`; Q8_0 is stored as `q+128` with `m = −128d`). Scales are
-//! kept as f32 in their own arrays, off the hot byte stream.
+//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 all become one layout of unsigned ints per
+//! 32-value block with an f16 scale `d`, so one int8 dot-product kernel serves them. A block's
+//! values are `d·(q − zero)` for the symmetric formats (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as
+//! q+128 with zero 128) and `d·q + m` with a per-block f16 `m` for the others. Scales stay f16
+//! as in the file, so a model takes in memory what it takes on disk.
 //!
-//! Activations: each 32-value block is quantized to int8 with one f32 scale, and the block's
-//! scaled sum is kept so the weights' offset term costs one multiply per block.
+//! Activations: each 32-value block is quantized to int8 with one scale, and the block's sum
+//! times its scale is kept so a weight block's offset costs one multiply per block.
 
 use half::f16;
 
 pub const BLOCK: usize = 32;
 
-/// Bytes one GGUF block occupies on disk.
-const Q4_0_BYTES: usize = 18;
-const Q4_1_BYTES: usize = 20;
-const Q8_0_BYTES: usize = 34;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantBits {
     /// Two values per byte: low nibble is value j, high nibble value j+16 of the block (ggml order).
     Four,
+    /// As `Four`, then 4 bytes whose bit j (little-endian) is value j's fifth bit.
+    Five,
     Eight,
 }
 
@@ -28,9 +26,19 @@ impl QuantBits {
     pub fn bytes_per_block(self) -> usize {
         match self {
             Self::Four => BLOCK / 2,
+            Self::Five => BLOCK / 2 + BLOCK / 8,
             Self::Eight => BLOCK,
         }
     }
+}
+
+/// How a block's unsigned ints become values, besides the scale.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Offset {
+    /// `d·(q − zero)`: one zero point for the whole matrix.
+    Zero(u8),
+    /// `d·q + m`: rows × blocks_per_row offsets.
+    PerBlock(Vec<f16>),
 }
 
 /// A row-major matrix of unsigned block-quantized weights.
@@ -42,9 +50,8 @@ pub struct UqMatrix {
     /// rows × blocks_per_row × bytes_per_block
     pub qs: Vec<u8>,
     /// rows × blocks_per_row
-    pub d: Vec<f32>,
-    /// rows × blocks_per_row
-    pub m: Vec<f32>,
+    pub d: Vec<f16>,
+    pub offset: Offset,
 }
 
 /// The GGUF block formats that map onto [`UqMatrix`].
@@ -52,7 +59,22 @@ pub struct UqMatrix {
 pub enum GgufBlockFormat {
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
+}
+
+impl GgufBlockFormat {
+    /// Bytes one block occupies in the file.
+    fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
+            Self::Q8_0 => 34,
+        }
+    }
 }
 
 impl UqMatrix {
@@ -64,90 +86,126 @@ impl UqMatrix {
         self.blocks_per_row() * self.bits.bytes_per_block()
     }
 
+    /// Bytes the matrix holds (what one full product streams).
+    pub fn bytes(&self) -> usize {
+        let offsets = match &self.offset {
+            Offset::Zero(_) => 0,
+            Offset::PerBlock(m) => m.len(),
+        };
+        self.qs.len() + 2 * (self.d.len() + offsets)
+    }
+
+    /// The value block `b` of row `row` adds per unit of the activations' scaled block sum:
+    /// `m`, or `−zero·d`.
+    #[inline]
+    pub fn block_offset(&self, index: usize) -> f32 {
+        match &self.offset {
+            Offset::Zero(z) => -f32::from(*z) * self.d[index].to_f32(),
+            Offset::PerBlock(m) => m[index].to_f32(),
+        }
+    }
+
     /// Repacks raw GGUF blocks (as stored in the file) of a `rows × cols` matrix.
     pub fn from_gguf(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
         if !cols.is_multiple_of(BLOCK) {
             return None;
         }
-        let n_blocks = rows * cols / BLOCK;
-        let block_bytes = match format {
-            GgufBlockFormat::Q4_0 => Q4_0_BYTES,
-            GgufBlockFormat::Q4_1 => Q4_1_BYTES,
-            GgufBlockFormat::Q8_0 => Q8_0_BYTES,
-        };
-        if raw.len() != n_blocks * block_bytes {
+        let n_blocks = rows.checked_mul(cols)? / BLOCK;
+        if raw.len() != n_blocks.checked_mul(format.block_bytes())? {
             return None;
         }
-        let bits = match format {
-            GgufBlockFormat::Q8_0 => QuantBits::Eight,
-            _ => QuantBits::Four,
+        let (bits, offset) = match format {
+            GgufBlockFormat::Q4_0 => (QuantBits::Four, Offset::Zero(8)),
+            GgufBlockFormat::Q4_1 => (QuantBits::Four, Offset::PerBlock(Vec::with_capacity(n_blocks))),
+            GgufBlockFormat::Q5_0 => (QuantBits::Five, Offset::Zero(16)),
+            GgufBlockFormat::Q5_1 => (QuantBits::Five, Offset::PerBlock(Vec::with_capacity(n_blocks))),
+            GgufBlockFormat::Q8_0 => (QuantBits::Eight, Offset::Zero(128)),
         };
-        let mut qs = Vec::with_capacity(n_blocks * bits.bytes_per_block());
-        let mut d = Vec::with_capacity(n_blocks);
-        let mut m = Vec::with_capacity(n_blocks);
-        let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-        for block in raw.chunks_exact(block_bytes) {
-            let scale = half_at(block, 0);
+        let mut w = Self { rows, cols, bits, qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()), d: Vec::with_capacity(n_blocks), offset };
+        let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
+        for block in raw.chunks_exact(format.block_bytes()) {
+            w.d.push(half_at(block, 0));
+            if let Offset::PerBlock(m) = &mut w.offset {
+                m.push(half_at(block, 2));
+            }
             match format {
-                GgufBlockFormat::Q4_0 => {
-                    d.push(scale);
-                    m.push(-8.0 * scale);
-                    qs.extend_from_slice(&block[2..18]);
+                GgufBlockFormat::Q4_0 => w.qs.extend_from_slice(&block[2..18]),
+                GgufBlockFormat::Q4_1 => w.qs.extend_from_slice(&block[4..20]),
+                // File: qh (4 bytes) then the nibbles; here the nibbles first, as for Q4.
+                GgufBlockFormat::Q5_0 => {
+                    w.qs.extend_from_slice(&block[6..22]);
+                    w.qs.extend_from_slice(&block[2..6]);
                 }
-                GgufBlockFormat::Q4_1 => {
-                    d.push(scale);
-                    m.push(half_at(block, 2));
-                    qs.extend_from_slice(&block[4..20]);
+                GgufBlockFormat::Q5_1 => {
+                    w.qs.extend_from_slice(&block[8..24]);
+                    w.qs.extend_from_slice(&block[4..8]);
                 }
-                GgufBlockFormat::Q8_0 => {
-                    d.push(scale);
-                    m.push(-128.0 * scale);
-                    qs.extend(block[2..34].iter().map(|&q| q ^ 0x80));
-                }
+                GgufBlockFormat::Q8_0 => w.qs.extend(block[2..34].iter().map(|&q| q ^ 0x80)),
             }
         }
-        Some(Self { rows, cols, bits, qs, d, m })
+        Some(w)
+    }
+
+    /// The unsigned ints of block `index` (row-major block index), in value order.
+    #[inline]
+    pub fn block_ints(&self, index: usize) -> [u8; BLOCK] {
+        let bpb = self.bits.bytes_per_block();
+        let qs = &self.qs[index * bpb..][..bpb];
+        let mut q = [0u8; BLOCK];
+        match self.bits {
+            QuantBits::Four | QuantBits::Five => {
+                for j in 0..BLOCK / 2 {
+                    q[j] = qs[j] & 0x0f;
+                    q[j + BLOCK / 2] = qs[j] >> 4;
+                }
+                if self.bits == QuantBits::Five {
+                    let high = u32::from_le_bytes([qs[16], qs[17], qs[18], qs[19]]);
+                    for (j, v) in q.iter_mut().enumerate() {
+                        *v |= (((high >> j) & 1) as u8) << 4;
+                    }
+                }
+            }
+            QuantBits::Eight => q.copy_from_slice(qs),
+        }
+        q
     }
 
     /// Writes row `row`, dequantized, into `out` (`cols` values).
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         let nb = self.blocks_per_row();
-        let bpb = self.bits.bytes_per_block();
-        for b in 0..nb {
-            let (d, m) = (self.d[row * nb + b], self.m[row * nb + b]);
-            let qs = &self.qs[(row * nb + b) * bpb..][..bpb];
-            let dst = &mut out[b * BLOCK..][..BLOCK];
-            match self.bits {
-                QuantBits::Four => {
-                    for j in 0..BLOCK / 2 {
-                        dst[j] = d * f32::from(qs[j] & 0x0f) + m;
-                        dst[j + BLOCK / 2] = d * f32::from(qs[j] >> 4) + m;
-                    }
-                }
-                QuantBits::Eight => {
-                    for j in 0..BLOCK {
-                        dst[j] = d * f32::from(qs[j]) + m;
-                    }
-                }
+        for (b, dst) in out[..self.cols].chunks_exact_mut(BLOCK).enumerate() {
+            let index = row * nb + b;
+            let (d, m) = (self.d[index].to_f32(), self.block_offset(index));
+            for (v, q) in dst.iter_mut().zip(self.block_ints(index)) {
+                *v = d * f32::from(q) + m;
             }
         }
     }
 
-    /// Stacks matrices with the same column count and bit width on top of each other.
+    /// Stacks matrices with the same column count and format on top of each other.
     pub fn stack(parts: &[&UqMatrix]) -> Option<Self> {
         let first = parts.first()?;
-        if parts.iter().any(|p| p.cols != first.cols || p.bits != first.bits) {
+        let same_offsets = |p: &UqMatrix| match (&p.offset, &first.offset) {
+            (Offset::Zero(a), Offset::Zero(b)) => a == b,
+            (Offset::PerBlock(_), Offset::PerBlock(_)) => true,
+            _ => false,
+        };
+        if parts.iter().any(|p| p.cols != first.cols || p.bits != first.bits || !same_offsets(p)) {
             return None;
         }
-        let cat = |f: fn(&UqMatrix) -> &[u8]| parts.iter().flat_map(|p| f(p).iter().copied()).collect();
-        let cat_f32 = |f: fn(&UqMatrix) -> &[f32]| parts.iter().flat_map(|p| f(p).iter().copied()).collect();
+        let offset = match &first.offset {
+            Offset::Zero(z) => Offset::Zero(*z),
+            Offset::PerBlock(_) => {
+                Offset::PerBlock(parts.iter().flat_map(|p| if let Offset::PerBlock(m) = &p.offset { m.as_slice() } else { &[] }).copied().collect())
+            }
+        };
         Some(Self {
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
             bits: first.bits,
-            qs: cat(|p| &p.qs),
-            d: cat_f32(|p| &p.d),
-            m: cat_f32(|p| &p.m),
+            qs: parts.iter().flat_map(|p| p.qs.iter().copied()).collect(),
+            d: parts.iter().flat_map(|p| p.d.iter().copied()).collect(),
+            offset,
         })
     }
 }
@@ -157,17 +215,30 @@ impl UqMatrix {
 pub struct QuantizedActivations {
     pub n: usize,
     pub cols: usize,
-    /// n × cols int8 values
+    /// n × cols int8 values, in [−127, 127]
     pub qs: Vec<i8>,
     /// n × blocks scales
     pub d: Vec<f32>,
-    /// n × blocks: d · Σq, which multiplies the weights' per-block offset
+    /// n × blocks: d · Σq, which multiplies a weight block's offset. Exact in f32 (an 11-bit
+    /// scale times a sum of 13 bits) for the zero-point formats; rounded to f16 where the
+    /// weights carry their own offset, as ggml's Q8_1 blocks store it, so those products match
+    /// llama.cpp's and candle's.
     pub scaled_sums: Vec<f32>,
+    pub scaled_sums_f16: Vec<f32>,
 }
 
 impl QuantizedActivations {
     pub fn blocks_per_row(&self) -> usize {
         self.cols / BLOCK
+    }
+
+    /// The scaled sums that pair with a matrix's offsets.
+    #[inline]
+    pub fn sums_for(&self, offset: &Offset) -> &[f32] {
+        match offset {
+            Offset::Zero(_) => &self.scaled_sums,
+            Offset::PerBlock(_) => &self.scaled_sums_f16,
+        }
     }
 
     /// Quantizes `x` (`n × cols`, row-major), reusing this value's buffers.
@@ -180,20 +251,28 @@ impl QuantizedActivations {
         let blocks = n * cols / BLOCK;
         self.d.resize(blocks, 0.0);
         self.scaled_sums.resize(blocks, 0.0);
-        for (b, (src, dst)) in x.chunks_exact(BLOCK).zip(self.qs.chunks_exact_mut(BLOCK)).enumerate() {
-            let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, &v) in dst.iter_mut().zip(src) {
-                let r = (v * inv).round() as i32;
-                *q = r as i8;
-                sum += r;
-            }
-            // Scales are rounded to f16 as ggml's Q8_0/Q8_1 blocks store them, so products
-            // match llama.cpp's and candle's to the last bit of the scale.
-            self.d[b] = f16::from_f32(d).to_f32();
-            self.scaled_sums[b] = f16::from_f32(d * sum as f32).to_f32();
-        }
+        self.scaled_sums_f16.resize(blocks, 0.0);
+        quantize_blocks(x, &mut self.qs, &mut self.d, &mut self.scaled_sums, &mut self.scaled_sums_f16);
     }
+}
+
+super::ops::multiversioned! {
+fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [f32], sums_f16: &mut [f32]) {
+    for (b, (src, dst)) in x.chunks_exact(BLOCK).zip(qs.chunks_exact_mut(BLOCK)).enumerate() {
+        let amax = super::ops::abs_max(src);
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in dst.iter_mut().zip(src) {
+            let r = (v * inv).round() as i32;
+            *q = r as i8;
+            sum += r;
+        }
+        // The scale is rounded to f16 as ggml's Q8_0/Q8_1 blocks store it, so products match
+        // llama.cpp's and candle's to the last bit of the scale.
+        d[b] = f16::from_f32(scale).to_f32();
+        sums[b] = d[b] * sum as f32;
+        sums_f16[b] = f16::from_f32(scale * sum as f32).to_f32();
+    }
+}
 }

@@ -53,6 +53,8 @@ impl Reader {
         let format = match t.dtype() {
             GgmlDType::Q4_0 => Some(GgufBlockFormat::Q4_0),
             GgmlDType::Q4_1 => Some(GgufBlockFormat::Q4_1),
+            GgmlDType::Q5_0 => Some(GgufBlockFormat::Q5_0),
+            GgmlDType::Q5_1 => Some(GgufBlockFormat::Q5_1),
             GgmlDType::Q8_0 => Some(GgufBlockFormat::Q8_0),
             _ => None,
         };

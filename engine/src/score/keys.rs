@@ -1,6 +1,8 @@
 //! Low-precision copies of the keys, used only to rank tokens: symmetric INT8 or INT4 with one
 //! f32 scale per (token, KV head). The full-precision K/V are what attention uses.
 
+use crate::kernels::SimdLevel;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KeyBits {
@@ -130,40 +132,48 @@ impl ScoringKeys {
     /// `out[h][i] = query[h] · k[tokens[i]][h]`: each token's raw inner product with each
     /// per-KV-head query (the sum of that head's query group); `out` is `n_kv_heads × tokens`.
     pub fn score(&self, query: &[f32], tokens: &[u32], out: &mut [f32]) {
+        self.score_at(crate::kernels::simd_level(), query, tokens, out)
+    }
+
+    fn score_at(&self, level: SimdLevel, query: &[f32], tokens: &[u32], out: &mut [f32]) {
+        let (data, scales, n_kv, hd, int4) = (&self.data, &self.scales, self.n_kv_heads, self.head_dim, self.bits == KeyBits::Int4);
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::simd_level() == crate::kernels::SimdLevel::Avx512Vnni && self.head_dim.is_multiple_of(32) {
-            // SAFETY: the level guarantees AVX-512F; the kernel asserts the bounds it reads.
-            unsafe {
-                crate::kernels::x86::score_keys_lowp(
-                    &self.data,
-                    &self.scales,
-                    self.n_kv_heads,
-                    self.head_dim,
-                    self.bits == KeyBits::Int4,
-                    query,
-                    tokens,
-                    out,
-                )
-            };
-            return;
+        if hd.is_multiple_of(32) {
+            use crate::kernels::x86::{avx2, avx512};
+            // SAFETY: the level guarantees the CPU features; the kernels assert the bounds they read.
+            match level {
+                SimdLevel::Avx512Vnni => return unsafe { avx512::score_keys_lowp(data, scales, n_kv, hd, int4, query, tokens, out) },
+                SimdLevel::AvxVnni | SimdLevel::Avx2 => return unsafe { avx2::score_keys_lowp(data, scales, n_kv, hd, int4, query, tokens, out) },
+                SimdLevel::Portable => {}
+            }
         }
+        let _ = (data, scales, n_kv, hd, int4, level);
         self.score_portable(query, tokens, out);
     }
 
     /// [`Self::score`] for a query of integers (one INT8 row per KV head): `out[h][i]` is
     /// `dot as f32 × scale`, exactly, whichever kernel runs.
     pub fn score_int(&self, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+        self.score_int_at(crate::kernels::simd_level(), query, tokens, out)
+    }
+
+    fn score_int_at(&self, level: SimdLevel, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+        let (data, scales, n_kv, hd, int4) = (&self.data, &self.scales, self.n_kv_heads, self.head_dim, self.bits == KeyBits::Int4);
         #[cfg(target_arch = "x86_64")]
-        if crate::kernels::simd_level() == crate::kernels::SimdLevel::Avx512Vnni && self.head_dim.is_multiple_of(64) {
-            // SAFETY: the level guarantees AVX-512 VNNI; the kernel asserts the bounds it reads.
-            unsafe {
-                crate::kernels::x86::score_keys_int(&self.data, &self.scales, self.n_kv_heads, self.head_dim, self.bits == KeyBits::Int4, query, tokens, out)
-            };
-            return;
+        if hd.is_multiple_of(64) {
+            use crate::kernels::x86::{avx2, avx512};
+            // SAFETY: the level guarantees the CPU features; the kernels assert the bounds they read.
+            match level {
+                SimdLevel::Avx512Vnni => return unsafe { avx512::score_keys_int(data, scales, n_kv, hd, int4, query, tokens, out) },
+                SimdLevel::AvxVnni => return unsafe { avx2::score_keys_int_vnni(data, scales, n_kv, hd, int4, query, tokens, out) },
+                SimdLevel::Avx2 => return unsafe { avx2::score_keys_int(data, scales, n_kv, hd, int4, query, tokens, out) },
+                SimdLevel::Portable => {}
+            }
         }
+        let _ = (data, scales, n_kv, hd, int4);
         // Every partial sum of integer products below 2²⁴ is exact in f32: the same numbers.
         let values: Vec<f32> = query.iter().map(|&q| f32::from(q)).collect();
-        self.score(&values, tokens, out);
+        self.score_at(SimdLevel::Portable, &values, tokens, out);
     }
 
     fn score_portable(&self, query: &[f32], tokens: &[u32], out: &mut [f32]) {
@@ -225,11 +235,36 @@ mod tests {
             }
             let mut portable = vec![0f32; heads * n];
             keys.score_portable(&q, &(0..n as u32).collect::<Vec<_>>(), &mut portable);
-            for (a, b) in out.iter().zip(&portable) {
-                assert!((a - b).abs() <= 1e-4 * norm, "{bits:?}: kernel {a} vs portable {b}");
+            for level in SimdLevel::supported() {
+                keys.score_at(level, &q, &(0..n as u32).collect::<Vec<_>>(), &mut out);
+                for (a, b) in out.iter().zip(&portable) {
+                    assert!((a - b).abs() <= 1e-4 * norm, "{bits:?} {level:?}: kernel {a} vs portable {b}");
+                }
             }
             keys.truncate(10);
             assert_eq!(keys.len(), 10);
+        }
+    }
+
+    #[test]
+    fn integer_scores_are_the_same_numbers_at_every_level() {
+        let (heads, hd, n) = (2, 128, 37);
+        let k: Vec<f32> = (0..n * heads * hd).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 3.0).collect();
+        // The extremes of a byte, −128 among them, and everything between.
+        let query: Vec<i8> = (0..heads * hd).map(|i| (i * 37 % 256) as u8 as i8).collect();
+        let tokens: Vec<u32> = (0..n as u32).rev().collect();
+        for bits in [KeyBits::Int8, KeyBits::Int4] {
+            let mut keys = ScoringKeys::new(bits, heads, hd);
+            keys.push(&k);
+            let mut want = vec![0f32; heads * n];
+            keys.score_int_at(SimdLevel::Portable, &query, &tokens, &mut want);
+            for level in SimdLevel::supported() {
+                let mut got = vec![0f32; heads * n];
+                keys.score_int_at(level, &query, &tokens, &mut got);
+                for (a, b) in got.iter().zip(&want) {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{bits:?} {level:?}: {a} vs {b}");
+                }
+            }
         }
     }
 }

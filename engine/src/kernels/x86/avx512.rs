@@ -1,10 +1,10 @@
-//! AVX-512 (F, BW, VL, VNNI) kernels. Callers check [`super::simd_level`] first; every function
-//! here is `unsafe` only because it needs those CPU features, and reads only inside the slices
-//! it is given (bounds are asserted before the raw loops).
+//! AVX-512 (F, BW, VL, VNNI) kernels.
 
-use super::attention::KV_TILE;
-use super::matrix::TOKEN_TILE;
-use super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
+use super::super::attention::KV_TILE;
+use super::super::matrix::TOKEN_TILE;
+use super::super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
+use super::super::quant::Offset;
+use super::{avx2, dispatch_group, f16_value};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -20,8 +20,8 @@ fn pair_index() -> __m512i {
 /// `out[(row - rows.start) · TOKEN_TILE + t]`.
 ///
 /// # Safety
-/// The CPU must support avx512f, avx512bw, avx512vl and avx512vnni.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+/// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
     assert!(out.len() >= rows.len() * TOKEN_TILE);
@@ -37,29 +37,24 @@ pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivat
 }
 
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, out: &mut [f32]) {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
-    let mut xq: [&[i8]; NT] = [&[]; NT];
-    let mut xd: [&[f32]; NT] = [&[]; NT];
-    let mut xs: [&[f32]; NT] = [&[]; NT];
-    for t in 0..NT {
-        xq[t] = &x.qs[(t0 + t) * w.cols..][..w.cols];
-        xd[t] = &x.d[(t0 + t) * nb..][..nb];
-        xs[t] = &x.scaled_sums[(t0 + t) * nb..][..nb];
-    }
+    let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
+    let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
+    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(&w.offset)[(t0 + t) * nb..][..nb]);
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let pair = pair_index();
     let start = rows.start;
     for row in rows {
-        let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
         let wd = &w.d[row * nb..][..nb];
-        let wm = &w.m[row * nb..][..nb];
+        let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
         let mut acc = [_mm512_setzero_ps(); NT];
         for p in 0..nb / 2 {
             // 64 unsigned weights of blocks 2p and 2p+1, in activation order.
-            // SAFETY: blocks 2p, 2p+1 < nb lie inside this row's nb·bpb bytes.
+            // SAFETY (every raw read in this loop): blocks 2p, 2p+1 < nb lie inside this row's
+            // nb·bpb weight bytes, its nb scales, and each token's `cols` activations and nb scales.
             let wv = unsafe {
                 match w.bits {
                     QuantBits::Four => {
@@ -70,72 +65,57 @@ unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &Qua
                         let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
                         _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
                     }
+                    QuantBits::Five => {
+                        let first = avx2::unpack_block(w.bits, wq.add(2 * p * bpb));
+                        let second = avx2::unpack_block(w.bits, wq.add((2 * p + 1) * bpb));
+                        _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1)
+                    }
                     QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
                 }
             };
-            let dw = _mm_castpd_ps(_mm_load_sd(wd[2 * p..].as_ptr() as *const f64));
+            let dw = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe { (wd.as_ptr().add(2 * p) as *const i32).read_unaligned() }));
             for t in 0..NT {
-                // SAFETY: 64 activations of this block pair lie inside the token's row.
-                let xv = unsafe { _mm512_loadu_si512(xq[t][p * 64..].as_ptr() as *const __m512i) };
+                let xv = unsafe { _mm512_loadu_si512(xq[t].as_ptr().add(p * 64) as *const __m512i) };
                 let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                let dx = _mm_castpd_ps(_mm_load_sd(xd[t][2 * p..].as_ptr() as *const f64));
+                let dx = unsafe { _mm_castpd_ps(_mm_load_sd(xd[t].as_ptr().add(2 * p) as *const f64)) };
                 let scale = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
             }
         }
-        // The weights' per-block offsets times the activations' scaled sums, 16 blocks at a time.
+        // The blocks' offsets times the activations' scaled sums, 16 blocks at a time.
+        let (offsets, factor) = match &w.offset {
+            Offset::Zero(z) => (wd, -f32::from(*z)),
+            Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),
+        };
         for c in (0..nb).step_by(16) {
             let mask: __mmask16 = ((1u32 << (nb - c).min(16)) - 1) as __mmask16;
-            let m = _mm512_maskz_loadu_ps(mask, wm[c..].as_ptr());
+            // SAFETY: the mask covers only blocks c.. < nb of the row's offsets and each token's sums.
+            let m = _mm512_cvtph_ps(unsafe { _mm256_maskz_loadu_epi16(mask, offsets.as_ptr().add(c).cast()) });
+            let m = _mm512_mul_ps(m, _mm512_set1_ps(factor));
             for t in 0..NT {
-                let s = _mm512_maskz_loadu_ps(mask, xs[t][c..].as_ptr());
+                let s = unsafe { _mm512_maskz_loadu_ps(mask, sums[t].as_ptr().add(c)) };
                 acc[t] = _mm512_fmadd_ps(m, s, acc[t]);
             }
         }
         for t in 0..NT {
             let mut total = _mm512_reduce_add_ps(acc[t]);
             if nb % 2 == 1 {
-                total += odd_block(w, row, x, t0 + t, nb - 1);
+                let b = nb - 1;
+                // SAFETY: the last block lies inside the row; its 32 activations inside the token's.
+                let isum = unsafe {
+                    let wv = match w.bits {
+                        QuantBits::Eight => _mm256_loadu_si256(wq.add(b * bpb).cast()),
+                        bits => avx2::unpack_block(bits, wq.add(b * bpb)),
+                    };
+                    let xv = _mm256_loadu_si256(xq[t][b * BLOCK..][..BLOCK].as_ptr().cast());
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv)
+                };
+                let lanes: [i32; 8] = unsafe { std::mem::transmute(isum) };
+                total += lanes.iter().sum::<i32>() as f32 * f16_value(wd[b]) * xd[t][b];
             }
             out[(row - start) * TOKEN_TILE + t] = total;
         }
     }
-}
-
-/// The integer part of the last block of a row with an odd block count.
-fn odd_block(w: &UqMatrix, row: usize, x: &QuantizedActivations, t: usize, b: usize) -> f32 {
-    let nb = w.blocks_per_row();
-    let bpb = w.bits.bytes_per_block();
-    let wq = &w.qs[(row * nb + b) * bpb..][..bpb];
-    let xq = &x.qs[(t * nb + b) * BLOCK..][..BLOCK];
-    let isum: i32 = match w.bits {
-        QuantBits::Four => (0..BLOCK / 2)
-            .map(|j| i32::from(wq[j] & 0x0f) * i32::from(xq[j]) + i32::from(wq[j] >> 4) * i32::from(xq[j + BLOCK / 2]))
-            .sum(),
-        QuantBits::Eight => (0..BLOCK).map(|j| i32::from(wq[j]) * i32::from(xq[j])).sum(),
-    };
-    w.d[row * nb + b] * x.d[t * nb + b] * isum as f32
-}
-
-/// Query-group sizes with a register-resident kernel.
-pub fn supports_group(group: usize) -> bool {
-    (1..=8).contains(&group)
-}
-
-macro_rules! dispatch_group {
-    ($group:expr, $f:ident::<G>($($arg:expr),*)) => {
-        match $group {
-            1 => $f::<1>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            4 => $f::<4>($($arg),*),
-            5 => $f::<5>($($arg),*),
-            6 => $f::<6>($($arg),*),
-            7 => $f::<7>($($arg),*),
-            8 => $f::<8>($($arg),*),
-            g => unreachable!("group size {g} has no AVX-512 kernel"),
-        }
-    };
 }
 
 /// Scores of keys `c0..c0+len` (c0 a multiple of KV_TILE) against `group` queries.
@@ -418,7 +398,7 @@ mod tests {
 
     #[test]
     fn exp_is_accurate_over_the_softmax_range() {
-        if crate::kernels::simd_level() != crate::kernels::SimdLevel::Avx512Vnni {
+        if !crate::kernels::SimdLevel::Avx512Vnni.is_supported() {
             return; // nothing to compare on this CPU; the portable path uses f32::exp
         }
         let mut xs: Vec<f32> = (0..1000).map(|i| -80.0 + i as f32 * 0.08).collect();

@@ -1,0 +1,384 @@
+//! x86-64-v3 kernels (AVX2, FMA, F16C), each also built with the VEX-encoded VNNI dot products
+//! (`VNNI = true`) for the CPUs that have them. Without VNNI an unsigned × signed byte product
+//! takes `maddubs` (pairs into saturating i16) and `madd` (pairs into i32); its operands are kept
+//! where no pair can saturate: 4- and 5-bit weights (≤ 31·127·2), and 8-bit values multiplied as
+//! |a| × sign(b, a) (≤ 128·127·2 < 2¹⁵).
+
+use super::super::attention::KV_TILE;
+use super::super::matrix::TOKEN_TILE;
+use super::super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
+use super::super::quant::Offset;
+use super::{dispatch_group, f16_value};
+use half::f16;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// Σ over groups of four of u8 × i8 products, added to the i32 lanes of `acc`.
+#[inline(always)]
+unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    // SAFETY (both arms): the caller is compiled with avx2, and with avxvnni when VNNI.
+    unsafe {
+        if VNNI {
+            _mm256_dpbusd_avx_epi32(acc, u, s)
+        } else {
+            _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+        }
+    }
+}
+
+/// Σ a·b over groups of four signed bytes (neither −128 in `b`), added to `acc`.
+#[inline(always)]
+unsafe fn dot_i8i8<const VNNI: bool>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: as for dot_u8i8.
+    unsafe { dot_u8i8::<VNNI>(acc, _mm256_abs_epi8(a), _mm256_sign_epi8(b, a)) }
+}
+
+/// The 32 unsigned ints of one weight block, in value order (4- and 5-bit formats).
+///
+/// # Safety
+/// `ptr` points at the block's `bits.bytes_per_block()` bytes; the CPU has avx2.
+#[inline(always)]
+pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
+    // SAFETY: the loads read the block's own bytes per the contract.
+    unsafe {
+        let low_nibbles = _mm_set1_epi8(0x0f);
+        let raw = _mm_loadu_si128(ptr.cast());
+        let lo = _mm_and_si128(raw, low_nibbles);
+        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low_nibbles);
+        let q = _mm256_set_m128i(hi, lo);
+        if bits != QuantBits::Five {
+            return q;
+        }
+        // Byte j of the block takes bit j of the 32-bit mask: copy mask byte j/8 to byte j,
+        // keep bit j%8, and turn a set bit into 0x10.
+        let mask = (ptr.add(16) as *const u32).read_unaligned();
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(mask as i32),
+            _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+        );
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+    }
+}
+
+/// Products of weight rows `rows` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE), into
+/// `out[(row - rows.start) · TOKEN_TILE + t]`.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
+    // SAFETY: features per contract.
+    unsafe { uq_dot_rows_with::<false>(w, rows, x, t0, nt, out) }
+}
+
+/// [`uq_dot_rows`] with VNNI dot products.
+///
+/// # Safety
+/// The CPU must support avx2, fma, f16c and avxvnni.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub unsafe fn uq_dot_rows_vnni(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
+    // SAFETY: features per contract.
+    unsafe { uq_dot_rows_with::<true>(w, rows, x, t0, nt, out) }
+}
+
+#[inline(always)]
+unsafe fn uq_dot_rows_with<const VNNI: bool>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
+    assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
+    assert!(out.len() >= rows.len() * TOKEN_TILE);
+    // SAFETY (all arms): features per the callers' contracts; bounds asserted above.
+    unsafe {
+        match nt {
+            1 => uq_dot_tile::<1, VNNI>(w, rows, x, t0, out),
+            2 => uq_dot_tile::<2, VNNI>(w, rows, x, t0, out),
+            3 => uq_dot_tile::<3, VNNI>(w, rows, x, t0, out),
+            _ => uq_dot_tile::<4, VNNI>(w, rows, x, t0, out),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, out: &mut [f32]) {
+    let nb = w.blocks_per_row();
+    let bpb = w.bits.bytes_per_block();
+    // 8-bit weights without VNNI are multiplied signed (see the module comment), which takes
+    // the zero point off already.
+    let signed = !VNNI && w.bits == QuantBits::Eight;
+    let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
+    let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
+    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(&w.offset)[(t0 + t) * nb..][..nb]);
+    let start = rows.start;
+    for row in rows {
+        let wd = &w.d[row * nb..][..nb];
+        let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
+        let mut acc = [_mm256_setzero_ps(); NT];
+        for b in 0..nb {
+            // SAFETY: block b < nb lies inside this row's nb·bpb bytes, and each token's 32
+            // activations of block b inside its row of `cols`.
+            unsafe {
+                let block = wq.add(b * bpb);
+                let wv = match w.bits {
+                    QuantBits::Eight if signed => _mm256_xor_si256(_mm256_loadu_si256(block.cast()), _mm256_set1_epi8(-128)),
+                    QuantBits::Eight => _mm256_loadu_si256(block.cast()),
+                    bits => unpack_block(bits, block),
+                };
+                let dw = f16_value(wd[b]);
+                for t in 0..NT {
+                    let xv = _mm256_loadu_si256(xq[t][b * BLOCK..][..BLOCK].as_ptr().cast());
+                    let isum = if signed {
+                        dot_i8i8::<VNNI>(_mm256_setzero_si256(), wv, xv)
+                    } else {
+                        dot_u8i8::<VNNI>(_mm256_setzero_si256(), wv, xv)
+                    };
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * xd[t][b]), acc[t]);
+                }
+            }
+        }
+        // The blocks' offsets times the activations' scaled sums, 8 blocks at a time (none
+        // for signed products: their zero point is already off).
+        let mut tails = [0f32; NT];
+        if !signed {
+            let (offsets, factor) = match &w.offset {
+                Offset::Zero(z) => (wd, -f32::from(*z)),
+                Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),
+            };
+            let full = nb / 8 * 8;
+            for c in (0..full).step_by(8) {
+                // SAFETY: 8 offsets from block c < full ≤ nb, and each token's 8 sums there.
+                let m = _mm256_mul_ps(_mm256_cvtph_ps(unsafe { _mm_loadu_si128(offsets.as_ptr().add(c).cast()) }), _mm256_set1_ps(factor));
+                for t in 0..NT {
+                    acc[t] = _mm256_fmadd_ps(m, unsafe { _mm256_loadu_ps(sums[t].as_ptr().add(c)) }, acc[t]);
+                }
+            }
+            for b in full..nb {
+                // SAFETY: the callers are compiled with f16c.
+                let m = unsafe { f16_value(offsets[b]) } * factor;
+                for t in 0..NT {
+                    tails[t] += m * sums[t][b];
+                }
+            }
+        }
+        for t in 0..NT {
+            out[(row - start) * TOKEN_TILE + t] = hsum(acc[t]) + tails[t];
+        }
+    }
+}
+
+/// The sum of a vector's eight lanes.
+#[inline(always)]
+fn hsum(v: __m256) -> f32 {
+    // SAFETY: callers are compiled with avx2.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
+
+/// The sum of the i32 lanes.
+#[inline(always)]
+fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: callers are compiled with avx2.
+    unsafe {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
+    }
+}
+
+/// Scores of keys `c0..c0+len` (c0 a multiple of KV_TILE) against `group` queries.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; `hd % 16 == 0`; `supports_group(group)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], group: usize, c0: usize, len: usize, scores: &mut [f32]) {
+    let tiles_end = (c0 + len).div_ceil(KV_TILE);
+    assert!(tiles_end * KV_TILE * hd <= k.len() && q.len() >= group * hd && scores.len() >= group * len);
+    // SAFETY: features per contract; bounds asserted above.
+    unsafe { dispatch_group!(group, score_keys_g::<G>(k, hd, q, c0, len, scores)) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_keys_g<const G: usize>(k: &[f16], hd: usize, q: &[f32], c0: usize, len: usize, scores: &mut [f32]) {
+    let mut tile_scores = [[0f32; KV_TILE]; G];
+    let mut j = 0;
+    while j < len {
+        let tile = (c0 + j) / KV_TILE;
+        let base = k[tile * hd * KV_TILE..][..hd * KV_TILE].as_ptr();
+        // The tile's 16 lanes in two halves of 8, so G accumulators stay in registers.
+        for half in 0..2 {
+            let mut acc = [_mm256_setzero_ps(); G];
+            for d in 0..hd {
+                // SAFETY: 8 keys of row d of this tile, inside its hd·KV_TILE values.
+                let kv = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(d * KV_TILE + 8 * half).cast()) });
+                for g in 0..G {
+                    acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(q[g * hd + d]), kv, acc[g]);
+                }
+            }
+            for g in 0..G {
+                // SAFETY: 8 floats inside a local 16-float array.
+                unsafe { _mm256_storeu_ps(tile_scores[g][8 * half..].as_mut_ptr(), acc[g]) };
+            }
+        }
+        let n = KV_TILE.min(len - j);
+        for g in 0..G {
+            scores[g * len + j..][..n].copy_from_slice(&tile_scores[g][..n]);
+        }
+        j += n;
+    }
+}
+
+/// `acc[g] += Σ_j p[g][j] · v[c0+j]` for j in 0..len.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; `hd % 8 == 0`; `supports_group(group)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], group: usize, c0: usize, len: usize, acc: &mut [f32]) {
+    assert!((c0 + len) * hd <= v.len() && p.len() >= group * len && acc.len() >= group * hd);
+    // SAFETY: features per contract; bounds asserted above.
+    unsafe { dispatch_group!(group, accumulate_values_g::<G>(v, hd, p, c0, len, acc)) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn accumulate_values_g<const G: usize>(v: &[f16], hd: usize, p: &[f32], c0: usize, len: usize, acc: &mut [f32]) {
+    let rows = v[c0 * hd..][..len * hd].as_ptr();
+    for c in (0..hd).step_by(8) {
+        let mut sums = [_mm256_setzero_ps(); G];
+        for j in 0..len {
+            // SAFETY: 8 values of row j at column c, inside the len·hd values above.
+            let vv = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(rows.add(j * hd + c).cast()) });
+            for g in 0..G {
+                sums[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g * len + j]), vv, sums[g]);
+            }
+        }
+        for g in 0..G {
+            let dst = acc[g * hd + c..][..8].as_mut_ptr();
+            // SAFETY: 8 floats of row g at column c, inside `acc`.
+            unsafe { _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), sums[g])) };
+        }
+    }
+}
+
+/// Scores (`out[head][i]`) of `tokens` against per-KV-head f32 queries for signed INT8 or INT4
+/// key rows; see [`super::avx512::score_keys_lowp`] for the layout.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; `head_dim % 32 == 0`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn score_keys_lowp(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[f32], tokens: &[u32], out: &mut [f32]) {
+    let row_bytes = if int4 { hd / 2 } else { hd };
+    assert!(hd.is_multiple_of(32) && query.len() == n_kv * hd && out.len() == n_kv * tokens.len());
+    assert!(tokens.iter().all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
+    // INT4: the query split into even and odd dimensions, to meet the unpacked nibbles.
+    let (mut even, mut odd) = (vec![0f32; n_kv * hd / 2], vec![0f32; n_kv * hd / 2]);
+    if int4 {
+        for i in 0..n_kv * hd / 2 {
+            even[i] = query[2 * i];
+            odd[i] = query[2 * i + 1];
+        }
+    }
+    let n = tokens.len();
+    for (i, &t) in tokens.iter().enumerate() {
+        for h in 0..n_kv {
+            let row = t as usize * n_kv + h;
+            let ptr = data[row * row_bytes..][..row_bytes].as_ptr();
+            let mut acc = _mm256_setzero_ps();
+            // SAFETY (loads): each 8-byte load stays inside this row's row_bytes (hd % 32 == 0).
+            if int4 {
+                for c in (0..row_bytes).step_by(8) {
+                    let bytes = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(ptr.add(c).cast()) });
+                    let lo = _mm256_srai_epi32(_mm256_slli_epi32(bytes, 28), 28);
+                    let hi = _mm256_srai_epi32(_mm256_slli_epi32(bytes, 24), 28);
+                    let q_even = _mm256_loadu_ps(even[h * hd / 2 + c..][..8].as_ptr());
+                    let q_odd = _mm256_loadu_ps(odd[h * hd / 2 + c..][..8].as_ptr());
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), q_even, acc);
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), q_odd, acc);
+                }
+            } else {
+                for c in (0..hd).step_by(8) {
+                    let k = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(ptr.add(c).cast()) }));
+                    acc = _mm256_fmadd_ps(k, _mm256_loadu_ps(query[h * hd + c..][..8].as_ptr()), acc);
+                }
+            }
+            out[h * n + i] = hsum(acc) * scales[row];
+        }
+    }
+}
+
+/// A device query's scores from a low-precision key copy, in integers (see
+/// [`super::avx512::score_keys_int`]): keys and query bytes are multiplied signed.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn score_keys_int(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+    // SAFETY: features per contract.
+    unsafe { score_keys_int_with::<false>(data, scales, n_kv, hd, int4, query, tokens, out) }
+}
+
+/// [`score_keys_int`] with VNNI dot products.
+///
+/// # Safety
+/// The CPU must support avx2, fma, f16c and avxvnni.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn score_keys_int_vnni(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+    // SAFETY: features per contract.
+    unsafe { score_keys_int_with::<true>(data, scales, n_kv, hd, int4, query, tokens, out) }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn score_keys_int_with<const VNNI: bool>(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+    let row_bytes = if int4 { hd / 2 } else { hd };
+    assert!(hd.is_multiple_of(64) && query.len() == n_kv * hd && out.len() == n_kv * tokens.len());
+    assert!(tokens.iter().all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
+    let chunks = hd / 32;
+    // Per (head, 32-dimension chunk), the query bytes in the order the key bytes arrive: INT4
+    // unpacks 16 bytes to their low nibbles (even dimensions) then their high ones (odd).
+    let mut q_words = vec![0i8; n_kv * hd];
+    for (chunk, q) in q_words.chunks_exact_mut(32).zip(query.chunks_exact(32)) {
+        if int4 {
+            for j in 0..16 {
+                chunk[j] = q[2 * j];
+                chunk[16 + j] = q[2 * j + 1];
+            }
+        } else {
+            chunk.copy_from_slice(q);
+        }
+    }
+    let n = tokens.len();
+    for (i, &t) in tokens.iter().enumerate() {
+        for h in 0..n_kv {
+            let row = t as usize * n_kv + h;
+            let ptr = data[row * row_bytes..][..row_bytes].as_ptr();
+            let mut acc = _mm256_setzero_si256();
+            for c in 0..chunks {
+                // SAFETY: each load reads whole bytes of this row (16 per chunk for INT4, 32 for
+                // INT8), inside the bounds asserted above; the query chunk's slice is checked.
+                unsafe {
+                    let keys = if int4 {
+                        // Signed nibbles to signed bytes: (n ^ 8) − 8.
+                        let packed = _mm_loadu_si128(ptr.add(c * 16).cast());
+                        let nibbles = _mm_set1_epi8(0x0f);
+                        let lo = _mm_and_si128(packed, nibbles);
+                        let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), nibbles);
+                        let eight = _mm256_set1_epi8(8);
+                        _mm256_sub_epi8(_mm256_xor_si256(_mm256_set_m128i(hi, lo), eight), eight)
+                    } else {
+                        _mm256_loadu_si256(ptr.add(c * 32).cast())
+                    };
+                    let q = _mm256_loadu_si256(q_words[(h * chunks + c) * 32..][..32].as_ptr().cast());
+                    // Keys are clamped to ±127; the query may hold −128, so it goes first.
+                    acc = dot_i8i8::<VNNI>(acc, q, keys);
+                }
+            }
+            out[h * n + i] = hsum_i32(acc) as f32 * scales[row];
+        }
+    }
+}
