@@ -19,8 +19,12 @@ run: setup
 
 test: setup-tests
 	cargo test --workspace
-	# The portable kernels too (the fast ones are picked whenever the CPU has them).
+	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level
+	# in force, so they run again portable. The real model's logits against candle's at the
+	# AVX2 and portable levels too (the run above took the fastest).
 	HILLSIDE_SIMD=portable cargo test -p hillside-engine --lib
+	HILLSIDE_SIMD=avx2 cargo test -p hillside-tests --test reference_logits
+	HILLSIDE_SIMD=portable cargo test -p hillside-tests --test reference_logits
 	# The official openai Python client against `hillside serve`.
 	scripts/openai-client-test.sh
 	# The FPGA scoring kernel's C simulation against the Rust reference's vectors.

