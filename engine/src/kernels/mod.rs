@@ -62,11 +62,6 @@ impl SimdLevel {
     pub fn supported() -> Vec<SimdLevel> {
         Self::ALL.into_iter().filter(|l| l.is_supported()).collect()
     }
-
-    /// Whether the level is one of the x86-64-v3 ones (AVX2 kernels, VNNI or not).
-    pub fn is_avx2(self) -> bool {
-        matches!(self, Self::AvxVnni | Self::Avx2)
-    }
 }
 
 /// The level in force: the fastest this CPU runs, or the one `HILLSIDE_SIMD`
