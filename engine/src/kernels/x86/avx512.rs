@@ -2,8 +2,7 @@
 
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
-use super::super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::super::quant::Offset;
+use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
 use super::{avx2, dispatch_group, f16_value};
 use half::f16;
 use std::arch::x86_64::*;
@@ -254,17 +253,9 @@ pub unsafe fn score_keys_lowp(
     tokens: &[u32],
     out: &mut [f32],
 ) {
-    let row_bytes = if int4 { hd / 2 } else { hd };
-    assert!(hd.is_multiple_of(32) && query.len() == n_kv * hd && out.len() == n_kv * tokens.len());
-    assert!(tokens.iter().all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
+    let row_bytes = super::key_row_bytes(data, scales, n_kv, hd, 32, int4, query.len(), tokens, out.len());
     // INT4: the query split into even and odd dimensions, to meet the unpacked nibbles.
-    let (mut even, mut odd) = (vec![0f32; n_kv * hd / 2], vec![0f32; n_kv * hd / 2]);
-    if int4 {
-        for i in 0..n_kv * hd / 2 {
-            even[i] = query[2 * i];
-            odd[i] = query[2 * i + 1];
-        }
-    }
+    let (even, odd) = if int4 { super::even_and_odd(query) } else { Default::default() };
     let n = tokens.len();
     for (i, &t) in tokens.iter().enumerate() {
         for h in 0..n_kv {
@@ -304,9 +295,7 @@ pub unsafe fn score_keys_lowp(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn score_keys_int(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[i8], tokens: &[u32], out: &mut [f32]) {
-    let row_bytes = if int4 { hd / 2 } else { hd };
-    assert!(hd.is_multiple_of(64) && query.len() == n_kv * hd && out.len() == n_kv * tokens.len());
-    assert!(tokens.iter().all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
+    let row_bytes = super::key_row_bytes(data, scales, n_kv, hd, 64, int4, query.len(), tokens, out.len());
     let chunks = hd / 64;
     // Per (head, 64-dimension chunk), the query bytes in the order the key bytes arrive: INT4
     // unpacks 32 bytes to their low nibbles (even dimensions) then their high ones (odd).
