@@ -306,6 +306,18 @@ mod tests {
     }
 
     #[test]
+    fn block_data_of_the_wrong_size_or_shape_is_refused() {
+        let q4_1 = random_blocks(GgufBlockFormat::Q4_1, 2, 64, 1);
+        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4_1, &q4_1[..q4_1.len() - 1], 2, 64).is_none(), "truncated");
+        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4_1, &q4_1, 2, 48).is_none(), "rows not whole blocks");
+        let q4_k = vec![0u8; 2 * 144];
+        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4K, &q4_k, 1, 512).is_some());
+        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4K, &q4_k[..287], 1, 512).is_none(), "truncated super-block");
+        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4K, &q4_k, 2, 256 + 32).is_none(), "rows not whole super-blocks");
+        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q5K, &q4_k, 1, 512).is_none(), "Q5_K blocks are 176 bytes");
+    }
+
+    #[test]
     fn legacy_formats_take_their_file_size_in_memory() {
         for (format, block_bytes) in [(GgufBlockFormat::Q4_0, 18), (GgufBlockFormat::Q4_1, 20), (GgufBlockFormat::Q5_0, 22), (GgufBlockFormat::Q8_0, 34)] {
             let raw = random_blocks(format, 4, 64, 1);
