@@ -47,15 +47,16 @@ impl Engine {
     }
 
     fn load_gguf(path: &Path) -> Result<Self> {
-        let loaded = model::gguf::load(path)?;
-        let tokenizer = Tokenizer::from_gguf(&loaded.metadata)?;
-        let template = loaded.metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok());
-        let name_of = |key: &str| {
-            loaded.metadata.get(key).and_then(|v| v.to_u32().ok()).and_then(|id| tokenizer.token_text(id)).unwrap_or_default()
-        };
+        let mut file = model::gguf::open(path)?;
+        let metadata = file.metadata();
+        let tokenizer = Tokenizer::from_gguf(metadata)?;
+        let template = metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok());
+        let name_of = |key: &str| metadata.get(key).and_then(|v| v.to_u32().ok()).and_then(|id| tokenizer.token_text(id)).unwrap_or_default();
         let chat_template =
             ChatTemplate::new(template.map(String::as_str), &name_of("tokenizer.ggml.bos_token_id"), &name_of("tokenizer.ggml.eos_token_id"))?;
-        Ok(Self { model: Model::new(loaded.config, loaded.weights), tokenizer, chat_template })
+        file.drop_vocabulary();
+        let config = file.config.clone();
+        Ok(Self { model: Model::new(config, file.load_weights()?), tokenizer, chat_template })
     }
 
     fn load_checkpoint(path: &Path) -> Result<Self> {

@@ -24,6 +24,16 @@ pub struct DenseMatrix {
 pub enum Matrix {
     Quantized(UqMatrix),
     Dense(DenseMatrix),
+    /// Matrices of different formats stacked by rows, each product through its own kernel
+    /// (a K-quant file gives q and k one format and v another in some layers).
+    Stacked(Vec<Matrix>),
+}
+
+/// Where a product's rows go: row `r` of token `t` at `t · stride + first_row + r`.
+struct OutRows<'w, 'a> {
+    writer: &'w DisjointWriter<'a>,
+    stride: usize,
+    first_row: usize,
 }
 
 impl Matrix {
@@ -31,6 +41,7 @@ impl Matrix {
         match self {
             Self::Quantized(q) => q.rows,
             Self::Dense(d) => d.rows,
+            Self::Stacked(parts) => parts.iter().map(Self::rows).sum(),
         }
     }
 
@@ -38,6 +49,7 @@ impl Matrix {
         match self {
             Self::Quantized(q) => q.cols,
             Self::Dense(d) => d.cols,
+            Self::Stacked(parts) => parts[0].cols(),
         }
     }
 
@@ -46,6 +58,7 @@ impl Matrix {
         match self {
             Self::Quantized(q) => q.bytes(),
             Self::Dense(d) => 4 * d.w.len(),
+            Self::Stacked(parts) => parts.iter().map(Self::weight_bytes).sum(),
         }
     }
 
@@ -53,41 +66,31 @@ impl Matrix {
         match self {
             Self::Quantized(q) => q.dequantize_row(row, out),
             Self::Dense(d) => out.copy_from_slice(&d.w[row * d.cols..][..d.cols]),
-        }
-    }
-
-    fn to_dense(&self) -> DenseMatrix {
-        match self {
-            Self::Dense(d) => d.clone(),
-            Self::Quantized(q) => {
-                let mut w = vec![0f32; q.rows * q.cols];
-                for (r, row) in w.chunks_exact_mut(q.cols).enumerate() {
-                    q.dequantize_row(r, row);
+            Self::Stacked(parts) => {
+                let mut row = row;
+                for part in parts {
+                    if row < part.rows() {
+                        return part.dequantize_row(row, out);
+                    }
+                    row -= part.rows();
                 }
-                DenseMatrix { rows: q.rows, cols: q.cols, w }
+                panic!("row past the stacked matrix");
             }
         }
     }
 
     /// Stacks matrices with the same column count (for fused q/k/v and gate/up products).
-    /// Quantized parts of one format stay quantized; a mix becomes dense.
+    /// Quantized parts of one format and dense parts become one matrix; a mix stays in parts.
     pub fn stack(parts: &[&Matrix]) -> Matrix {
-        let quantized: Option<Vec<&UqMatrix>> = parts
-            .iter()
-            .map(|p| match p {
-                Self::Quantized(q) => Some(q),
-                Self::Dense(_) => None,
-            })
-            .collect();
+        let quantized: Option<Vec<&UqMatrix>> = parts.iter().map(|p| if let Self::Quantized(q) = p { Some(q) } else { None }).collect();
         if let Some(stacked) = quantized.and_then(|q| UqMatrix::stack(&q)) {
             return Self::Quantized(stacked);
         }
-        let dense: Vec<DenseMatrix> = parts.iter().map(|p| p.to_dense()).collect();
-        Self::Dense(DenseMatrix {
-            rows: dense.iter().map(|d| d.rows).sum(),
-            cols: dense[0].cols,
-            w: dense.into_iter().flat_map(|d| d.w).collect(),
-        })
+        let dense: Option<Vec<&DenseMatrix>> = parts.iter().map(|p| if let Self::Dense(d) = p { Some(d) } else { None }).collect();
+        if let Some(dense) = dense {
+            return Self::Dense(DenseMatrix { rows: dense.iter().map(|d| d.rows).sum(), cols: dense[0].cols, w: dense.iter().flat_map(|d| d.w.iter().copied()).collect() });
+        }
+        Self::Stacked(parts.iter().map(|&p| p.clone()).collect())
     }
 
     /// `out` (n × rows) = `x` (n × cols) · selfᵀ. `scratch` holds the quantized activations
@@ -95,22 +98,33 @@ impl Matrix {
     pub fn matmul(&self, x: &[f32], n: usize, scratch: &mut QuantizedActivations, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols(), "matmul input shape");
         assert_eq!(out.len(), n * self.rows(), "matmul output shape");
+        let stride = self.rows();
+        self.matmul_into(x, n, scratch, &OutRows { writer: &DisjointWriter::new(out), stride, first_row: 0 });
+    }
+
+    fn matmul_into(&self, x: &[f32], n: usize, scratch: &mut QuantizedActivations, out: &OutRows) {
         match self {
             Self::Quantized(w) => {
                 scratch.quantize_into(x, n, w.cols);
                 uq_matmul(w, scratch, out, super::simd_level());
             }
             Self::Dense(w) => dense_matmul(w, x, n, out),
+            Self::Stacked(parts) => {
+                let mut first_row = out.first_row;
+                for part in parts {
+                    part.matmul_into(x, n, scratch, &OutRows { writer: out.writer, stride: out.stride, first_row });
+                    first_row += part.rows();
+                }
+            }
         }
     }
 }
 
-fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &mut [f32], level: SimdLevel) {
+fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &OutRows, level: SimdLevel) {
     let rows = w.rows;
     // Enough rows per task that the task's weights are worth a trip through the pool.
     let tasks = task_count(rows, 16);
     let rows_per_task = rows.div_ceil(tasks);
-    let writer = DisjointWriter::new(out);
     (0..tasks).into_par_iter().for_each(|task| {
         let r0 = task * rows_per_task;
         let r1 = (r0 + rows_per_task).min(rows);
@@ -121,7 +135,7 @@ fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &mut [f32], level: Sim
             for (r, row_sums) in (r0..r1).zip(sums.chunks_exact(TOKEN_TILE)) {
                 for (t, &s) in row_sums[..nt].iter().enumerate() {
                     // SAFETY: each task owns rows r0..r1 of every token's output.
-                    unsafe { writer.write((t0 + t) * rows + r, s) };
+                    unsafe { out.writer.write((t0 + t) * out.stride + out.first_row + r, s) };
                 }
             }
         }
@@ -160,6 +174,12 @@ pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations
         let index = row * nb + b;
         let wq = &w.qs[index * bpb..][..bpb];
         let xq = &x.qs[(t * nb + b) * BLOCK..][..BLOCK];
+        if w.bits == QuantBits::Six {
+            let ints = w.block_ints(index);
+            let half_sum = |h: usize| -> i32 { (BLOCK / 2 * h..BLOCK / 2 * (h + 1)).map(|j| (i32::from(ints[j]) - 32) * i32::from(xq[j])).sum() };
+            acc += x.d[t * nb + b] * (w.value_scale(index, 0) * half_sum(0) as f32 + w.value_scale(index, BLOCK / 2) * half_sum(1) as f32);
+            continue;
+        }
         let isum: i32 = match w.bits {
             QuantBits::Four => (0..BLOCK / 2).map(|j| i32::from(wq[j] & 0x0f) * i32::from(xq[j]) + i32::from(wq[j] >> 4) * i32::from(xq[j + BLOCK / 2])).sum(),
             QuantBits::Five => {
@@ -168,17 +188,17 @@ pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations
                 (0..BLOCK / 2).map(|j| q(j, wq[j] & 0x0f) * i32::from(xq[j]) + q(j + BLOCK / 2, wq[j] >> 4) * i32::from(xq[j + BLOCK / 2])).sum()
             }
             QuantBits::Eight => wq.iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum(),
+            QuantBits::Six => unreachable!("taken above"),
         };
         acc += w.d[index].to_f32() * x.d[t * nb + b] * isum as f32 + w.block_offset(index) * sums[t * nb + b];
     }
     acc
 }
 
-fn dense_matmul(w: &DenseMatrix, x: &[f32], n: usize, out: &mut [f32]) {
+fn dense_matmul(w: &DenseMatrix, x: &[f32], n: usize, out: &OutRows) {
     let rows = w.rows;
     let tasks = task_count(rows, 8);
     let rows_per_task = rows.div_ceil(tasks);
-    let writer = DisjointWriter::new(out);
     (0..tasks).into_par_iter().for_each(|task| {
         let r0 = task * rows_per_task;
         let r1 = (r0 + rows_per_task).min(rows);
@@ -187,7 +207,7 @@ fn dense_matmul(w: &DenseMatrix, x: &[f32], n: usize, out: &mut [f32]) {
             for r in r0..r1 {
                 let s = dot_f32(&w.w[r * w.cols..][..w.cols], xt);
                 // SAFETY: each task owns rows r0..r1 of every token's output.
-                unsafe { writer.write(t * rows + r, s) };
+                unsafe { out.writer.write(t * out.stride + out.first_row + r, s) };
             }
         }
     });
@@ -204,6 +224,21 @@ super::ops::multiversioned! {
 mod tests {
     use super::*;
     use crate::kernels::quant::GgufBlockFormat;
+
+    fn dequantized(w: &UqMatrix) -> DenseMatrix {
+        let mut dense = DenseMatrix { rows: w.rows, cols: w.cols, w: vec![0f32; w.rows * w.cols] };
+        for (r, row) in dense.w.chunks_exact_mut(w.cols).enumerate() {
+            w.dequantize_row(r, row);
+        }
+        dense
+    }
+
+    /// `x · wᵀ` at `level`.
+    fn product(w: &UqMatrix, x: &QuantizedActivations, level: SimdLevel) -> Vec<f32> {
+        let mut out = vec![0f32; x.n * w.rows];
+        uq_matmul(w, x, &OutRows { writer: &DisjointWriter::new(&mut out), stride: w.rows, first_row: 0 }, level);
+        out
+    }
 
     /// Random GGUF blocks of `format` for a rows × cols matrix (deterministic).
     fn random_blocks(format: GgufBlockFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
@@ -222,7 +257,7 @@ mod tests {
                 GgufBlockFormat::Q4_0 | GgufBlockFormat::Q4_1 => 16,
                 GgufBlockFormat::Q5_0 | GgufBlockFormat::Q5_1 => 20,
                 GgufBlockFormat::Q8_0 => 32,
-                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => unreachable!("32-value formats only"),
+                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => unreachable!("32-value formats only"),
             };
             raw.extend((0..payload).map(|_| (next() & 0xff) as u8));
         }
@@ -240,10 +275,9 @@ mod tests {
         for (seed, format) in formats.into_iter().enumerate() {
             let raw = random_blocks(format, rows, cols, seed as u64 + 7);
             let w = UqMatrix::from_gguf(format, &raw, rows, cols).unwrap();
-            let dense = Matrix::Quantized(w.clone()).to_dense();
+            let dense = dequantized(&w);
             for level in SimdLevel::supported() {
-                let mut out = vec![0f32; n * rows];
-                uq_matmul(&w, &qx, &mut out, level);
+                let out = product(&w, &qx, level);
                 for t in 0..n {
                     for r in 0..rows {
                         let (wr, xt) = (&dense.w[r * cols..][..cols], &x[t * cols..][..cols]);
@@ -267,13 +301,18 @@ mod tests {
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
         let mut qx = QuantizedActivations::default();
         qx.quantize_into(&x, n, cols);
-        for (format, dtype, block_bytes) in [(GgufBlockFormat::Q4K, GgmlDType::Q4K, 144), (GgufBlockFormat::Q5K, GgmlDType::Q5K, 176)] {
-            // Random bytes throughout, with small d and dmin so values stay in range.
+        let k_quants = [(GgufBlockFormat::Q4K, GgmlDType::Q4K, 144), (GgufBlockFormat::Q5K, GgmlDType::Q5K, 176), (GgufBlockFormat::Q6K, GgmlDType::Q6K, 210)];
+        for (format, dtype, block_bytes) in k_quants {
+            // Random bytes throughout, with small d (and dmin) so values stay in range.
             let mut raw = random_blocks(GgufBlockFormat::Q8_0, rows * cols / 256 * block_bytes / 34 + 1, 32, 3);
             raw.truncate(rows * cols / 256 * block_bytes);
             for block in raw.chunks_exact_mut(block_bytes) {
-                block[..2].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
-                block[2..4].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+                if format == GgufBlockFormat::Q6K {
+                    block[208..].copy_from_slice(&half::f16::from_f32(0.0003).to_le_bytes());
+                } else {
+                    block[..2].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
+                    block[2..4].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+                }
             }
             let reference = qtensor_from_ggml(dtype, &raw, vec![rows, cols], &candle_core::Device::Cpu)
                 .unwrap()
@@ -284,15 +323,15 @@ mod tests {
                 .to_vec1::<f32>()
                 .unwrap();
             let w = UqMatrix::from_gguf(format, &raw, rows, cols).unwrap();
-            let dense = Matrix::Quantized(w.clone()).to_dense();
+            assert!(w.bytes() <= raw.len() * 9 / 8, "{format:?} takes {} bytes for the file's {}", w.bytes(), raw.len());
+            let dense = dequantized(&w);
             let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
             for (i, (a, b)) in dense.w.iter().zip(&reference).enumerate() {
                 // Only the f16 rounding of each sub-block's scale and offset.
                 assert!((a - b).abs() <= 1e-3 * largest, "{format:?} value {i}: {a} vs candle's {b}");
             }
             for level in SimdLevel::supported() {
-                let mut out = vec![0f32; n * rows];
-                uq_matmul(&w, &qx, &mut out, level);
+                let out = product(&w, &qx, level);
                 for t in 0..n {
                     for r in 0..rows {
                         let (wr, xt) = (&reference[r * cols..][..cols], &x[t * cols..][..cols]);
@@ -306,6 +345,36 @@ mod tests {
     }
 
     #[test]
+    fn matrices_of_different_formats_stack_into_one_product() {
+        let cols = 64;
+        let q5 = Matrix::Quantized(UqMatrix::from_gguf(GgufBlockFormat::Q5_0, &random_blocks(GgufBlockFormat::Q5_0, 5, cols, 1), 5, cols).unwrap());
+        let q8 = Matrix::Quantized(UqMatrix::from_gguf(GgufBlockFormat::Q8_0, &random_blocks(GgufBlockFormat::Q8_0, 2, cols, 2), 2, cols).unwrap());
+        let dense = Matrix::Dense(DenseMatrix { rows: 3, cols, w: (0..3 * cols).map(|i| i as f32 / 100.0).collect() });
+        let parts = [&q5, &q8, &dense];
+        let stacked = Matrix::stack(&parts);
+        assert!(matches!(stacked, Matrix::Stacked(_)), "a mix keeps its parts (and their bytes)");
+        assert_eq!((stacked.rows(), stacked.weight_bytes()), (10, parts.iter().map(|p| p.weight_bytes()).sum()));
+        let n = 3;
+        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
+        let mut scratch = QuantizedActivations::default();
+        let mut out = vec![0f32; n * 10];
+        stacked.matmul(&x, n, &mut scratch, &mut out);
+        let mut first_row = 0;
+        for part in parts {
+            let mut alone = vec![0f32; n * part.rows()];
+            part.matmul(&x, n, &mut scratch, &mut alone);
+            for t in 0..n {
+                assert_eq!(&out[t * 10 + first_row..][..part.rows()], &alone[t * part.rows()..][..part.rows()]);
+            }
+            let (mut row, mut expected) = (vec![0f32; cols], vec![0f32; cols]);
+            stacked.dequantize_row(first_row + 1, &mut row);
+            part.dequantize_row(1, &mut expected);
+            assert_eq!(row, expected);
+            first_row += part.rows();
+        }
+    }
+
+    #[test]
     fn block_data_of_the_wrong_size_or_shape_is_refused() {
         let q4_1 = random_blocks(GgufBlockFormat::Q4_1, 2, 64, 1);
         assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4_1, &q4_1[..q4_1.len() - 1], 2, 64).is_none(), "truncated");
@@ -315,6 +384,8 @@ mod tests {
         assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4K, &q4_k[..287], 1, 512).is_none(), "truncated super-block");
         assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4K, &q4_k, 2, 256 + 32).is_none(), "rows not whole super-blocks");
         assert!(UqMatrix::from_gguf(GgufBlockFormat::Q5K, &q4_k, 1, 512).is_none(), "Q5_K blocks are 176 bytes");
+        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q6K, &q4_k, 1, 512).is_none(), "Q6_K blocks are 210 bytes");
+        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q6K, &[0u8; 420], 1, 512).is_some());
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! Block-quantized formats as the kernels want them.
 //!
-//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and the K-quants Q4_K and Q5_K, all become
-//! one layout of unsigned ints per 32-value block with an f16 scale `d`, so one int8
+//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and the K-quants Q4_K, Q5_K and Q6_K, all
+//! become one layout of unsigned ints per 32-value block with an f16 scale `d`, so one int8
 //! dot-product kernel serves them. A block's values are `d·(q − zero)` for the symmetric formats
 //! (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as q+128 with zero 128) and `d·q + m` with a per-block
 //! f16 `m` for the others. Scales stay f16 as in the file, so a legacy-format model takes in
 //! memory what it takes on disk; a K-quant's 32-value sub-block gets its scale `d·sc` and offset
 //! `−dmin·m` as f16 (a rounding of 2⁻¹¹ at most, far below the 4-bit step, and 11% over the
-//! file's 4.5 bits a weight).
+//! file's 4.5 bits a weight). Q6_K scales every 16 values, so it keeps two scales a block and
+//! takes its zero point off inside the integer sums (see [`QuantBits::Six`]); it takes 7 bits a
+//! weight against the file's 6.56.
 //!
 //! Activations: each 32-value block is quantized to int8 with one scale, and the block's sum
 //! times its scale is kept so a weight block's offset costs one multiply per block.
@@ -23,6 +25,11 @@ pub enum QuantBits {
     /// As `Four`, then 4 bytes whose bit j (little-endian) is value j's fifth bit.
     Five,
     Eight,
+    /// Q6_K: the low four bits as `Four`, then 8 bytes whose byte i holds the top two bits of
+    /// values i, i+8, i+16 and i+24 (bits 0–1, 2–3, 4–5, 6–7). A value is `d_h·(q − 32)` with a
+    /// scale per 16 values (`d` holds two a block: values 0–15, then 16–31). The kernels subtract 32·Σx in each group of four
+    /// products' integer sum, so the zero point never goes through the activations' block sums.
+    Six,
 }
 
 impl QuantBits {
@@ -30,7 +37,17 @@ impl QuantBits {
         match self {
             Self::Four => BLOCK / 2,
             Self::Five => BLOCK / 2 + BLOCK / 8,
+            Self::Six => BLOCK / 2 + BLOCK / 4,
             Self::Eight => BLOCK,
+        }
+    }
+
+    /// Scales per 32-value block: each half of a Q6_K block has its own.
+    pub fn scales_per_block(self) -> usize {
+        if self == Self::Six {
+            2
+        } else {
+            1
         }
     }
 }
@@ -52,7 +69,7 @@ pub struct UqMatrix {
     pub bits: QuantBits,
     /// rows × blocks_per_row × bytes_per_block
     pub qs: Vec<u8>,
-    /// rows × blocks_per_row
+    /// rows × blocks_per_row × bits.scales_per_block()
     pub d: Vec<f16>,
     pub offset: Offset,
 }
@@ -67,6 +84,7 @@ pub enum GgufBlockFormat {
     Q8_0,
     Q4K,
     Q5K,
+    Q6K,
 }
 
 /// Values in a K-quant super-block.
@@ -83,13 +101,14 @@ impl GgufBlockFormat {
             Self::Q8_0 => 34,
             Self::Q4K => 144,
             Self::Q5K => 176,
+            Self::Q6K => 210,
         }
     }
 
     /// Values one block of the file holds.
     fn block_values(self) -> usize {
         match self {
-            Self::Q4K | Self::Q5K => SUPER_BLOCK,
+            Self::Q4K | Self::Q5K | Self::Q6K => SUPER_BLOCK,
             _ => BLOCK,
         }
     }
@@ -139,6 +158,7 @@ impl UqMatrix {
             GgufBlockFormat::Q5_1 => (QuantBits::Five, Offset::PerBlock(Vec::with_capacity(n_blocks))),
             GgufBlockFormat::Q8_0 => (QuantBits::Eight, Offset::Zero(128)),
             GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => return Some(Self::from_k_quants(format, raw, rows, cols)),
+            GgufBlockFormat::Q6K => return Some(Self::from_q6_k(raw, rows, cols)),
         };
         let mut w = Self { rows, cols, bits, qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()), d: Vec::with_capacity(n_blocks), offset };
         let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
@@ -160,7 +180,7 @@ impl UqMatrix {
                     w.qs.extend_from_slice(&block[4..8]);
                 }
                 GgufBlockFormat::Q8_0 => w.qs.extend(block[2..34].iter().map(|&q| q ^ 0x80)),
-                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => unreachable!("repacked by from_k_quants"),
+                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => unreachable!("K-quants are repacked on their own"),
             }
         }
         Some(w)
@@ -206,6 +226,42 @@ impl UqMatrix {
         w
     }
 
+    /// Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales,
+    /// then d) as 32-value blocks of six bits a value and two scales `d·sc`.
+    /// The caller has checked the sizes.
+    fn from_q6_k(raw: &[u8], rows: usize, cols: usize) -> Self {
+        let n_blocks = rows * cols / BLOCK;
+        let bits = QuantBits::Six;
+        let mut w = Self { rows, cols, bits, qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()), d: Vec::with_capacity(2 * n_blocks), offset: Offset::Zero(32) };
+        for block in raw.chunks_exact(GgufBlockFormat::Q6K.block_bytes()) {
+            let (low, high, scales) = (&block[..128], &block[128..192], &block[192..208]);
+            let d = f16::from_le_bytes([block[208], block[209]]).to_f32();
+            w.d.extend(scales.iter().map(|&sc| f16::from_f32(d * f32::from(sc as i8))));
+            // Each half of the super-block is four runs of 32 values: run r takes its low bits
+            // from nibble r/2 of low bytes 32·(r%2).., its high bits from bit pair r of the
+            // half's 32 high bytes.
+            for half in 0..2 {
+                let (low, high) = (&low[64 * half..][..64], &high[32 * half..][..32]);
+                for run in 0..4 {
+                    let nibbles = &low[32 * (run % 2)..][..32];
+                    let values: [u8; BLOCK] = std::array::from_fn(|l| ((nibbles[l] >> (4 * (run / 2))) & 0x0f) | (((high[l] >> (2 * run)) & 3) << 4));
+                    w.qs.extend((0..BLOCK / 2).map(|i| (values[i] & 0x0f) | (values[i + BLOCK / 2] & 0x0f) << 4));
+                    w.qs.extend((0..BLOCK / 4).map(|i| (0..4).fold(0u8, |byte, k| byte | (values[8 * k + i] >> 4) << (2 * k))));
+                }
+            }
+        }
+        w
+    }
+
+    /// The scale of value `j` of block `index` (row-major block index).
+    #[inline]
+    pub fn value_scale(&self, index: usize, j: usize) -> f32 {
+        match self.bits {
+            QuantBits::Six => self.d[2 * index + j / (BLOCK / 2)].to_f32(),
+            _ => self.d[index].to_f32(),
+        }
+    }
+
     /// The unsigned ints of block `index` (row-major block index), in value order.
     #[inline]
     pub fn block_ints(&self, index: usize) -> [u8; BLOCK] {
@@ -213,7 +269,7 @@ impl UqMatrix {
         let qs = &self.qs[index * bpb..][..bpb];
         let mut q = [0u8; BLOCK];
         match self.bits {
-            QuantBits::Four | QuantBits::Five => {
+            QuantBits::Four | QuantBits::Five | QuantBits::Six => {
                 for j in 0..BLOCK / 2 {
                     q[j] = qs[j] & 0x0f;
                     q[j + BLOCK / 2] = qs[j] >> 4;
@@ -222,6 +278,11 @@ impl UqMatrix {
                     let high = u32::from_le_bytes([qs[16], qs[17], qs[18], qs[19]]);
                     for (j, v) in q.iter_mut().enumerate() {
                         *v |= (((high >> j) & 1) as u8) << 4;
+                    }
+                }
+                if self.bits == QuantBits::Six {
+                    for (j, v) in q.iter_mut().enumerate() {
+                        *v |= ((qs[16 + j % 8] >> (2 * (j / 8))) & 3) << 4;
                     }
                 }
             }
@@ -235,8 +296,15 @@ impl UqMatrix {
         let nb = self.blocks_per_row();
         for (b, dst) in out[..self.cols].chunks_exact_mut(BLOCK).enumerate() {
             let index = row * nb + b;
+            let ints = self.block_ints(index);
+            if self.bits == QuantBits::Six {
+                for (j, (v, q)) in dst.iter_mut().zip(ints).enumerate() {
+                    *v = self.value_scale(index, j) * (f32::from(q) - 32.0);
+                }
+                continue;
+            }
             let (d, m) = (self.d[index].to_f32(), self.block_offset(index));
-            for (v, q) in dst.iter_mut().zip(self.block_ints(index)) {
+            for (v, q) in dst.iter_mut().zip(ints) {
                 *v = d * f32::from(q) + m;
             }
         }

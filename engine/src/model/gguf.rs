@@ -24,8 +24,16 @@ pub fn is_gguf(path: &Path) -> bool {
 pub struct GgufModel {
     pub config: ModelConfig,
     pub weights: Weights,
-    pub metadata: Metadata,
 }
+
+/// A GGUF file whose header is read: metadata and configuration, tensors still on disk.
+pub struct GgufFile {
+    reader: Reader,
+    pub config: ModelConfig,
+}
+
+/// Header arrays only the tokenizer reads: a 150K vocabulary keeps tens of MB in them.
+const VOCABULARY_KEYS: [&str; 4] = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"];
 
 struct Reader {
     path: PathBuf,
@@ -58,6 +66,7 @@ impl Reader {
             GgmlDType::Q8_0 => Some(GgufBlockFormat::Q8_0),
             GgmlDType::Q4K => Some(GgufBlockFormat::Q4K),
             GgmlDType::Q5K => Some(GgufBlockFormat::Q5K),
+            GgmlDType::Q6K => Some(GgufBlockFormat::Q6K),
             _ => None,
         };
         if let Some(format) = format {
@@ -103,7 +112,33 @@ impl Reader {
     }
 }
 
+/// Reads the whole model: header, then tensors.
 pub fn load(path: &Path) -> Result<GgufModel> {
+    let file = open(path)?;
+    let config = file.config.clone();
+    Ok(GgufModel { weights: file.load_weights()?, config })
+}
+
+impl GgufFile {
+    pub fn metadata(&self) -> &Metadata {
+        &self.reader.content.metadata
+    }
+
+    /// Frees the vocabulary arrays (once the tokenizer is built, before the weights come in,
+    /// so they do not add to the load's peak memory).
+    pub fn drop_vocabulary(&mut self) {
+        for key in VOCABULARY_KEYS {
+            self.reader.content.metadata.remove(key);
+        }
+    }
+
+    pub fn load_weights(self) -> Result<Weights> {
+        load_weights(self.reader, &self.config)
+    }
+}
+
+/// Reads the header and the model configuration.
+pub fn open(path: &Path) -> Result<GgufFile> {
     let io_err = |source| Error::ModelIo { path: path.to_path_buf(), source };
     let file = File::open(path).map_err(io_err)?;
     if !is_gguf(path) {
@@ -113,7 +148,7 @@ pub fn load(path: &Path) -> Result<GgufModel> {
     file.rewind().map_err(io_err)?;
     let content = Content::read(&mut file)
         .map_err(|e| Error::BadModelFile { path: path.to_path_buf(), reason: format!("unreadable header: {e}") })?;
-    let mut r = Reader { path: path.to_path_buf(), file, content };
+    let r = Reader { path: path.to_path_buf(), file, content };
 
     let arch_name = r
         .meta("general.architecture")
@@ -156,7 +191,18 @@ pub fn load(path: &Path) -> Result<GgufModel> {
         rope_scaling,
     };
     config.validate()?;
+    Ok(GgufFile { reader: r, config })
+}
 
+fn load_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
+    let architecture = config.architecture;
+    // The largest tensors first: loading holds one tensor's file bytes beside its repacked
+    // copy, and that is cheapest before everything else is resident.
+    let embedding = r.matrix("token_embd.weight")?;
+    let lm_head = match r.matrix("output.weight") {
+        Err(Error::MissingTensor(_)) => None,
+        other => Some(other?),
+    };
     let mut layers = Vec::with_capacity(config.n_layers);
     for i in 0..config.n_layers {
         let p = |name: &str| format!("blk.{i}.{name}");
@@ -181,17 +227,13 @@ pub fn load(path: &Path) -> Result<GgufModel> {
             down: r.matrix(&p("ffn_down.weight"))?,
         });
     }
-    let lm_head = match r.matrix("output.weight") {
-        Err(Error::MissingTensor(_)) => None,
-        other => Some(other?),
-    };
     let weights = Weights {
-        embedding: r.matrix("token_embd.weight")?,
+        embedding,
         layers,
         output_norm: r.vector("output_norm.weight")?,
         lm_head,
         rope_freq_factors: r.optional_vector("rope_freqs.weight")?,
     };
-    weights.validate(&config)?;
-    Ok(GgufModel { config, weights, metadata: r.content.metadata })
+    weights.validate(config)?;
+    Ok(weights)
 }

@@ -1,8 +1,8 @@
 //! x86-64-v3 kernels (AVX2, FMA, F16C), each also built with the VEX-encoded VNNI dot products
 //! (`VNNI = true`) for the CPUs that have them. Without VNNI an unsigned × signed byte product
 //! takes `maddubs` (pairs into saturating i16) and `madd` (pairs into i32); its operands are kept
-//! where no pair can saturate: 4- and 5-bit weights (≤ 31·127·2), and 8-bit values multiplied as
-//! |a| × sign(b, a) (≤ 128·127·2 < 2¹⁵).
+//! where no pair can saturate: 4-, 5- and 6-bit weights (≤ 63·127·2), and 8-bit values
+//! multiplied as |a| × sign(b, a) (≤ 128·127·2 < 2¹⁵).
 
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
@@ -32,7 +32,7 @@ unsafe fn dot_i8i8<const VNNI: bool>(acc: __m256i, a: __m256i, b: __m256i) -> __
     unsafe { dot_u8i8::<VNNI>(acc, _mm256_abs_epi8(a), _mm256_sign_epi8(b, a)) }
 }
 
-/// The 32 unsigned ints of one weight block, in value order (4- and 5-bit formats).
+/// The 32 unsigned ints of one weight block, in value order (4-, 5- and 6-bit formats).
 ///
 /// # Safety
 /// `ptr` points at the block's `bits.bytes_per_block()` bytes; the CPU has avx2.
@@ -45,6 +45,13 @@ pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
         let lo = _mm_and_si128(raw, low_nibbles);
         let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low_nibbles);
         let q = _mm256_set_m128i(hi, lo);
+        if bits == QuantBits::Six {
+            // Bytes 8k..8k+7 take bit pair k of the 8 high bytes: each 64-bit lane gets all
+            // eight, shifted right by 2k.
+            let high = _mm256_set1_epi64x((ptr.add(16) as *const i64).read_unaligned());
+            let pairs = _mm256_and_si256(_mm256_srlv_epi64(high, _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(3));
+            return _mm256_or_si256(q, _mm256_slli_epi16(pairs, 4));
+        }
         if bits != QuantBits::Five {
             return q;
         }
@@ -104,12 +111,14 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool>(w: &UqMatrix, rows: Ran
     // 8-bit weights without VNNI are multiplied signed (see the module comment), which takes
     // the zero point off already.
     let signed = !VNNI && w.bits == QuantBits::Eight;
+    let six = w.bits == QuantBits::Six;
+    let spb = w.bits.scales_per_block();
     let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
     let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
     let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(&w.offset)[(t0 + t) * nb..][..nb]);
     let start = rows.start;
     for row in rows {
-        let wd = &w.d[row * nb..][..nb];
+        let wd = &w.d[row * nb * spb..][..nb * spb];
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
         let mut acc = [_mm256_setzero_ps(); NT];
         for b in 0..nb {
@@ -122,7 +131,8 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool>(w: &UqMatrix, rows: Ran
                     QuantBits::Eight => _mm256_loadu_si256(block.cast()),
                     bits => unpack_block(bits, block),
                 };
-                let dw = f16_value(wd[b]);
+                // Q6_K: lanes 0–3 hold values 0–15, lanes 4–7 values 16–31, each half its scale.
+                let (dw, dw_high) = if six { (f16_value(wd[2 * b]), f16_value(wd[2 * b + 1])) } else { (f16_value(wd[b]), 0.0) };
                 for t in 0..NT {
                     let xv = _mm256_loadu_si256(xq[t][b * BLOCK..][..BLOCK].as_ptr().cast());
                     let isum = if signed {
@@ -130,14 +140,21 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool>(w: &UqMatrix, rows: Ran
                     } else {
                         dot_u8i8::<VNNI>(_mm256_setzero_si256(), wv, xv)
                     };
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * xd[t][b]), acc[t]);
+                    let dx = xd[t][b];
+                    let (isum, scale) = if six {
+                        let zeros = dot_u8i8::<VNNI>(_mm256_setzero_si256(), _mm256_set1_epi8(32), xv);
+                        (_mm256_sub_epi32(isum, zeros), _mm256_set_m128(_mm_set1_ps(dw_high * dx), _mm_set1_ps(dw * dx)))
+                    } else {
+                        (isum, _mm256_set1_ps(dw * dx))
+                    };
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[t]);
                 }
             }
         }
         // The blocks' offsets times the activations' scaled sums, 8 blocks at a time (none
-        // for signed products: their zero point is already off).
+        // for signed products or Q6_K: their zero point is already off).
         let mut tails = [0f32; NT];
-        if !signed {
+        if !signed && !six {
             let (offsets, factor) = match &w.offset {
                 Offset::Zero(z) => (wd, -f32::from(*z)),
                 Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),

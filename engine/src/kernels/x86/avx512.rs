@@ -15,6 +15,13 @@ fn pair_index() -> __m512i {
     _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 }
 
+/// Lanes 0–3 take element 0 of a 4-float vector, lanes 4–7 element 1, and so on.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn quad_index() -> __m512i {
+    _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
+}
+
 /// Products of weight rows `rows` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE), into
 /// `out[(row - rows.start) · TOKEN_TILE + t]`.
 ///
@@ -44,10 +51,12 @@ unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &Qua
     let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
     let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(&w.offset)[(t0 + t) * nb..][..nb]);
     let low_nibbles = _mm256_set1_epi8(0x0f);
-    let pair = pair_index();
+    let (pair, quad) = (pair_index(), quad_index());
+    let six = w.bits == QuantBits::Six;
+    let spb = w.bits.scales_per_block();
     let start = rows.start;
     for row in rows {
-        let wd = &w.d[row * nb..][..nb];
+        let wd = &w.d[row * nb * spb..][..nb * spb];
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
         let mut acc = [_mm512_setzero_ps(); NT];
         for p in 0..nb / 2 {
@@ -64,7 +73,7 @@ unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &Qua
                         let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
                         _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
                     }
-                    QuantBits::Five => {
+                    QuantBits::Five | QuantBits::Six => {
                         let first = avx2::unpack_block(w.bits, wq.add(2 * p * bpb));
                         let second = avx2::unpack_block(w.bits, wq.add((2 * p + 1) * bpb));
                         _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1)
@@ -72,21 +81,34 @@ unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &Qua
                     QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
                 }
             };
-            let dw = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe { (wd.as_ptr().add(2 * p) as *const i32).read_unaligned() }));
+            // Q6_K: four scales, one for each group of four lanes (16 values).
+            let dw = unsafe {
+                if six {
+                    _mm_cvtph_ps(_mm_loadl_epi64(wd.as_ptr().add(4 * p).cast()))
+                } else {
+                    _mm_cvtph_ps(_mm_cvtsi32_si128((wd.as_ptr().add(2 * p) as *const i32).read_unaligned()))
+                }
+            };
             for t in 0..NT {
                 let xv = unsafe { _mm512_loadu_si512(xq[t].as_ptr().add(p * 64) as *const __m512i) };
-                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                let mut isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
                 let dx = unsafe { _mm_castpd_ps(_mm_load_sd(xd[t].as_ptr().add(2 * p) as *const f64)) };
-                let scale = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
+                let scale = if six {
+                    isum = _mm512_sub_epi32(isum, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(32), xv));
+                    _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_unpacklo_ps(dx, dx))))
+                } else {
+                    _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)))
+                };
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
             }
         }
-        // The blocks' offsets times the activations' scaled sums, 16 blocks at a time.
+        // The blocks' offsets times the activations' scaled sums, 16 blocks at a time (Q6_K's
+        // zero point is off already).
         let (offsets, factor) = match &w.offset {
             Offset::Zero(z) => (wd, -f32::from(*z)),
             Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),
         };
-        for c in (0..nb).step_by(16) {
+        for c in (0..if six { 0 } else { nb }).step_by(16) {
             let mask: __mmask16 = ((1u32 << (nb - c).min(16)) - 1) as __mmask16;
             // SAFETY: the mask covers only blocks c.. < nb of the row's offsets and each token's sums.
             let m = _mm512_cvtph_ps(unsafe { _mm256_maskz_loadu_epi16(mask, offsets.as_ptr().add(c).cast()) });
@@ -104,6 +126,7 @@ unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &Qua
                 let isum = unsafe {
                     let wv = match w.bits {
                         QuantBits::Eight => _mm256_loadu_si256(wq.add(b * bpb).cast()),
+                        QuantBits::Six => unreachable!("Q6_K rows are whole super-blocks: 8 blocks each"),
                         bits => avx2::unpack_block(bits, wq.add(b * bpb)),
                     };
                     let xv = _mm256_loadu_si256(xq[t][b * BLOCK..][..BLOCK].as_ptr().cast());
