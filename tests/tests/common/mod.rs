@@ -8,15 +8,27 @@ use std::path::PathBuf;
 pub fn model_path() -> PathBuf {
     let path = match std::env::var_os("HILLSIDE_MODEL") {
         Some(p) => PathBuf::from(p),
-        None => {
-            let data = std::env::var_os("XDG_DATA_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".local/share"));
-            data.join("hillside/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        }
+        None => models_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf"),
     };
     assert!(path.exists(), "model not found at {}: run `python3 models/fetch.py` (make test does)", path.display());
     path
+}
+
+/// Qwen2.5-Coder-0.5B-Instruct Q4_K_M, fetched by `make test` (`python3 models/fetch.py
+/// qwen2.5-coder-0.5b-instruct`): the K-quant and qwen2 model.
+pub fn qwen_model_path() -> PathBuf {
+    let path = models_dir().join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(path.exists(), "model not found at {}: run `python3 models/fetch.py qwen2.5-coder-0.5b-instruct` (make test does)", path.display());
+    path
+}
+
+/// Where `models/fetch.py` puts models: `$HILLSIDE_MODELS_DIR`, else `$XDG_DATA_HOME/hillside/models`.
+fn models_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("HILLSIDE_MODELS_DIR") {
+        return PathBuf::from(dir);
+    }
+    let data = std::env::var_os("XDG_DATA_HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".local/share"));
+    data.join("hillside/models")
 }
 
 /// Cold-pool files in `dir` (the planner's cached profile may sit beside them).
