@@ -93,27 +93,82 @@ pub unsafe fn uq_dot_rows_vnni(w: &UqMatrix, rows: Range<usize>, x: &QuantizedAc
 unsafe fn uq_dot_rows_with<const VNNI: bool>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
     assert!(out.len() >= rows.len() * TOKEN_TILE);
+    assert!(w.qs.len() >= w.rows * w.row_bytes() && w.d.len() >= w.rows * w.blocks_per_row() * w.bits.scales_per_block());
+    // One instance per format and tile width, so the block loop has no format branches.
+    macro_rules! tiles {
+        ($bits:expr) => {
+            match nt {
+                1 => uq_dot_tile::<1, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
+                2 => uq_dot_tile::<2, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
+                3 => uq_dot_tile::<3, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
+                _ => uq_dot_tile::<4, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
+            }
+        };
+    }
     // SAFETY (all arms): features per the callers' contracts; bounds asserted above.
     unsafe {
-        match nt {
-            1 => uq_dot_tile::<1, VNNI>(w, rows, x, t0, out),
-            2 => uq_dot_tile::<2, VNNI>(w, rows, x, t0, out),
-            3 => uq_dot_tile::<3, VNNI>(w, rows, x, t0, out),
-            _ => uq_dot_tile::<4, VNNI>(w, rows, x, t0, out),
+        match w.bits {
+            QuantBits::Four => tiles!(QuantBits::Four),
+            QuantBits::Five => tiles!(QuantBits::Five),
+            QuantBits::Six => tiles!(QuantBits::Six),
+            QuantBits::Eight => tiles!(QuantBits::Eight),
+        }
+    }
+}
+
+/// Block `ptr`'s 32 weights as bytes for [`block_dot`]: unsigned ints, or for 8-bit weights
+/// without VNNI, signed (q − 128).
+#[inline(always)]
+unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8) -> __m256i {
+    // SAFETY: the caller passes a pointer to one whole block.
+    unsafe {
+        if BITS == QuantBits::Eight as u8 {
+            let q = _mm256_loadu_si256(ptr.cast());
+            if VNNI {
+                q
+            } else {
+                _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+            }
+        } else {
+            let bits = if BITS == QuantBits::Four as u8 {
+                QuantBits::Four
+            } else if BITS == QuantBits::Five as u8 {
+                QuantBits::Five
+            } else {
+                QuantBits::Six
+            };
+            unpack_block(bits, ptr)
+        }
+    }
+}
+
+/// Sums of four products (i32 lanes) of a block from [`load_block`] with 32 activations. Q6_K's
+/// zero point comes off here: lanes 0–3 are values 0–15, lanes 4–7 values 16–31.
+#[inline(always)]
+unsafe fn block_dot<const VNNI: bool, const BITS: u8>(wv: __m256i, xv: __m256i) -> __m256i {
+    // SAFETY: the callers are compiled with avx2 (and avxvnni when VNNI).
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        if BITS == QuantBits::Eight as u8 && !VNNI {
+            dot_i8i8::<VNNI>(zero, wv, xv)
+        } else if BITS == QuantBits::Six as u8 {
+            _mm256_sub_epi32(dot_u8i8::<VNNI>(zero, wv, xv), dot_u8i8::<VNNI>(zero, _mm256_set1_epi8(32), xv))
+        } else {
+            dot_u8i8::<VNNI>(zero, wv, xv)
         }
     }
 }
 
 #[inline(always)]
-unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, out: &mut [f32]) {
+unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, out: &mut [f32]) {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
-    // 8-bit weights without VNNI are multiplied signed (see the module comment), which takes
-    // the zero point off already.
-    let signed = !VNNI && w.bits == QuantBits::Eight;
-    let six = w.bits == QuantBits::Six;
+    // 8-bit weights without VNNI are multiplied signed (see the module comment), and Q6_K's
+    // zero point is taken off in the integer sums.
+    let zero_point_off = (!VNNI && BITS == QuantBits::Eight as u8) || BITS == QuantBits::Six as u8;
+    let six = BITS == QuantBits::Six as u8;
     let spb = w.bits.scales_per_block();
-    let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
+    let xq: [*const i8; NT] = std::array::from_fn(|t| x.qs[(t0 + t) * w.cols..][..w.cols].as_ptr());
     let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
     let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(&w.offset)[(t0 + t) * nb..][..nb]);
     let start = rows.start;
@@ -121,40 +176,62 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool>(w: &UqMatrix, rows: Ran
         let wd = &w.d[row * nb * spb..][..nb * spb];
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
         let mut acc = [_mm256_setzero_ps(); NT];
-        for b in 0..nb {
+        let mut b = 0;
+        // Eight blocks at a time: their i32 lanes are summed to one lane per block (hadd), so
+        // the eight scales take one conversion, one multiply and one FMA. Q6_K's half-block
+        // scales go one block at a time, below.
+        while !six && b + 8 <= nb {
+            // SAFETY (every raw read in this loop): blocks b..b+8 ≤ nb lie inside this row's
+            // nb·bpb weight bytes and nb scales, and inside each token's `cols` activations
+            // and nb scales.
+            unsafe {
+                let mut quads = [[_mm256_setzero_si256(); NT]; 2];
+                for (quad, quad_sums) in quads.iter_mut().enumerate() {
+                    // Plain loops, not closures: a closure is compiled without this function's
+                    // target features, and the intrinsics in it would become calls.
+                    let first = b + 4 * quad;
+                    let mut wv = [_mm256_setzero_si256(); 4];
+                    for (i, wv) in wv.iter_mut().enumerate() {
+                        *wv = load_block::<VNNI, BITS>(wq.add((first + i) * bpb));
+                    }
+                    for t in 0..NT {
+                        let mut v = [_mm256_setzero_si256(); 4];
+                        for (i, v) in v.iter_mut().enumerate() {
+                            *v = block_dot::<VNNI, BITS>(wv[i], _mm256_loadu_si256(xq[t].add((first + i) * BLOCK).cast()));
+                        }
+                        // [four sums of block 0, of block 1, 2, 3 | the same of their upper halves]
+                        quad_sums[t] = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+                    }
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd.as_ptr().add(b).cast()));
+                for t in 0..NT {
+                    let lower = _mm256_permute2x128_si256(quads[0][t], quads[1][t], 0x20);
+                    let upper = _mm256_permute2x128_si256(quads[0][t], quads[1][t], 0x31);
+                    let block_sums = _mm256_cvtepi32_ps(_mm256_add_epi32(lower, upper));
+                    let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(xd[t].as_ptr().add(b)));
+                    acc[t] = _mm256_fmadd_ps(block_sums, scale, acc[t]);
+                }
+            }
+            b += 8;
+        }
+        for b in b..nb {
             // SAFETY: block b < nb lies inside this row's nb·bpb bytes, and each token's 32
             // activations of block b inside its row of `cols`.
             unsafe {
-                let block = wq.add(b * bpb);
-                let wv = match w.bits {
-                    QuantBits::Eight if signed => _mm256_xor_si256(_mm256_loadu_si256(block.cast()), _mm256_set1_epi8(-128)),
-                    QuantBits::Eight => _mm256_loadu_si256(block.cast()),
-                    bits => unpack_block(bits, block),
-                };
+                let wv = load_block::<VNNI, BITS>(wq.add(b * bpb));
                 // Q6_K: lanes 0–3 hold values 0–15, lanes 4–7 values 16–31, each half its scale.
                 let (dw, dw_high) = if six { (f16_value(wd[2 * b]), f16_value(wd[2 * b + 1])) } else { (f16_value(wd[b]), 0.0) };
                 for t in 0..NT {
-                    let xv = _mm256_loadu_si256(xq[t][b * BLOCK..][..BLOCK].as_ptr().cast());
-                    let isum = if signed {
-                        dot_i8i8::<VNNI>(_mm256_setzero_si256(), wv, xv)
-                    } else {
-                        dot_u8i8::<VNNI>(_mm256_setzero_si256(), wv, xv)
-                    };
+                    let isum = block_dot::<VNNI, BITS>(wv, _mm256_loadu_si256(xq[t].add(b * BLOCK).cast()));
                     let dx = xd[t][b];
-                    let (isum, scale) = if six {
-                        let zeros = dot_u8i8::<VNNI>(_mm256_setzero_si256(), _mm256_set1_epi8(32), xv);
-                        (_mm256_sub_epi32(isum, zeros), _mm256_set_m128(_mm_set1_ps(dw_high * dx), _mm_set1_ps(dw * dx)))
-                    } else {
-                        (isum, _mm256_set1_ps(dw * dx))
-                    };
+                    let scale = if six { _mm256_set_m128(_mm_set1_ps(dw_high * dx), _mm_set1_ps(dw * dx)) } else { _mm256_set1_ps(dw * dx) };
                     acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[t]);
                 }
             }
         }
-        // The blocks' offsets times the activations' scaled sums, 8 blocks at a time (none
-        // for signed products or Q6_K: their zero point is already off).
+        // The blocks' offsets times the activations' scaled sums, 8 blocks at a time.
         let mut tails = [0f32; NT];
-        if !signed && !six {
+        if !zero_point_off {
             let (offsets, factor) = match &w.offset {
                 Offset::Zero(z) => (wd, -f32::from(*z)),
                 Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),
