@@ -9,7 +9,8 @@
 
 use super::SimdLevel;
 use half::f16;
-use rayon::prelude::*;
+use super::parallel::DisjointWriter;
+use super::spin_pool::pool;
 
 /// Tokens per K tile.
 pub const KV_TILE: usize = 16;
@@ -71,33 +72,34 @@ pub(crate) fn attend_at(level: SimdLevel, q: &[f32], q_positions: &[usize], n_he
     assert_eq!(out.len(), q.len(), "attention output shape");
 
     let max_keys = q_positions.iter().map(|&p| view.key_limit(p)).max().unwrap_or(0);
-    let threads = rayon::current_num_threads();
+    let threads = pool().threads();
     let splits = (4 * threads).div_ceil(n_kv * n).min(max_keys.div_ceil(4 * KEY_CHUNK)).max(1);
     let split_tokens = max_keys.div_ceil(splits).div_ceil(KV_TILE) * KV_TILE;
     let tasks = n_kv * n * splits;
     let stride = group * (hd + 2);
     let mut partials = vec![0f32; tasks * stride];
     let scale = 1.0 / (hd as f32).sqrt();
-    partials.par_chunks_mut(stride).enumerate().for_each_init(
-        || Scratch::new(group, hd),
-        |scratch, (task, part)| {
-            let (h, rest) = (task / (n * splits), task % (n * splits));
-            let (t, split) = (rest / splits, rest % splits);
-            let limit = view.key_limit(q_positions[t]);
-            let start = (split * split_tokens).min(limit);
-            let end = (start + split_tokens).min(limit);
-            for gi in 0..group {
-                let src = &q[(t * n_heads + h * group + gi) * hd..][..hd];
-                for (dst, &s) in scratch.q[gi * hd..][..hd].iter_mut().zip(src) {
-                    *dst = s * scale;
-                }
+    let writer = DisjointWriter::new(&mut partials);
+    pool().run(tasks, &|task| {
+        let scratch = &mut Scratch::new(group, hd);
+        // SAFETY: task `task` owns its `stride` partials.
+        let part = unsafe { writer.slice(task * stride, stride) };
+        let (h, rest) = (task / (n * splits), task % (n * splits));
+        let (t, split) = (rest / splits, rest % splits);
+        let limit = view.key_limit(q_positions[t]);
+        let start = (split * split_tokens).min(limit);
+        let end = (start + split_tokens).min(limit);
+        for gi in 0..group {
+            let src = &q[(t * n_heads + h * group + gi) * hd..][..hd];
+            for (dst, &s) in scratch.q[gi * hd..][..hd].iter_mut().zip(src) {
+                *dst = s * scale;
             }
-            let (max, rest) = part.split_at_mut(group);
-            let (sum, acc) = rest.split_at_mut(group);
-            let mut partial = Partial { max, sum, acc };
-            attend_range(view, h, group, q_positions[t], start, end, scratch, &mut partial, level);
-        },
-    );
+        }
+        let (max, rest) = part.split_at_mut(group);
+        let (sum, acc) = rest.split_at_mut(group);
+        let mut partial = Partial { max, sum, acc };
+        attend_range(view, h, group, q_positions[t], start, end, scratch, &mut partial, level);
+    });
 
     // Merge the key-range partials of each (head, token) by log-sum-exp.
     for t in 0..n {

@@ -4,9 +4,9 @@
 //! unpacked once and used for a tile of tokens while it sits in registers).
 
 use super::parallel::{task_count, DisjointWriter};
+use super::spin_pool::pool;
 use super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
 use super::SimdLevel;
-use rayon::prelude::*;
 use std::ops::Range;
 
 /// Tokens whose products one kernel call computes together.
@@ -125,7 +125,7 @@ fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &OutRows, level: SimdL
     // Enough rows per task that the task's weights are worth a trip through the pool.
     let tasks = task_count(rows, 16);
     let rows_per_task = rows.div_ceil(tasks);
-    (0..tasks).into_par_iter().for_each(|task| {
+    pool().run(tasks, &|task| {
         let r0 = task * rows_per_task;
         let r1 = (r0 + rows_per_task).min(rows);
         let mut sums = vec![0f32; (r1 - r0) * TOKEN_TILE];
@@ -199,7 +199,7 @@ fn dense_matmul(w: &DenseMatrix, x: &[f32], n: usize, out: &OutRows) {
     let rows = w.rows;
     let tasks = task_count(rows, 8);
     let rows_per_task = rows.div_ceil(tasks);
-    (0..tasks).into_par_iter().for_each(|task| {
+    pool().run(tasks, &|task| {
         let r0 = task * rows_per_task;
         let r1 = (r0 + rows_per_task).min(rows);
         for t in 0..n {

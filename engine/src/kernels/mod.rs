@@ -8,6 +8,7 @@ pub mod attention;
 pub mod matrix;
 pub mod ops;
 pub mod parallel;
+pub mod spin_pool;
 pub mod quant;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;

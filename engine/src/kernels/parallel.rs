@@ -1,4 +1,4 @@
-//! Helpers for splitting kernel work over the rayon pool.
+//! Helpers for splitting kernel work over the compute threads.
 
 use std::marker::PhantomData;
 
@@ -32,9 +32,22 @@ impl<'a> DisjointWriter<'a> {
     }
 }
 
+impl DisjointWriter<'_> {
+    /// `len` values from `start`, to fill in place.
+    ///
+    /// # Safety
+    /// No other task may touch these values while the slice is alive.
+    #[allow(clippy::mut_from_ref)] // exclusive per the caller's contract, as for `write`
+    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(start + len <= self.len, "DisjointWriter slice {start}+{len} out of bounds {}", self.len);
+        // SAFETY: in bounds (checked above); exclusive per the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}
+
 /// How many pieces to cut `work_items` into so that every thread gets a few.
 pub fn task_count(work_items: usize, min_items_per_task: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
+    let threads = super::spin_pool::pool().threads();
     let by_size = work_items.div_ceil(min_items_per_task.max(1));
     by_size.clamp(1, (threads * 4).max(1))
 }

@@ -80,12 +80,6 @@ impl Model {
     /// item's logits as asked. On an error the caches may hold part of the step: callers roll
     /// them back (`KvStore::truncate`).
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>], want: Logits) -> Result<Vec<Vec<f32>>> {
-        // Run the whole pass on a pool thread: the kernels' parallel loops then split work
-        // within the pool instead of paying a cross-thread hand-off each (~200 per token).
-        rayon::scope(|_| self.forward_on_pool(items, want))
-    }
-
-    fn forward_on_pool(&self, items: &mut [BatchItem<'_>], want: Logits) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         // Row ranges of each item in the batch, and every row's position in its sequence.
         let mut rows_of = Vec::with_capacity(items.len());
