@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Hillside against llama.cpp on the same GGUF, threads and contexts, in one run.
+#
+#   scripts/bench-vs-llama.sh [--level avx2|native] [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct]
+#                             [--contexts 512,4096,8192] [--prefill 512,8192] [--threads 2] [--decode-tokens 32]
+#
+# llama.cpp's `llama-bench` is built once from the llama-cpp-python 0.3.36 sdist on PyPI (the
+# package registry is all this machine reaches) into ~/.cache/hillside/llama.cpp/<level>:
+#   native  GGML_NATIVE=ON, against Hillside at the CPU's best level;
+#   avx2    GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF, against HILLSIDE_SIMD=avx2, so an
+#           AVX-512 machine can time the AVX2-only path of both.
+# Prints one table of tokens/s and Hillside/llama.cpp ratios and writes it as JSON
+# (bench-vs-llama-<level>.json). Ratios from one run only: both sides run back to back.
+set -euo pipefail
+
+level=native
+models=smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct
+contexts=512,4096,8192
+prefills=512,8192
+threads=2
+decode_tokens=32
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --level) level=$2; shift 2 ;;
+    --models) models=$2; shift 2 ;;
+    --contexts) contexts=$2; shift 2 ;;
+    --prefill) prefills=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --decode-tokens) decode_tokens=$2; shift 2 ;;
+    *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+case "$level" in
+  native) cmake_simd=(-DGGML_NATIVE=ON); hillside_simd="" ;;
+  avx2) cmake_simd=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF); hillside_simd=avx2 ;;
+  *) echo "--level is native or avx2" >&2; exit 2 ;;
+esac
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+export PATH="$HOME/.cargo/bin:$PATH"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/hillside-target}
+cache=$HOME/.cache/hillside/llama.cpp
+sdist_url=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-0.3.36.tar.gz
+sdist_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+bench_bin=$cache/$level/bin/llama-bench
+
+if [ ! -x "$bench_bin" ]; then
+  command -v cmake >/dev/null || { echo "installing cmake ..." >&2; ${SUDO:-$( [ "$(id -u)" = 0 ] || echo sudo)} apt-get install -y cmake >&2; }
+  mkdir -p "$cache"
+  if [ ! -d "$cache/src" ]; then
+    tarball=$cache/llama_cpp_python-0.3.36.tar.gz
+    if [ ! -f "$tarball" ]; then
+      curl -sSLf -o "$tarball.part" "$sdist_url"
+      mv "$tarball.part" "$tarball"
+    fi
+    echo "$sdist_sha256  $tarball" | sha256sum -c --quiet - || { rm -f "$tarball"; echo "llama-cpp-python sdist: hash mismatch" >&2; exit 1; }
+    rm -rf "$cache/src.part" && mkdir "$cache/src.part"
+    tar xzf "$tarball" -C "$cache/src.part" --strip-components=3 llama_cpp_python-0.3.36/vendor/llama.cpp
+    mv "$cache/src.part" "$cache/src"
+  fi
+  echo "building llama-bench ($level) ..." >&2
+  cmake -S "$cache/src" -B "$cache/$level" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DGGML_OPENMP=ON "${cmake_simd[@]}" >&2
+  cmake --build "$cache/$level" --target llama-bench -j "$(nproc)" >&2
+fi
+
+cargo build --release -q -p hillside --manifest-path "$root/Cargo.toml"
+hillside=$CARGO_TARGET_DIR/release/hillside
+models_dir=${HILLSIDE_MODELS_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/hillside/models}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# One llama-bench figure: tokens/s of a prompt (-p N) or of decoding at a depth (-n N -d D).
+llama_tps() {
+  "$bench_bin" -m "$1" -t "$threads" -r 2 -o json "${@:2}" 2>/dev/null |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["avg_ts"])'
+}
+
+rows=()
+IFS=, read -ra model_list <<< "$models"
+IFS=, read -ra prefill_list <<< "$prefills"
+IFS=, read -ra context_list <<< "$contexts"
+for model in "${model_list[@]}"; do
+  file=$(python3 -c 'import json,sys; print(next(m["file"] for m in json.load(open(sys.argv[1]))["models"] if m["name"] == sys.argv[2]))' "$root/models/registry.json" "$model")
+  path=$models_dir/$file
+  [ -f "$path" ] || python3 "$root/models/fetch.py" "$model" >&2
+  for p in "${prefill_list[@]}"; do
+    echo "$model: prefill $p ..." >&2
+    HILLSIDE_SIMD=$hillside_simd "$hillside" bench decode --model "$model" --threads "$threads" \
+      --prefill-tokens "$p" --contexts 2 --decode-tokens 1 --json "$work/h.json" >/dev/null 2>&1
+    ours=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["prefill"]["tokens_per_s"])' "$work/h.json")
+    theirs=$(llama_tps "$path" -p "$p" -n 0)
+    rows+=("$model prefill $p $ours $theirs")
+  done
+  for c in "${context_list[@]}"; do
+    echo "$model: decode at $c ..." >&2
+    HILLSIDE_SIMD=$hillside_simd "$hillside" bench decode --model "$model" --threads "$threads" \
+      --prefill-tokens 1 --contexts "$c" --decode-tokens "$decode_tokens" --json "$work/h.json" >/dev/null 2>&1
+    ours=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["decode"][0]["tokens_per_s"])' "$work/h.json")
+    theirs=$(llama_tps "$path" -p 0 -n "$decode_tokens" -d "$((c - decode_tokens))")
+    rows+=("$model decode $c $ours $theirs")
+  done
+done
+
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+flags=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|avx512f|avx512_vnni|avx_vnni' | sort -u | tr '\n' ' ')
+printf '%s\n' "${rows[@]}" | python3 -c '
+import json, sys, datetime
+level, threads, cpu, flags, out = sys.argv[1:6]
+rows = []
+for line in sys.stdin:
+    model, kind, tokens, ours, theirs = line.split()
+    rows.append(dict(model=model, figure=kind, tokens=int(tokens), hillside_tokens_per_s=float(ours),
+                     llama_cpp_tokens_per_s=float(theirs), ratio=float(ours) / float(theirs)))
+print(f"# {cpu} ({flags.strip()}), {threads} threads, level {level}")
+print(f"| model | figure | tokens | Hillside tok/s | llama.cpp tok/s | ratio |")
+print(f"| --- | --- | ---: | ---: | ---: | ---: |")
+for r in rows:
+    print("| {model} | {figure} | {tokens} | {hillside_tokens_per_s:.1f} | {llama_cpp_tokens_per_s:.1f} | {ratio:.2f}x |".format(**r))
+json.dump(dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), cpu=cpu, flags=flags.split(),
+               threads=int(threads), level=level, llama_cpp="llama-cpp-python 0.3.36 sdist", rows=rows), open(out, "w"), indent=2)
+print(f"wrote {out}")
+' "$level" "$threads" "$cpu" "$flags" "bench-vs-llama-$level.json"
