@@ -27,8 +27,9 @@ pub enum QuantBits {
     Eight,
     /// Q6_K: the low four bits as `Four`, then 8 bytes whose byte i holds the top two bits of
     /// values i, i+8, i+16 and i+24 (bits 0–1, 2–3, 4–5, 6–7). A value is `d_h·(q − 32)` with a
-    /// scale per 16 values (`d` holds two a block: values 0–15, then 16–31). The kernels subtract 32·Σx in each group of four
-    /// products' integer sum, so the zero point never goes through the activations' block sums.
+    /// scale per 16 values (`d` holds two a block: values 0–15, then 16–31). The kernels
+    /// subtract 32·Σx in each group of four products' integer sum, so the zero point never goes
+    /// through the activations' block sums.
     Six,
 }
 
@@ -133,7 +134,7 @@ impl UqMatrix {
     }
 
     /// The value block `b` of row `row` adds per unit of the activations' scaled block sum:
-    /// `m`, or `−zero·d`.
+    /// `m`, or `−zero·d` (not for Q6_K, whose zero point the kernels take off themselves).
     #[inline]
     pub fn block_offset(&self, index: usize) -> f32 {
         match &self.offset {

@@ -133,7 +133,7 @@ impl GgufFile {
     }
 
     pub fn load_weights(self) -> Result<Weights> {
-        load_weights(self.reader, &self.config)
+        read_weights(self.reader, &self.config)
     }
 }
 
@@ -194,7 +194,7 @@ pub fn open(path: &Path) -> Result<GgufFile> {
     Ok(GgufFile { reader: r, config })
 }
 
-fn load_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
+fn read_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
     let architecture = config.architecture;
     // The largest tensors first: loading holds one tensor's file bytes beside its repacked
     // copy, and that is cheapest before everything else is resident.
