@@ -55,8 +55,8 @@ impl Engine {
         let chat_template =
             ChatTemplate::new(template.map(String::as_str), &name_of("tokenizer.ggml.bos_token_id"), &name_of("tokenizer.ggml.eos_token_id"))?;
         file.drop_vocabulary();
-        let config = file.config.clone();
-        Ok(Self { model: Model::new(config, file.load_weights()?), tokenizer, chat_template })
+        let loaded = file.load_weights()?;
+        Ok(Self { model: Model::new(loaded.config, loaded.weights), tokenizer, chat_template })
     }
 
     fn load_checkpoint(path: &Path) -> Result<Self> {

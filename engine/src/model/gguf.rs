@@ -29,7 +29,7 @@ pub struct GgufModel {
 /// A GGUF file whose header is read: metadata and configuration, tensors still on disk.
 pub struct GgufFile {
     reader: Reader,
-    pub config: ModelConfig,
+    config: ModelConfig,
 }
 
 /// Header arrays only the tokenizer reads: a 150K vocabulary keeps tens of MB in them.
@@ -114,9 +114,7 @@ impl Reader {
 
 /// Reads the whole model: header, then tensors.
 pub fn load(path: &Path) -> Result<GgufModel> {
-    let file = open(path)?;
-    let config = file.config.clone();
-    Ok(GgufModel { weights: file.load_weights()?, config })
+    open(path)?.load_weights()
 }
 
 impl GgufFile {
@@ -132,8 +130,10 @@ impl GgufFile {
         }
     }
 
-    pub fn load_weights(self) -> Result<Weights> {
-        read_weights(self.reader, &self.config)
+    /// Reads the tensors: the model, with the configuration read by `open`.
+    pub fn load_weights(self) -> Result<GgufModel> {
+        let weights = read_weights(self.reader, &self.config)?;
+        Ok(GgufModel { config: self.config, weights })
     }
 }
 
