@@ -80,17 +80,28 @@ impl Matrix {
     }
 
     /// Stacks matrices with the same column count (for fused q/k/v and gate/up products).
-    /// Quantized parts of one format and dense parts become one matrix; a mix stays in parts.
+    /// Neighbours of one format (or both dense) become one matrix; where formats differ the
+    /// result keeps its parts.
     pub fn stack(parts: &[&Matrix]) -> Matrix {
-        let quantized: Option<Vec<&UqMatrix>> = parts.iter().map(|p| if let Self::Quantized(q) = p { Some(q) } else { None }).collect();
-        if let Some(stacked) = quantized.and_then(|q| UqMatrix::stack(&q)) {
-            return Self::Quantized(stacked);
+        let mut joined: Vec<Matrix> = Vec::with_capacity(parts.len());
+        for &part in parts {
+            let merged = match (joined.last(), part) {
+                (Some(Self::Quantized(a)), Self::Quantized(b)) => UqMatrix::stack(&[a, b]).map(Self::Quantized),
+                (Some(Self::Dense(a)), Self::Dense(b)) if a.cols == b.cols => {
+                    Some(Self::Dense(DenseMatrix { rows: a.rows + b.rows, cols: a.cols, w: [a.w.as_slice(), &b.w].concat() }))
+                }
+                _ => None,
+            };
+            match merged {
+                Some(m) => *joined.last_mut().expect("merged with the last part") = m,
+                None => joined.push(part.clone()),
+            }
         }
-        let dense: Option<Vec<&DenseMatrix>> = parts.iter().map(|p| if let Self::Dense(d) = p { Some(d) } else { None }).collect();
-        if let Some(dense) = dense {
-            return Self::Dense(DenseMatrix { rows: dense.iter().map(|d| d.rows).sum(), cols: dense[0].cols, w: dense.iter().flat_map(|d| d.w.iter().copied()).collect() });
+        if joined.len() == 1 {
+            joined.pop().expect("one part")
+        } else {
+            Self::Stacked(joined)
         }
-        Self::Stacked(parts.iter().map(|&p| p.clone()).collect())
     }
 
     /// `out` (n × rows) = `x` (n × cols) · selfᵀ. `scratch` holds the quantized activations
@@ -98,21 +109,23 @@ impl Matrix {
     pub fn matmul(&self, x: &[f32], n: usize, scratch: &mut QuantizedActivations, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols(), "matmul input shape");
         assert_eq!(out.len(), n * self.rows(), "matmul output shape");
+        // Quantized once, for every quantized part.
+        if !matches!(self, Self::Dense(_)) {
+            scratch.quantize_into(x, n, self.cols());
+        }
         let stride = self.rows();
-        self.matmul_into(x, n, scratch, &OutRows { writer: &DisjointWriter::new(out), stride, first_row: 0 });
+        self.product(x, n, scratch, &OutRows { writer: &DisjointWriter::new(out), stride, first_row: 0 });
     }
 
-    fn matmul_into(&self, x: &[f32], n: usize, scratch: &mut QuantizedActivations, out: &OutRows) {
+    /// The product, with `quantized` holding `x` quantized where a part needs it.
+    fn product(&self, x: &[f32], n: usize, quantized: &QuantizedActivations, out: &OutRows) {
         match self {
-            Self::Quantized(w) => {
-                scratch.quantize_into(x, n, w.cols);
-                uq_matmul(w, scratch, out, super::simd_level());
-            }
+            Self::Quantized(w) => uq_matmul(w, quantized, out, super::simd_level()),
             Self::Dense(w) => dense_matmul(w, x, n, out),
             Self::Stacked(parts) => {
                 let mut first_row = out.first_row;
                 for part in parts {
-                    part.matmul_into(x, n, scratch, &OutRows { writer: out.writer, stride: out.stride, first_row });
+                    part.product(x, n, quantized, &OutRows { writer: out.writer, stride: out.stride, first_row });
                     first_row += part.rows();
                 }
             }
@@ -352,7 +365,9 @@ mod tests {
         let dense = Matrix::Dense(DenseMatrix { rows: 3, cols, w: (0..3 * cols).map(|i| i as f32 / 100.0).collect() });
         let parts = [&q5, &q8, &dense];
         let stacked = Matrix::stack(&parts);
-        assert!(matches!(stacked, Matrix::Stacked(_)), "a mix keeps its parts (and their bytes)");
+        assert!(matches!(&stacked, Matrix::Stacked(p) if p.len() == 3), "a mix keeps its parts (and their bytes)");
+        let q5_twice = Matrix::stack(&[&q5, &q5, &q8]);
+        assert!(matches!(&q5_twice, Matrix::Stacked(p) if p.len() == 2 && p[0].rows() == 10), "neighbours of one format join");
         assert_eq!((stacked.rows(), stacked.weight_bytes()), (10, parts.iter().map(|p| p.weight_bytes()).sum()));
         let n = 3;
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
