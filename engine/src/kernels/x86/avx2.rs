@@ -7,7 +7,7 @@
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::{dispatch_group, f16_value};
+use super::{dispatch_rows, f16_value, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -280,77 +280,104 @@ fn hsum_i32(v: __m256i) -> i32 {
     }
 }
 
-/// Scores of keys `c0..c0+len` (c0 a multiple of KV_TILE) against `group` queries.
+/// Query rows one score or value kernel keeps in registers: 6 rows × 2 vectors of accumulators,
+/// with the two K (or V) vectors and a broadcast query, fill 15 of the 16 registers.
+const MAX_ROWS: usize = 6;
+
+/// Scores of keys `c0..c0+len` (c0 a multiple of KV_TILE) against `rows` query rows:
+/// `scores[r·len + j] = q[r] · k[c0 + j]`.
 ///
 /// # Safety
-/// The CPU must support avx2, fma and f16c; `hd % 16 == 0`; `supports_group(group)`.
+/// The CPU must support avx2, fma and f16c; `hd % 16 == 0`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], group: usize, c0: usize, len: usize, scores: &mut [f32]) {
+pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize, len: usize, scores: &mut [f32]) {
     let tiles_end = (c0 + len).div_ceil(KV_TILE);
-    assert!(tiles_end * KV_TILE * hd <= k.len() && q.len() >= group * hd && scores.len() >= group * len);
-    // SAFETY: features per contract; bounds asserted above.
-    unsafe { dispatch_group!(group, score_keys_g::<G>(k, hd, q, c0, len, scores)) }
+    assert!(tiles_end * KV_TILE * hd <= k.len() && q.len() >= rows * hd && scores.len() >= rows * len);
+    for block in row_blocks(rows, MAX_ROWS) {
+        let (q, scores) = (&q[block.start * hd..], &mut scores[block.start * len..]);
+        // SAFETY: features per contract; bounds asserted above.
+        unsafe { dispatch_rows!(block.len(), score_keys_r::<R>(k, hd, q, c0, len, scores)) }
+    }
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn score_keys_g<const G: usize>(k: &[f16], hd: usize, q: &[f32], c0: usize, len: usize, scores: &mut [f32]) {
-    let mut tile_scores = [[0f32; KV_TILE]; G];
+unsafe fn score_keys_r<const R: usize>(k: &[f16], hd: usize, q: &[f32], c0: usize, len: usize, scores: &mut [f32]) {
+    let q: [&[f32]; R] = std::array::from_fn(|r| &q[r * hd..][..hd]);
     let mut j = 0;
     while j < len {
         let tile = (c0 + j) / KV_TILE;
         let base = k[tile * hd * KV_TILE..][..hd * KV_TILE].as_ptr();
-        // The tile's 16 lanes in two halves of 8, so G accumulators stay in registers.
-        for half in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); G];
-            for d in 0..hd {
-                // SAFETY: 8 keys of row d of this tile, inside its hd·KV_TILE values.
-                let kv = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(base.add(d * KV_TILE + 8 * half).cast()) });
-                for g in 0..G {
-                    acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(q[g * hd + d]), kv, acc[g]);
-                }
-            }
-            for g in 0..G {
-                // SAFETY: 8 floats inside a local 16-float array.
-                unsafe { _mm256_storeu_ps(tile_scores[g][8 * half..].as_mut_ptr(), acc[g]) };
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for d in 0..hd {
+            // SAFETY: the 16 keys of row d of this tile, inside its hd·KV_TILE values.
+            let (lo, hi) = unsafe {
+                let row = base.add(d * KV_TILE);
+                (_mm256_cvtph_ps(_mm_loadu_si128(row.cast())), _mm256_cvtph_ps(_mm_loadu_si128(row.add(8).cast())))
+            };
+            for r in 0..R {
+                let qd = _mm256_set1_ps(q[r][d]);
+                acc[r][0] = _mm256_fmadd_ps(qd, lo, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(qd, hi, acc[r][1]);
             }
         }
         let n = KV_TILE.min(len - j);
-        for g in 0..G {
-            scores[g * len + j..][..n].copy_from_slice(&tile_scores[g][..n]);
+        for (r, [lo, hi]) in acc.iter().enumerate() {
+            let mut tile_scores = [0f32; KV_TILE];
+            // SAFETY: 16 floats into a local 16-float array.
+            unsafe {
+                _mm256_storeu_ps(tile_scores.as_mut_ptr(), *lo);
+                _mm256_storeu_ps(tile_scores.as_mut_ptr().add(8), *hi);
+            }
+            scores[r * len + j..][..n].copy_from_slice(&tile_scores[..n]);
         }
         j += n;
     }
 }
 
-/// `acc[g] += Σ_j p[g][j] · v[c0+j]` for j in 0..len.
+/// `acc[r] += Σ_j p[r][j] · v[c0+j]` for j in 0..len, over `rows` rows.
 ///
 /// # Safety
-/// The CPU must support avx2, fma and f16c; `hd % 8 == 0`; `supports_group(group)`.
+/// The CPU must support avx2, fma and f16c; `hd % 16 == 0`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], group: usize, c0: usize, len: usize, acc: &mut [f32]) {
-    assert!((c0 + len) * hd <= v.len() && p.len() >= group * len && acc.len() >= group * hd);
-    // SAFETY: features per contract; bounds asserted above.
-    unsafe { dispatch_group!(group, accumulate_values_g::<G>(v, hd, p, c0, len, acc)) }
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], rows: usize, c0: usize, len: usize, acc: &mut [f32]) {
+    assert!(hd.is_multiple_of(16) && (c0 + len) * hd <= v.len() && p.len() >= rows * len && acc.len() >= rows * hd);
+    let values = &v[c0 * hd..][..len * hd];
+    for block in row_blocks(rows, MAX_ROWS) {
+        let (p, acc) = (&p[block.start * len..], &mut acc[block.start * hd..]);
+        for column in (0..hd).step_by(16) {
+            // SAFETY: features per contract; bounds asserted above.
+            unsafe { dispatch_rows!(block.len(), accumulate_values_r::<R>(values, hd, p, len, column, acc)) }
+        }
+    }
 }
 
+/// [`accumulate_values`] for R rows and the 16 columns from `column`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn accumulate_values_g<const G: usize>(v: &[f16], hd: usize, p: &[f32], c0: usize, len: usize, acc: &mut [f32]) {
-    let rows = v[c0 * hd..][..len * hd].as_ptr();
-    for c in (0..hd).step_by(8) {
-        let mut sums = [_mm256_setzero_ps(); G];
-        for j in 0..len {
-            // SAFETY: 8 values of row j at column c, inside the len·hd values above.
-            let vv = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(rows.add(j * hd + c).cast()) });
-            for g in 0..G {
-                sums[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g * len + j]), vv, sums[g]);
-            }
+unsafe fn accumulate_values_r<const R: usize>(values: &[f16], hd: usize, p: &[f32], len: usize, column: usize, acc: &mut [f32]) {
+    let p: [&[f32]; R] = std::array::from_fn(|r| &p[r * len..][..len]);
+    assert!(values.len() >= len * hd && column + 16 <= hd);
+    let mut sums = [[_mm256_setzero_ps(); 2]; R];
+    for j in 0..len {
+        // SAFETY: 16 values of row j from `column`, inside `values` (asserted above).
+        let (lo, hi) = unsafe {
+            let row = values.as_ptr().add(j * hd + column);
+            (_mm256_cvtph_ps(_mm_loadu_si128(row.cast())), _mm256_cvtph_ps(_mm_loadu_si128(row.add(8).cast())))
+        };
+        for r in 0..R {
+            let w = _mm256_set1_ps(p[r][j]);
+            sums[r][0] = _mm256_fmadd_ps(w, lo, sums[r][0]);
+            sums[r][1] = _mm256_fmadd_ps(w, hi, sums[r][1]);
         }
-        for g in 0..G {
-            let dst = acc[g * hd + c..][..8].as_mut_ptr();
-            // SAFETY: 8 floats of row g at column c, inside `acc`.
-            unsafe { _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), sums[g])) };
+    }
+    for (r, [lo, hi]) in sums.iter().enumerate() {
+        let dst = acc[r * hd + column..][..16].as_mut_ptr();
+        // SAFETY: 16 floats of row r from `column`, inside `acc`.
+        unsafe {
+            _mm256_storeu_ps(dst, _mm256_add_ps(_mm256_loadu_ps(dst), *lo));
+            _mm256_storeu_ps(dst.add(8), _mm256_add_ps(_mm256_loadu_ps(dst.add(8)), *hi));
         }
     }
 }

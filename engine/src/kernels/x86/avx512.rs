@@ -3,7 +3,7 @@
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::{avx2, dispatch_group, f16_value};
+use super::{avx2, dispatch_rows, f16_value, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -140,77 +140,128 @@ unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &Qua
     }
 }
 
-/// Scores of keys `c0..c0+len` (c0 a multiple of KV_TILE) against `group` queries.
+/// Query rows the score kernel keeps in registers: 8 rows × 2 tiles of accumulators, with the
+/// two tiles' key rows, fill 18 of the 32 registers (the broadcasts fold into the FMAs).
+const MAX_SCORE_ROWS: usize = 8;
+/// Query rows the value kernel keeps in registers: 12 rows × 2 vectors of accumulators.
+const MAX_VALUE_ROWS: usize = 12;
+
+/// Scores of keys `c0..c0+len` (c0 a multiple of KV_TILE) against `rows` query rows:
+/// `scores[r·len + j] = q[r] · k[c0 + j]`.
 ///
 /// # Safety
-/// The CPU must support avx512f and f16c; `hd % 16 == 0`; `supports_group(group)`.
+/// The CPU must support avx512f and f16c; `hd % 16 == 0`.
 #[target_feature(enable = "avx512f,f16c")]
-pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], group: usize, c0: usize, len: usize, scores: &mut [f32]) {
+pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize, len: usize, scores: &mut [f32]) {
     let tiles_end = (c0 + len).div_ceil(KV_TILE);
-    assert!(tiles_end * KV_TILE * hd <= k.len() && q.len() >= group * hd && scores.len() >= group * len);
-    // SAFETY: features per contract; bounds asserted above.
-    unsafe { dispatch_group!(group, score_keys_g::<G>(k, hd, q, c0, len, scores)) }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,f16c")]
-unsafe fn score_keys_g<const G: usize>(k: &[f16], hd: usize, q: &[f32], c0: usize, len: usize, scores: &mut [f32]) {
-    let mut tile_scores = [[0f32; KV_TILE]; G];
-    let mut j = 0;
-    while j < len {
-        let tile = (c0 + j) / KV_TILE;
-        let base = k[tile * hd * KV_TILE..][..hd * KV_TILE].as_ptr();
-        let mut acc = [_mm512_setzero_ps(); G];
-        for d in 0..hd {
-            // SAFETY: row d of this tile lies inside the tile's hd·KV_TILE values.
-            let kv = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add(d * KV_TILE) as *const __m256i) });
-            for g in 0..G {
-                acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d]), kv, acc[g]);
+    assert!(tiles_end * KV_TILE * hd <= k.len() && q.len() >= rows * hd && scores.len() >= rows * len);
+    for block in row_blocks(rows, MAX_SCORE_ROWS) {
+        let (q, scores) = (&q[block.start * hd..], &mut scores[block.start * len..]);
+        let mut j = 0;
+        // Two tiles at a time while more than one remains, so each broadcast query value
+        // feeds two FMAs; then one tile.
+        while j < len {
+            let tiles = if len - j > KV_TILE { 2 } else { 1 };
+            // SAFETY: features per contract; bounds asserted above.
+            unsafe {
+                if tiles == 2 {
+                    dispatch_rows!(block.len(), score_tiles::<R, 2>(k, hd, q, c0, len, j, scores))
+                } else {
+                    dispatch_rows!(block.len(), score_tiles::<R, 1>(k, hd, q, c0, len, j, scores))
+                }
             }
+            j = (j + tiles * KV_TILE).min(len);
         }
-        let n = KV_TILE.min(len - j);
-        for g in 0..G {
-            if n == KV_TILE {
-                // SAFETY: j + 16 ≤ len, inside row g of `scores`.
-                unsafe { _mm512_storeu_ps(scores[g * len + j..].as_mut_ptr(), acc[g]) };
-            } else {
-                // SAFETY: a local 16-float array.
-                unsafe { _mm512_storeu_ps(tile_scores[g].as_mut_ptr(), acc[g]) };
-                scores[g * len + j..][..n].copy_from_slice(&tile_scores[g][..n]);
-            }
-        }
-        j += n;
     }
 }
 
-/// `acc[g] += Σ_j p[g][j] · v[c0+j]` for j in 0..len.
-///
-/// # Safety
-/// The CPU must support avx512f and f16c; `hd % 16 == 0`; `supports_group(group)`.
-#[target_feature(enable = "avx512f,f16c")]
-pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], group: usize, c0: usize, len: usize, acc: &mut [f32]) {
-    assert!((c0 + len) * hd <= v.len() && p.len() >= group * len && acc.len() >= group * hd);
-    // SAFETY: features per contract; bounds asserted above.
-    unsafe { dispatch_group!(group, accumulate_values_g::<G>(v, hd, p, c0, len, acc)) }
-}
-
+/// Scores of the T tiles from key `c0 + j` against R query rows, into `scores[r·len + j..]`;
+/// keys past `len` (the last tile's padding) are not written.
 #[inline]
 #[target_feature(enable = "avx512f,f16c")]
-unsafe fn accumulate_values_g<const G: usize>(v: &[f16], hd: usize, p: &[f32], c0: usize, len: usize, acc: &mut [f32]) {
-    let rows = v[c0 * hd..][..len * hd].as_ptr();
-    for c in (0..hd).step_by(16) {
-        let mut sums = [_mm512_setzero_ps(); G];
-        for j in 0..len {
-            // SAFETY: 16 values of row j at column c, inside the len·hd values above.
-            let vv = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(rows.add(j * hd + c) as *const __m256i) });
-            for g in 0..G {
-                sums[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * len + j]), vv, sums[g]);
+#[allow(clippy::too_many_arguments)]
+unsafe fn score_tiles<const R: usize, const T: usize>(k: &[f16], hd: usize, q: &[f32], c0: usize, len: usize, j: usize, scores: &mut [f32]) {
+    let q: [&[f32]; R] = std::array::from_fn(|r| &q[r * hd..][..hd]);
+    let tile = (c0 + j) / KV_TILE;
+    let base = k[tile * hd * KV_TILE..][..T * hd * KV_TILE].as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for d in 0..hd {
+        // (Loops, not closures, around intrinsics: a closure would not inherit the features.)
+        let mut keys = [_mm512_setzero_ps(); T];
+        for (t, key) in keys.iter_mut().enumerate() {
+            // SAFETY: row d of tile t, inside the T·hd·KV_TILE values above.
+            *key = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add((t * hd + d) * KV_TILE).cast()) });
+        }
+        for r in 0..R {
+            let qd = _mm512_set1_ps(q[r][d]);
+            for t in 0..T {
+                acc[r][t] = _mm512_fmadd_ps(qd, keys[t], acc[r][t]);
             }
         }
-        for g in 0..G {
-            let dst = acc[g * hd + c..][..16].as_mut_ptr();
-            // SAFETY: 16 floats of row g at column c, inside `acc`.
-            unsafe { _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), sums[g])) };
+    }
+    for (r, tiles) in acc.iter().enumerate() {
+        for (t, tile_scores) in tiles.iter().enumerate() {
+            let start = j + t * KV_TILE;
+            let n = KV_TILE.min(len - start);
+            let mask = ((1u32 << n) - 1) as __mmask16;
+            // SAFETY: the mask keeps the store to the n scores of row r from `start`.
+            unsafe { _mm512_mask_storeu_ps(scores[r * len + start..][..n].as_mut_ptr(), mask, *tile_scores) };
+        }
+    }
+}
+
+/// `acc[r] += Σ_j p[r][j] · v[c0+j]` for j in 0..len, over `rows` rows.
+///
+/// # Safety
+/// The CPU must support avx512f and f16c; `hd % 16 == 0`.
+#[target_feature(enable = "avx512f,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], rows: usize, c0: usize, len: usize, acc: &mut [f32]) {
+    assert!(hd.is_multiple_of(16) && (c0 + len) * hd <= v.len() && p.len() >= rows * len && acc.len() >= rows * hd);
+    let values = &v[c0 * hd..][..len * hd];
+    for block in row_blocks(rows, MAX_VALUE_ROWS) {
+        let (p, acc) = (&p[block.start * len..], &mut acc[block.start * hd..]);
+        let mut column = 0;
+        while column < hd {
+            let width = if column + 32 <= hd { 32 } else { 16 };
+            // SAFETY: features per contract; bounds asserted above.
+            unsafe {
+                if width == 32 {
+                    dispatch_rows!(block.len(), accumulate_columns::<R, 2>(values, hd, p, len, column, acc))
+                } else {
+                    dispatch_rows!(block.len(), accumulate_columns::<R, 1>(values, hd, p, len, column, acc))
+                }
+            }
+            column += width;
+        }
+    }
+}
+
+/// [`accumulate_values`] for R rows and the 16·C columns from `column`.
+#[inline]
+#[target_feature(enable = "avx512f,f16c")]
+unsafe fn accumulate_columns<const R: usize, const C: usize>(values: &[f16], hd: usize, p: &[f32], len: usize, column: usize, acc: &mut [f32]) {
+    assert!(values.len() >= len * hd && column + 16 * C <= hd);
+    let p: [&[f32]; R] = std::array::from_fn(|r| &p[r * len..][..len]);
+    let mut sums = [[_mm512_setzero_ps(); C]; R];
+    for j in 0..len {
+        let mut row = [_mm512_setzero_ps(); C];
+        for (c, vector) in row.iter_mut().enumerate() {
+            // SAFETY: 16 values of row j from column + 16c, inside `values` (asserted above).
+            *vector = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(values.as_ptr().add(j * hd + column + 16 * c).cast()) });
+        }
+        for r in 0..R {
+            let w = _mm512_set1_ps(p[r][j]);
+            for c in 0..C {
+                sums[r][c] = _mm512_fmadd_ps(w, row[c], sums[r][c]);
+            }
+        }
+    }
+    for (r, columns) in sums.iter().enumerate() {
+        for (c, sum) in columns.iter().enumerate() {
+            let dst = acc[r * hd + column + 16 * c..][..16].as_mut_ptr();
+            // SAFETY: 16 floats of row r, inside `acc`.
+            unsafe { _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_loadu_ps(dst), *sum)) };
         }
     }
 }

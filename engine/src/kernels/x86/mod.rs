@@ -9,28 +9,39 @@ pub mod avx512;
 use half::f16;
 use std::arch::x86_64::*;
 
-/// Query-group sizes (query heads per KV head) with a register-resident attention kernel.
-pub fn supports_group(group: usize) -> bool {
-    (1..=8).contains(&group)
+/// `rows` split into consecutive blocks of at most `max` rows, as near equal as they can be
+/// (14 rows at most 6 a block are 5 + 5 + 4, not 6 + 6 + 2: a short block wastes registers).
+pub(crate) fn row_blocks(rows: usize, max: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let blocks = rows.div_ceil(max);
+    let (base, extra) = (rows / blocks.max(1), rows % blocks.max(1));
+    (0..blocks).scan(0, move |start, b| {
+        let len = base + usize::from(b < extra);
+        *start += len;
+        Some(*start - len..*start)
+    })
 }
 
-/// Expands to a `match` that calls `$f::<G>` for group sizes 1 to 8.
-macro_rules! dispatch_group {
-    ($group:expr, $f:ident::<G>($($arg:expr),*)) => {
-        match $group {
-            1 => $f::<1>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            4 => $f::<4>($($arg),*),
-            5 => $f::<5>($($arg),*),
-            6 => $f::<6>($($arg),*),
-            7 => $f::<7>($($arg),*),
-            8 => $f::<8>($($arg),*),
-            g => unreachable!("group size {g} has no SIMD kernel"),
+/// Expands to a `match` that calls `$f::<R>` (or `$f::<R, C>`) for a row count of 1 to 12.
+macro_rules! dispatch_rows {
+    ($rows:expr, $f:ident::<R $(, $c:literal)?>($($arg:expr),*)) => {
+        match $rows {
+            1 => $f::<1 $(, $c)?>($($arg),*),
+            2 => $f::<2 $(, $c)?>($($arg),*),
+            3 => $f::<3 $(, $c)?>($($arg),*),
+            4 => $f::<4 $(, $c)?>($($arg),*),
+            5 => $f::<5 $(, $c)?>($($arg),*),
+            6 => $f::<6 $(, $c)?>($($arg),*),
+            7 => $f::<7 $(, $c)?>($($arg),*),
+            8 => $f::<8 $(, $c)?>($($arg),*),
+            9 => $f::<9 $(, $c)?>($($arg),*),
+            10 => $f::<10 $(, $c)?>($($arg),*),
+            11 => $f::<11 $(, $c)?>($($arg),*),
+            12 => $f::<12 $(, $c)?>($($arg),*),
+            r => unreachable!("a block of {r} rows has no kernel"),
         }
     };
 }
-pub(crate) use dispatch_group;
+pub(crate) use dispatch_rows;
 
 /// One f16 as f32, by F16C.
 #[inline]
@@ -53,4 +64,25 @@ pub(crate) fn key_row_bytes(data: &[u8], scales: &[f32], n_kv: usize, hd: usize,
 /// `query`'s even and odd dimensions, each in order.
 pub(crate) fn even_and_odd(query: &[f32]) -> (Vec<f32>, Vec<f32>) {
     query.chunks_exact(2).map(|pair| (pair[0], pair[1])).unzip()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_blocks;
+
+    #[test]
+    fn row_blocks_cover_every_row_in_near_equal_blocks() {
+        let blocks = |rows, max| row_blocks(rows, max).map(|b| b.len()).collect::<Vec<_>>();
+        assert_eq!(blocks(14, 6), [5, 5, 4]);
+        assert_eq!(blocks(12, 6), [6, 6]);
+        assert_eq!(blocks(3, 8), [3]);
+        assert_eq!(blocks(0, 6), Vec::<usize>::new());
+        for rows in 1..40 {
+            let all: Vec<_> = row_blocks(rows, 6).collect();
+            assert_eq!(all.first().unwrap().start, 0);
+            assert_eq!(all.last().unwrap().end, rows);
+            assert!(all.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(all.iter().all(|b| (1..=6).contains(&b.len())));
+        }
+    }
 }
