@@ -10,7 +10,7 @@ use super::SimdLevel;
 use std::ops::Range;
 
 /// Tokens whose products one kernel call computes together.
-pub const TOKEN_TILE: usize = 4;
+pub const TOKEN_TILE: usize = 8;
 
 /// A dense f32 matrix (safetensors checkpoints, and GGUF types without a quantized kernel).
 #[derive(Debug, Clone)]
@@ -145,10 +145,11 @@ fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &OutRows, level: SimdL
         for t0 in (0..x.n).step_by(TOKEN_TILE) {
             let nt = TOKEN_TILE.min(x.n - t0);
             uq_dot_rows(w, r0..r1, x, t0, nt, &mut sums, level);
-            for (r, row_sums) in (r0..r1).zip(sums.chunks_exact(TOKEN_TILE)) {
-                for (t, &s) in row_sums[..nt].iter().enumerate() {
-                    // SAFETY: each task owns rows r0..r1 of every token's output.
-                    unsafe { out.writer.write((t0 + t) * out.stride + out.first_row + r, s) };
+            for t in 0..nt {
+                // SAFETY: each task owns rows r0..r1 of every token's output.
+                let dst = unsafe { out.writer.slice((t0 + t) * out.stride + out.first_row + r0, r1 - r0) };
+                for (d, row_sums) in dst.iter_mut().zip(sums.chunks_exact(TOKEN_TILE)) {
+                    *d = row_sums[t];
                 }
             }
         }
@@ -279,8 +280,9 @@ mod tests {
 
     #[test]
     fn every_level_and_format_agrees_with_the_dequantized_reference() {
-        // 19 blocks a row: the AVX-512 kernel's pairs and its odd last block.
-        let (rows, cols, n) = (37, 19 * BLOCK, 7);
+        // 19 blocks a row: the AVX-512 kernel's pairs and its odd last block, AVX2's two groups
+        // of eight and a short one. 11 tokens: a whole tile of 8 and a short one.
+        let (rows, cols, n) = (37, 19 * BLOCK, 11);
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
         let mut qx = QuantizedActivations::default();
         qx.quantize_into(&x, n, cols);

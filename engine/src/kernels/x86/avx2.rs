@@ -7,7 +7,7 @@
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::{dispatch_rows, f16_value, row_blocks};
+use super::{dispatch_rows, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -101,7 +101,11 @@ unsafe fn uq_dot_rows_with<const VNNI: bool>(w: &UqMatrix, rows: Range<usize>, x
                 1 => uq_dot_tile::<1, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
                 2 => uq_dot_tile::<2, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
                 3 => uq_dot_tile::<3, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
-                _ => uq_dot_tile::<4, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
+                4 => uq_dot_tile::<4, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
+                5 => uq_dot_tile::<5, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
+                6 => uq_dot_tile::<6, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
+                7 => uq_dot_tile::<7, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
+                _ => uq_dot_tile::<8, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
             }
         };
     }
@@ -159,6 +163,10 @@ unsafe fn block_dot<const VNNI: bool, const BITS: u8>(wv: __m256i, xv: __m256i) 
     }
 }
 
+/// Blocks a weight row is taken in: their sums are reduced to one lane each (hadd), so the
+/// eight blocks' scales take one conversion, one multiply and one FMA.
+const GROUP: usize = 8;
+
 #[inline(always)]
 unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, out: &mut [f32]) {
     let nb = w.blocks_per_row();
@@ -166,7 +174,6 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(w: &UqM
     // 8-bit weights without VNNI are multiplied signed (see the module comment), and Q6_K's
     // zero point is taken off in the integer sums.
     let zero_point_off = (!VNNI && BITS == QuantBits::Eight as u8) || BITS == QuantBits::Six as u8;
-    let six = BITS == QuantBits::Six as u8;
     let spb = w.bits.scales_per_block();
     let xq: [*const i8; NT] = std::array::from_fn(|t| x.qs[(t0 + t) * w.cols..][..w.cols].as_ptr());
     let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
@@ -177,85 +184,125 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(w: &UqM
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
         let mut acc = [_mm256_setzero_ps(); NT];
         let mut b = 0;
-        // Eight blocks at a time: their i32 lanes are summed to one lane per block (hadd), so
-        // the eight scales take one conversion, one multiply and one FMA. Q6_K's half-block
-        // scales go one block at a time, below.
-        while !six && b + 8 <= nb {
-            // SAFETY (every raw read in this loop): blocks b..b+8 ≤ nb lie inside this row's
-            // nb·bpb weight bytes and nb scales, and inside each token's `cols` activations
-            // and nb scales.
-            unsafe {
-                let mut quads = [[_mm256_setzero_si256(); NT]; 2];
-                for (quad, quad_sums) in quads.iter_mut().enumerate() {
-                    // Plain loops, not closures: a closure is compiled without this function's
-                    // target features, and the intrinsics in it would become calls.
-                    let first = b + 4 * quad;
-                    let mut wv = [_mm256_setzero_si256(); 4];
-                    for (i, wv) in wv.iter_mut().enumerate() {
-                        *wv = load_block::<VNNI, BITS>(wq.add((first + i) * bpb));
-                    }
-                    for t in 0..NT {
-                        let mut v = [_mm256_setzero_si256(); 4];
-                        for (i, v) in v.iter_mut().enumerate() {
-                            *v = block_dot::<VNNI, BITS>(wv[i], _mm256_loadu_si256(xq[t].add((first + i) * BLOCK).cast()));
-                        }
-                        // [four sums of block 0, of block 1, 2, 3 | the same of their upper halves]
-                        quad_sums[t] = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-                    }
-                }
-                let dw = _mm256_cvtph_ps(_mm_loadu_si128(wd.as_ptr().add(b).cast()));
-                for t in 0..NT {
-                    let lower = _mm256_permute2x128_si256(quads[0][t], quads[1][t], 0x20);
-                    let upper = _mm256_permute2x128_si256(quads[0][t], quads[1][t], 0x31);
-                    let block_sums = _mm256_cvtepi32_ps(_mm256_add_epi32(lower, upper));
-                    let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(xd[t].as_ptr().add(b)));
-                    acc[t] = _mm256_fmadd_ps(block_sums, scale, acc[t]);
-                }
-            }
-            b += 8;
+        // SAFETY (both calls): blocks b..b+n ≤ nb lie inside this row's weights and scales and
+        // each token's activations and scales.
+        while b + GROUP <= nb {
+            unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &xq, &xd, b, GROUP, bpb, &mut acc) };
+            b += GROUP;
         }
-        for b in b..nb {
-            // SAFETY: block b < nb lies inside this row's nb·bpb bytes, and each token's 32
-            // activations of block b inside its row of `cols`.
-            unsafe {
-                let wv = load_block::<VNNI, BITS>(wq.add(b * bpb));
-                // Q6_K: lanes 0–3 hold values 0–15, lanes 4–7 values 16–31, each half its scale.
-                let (dw, dw_high) = if six { (f16_value(wd[2 * b]), f16_value(wd[2 * b + 1])) } else { (f16_value(wd[b]), 0.0) };
-                for t in 0..NT {
-                    let isum = block_dot::<VNNI, BITS>(wv, _mm256_loadu_si256(xq[t].add(b * BLOCK).cast()));
-                    let dx = xd[t][b];
-                    let scale = if six { _mm256_set_m128(_mm_set1_ps(dw_high * dx), _mm_set1_ps(dw * dx)) } else { _mm256_set1_ps(dw * dx) };
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[t]);
-                }
-            }
+        if b < nb {
+            unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &xq, &xd, b, nb - b, bpb, &mut acc) };
         }
         // The blocks' offsets times the activations' scaled sums, 8 blocks at a time.
-        let mut tails = [0f32; NT];
         if !zero_point_off {
             let (offsets, factor) = match &w.offset {
                 Offset::Zero(z) => (wd, -f32::from(*z)),
                 Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),
             };
-            let full = nb / 8 * 8;
-            for c in (0..full).step_by(8) {
-                // SAFETY: 8 offsets from block c < full ≤ nb, and each token's 8 sums there.
-                let m = _mm256_mul_ps(_mm256_cvtph_ps(unsafe { _mm_loadu_si128(offsets.as_ptr().add(c).cast()) }), _mm256_set1_ps(factor));
-                for t in 0..NT {
-                    acc[t] = _mm256_fmadd_ps(m, unsafe { _mm256_loadu_ps(sums[t].as_ptr().add(c)) }, acc[t]);
-                }
-            }
-            for b in full..nb {
-                // SAFETY: the callers are compiled with f16c.
-                let m = unsafe { f16_value(offsets[b]) } * factor;
-                for t in 0..NT {
-                    tails[t] += m * sums[t][b];
+            for c in (0..nb).step_by(GROUP) {
+                let n = GROUP.min(nb - c);
+                let mask = lane_mask(n);
+                // SAFETY: the loads stay inside blocks c..c+n ≤ nb of the offsets (padded when
+                // short) and, by the mask, of each token's sums.
+                unsafe {
+                    let m = _mm256_mul_ps(f16_group(&offsets[c..c + n]), _mm256_set1_ps(factor));
+                    for t in 0..NT {
+                        acc[t] = _mm256_fmadd_ps(m, _mm256_maskload_ps(sums[t].as_ptr().add(c), mask), acc[t]);
+                    }
                 }
             }
         }
         for t in 0..NT {
-            out[(row - start) * TOKEN_TILE + t] = hsum(acc[t]) + tails[t];
+            out[(row - start) * TOKEN_TILE + t] = hsum(acc[t]);
         }
     }
+}
+
+/// Adds to `acc[t]` the products of blocks `b..b+n` (n ≤ 8) of one weight row with token t's
+/// activations.
+///
+/// # Safety
+/// Blocks b..b+n lie inside the row (`wq`, `bpb` bytes a block; `wd`) and inside each token's
+/// activations `xq` and scales `xd`; the caller has avx2, fma, f16c (and avxvnni when VNNI).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
+    wq: *const u8,
+    wd: &[f16],
+    xq: &[*const i8; NT],
+    xd: &[&[f32]; NT],
+    b: usize,
+    n: usize,
+    bpb: usize,
+    acc: &mut [__m256; NT],
+) {
+    let six = BITS == QuantBits::Six as u8;
+    // SAFETY: per the contract.
+    unsafe {
+        let mut blocks = [_mm256_setzero_si256(); GROUP];
+        for (i, block) in blocks[..n].iter_mut().enumerate() {
+            *block = load_block::<VNNI, BITS>(wq.add((b + i) * bpb));
+        }
+        // Per block, the scale of its values 0–15 (`lower`) and 16–31 (`upper`): one for both
+        // but in Q6_K, which keeps two (`d·sc` of each half, stored side by side).
+        let (lower_scale, upper_scale) = if six {
+            let pairs = _mm256_castps_pd(f16_group(&wd[2 * b..2 * (b + n.min(4))]));
+            let rest = _mm256_castps_pd(if n > 4 { f16_group(&wd[2 * (b + 4)..2 * (b + n)]) } else { _mm256_setzero_ps() });
+            // [l0 u0 l1 u1 | l2 u2 l3 u3] and the same of blocks 4–7, to [l0..l7] and [u0..u7]
+            // (then 64-bit pairs [l0 l1 | l4 l5 | l2 l3 | l6 l7] back in order)
+            let lower = _mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(_mm256_castpd_ps(pairs), _mm256_castpd_ps(rest)));
+            let upper = _mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(_mm256_castpd_ps(pairs), _mm256_castpd_ps(rest)));
+            (
+                _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(lower)),
+                _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(upper)),
+            )
+        } else {
+            let d = f16_group(&wd[b..b + n]);
+            (d, d)
+        };
+        let mask = lane_mask(n);
+        for t in 0..NT {
+            let mut v = [_mm256_setzero_si256(); GROUP];
+            for (i, v) in v[..n].iter_mut().enumerate() {
+                *v = block_dot::<VNNI, BITS>(blocks[i], _mm256_loadu_si256(xq[t].add((b + i) * BLOCK).cast()));
+            }
+            // [blocks 0–3's sums of lanes 0–3 | of lanes 4–7], the same of blocks 4–7; then
+            // lane i of `lower` and `upper` is block i's sum over values 0–15 and 16–31.
+            let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+            let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+            let lower = _mm256_permute2x128_si256::<0x20>(q0, q1);
+            let upper = _mm256_permute2x128_si256::<0x31>(q0, q1);
+            let dx = _mm256_maskload_ps(xd[t].as_ptr().add(b), mask);
+            if six {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lower), _mm256_mul_ps(lower_scale, dx), acc[t]);
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(upper), _mm256_mul_ps(upper_scale, dx), acc[t]);
+            } else {
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lower, upper)), _mm256_mul_ps(lower_scale, dx), acc[t]);
+            }
+        }
+    }
+}
+
+/// Up to eight f16 values as f32 lanes, zero past the end.
+#[inline(always)]
+unsafe fn f16_group(values: &[f16]) -> __m256 {
+    // SAFETY: the callers have f16c; a short group is copied to a padded buffer first.
+    unsafe {
+        if values.len() == GROUP {
+            _mm256_cvtph_ps(_mm_loadu_si128(values.as_ptr().cast()))
+        } else {
+            let mut padded = [f16::ZERO; GROUP];
+            padded[..values.len()].copy_from_slice(values);
+            _mm256_cvtph_ps(_mm_loadu_si128(padded.as_ptr().cast()))
+        }
+    }
+}
+
+/// A mask of the first `n` of eight i32 lanes, for `maskload`.
+#[inline(always)]
+fn lane_mask(n: usize) -> __m256i {
+    // SAFETY: the callers have avx2.
+    unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
 }
 
 /// The sum of a vector's eight lanes.

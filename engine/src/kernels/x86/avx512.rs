@@ -22,6 +22,39 @@ fn quad_index() -> __m512i {
     _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
 }
 
+/// The 64 unsigned ints of two consecutive 5- or 6-bit blocks (`bpb` bytes each) at `ptr`, in
+/// value order: the nibbles of both at once, then the high bits (Q5_0's 32-bit mask of each
+/// block is a byte mask here; Q6_K's 2-bit planes shift into place).
+///
+/// # Safety
+/// `ptr` points at the two blocks' 2·bpb bytes; the CPU has avx512f and avx512bw.
+#[inline(always)]
+unsafe fn unpack_pair(bits: QuantBits, ptr: *const u8, bpb: usize) -> __m512i {
+    // SAFETY: the loads read the two blocks' own bytes per the contract.
+    unsafe {
+        let second = ptr.add(bpb);
+        let low_nibbles = _mm256_set1_epi8(0x0f);
+        let raw = _mm256_loadu2_m128i(second.cast(), ptr.cast());
+        let lo = _mm256_and_si256(raw, low_nibbles);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
+        // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
+        let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        let nibbles = _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00);
+        if bits == QuantBits::Five {
+            let mask = u64::from((ptr.add(16) as *const u32).read_unaligned()) | u64::from((second.add(16) as *const u32).read_unaligned()) << 32;
+            return _mm512_mask_add_epi8(nibbles, mask, nibbles, _mm512_set1_epi8(0x10));
+        }
+        // Q6_K: bytes 8k..8k+7 of a block take bit pair k of its 8 high bytes.
+        let high = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_set1_epi64x((ptr.add(16) as *const i64).read_unaligned())),
+            _mm256_set1_epi64x((second.add(16) as *const i64).read_unaligned()),
+            1,
+        );
+        let pairs = _mm512_and_si512(_mm512_srlv_epi64(high, _mm512_set_epi64(6, 4, 2, 0, 6, 4, 2, 0)), _mm512_set1_epi8(3));
+        _mm512_or_si512(nibbles, _mm512_slli_epi16(pairs, 4))
+    }
+}
+
 /// Products of weight rows `rows` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE), into
 /// `out[(row - rows.start) · TOKEN_TILE + t]`.
 ///
@@ -37,7 +70,11 @@ pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivat
             1 => uq_dot_tile::<1>(w, rows, x, t0, out),
             2 => uq_dot_tile::<2>(w, rows, x, t0, out),
             3 => uq_dot_tile::<3>(w, rows, x, t0, out),
-            _ => uq_dot_tile::<4>(w, rows, x, t0, out),
+            4 => uq_dot_tile::<4>(w, rows, x, t0, out),
+            5 => uq_dot_tile::<5>(w, rows, x, t0, out),
+            6 => uq_dot_tile::<6>(w, rows, x, t0, out),
+            7 => uq_dot_tile::<7>(w, rows, x, t0, out),
+            _ => uq_dot_tile::<8>(w, rows, x, t0, out),
         }
     }
 }
@@ -73,11 +110,7 @@ unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &Qua
                         let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
                         _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
                     }
-                    QuantBits::Five | QuantBits::Six => {
-                        let first = avx2::unpack_block(w.bits, wq.add(2 * p * bpb));
-                        let second = avx2::unpack_block(w.bits, wq.add((2 * p + 1) * bpb));
-                        _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1)
-                    }
+                    QuantBits::Five | QuantBits::Six => unpack_pair(w.bits, wq.add(2 * p * bpb), bpb),
                     QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
                 }
             };
