@@ -4,19 +4,19 @@ use std::marker::PhantomData;
 
 /// Lets parallel tasks write disjoint parts of one output slice that are not contiguous chunks
 /// (for example one row range of every token in a token-major matrix).
-pub struct DisjointWriter<'a> {
-    ptr: *mut f32,
+pub struct DisjointWriter<'a, T = f32> {
+    ptr: *mut T,
     len: usize,
-    _borrow: PhantomData<&'a mut [f32]>,
+    _borrow: PhantomData<&'a mut [T]>,
 }
 
 // SAFETY: the writer only hands out writes through `write`, whose contract requires that no two
 // tasks write the same index; with that, sharing it across threads is like sharing `&mut` parts.
-unsafe impl Send for DisjointWriter<'_> {}
-unsafe impl Sync for DisjointWriter<'_> {}
+unsafe impl<T: Send> Send for DisjointWriter<'_, T> {}
+unsafe impl<T: Send> Sync for DisjointWriter<'_, T> {}
 
-impl<'a> DisjointWriter<'a> {
-    pub fn new(out: &'a mut [f32]) -> Self {
+impl<'a, T> DisjointWriter<'a, T> {
+    pub fn new(out: &'a mut [T]) -> Self {
         Self { ptr: out.as_mut_ptr(), len: out.len(), _borrow: PhantomData }
     }
 
@@ -25,20 +25,18 @@ impl<'a> DisjointWriter<'a> {
     /// # Safety
     /// No other task may read or write `index` while the writer is alive.
     #[inline]
-    pub unsafe fn write(&self, index: usize, value: f32) {
+    pub unsafe fn write(&self, index: usize, value: T) {
         assert!(index < self.len, "DisjointWriter index {index} out of bounds {}", self.len);
         // SAFETY: in bounds (checked above); exclusive per the caller's contract.
         unsafe { self.ptr.add(index).write(value) }
     }
-}
 
-impl DisjointWriter<'_> {
     /// `len` values from `start`, to fill in place.
     ///
     /// # Safety
     /// No other task may touch these values while the slice is alive.
     #[allow(clippy::mut_from_ref)] // exclusive per the caller's contract, as for `write`
-    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
+    pub unsafe fn slice(&self, start: usize, len: usize) -> &mut [T] {
         assert!(start + len <= self.len, "DisjointWriter slice {start}+{len} out of bounds {}", self.len);
         // SAFETY: in bounds (checked above); exclusive per the caller's contract.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }

@@ -327,6 +327,58 @@ fn hsum_i32(v: __m256i) -> i32 {
     }
 }
 
+/// Quantizes blocks of 32 activations to int8 with their scales, as
+/// `quant::quantize_blocks` does (the same rounding, half away from zero, and the same f16
+/// roundings), with F16C for those instead of the software conversion.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [f32], sums_f16: &mut [f32]) {
+    let blocks = x.len() / BLOCK;
+    assert!(qs.len() >= blocks * BLOCK && d.len() >= blocks && sums.len() >= blocks && sums_f16.len() >= blocks);
+    let sign = _mm256_set1_ps(-0.0);
+    let below_half = _mm256_set1_ps(0.5 - f32::EPSILON / 4.0);
+    // Dwords of two rounds of packing back in value order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for b in 0..blocks {
+        let mut v = [_mm256_setzero_ps(); 4];
+        for (i, v) in v.iter_mut().enumerate() {
+            // SAFETY: 8 values of block b < blocks, inside `x`.
+            *v = unsafe { _mm256_loadu_ps(x.as_ptr().add(b * BLOCK + 8 * i)) };
+        }
+        let largest = _mm256_max_ps(
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+            _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+        );
+        let m = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        let scale = amax / 127.0;
+        let inv = _mm256_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
+        let mut q = [_mm256_setzero_si256(); 4];
+        for i in 0..4 {
+            let y = _mm256_mul_ps(v[i], inv);
+            // Half away from zero: add just under ½ with y's sign, then truncate.
+            q[i] = _mm256_cvttps_epi32(_mm256_add_ps(y, _mm256_or_ps(_mm256_and_ps(y, sign), below_half)));
+        }
+        let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        // SAFETY: the 32 bytes of block b, inside `qs`.
+        unsafe { _mm256_storeu_si256(qs.as_mut_ptr().add(b * BLOCK).cast(), _mm256_permutevar8x32_epi32(bytes, order)) };
+        d[b] = round_to_f16(scale);
+        sums[b] = d[b] * sum as f32;
+        sums_f16[b] = round_to_f16(scale * sum as f32);
+    }
+}
+
+/// `value` rounded to the nearest f16 (ties to even, as `half` rounds).
+#[inline(always)]
+fn round_to_f16(value: f32) -> f32 {
+    // SAFETY: callers are compiled with f16c.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(value)))) }
+}
+
 /// Query rows one score or value kernel keeps in registers: 6 rows × 2 vectors of accumulators,
 /// with the two K (or V) vectors and a broadcast query, fill 15 of the 16 registers.
 const MAX_ROWS: usize = 6;
