@@ -70,18 +70,43 @@ impl SimdLevel {
 pub fn simd_level() -> SimdLevel {
     static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        let best = SimdLevel::supported()[0];
-        let Ok(wanted) = std::env::var("HILLSIDE_SIMD") else { return best };
-        match SimdLevel::ALL.into_iter().find(|l| l.name() == wanted) {
-            Some(level) if level.is_supported() => level,
-            Some(level) => {
-                tracing::warn!("HILLSIDE_SIMD={wanted}: this CPU lacks {}; using {}", level.name(), best.name());
-                best
-            }
-            None => {
-                tracing::warn!("HILLSIDE_SIMD={wanted} is not a level (avx512, avx-vnni, avx2, portable); using {}", best.name());
-                best
-            }
+        let (level, warning) = level_for(std::env::var("HILLSIDE_SIMD").ok().as_deref());
+        if let Some(warning) = warning {
+            tracing::warn!("{warning}");
         }
+        level
     })
+}
+
+/// The level `wanted` names, or the fastest one with a warning when this CPU lacks it or the
+/// name is not a level.
+fn level_for(wanted: Option<&str>) -> (SimdLevel, Option<String>) {
+    let best = SimdLevel::supported()[0];
+    let Some(wanted) = wanted else { return (best, None) };
+    match SimdLevel::ALL.into_iter().find(|l| l.name() == wanted) {
+        Some(level) if level.is_supported() => (level, None),
+        Some(level) => (best, Some(format!("HILLSIDE_SIMD={wanted}: this CPU lacks {}; using {}", level.name(), best.name()))),
+        None => (best, Some(format!("HILLSIDE_SIMD={wanted} is not a level (avx512, avx-vnni, avx2, portable); using {}", best.name()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{level_for, SimdLevel};
+
+    #[test]
+    fn hillside_simd_picks_a_level_the_cpu_has_and_warns_otherwise() {
+        let best = SimdLevel::supported()[0];
+        assert_eq!(level_for(None), (best, None));
+        assert_eq!(level_for(Some("portable")), (SimdLevel::Portable, None));
+        let (level, warning) = level_for(Some("avx3"));
+        assert_eq!(level, best);
+        assert!(warning.unwrap().contains("HILLSIDE_SIMD=avx3 is not a level"));
+        // A level this CPU lacks falls back to the best it has, with a warning that says so.
+        for missing in SimdLevel::ALL.into_iter().filter(|l| !l.is_supported()) {
+            let (level, warning) = level_for(Some(missing.name()));
+            assert_eq!(level, best);
+            assert!(warning.unwrap().contains("this CPU lacks"));
+        }
+    }
 }
