@@ -180,9 +180,20 @@ fn attend_range(
         let len = KEY_CHUNK.min(end - c0);
         let scores = &mut scratch.scores[..rows * len];
         score_keys(head_k, hd, &scratch.q, rows, c0, len, scores, level);
-        mask_future_keys(view, h, positions, group, c0, len, scores);
+        if let Some(key_positions) = view.positions {
+            mask_future_keys(&key_positions[h * view.n_tokens + c0..][..len], positions, group, scores);
+        }
         for r in 0..rows {
-            let row = &mut scores[r * len..][..len];
+            // Where keys sit at their index, those past the row's token are a tail that counts
+            // for exactly nothing: the softmax runs over the rest alone, so a token's sums are
+            // the ones it gets in a block of its own, whichever tokens share its block (a prompt
+            // prefilled in chunks gives the logits of one pass).
+            let visible = match view.positions {
+                None => (positions[r / group] + 1).saturating_sub(c0).min(len),
+                Some(_) => len,
+            };
+            let (row, future) = scores[r * len..][..len].split_at_mut(visible);
+            future.fill(0.0);
             let chunk_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             if chunk_max == f32::NEG_INFINITY {
                 row.fill(0.0);
@@ -199,24 +210,15 @@ fn attend_range(
     }
 }
 
-/// Sets to −∞ the scores (`rows × len`, keys from `c0`) of keys later than their row's token.
-fn mask_future_keys(view: &KvView<'_>, h: usize, positions: &[usize], group: usize, c0: usize, len: usize, scores: &mut [f32]) {
-    for (t, &position) in positions.iter().enumerate() {
-        let token_rows = scores[t * group * len..][..group * len].chunks_exact_mut(len);
-        match view.positions {
-            // Keys sit at their index: mask the tail past the token's own position.
-            None => {
-                let visible = (position + 1).saturating_sub(c0).min(len);
-                token_rows.for_each(|row| row[visible..].fill(f32::NEG_INFINITY));
-            }
-            Some(key_positions) => {
-                let key_positions = &key_positions[h * view.n_tokens + c0..][..len];
-                for row in token_rows {
-                    for (s, &p) in row.iter_mut().zip(key_positions) {
-                        if p as usize > position {
-                            *s = f32::NEG_INFINITY;
-                        }
-                    }
+/// Sets to −∞ the scores (`rows × len`) of keys whose positions (`key_positions`, one per
+/// score column) come after their row's token.
+fn mask_future_keys(key_positions: &[u32], positions: &[usize], group: usize, scores: &mut [f32]) {
+    let len = key_positions.len();
+    for (token_rows, &position) in scores.chunks_exact_mut(group * len).zip(positions) {
+        for row in token_rows.chunks_exact_mut(len) {
+            for (s, &p) in row.iter_mut().zip(key_positions) {
+                if p as usize > position {
+                    *s = f32::NEG_INFINITY;
                 }
             }
         }
@@ -299,9 +301,14 @@ mod tests {
 
     /// Checks every level's attention for queries at `positions` against [`reference`], over a
     /// cache of `n_tokens` tokens at their own positions.
-    fn check_against_reference(hd: usize, n_heads: usize, n_kv: usize, n_tokens: usize, positions: &[usize]) {
+    /// A cache element: head h, token t, dimension d (`salt` 1 for K, 2 for V).
+    fn val(h: usize, t: usize, d: usize, salt: usize) -> f32 {
+        (((h * 31 + t * 17 + d * 7 + salt) % 97) as f32 / 48.0 - 1.0) * 0.8
+    }
+
+    /// K (tiled) and V of `n_tokens` tokens in `n_kv` heads, and the token slots a head takes.
+    fn cache(hd: usize, n_kv: usize, n_tokens: usize) -> (Vec<f16>, Vec<f16>, usize) {
         let stride = n_tokens.div_ceil(KV_TILE) * KV_TILE;
-        let val = |h: usize, t: usize, d: usize, salt: usize| (((h * 31 + t * 17 + d * 7 + salt) % 97) as f32 / 48.0 - 1.0) * 0.8;
         let mut k = vec![f16::ZERO; n_kv * stride * hd];
         let mut v = vec![f16::ZERO; n_kv * stride * hd];
         for h in 0..n_kv {
@@ -312,6 +319,11 @@ mod tests {
                 }
             }
         }
+        (k, v, stride)
+    }
+
+    fn check_against_reference(hd: usize, n_heads: usize, n_kv: usize, n_tokens: usize, positions: &[usize]) {
+        let (k, v, stride) = cache(hd, n_kv, n_tokens);
         let as_f32 = |h: usize, salt: usize| -> Vec<Vec<f32>> { (0..n_tokens).map(|j| (0..hd).map(|d| f16::from_f32(val(h, j, d, salt)).to_f32()).collect()).collect() };
         let (kk, vv): (Vec<_>, Vec<_>) = (0..n_kv).map(|h| (as_f32(h, 1), as_f32(h, 2))).unzip();
         let view = KvView { n_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: None };
@@ -352,6 +364,36 @@ mod tests {
                 for n_tokens in [1usize, 7, 40, 333] {
                     check_against_reference(hd, n_heads, n_kv, n_tokens, &(0..n_tokens).collect::<Vec<_>>());
                 }
+                // A later chunk of a prompt: its queries see the earlier chunks' keys too.
+                check_against_reference(hd, n_heads, n_kv, 128, &(64..128).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn a_token_gets_the_same_bits_whichever_tokens_share_its_call() {
+        // Chunked prefill must give the logits of one pass: the model amplifies a last-bit
+        // difference in attention (through the int8 roundings of later layers) to whole tenths
+        // of a logit over a long prompt.
+        let (hd, n_tokens) = (64, 300);
+        for (n_heads, n_kv) in [(9, 3), (14, 2)] {
+            let (k, v, stride) = cache(hd, n_kv, n_tokens);
+            let view = KvView { n_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: None };
+            let width = n_heads * hd;
+            let q: Vec<f32> = (0..n_tokens * width).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
+            let positions: Vec<usize> = (0..n_tokens).collect();
+            for level in SimdLevel::supported() {
+                let mut one_pass = vec![0f32; q.len()];
+                attend_at(level, &q, &positions, n_heads, &view, &mut one_pass);
+                for chunk in [1, 7, 64] {
+                    let mut chunked = vec![0f32; q.len()];
+                    for (i, tokens) in positions.chunks(chunk).enumerate() {
+                        let rows = i * chunk * width..(i * chunk + tokens.len()) * width;
+                        attend_at(level, &q[rows.clone()], tokens, n_heads, &view, &mut chunked[rows]);
+                    }
+                    let same = one_pass.iter().zip(&chunked).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{level:?} heads {n_heads}/{n_kv}: chunks of {chunk} differ from one pass");
+                }
             }
         }
     }
@@ -360,7 +402,6 @@ mod tests {
     fn each_head_attends_to_its_own_tokens_with_its_own_positions() {
         let (hd, n_kv, n_heads, slots) = (64, 2, 6, 20usize);
         let stride = slots.div_ceil(KV_TILE) * KV_TILE;
-        let val = |h: usize, t: usize, d: usize, salt: usize| (((h * 31 + t * 17 + d * 7 + salt) % 97) as f32 / 48.0 - 1.0) * 0.8;
         // Head 0 holds even positions, head 1 odd ones: slot j is position 2j (+1).
         let position = |h: usize, j: usize| (2 * j + h) as u32;
         let mut k = vec![f16::ZERO; n_kv * stride * hd];
