@@ -19,6 +19,8 @@ run: setup
 
 test: setup-tests
 	cargo test --workspace
+	# The workspace still builds with the Rust its rust-version names (in a target dir of its own).
+	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) check --workspace --all-targets
 	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level
 	# in force, so they run again portable, and so do the real models' logits against candle's
 	# (the run above took the fastest level), at AVX2 too (a CPU without it falls back).
