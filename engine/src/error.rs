@@ -1,6 +1,8 @@
 //! The engine's error type. Every failure a user can cause (a bad model file, a prompt that does
 //! not fit) is a variant with a message that says what to do about it.
 
+use std::io::ErrorKind;
+use std::ops::Range;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +43,19 @@ pub enum Error {
     #[error("KV cache: {0}")]
     Kv(String),
 
+    /// The cold pool's file failed. The message names no path, since it can reach an HTTP
+    /// client; the log line written where it happened does.
+    #[error("cold pool: {what}: {source}{}", storage_hint(source.kind()))]
+    ColdIo { what: String, source: std::io::Error },
+
+    #[error("cold pool block damaged: layer {layer}, KV head {head}, tokens {}..{} fail their checksum", tokens.start, tokens.end)]
+    ColdBlockDamaged { layer: usize, head: usize, tokens: Range<usize> },
+
+    /// A bug: a broken invariant or a panic, caught before it could take more than one
+    /// sequence down.
+    #[error("internal error (a bug; please report it): {0}")]
+    Internal(String),
+
     #[error("SmartSSD: {0}")]
     Xrt(String),
 
@@ -52,3 +67,23 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether more disk space would have avoided it.
+    pub fn is_storage_full(&self) -> bool {
+        matches!(self, Error::ColdIo { source, .. } if is_full(source.kind()))
+    }
+}
+
+fn is_full(kind: ErrorKind) -> bool {
+    matches!(kind, ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge)
+}
+
+/// What a user can do about an I/O error of the cold pool.
+fn storage_hint(kind: ErrorKind) -> &'static str {
+    match kind {
+        k if is_full(k) => " (the disk is full; free space or choose another cold-pool directory)",
+        ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied => " (choose a writable cold-pool directory)",
+        _ => "",
+    }
+}

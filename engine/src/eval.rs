@@ -151,15 +151,17 @@ impl<W: SelectionWatch> KvStore for Watched<W> {
         self.inner.observe(layer, selection)
     }
 
-    fn commit(&mut self, n_tokens: usize) {
-        self.inner.commit(n_tokens);
+    fn commit(&mut self, n_tokens: usize) -> Result<()> {
+        self.inner.commit(n_tokens)?;
         self.watch.commit();
+        Ok(())
     }
 
-    fn truncate(&mut self, n_tokens: usize) {
-        self.inner.truncate(n_tokens);
-        self.keys.truncate(self.inner.len_tokens());
+    fn truncate(&mut self, n_tokens: usize) -> usize {
+        let kept = self.inner.truncate(n_tokens);
+        self.keys.truncate(kept);
         self.watch.truncate();
+        kept
     }
 
     fn stats(&self) -> KvStats {

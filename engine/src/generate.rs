@@ -122,10 +122,12 @@ impl Sequence {
         self.kv.shape().max_tokens
     }
 
-    /// Drops the cache from `n_tokens` on, keeping `tokens` in step with it.
-    fn truncate(&mut self, n_tokens: usize) {
-        self.tokens.truncate(n_tokens);
-        self.kv.truncate(n_tokens);
+    /// Drops the cache from `n_tokens` on, keeping `tokens` in step with what it kept (fewer
+    /// when part of the cache could not be read back); returns that count.
+    fn truncate(&mut self, n_tokens: usize) -> usize {
+        let kept = self.kv.truncate(n_tokens);
+        self.tokens.truncate(kept);
+        kept
     }
 
     /// Runs `chunk` through the model; on failure the cache is rolled back to what it held.
@@ -236,8 +238,8 @@ impl Generation {
         }
         let sampler = Sampler::new(params.sampling.clone())?;
         // Reuse the cached prefix; at least the last prompt token is run again for its logits.
-        let reused = seq.tokens.iter().zip(&prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
-        seq.truncate(reused);
+        let shared = seq.tokens.iter().zip(&prompt).take_while(|(a, b)| a == b).count().min(prompt.len() - 1);
+        let reused = seq.truncate(shared);
         on_event(Event::Prefill { done_tokens: reused, total_tokens: prompt.len() });
         Ok(Self {
             stops: StopMatcher::new(&params.stop),

@@ -15,11 +15,11 @@
 //! those bytes, and a damaged one can only misrank a token, never corrupt attention.
 
 use super::aligned::{AlignedBuf, IO_ALIGN};
+use super::fault::{self, PoolFaults};
 use crate::error::{Error, Result};
 use crate::score::device::CHUNK_TOKENS;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,15 +80,14 @@ pub struct ColdPool {
     /// can be shared with readers that work ahead (prefetch) while the owner writes.
     checksums: Vec<AtomicU64>,
     pub stats: ColdIoStats,
+    /// Injected by tests ([`super::fault`]); `None` otherwise.
+    faults: Option<PoolFaults>,
 }
 
+/// The error of an I/O call on the pool's file: its path goes to the log, not into the error.
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
-    let hint = match e.kind() {
-        ErrorKind::StorageFull => " (the disk is full; free space or choose another cold-pool directory)",
-        ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied => " (choose a writable cold-pool directory)",
-        _ => "",
-    };
-    Error::Kv(format!("cold pool: {what} {}: {e}{hint}", path.display()))
+    tracing::error!(path = %path.display(), error = %e, "cold pool: {what}");
+    Error::ColdIo { what: what.to_string(), source: e }
 }
 
 /// Directories already swept by this process.
@@ -104,7 +103,7 @@ impl ColdPool {
     /// `key_chunk_bytes` (a whole number of pages) per [`CHUNK_TOKENS`] tokens.
     pub fn create_with_key_chunks(dir: &Path, layout: ColdLayout, key_chunk_bytes: usize) -> Result<Self> {
         assert!(key_chunk_bytes.is_multiple_of(IO_ALIGN));
-        std::fs::create_dir_all(dir).map_err(|e| io_error("cannot create directory", dir, e))?;
+        std::fs::create_dir_all(dir).map_err(|e| io_error("cannot create its directory", dir, e))?;
         sweep_once(dir);
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = format!("{FILE_PREFIX}{}-{}{FILE_SUFFIX}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
@@ -118,6 +117,7 @@ impl ColdPool {
             key_chunk_bytes,
             checksums: (0..layout.n_layers * layout.n_kv_heads * layout.max_groups).map(|_| AtomicU64::new(0)).collect(),
             stats: ColdIoStats::default(),
+            faults: fault::for_new_pool(dir),
         };
         pool.preallocate()?;
         Ok(pool)
@@ -130,9 +130,9 @@ impl ColdPool {
         let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&self.file), 0, len as libc::off_t) };
         match rc {
             0 => Ok(()),
-            libc::EOPNOTSUPP | libc::EINVAL => self.file.set_len(len).map_err(|e| io_error("cannot size", &self.path, e)),
+            libc::EOPNOTSUPP | libc::EINVAL => self.file.set_len(len).map_err(|e| io_error("cannot size its file", &self.path, e)),
             errno => Err(io_error(
-                &format!("cannot reserve {} MB for", len / 1_000_000),
+                &format!("cannot reserve {} MB", len / 1_000_000),
                 &self.path,
                 std::io::Error::from_raw_os_error(errno),
             )),
@@ -163,7 +163,7 @@ impl ColdPool {
     /// Writes one layer's scoring-key chunk (`key_chunk_bytes` from the start of `buf`).
     pub fn write_key_chunk(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()> {
         let bytes = &buf.as_bytes()[..self.key_chunk_bytes];
-        self.file.write_all_at(bytes, self.key_chunk_offset(layer, chunk)).map_err(|e| io_error("write to", &self.path, e))?;
+        self.file.write_all_at(bytes, self.key_chunk_offset(layer, chunk)).map_err(|e| io_error("write failed", &self.path, e))?;
         self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -175,7 +175,7 @@ impl ColdPool {
         assert!(offset + dst.len() <= self.key_chunk_bytes, "read past the key chunk");
         assert_eq!(dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
         let at = self.key_chunk_offset(layer, chunk) + offset as u64;
-        self.file.read_exact_at(dst, at).map_err(|e| io_error("read from", &self.path, e))
+        self.file.read_exact_at(dst, at).map_err(|e| io_error("read failed", &self.path, e))
     }
 
     fn offset(&self, layer: usize, head: usize, group: usize) -> u64 {
@@ -193,7 +193,8 @@ impl ColdPool {
         assert!(group < self.layout.max_groups && buf.len() >= self.layout.group_bytes());
         let bytes = &buf.as_bytes()[..self.layout.group_bytes()];
         let offset = self.offset(layer, head, group);
-        self.file.write_all_at(bytes, offset).map_err(|e| io_error("write to", &self.path, e))?;
+        let injected = self.faults.as_ref().and_then(|f| f.on_write(layer, group)).map_or(Ok(()), Err);
+        injected.and_then(|()| self.file.write_all_at(bytes, offset)).map_err(|e| io_error("write failed", &self.path, e))?;
         self.checksums[self.layout.group_index(layer, head, group)].store(WRITTEN | u64::from(crc32fast::hash(bytes)), Ordering::Release);
         self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(())
@@ -207,21 +208,21 @@ impl ColdPool {
         assert!(first + count <= self.layout.max_groups && dst.len() >= count * gb);
         assert_eq!(dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
         let bytes = &mut dst[..count * gb];
-        self.file.read_exact_at(bytes, self.offset(layer, head, first)).map_err(|e| io_error("read from", &self.path, e))?;
+        if let Some(faults) = &self.faults {
+            faults.on_read(layer, head, first);
+        }
+        self.file.read_exact_at(bytes, self.offset(layer, head, first)).map_err(|e| io_error("read failed", &self.path, e))?;
         self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         for (i, chunk) in bytes.chunks_exact(gb).enumerate() {
             let group = first + i;
             match self.checksums[self.layout.group_index(layer, head, group)].load(Ordering::Acquire) {
-                0 => return Err(Error::Kv(format!("cold pool: layer {layer} head {head} group {group} was never written"))),
+                0 => return Err(Error::Internal(format!("cold pool: layer {layer} head {head} group {group} was read but never written"))),
                 sum if sum == WRITTEN | u64::from(crc32fast::hash(chunk)) => {}
                 _ => {
-                    return Err(Error::Kv(format!(
-                        "cold pool block damaged: layer {layer}, KV head {head}, tokens {}..{} fail their checksum ({})",
-                        group * GROUP_TOKENS,
-                        (group + 1) * GROUP_TOKENS,
-                        self.path.display()
-                    )))
+                    let tokens = group * GROUP_TOKENS..(group + 1) * GROUP_TOKENS;
+                    tracing::error!(path = %self.path.display(), layer, head, ?tokens, "cold pool block fails its checksum");
+                    return Err(Error::ColdBlockDamaged { layer, head, tokens });
                 }
             }
         }
@@ -245,9 +246,9 @@ fn open_pool_file(path: &Path) -> Result<File> {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             let _ = std::fs::remove_file(path);
             tracing::warn!(dir = %path.parent().unwrap_or(path).display(), "filesystem refuses direct I/O; cold pool uses buffered I/O");
-            open(0).map_err(|e| io_error("cannot create", path, e))
+            open(0).map_err(|e| io_error("cannot create its file", path, e))
         }
-        Err(e) => Err(io_error("cannot create", path, e)),
+        Err(e) => Err(io_error("cannot create its file", path, e)),
     }
 }
 

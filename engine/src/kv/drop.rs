@@ -126,7 +126,7 @@ impl KvStore for DropKvStore {
 
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}
 
-    fn commit(&mut self, n_tokens: usize) {
+    fn commit(&mut self, n_tokens: usize) -> Result<()> {
         self.len += n_tokens;
         self.pending.fill(0);
         let budget = (self.alpha * self.len as f32).ceil() as usize + self.sink_tokens + self.recent_tokens;
@@ -144,15 +144,17 @@ impl KvStore for DropKvStore {
                 self.kept.remove(layer, t);
             }
         }
+        Ok(())
     }
 
-    fn truncate(&mut self, n_tokens: usize) {
+    fn truncate(&mut self, n_tokens: usize) -> usize {
         self.pending.fill(0);
         self.len = self.len.min(n_tokens);
         self.kept.truncate(self.len);
         for importance in &mut self.importance {
             importance.truncate(self.len);
         }
+        self.len
     }
 
     fn stats(&self) -> KvStats {

@@ -102,15 +102,17 @@ impl KvStore for FullKvStore {
 
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}
 
-    fn commit(&mut self, n_tokens: usize) {
+    fn commit(&mut self, n_tokens: usize) -> Result<()> {
         debug_assert!(self.pending.iter().all(|&p| p == n_tokens));
         self.len += n_tokens;
         self.pending.fill(0);
+        Ok(())
     }
 
-    fn truncate(&mut self, n_tokens: usize) {
+    fn truncate(&mut self, n_tokens: usize) -> usize {
         self.len = self.len.min(n_tokens);
         self.pending.fill(0);
+        self.len
     }
 
     fn stats(&self) -> KvStats {

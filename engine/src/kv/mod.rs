@@ -8,9 +8,12 @@
 //! tokens all look the same from here.
 
 pub mod aligned;
+pub mod backing;
 pub mod cold;
 pub mod config;
 pub mod drop;
+#[doc(hidden)]
+pub mod fault;
 pub mod full;
 pub mod hot;
 pub mod offload;
@@ -165,10 +168,15 @@ pub trait KvStore: Send {
     fn observe(&mut self, layer: usize, selection: &Selection);
 
     /// Every layer has appended the `n_tokens` new tokens: they become part of the sequence.
-    fn commit(&mut self, n_tokens: usize);
+    /// An error (the cold pool could not take them) leaves every token readable as before;
+    /// the caller decides whether to go on or roll the step back with `truncate`.
+    fn commit(&mut self, n_tokens: usize) -> Result<()>;
 
     /// Forgets every token from index `n_tokens` on, and anything appended but not committed.
-    fn truncate(&mut self, n_tokens: usize);
+    /// Returns how many tokens it kept: `n_tokens` (or fewer if it held fewer), or less when
+    /// part of what it should keep cannot be read back; the caller must believe it and run the
+    /// tokens after that again. Keeping fewer is always possible, so this cannot fail.
+    fn truncate(&mut self, n_tokens: usize) -> usize;
 
     fn stats(&self) -> KvStats;
 }

@@ -3,9 +3,9 @@
 //! direct-I/O read per KV head), then attends exactly.
 
 use super::aligned::AlignedBuf;
-use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
+use super::backing::DiskBacking;
+use super::cold::GROUP_TOKENS;
 use super::view::ViewBuffers;
-use super::window::RecentWindow;
 use super::{KvShape, KvStats, KvStore, KvView, Selection};
 use crate::error::Result;
 use std::path::Path;
@@ -13,30 +13,16 @@ use std::sync::atomic::Ordering;
 
 pub struct OffloadKvStore {
     shape: KvShape,
-    cold: ColdPool,
-    window: RecentWindow,
+    backing: DiskBacking,
     view: ViewBuffers,
     read_buf: AlignedBuf,
-    len: usize,
-    /// Tokens appended this step, per layer.
-    pending: Vec<usize>,
 }
 
 impl OffloadKvStore {
     pub fn new(shape: KvShape, cold_dir: &Path) -> Result<Self> {
-        let max_groups = shape.max_tokens.div_ceil(GROUP_TOKENS);
-        let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups };
-        let cold = ColdPool::create(cold_dir, layout)?;
-        let read_buf = cold.buffer(max_groups);
-        Ok(Self {
-            shape,
-            window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
-            view: ViewBuffers::new(shape.head_dim),
-            read_buf,
-            cold,
-            len: 0,
-            pending: vec![0; shape.n_layers],
-        })
+        let backing = DiskBacking::new(shape, cold_dir, 0)?;
+        let read_buf = backing.cold().buffer(shape.max_tokens.div_ceil(GROUP_TOKENS));
+        Ok(Self { shape, backing, view: ViewBuffers::new(shape.head_dim), read_buf })
     }
 }
 
@@ -46,14 +32,11 @@ impl KvStore for OffloadKvStore {
     }
 
     fn len_tokens(&self) -> usize {
-        self.len
+        self.backing.len()
     }
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        let n = self.shape.tokens_to_append(self.len, k, v)?;
-        self.window.push(layer, k, v);
-        self.pending[layer] = n;
-        Ok(())
+        self.backing.append(layer, k, v).map(drop)
     }
 
     fn select(&mut self, _layer: usize, _q: &[f32], _q_positions: &[usize]) -> Result<Selection> {
@@ -65,20 +48,21 @@ impl KvStore for OffloadKvStore {
     }
 
     fn gather(&mut self, layer: usize, _selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
-        let total = self.len + self.pending[layer];
-        let spilled_groups = self.window.base() / GROUP_TOKENS;
-        let page_words = self.cold.layout().group_bytes() / 2;
+        let total = self.backing.held(layer);
+        let spilled_groups = self.backing.cold_end() / GROUP_TOKENS;
+        let cold = self.backing.cold();
+        let page_words = cold.layout().group_bytes() / 2;
         self.view.reset(heads.len(), total);
         for (at, head) in heads.enumerate() {
             if spilled_groups > 0 {
-                self.cold.read_groups(layer, head, 0, spilled_groups, self.read_buf.as_bytes_mut())?;
+                cold.read_groups(layer, head, 0, spilled_groups, self.read_buf.as_bytes_mut())?;
                 let words = self.read_buf.as_u16();
                 for g in 0..spilled_groups {
                     self.view.set_group(g * GROUP_TOKENS, at, &words[g * page_words..][..page_words]);
                 }
             }
-            for token in self.window.base()..total {
-                self.view.set_token(token, at, self.window.row(layer, head, token, false), self.window.row(layer, head, token, true));
+            for token in self.backing.cold_end()..total {
+                self.view.set_token(token, at, self.backing.row(layer, head, token, false), self.backing.row(layer, head, token, true));
             }
         }
         Ok(self.view.view(total, None))
@@ -86,40 +70,20 @@ impl KvStore for OffloadKvStore {
 
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}
 
-    fn commit(&mut self, n_tokens: usize) {
-        self.len += n_tokens;
-        self.pending.fill(0);
-        // A failed spill keeps the tokens in the window, where attention still finds them; the
-        // next commit tries again.
-        if let Err(e) = self.window.spill(&self.cold) {
-            tracing::error!(error = %e, "cold pool write failed; keeping tokens in memory");
-        }
+    fn commit(&mut self, n_tokens: usize) -> Result<()> {
+        self.backing.commit(n_tokens, |_, _, _, _, _| {})
     }
 
-    fn truncate(&mut self, n_tokens: usize) {
-        self.pending.fill(0);
-        if n_tokens < self.len {
-            if let Err(e) = self.window.truncate(n_tokens, &self.cold) {
-                // The cold copy is unreadable: start the sequence over rather than attend to garbage.
-                tracing::error!(error = %e, "cold pool read failed while truncating; dropping the cache");
-                self.window = RecentWindow::new(self.shape.n_layers, self.shape.n_kv_heads, self.shape.head_dim);
-                self.len = 0;
-                return;
-            }
-            self.len = n_tokens;
-        } else {
-            let committed = self.len;
-            // Drop uncommitted rows appended by a failed step.
-            let _ = self.window.truncate(committed, &self.cold);
-        }
+    fn truncate(&mut self, n_tokens: usize) -> usize {
+        self.backing.truncate(n_tokens)
     }
 
     fn stats(&self) -> KvStats {
         KvStats {
-            tokens: self.len,
+            tokens: self.backing.len(),
             resident_bytes: self.view.bytes() + self.read_buf.len(),
-            cold_bytes: self.window.base() * self.shape.bytes_per_token(),
-            cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
+            cold_bytes: self.backing.cold_bytes(),
+            cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
             tier: None,
         }
     }

@@ -87,16 +87,19 @@ impl RecentWindow {
         &rows[self.at(layer, head, token - self.base)..][..self.head_dim]
     }
 
-    /// Writes every complete group to `cold` and drops it from the window.
-    pub fn spill(&mut self, cold: &ColdPool) -> Result<usize> {
-        let groups = (0..self.n_layers).map(|l| self.len(l)).min().unwrap_or(0) / GROUP_TOKENS;
-        if groups == 0 {
-            return Ok(0);
-        }
+    /// Complete groups every layer holds: what the next spill writes.
+    pub fn spillable_groups(&self) -> usize {
+        self.lens.iter().copied().min().unwrap_or(0) / GROUP_TOKENS
+    }
+
+    /// Writes the first `groups` groups of every (layer, head) to `cold`, changing nothing here:
+    /// if a write fails, the window still holds every token and the groups already written lie
+    /// past the cold pool's end (`base`), where nothing reads them, until a later spill
+    /// overwrites them.
+    pub fn write_groups(&self, cold: &ColdPool, groups: usize) -> Result<()> {
         let values_per_group = GROUP_TOKENS * self.head_dim;
         let mut page = cold.buffer(1);
         for layer in 0..self.n_layers {
-            let kept = (self.lens[layer] - groups * GROUP_TOKENS) * self.head_dim;
             for head in 0..self.n_kv_heads {
                 let start = self.at(layer, head, 0);
                 for g in 0..groups {
@@ -105,15 +108,26 @@ impl RecentWindow {
                     words[values_per_group..2 * values_per_group].copy_from_slice(&self.v[start + g * values_per_group..][..values_per_group]);
                     cold.write_group(layer, head, self.base / GROUP_TOKENS + g, &page)?;
                 }
-                let spilled = start + groups * values_per_group;
-                self.k.copy_within(spilled..spilled + kept, start);
-                self.v.copy_within(spilled..spilled + kept, start);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the first `groups` groups, written by [`RecentWindow::write_groups`]: the cold
+    /// pool now ends where the window starts.
+    pub fn drop_groups(&mut self, groups: usize) {
+        let spilled = groups * GROUP_TOKENS * self.head_dim;
+        for layer in 0..self.n_layers {
+            let kept = (self.lens[layer] - groups * GROUP_TOKENS) * self.head_dim;
+            for head in 0..self.n_kv_heads {
+                let start = self.at(layer, head, 0);
+                self.k.copy_within(start + spilled..start + spilled + kept, start);
+                self.v.copy_within(start + spilled..start + spilled + kept, start);
             }
             self.lens[layer] -= groups * GROUP_TOKENS;
         }
         self.base += groups * GROUP_TOKENS;
         self.shrink();
-        Ok(groups)
     }
 
     /// Gives back the room a prompt chunk needed once far fewer tokens are held.
@@ -125,7 +139,8 @@ impl RecentWindow {
     }
 
     /// Keeps tokens `..n_tokens`. Tokens that were already spilled past `n_tokens`' group are
-    /// read back from `cold`, so the window again starts at a group boundary.
+    /// read back from `cold`, so the window again starts at a group boundary. All or nothing:
+    /// if a read fails, the window is as it was.
     pub fn truncate(&mut self, n_tokens: usize, cold: &ColdPool) -> Result<()> {
         let hd = self.head_dim;
         if n_tokens >= self.base {
@@ -134,23 +149,35 @@ impl RecentWindow {
         }
         let group = n_tokens / GROUP_TOKENS;
         let keep = n_tokens % GROUP_TOKENS;
-        if self.slots < keep {
-            self.relayout(GROUP_TOKENS);
-        }
-        let mut page = cold.buffer(1);
-        for layer in 0..self.n_layers {
-            for head in 0..self.n_kv_heads {
-                if keep > 0 {
-                    cold.read_groups(layer, head, group, 1, page.as_bytes_mut())?;
-                    let (words, at) = (page.as_u16(), self.at(layer, head, 0));
-                    self.k[at..][..keep * hd].copy_from_slice(&words[..keep * hd]);
-                    self.v[at..][..keep * hd].copy_from_slice(&words[GROUP_TOKENS * hd..][..keep * hd]);
-                }
+        // Every (layer, head)'s page of the group, read before anything here changes.
+        let mut pages = cold.buffer(if keep > 0 { self.n_layers * self.n_kv_heads } else { 0 });
+        let page_bytes = cold.layout().group_bytes();
+        if keep > 0 {
+            for (i, page) in pages.as_bytes_mut().chunks_exact_mut(page_bytes).enumerate() {
+                cold.read_groups(i / self.n_kv_heads, i % self.n_kv_heads, group, 1, page)?;
             }
-            self.lens[layer] = keep;
         }
-        self.base = group * GROUP_TOKENS;
+        self.restart_at(group * GROUP_TOKENS);
+        if keep > 0 {
+            if self.slots < keep {
+                self.relayout(GROUP_TOKENS);
+            }
+            for (i, page) in pages.as_u16().chunks_exact(page_bytes / 2).enumerate() {
+                let at = self.at(i / self.n_kv_heads, i % self.n_kv_heads, 0);
+                self.k[at..][..keep * hd].copy_from_slice(&page[..keep * hd]);
+                self.v[at..][..keep * hd].copy_from_slice(&page[GROUP_TOKENS * hd..][..keep * hd]);
+            }
+            self.lens.fill(keep);
+        }
         Ok(())
+    }
+
+    /// Empties the window, which now starts at `token` (a group boundary): the cold pool holds
+    /// exactly the tokens before it.
+    pub fn restart_at(&mut self, token: usize) {
+        debug_assert!(token.is_multiple_of(GROUP_TOKENS) && token <= self.base);
+        self.base = token;
+        self.lens.fill(0);
     }
 }
 
@@ -185,7 +212,13 @@ mod tests {
         }
         assert!(w.slots >= 300);
         check(&w, 0..300);
-        assert_eq!(w.spill(&cold).unwrap(), 300 / GROUP_TOKENS);
+        let spill = |w: &mut RecentWindow| {
+            let groups = w.spillable_groups();
+            w.write_groups(&cold, groups).unwrap();
+            w.drop_groups(groups);
+            groups
+        };
+        assert_eq!(spill(&mut w), 300 / GROUP_TOKENS);
         assert_eq!((w.base(), w.len(0)), (288, 12));
         assert!(w.slots <= 2 * GROUP_TOKENS, "the chunk's room is given back: {} slots", w.slots);
         check(&w, 288..300);
@@ -195,7 +228,7 @@ mod tests {
             }
         }
         check(&w, 288..310);
-        w.spill(&cold).unwrap();
+        spill(&mut w);
         assert_eq!((w.base(), w.len(1)), (304, 6));
         // Back into the spilled part: the partial group is read back from the cold pool.
         w.truncate(250, &cold).unwrap();

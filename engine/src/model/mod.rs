@@ -107,7 +107,7 @@ impl Model {
         }
         self.blocks(items, &rows_of, &positions, &mut x)?;
         for (item, rows) in items.iter_mut().zip(&rows_of) {
-            item.kv.commit(rows.len());
+            item.kv.commit(rows.len())?;
         }
 
         // The rows whose logits were asked for, all items together through the output head.

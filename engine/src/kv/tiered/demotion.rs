@@ -142,7 +142,7 @@ impl TieredKvStore {
 
     /// Tokens whose rows are not pinned: past the sinks, before the recent window.
     pub(super) fn unpinned_tokens(&self) -> std::ops::Range<u32> {
-        self.settings.sink_tokens as u32..self.len.saturating_sub(self.settings.recent_tokens) as u32
+        self.settings.sink_tokens as u32..self.backing.len().saturating_sub(self.settings.recent_tokens) as u32
     }
 }
 

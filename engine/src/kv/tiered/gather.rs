@@ -37,8 +37,8 @@ impl TieredKvStore {
         if groups.iter().all(Vec::is_empty) {
             return None;
         }
-        let buf = self.prefetch.buffer(&self.cold, &groups);
-        Some(PendingRead::start(&self.cold, layer, groups, buf))
+        let buf = self.prefetch.buffer(self.backing.cold(), &groups);
+        Some(PendingRead::start(self.backing.cold(), layer, groups, buf))
     }
 
     /// Copies the rows of `heads` (the view's) that are in the write-back window or the hot pool
@@ -46,7 +46,7 @@ impl TieredKvStore {
     /// `decode` counts hot hits.
     pub(super) fn copy_resident_rows<'t>(&mut self, layer: usize, tokens: &(impl Fn(usize) -> &'t [u32] + Sync), heads: Range<usize>, decode: bool) -> Vec<ColdRow> {
         let n_slots = tokens(heads.start).len();
-        let (hot, window, lane0) = (&self.hot, &self.window, self.lane(layer, 0));
+        let (hot, window, lane0) = (&self.hot, &self.backing, self.lane(layer, 0));
         let first_head = heads.start;
         let runs = self.view.runs_mut(0..heads.len(), n_slots, RUN_SLOTS);
         let copied: Vec<(u64, Vec<ColdRow>)> = runs
@@ -60,7 +60,7 @@ impl TieredKvStore {
                     if let Some(&ahead) = tokens.get(i + PREFETCH_ROWS_AHEAD) {
                         hot.prefetch(lane, ahead);
                     }
-                    if t as usize >= window.base() {
+                    if t as usize >= window.cold_end() {
                         run.set_token(i, window.row(layer, head, t as usize, false), window.row(layer, head, t as usize, true));
                     } else if let Some((k, v)) = hot.get(lane, t) {
                         run.set_token(i, k, v);
@@ -83,7 +83,7 @@ impl TieredKvStore {
     /// rows for promotion.
     pub(super) fn copy_cold_rows(&mut self, layer: usize, rows: &mut Vec<ColdRow>, staged: &Staged, buf: &AlignedBuf, heads: Range<usize>, decode: bool) {
         let hd = self.shape.head_dim;
-        let gb_words = self.cold.layout().group_bytes() / 2;
+        let gb_words = self.backing.cold().layout().group_bytes() / 2;
         rows.retain(|&ColdRow { slot, head, token }| {
             let (head, tu) = (head as usize, token as usize);
             let Some(page) = staged.group(buf, head, tu / GROUP_TOKENS, gb_words) else { return true };

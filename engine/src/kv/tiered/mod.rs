@@ -18,10 +18,10 @@ pub mod planner;
 mod promotion;
 mod reads;
 
-use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
+use super::backing::DiskBacking;
+use super::cold::GROUP_TOKENS;
 use super::hot::HotPool;
 use super::view::ViewBuffers;
-use super::window::RecentWindow;
 use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, Selection, TierStats};
 use crate::error::{Error, Result};
 use crate::score::device::{DeviceQuery, KeyChunkLayout};
@@ -80,9 +80,8 @@ pub fn pinned_rows_bytes(shape: KvShape, s: &TieredSettings) -> usize {
 pub struct TieredKvStore {
     shape: KvShape,
     settings: TieredSettings,
-    /// Shared with the read-ahead on the I/O threads.
-    cold: Arc<ColdPool>,
-    window: RecentWindow,
+    /// The cold pool, the write-back window and the token count.
+    backing: DiskBacking,
     /// Per layer; shared with the storage evaluator's worker while it scans.
     keys: Vec<Arc<RwLock<ScoringKeys>>>,
     evaluator: Option<ColdEvaluator>,
@@ -104,15 +103,11 @@ pub struct TieredKvStore {
     /// `[layer]`: what the layer selected last step, which predicts what it reads next.
     last_selected: Vec<Option<Selection>>,
     prefetch: Prefetcher,
-    len: usize,
-    pending: Vec<usize>,
     tier: TierStats,
 }
 
 impl TieredKvStore {
     pub fn new(shape: KvShape, cold_dir: &Path, settings: TieredSettings) -> Result<Self> {
-        let max_groups = shape.max_tokens.div_ceil(GROUP_TOKENS);
-        let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups };
         if !(settings.alpha > 0.0 && settings.alpha <= 1.0) {
             return Err(Error::InvalidParameter("alpha must be in (0, 1]".into()));
         }
@@ -135,7 +130,6 @@ impl TieredKvStore {
         let key_chunk_bytes = if evaluator == EvaluatorKind::Xrt { key_chunks.chunk_bytes() } else { 0 };
         let mut store = Self {
             hot: HotPool::new(lanes, shape.head_dim, (settings.hot_budget_bytes / (4 * shape.head_dim)).min(lanes * shape.max_tokens)),
-            window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
             hits: vec![Vec::new(); lanes],
             candidates: Candidates::new(shape.head_dim, settings.hot_budget_bytes),
             weakest: WeakestRows::default(),
@@ -144,13 +138,11 @@ impl TieredKvStore {
             positions: Vec::new(),
             last_selected: vec![None; shape.n_layers],
             prefetch: Prefetcher::default(),
-            cold: Arc::new(ColdPool::create_with_key_chunks(cold_dir, layout, key_chunk_bytes)?),
+            backing: DiskBacking::new(shape, cold_dir, key_chunk_bytes)?,
             keys,
             evaluator: None,
             shape,
             settings,
-            len: 0,
-            pending: vec![0; shape.n_layers],
             tier: TierStats::default(),
         };
         let floor = budget_floor_bytes(shape, &store.settings);
@@ -165,7 +157,7 @@ impl TieredKvStore {
         store.evaluator = match evaluator {
             EvaluatorKind::Host => None,
             EvaluatorKind::Storage => Some(ColdEvaluator::Storage(StorageEvaluator::new())),
-            EvaluatorKind::Xrt => Some(match XrtEvaluator::open(&store.settings.xrt, store.cold.clone(), key_chunks) {
+            EvaluatorKind::Xrt => Some(match XrtEvaluator::open(&store.settings.xrt, store.backing.cold().clone(), key_chunks) {
                 Ok(card) => {
                     tracing::info!(card = card.description(), "the SmartSSD scores the cold pool");
                     ColdEvaluator::Xrt(card)
@@ -192,7 +184,7 @@ impl TieredKvStore {
 
     /// DRAM in use now, counted against the hot budget.
     pub fn hot_bytes(&self) -> usize {
-        let window_tokens: usize = (0..self.shape.n_layers).map(|l| self.window.len(l)).sum();
+        let window_tokens = self.backing.window_tokens();
         let key_bytes: usize = self.keys.iter().map(|k| k.read().unwrap_or_else(|p| p.into_inner()).bytes()).sum();
         self.hot.bytes() + key_bytes + window_tokens * self.hot.row_bytes() * self.shape.n_kv_heads
     }
@@ -208,7 +200,7 @@ impl TieredKvStore {
     /// For each head of `layer`, the cold groups (ascending) holding `tokens(head)` that are
     /// neither hot nor in the window, small gaps bridged.
     fn cold_groups<'t>(&self, layer: usize, tokens: impl Fn(usize) -> &'t [u32]) -> Vec<Vec<usize>> {
-        let base = self.window.base();
+        let base = self.backing.cold_end();
         (0..self.shape.n_kv_heads)
             .map(|head| {
                 let lane = self.lane(layer, head);
@@ -232,7 +224,7 @@ impl TieredKvStore {
             let count: usize = groups.iter().map(Vec::len).sum();
             if count > 0 {
                 self.tier.read_ahead_groups += count as u64;
-                self.prefetch.issue(&self.cold, next, groups);
+                self.prefetch.issue(self.backing.cold(), next, groups);
             }
         }
     }
@@ -243,7 +235,7 @@ impl TieredKvStore {
     /// one top-k per head as it comes.
     fn rank(&mut self, layer: usize, query: &[f32], group: usize, candidates: std::ops::Range<usize>, budget: usize) -> Vec<Vec<u32>> {
         let n_kv = self.shape.n_kv_heads;
-        let base = self.window.base();
+        let base = self.backing.cold_end();
         let lanes: Vec<usize> = (0..n_kv).map(|h| self.lane(layer, h)).collect();
         let guard = self.settings.guard_mass > 0.0;
         // With the guard on, twice the budget is kept ranked, to widen into if needed.
@@ -356,23 +348,21 @@ impl KvStore for TieredKvStore {
     }
 
     fn len_tokens(&self) -> usize {
-        self.len
+        self.backing.len()
     }
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        let n = self.shape.tokens_to_append(self.len, k, v)?;
-        self.window.push(layer, k, v);
+        self.backing.append(layer, k, v)?;
         if !self.is_dense(layer) {
             // Dense layers never rank their tokens, so they need no scoring copy.
             self.keys[layer].write().unwrap_or_else(|p| p.into_inner()).push(k);
         }
-        self.pending[layer] = n;
         Ok(())
     }
 
     fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
         let s = &self.settings;
-        let n = self.len + self.pending[layer];
+        let n = self.backing.held(layer);
         // The top α of the tokens, on top of the sinks and the recent window.
         let budget = (s.alpha * n as f32).ceil() as usize;
         let pinned = s.sink_tokens + s.recent_tokens;
@@ -412,7 +402,7 @@ impl KvStore for TieredKvStore {
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
-        let n = self.len + self.pending[layer];
+        let n = self.backing.held(layer);
         let all: Vec<u32> = if matches!(selection, Selection::All) { (0..n as u32).collect() } else { Vec::new() };
         let tokens = |head: usize| selection.head(head).unwrap_or(&all);
         let slots = tokens(heads.start).len(); // every head selects as many
@@ -444,12 +434,12 @@ impl KvStore for TieredKvStore {
             assert!(cold_rows.is_empty(), "every cold group a selection needs is read");
             (0..self.shape.n_kv_heads).for_each(|head| self.positions.extend_from_slice(tokens(head)));
         } else {
-            if self.pending[layer] == 1 && heads.start == 0 {
+            if self.backing.pending(layer) == 1 && heads.start == 0 {
                 self.read_ahead(layer); // a dense layer's decode step
             }
             let groups = self.cold_groups(layer, |h| if heads.contains(&h) { tokens(h) } else { &[] });
-            let mut buf = self.prefetch.buffer(&self.cold, &groups);
-            let staged = read_heads(&self.cold, layer, groups, &mut buf)?;
+            let mut buf = self.prefetch.buffer(self.backing.cold(), &groups);
+            let staged = read_heads(self.backing.cold(), layer, groups, &mut buf)?;
             let mut cold_rows = self.copy_resident_rows(layer, &tokens, heads.clone(), false);
             self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, false);
             self.prefetch.recycle(buf);
@@ -459,7 +449,7 @@ impl KvStore for TieredKvStore {
     }
 
     fn observe(&mut self, layer: usize, selection: &Selection) {
-        let n = self.len + self.pending[layer];
+        let n = self.backing.held(layer);
         if matches!(selection, Selection::Tokens { .. }) {
             self.last_selected[layer] = Some(selection.clone());
         }
@@ -475,27 +465,16 @@ impl KvStore for TieredKvStore {
         }
     }
 
-    fn commit(&mut self, n_tokens: usize) {
+    fn commit(&mut self, n_tokens: usize) -> Result<()> {
         self.prefetch.clear(); // normally empty: each layer claims its read-ahead in the step
-        self.len += n_tokens;
-        self.pending.fill(0);
-        for hits in &mut self.hits {
-            hits.resize(self.len, 0);
-        }
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
-        let spill_end = self.window.base() + (0..self.shape.n_layers).map(|l| self.window.len(l)).min().unwrap_or(0) / GROUP_TOKENS * GROUP_TOKENS;
-        for layer in 0..self.shape.n_layers {
-            for head in 0..self.shape.n_kv_heads {
-                let lane = self.lane(layer, head);
-                for t in self.window.base()..spill_end {
-                    self.hot.insert(lane, t as u32, self.window.row(layer, head, t, false), self.window.row(layer, head, t, true));
-                }
-            }
+        let (hot, n_kv) = (&mut self.hot, self.shape.n_kv_heads);
+        let spilled = self.backing.commit(n_tokens, |layer, head, t, k, v| hot.insert(layer * n_kv + head, t as u32, k, v));
+        for hits in &mut self.hits {
+            hits.resize(self.backing.len(), 0);
         }
-        if let Err(e) = self.window.spill(&self.cold) {
-            tracing::error!(error = %e, "cold pool write failed; keeping tokens in memory");
-        }
-        let (sparse, cold_tokens) = (self.settings.dense_layers.min(self.shape.n_layers)..self.shape.n_layers, self.window.base());
+        spilled?;
+        let (sparse, cold_tokens) = (self.settings.dense_layers.min(self.shape.n_layers)..self.shape.n_layers, self.backing.cold_end());
         if let Some(ColdEvaluator::Xrt(xrt)) = &mut self.evaluator {
             if let Err(e) = xrt.store_chunks(&self.keys, sparse, cold_tokens) {
                 // Unwritten chunks are scored on the host; the next spill tries again.
@@ -504,33 +483,29 @@ impl KvStore for TieredKvStore {
         }
         self.rebalance();
         self.tier.steps += 1;
+        Ok(())
     }
 
-    fn truncate(&mut self, n_tokens: usize) {
-        self.pending.fill(0);
+    fn truncate(&mut self, n_tokens: usize) -> usize {
         self.prefetch.clear();
         self.last_selected.fill(None);
         self.candidates.reset();
         self.weakest.reset();
-        let keep = n_tokens.min(self.len);
-        if let Err(e) = self.window.truncate(keep, &self.cold) {
-            tracing::error!(error = %e, "cold pool read failed while truncating; dropping the cache");
-            self.window = RecentWindow::new(self.shape.n_layers, self.shape.n_kv_heads, self.shape.head_dim);
-            return self.truncate_bookkeeping(0);
-        }
-        self.truncate_bookkeeping(keep);
+        let kept = self.backing.truncate(n_tokens);
+        self.truncate_bookkeeping(kept);
+        kept
     }
 
     fn stats(&self) -> KvStats {
         KvStats {
-            tokens: self.len,
+            tokens: self.backing.len(),
             resident_bytes: self.hot_bytes()
                 + self.view.bytes()
                 + self.prefetch.bytes()
                 + self.candidates.bytes()
                 + self.weakest.bytes(),
-            cold_bytes: self.window.base() * self.shape.bytes_per_token(),
-            cold_bytes_read: self.cold.stats.bytes_read.load(Ordering::Relaxed),
+            cold_bytes: self.backing.cold_bytes(),
+            cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
             tier: Some(self.tier_stats()),
         }
     }
@@ -616,7 +591,7 @@ impl TieredKvStore {
         block.produced = Instant::now();
         let mut top = HeadsTopK::new(n_kv, budget);
         top.merge(&block);
-        let n = self.len + self.pending[layer];
+        let n = self.backing.held(layer);
         for (head, chosen) in top.into_tokens().into_iter().enumerate() {
             let hits = &mut self.hits[layer * n_kv + head];
             hits.resize(hits.len().max(n), 0);
@@ -626,8 +601,8 @@ impl TieredKvStore {
         }
     }
 
+    /// Cuts the ranking and residency state to the `n_tokens` the backing kept.
     fn truncate_bookkeeping(&mut self, n_tokens: usize) {
-        self.len = n_tokens;
         if let Some(ColdEvaluator::Xrt(xrt)) = &mut self.evaluator {
             xrt.truncate(n_tokens);
         }

@@ -137,7 +137,7 @@ impl TieredKvStore {
     /// rebalance (rows in the write-back window are not hot yet: they are offered once spilled).
     fn offer_newly_unpinned_rows(&mut self) {
         let unpinned = self.unpinned_tokens();
-        let end = unpinned.end.min(self.window.base() as u32);
+        let end = unpinned.end.min(self.backing.cold_end() as u32);
         let start = (self.unpinned_end as u32).max(unpinned.start).min(end);
         for lane in self.sparse_lanes() {
             for t in start..end {

@@ -1,0 +1,143 @@
+//! The disk-backed KV stores when their cold pool fails: a write error at a chosen layer and
+//! group, a short read, a damaged block under a truncation. Each step either fails with a
+//! clear error and leaves the sequence as it was, or gives exactly the logits a healthy store
+//! gives; never other text.
+
+mod common;
+
+use hillside_engine::kv::cold::{ColdLayout, GROUP_TOKENS};
+use hillside_engine::kv::fault::{self, ColdFaults, FailingWrite};
+use hillside_engine::kv::{KvConfig, StoreKind};
+use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams, Sequence};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
+
+/// Linux's errno for an I/O error.
+const EIO: i32 = 5;
+
+fn cold_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("hillside-fault-test-{name}-{}", std::process::id()))
+}
+
+fn config(store: StoreKind, dir: &Path) -> KvConfig {
+    KvConfig { store, cold_dir: dir.to_path_buf(), ..KvConfig::default() }
+}
+
+/// The one pool file in `dir`.
+fn pool_file(dir: &Path) -> PathBuf {
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "cold")).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.pop().unwrap()
+}
+
+#[test]
+fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[10_000..40_000]).unwrap()[..700];
+    for store in [StoreKind::Offload, StoreKind::Tiered] {
+        let (healthy_dir, faulty_dir) = (cold_dir(&format!("{store:?}-healthy")), cold_dir(&format!("{store:?}-faulty")));
+        // Writes of layer 17's group 20 (tokens 320..336) fail twice: the prompt chunk that
+        // spills them fails, and so does its first retry; the second retry succeeds.
+        fault::inject(&faulty_dir, ColdFaults {
+            failing_write: Some(FailingWrite { layer: 17, group: 20, errno: EIO, times: AtomicUsize::new(2) }),
+            ..ColdFaults::default()
+        });
+        let mut healthy = engine.new_sequence_with(&config(store, &healthy_dir), Some(1024)).unwrap();
+        let mut faulty = engine.new_sequence_with(&config(store, &faulty_dir), Some(1024)).unwrap();
+        let steps = tokens[..600].chunks(100).chain(tokens[600..].chunks(1));
+        let mut failures = 0;
+        for (i, step) in steps.enumerate() {
+            let want = healthy.feed(&engine, step).unwrap();
+            let got = loop {
+                match faulty.feed(&engine, step) {
+                    Ok(logits) => break logits,
+                    Err(e) => {
+                        failures += 1;
+                        let message = e.to_string();
+                        assert!(message.contains("cold pool: write failed") && message.contains("os error 5"), "{message}");
+                        assert!(!message.contains(&*faulty_dir.to_string_lossy()), "no path in the message: {message}");
+                        assert_eq!(faulty.tokens.len(), healthy.tokens.len() - step.len(), "a failed step leaves the sequence as it was");
+                        assert_eq!(faulty.kv.len_tokens(), faulty.tokens.len());
+                    }
+                }
+            };
+            assert_eq!(want, got, "{store:?}: step {i} gives other logits than the healthy store");
+        }
+        assert_eq!(failures, 2, "{store:?}: the injected writes failed the steps that spilled them");
+        fault::clear(&faulty_dir);
+        drop((healthy, faulty));
+        for dir in [healthy_dir, faulty_dir] {
+            assert_eq!(common::cold_files(&dir), 0);
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Flips a byte of the cold pool's group (`layer`, `head`, `group`) behind the store's back.
+fn damage_group(dir: &Path, layout: ColdLayout, layer: usize, head: usize, group: usize) {
+    let index = (layer * layout.n_kv_heads + head) * layout.max_groups + group;
+    let offset = (index * layout.group_bytes() + 100) as u64;
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(pool_file(dir)).unwrap();
+    let mut byte = [0u8];
+    file.read_exact_at(&mut byte, offset).unwrap();
+    file.write_all_at(&[byte[0] ^ 0x5a], offset).unwrap();
+    file.sync_all().unwrap();
+}
+
+#[test]
+fn a_truncation_that_cannot_read_back_keeps_less_and_the_next_turn_answers_as_a_fresh_sequence() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let dir = cold_dir("truncate");
+    let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
+    let run = |seq: &mut Sequence, prompt: &[u32]| {
+        let mut text = String::new();
+        let summary = generate(&engine, seq, prompt, &params, &CancelFlag::default(), &mut |e| {
+            if let Event::Text(t) = e {
+                text.push_str(&t);
+            }
+        })
+        .unwrap();
+        (text, summary.reused_tokens)
+    };
+    let first = engine.chat_prompt(&[ChatMessage::new("user", "Name three rivers of Europe and say where each one rises.")]).unwrap();
+    let second = engine.chat_prompt(&[ChatMessage::new("user", "Name three rivers of Africa.")]).unwrap();
+    let mut seq = engine.new_sequence_with(&config(StoreKind::Offload, &dir), Some(1024)).unwrap();
+    run(&mut seq, &first);
+    let shared = first.iter().zip(&second).take_while(|(a, b)| a == b).count();
+    assert!(shared % GROUP_TOKENS != 0 && seq.kv.stats().cold_bytes > shared * 23_040, "the cut falls inside a spilled group");
+    // The next turn cuts the cache inside group `shared / 16`, which must be read back: damage it.
+    let shape = engine.model().kv_shape(1024);
+    let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups: 1024 / GROUP_TOKENS };
+    damage_group(&dir, layout, 12, 1, shared / GROUP_TOKENS);
+    let (answer, reused) = run(&mut seq, &second);
+    assert_eq!(reused, shared / GROUP_TOKENS * GROUP_TOKENS, "the sequence keeps the whole groups before the damaged one");
+    let (fresh, _) = run(&mut engine.new_sequence(Some(1024)), &second);
+    assert_eq!(answer, fresh);
+    drop(seq);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_short_read_fails_the_step_and_leaves_the_sequence_as_it_was() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[60_000..80_000]).unwrap()[..700];
+    let dir = cold_dir("short-read");
+    for store in [StoreKind::Offload, StoreKind::Tiered] {
+        let mut seq = engine.new_sequence_with(&config(store, &dir), Some(1024)).unwrap();
+        seq.feed(&engine, &tokens[..640]).unwrap();
+        // The file loses everything past its first page: every later group reads short.
+        std::fs::OpenOptions::new().write(true).open(pool_file(&dir)).unwrap().set_len(4096).unwrap();
+        // Offload reads every group each step; tiered only the cold ones its selection needs.
+        let failed = tokens[640..].iter().find_map(|&t| seq.feed(&engine, &[t]).err().map(|e| (e, seq.tokens.len())));
+        let (error, held) = failed.unwrap_or_else(|| panic!("{store:?}: no step read the cold pool"));
+        let message = error.to_string();
+        assert!(message.contains("cold pool: read failed"), "{store:?}: {message}");
+        assert!(!message.contains(&*dir.to_string_lossy()), "no path in the message: {message}");
+        assert_eq!(seq.kv.len_tokens(), held, "{store:?}: the failed step is rolled back");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
