@@ -130,6 +130,16 @@ impl Sequence {
         kept
     }
 
+    /// Rolls the cache back to the `held` tokens it had before a step that did not finish (one
+    /// that failed or panicked midway). `Err` if part of them could not be kept: the sequence
+    /// cannot go on where it was.
+    pub(crate) fn roll_back_to(&mut self, held: usize) -> Result<()> {
+        match self.truncate(held) {
+            kept if kept == held => Ok(()),
+            kept => Err(Error::Kv(format!("{} of the sequence's {held} tokens could not be read back", held - kept))),
+        }
+    }
+
     /// Runs `chunk` through the model; on failure the cache is rolled back to what it held.
     pub fn feed(&mut self, engine: &Engine, chunk: &[u32]) -> Result<Vec<f32>> {
         match engine.model().forward(chunk, self.kv.as_mut(), Logits::Last) {
@@ -398,7 +408,7 @@ impl GenerationStream {
         drop(self.events);
         match self.worker.join() {
             Ok((seq, result)) => (Some(seq), result),
-            Err(_) => (None, Err(Error::Kv("the generation thread stopped unexpectedly".into()))),
+            Err(_) => (None, Err(Error::Internal("the generation thread stopped unexpectedly".into()))),
         }
     }
 }

@@ -31,9 +31,15 @@ pub enum GenerationErrors {
     /// Queue full (see Retry-After)
     #[response(status = 429)]
     QueueFull(ErrorBody),
-    /// Shutting down (see Retry-After)
+    /// An internal error (a bug), or a cold-pool I/O error
+    #[response(status = 500)]
+    Internal(ErrorBody),
+    /// Shutting down, or the engine stopped after an internal error (see Retry-After)
     #[response(status = 503)]
-    ShuttingDown(ErrorBody),
+    Unavailable(ErrorBody),
+    /// The cold pool's disk is full
+    #[response(status = 507)]
+    InsufficientStorage(ErrorBody),
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -127,6 +133,11 @@ impl From<SubmitError> for ApiError {
                 err
             }
             SubmitError::ShuttingDown => Self::shutting_down(),
+            SubmitError::EngineFailed(_) => {
+                let mut err = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("engine_failed"), e.to_string());
+                err.retry_after_s = Some(30);
+                err
+            }
         }
     }
 }
@@ -138,6 +149,7 @@ impl From<hillside_engine::Error> for ApiError {
             E::ContextOverflow { prompt_tokens, context_tokens } => Self::context_exceeded(prompt_tokens, None, context_tokens),
             E::InvalidParameter(m) => Self::bad_request(m),
             E::ChatTemplate(m) => Self::bad_request(format!("the messages do not fit the model's chat template: {m}")).with_param("messages"),
+            full if full.is_storage_full() => Self::new(StatusCode::INSUFFICIENT_STORAGE, "server_error", Some("insufficient_storage"), full.to_string()),
             other => Self::internal(other.to_string()),
         }
     }
@@ -150,5 +162,25 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hillside_engine::Error;
+
+    #[test]
+    fn engine_errors_keep_their_kind_in_the_status() {
+        let io = |kind: std::io::ErrorKind| Error::ColdIo { what: "write failed".into(), source: kind.into() };
+        let full = ApiError::from(io(std::io::ErrorKind::StorageFull));
+        assert_eq!((full.status, full.detail.code), (StatusCode::INSUFFICIENT_STORAGE, Some("insufficient_storage")));
+        assert!(full.detail.message.contains("disk is full"), "{}", full.detail.message);
+        assert_eq!(ApiError::from(io(std::io::ErrorKind::Other)).status, StatusCode::INTERNAL_SERVER_ERROR);
+        let damaged = ApiError::from(Error::ColdBlockDamaged { layer: 3, head: 1, tokens: 32..48 });
+        assert_eq!(damaged.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(damaged.detail.message.contains("layer 3, KV head 1, tokens 32..48"), "{}", damaged.detail.message);
+        let failed = ApiError::from(SubmitError::EngineFailed("index out of bounds".into()));
+        assert_eq!((failed.status, failed.retry_after_s), (StatusCode::SERVICE_UNAVAILABLE, Some(30)));
     }
 }

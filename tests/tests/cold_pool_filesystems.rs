@@ -33,9 +33,12 @@ fn full_and_read_only_filesystems_are_clear_errors() {
 
     let full = base.join("full");
     mount_tmpfs(&full, "size=1m");
-    let err = ColdPool::create(&full, layout).err().expect("a 1 MB filesystem cannot hold the pool").to_string();
+    let err = ColdPool::create(&full, layout).err().expect("a 1 MB filesystem cannot hold the pool");
+    assert!(err.is_storage_full(), "{err:?}");
+    let err = err.to_string();
     eprintln!("full: {err}");
     assert!(err.contains("disk is full") && err.contains("MB"), "{err}");
+    assert!(!err.contains(&*full.to_string_lossy()), "the message, which can reach a client, names no path: {err}");
     assert_eq!(std::fs::read_dir(&full).unwrap().count(), 0, "no partial file left behind");
 
     let read_only = base.join("read-only");

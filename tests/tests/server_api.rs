@@ -459,3 +459,45 @@ fn the_next_turn_reuses_the_conversation_so_far_without_changing_the_answer() {
     assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(again["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]);
 }
+
+#[test]
+fn a_panic_in_one_sequence_fails_only_that_one_and_the_server_keeps_serving() {
+    use hillside_engine::kv::fault::{self, ColdFaults};
+    let cold_dir = std::env::temp_dir().join(format!("hillside-serve-panic-{}", std::process::id()));
+    // The second cold pool created there panics on its first read (its first decode step), as
+    // a bug in one sequence's store would.
+    fault::inject(&cold_dir, ColdFaults { panicking_pool: Some(1), ..ColdFaults::default() });
+    let kv = KvConfig { store: StoreKind::Offload, cold_dir: cold_dir.clone(), ..KvConfig::default() };
+    let s = Server::start(ServerConfig { scheduler: SchedulerConfig { kv, cached_sequences: 0, ..config().scheduler }, ..config() });
+    let prompts = ["What is the capital of Germany?", "Name a fruit.", "What is 2 + 2?", "Say something about the sea."];
+    let reply = |v: &Value| v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    // The offload store gives the full cache's text exactly: the reference is the shared server.
+    let want: Vec<String> = prompts.iter().map(|p| reply(&shared().post("/v1/chat/completions", &chat(p, json!({}))).1)).collect();
+    let clients: Vec<_> = prompts[..3]
+        .iter()
+        .map(|p| {
+            let (url, body) = (s.url("/v1/chat/completions"), chat(p, json!({})));
+            std::thread::spawn(move || {
+                let mut r = agent().post(&url).header("Content-Type", "application/json").send(body.to_string()).unwrap();
+                (r.status().as_u16(), serde_json::from_str::<Value>(&r.body_mut().read_to_string().unwrap()).unwrap())
+            })
+        })
+        .collect();
+    let answers: Vec<(u16, Value)> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let failed: Vec<&(u16, Value)> = answers.iter().filter(|(st, _)| *st != 200).collect();
+    assert_eq!(failed.len(), 1, "exactly the panicking sequence fails: {answers:?}");
+    let (st, body) = failed[0];
+    assert_error(*st, body, 500, "internal error");
+    assert!(body["error"]["message"].as_str().unwrap().contains("injected fault"), "{body}");
+    for (i, (st, body)) in answers.iter().enumerate().filter(|(_, (st, _))| *st == 200) {
+        assert_eq!((*st, reply(body)), (200, want[i].clone()), "request {i}");
+    }
+    // The server still answers, with the same text as before.
+    assert_eq!(s.get("/health").0, 200);
+    let (st, body) = s.post("/v1/chat/completions", &chat(prompts[3], json!({})));
+    assert_eq!((st, reply(&body)), (200, want[3].clone()));
+    fault::clear(&cold_dir);
+    drop(s);
+    assert_eq!(common::cold_files(&cold_dir), 0, "the failed sequence's cold file is gone too");
+    let _ = std::fs::remove_dir_all(&cold_dir);
+}

@@ -9,16 +9,22 @@
 //! stops listening (a client that disconnects); a cancelled one's store, with any cold-pool
 //! file, is dropped at its next turn, while one that finished is kept in the prefix cache
 //! ([`prefix_cache`]) for the next request that starts the same way.
+//!
+//! A panic (a bug) in one sequence's step fails that sequence with the panic's message and
+//! drops its store; the others go on. A panic outside any one sequence's work stops the worker:
+//! the scheduler then says so ([`Scheduler::health`]) and refuses requests, rather than taking
+//! them into a queue nobody serves.
 
 mod prefix_cache;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::generate::{feed_batch, finished, CancelFlag, Event, GenerateParams, Generation, Next, Sequence, Summary};
 use crate::kv::{KvConfig, KvStats};
 use crate::{Engine, FinishReason};
 use prefix_cache::PrefixCache;
 use serde::Serialize;
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -55,6 +61,8 @@ pub enum SubmitError {
     QueueFull { queued: usize },
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error("the engine stopped after an internal error (a bug; please report it): {0}")]
+    EngineFailed(String),
 }
 
 /// A submitted request: its id and a way to stop it.
@@ -113,6 +121,8 @@ struct State {
     /// Live and cached sequences, as of the last round.
     live: Vec<SequenceStats>,
     accepting: bool,
+    /// Why the worker stopped, if a panic escaped it.
+    failed: Option<String>,
     /// Ends the worker: every sequence still there is cancelled.
     stop: bool,
     next_id: u64,
@@ -140,14 +150,18 @@ impl Scheduler {
     pub fn start(engine: Arc<Engine>, config: SchedulerConfig) -> Self {
         let shared = Arc::new(Shared {
             config,
-            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), accepting: true, stop: false, next_id: 1 }),
+            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), accepting: true, failed: None, stop: false, next_id: 1 }),
             changed: Condvar::new(),
         });
         let worker = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("hillside-scheduler".into())
-                .spawn(move || run(&engine, &shared))
+                .spawn(move || {
+                    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| run(&engine, &shared))) {
+                        fail_worker(&shared, panic_message(&*panic));
+                    }
+                })
                 .expect("starting the scheduler thread")
         };
         Self { shared, worker: Mutex::new(Some(worker)) }
@@ -160,6 +174,9 @@ impl Scheduler {
     /// Queues a generation of `prompt`; its updates go to `sink`.
     pub fn submit(&self, prompt: Vec<u32>, params: GenerateParams, sink: Sink) -> Result<Ticket, SubmitError> {
         let mut state = self.shared.lock();
+        if let Some(why) = &state.failed {
+            return Err(SubmitError::EngineFailed(why.clone()));
+        }
         if !state.accepting {
             return Err(SubmitError::ShuttingDown);
         }
@@ -175,6 +192,11 @@ impl Scheduler {
         state.queue.push_back(Job { id, prompt, params, sink, cancel: cancel.clone() });
         self.shared.changed.notify_all();
         Ok(Ticket { id, cancel })
+    }
+
+    /// `Err` with the reason once the worker has stopped after an internal error.
+    pub fn health(&self) -> Result<(), String> {
+        self.shared.lock().failed.clone().map_or(Ok(()), Err)
     }
 
     /// Every request, live or queued, and every cached sequence, as of the last round.
@@ -272,11 +294,11 @@ fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut
         finish_cancelled(job);
         return None;
     }
-    let seq = match cache.take(&job.prompt) {
-        Some(seq) => Ok(seq),
-        None => engine.new_sequence_with(&config.kv, config.context_tokens),
-    };
-    let started = seq.and_then(|mut seq| {
+    let started = guarded(|| {
+        let mut seq = match cache.take(&job.prompt) {
+            Some(seq) => seq,
+            None => engine.new_sequence_with(&config.kv, config.context_tokens)?,
+        };
         let (sink, cancel) = (&mut job.sink, &job.cancel);
         let generation = Generation::start(&mut seq, std::mem::take(&mut job.prompt), job.params.clone(), &mut |e| {
             forward(sink, cancel, e)
@@ -311,8 +333,8 @@ fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache) {
             finished(l, Ok(summary));
             continue;
         }
-        let (sink, cancel) = (&mut l.job.sink, &l.job.cancel);
-        match l.generation.next_input(engine, &l.seq, &mut |e| forward(sink, cancel, e)) {
+        let (sink, cancel, generation, seq) = (&mut l.job.sink, &l.job.cancel, &mut l.generation, &l.seq);
+        match guarded(|| generation.next_input(engine, seq, &mut |e| forward(sink, cancel, e))) {
             Ok(Next::Feed(tokens)) => {
                 l.input = tokens;
                 batched.push(l);
@@ -321,24 +343,57 @@ fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache) {
             Err(e) => finished(l, Err(e)),
         }
     }
+    let held: Vec<usize> = batched.iter().map(|l| l.seq.tokens.len()).collect();
     let mut batch: Vec<(&mut Sequence, &[u32])> = batched.iter_mut().map(|l| (&mut l.seq, &l.input[..])).collect();
-    let outcome: Vec<Result<Vec<f32>>> = match feed_batch(engine, &mut batch) {
+    let outcome: Vec<Result<Vec<f32>>> = match guarded(|| feed_batch(engine, &mut batch)) {
         Ok(logits) => logits.into_iter().map(Ok).collect(),
-        // One sequence's failure (its cold pool's disk is full, say) must not end the others:
-        // every cache was rolled back, so run each alone to find whose it was.
-        Err(_) if batch.len() > 1 => batch.iter_mut().map(|(seq, tokens)| seq.feed(engine, tokens)).collect(),
+        // One sequence's failure (its cold pool's disk is full, say, or a bug in its store)
+        // must not end the others: roll every cache back to what it held (a panic skipped
+        // that) and run each alone to find whose it was.
+        Err(_) if batch.len() > 1 => {
+            let solo = batch.iter_mut().zip(held);
+            solo.map(|((seq, tokens), held)| guarded(|| seq.roll_back_to(held).and_then(|()| seq.feed(engine, tokens)))).collect()
+        }
         Err(e) => vec![Err(e)],
     };
     for (mut l, outcome) in batched.into_iter().zip(outcome) {
-        match outcome {
-            Ok(logits) => {
-                let (sink, cancel) = (&mut l.job.sink, &l.job.cancel);
-                l.generation.accept(&l.seq, logits, &mut |e| forward(sink, cancel, e));
-                live.push(l);
-            }
+        let (sink, cancel, generation, seq) = (&mut l.job.sink, &l.job.cancel, &mut l.generation, &l.seq);
+        match outcome.and_then(|logits| guarded(|| Ok(generation.accept(seq, logits, &mut |e| forward(sink, cancel, e))))) {
+            Ok(()) => live.push(l),
             Err(e) => finished(l, Err(e)),
         }
     }
+}
+
+/// Runs one sequence's work; a panic in it becomes that sequence's error.
+fn guarded<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let message = panic_message(&*panic);
+        tracing::error!(panic = %message, "a sequence's step panicked; failing that sequence");
+        Err(Error::Internal(message))
+    })
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// The worker stopped on a panic outside any one sequence: refuse new requests and end the
+/// queued ones with the reason. (The live ones ended as the panic unwound: their owners hear
+/// that their channel closed.)
+fn fail_worker(shared: &Shared, why: String) {
+    tracing::error!(panic = %why, "the scheduler stopped");
+    let queued: Vec<Job> = {
+        let mut state = shared.lock();
+        state.failed = Some(why.clone());
+        state.accepting = false;
+        state.live.clear();
+        state.queue.drain(..).collect()
+    };
+    for mut job in queued {
+        (job.sink)(Update::Done(Err(Error::Internal(why.clone()))));
+    }
+    shared.changed.notify_all();
 }
 
 fn forward(sink: &mut Sink, cancel: &CancelFlag, event: Event) {
@@ -361,5 +416,42 @@ fn live_stats(l: &Live) -> SequenceStats {
         prompt_tokens,
         generated_tokens,
         kv: Some(l.seq.kv.stats()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_that_panicked_refuses_requests_and_ends_the_queued_ones() {
+        let config = SchedulerConfig { max_live: 1, max_queued: 4, kv: KvConfig::default(), context_tokens: None, cached_sequences: 0 };
+        let shared = Arc::new(Shared {
+            config,
+            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), accepting: true, failed: None, stop: false, next_id: 1 }),
+            changed: Condvar::new(),
+        });
+        // No worker thread: the queued request stays queued until the failure ends it.
+        let scheduler = Scheduler { shared: shared.clone(), worker: Mutex::new(None) };
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let sink = {
+            let heard = heard.clone();
+            Box::new(move |u: Update| {
+                if let Update::Done(result) = u {
+                    heard.lock().unwrap().push(result.map(|_| ()).map_err(|e| e.to_string()));
+                }
+                true
+            })
+        };
+        scheduler.submit(vec![1, 2, 3], GenerateParams::default(), sink).unwrap();
+        assert_eq!(scheduler.health(), Ok(()));
+        let panic = catch_unwind(|| panic!("index out of bounds")).unwrap_err();
+        fail_worker(&shared, panic_message(&*panic));
+        assert_eq!(scheduler.health(), Err("index out of bounds".to_string()));
+        let refused = scheduler.submit(vec![1], GenerateParams::default(), Box::new(|_| true)).unwrap_err();
+        assert!(matches!(&refused, SubmitError::EngineFailed(why) if why == "index out of bounds"), "{refused}");
+        let heard = heard.lock().unwrap();
+        assert_eq!(heard.len(), 1, "the queued request heard its end");
+        assert!(heard[0].as_ref().unwrap_err().contains("internal error") && scheduler.stats().is_empty());
     }
 }

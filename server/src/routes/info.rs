@@ -7,18 +7,21 @@ use crate::{unix_now_s, App, ServerConfig};
 use axum::extract::{Path, State};
 use axum::http::{Method, Uri};
 use axum::Json;
-use hillside_engine::scheduler::{Phase, SequenceStats};
+use hillside_engine::scheduler::{Phase, SequenceStats, SubmitError};
 use serde::Serialize;
 use std::sync::Arc;
 use utoipa::ToSchema;
 
-#[utoipa::path(get, path = "/health", responses((status = 200, description = "The server is up", body = Health)))]
-pub async fn health(State(app): State<Arc<App>>) -> Json<Health> {
+#[utoipa::path(get, path = "/health", responses(
+    (status = 200, description = "The server is up", body = Health),
+    (status = 503, description = "The engine stopped after an internal error; requests are refused", body = ErrorBody)))]
+pub async fn health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiError> {
+    app.scheduler.health().map_err(|why| ApiError::from(SubmitError::EngineFailed(why)))?;
     let stats = app.scheduler.stats();
     let count = |phase: Phase| stats.iter().filter(|s| s.phase == phase).count();
     let queued = count(Phase::Queued);
     let live = stats.len() - queued - count(Phase::Cached);
-    Json(Health { status: "ok", model: app.config.model_id.clone(), live_sequences: live, queued_requests: queued })
+    Ok(Json(Health { status: "ok", model: app.config.model_id.clone(), live_sequences: live, queued_requests: queued }))
 }
 
 fn card(id: &str) -> ModelCard {
