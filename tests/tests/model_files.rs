@@ -30,6 +30,7 @@ fn truncated_empty_and_foreign_files_are_clear_errors() {
     std::fs::write(&truncated, &real[..real.len() / 2]).unwrap();
     let msg = load_err(&truncated);
     assert!(msg.contains("truncated.gguf") && msg.contains("remaining"), "{msg}");
+    assert!(matches!(gguf::load(&truncated), Err(Error::BadModelFile { .. })), "{msg}");
 
     let header_only = dir.join("header-only.gguf");
     std::fs::write(&header_only, &real[..4096]).unwrap();
@@ -60,6 +61,35 @@ fn unknown_architectures_and_missing_tensors_are_named() {
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("loaded a model without tensors"),
     }
+}
+
+#[test]
+fn a_layer_of_the_wrong_width_is_a_bad_model_file_not_a_panic() {
+    let dir = tempdir("wrong-width");
+    let path = dir.join("wrong-width.gguf");
+    let mut tensors = tiny_tensors(false);
+    // Layer 1's K projection takes 128 inputs where the model's hidden size is 64: its rows
+    // would be read past their ends by the fused q/k/v product.
+    let k = tensors.iter_mut().find(|(n, _)| n == "blk.1.attn_k.weight").unwrap();
+    k.1 = QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (32, 128), &Device::Cpu).unwrap(), GgmlDType::Q4_1).unwrap();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    write_gguf(&path, &tiny_metadata("llama"), &refs);
+    match gguf::load(&path) {
+        Err(Error::BadModelFile { path: p, reason }) => {
+            assert_eq!(p, path);
+            assert!(reason.contains("layer 1") && reason.contains("64 and 128 columns"), "{reason}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("loaded a model whose K projection is 128 wide"),
+    }
+    // Also when the widths agree but the rows do not fit the metadata: rejected at load.
+    let mut tensors = tiny_tensors(false);
+    let v = tensors.iter_mut().find(|(n, _)| n == "blk.0.attn_v.weight").unwrap();
+    v.1 = QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (16, 64), &Device::Cpu).unwrap(), GgmlDType::Q4_1).unwrap();
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    write_gguf(&path, &tiny_metadata("llama"), &refs);
+    let err = gguf::load(&path).err().expect("a short V projection");
+    assert!(matches!(&err, Error::BadModelFile { reason, .. } if reason.contains("layer 0 qkv")), "{err}");
 }
 
 #[test]

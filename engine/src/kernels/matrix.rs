@@ -79,10 +79,15 @@ impl Matrix {
         }
     }
 
-    /// Stacks matrices with the same column count (for fused q/k/v and gate/up products).
-    /// Neighbours of one format (or both dense) become one matrix; where formats differ the
-    /// result keeps its parts.
-    pub fn stack(parts: &[&Matrix]) -> Matrix {
+    /// Stacks matrices with the same column count (for fused q/k/v and gate/up products); an
+    /// error names the widths when they differ. Neighbours of one format (or both dense)
+    /// become one matrix; where formats differ the result keeps its parts.
+    pub fn stack(parts: &[&Matrix]) -> Result<Matrix, String> {
+        // `cols` of a stack is its first part's: parts of another width would be read past
+        // their rows' ends by the products.
+        if let Some(other) = parts.iter().find(|p| p.cols() != parts[0].cols()) {
+            return Err(format!("matrices of {} and {} columns cannot be stacked", parts[0].cols(), other.cols()));
+        }
         let mut joined: Vec<Matrix> = Vec::with_capacity(parts.len());
         for &part in parts {
             let merged = match (joined.last(), part) {
@@ -97,11 +102,7 @@ impl Matrix {
                 None => joined.push(part.clone()),
             }
         }
-        if joined.len() == 1 {
-            joined.pop().expect("one part")
-        } else {
-            Self::Stacked(joined)
-        }
+        Ok(if joined.len() == 1 { joined.pop().expect("one part") } else { Self::Stacked(joined) })
     }
 
     /// `out` (n × rows) = `x` (n × cols) · selfᵀ. `scratch` holds the quantized activations
@@ -366,9 +367,9 @@ mod tests {
         let q8 = Matrix::Quantized(UqMatrix::from_gguf(GgufBlockFormat::Q8_0, &random_blocks(GgufBlockFormat::Q8_0, 2, cols, 2), 2, cols).unwrap());
         let dense = Matrix::Dense(DenseMatrix { rows: 3, cols, w: (0..3 * cols).map(|i| i as f32 / 100.0).collect() });
         let parts = [&q5, &q8, &dense];
-        let stacked = Matrix::stack(&parts);
+        let stacked = Matrix::stack(&parts).unwrap();
         assert!(matches!(&stacked, Matrix::Stacked(p) if p.len() == 3), "a mix keeps its parts (and their bytes)");
-        let q5_twice = Matrix::stack(&[&q5, &q5, &q8]);
+        let q5_twice = Matrix::stack(&[&q5, &q5, &q8]).unwrap();
         assert!(matches!(&q5_twice, Matrix::Stacked(p) if p.len() == 2 && p[0].rows() == 10), "neighbours of one format join");
         assert_eq!((stacked.rows(), stacked.weight_bytes()), (10, parts.iter().map(|p| p.weight_bytes()).sum()));
         let n = 3;

@@ -219,11 +219,11 @@ fn read_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
         let (gate, up) = (r.matrix(&p("ffn_gate.weight"))?, r.matrix(&p("ffn_up.weight"))?);
         layers.push(LayerWeights {
             attn_norm: r.vector(&p("attn_norm.weight"))?,
-            qkv: Matrix::stack(&[&q, &k, &v]),
+            qkv: Matrix::stack(&[&q, &k, &v]).map_err(|e| r.bad(format!("layer {i}'s attn_q, attn_k and attn_v: {e}")))?,
             qkv_bias,
             attn_output: r.matrix(&p("attn_output.weight"))?,
             ffn_norm: r.vector(&p("ffn_norm.weight"))?,
-            gate_up: Matrix::stack(&[&gate, &up]),
+            gate_up: Matrix::stack(&[&gate, &up]).map_err(|e| r.bad(format!("layer {i}'s ffn_gate and ffn_up: {e}")))?,
             down: r.matrix(&p("ffn_down.weight"))?,
         });
     }
@@ -234,6 +234,6 @@ fn read_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
         lm_head,
         rope_freq_factors: r.optional_vector("rope_freqs.weight")?,
     };
-    weights.validate(config)?;
+    weights.validate(config).map_err(|e| r.bad(e.to_string()))?;
     Ok(weights)
 }

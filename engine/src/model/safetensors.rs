@@ -131,6 +131,7 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
         }
     };
     let vector = |name: &str| tensor(name).map(|(_, v)| v);
+    let bad = |reason: String| Error::BadModelFile { path: path.to_path_buf(), reason };
 
     let mut layers = Vec::with_capacity(config.n_layers);
     for i in 0..config.n_layers {
@@ -148,11 +149,11 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
         let (gate, up) = (matrix(&p("mlp.gate_proj.weight"))?, matrix(&p("mlp.up_proj.weight"))?);
         layers.push(LayerWeights {
             attn_norm: vector(&p("input_layernorm.weight"))?,
-            qkv: Matrix::stack(&[&attn("q")?, &attn("k")?, &attn("v")?]),
+            qkv: Matrix::stack(&[&attn("q")?, &attn("k")?, &attn("v")?]).map_err(|e| bad(format!("layer {i}'s q, k and v projections: {e}")))?,
             qkv_bias,
             attn_output: attn("o")?,
             ffn_norm: vector(&p("post_attention_layernorm.weight"))?,
-            gate_up: Matrix::stack(&[&gate, &up]),
+            gate_up: Matrix::stack(&[&gate, &up]).map_err(|e| bad(format!("layer {i}'s gate and up projections: {e}")))?,
             down: matrix(&p("mlp.down_proj.weight"))?,
         });
     }
@@ -171,6 +172,6 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
         lm_head,
         rope_freq_factors: None,
     };
-    weights.validate(&config)?;
+    weights.validate(&config).map_err(|e| bad(e.to_string()))?;
     Ok((config, weights))
 }
