@@ -15,6 +15,8 @@ setup-tests:
 	@scripts/setup.sh --tests
 
 run: setup
+	# hillside-xrt-probe looks for a SmartSSD in a process of its own, beside `hillside`.
+	cargo build --release -p hillside-engine --bin hillside-xrt-probe
 	cargo run --release -p hillside -- serve
 
 test: setup-tests

@@ -13,8 +13,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 
-/// Linux's errno for an I/O error.
+/// Linux's errno for an I/O error, and for a full disk.
 const EIO: i32 = 5;
+const ENOSPC: i32 = 28;
 
 fn cold_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("hillside-fault-test-{name}-{}", std::process::id()))
@@ -37,12 +38,13 @@ fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
     let engine = Engine::load(&common::model_path()).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[10_000..40_000]).unwrap()[..700];
-    for store in [StoreKind::Offload, StoreKind::Tiered] {
+    for (store, errno) in [(StoreKind::Offload, EIO), (StoreKind::Tiered, ENOSPC)] {
         let (healthy_dir, faulty_dir) = (cold_dir(&format!("{store:?}-healthy")), cold_dir(&format!("{store:?}-faulty")));
-        // Writes of layer 17's group 20 (tokens 320..336) fail twice: the prompt chunk that
-        // spills them fails, and so does its first retry; the second retry succeeds.
+        // Writes of layer 17's group 20 (tokens 320..336) fail twice (an I/O error, or a full
+        // disk): the prompt chunk that spills them fails, and so does its first retry; the
+        // second retry succeeds.
         fault::inject(&faulty_dir, ColdFaults {
-            failing_write: Some(FailingWrite { layer: 17, group: 20, errno: EIO, times: AtomicUsize::new(2) }),
+            failing_write: Some(FailingWrite { layer: 17, group: 20, errno, times: AtomicUsize::new(2) }),
             ..ColdFaults::default()
         });
         let mut healthy = engine.new_sequence_with(&config(store, &healthy_dir), Some(1024)).unwrap();
@@ -57,7 +59,8 @@ fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
                     Err(e) => {
                         failures += 1;
                         let message = e.to_string();
-                        assert!(message.contains("cold pool: write failed") && message.contains("os error 5"), "{message}");
+                        assert!(message.contains("cold pool: write failed") && message.contains(&format!("os error {errno}")), "{message}");
+                        assert_eq!(e.is_storage_full(), errno == ENOSPC, "{message}");
                         assert!(!message.contains(&*faulty_dir.to_string_lossy()), "no path in the message: {message}");
                         assert_eq!(faulty.tokens.len(), healthy.tokens.len() - step.len(), "a failed step leaves the sequence as it was");
                         assert_eq!(faulty.kv.len_tokens(), faulty.tokens.len());

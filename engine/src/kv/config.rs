@@ -4,11 +4,12 @@ use super::tiered::planner::{self, Profile};
 use super::tiered::{budget_floor_bytes, pinned_rows_bytes, TieredKvStore, TieredSettings};
 use super::drop::DropKvStore;
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
-use crate::score::xrt::XrtOptions;
+use crate::score::xrt::{self, XrtOptions};
 use crate::score::KeyBits;
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -122,6 +123,21 @@ pub struct KvConfig {
     /// Tiered: the fidelity guard's threshold on the estimated attention share of the top α
     /// (0 turns it off).
     pub guard_mass: f32,
+    /// What [`KvConfig::start_up`] found on this machine.
+    #[serde(skip)]
+    pub startup: Option<Arc<KvStartup>>,
+}
+
+/// What the tiered store needs to know about the machine, found once when a program starts
+/// (profiling the disk and CPU takes about a second, looking for a SmartSSD up to a minute),
+/// so that no sequence's first step pays for it while others stream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KvStartup {
+    /// The β planner's rates for the cold directory (`None` if profiling failed: the hot pool
+    /// then gets a quarter of the cache).
+    pub profile: Option<Profile>,
+    /// Evaluator `xrt`: why the card cannot score (`None` when it can).
+    pub xrt_problem: Option<String>,
 }
 
 impl Default for KvConfig {
@@ -140,6 +156,7 @@ impl Default for KvConfig {
             xrt_xclbin: None,
             xrt_device: 0,
             guard_mass: 0.0,
+            startup: None,
         }
     }
 }
@@ -154,11 +171,43 @@ pub fn default_cold_dir() -> PathBuf {
 }
 
 impl KvConfig {
+    /// Does the start-up work this configuration needs — the β planner's profile of the cold
+    /// directory (a tiered store without a fixed hot budget) and the SmartSSD probe (evaluator
+    /// `xrt`) — now, and keeps the results for every store built from it. A server calls this
+    /// before it serves; a configuration built without it does the work at its first tiered
+    /// store.
+    pub fn start_up(mut self) -> Self {
+        self.startup = Some(Arc::new(self.find_startup()));
+        self
+    }
+
+    fn find_startup(&self) -> KvStartup {
+        if self.store != StoreKind::Tiered {
+            return KvStartup::default();
+        }
+        let profile = match self.hot_budget_bytes {
+            Some(_) => None,
+            None => planner::profile(&self.cold_dir, self.key_bits)
+                .inspect_err(|e| tracing::warn!(error = %e, "could not profile the cold pool; the hot pool gets a quarter of the cache"))
+                .ok(),
+        };
+        let xrt_problem = (self.evaluator == EvaluatorKind::Xrt).then(|| xrt::probe(&self.xrt_options()).problem).flatten();
+        KvStartup { profile, xrt_problem }
+    }
+
+    fn startup(&self) -> Arc<KvStartup> {
+        self.startup.clone().unwrap_or_else(|| Arc::new(self.find_startup()))
+    }
+
     pub fn build(&self, shape: KvShape) -> Result<Box<dyn KvStore>> {
         Ok(match self.store {
             StoreKind::Full => Box::new(FullKvStore::new(shape)),
             StoreKind::Offload => Box::new(OffloadKvStore::new(shape, &self.cold_dir)?),
-            StoreKind::Tiered => Box::new(TieredKvStore::new(shape, &self.cold_dir, self.tiered_settings(shape))?),
+            StoreKind::Tiered => {
+                let startup = self.startup();
+                let settings = self.tiered_settings_after(shape, &startup);
+                Box::new(TieredKvStore::new(shape, &self.cold_dir, settings, startup.xrt_problem.clone())?)
+            }
             StoreKind::Drop => Box::new(DropKvStore::new(shape, self.alpha, self.sink_tokens, self.recent_tokens)),
         })
     }
@@ -189,7 +238,12 @@ impl KvConfig {
         XrtOptions { library: self.xrt_library.clone(), xclbin: self.xrt_xclbin.clone(), device: self.xrt_device }
     }
 
+    /// The tiered store's settings for `shape`, its hot budget sized with the start-up profile.
     pub fn tiered_settings(&self, shape: KvShape) -> TieredSettings {
+        self.tiered_settings_after(shape, &self.startup())
+    }
+
+    fn tiered_settings_after(&self, shape: KvShape, startup: &KvStartup) -> TieredSettings {
         let mut settings = self.tiered_settings_with_budget(0);
         settings.hot_budget_bytes = self.hot_budget_bytes.unwrap_or_else(|| {
             let kv_bytes = shape.max_tokens * shape.bytes_per_token();
@@ -199,14 +253,45 @@ impl KvConfig {
                 return floor * 3 / 2;
             }
             // The β planner sizes the hot pool; the quarter of the cache is the DRAM cap.
-            match planner::profile(&self.cold_dir, self.key_bits) {
-                Ok(profile) => self.budget_for_beta(shape, profile.beta(f64::from(self.alpha))).clamp(floor, quarter),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not profile the cold pool; the hot pool gets a quarter of the cache");
-                    quarter
-                }
+            match &startup.profile {
+                Some(profile) => self.budget_for_beta(shape, profile.beta(f64::from(self.alpha))).clamp(floor, quarter),
+                None => quarter,
             }
         });
         settings
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hot_budget_comes_from_the_profile_found_at_start_up() {
+        let shape = KvShape { n_layers: 30, n_kv_heads: 3, head_dim: 64, max_tokens: 8192 };
+        let dir = std::env::temp_dir().join(format!("hillside-startup-{}", std::process::id()));
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), ..KvConfig::default() };
+        let with = |profile: Option<Profile>| {
+            let startup = KvStartup { profile, xrt_problem: None };
+            KvConfig { startup: Some(Arc::new(startup)), ..config.clone() }.tiered_settings(shape).hot_budget_bytes
+        };
+        // A storage side far faster than the host asks for a small hot pool; a slow disk for the cap.
+        let rates = |cold_read_bytes_per_s: f64| Profile {
+            host_score_bytes_per_s: 1e9,
+            storage_score_bytes_per_s: 100e9,
+            hot_fetch_bytes_per_s: 10e9,
+            cold_read_bytes_per_s,
+        };
+        let quarter = shape.max_tokens * shape.bytes_per_token() / 4;
+        let (fast, slow) = (with(Some(rates(100e9))), with(Some(rates(0.1e9))));
+        assert!(fast < slow && slow == quarter, "fast disk {fast}, slow disk {slow}, cap {quarter}");
+        assert_eq!(with(None), quarter, "no profile: a quarter of the cache");
+        // Nothing was measured: the cold directory holds no profile.
+        assert!(!dir.exists() || std::fs::read_dir(&dir).unwrap().next().is_none());
+        // Starting up measures once, where the planner caches it.
+        let started = config.clone().start_up();
+        assert!(started.startup.as_ref().unwrap().profile.is_some());
+        assert!(dir.join(format!("hillside-profile-{}.json", config.key_bits)).exists());
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -147,7 +147,12 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn start(engine: Arc<Engine>, config: SchedulerConfig) -> Self {
+    /// Starts the worker, after the start-up work the KV configuration needs (see
+    /// [`KvConfig::start_up`]), so that it never stalls the sequences being served.
+    pub fn start(engine: Arc<Engine>, mut config: SchedulerConfig) -> Self {
+        if config.kv.startup.is_none() {
+            config.kv = config.kv.start_up();
+        }
         let shared = Arc::new(Shared {
             config,
             state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), accepting: true, failed: None, stop: false, next_id: 1 }),

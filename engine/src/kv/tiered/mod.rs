@@ -25,7 +25,7 @@ use super::view::ViewBuffers;
 use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, Selection, TierStats};
 use crate::error::{Error, Result};
 use crate::score::device::{DeviceQuery, KeyChunkLayout};
-use crate::score::xrt::{self, XrtEvaluator, XrtOptions};
+use crate::score::xrt::{XrtEvaluator, XrtOptions};
 use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use rayon::prelude::*;
 use std::path::Path;
@@ -107,7 +107,9 @@ pub struct TieredKvStore {
 }
 
 impl TieredKvStore {
-    pub fn new(shape: KvShape, cold_dir: &Path, settings: TieredSettings) -> Result<Self> {
+    /// A store with its cold pool in `cold_dir`. `xrt_problem` is what the start-up probe said
+    /// about the card (evaluator `xrt` only; see [`super::config::KvStartup`]).
+    pub fn new(shape: KvShape, cold_dir: &Path, settings: TieredSettings, xrt_problem: Option<String>) -> Result<Self> {
         if !(settings.alpha > 0.0 && settings.alpha <= 1.0) {
             return Err(Error::InvalidParameter("alpha must be in (0, 1]".into()));
         }
@@ -121,7 +123,7 @@ impl TieredKvStore {
         // Asked for the card but there is none: say why once, and lay out no key chunks for it.
         let mut evaluator = settings.evaluator;
         if evaluator == EvaluatorKind::Xrt {
-            if let Some(problem) = xrt::probe(&settings.xrt).problem {
+            if let Some(problem) = xrt_problem {
                 tracing::warn!("{problem}; {FALLBACK}");
                 evaluator = EvaluatorKind::Storage;
             }

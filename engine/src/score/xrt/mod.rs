@@ -14,7 +14,7 @@
 //! kept for exactly this): the decode goes on.
 
 mod api;
-mod probe;
+pub mod probe;
 
 pub use probe::{probe, Probe};
 

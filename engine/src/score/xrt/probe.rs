@@ -1,19 +1,29 @@
 //! Looking for a card without risking the process. XRT 2.13 throws C++ exceptions through its C
 //! API when its environment is wrong (`XILINX_XRT` unset, or pointing where its core library is
-//! not), and an exception crossing a C frame aborts. So the first contact happens in a forked
-//! child: it loads the library, counts cards, loads the xclbin, opens the kernel and tries a P2P
-//! buffer, and writes what it found to a pipe. Whatever the child does — abort, crash, hang —
-//! the parent gets a [`Probe`] that says so. Results are cached per library, xclbin and card.
+//! not), and an exception crossing a C frame aborts. So the first contact happens in a child
+//! process, a fresh one (`hillside-xrt-probe`, installed beside the `hillside` binary; a fork
+//! of this multithreaded process could deadlock in the loader or malloc before XRT even runs):
+//! it loads the library, counts cards, loads the xclbin, opens the kernel, tries a P2P buffer,
+//! and prints what it found. Whatever the child does — abort, crash, hang — the parent gets a
+//! [`Probe`] that says so. Results are cached per library, xclbin and card; a server probes
+//! once at start-up, not when the first sequence asks for the card.
 
 use super::api::{file_version, Xrt};
 use super::{XrtOptions, KERNEL_NAME};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// The child's executable, looked for beside the running one (and, for test binaries in
+/// cargo's `deps/`, one folder up); `HILLSIDE_XRT_PROBE` names another.
+pub const PROBE_EXE: &str = "hillside-xrt-probe";
 
 /// How long the child may take (a real card's first xclbin load takes seconds).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -52,30 +62,34 @@ pub fn probe(options: &XrtOptions) -> Probe {
 
 fn probe_uncached(options: &XrtOptions) -> Probe {
     let library = options.library_path();
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills two descriptors we then own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Probe::failed(library, format!("cannot start the XRT probe: {}", std::io::Error::last_os_error()));
+    let Some(exe) = probe_exe() else {
+        return Probe::failed(library, format!("cannot look for a card: {PROBE_EXE} is not installed beside this program (or set HILLSIDE_XRT_PROBE)"));
+    };
+    let mut command = Command::new(&exe);
+    command.arg("--library").arg(&library).arg("--device").arg(options.device.to_string());
+    if let Some(xclbin) = options.xclbin_path() {
+        command.arg("--xclbin").arg(xclbin);
     }
-    // SAFETY: fresh descriptors from pipe2, owned from here on.
-    let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: the child only runs `child_probe`, which writes to the pipe and `_exit`s; it never
-    // returns into the parent's code or unwinds.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Probe::failed(library, format!("cannot start the XRT probe: {}", std::io::Error::last_os_error()));
-    }
-    if pid == 0 {
-        drop(read_end);
-        child_probe(options, write_end);
-    }
-    drop(write_end);
-    let (report, finished) = read_report(read_end, pid);
-    let status = wait_child(pid, finished);
+    // XRT prints banners and errors on both streams: the child keeps its stdout for the report.
+    let mut child = match command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn() {
+        Ok(child) => child,
+        Err(e) => return Probe::failed(library, format!("cannot start the XRT probe {}: {e}", exe.display())),
+    };
+    let stdout = child.stdout.take().map(OwnedFd::from).expect("piped stdout");
+    let (report, finished) = read_report(stdout, child.id() as libc::pid_t);
+    let status = child.wait().ok().map(|s| s.into_raw());
     match serde_json::from_slice::<Probe>(&report) {
         Ok(probe) => probe,
-        Err(_) => Probe { version: library.exists().then(|| file_version(&library)), ..Probe::failed(library, explain_death(status)) },
+        Err(_) => Probe { version: library.exists().then(|| file_version(&library)), ..Probe::failed(library, explain_death(status.filter(|_| finished))) },
     }
+}
+
+fn probe_exe() -> Option<PathBuf> {
+    if let Some(exe) = std::env::var_os("HILLSIDE_XRT_PROBE").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(exe));
+    }
+    let current = std::env::current_exe().ok()?;
+    current.ancestors().skip(1).take(2).map(|dir| dir.join(PROBE_EXE)).find(|p| p.is_file())
 }
 
 /// Reads the child's report until it closes the pipe or the timeout passes; whether it finished.
@@ -106,18 +120,6 @@ fn read_report(read_end: OwnedFd, pid: libc::pid_t) -> (Vec<u8>, bool) {
     }
 }
 
-/// Reaps the child; its wait status, or `None` when it had to be killed for taking too long.
-fn wait_child(pid: libc::pid_t, finished: bool) -> Option<i32> {
-    let mut status = 0;
-    // SAFETY: our own child, reaped once.
-    while unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
-        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            break;
-        }
-    }
-    finished.then_some(status)
-}
-
 fn explain_death(status: Option<i32>) -> String {
     let Some(status) = status else {
         return format!("XRT did not answer within {} s while looking for a card", PROBE_TIMEOUT.as_secs());
@@ -141,22 +143,42 @@ fn explain_death(status: Option<i32>) -> String {
     format!("no device: {how}; {hint}")
 }
 
-/// The child's side: look, report, `_exit`. Never returns.
-fn child_probe(options: &XrtOptions, write_end: OwnedFd) -> ! {
-    // XRT prints banners and errors on both streams; the report is what counts.
-    // SAFETY: redirecting our own (the child's) standard descriptors.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
-        if null >= 0 {
-            libc::dup2(null, 1);
-            libc::dup2(null, 2);
+/// The child's side (`hillside-xrt-probe --library L [--xclbin X] --device N`): look, print
+/// the report on stdout, exit 0. XRT's own output goes to /dev/null.
+pub fn child_main(args: impl Iterator<Item = OsString>) -> i32 {
+    let mut options = XrtOptions::default();
+    let mut args = args.into_iter();
+    while let Some(flag) = args.next() {
+        let value = args.next().map(PathBuf::from);
+        match (flag.to_str(), value) {
+            (Some("--library"), Some(v)) => options.library = Some(v),
+            (Some("--xclbin"), Some(v)) => options.xclbin = Some(v),
+            (Some("--device"), Some(v)) => match v.to_str().and_then(|d| d.parse().ok()) {
+                Some(d) => options.device = d,
+                None => return 2,
+            },
+            _ => {
+                eprintln!("usage: {PROBE_EXE} --library LIBRARY [--xclbin XCLBIN] [--device N] (run by hillside)");
+                return 2;
+            }
         }
     }
-    let probe = look(options);
-    let report = serde_json::to_vec(&probe).unwrap_or_default();
-    let _ = std::io::Write::write_all(&mut std::fs::File::from(write_end), &report);
-    // SAFETY: ends the child without running the parent's atexit handlers or destructors.
-    unsafe { libc::_exit(0) }
+    // SAFETY: duplicating and redirecting this process's own standard descriptors.
+    let report_fd = unsafe {
+        let report = libc::dup(1);
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY);
+        if report < 0 || null < 0 {
+            return 1;
+        }
+        libc::dup2(null, 1);
+        libc::dup2(null, 2);
+        OwnedFd::from_raw_fd(report)
+    };
+    let report = serde_json::to_vec(&look(&options)).unwrap_or_default();
+    match std::io::Write::write_all(&mut std::fs::File::from(report_fd), &report) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
 }
 
 fn look(options: &XrtOptions) -> Probe {
