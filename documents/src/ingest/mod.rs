@@ -1,0 +1,164 @@
+//! Reading a file into a [`Document`]: its text, as the model will read it, and where each page
+//! (PDF) or section (a heading's span, elsewhere) lies in that text, so a passage can be cited.
+//!
+//! The format is found from the bytes (a file's name is only a hint for Markdown): plain text in
+//! any encoding, Markdown, HTML, PDF, DOCX and EPUB. Anything else, and files that are empty,
+//! too large, encrypted, damaged or scanned (no text layer), is an [`IngestError`] that says
+//! which, and nothing is kept of it.
+
+mod archive;
+mod html;
+mod pdf;
+mod text;
+
+use std::ops::Range;
+use std::path::Path;
+
+/// A document's formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    Text,
+    Markdown,
+    Html,
+    Pdf,
+    Docx,
+    Epub,
+}
+
+/// Where a part of a document is, as a reader would cite it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Locator {
+    /// A PDF page, from 1.
+    Page(u32),
+    /// A section, by its heading.
+    Heading(String),
+}
+
+/// One page or section: its locator and its bytes of [`Document::text`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Part {
+    pub locator: Locator,
+    pub bytes: Range<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Document {
+    /// The file's name, as the user gave it.
+    pub name: String,
+    pub format: Format,
+    pub text: String,
+    /// Pages or sections, in order, not overlapping; text before the first heading has none.
+    pub parts: Vec<Part>,
+}
+
+impl Document {
+    /// The page or section holding byte `at` of the text.
+    pub fn locate(&self, at: usize) -> Option<&Locator> {
+        self.parts.iter().find(|p| p.bytes.contains(&at)).map(|p| &p.locator)
+    }
+}
+
+/// What a file may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_file_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_file_bytes: 256 << 20 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("{name} is empty")]
+    Empty { name: String },
+    #[error("{name} is {size_mb:.1} MB, over the limit of {limit_mb:.1} MB for a document")]
+    TooLarge { name: String, size_mb: f64, limit_mb: f64 },
+    #[error("{name} is not a document Hillside can read ({what}); it reads plain text, Markdown, HTML, PDF, DOCX and EPUB")]
+    Unsupported { name: String, what: String },
+    #[error("{name} is encrypted: save a copy without a password and add that")]
+    Encrypted { name: String },
+    #[error("{name} has no text layer ({pages} pages, {chars} readable characters): it looks scanned; run OCR on it first")]
+    Scanned { name: String, pages: usize, chars: usize },
+    #[error("{name} is damaged: {reason}")]
+    Damaged { name: String, reason: String },
+    #[error("{name} has no text")]
+    NoText { name: String },
+    #[error("cannot read {name}: {source}")]
+    Io { name: String, source: std::io::Error },
+}
+
+/// Reads the file at `path` (named by its file name in messages).
+pub fn read_file(path: &Path, limits: &Limits) -> Result<Document, IngestError> {
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let io = |source| IngestError::Io { name: name.clone(), source };
+    let size = std::fs::metadata(path).map_err(io)?.len();
+    check_size(&name, size, limits)?;
+    let bytes = std::fs::read(path).map_err(io)?;
+    read_bytes(&name, &bytes, limits)
+}
+
+/// Reads a document held in memory (an upload), named `name`.
+pub fn read_bytes(name: &str, bytes: &[u8], limits: &Limits) -> Result<Document, IngestError> {
+    check_size(name, bytes.len() as u64, limits)?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(IngestError::Empty { name: name.into() });
+    }
+    let (format, text, parts) = match sniff(name, bytes) {
+        Sniffed::Pdf => pdf::read(name, bytes)?,
+        Sniffed::Zip => archive::read(name, bytes)?,
+        Sniffed::Text => {
+            let text = text::decode(name, bytes)?;
+            if html::looks_like_html(&text) {
+                let text = html::to_text(&text);
+                let parts = text::heading_parts(&text);
+                (Format::Html, text, parts)
+            } else {
+                let markdown = has_extension(name, &["md", "markdown"]) || text::looks_like_markdown(&text);
+                let parts = if markdown { text::heading_parts(&text) } else { Vec::new() };
+                (if markdown { Format::Markdown } else { Format::Text }, text, parts)
+            }
+        }
+    };
+    if text.trim().is_empty() {
+        return Err(IngestError::NoText { name: name.into() });
+    }
+    Ok(Document { name: name.into(), format, text, parts })
+}
+
+fn check_size(name: &str, size: u64, limits: &Limits) -> Result<(), IngestError> {
+    if size == 0 {
+        return Err(IngestError::Empty { name: name.into() });
+    }
+    if size > limits.max_file_bytes {
+        let mb = |b: u64| b as f64 / 1e6;
+        return Err(IngestError::TooLarge { name: name.into(), size_mb: mb(size), limit_mb: mb(limits.max_file_bytes) });
+    }
+    Ok(())
+}
+
+enum Sniffed {
+    Pdf,
+    Zip,
+    Text,
+}
+
+fn sniff(name: &str, bytes: &[u8]) -> Sniffed {
+    // A PDF may have a few bytes of junk before its header.
+    if bytes[..bytes.len().min(1024)].windows(5).any(|w| w == b"%PDF-") {
+        Sniffed::Pdf
+    } else if bytes.starts_with(b"PK\x03\x04") || has_extension(name, &["docx", "epub"]) {
+        Sniffed::Zip
+    } else {
+        Sniffed::Text
+    }
+}
+
+fn has_extension(name: &str, extensions: &[&str]) -> bool {
+    let ext = Path::new(name).extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    ext.is_some_and(|e| extensions.contains(&e.as_str()))
+}

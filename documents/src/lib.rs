@@ -1,0 +1,6 @@
+//! Documents for Hillside: files of any supported format read into text a model can take and a
+//! reader can cite (pages of a PDF, headings elsewhere).
+
+pub mod ingest;
+
+pub use ingest::{read_bytes, read_file, Document, Format, IngestError, Limits, Locator, Part};
