@@ -1,8 +1,10 @@
 //! Documents for Hillside: files of any supported format read into text a model can take and a
 //! reader can cite (pages of a PDF, headings elsewhere), and the library that keeps them.
 
+pub mod chunks;
 pub mod ingest;
 pub mod library;
+pub mod sources;
 
 pub use ingest::{read_bytes, read_file, Document, Format, IngestError, Limits, Locator, Part};
 pub use library::{Entry, Library, LibraryError};

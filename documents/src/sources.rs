@@ -1,0 +1,139 @@
+//! Where a point of a summary comes from: the passages of the document that hold the words it
+//! is built from. Found by the words themselves, not by asking the model (a small model cites
+//! badly): the point's content words are covered greedily by passages, each round taking the
+//! passage that adds the most rare words (weighted by inverse passage frequency). A point
+//! whose words the document does not hold gets no source rather than a wrong one.
+
+use crate::ingest::{Document, Locator};
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+
+/// A passage behind a point: its bytes of the document's text, its page or section, and the
+/// point's words it holds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Source {
+    pub bytes: Range<usize>,
+    pub locator: Option<Locator>,
+    pub words: Vec<String>,
+}
+
+/// Passages: paragraphs, or windows of sentences of about this many bytes in longer ones.
+const PASSAGE_BYTES: usize = 600;
+
+/// The document's passages and, per word, in how many of them it appears.
+pub struct SourceIndex<'d> {
+    doc: &'d Document,
+    passages: Vec<(Range<usize>, HashSet<String>)>,
+    passage_count: HashMap<String, usize>,
+}
+
+impl<'d> SourceIndex<'d> {
+    pub fn new(doc: &'d Document) -> Self {
+        let passages: Vec<(Range<usize>, HashSet<String>)> =
+            passages(&doc.text).into_iter().map(|r| (r.clone(), content_words(&doc.text[r]).collect())).collect();
+        let mut passage_count = HashMap::new();
+        for (_, words) in &passages {
+            for w in words {
+                *passage_count.entry(w.clone()).or_insert(0) += 1;
+            }
+        }
+        Self { doc, passages, passage_count }
+    }
+
+    /// Up to `max_sources` passages covering `point`'s content words, best first.
+    pub fn sources(&self, point: &str, max_sources: usize) -> Vec<Source> {
+        let mut wanted: HashSet<String> = content_words(point).collect();
+        let n = self.passages.len() as f64;
+        let weight = |w: &str| (n / self.passage_count.get(w).copied().unwrap_or(1) as f64).ln() + 1.0;
+        let mut out = Vec::new();
+        while out.len() < max_sources && !wanted.is_empty() {
+            let best = self
+                .passages
+                .iter()
+                .map(|(range, words)| (range, words.intersection(&wanted).map(|w| weight(w)).sum::<f64>()))
+                .filter(|(_, score)| *score > 0.0)
+                .max_by(|a, b| a.1.total_cmp(&b.1).then_with(|| b.0.start.cmp(&a.0.start)));
+            let Some((range, _)) = best else { break };
+            let words = &self.passages.iter().find(|(r, _)| r == range).expect("a passage").1;
+            let mut held: Vec<String> = words.intersection(&wanted).cloned().collect();
+            // A passage that adds a single common word is noise, not a source.
+            if held.len() < 2 && !out.is_empty() {
+                break;
+            }
+            held.sort();
+            wanted.retain(|w| !words.contains(w));
+            out.push(Source { bytes: range.clone(), locator: self.doc.locate(range.start).cloned(), words: held });
+        }
+        out
+    }
+}
+
+/// Lowercased words of three letters or more, not stop words, plural `s` dropped.
+pub fn content_words(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric()).filter(|w| w.chars().count() >= 3).map(|w| w.to_lowercase()).filter(|w| !STOP_WORDS.contains(&w.as_str())).map(|w| {
+        match w.strip_suffix('s') {
+            Some(stem) if stem.len() >= 3 && !stem.ends_with('s') => stem.to_string(),
+            _ => w,
+        }
+    })
+}
+
+const STOP_WORDS: &[&str] = &[
+    "the", "and", "for", "that", "this", "with", "are", "was", "were", "not", "but", "you", "your", "from", "which", "have", "has", "had", "its",
+    "any", "all", "can", "may", "such", "they", "their", "them", "these", "those", "will", "would", "shall", "should", "there", "than", "then",
+    "also", "into", "onto", "upon", "about", "what", "when", "who", "whom", "how", "each", "other", "more", "most", "some", "only", "own",
+    "does", "did", "been", "being", "her", "his", "she", "him", "our", "out", "one", "document", "summary", "text",
+];
+
+/// Paragraphs, with longer ones cut into windows of whole sentences.
+fn passages(text: &str) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for para in text.split_inclusive("\n\n") {
+        let range = at..at + para.len();
+        at += para.len();
+        if para.trim().is_empty() {
+            continue;
+        }
+        let mut start = range.start;
+        let mut last_end = start;
+        for (i, _) in para.match_indices(". ") {
+            let end = range.start + i + 2;
+            if end - start > PASSAGE_BYTES && last_end > start {
+                out.push(start..last_end);
+                start = last_end;
+            }
+            last_end = end;
+        }
+        out.push(start..range.end);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ingest::{Format, Part};
+
+    #[test]
+    fn a_point_is_traced_to_the_passages_holding_its_words() {
+        let text = "Rents are paid monthly to the landlord.\n\nThe deposit equals two months of rent and is returned within thirty days.\n\n\
+                    Pets need the landlord's written consent.\n\n";
+        let pets = text.find("Pets").unwrap();
+        let doc = Document {
+            name: "lease.txt".into(),
+            format: Format::Text,
+            text: text.into(),
+            parts: vec![Part { locator: Locator::Heading("Pets".into()), bytes: pets..text.len() }],
+        };
+        let index = SourceIndex::new(&doc);
+        let sources = index.sources("The deposit, two months of rent, comes back within thirty days.", 3);
+        assert_eq!(sources.len(), 1, "{sources:?}");
+        assert!(text[sources[0].bytes.clone()].starts_with("The deposit equals"));
+        assert_eq!(sources[0].words, ["day", "deposit", "month", "rent", "thirty", "two", "within"], "the point's words the passage holds");
+        let two = index.sources("Pets need written consent, and rents are paid monthly.", 3);
+        assert_eq!(two.len(), 2, "{two:?}");
+        assert_eq!(two.iter().find(|s| s.bytes.start == pets).unwrap().locator, Some(Locator::Heading("Pets".into())));
+        assert!(index.sources("Quantum chromodynamics explains gluons.", 3).is_empty(), "no source rather than a wrong one");
+    }
+}
