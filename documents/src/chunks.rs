@@ -10,8 +10,8 @@ use std::ops::Range;
 /// Merge levels above the chunk summaries a hierarchical summary may take.
 pub const MAX_LEVELS: usize = 3;
 
-/// Tokens a chunk's summary and the evidence carried with it take in a merge (measured
-/// budget, not a limit the model is held to).
+/// Tokens a chunk's summary and the evidence carried with it may take in a merge (longer
+/// ones are cut to it), so that a merge of the most that fit is a known count.
 pub const SUMMARY_WITH_EVIDENCE_TOKENS: usize = 400;
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -19,7 +19,8 @@ pub const SUMMARY_WITH_EVIDENCE_TOKENS: usize = 400;
 pub enum Mode {
     /// The whole text in one prompt.
     Whole,
-    /// Chunks (byte ranges of the text), then `levels` rounds of merges.
+    /// Chunks (byte ranges of the text), then at most `levels` rounds of merges (fewer when
+    /// the chunks' summaries come out shorter than [`SUMMARY_WITH_EVIDENCE_TOKENS`]).
     Hierarchical { chunks: Vec<Range<usize>>, levels: usize },
 }
 

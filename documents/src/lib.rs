@@ -5,6 +5,7 @@ pub mod chunks;
 pub mod ingest;
 pub mod library;
 pub mod sources;
+pub mod summarize;
 
 pub use ingest::{read_bytes, read_file, Document, Format, IngestError, Limits, Locator, Part};
 pub use library::{Entry, Library, LibraryError};

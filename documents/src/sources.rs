@@ -40,9 +40,22 @@ impl<'d> SourceIndex<'d> {
         Self { doc, passages, passage_count }
     }
 
-    /// Up to `max_sources` passages covering `point`'s content words, best first.
+    /// A source's passage, at most about `max_bytes` of it, on one line.
+    pub fn passage_text(&self, source: &Source, max_bytes: usize) -> String {
+        let text = &self.doc.text[source.bytes.clone()];
+        let cut = text.floor_char_boundary(max_bytes.min(text.len()));
+        let mut out: String = text[..cut].split_whitespace().collect::<Vec<_>>().join(" ");
+        if cut < text.len() {
+            out.push('…');
+        }
+        out
+    }
+
+    /// Up to `max_sources` passages covering `point`'s content words, best first; none when
+    /// together they hold fewer than half of its words (the document does not say it).
     pub fn sources(&self, point: &str, max_sources: usize) -> Vec<Source> {
         let mut wanted: HashSet<String> = content_words(point).collect();
+        let asked = wanted.len();
         let n = self.passages.len() as f64;
         let weight = |w: &str| (n / self.passage_count.get(w).copied().unwrap_or(1) as f64).ln() + 1.0;
         let mut out = Vec::new();
@@ -63,6 +76,9 @@ impl<'d> SourceIndex<'d> {
             held.sort();
             wanted.retain(|w| !words.contains(w));
             out.push(Source { bytes: range.clone(), locator: self.doc.locate(range.start).cloned(), words: held });
+        }
+        if 2 * (asked - wanted.len()) < asked {
+            return Vec::new();
         }
         out
     }
@@ -135,5 +151,6 @@ mod tests {
         assert_eq!(two.len(), 2, "{two:?}");
         assert_eq!(two.iter().find(|s| s.bytes.start == pets).unwrap().locator, Some(Locator::Heading("Pets".into())));
         assert!(index.sources("Quantum chromodynamics explains gluons.", 3).is_empty(), "no source rather than a wrong one");
+        assert!(index.sources("Quantum rent chromodynamics explains gluons.", 3).is_empty(), "one word of five is not a source");
     }
 }

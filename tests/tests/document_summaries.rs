@@ -1,0 +1,80 @@
+//! Document summaries on the real model, through the real scheduler: the GPL in one pass with
+//! sources that check out, and a hierarchical summary whose chunks run as one batch.
+
+mod common;
+
+use hillside_documents::chunks::Mode;
+use hillside_documents::sources::content_words;
+use hillside_documents::summarize::{summarize, Progress};
+use hillside_documents::{read_file, read_bytes, Limits};
+use hillside_engine::kv::KvConfig;
+use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
+use hillside_engine::{CancelFlag, Engine};
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn scheduler(engine: &Arc<Engine>, context: usize) -> Scheduler {
+    let config = SchedulerConfig { max_live: 4, max_queued: 64, kv: KvConfig::default(), context_tokens: Some(context), cached_sequences: 0 };
+    Scheduler::start(engine.clone(), config)
+}
+
+#[test]
+fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
+    let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/gpl-3.0.txt");
+    let doc = read_file(&path, &Limits::default()).unwrap();
+    let scheduler = scheduler(&engine, 8192);
+    let mut progress = Vec::new();
+    let summary = summarize(&engine, &scheduler, 8192, &doc, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
+    eprintln!("{} tokens; points:", summary.plan.tokens);
+    for p in &summary.points {
+        eprintln!("- {} ({} sources)", p.text, p.sources.len());
+    }
+    assert_eq!(summary.plan.mode, Mode::Whole);
+    assert!(matches!(progress.first(), Some(Progress::Planned { .. })) && progress.last() == Some(&Progress::Done), "{progress:?}");
+    assert!(summary.points.len() >= 2, "{:?}", summary.points);
+    // A point the text does not hold gets no source (a 135M model says such things); the
+    // others must show the passages they come from.
+    assert!(summary.points.iter().any(|p| !p.sources.is_empty()), "{:?}", summary.points);
+    for point in &summary.points {
+        if point.sources.is_empty() {
+            continue;
+        }
+        // The passages hold the words the point is built from.
+        let spans: HashSet<String> = point.sources.iter().flat_map(|s| content_words(&doc.text[s.bytes.clone()]).collect::<Vec<_>>()).collect();
+        let words: HashSet<String> = content_words(&point.text).collect();
+        let held = words.iter().filter(|w| spans.contains(*w)).count();
+        assert!(2 * held >= words.len(), "{held} of {} words of {:?} in its sources", words.len(), point.text);
+    }
+}
+
+#[test]
+fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_order() {
+    let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
+    let text = common::shared_document("pride-and-prejudice.txt");
+    // About 8,000 tokens into a 2,048-token context: chunks of 1,024 tokens, whose notes with
+    // their evidence may take two levels of merges.
+    let start = text.find("It is a truth universally acknowledged").unwrap();
+    let doc = read_bytes("pride.txt", text[start..start + 34_000].as_bytes(), &Limits::default()).unwrap();
+    let scheduler = scheduler(&engine, 2048);
+    let mut progress = Vec::new();
+    let summary = summarize(&engine, &scheduler, 2048, &doc, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
+    let Mode::Hierarchical { chunks, levels } = &summary.plan.mode else { panic!("{:?}", summary.plan) };
+    assert!(chunks.len() >= 4 && *levels >= 2, "{} chunks, {levels} levels planned", chunks.len());
+    // Planned, then every chunk's prefill and summary, then the merges, then done.
+    let stage = |p: &Progress| match p {
+        Progress::Planned { .. } => 0,
+        Progress::Prefill { .. } | Progress::ChunkSummarized { .. } => 1,
+        Progress::Merging { .. } => 2,
+        Progress::Done => 3,
+    };
+    assert!(progress.windows(2).all(|w| stage(&w[0]) <= stage(&w[1])), "{progress:?}");
+    let summarized = progress.iter().filter(|p| matches!(p, Progress::ChunkSummarized { .. })).count();
+    assert_eq!(summarized, chunks.len());
+    let merges: Vec<usize> = progress.iter().filter_map(|p| if let Progress::Merging { level, .. } = p { Some(*level) } else { None }).collect();
+    // The plan's levels are a bound: notes shorter than it counted on merge in fewer.
+    assert!(!merges.is_empty() && merges.len() <= *levels, "{merges:?}, {levels} planned");
+    assert!(merges.iter().enumerate().all(|(i, &level)| level == i + 1), "{merges:?}");
+    assert!(!summary.points.is_empty() && summary.points.iter().any(|p| !p.sources.is_empty()), "{:?}", summary.points);
+}
