@@ -61,6 +61,8 @@ pub enum SummaryError {
     Engine(#[from] hillside_engine::Error),
     #[error("the engine refused the summary: {0}")]
     Refused(String),
+    #[error("a context of {0} tokens is too small to merge summaries (two need about {min})", min = RESERVE_TOKENS + 2 * SUMMARY_WITH_EVIDENCE_TOKENS)]
+    ContextTooSmall(usize),
 }
 
 /// Summarizes `doc` with the model `engine` holds, through `scheduler` (whose sequences have
@@ -92,7 +94,10 @@ pub fn summarize(
             while notes.len() > 1 {
                 level += 1;
                 let blocks: Vec<String> = notes.iter().map(|n| evidence_block(n, &index)).collect();
-                let groups = token_groups(&blocks, context_tokens - RESERVE_TOKENS, &count);
+                let groups = token_groups(&blocks, context_tokens.saturating_sub(RESERVE_TOKENS), &count);
+                if groups.len() >= notes.len() {
+                    return Err(SummaryError::ContextTooSmall(context_tokens)); // merging would never end
+                }
                 on_progress(Progress::Merging { level, groups: groups.len() });
                 let prompts = groups.iter().map(|g| merge_prompt(g)).collect();
                 notes = run_all(engine, scheduler, prompts, cancel, &mut |_| {})?;
