@@ -78,3 +78,27 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     assert!(merges.iter().enumerate().all(|(i, &level)| level == i + 1), "{merges:?}");
     assert!(!summary.points.is_empty() && summary.points.iter().any(|p| !p.sources.is_empty()), "{:?}", summary.points);
 }
+
+#[test]
+fn a_cancelled_summary_ends_at_once_and_leaves_no_sequence_behind() {
+    let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let doc = read_bytes("pride.txt", text[..34_000].as_bytes(), &Limits::default()).unwrap();
+    let scheduler = scheduler(&engine, 2048);
+    let cancel = CancelFlag::default();
+    let mut seen = Vec::new();
+    let result = summarize(&engine, &scheduler, 2048, &doc, &cancel, &mut |p| {
+        if matches!(p, Progress::Prefill { done_tokens, .. } if done_tokens > 0) {
+            cancel.cancel(); // mid-prefill of the batched chunks
+        }
+        seen.push(p);
+    });
+    assert!(matches!(result, Err(hillside_documents::summarize::SummaryError::Cancelled)), "{result:?}");
+    assert!(!seen.iter().any(|p| matches!(p, Progress::ChunkSummarized { .. } | Progress::Done)), "{seen:?}");
+    // Every chunk's sequence is cancelled and dropped within a round or two.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !scheduler.stats().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "sequences left: {:?}", scheduler.stats());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
