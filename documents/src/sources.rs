@@ -63,11 +63,10 @@ impl<'d> SourceIndex<'d> {
             let best = self
                 .passages
                 .iter()
-                .map(|(range, words)| (range, words.intersection(&wanted).map(|w| weight(w)).sum::<f64>()))
-                .filter(|(_, score)| *score > 0.0)
-                .max_by(|a, b| a.1.total_cmp(&b.1).then_with(|| b.0.start.cmp(&a.0.start)));
-            let Some((range, _)) = best else { break };
-            let words = &self.passages.iter().find(|(r, _)| r == range).expect("a passage").1;
+                .map(|(range, words)| (range, words, words.intersection(&wanted).map(|w| weight(w)).sum::<f64>()))
+                .filter(|(.., score)| *score > 0.0)
+                .max_by(|a, b| a.2.total_cmp(&b.2).then_with(|| b.0.start.cmp(&a.0.start)));
+            let Some((range, words, _)) = best else { break };
             let mut held: Vec<String> = words.intersection(&wanted).cloned().collect();
             // A passage that adds a single common word is noise, not a source.
             if held.len() < 2 && !out.is_empty() {

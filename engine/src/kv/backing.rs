@@ -76,12 +76,11 @@ impl DiskBacking {
         self.window.row(layer, head, token, values)
     }
 
-    /// Appends `layer`'s K/V rows of the step's tokens; returns how many tokens they are.
-    pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<usize> {
-        let n = self.shape.tokens_to_append(self.len, k, v)?;
+    /// Appends `layer`'s K/V rows of the step's tokens.
+    pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        self.pending[layer] = self.shape.tokens_to_append(self.len, k, v)?;
         self.window.push(layer, k, v);
-        self.pending[layer] = n;
-        Ok(n)
+        Ok(())
     }
 
     /// The step's `n_tokens` join the committed ones, and every complete group goes to the cold

@@ -36,7 +36,7 @@ impl KvStore for OffloadKvStore {
     }
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        self.backing.append(layer, k, v).map(drop)
+        self.backing.append(layer, k, v)
     }
 
     fn select(&mut self, _layer: usize, _q: &[f32], _q_positions: &[usize]) -> Result<Selection> {
