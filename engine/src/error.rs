@@ -51,6 +51,10 @@ pub enum Error {
     #[error("cold pool block damaged: layer {layer}, KV head {head}, tokens {}..{} fail their checksum", tokens.start, tokens.end)]
     ColdBlockDamaged { layer: usize, head: usize, tokens: Range<usize> },
 
+    /// A saved prefix's K/V that cannot be used (damaged, or written for something else).
+    #[error("saved K/V: {0}")]
+    KvSnapshot(String),
+
     /// A bug: a broken invariant or a panic, caught before it could take more than one
     /// sequence down.
     #[error("internal error (a bug; please report it): {0}")]

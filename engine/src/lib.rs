@@ -115,6 +115,11 @@ impl Engine {
 
     /// The prompt tokens for a chat, with the assistant's turn opened.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        self.tokenizer.encode(&self.chat_template.render(messages, true)?)
+        self.tokenizer.encode(&self.chat_text(messages)?)
+    }
+
+    /// The prompt text for a chat (the model's template applied), with the assistant's turn opened.
+    pub fn chat_text(&self, messages: &[ChatMessage]) -> Result<String> {
+        self.chat_template.render(messages, true)
     }
 }

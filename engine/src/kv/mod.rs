@@ -18,6 +18,7 @@ pub mod full;
 pub mod hot;
 pub mod offload;
 pub mod slab;
+pub mod snapshot;
 pub mod tiered;
 pub mod view;
 pub mod window;

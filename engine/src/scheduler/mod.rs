@@ -15,12 +15,16 @@
 //! the scheduler then says so ([`Scheduler::health`]) and refuses requests, rather than taking
 //! them into a queue nobody serves.
 
+mod kept_prefix;
 mod prefix_cache;
+
+pub use kept_prefix::KeptPrefix;
 
 use crate::error::{Error, Result};
 use crate::generate::{feed_batch, finished, CancelFlag, Event, GenerateParams, Generation, Next, Sequence, Summary};
 use crate::kv::{KvConfig, KvStats};
 use crate::{Engine, FinishReason};
+use kept_prefix::shared_prefix;
 use prefix_cache::PrefixCache;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -106,6 +110,7 @@ struct Job {
     params: GenerateParams,
     sink: Sink,
     cancel: CancelFlag,
+    prefix: Option<Box<dyn KeptPrefix>>,
 }
 
 struct Live {
@@ -178,6 +183,11 @@ impl Scheduler {
 
     /// Queues a generation of `prompt`; its updates go to `sink`.
     pub fn submit(&self, prompt: Vec<u32>, params: GenerateParams, sink: Sink) -> Result<Ticket, SubmitError> {
+        self.submit_with_prefix(prompt, None, params, sink)
+    }
+
+    /// [`Scheduler::submit`] for a prompt whose first tokens' K/V may be kept elsewhere.
+    pub fn submit_with_prefix(&self, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams, sink: Sink) -> Result<Ticket, SubmitError> {
         let mut state = self.shared.lock();
         if let Some(why) = &state.failed {
             return Err(SubmitError::EngineFailed(why.clone()));
@@ -194,7 +204,7 @@ impl Scheduler {
         let id = state.next_id;
         state.next_id += 1;
         let cancel = CancelFlag::default();
-        state.queue.push_back(Job { id, prompt, params, sink, cancel: cancel.clone() });
+        state.queue.push_back(Job { id, prompt, params, sink, cancel: cancel.clone(), prefix });
         self.shared.changed.notify_all();
         Ok(Ticket { id, cancel })
     }
@@ -304,6 +314,18 @@ fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut
             Some(seq) => seq,
             None => engine.new_sequence_with(&config.kv, config.context_tokens)?,
         };
+        if let Some(prefix) = job.prefix.as_mut().filter(|p| p.tokens() < job.prompt.len() && shared_prefix(&seq.tokens, &job.prompt) < p.tokens()) {
+            // Loading the kept prefix stalls the other sequences for one disk read, not for
+            // the prefill it replaces.
+            let mut kept = engine.new_sequence_with(&config.kv, config.context_tokens)?;
+            if prefix.load(&mut kept) {
+                kept.tokens = job.prompt[..prefix.tokens()].to_vec();
+                if !seq.tokens.is_empty() {
+                    cache.put(seq);
+                }
+                seq = kept;
+            }
+        }
         let (sink, cancel) = (&mut job.sink, &job.cancel);
         let generation = Generation::start(&mut seq, std::mem::take(&mut job.prompt), job.params.clone(), &mut |e| {
             forward(sink, cancel, e)
@@ -326,6 +348,12 @@ fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut
 fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache) {
     let mut finished = |mut l: Live, outcome: Result<Summary>| {
         let keep = matches!(&outcome, Ok(s) if s.finish_reason != FinishReason::Cancelled);
+        if keep {
+            if let Some(prefix) = l.job.prefix.as_mut().filter(|p| l.seq.tokens.len() >= p.tokens()) {
+                // Before the owner hears it is done, so that its next request finds the prefix.
+                let _ = guarded(|| Ok(prefix.save(&mut l.seq)));
+            }
+        }
         (l.job.sink)(Update::Done(outcome));
         if keep {
             cache.put(l.seq);

@@ -21,7 +21,7 @@ impl PrefixCache {
     /// every chat shares a few template tokens, and an unrelated request must not cut a long
     /// cached conversation down to them.
     pub fn take(&mut self, prompt: &[u32]) -> Option<Sequence> {
-        let shared = |seq: &Sequence| seq.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let shared = |seq: &Sequence| super::shared_prefix(&seq.tokens, prompt);
         let (best, _) = self
             .idle
             .iter()
