@@ -3,7 +3,10 @@
 
 pub mod chunks;
 pub mod ingest;
+pub mod kv_cache;
 pub mod library;
+pub mod prompt;
+pub mod questions;
 pub mod sources;
 pub mod summarize;
 

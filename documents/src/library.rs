@@ -3,6 +3,7 @@
 //! is known by a hash of its bytes, so adding the same file twice finds the first entry.
 
 use crate::ingest::{Document, Format, Part};
+use crate::summarize::Point;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -13,6 +14,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("documents");
 /// id → the document's text.
 const TEXTS: TableDefinition<&str, &str> = TableDefinition::new("texts");
+/// key → a [`KeptKv`], as JSON: the catalogue of documents' K/V files.
+const KEPT_KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kept_kv");
 
 /// What the library knows of a document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,8 +31,22 @@ pub struct Entry {
     pub tokens: Option<usize>,
     /// Pages or sections.
     pub parts: Vec<Part>,
-    pub summary: Option<String>,
+    /// The last summary's points, with their sources.
+    pub summary: Option<Vec<Point>>,
     pub created_s: u64,
+    pub used_s: u64,
+}
+
+/// A file holding the K/V of a prompt prefix that starts with documents (see
+/// [`crate::kv_cache`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeptKv {
+    /// Hex of the hash of (model, prefix tokens); the file is named after it.
+    pub key: String,
+    /// The documents the prefix holds (deleting one forgets the file).
+    pub documents: Vec<String>,
+    pub tokens: usize,
+    pub bytes: u64,
     pub used_s: u64,
 }
 
@@ -45,7 +62,11 @@ pub struct Library {
     db: Database,
 }
 
-fn now_s() -> u64 {
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub(crate) fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -60,6 +81,7 @@ impl Library {
         let txn = db.begin_write().map_err(err)?;
         txn.open_table(ENTRIES).map_err(err)?;
         txn.open_table(TEXTS).map_err(err)?;
+        txn.open_table(KEPT_KV).map_err(err)?;
         txn.commit().map_err(err)?;
         Ok(Self { db })
     }
@@ -67,7 +89,7 @@ impl Library {
     /// Adds a document read from `bytes`, or finds the entry the same bytes already have (its
     /// name and use time refreshed). Entry and text are written in one transaction.
     pub fn add(&self, doc: &Document, bytes: &[u8]) -> Result<Entry, LibraryError> {
-        let sha256: String = Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+        let sha256 = sha256_hex(bytes);
         let id = sha256[..16].to_string();
         let now = now_s();
         let entry = match self.get(&id)? {
@@ -94,6 +116,11 @@ impl Library {
         Ok(entry)
     }
 
+    /// The id the document read from `bytes` has (or would have) here.
+    pub fn id_of(bytes: &[u8]) -> String {
+        sha256_hex(bytes)[..16].to_string()
+    }
+
     pub fn get(&self, id: &str) -> Result<Option<Entry>, LibraryError> {
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(ENTRIES).map_err(err)?;
@@ -105,6 +132,13 @@ impl Library {
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(TEXTS).map_err(err)?;
         Ok(table.get(id).map_err(err)?.map(|v| v.value().to_string()))
+    }
+
+    /// The entry and the document (its text and parts) as it was read.
+    pub fn document(&self, id: &str) -> Result<Option<(Entry, Document)>, LibraryError> {
+        let (Some(entry), Some(text)) = (self.get(id)?, self.text(id)?) else { return Ok(None) };
+        let doc = Document { name: entry.name.clone(), format: entry.format, text, parts: entry.parts.clone() };
+        Ok(Some((entry, doc)))
     }
 
     /// Every entry, the most recently used first.
@@ -144,6 +178,40 @@ impl Library {
             txn.open_table(TEXTS).map_err(err)?.remove(id).map_err(err)?;
             removed
         };
+        txn.commit().map_err(err)?;
+        Ok(removed)
+    }
+
+    pub fn kept_kv(&self, key: &str) -> Result<Option<KeptKv>, LibraryError> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let table = txn.open_table(KEPT_KV).map_err(err)?;
+        let found = table.get(key).map_err(err)?;
+        found.map(|v| serde_json::from_slice(v.value()).map_err(err)).transpose()
+    }
+
+    /// Every kept K/V file, least recently used first.
+    pub fn kept_kvs(&self) -> Result<Vec<KeptKv>, LibraryError> {
+        let txn = self.db.begin_read().map_err(err)?;
+        let table = txn.open_table(KEPT_KV).map_err(err)?;
+        let mut kept = Vec::new();
+        for row in table.iter().map_err(err)? {
+            kept.push(serde_json::from_slice::<KeptKv>(row.map_err(err)?.1.value()).map_err(err)?);
+        }
+        kept.sort_by(|a, b| a.used_s.cmp(&b.used_s).then_with(|| a.key.cmp(&b.key)));
+        Ok(kept)
+    }
+
+    /// Records (or refreshes) a kept K/V file.
+    pub fn keep_kv(&self, kept: &KeptKv) -> Result<(), LibraryError> {
+        let txn = self.db.begin_write().map_err(err)?;
+        txn.open_table(KEPT_KV).map_err(err)?.insert(kept.key.as_str(), serde_json::to_vec(kept).map_err(err)?.as_slice()).map_err(err)?;
+        txn.commit().map_err(err)
+    }
+
+    /// Forgets a kept K/V file (the caller removes it); whether there was one.
+    pub fn forget_kv(&self, key: &str) -> Result<bool, LibraryError> {
+        let txn = self.db.begin_write().map_err(err)?;
+        let removed = txn.open_table(KEPT_KV).map_err(err)?.remove(key).map_err(err)?.is_some();
         txn.commit().map_err(err)?;
         Ok(removed)
     }

@@ -7,15 +7,18 @@
 use crate::chunks::{plan, Mode, Plan, TooLong, SUMMARY_WITH_EVIDENCE_TOKENS};
 use crate::ingest::Document;
 use crate::sources::{Source, SourceIndex};
-use hillside_engine::scheduler::{Scheduler, Update};
+use crate::kv_cache::DocumentKvCache;
+use crate::prompt::{document_prompt, PromptError};
+use hillside_engine::scheduler::{KeptPrefix, Scheduler, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
-use std::sync::mpsc;
+use std::ops::Range;
+use std::sync::{mpsc, Arc};
 
 /// The most tokens a summary (of a chunk, a merge group or the whole) may take.
 const SUMMARY_TOKENS: usize = 320;
 /// Tokens kept free of the document in a prompt: the instructions (with the chat template's
 /// own) and the answer.
-const RESERVE_TOKENS: usize = SUMMARY_TOKENS + 128;
+pub(crate) const RESERVE_TOKENS: usize = SUMMARY_TOKENS + 128;
 /// Bytes of a source passage carried into a merge as evidence.
 const EVIDENCE_BYTES: usize = 240;
 /// Points of one note carried into a merge.
@@ -23,12 +26,20 @@ const POINTS_PER_NOTE: usize = 6;
 /// Sources kept per point.
 const SOURCES_PER_POINT: usize = 3;
 
+/// Whether a document of `tokens` is summarized in one pass with `context_tokens`.
+pub fn fits_whole(tokens: usize, context_tokens: usize) -> bool {
+    tokens + RESERVE_TOKENS <= context_tokens
+}
+
 /// What a summary is doing, in order.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 #[serde(tag = "stage", rename_all = "snake_case")]
 pub enum Progress {
     /// Before any work: the mode and the token count.
-    Planned { plan: Plan },
+    Planned {
+        #[serde(flatten)]
+        plan: Plan,
+    },
     /// Prompt tokens read for chunk `chunk` of `chunks` (the whole text is one chunk).
     Prefill { chunk: usize, chunks: usize, done_tokens: usize, total_tokens: usize },
     /// A chunk's summary is done (`done` of `chunks`).
@@ -61,35 +72,62 @@ pub enum SummaryError {
     Engine(#[from] hillside_engine::Error),
     #[error("the engine refused the summary: {0}")]
     Refused(String),
+    #[error(transparent)]
+    Prompt(#[from] PromptError),
     #[error("a context of {0} tokens is too small to merge summaries (two need about {min})", min = RESERVE_TOKENS + 2 * SUMMARY_WITH_EVIDENCE_TOKENS)]
     ContextTooSmall(usize),
 }
 
-/// Summarizes `doc` with the model `engine` holds, through `scheduler` (whose sequences have
-/// `context_tokens`), reporting `on_progress`; stops early once `cancel` is set.
-pub fn summarize(
-    engine: &Engine,
-    scheduler: &Scheduler,
-    context_tokens: usize,
-    doc: &Document,
-    cancel: &CancelFlag,
-    on_progress: &mut dyn FnMut(Progress),
-) -> Result<DocumentSummary, SummaryError> {
-    let count = |s: &str| engine.tokenizer().encode(s).map_or(s.len() / 4, |t| t.len());
+/// What summaries and questions run on.
+pub struct Runner<'a> {
+    pub engine: &'a Engine,
+    pub scheduler: &'a Scheduler,
+    /// Tokens of each sequence's context (the scheduler's).
+    pub context_tokens: usize,
+    /// Where documents' K/V is kept for the questions that follow; `None` keeps nothing.
+    pub kv_cache: Option<&'a Arc<DocumentKvCache>>,
+}
+
+impl Runner<'_> {
+    pub(crate) fn count_tokens(&self, text: &str) -> usize {
+        self.engine.tokenizer().encode(text).map_or(text.len() / 4, |t| t.len())
+    }
+
+    /// A prompt on `excerpts` ((name, text) pairs, from the library's document `ids`), with its
+    /// document prefix kept if the runner keeps any.
+    pub(crate) fn document_request(&self, ids: &[String], excerpts: &[(&str, &str)], messages: &[ChatMessage]) -> Result<Request, PromptError> {
+        let prompt = document_prompt(self.engine, excerpts, messages)?;
+        let prefix = self.kv_cache.map(|cache| cache.prefix(ids, &prompt.tokens[..prompt.prefix_tokens]));
+        Ok(Request { tokens: prompt.tokens, prefix })
+    }
+}
+
+/// A prompt for the scheduler, with the K/V of its document prefix where it is kept.
+pub struct Request {
+    pub tokens: Vec<u32>,
+    pub prefix: Option<Box<dyn KeptPrefix>>,
+}
+
+/// Summarizes `doc` (the library's document `id`) through `runner`, reporting `on_progress`;
+/// stops early once `cancel` is set.
+pub fn summarize(runner: &Runner<'_>, doc: &Document, id: &str, cancel: &CancelFlag, on_progress: &mut dyn FnMut(Progress)) -> Result<DocumentSummary, SummaryError> {
+    let (context_tokens, count) = (runner.context_tokens, |s: &str| runner.count_tokens(s));
     let plan = plan(doc, context_tokens, RESERVE_TOKENS, &count)?;
     on_progress(Progress::Planned { plan: plan.clone() });
     let index = SourceIndex::new(doc);
+    let ids = [id.to_string()];
+    let document = |range: Range<usize>, task: &str| runner.document_request(&ids, &[(doc.name.as_str(), &doc.text[range])], &[ChatMessage::new("user", task)]);
     let text = match &plan.mode {
         Mode::Whole => {
-            let prompt = instruction(&doc.text, "Summarize this document in 5 to 8 short bullet points, one per line, each starting with \"- \".");
-            run_all(engine, scheduler, vec![prompt], cancel, on_progress)?.remove(0)
+            let request = document(0..doc.text.len(), "Summarize this document in 5 to 8 short bullet points, one per line, each starting with \"- \".")?;
+            run_all(runner, vec![request], cancel, on_progress)?.remove(0)
         }
         Mode::Hierarchical { chunks, .. } => {
-            let prompts = chunks
+            let requests = chunks
                 .iter()
-                .map(|c| instruction(&doc.text[c.clone()], "Summarize this part of a longer document in 3 to 5 short bullet points, one per line, each starting with \"- \"."))
-                .collect();
-            let mut notes: Vec<String> = run_all(engine, scheduler, prompts, cancel, on_progress)?;
+                .map(|c| document(c.clone(), "Summarize this part of a longer document in 3 to 5 short bullet points, one per line, each starting with \"- \"."))
+                .collect::<Result<_, _>>()?;
+            let mut notes: Vec<String> = run_all(runner, requests, cancel, on_progress)?;
             let mut level = 0;
             while notes.len() > 1 {
                 level += 1;
@@ -99,8 +137,8 @@ pub fn summarize(
                     return Err(SummaryError::ContextTooSmall(context_tokens)); // merging would never end
                 }
                 on_progress(Progress::Merging { level, groups: groups.len() });
-                let prompts = groups.iter().map(|g| merge_prompt(g)).collect();
-                notes = run_all(engine, scheduler, prompts, cancel, &mut |_| {})?;
+                let requests = groups.iter().map(|g| Ok(Request { tokens: runner.engine.chat_prompt(&merge_prompt(g))?, prefix: None })).collect::<Result<_, SummaryError>>()?;
+                notes = run_all(runner, requests, cancel, &mut |_| {})?;
             }
             notes.remove(0)
         }
@@ -110,9 +148,6 @@ pub fn summarize(
     Ok(DocumentSummary { plan, points })
 }
 
-fn instruction(text: &str, task: &str) -> Vec<ChatMessage> {
-    vec![ChatMessage::new("user", &format!("{task}\n\n---\n{}\n---", text.trim()))]
-}
 
 /// A note's points, each with the passage behind it quoted as evidence.
 fn evidence_block(note: &str, index: &SourceIndex<'_>) -> String {
@@ -155,7 +190,8 @@ fn token_groups(blocks: &[String], budget: usize, count: &dyn Fn(&str) -> usize)
 /// A merge of notes on consecutive parts, with their evidence.
 fn merge_prompt(blocks: &[String]) -> Vec<ChatMessage> {
     let body: String = blocks.iter().enumerate().map(|(i, b)| format!("Part {}:\n{b}", i + 1)).collect();
-    instruction(&body, "These are notes on consecutive parts of one document, each with a passage quoted from it as evidence. Summarize the whole document in 5 to 8 short bullet points, one per line, each starting with \"- \". Keep only what the evidence supports.")
+    let task = "These are notes on consecutive parts of one document, each with a passage quoted from it as evidence. Summarize the whole document in 5 to 8 short bullet points, one per line, each starting with \"- \". Keep only what the evidence supports.";
+    vec![ChatMessage::new("user", format!("{task}\n\n---\n{body}\n---"))]
 }
 
 /// The lines of a reply that are list items (or, if it has none, its sentences), each on one
@@ -170,38 +206,52 @@ pub fn points(reply: &str) -> Vec<String> {
 }
 
 fn raw_points(reply: &str) -> Vec<String> {
-    let items: Vec<String> = reply
-        .lines()
-        .map(str::trim)
-        .filter_map(|l| {
-            let rest = l.strip_prefix("- ").or_else(|| l.strip_prefix("* ")).or_else(|| l.strip_prefix("• ")).or_else(|| {
-                let digits = l.bytes().take_while(u8::is_ascii_digit).count();
-                (digits > 0).then(|| l[digits..].strip_prefix(". ")).flatten()
-            })?;
-            Some(rest.trim().to_string())
-        })
-        .filter(|p| !p.is_empty())
-        .collect();
+    let item = |l: &str| -> Option<String> {
+        let rest = l.strip_prefix("- ").or_else(|| l.strip_prefix("* ")).or_else(|| l.strip_prefix("• ")).or_else(|| {
+            let digits = l.bytes().take_while(u8::is_ascii_digit).count();
+            (digits > 0).then(|| l[digits..].strip_prefix(". ")).flatten()
+        })?;
+        Some(rest.trim().to_string())
+    };
+    let mut items: Vec<String> = Vec::new();
+    // Whether the line before was part of an item: a model wraps long items onto more lines.
+    let mut in_item = false;
+    for line in reply.lines().map(str::trim) {
+        match item(line) {
+            Some(text) => {
+                items.push(text);
+                in_item = true;
+            }
+            None if line.is_empty() => in_item = false,
+            None if in_item => {
+                let last = items.last_mut().expect("in an item");
+                last.push(' ');
+                last.push_str(line);
+            }
+            None => {}
+        }
+    }
+    items.retain(|p| !p.is_empty());
     if !items.is_empty() {
         return items;
     }
     reply.split_inclusive(". ").map(|s| s.trim().to_string()).filter(|s| s.len() > 2).collect()
 }
 
-/// Runs every prompt through the scheduler at once (it batches them) and returns the replies
-/// in order; prefill progress is reported per prompt.
-fn run_all(engine: &Engine, scheduler: &Scheduler, prompts: Vec<Vec<ChatMessage>>, cancel: &CancelFlag, on_progress: &mut dyn FnMut(Progress)) -> Result<Vec<String>, SummaryError> {
-    let n = prompts.len();
+/// Runs every request through the scheduler at once (it batches them) and returns the replies
+/// in order; prefill progress is reported per request.
+fn run_all(runner: &Runner<'_>, requests: Vec<Request>, cancel: &CancelFlag, on_progress: &mut dyn FnMut(Progress)) -> Result<Vec<String>, SummaryError> {
+    let n = requests.len();
     // Greedy, so a summary is reproducible; with llama.cpp's repeat penalty, without which a
     // small model over a long prompt says its first point again and again.
     let sampling = SamplingParams { repeat_penalty: 1.1, ..SamplingParams::greedy() };
     let params = GenerateParams { max_tokens: SUMMARY_TOKENS, sampling, ..GenerateParams::default() };
     let (tx, rx) = mpsc::channel::<(usize, Update)>();
     let mut tickets = Vec::with_capacity(n);
-    for (i, messages) in prompts.iter().enumerate() {
-        let tokens = engine.chat_prompt(messages)?;
+    for (i, request) in requests.into_iter().enumerate() {
         let tx = tx.clone();
-        let ticket = scheduler.submit(tokens, params.clone(), Box::new(move |u| tx.send((i, u)).is_ok())).map_err(|e| SummaryError::Refused(e.to_string()))?;
+        let sink = Box::new(move |u| tx.send((i, u)).is_ok());
+        let ticket = runner.scheduler.submit_with_prefix(request.tokens, request.prefix, params.clone(), sink).map_err(|e| SummaryError::Refused(e.to_string()))?;
         tickets.push(ticket);
     }
     drop(tx);
@@ -235,4 +285,16 @@ fn run_all(engine: &Engine, scheduler: &Scheduler, prompts: Vec<Vec<ChatMessage>
         tickets.iter().for_each(|t| t.cancel());
     }
     result.map(|()| replies)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn points_are_list_items_with_their_wrapped_lines_each_said_once() {
+        let reply = "Here is the summary:\n- The GPL is a free software license for the GNU General Public\n  License family.\n2. Anyone may copy it.\n\nThat is all.\n* anyone may  copy it.";
+        assert_eq!(points(reply), ["The GPL is a free software license for the GNU General Public License family.", "Anyone may copy it."]);
+        assert_eq!(points("It is short. It has no list."), ["It is short.", "It has no list."]);
+    }
 }

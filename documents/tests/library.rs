@@ -2,6 +2,7 @@
 //! and a process killed with SIGKILL in the middle of adding leaves every committed document
 //! whole.
 
+use hillside_documents::summarize::Point;
 use hillside_documents::{read_bytes, Library, Limits};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -30,12 +31,13 @@ fn entries_round_trip_and_the_same_bytes_are_one_document() {
     let again = lib.add(&renamed, &bytes).unwrap();
     assert_eq!((again.id.as_str(), again.name.as_str(), again.created_s), (entry.id.as_str(), "copy.md", entry.created_s));
     assert_eq!(lib.list().unwrap().len(), 1);
-    let summarized = lib.update(&entry.id, |e| e.summary = Some("About milk.".into())).unwrap().unwrap();
-    assert_eq!(summarized.summary.as_deref(), Some("About milk."));
+    let points = vec![Point { text: "About milk.".into(), sources: Vec::new() }];
+    let summarized = lib.update(&entry.id, |e| e.summary = Some(points.clone())).unwrap().unwrap();
+    assert_eq!(summarized.summary.as_ref(), Some(&points));
     drop(lib);
     // Reopened: still there.
     let lib = Library::open(&dir.join("library.redb")).unwrap();
-    assert_eq!(lib.get(&entry.id).unwrap().unwrap().summary.as_deref(), Some("About milk."));
+    assert_eq!(lib.get(&entry.id).unwrap().unwrap().summary, Some(points));
     assert!(lib.remove(&entry.id).unwrap() && !lib.remove(&entry.id).unwrap());
     assert!(lib.list().unwrap().is_empty() && lib.text(&entry.id).unwrap().is_none());
     let _ = std::fs::remove_dir_all(dir);

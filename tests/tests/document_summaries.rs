@@ -4,12 +4,16 @@
 mod common;
 
 use hillside_documents::chunks::Mode;
+use hillside_documents::kv_cache::DocumentKvCache;
+use hillside_documents::library::Library;
+use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{summarize, Progress};
+use hillside_documents::summarize::{summarize, Progress, Runner};
 use hillside_documents::{read_file, read_bytes, Limits};
 use hillside_engine::kv::KvConfig;
-use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
-use hillside_engine::{CancelFlag, Engine};
+use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
+use hillside_engine::{CancelFlag, ChatMessage, Engine, GenerateParams};
+use std::sync::atomic::Ordering;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +23,10 @@ fn scheduler(engine: &Arc<Engine>, context: usize) -> Scheduler {
     Scheduler::start(engine.clone(), config)
 }
 
+fn runner<'a>(engine: &'a Engine, scheduler: &'a Scheduler, context_tokens: usize) -> Runner<'a> {
+    Runner { engine, scheduler, context_tokens, kv_cache: None }
+}
+
 #[test]
 fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
     let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
@@ -26,7 +34,7 @@ fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
     let doc = read_file(&path, &Limits::default()).unwrap();
     let scheduler = scheduler(&engine, 8192);
     let mut progress = Vec::new();
-    let summary = summarize(&engine, &scheduler, 8192, &doc, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
+    let summary = summarize(&runner(&engine, &scheduler, 8192), &doc, "doc", &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
     eprintln!("{} tokens; points:", summary.plan.tokens);
     for p in &summary.points {
         eprintln!("- {} ({} sources)", p.text, p.sources.len());
@@ -58,8 +66,12 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     let start = text.find("It is a truth universally acknowledged").unwrap();
     let doc = read_bytes("pride.txt", text[start..start + 34_000].as_bytes(), &Limits::default()).unwrap();
     let scheduler = scheduler(&engine, 2048);
+    let dir = std::env::temp_dir().join(format!("hillside-chunks-{}", std::process::id()));
+    let library = Arc::new(Library::open(&dir.join("library.redb")).unwrap());
+    let cache = DocumentKvCache::open(library, &dir.join("kv"), 1 << 30, "smollm2-test").unwrap();
+    let runner = Runner { kv_cache: Some(&cache), ..runner(&engine, &scheduler, 2048) };
     let mut progress = Vec::new();
-    let summary = summarize(&engine, &scheduler, 2048, &doc, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
+    let summary = summarize(&runner, &doc, "doc", &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
     let Mode::Hierarchical { chunks, levels } = &summary.plan.mode else { panic!("{:?}", summary.plan) };
     assert!(chunks.len() >= 4 && *levels >= 2, "{} chunks, {levels} levels planned", chunks.len());
     // Planned, then every chunk's prefill and summary, then the merges, then done.
@@ -77,6 +89,28 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     assert!(!merges.is_empty() && merges.len() <= *levels, "{merges:?}, {levels} planned");
     assert!(merges.iter().enumerate().all(|(i, &level)| level == i + 1), "{merges:?}");
     assert!(!summary.points.is_empty() && summary.points.iter().any(|p| !p.sources.is_empty()), "{:?}", summary.points);
+
+    // Each chunk's K/V was kept; a question goes to the chunk holding its words and prefills
+    // only itself.
+    assert_eq!(cache.stats.saved.load(Ordering::Relaxed), chunks.len() as u64);
+    let third = &doc.text[chunks[2].clone()];
+    let name = third.split_whitespace().find(|w| w.len() > 5 && w.chars().all(char::is_alphabetic) && w.starts_with(char::is_uppercase)).unwrap_or("Bennet");
+    let asked = format!("What does the text say about {name}?");
+    let q = question(&runner, &[("doc".to_string(), doc.clone())], &[ChatMessage::new("user", &asked)]).unwrap();
+    let chunk = q.excerpts[0].chunk.expect("a chunk, not the whole text");
+    assert!(doc.text[chunks[chunk - 1].clone()].contains(name), "{asked} went to chunk {chunk}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let params = GenerateParams { max_tokens: 8, ..GenerateParams::default() };
+    scheduler.submit_with_prefix(q.request.tokens, q.request.prefix, params, Box::new(move |u| tx.send(u).is_ok())).unwrap();
+    let done = loop {
+        if let Update::Done(done) = rx.recv().unwrap() {
+            break done.unwrap();
+        }
+    };
+    assert!(done.prompt_tokens - done.reused_tokens < 40, "{done:?}");
+    assert_eq!(cache.stats.loaded.load(Ordering::Relaxed), 1, "the chunk's K/V came from its file");
+    drop(cache);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
@@ -87,7 +121,7 @@ fn a_cancelled_summary_ends_at_once_and_leaves_no_sequence_behind() {
     let scheduler = scheduler(&engine, 2048);
     let cancel = CancelFlag::default();
     let mut seen = Vec::new();
-    let result = summarize(&engine, &scheduler, 2048, &doc, &cancel, &mut |p| {
+    let result = summarize(&runner(&engine, &scheduler, 2048), &doc, "doc", &cancel, &mut |p| {
         if matches!(p, Progress::Prefill { done_tokens, .. } if done_tokens > 0) {
             cancel.cancel(); // mid-prefill of the batched chunks
         }
