@@ -102,11 +102,12 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
             // Each request is a new conversation: nothing to reuse.
             cached_sequences: 0,
         },
+        documents: None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
-    let app = App::new(engine, config);
+    let app = App::new(engine, config).map_err(anyhow::Error::msg)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = std::thread::spawn(move || runtime.block_on(hillside_server::serve(listener, app, async { stopped.await.ok(); })));
 

@@ -32,6 +32,16 @@ pub struct FileConfig {
     pub threads: Option<usize>,
     pub kv: KvConfig,
     pub server: ServerFile,
+    pub documents: DocumentsFile,
+}
+
+/// `[documents]`: where documents and their kept K/V live (flags of the same names win).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DocumentsFile {
+    pub dir: Option<PathBuf>,
+    pub kv_quota_gb: Option<f64>,
+    pub max_file_mb: Option<u64>,
 }
 
 /// `[server]`: what `hillside serve`'s flags set (each flag wins over its key).

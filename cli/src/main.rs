@@ -6,6 +6,7 @@ mod bench_serve;
 mod chat;
 mod config;
 mod devices;
+mod docs;
 mod eval;
 mod models;
 mod serve;
@@ -45,8 +46,19 @@ enum Command {
     },
     /// How faithful the sparse KV stores are to the full cache (perplexity, top-1 agreement).
     Eval(eval::EvalArgs),
-    /// Serve an OpenAI-compatible API on 127.0.0.1 (chat and text completions, streamed or not).
+    /// Serve an OpenAI-compatible API on 127.0.0.1 (chat and text completions, streamed or not,
+    /// and documents to summarize and ask about).
     Serve(serve::ServeArgs),
+    /// Summarize documents (text, Markdown, HTML, PDF, DOCX, EPUB) with the sources of each
+    /// point; several files, or a folder, go as one batch. Adds them to the library.
+    Summarize(docs::SummarizeArgs),
+    /// Ask a question about a document (a file, or a library id); its kept K/V is reused.
+    Ask(docs::AskArgs),
+    /// The document library.
+    Docs {
+        #[command(subcommand)]
+        command: docs::DocsCommand,
+    },
     /// Storage-side scoring hardware: XRT, SmartSSD cards, the kernel's xclbin, P2P.
     Devices(devices::DevicesArgs),
     /// Measure the engine.
@@ -331,6 +343,9 @@ fn run(cli: Cli) -> Result<()> {
         },
         Command::Eval(args) => eval::eval(&args),
         Command::Serve(args) => serve::serve(&args),
+        Command::Summarize(args) => docs::summarize_files(&args),
+        Command::Ask(args) => docs::ask(&args),
+        Command::Docs { command } => docs::docs(&command),
         Command::Devices(args) => devices::devices(&args),
         Command::Bench { command } => match command {
             BenchCommand::Decode(args) => bench::decode(&args),

@@ -1,5 +1,6 @@
 //! `hillside serve`: the local OpenAI-compatible endpoint over the loaded model.
 
+use crate::docs::DocumentsArgs;
 use crate::{config, load_engine, models, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
@@ -13,6 +14,8 @@ use std::sync::Arc;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub documents: DocumentsArgs,
     /// Address to listen on; anything but loopback exposes the model to the network
     /// [default: 127.0.0.1].
     #[arg(long)]
@@ -71,6 +74,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             context_tokens: args.model.context(),
             cached_sequences: args.cached_sequences.or(file.cached_sequences).unwrap_or(2),
         },
+        documents: Some(args.documents.config(&path)?),
     };
     if !host.is_loopback() {
         tracing::warn!(%host, "listening beyond this machine: anyone who can reach it can use the model");
@@ -81,7 +85,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(SocketAddr::new(host, port)).await.with_context(|| format!("listening on {host}:{port}"))?;
         let addr = listener.local_addr()?;
-        let app = App::new(engine, config);
+        let app = App::new(engine, config).map_err(|e| anyhow::anyhow!("{e} (is another Hillside using it?)"))?;
         println!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id);
         hillside_server::serve(listener, app, shutdown_signal()).await.context("serving")
     })?;

@@ -60,7 +60,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, code: Option<&'static str>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, kind: &'static str, code: Option<&'static str>, message: impl Into<String>) -> Self {
         Self { status, detail: ErrorDetail { message: message.into(), kind, param: None, code }, retry_after_s: None }
     }
 

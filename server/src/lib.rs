@@ -2,10 +2,12 @@
 //!
 //! `/v1/chat/completions`, `/v1/completions` (streamed or not), `/v1/models`, `/health`,
 //! `/openapi.json`, and Hillside's own `/v1/hillside/sequences` (KV tier stats of every live
-//! sequence) and `/v1/hillside/config`. Loopback by default, optional API key, a body limit,
+//! sequence), `/v1/hillside/config` and `/v1/hillside/documents` (a library of documents to
+//! summarize and ask about). Loopback by default, optional API key, a body limit,
 //! CORS only for origins the user names.
 
 mod auth;
+mod documents;
 mod error;
 mod extract;
 mod openapi;
@@ -13,6 +15,7 @@ mod routes;
 mod run;
 pub mod types;
 
+pub use documents::DocumentsConfig;
 pub use error::{ApiError, ErrorBody};
 
 use axum::extract::DefaultBodyLimit;
@@ -20,6 +23,7 @@ use axum::http::{HeaderValue, Method};
 use axum::routing::{get, post};
 use axum::Router;
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
+use documents::Documents;
 use hillside_engine::Engine;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +48,8 @@ pub struct ServerConfig {
     pub shutdown_grace_s: u64,
     #[serde(skip)]
     pub scheduler: SchedulerConfig,
+    /// Where documents and their kept K/V live; `None`: the documents routes are off.
+    pub documents: Option<DocumentsConfig>,
 }
 
 /// Shared by every request.
@@ -51,16 +57,26 @@ pub struct App {
     pub engine: Arc<Engine>,
     pub scheduler: Scheduler,
     pub config: ServerConfig,
+    documents: Option<Documents>,
     /// Response ids: a random per-process prefix and a counter.
     id_prefix: String,
     next_id: AtomicU64,
 }
 
 impl App {
-    pub fn new(engine: Arc<Engine>, config: ServerConfig) -> Arc<Self> {
+    /// Opens the document library (if configured) and starts the scheduler; `Err` says why
+    /// the library cannot be opened (another Hillside holds it, say).
+    pub fn new(engine: Arc<Engine>, config: ServerConfig) -> Result<Arc<Self>, String> {
+        let documents = config.documents.as_ref().map(Documents::open).transpose()?;
         let scheduler = Scheduler::start(engine.clone(), config.scheduler.clone());
         let id_prefix = format!("{:08x}", rand::random::<u32>());
-        Arc::new(Self { engine, scheduler, config, id_prefix, next_id: AtomicU64::new(1) })
+        Ok(Arc::new(Self { engine, scheduler, config, documents, id_prefix, next_id: AtomicU64::new(1) }))
+    }
+
+    fn documents(&self) -> Result<&Documents, ApiError> {
+        self.documents.as_ref().ok_or_else(|| {
+            ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("documents_off"), "This server keeps no documents (it was started without a data folder).")
+        })
     }
 
     /// A fresh response id such as `chatcmpl-1a2b3c4d-7`.
@@ -90,6 +106,8 @@ pub fn unix_now_s() -> u64 {
 
 /// Every route, with the key check, the body limit and (when origins are configured) CORS.
 pub fn router(app: Arc<App>) -> Router {
+    // An upload carries a whole document (and the multipart framing around it).
+    let upload_limit = app.config.documents.as_ref().map_or(0, |d| d.max_file_bytes as usize + 64 * 1024).max(app.config.max_body_bytes);
     let mut router = Router::new()
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
         .route("/v1/completions", post(routes::completions::completions))
@@ -97,6 +115,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models/{id}", get(routes::info::model))
         .route("/v1/hillside/sequences", get(routes::info::sequences))
         .route("/v1/hillside/config", get(routes::info::config))
+        .route("/v1/hillside/documents", post(routes::documents::add).get(routes::documents::list).layer(DefaultBodyLimit::max(upload_limit)))
+        .route("/v1/hillside/documents/{id}", get(routes::documents::get).delete(routes::documents::delete))
+        .route("/v1/hillside/documents/{id}/summary", post(routes::documents::summary))
         .route("/openapi.json", get(openapi::document))
         .layer(axum::middleware::from_fn_with_state(app.clone(), auth::require_key))
         .route("/health", get(routes::info::health))
@@ -108,7 +129,7 @@ pub fn router(app: Arc<App>) -> Router {
         router = router.layer(
             tower_http::cors::CorsLayer::new()
                 .allow_origin(origins)
-                .allow_methods([Method::GET, Method::POST])
+                .allow_methods([Method::GET, Method::POST, Method::DELETE])
                 .allow_headers([axum::http::header::AUTHORIZATION, axum::http::header::CONTENT_TYPE]),
         );
     }

@@ -1,6 +1,6 @@
 //! `GET /openapi.json`, generated from the route annotations and the wire types.
 
-use crate::routes::{chat, completions, info};
+use crate::routes::{chat, completions, documents, info};
 use axum::Json;
 use utoipa::OpenApi;
 
@@ -15,8 +15,13 @@ use utoipa::OpenApi;
         info::health,
         info::sequences,
         info::config,
+        documents::add,
+        documents::list,
+        documents::get,
+        documents::delete,
+        documents::summary,
     ),
-    components(schemas(crate::types::ChatCompletionChunk))
+    components(schemas(crate::types::ChatCompletionChunk, crate::types::ChatExtension))
 )]
 struct ApiDoc;
 

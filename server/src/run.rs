@@ -8,7 +8,7 @@ use crate::types::{SamplingFields, Stop};
 use crate::App;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
-use hillside_engine::scheduler::{Ticket, Update};
+use hillside_engine::scheduler::{KeptPrefix, Ticket, Update};
 use hillside_engine::{Event, FinishReason, GenerateParams, SamplingParams, Summary, TokenLogprob};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -75,11 +75,12 @@ impl Drop for Running {
     }
 }
 
-pub fn submit(app: &App, prompt: Vec<u32>, params: GenerateParams) -> Result<Running, ApiError> {
+/// Submits `prompt`, whose first tokens' K/V may be kept elsewhere (`prefix`: a document's).
+pub fn submit(app: &App, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams) -> Result<Running, ApiError> {
     let (tx, updates) = mpsc::unbounded_channel();
     // Unbounded, so the scheduler never waits on a slow client; a generation is bounded by
     // its max_tokens anyway.
-    let ticket = app.scheduler.submit(prompt, params, Box::new(move |u| tx.send(u).is_ok()))?;
+    let ticket = app.scheduler.submit_with_prefix(prompt, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
     Ok(Running { updates, ticket })
 }
 

@@ -55,6 +55,38 @@ pub struct ChatCompletionRequest {
     /// Alternatives per token with `logprobs` (0–20).
     #[serde(default)]
     pub top_logprobs: Option<usize>,
+    /// Hillside's extension: ask about documents of the library.
+    #[serde(default)]
+    pub hillside: Option<ChatExtension>,
+}
+
+/// `"hillside": {"documents": [id, …]}` in a chat request: the documents (ids from
+/// `/v1/hillside/documents`) are put before the first user message, so that the model answers
+/// about them. Their K/V, kept since their summary or an earlier question, is reused: only the
+/// conversation is prefilled (see `usage.prompt_tokens_details.cached_tokens`). A document
+/// longer than the context is represented by its chunk that best matches the last user
+/// message (a lexical match: the message's rarer words).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct ChatExtension {
+    pub documents: Vec<String>,
+}
+
+/// What of each document a reply read.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChatExtensionReply {
+    pub documents: Vec<DocumentExcerpt>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DocumentExcerpt {
+    pub id: String,
+    /// Bytes of the document's text the prompt held.
+    pub start: usize,
+    pub end: usize,
+    /// The chunk (from 1, of `chunks`) chosen for the question; absent when the whole text was read.
+    pub chunk: Option<usize>,
+    pub chunks: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -131,6 +163,9 @@ pub struct ChatCompletion {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// With the `hillside.documents` extension: what of each document was read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hillside: Option<ChatExtensionReply>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -3,101 +3,15 @@
 
 mod common;
 
+use common::server::{agent, config, Server, MODEL};
+
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::{Phase, SchedulerConfig};
-use hillside_engine::Engine;
-use hillside_server::{App, ServerConfig};
+use hillside_server::ServerConfig;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-
-const MODEL: &str = "smollm2-135m-instruct";
-
-fn engine() -> Arc<Engine> {
-    static ENGINE: OnceLock<Arc<Engine>> = OnceLock::new();
-    ENGINE.get_or_init(|| Arc::new(Engine::load(&common::model_path()).unwrap())).clone()
-}
-
-fn config() -> ServerConfig {
-    ServerConfig {
-        model_id: MODEL.into(),
-        model_aliases: vec!["SmolLM2-135M-Instruct.Q4_1.gguf".into()],
-        installed_models: vec![MODEL.into()],
-        api_key: None,
-        max_body_bytes: 1_000_000,
-        cors_origins: Vec::new(),
-        shutdown_grace_s: 1,
-        scheduler: SchedulerConfig { max_live: 4, max_queued: 32, kv: KvConfig::default(), context_tokens: Some(2048), cached_sequences: 2 },
-    }
-}
-
-/// A server on a free loopback port, stopped (gracefully) on drop.
-struct Server {
-    base: String,
-    app: Arc<App>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Server {
-    fn start(config: ServerConfig) -> Self {
-        let app = App::new(engine(), config);
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let served = app.clone();
-        let thread = std::thread::spawn(move || {
-            runtime.block_on(hillside_server::serve(listener, served, async { stopped.await.ok(); })).unwrap();
-        });
-        Self { base, app, stop: Some(stop), thread: Some(thread) }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn get(&self, path: &str) -> (u16, Value) {
-        let mut r = agent().get(&self.url(path)).call().unwrap();
-        (r.status().as_u16(), serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap())
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.post_raw(path, &body.to_string(), &[])
-    }
-
-    fn post_raw(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, Value) {
-        let mut req = agent().post(&self.url(path)).header("Content-Type", "application/json");
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let mut r = req.send(body).unwrap();
-        let status = r.status().as_u16();
-        let text = r.body_mut().read_to_string().unwrap();
-        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
-    }
-
-    /// A streamed request: every `data:` payload, `[DONE]` included.
-    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let r = agent().post(&self.url(path)).header("Content-Type", "application/json").send(body.to_string()).unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-        let lines = BufReader::new(r.into_body().into_reader()).lines();
-        lines.map(Result::unwrap).filter_map(|l| l.strip_prefix("data: ").map(str::to_string)).collect()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        let _ = self.thread.take().unwrap().join();
-    }
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(120))).build().into()
-}
 
 fn shared() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();

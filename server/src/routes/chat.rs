@@ -3,6 +3,7 @@
 
 use crate::error::{ApiError, GenerationErrors};
 use crate::extract::JsonBody;
+use crate::routes::documents;
 use crate::run::{self, Piece};
 use crate::types::*;
 use crate::{unix_now_s, App};
@@ -32,10 +33,16 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
         (true, n) => Some(n.unwrap_or(0)),
         (false, None) => None,
     };
-    let prompt = run::blocking(&app, move |app| app.engine.chat_prompt(&messages).map_err(ApiError::from)).await?;
+    let documents = req.hillside.as_ref().map(|h| h.documents.clone()).unwrap_or_default();
+    let (prompt, prefix, read) = if documents.is_empty() {
+        (run::blocking(&app, move |app| app.engine.chat_prompt(&messages).map_err(ApiError::from)).await?, None, None)
+    } else {
+        let (request, read) = run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
+        (request.tokens, request.prefix, Some(read))
+    };
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
     let params = run::params(&app, &req.sampling, max_tokens, prompt.len(), top_logprobs)?;
-    let running = run::submit(&app, prompt, params)?;
+    let running = run::submit(&app, prompt, prefix, params)?;
     let head = Head { id: app.response_id("chatcmpl"), created: unix_now_s(), model: app.config.model_id.clone() };
     let with_logprobs = top_logprobs.is_some();
     if !req.sampling.stream.unwrap_or(false) {
@@ -52,6 +59,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
                 finish_reason: run::finish_reason(summary.finish_reason),
             }],
             usage: Usage::of(&summary),
+            hillside: read,
         })
         .into_response());
     }

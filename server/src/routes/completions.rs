@@ -44,7 +44,7 @@ pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<Co
         }
     };
     let params = run::params(&app, &req.sampling, req.sampling.max_tokens, prompt.len(), req.logprobs)?;
-    let running = run::submit(&app, prompt, params)?;
+    let running = run::submit(&app, prompt, None, params)?;
     let (id, created, model) = (app.response_id("cmpl"), unix_now_s(), app.config.model_id.clone());
     let with_logprobs = req.logprobs.is_some();
     let response = move |text: String, logprobs: Option<CompletionLogprobs>, finish_reason: Option<&'static str>, usage: Option<Option<Usage>>| Completion {

@@ -2,4 +2,5 @@
 
 pub mod chat;
 pub mod completions;
+pub mod documents;
 pub mod info;

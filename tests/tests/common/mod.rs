@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod server;
+
 use std::path::PathBuf;
 
 /// The default model, fetched by `make test` (`python3 models/fetch.py`).

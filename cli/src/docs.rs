@@ -1,0 +1,335 @@
+//! `hillside summarize`, `hillside ask` and `hillside docs`: documents from the command line, on
+//! the same library and kept K/V as `hillside serve` (one Hillside at a time holds the library).
+
+use crate::{config, load_engine, models, ModelArgs};
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use hillside_documents::chunks::Mode;
+use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
+use hillside_documents::questions::question;
+use hillside_documents::sources::Source;
+use hillside_documents::summarize::{summarize, DocumentSummary, Progress, Runner};
+use hillside_documents::{read_file, Document, Library, Limits, Locator};
+use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
+use hillside_engine::{CancelFlag, ChatMessage, Engine, Event};
+use hillside_server::DocumentsConfig;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where documents are kept, for every command that uses them.
+#[derive(Args, Clone, Default)]
+pub struct DocumentsArgs {
+    /// Folder of the document library and its kept K/V [default: ~/.local/share/hillside/documents].
+    #[arg(long, env = "HILLSIDE_DOCUMENTS_DIR")]
+    pub documents_dir: Option<PathBuf>,
+    /// Disk the kept K/V of documents may take, in GB; the least recently used go first [default: 4].
+    #[arg(long)]
+    pub kv_quota_gb: Option<f64>,
+    /// Largest document file, in MB [default: 256].
+    #[arg(long)]
+    pub max_file_mb: Option<u64>,
+}
+
+impl DocumentsArgs {
+    /// These flags over the config file's `[documents]` table over the defaults, for `model`.
+    pub fn config(&self, model: &Path) -> Result<DocumentsConfig> {
+        let file = &config::get().documents;
+        let dir = self.documents_dir.clone().or_else(|| file.dir.clone()).unwrap_or_else(|| dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("hillside").join("documents"));
+        let quota_gb = self.kv_quota_gb.or(file.kv_quota_gb).unwrap_or(4.0);
+        if !(quota_gb >= 0.0) {
+            bail!("kv_quota_gb must be 0 or more");
+        }
+        Ok(DocumentsConfig {
+            dir,
+            kv_quota_bytes: (quota_gb * 1e9) as u64,
+            max_file_bytes: self.max_file_mb.or(file.max_file_mb).unwrap_or(256) * 1_000_000,
+            model_key: model_fingerprint(model).with_context(|| format!("reading {}", model.display()))?,
+            local_paths: false,
+        })
+    }
+}
+
+/// The library and the kept K/V for `model`.
+fn open(args: &DocumentsArgs, model: &Path) -> Result<(DocumentsConfig, Arc<Library>, Arc<DocumentKvCache>)> {
+    let config = args.config(model)?;
+    let library = Library::open(&config.dir.join("library.redb")).map_err(|e| anyhow::anyhow!("{e} (is another Hillside, such as `hillside serve`, using it?)"))?;
+    let library = Arc::new(library);
+    let kv = DocumentKvCache::open(library.clone(), &config.dir.join("kv"), config.kv_quota_bytes, &config.model_key)
+        .with_context(|| format!("opening {}", config.dir.join("kv").display()))?;
+    Ok((config, library, kv))
+}
+
+#[derive(Args)]
+pub struct SummarizeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub documents: DocumentsArgs,
+    /// Files, or folders (every file in them); several go as one batch.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Print the summaries as JSON (points with their sources) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct AskArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub documents: DocumentsArgs,
+    /// A file, or the id of a document in the library.
+    pub document: String,
+    pub question: String,
+    /// Most tokens in the answer.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+}
+
+#[derive(Subcommand)]
+pub enum DocsCommand {
+    /// The documents in the library, the most recently used first.
+    List {
+        #[command(flatten)]
+        documents: DocumentsArgs,
+        #[arg(long, short)]
+        model: Option<String>,
+    },
+    /// Forget documents (and their kept K/V).
+    Rm {
+        #[command(flatten)]
+        documents: DocumentsArgs,
+        #[arg(long, short)]
+        model: Option<String>,
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+}
+
+/// Starts the scheduler the documents run through, and the context it gives each sequence.
+fn start(engine: &Arc<Engine>, model: &ModelArgs) -> (Scheduler, usize) {
+    let context = engine.model().kv_shape(model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;
+    let config = SchedulerConfig { max_live: 4, max_queued: 1024, kv: model.kv_config(), context_tokens: model.context(), cached_sequences: 0 };
+    (Scheduler::start(engine.clone(), config), context)
+}
+
+/// Every file named, folders expanded (their files in name order, hidden ones skipped).
+fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let mut inside: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+                .collect();
+            inside.sort();
+            files.extend(inside);
+        } else {
+            files.push(path.clone());
+        }
+    }
+    Ok(files)
+}
+
+/// Reads a file and adds it to the library; its id and document.
+fn add(library: &Library, engine: &Engine, path: &Path, limits: &Limits) -> Result<(String, Document)> {
+    let doc = read_file(path, limits)?;
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let tokens = engine.tokenizer().encode(&doc.text)?.len();
+    let entry = library.add(&doc, &bytes)?;
+    library.update(&entry.id, |e| e.tokens = Some(tokens))?;
+    Ok((entry.id, doc))
+}
+
+pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
+    let model_path = models::resolve(args.model.model())?;
+    let (config, library, kv) = open(&args.documents, &model_path)?;
+    let limits = Limits { max_file_bytes: config.max_file_bytes };
+    let files = expand(&args.files)?;
+    if files.is_empty() {
+        bail!("no files to summarize");
+    }
+    let engine = Arc::new(load_engine(&args.model)?);
+    // Unreadable files are reported and skipped; the others go on.
+    let mut docs = Vec::new();
+    let mut failed = 0;
+    for path in &files {
+        match add(&library, &engine, path, &limits) {
+            Ok(doc) => docs.push(doc),
+            Err(e) => {
+                eprintln!("{}: {e:#}", path.display());
+                failed += 1;
+            }
+        }
+    }
+    let (scheduler, context) = start(&engine, &args.model);
+    let runner = Runner { engine: &engine, scheduler: &scheduler, context_tokens: context, kv_cache: Some(&kv) };
+    let bars = MultiProgress::new();
+    let style = ProgressStyle::with_template("{prefix:24!} {bar:30} {percent:>3}% {msg}").expect("valid template");
+    // One thread per document: their requests reach the scheduler together, which batches them.
+    let results: Vec<Result<DocumentSummary>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = docs
+            .iter()
+            .map(|(id, doc)| {
+                let bar = bars.add(ProgressBar::new(100).with_style(style.clone()).with_prefix(doc.name.clone()));
+                let runner = &runner;
+                scope.spawn(move || {
+                    let mut prefilled: Vec<usize> = Vec::new();
+                    let summary = summarize(runner, doc, id, &CancelFlag::default(), &mut |p| show(&bar, &mut prefilled, p));
+                    bar.finish();
+                    summary.map_err(anyhow::Error::from)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the summary thread panicked")))).collect()
+    });
+    let mut out = std::io::stdout().lock();
+    let mut all_json = Vec::new();
+    for ((id, doc), result) in docs.iter().zip(results) {
+        match result {
+            Ok(summary) => {
+                library.update(id, |e| e.summary = Some(summary.points.clone()))?;
+                if args.json {
+                    all_json.push(serde_json::json!({"id": id, "name": doc.name, "plan": summary.plan, "points": summary.points}));
+                    continue;
+                }
+                writeln!(out, "\n{} ({id})", doc.name)?;
+                for point in &summary.points {
+                    let cited: Vec<String> = point.sources.iter().map(|s| cite(&doc.text, s)).collect();
+                    let cited = if cited.is_empty() { String::new() } else { format!(" [{}]", cited.join("; ")) };
+                    writeln!(out, "- {}{cited}", point.text)?;
+                }
+            }
+            Err(e) => {
+                eprintln!("{}: {e:#}", doc.name);
+                failed += 1;
+            }
+        }
+    }
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&all_json)?)?;
+    }
+    drop(scheduler);
+    if failed > 0 {
+        bail!("{failed} of {} files could not be summarized", files.len());
+    }
+    Ok(())
+}
+
+/// Where a source is, as a reader finds it: its page or section, else its line.
+fn cite(text: &str, source: &Source) -> String {
+    match &source.locator {
+        Some(Locator::Page(p)) => format!("p. {p}"),
+        Some(Locator::Heading(h)) => format!("§ {h}"),
+        None => format!("l. {}", text[..source.bytes.start].matches('\n').count() + 1),
+    }
+}
+
+/// A progress event on `bar`: the plan first, then prefill % over every chunk, then the stages.
+fn show(bar: &ProgressBar, prefilled: &mut Vec<usize>, progress: Progress) {
+    match progress {
+        Progress::Planned { plan } => {
+            let mode = match &plan.mode {
+                Mode::Whole => "whole text".to_string(),
+                Mode::Hierarchical { chunks, levels } => format!("hierarchical: {} chunks, up to {levels} merge levels", chunks.len()),
+            };
+            // Said before any work, also where the bars are hidden (stderr is not a terminal).
+            let line = format!("{}: {} tokens, {mode}", bar.prefix(), plan.tokens);
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.println(line);
+            }
+            bar.set_length(plan.tokens.max(1) as u64);
+            bar.set_message("reading");
+        }
+        Progress::Prefill { chunk, chunks, done_tokens, .. } => {
+            prefilled.resize(chunks, 0);
+            prefilled[chunk - 1] = done_tokens;
+            bar.set_position(prefilled.iter().sum::<usize>() as u64);
+            bar.set_message(if chunks > 1 { format!("reading {chunks} chunks") } else { "reading".into() });
+        }
+        Progress::ChunkSummarized { done, chunks } => {
+            bar.set_position(bar.length().unwrap_or(0));
+            bar.set_message(if chunks > 1 { format!("summarized chunk {done}/{chunks}") } else { "summarizing".into() });
+        }
+        Progress::Merging { level, groups } => bar.set_message(format!("merging (level {level}, {groups} groups)")),
+        Progress::Done => bar.set_message("done"),
+    }
+}
+
+pub fn ask(args: &AskArgs) -> Result<()> {
+    let model_path = models::resolve(args.model.model())?;
+    let (config, library, kv) = open(&args.documents, &model_path)?;
+    let engine = Arc::new(load_engine(&args.model)?);
+    let (id, doc) = if Path::new(&args.document).exists() {
+        add(&library, &engine, Path::new(&args.document), &Limits { max_file_bytes: config.max_file_bytes })?
+    } else {
+        let (entry, doc) = library.document(&args.document)?.with_context(|| format!("{} is neither a file nor a document id (see `hillside docs list`)", args.document))?;
+        (entry.id, doc)
+    };
+    let (scheduler, context) = start(&engine, &args.model);
+    let runner = Runner { engine: &engine, scheduler: &scheduler, context_tokens: context, kv_cache: Some(&kv) };
+    let asked = question(&runner, &[(id, doc)], &[ChatMessage::new("user", &args.question)])?;
+    if let Some(chunk) = asked.excerpts[0].chunk {
+        eprintln!("(asking chunk {chunk} of {}: the one that best matches the question)", asked.excerpts[0].chunks);
+    }
+    let params = hillside_engine::GenerateParams { max_tokens: args.max_tokens, sampling: hillside_engine::SamplingParams { temperature: 0.0, ..Default::default() }, ..Default::default() };
+    let (tx, rx) = std::sync::mpsc::channel();
+    scheduler.submit_with_prefix(asked.request.tokens, asked.request.prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
+    let mut out = std::io::stdout().lock();
+    loop {
+        match rx.recv().context("the engine stopped")? {
+            Update::Event(Event::Text(t)) => {
+                write!(out, "{t}")?;
+                out.flush()?;
+            }
+            Update::Event(_) => {}
+            Update::Done(done) => {
+                let done = done?;
+                writeln!(out)?;
+                eprintln!("({} prompt tokens, {} of them reused from the document's kept K/V; first token after {:.0} ms)", done.prompt_tokens, done.reused_tokens, done.prefill_ms);
+                return Ok(());
+            }
+        }
+    }
+}
+
+pub fn docs(command: &DocsCommand) -> Result<()> {
+    let (documents, model) = match command {
+        DocsCommand::List { documents, model } | DocsCommand::Rm { documents, model, .. } => (documents, model),
+    };
+    let model_path = models::resolve(model.as_deref().or(config::get().model.as_deref()))?;
+    let (_, library, kv) = open(documents, &model_path)?;
+    match command {
+        DocsCommand::List { .. } => {
+            let entries = library.list()?;
+            if entries.is_empty() {
+                println!("no documents yet: `hillside summarize FILE` adds one");
+                return Ok(());
+            }
+            println!("{:<16}  {:<32}  {:<8}  {:>9}  {:>10}  summary", "id", "name", "format", "tokens", "size");
+            for e in entries {
+                let format = serde_json::to_value(e.format)?.as_str().unwrap_or_default().to_string();
+                let tokens = e.tokens.map_or("-".into(), |t| t.to_string());
+                let summary = e.summary.as_ref().map_or("no".to_string(), |p| format!("{} points", p.len()));
+                println!("{:<16}  {:<32}  {:<8}  {:>9}  {:>8}kB  {summary}", e.id, e.name, format, tokens, e.size_bytes / 1000);
+            }
+            let (files, bytes) = kv.usage();
+            println!("kept K/V: {files} files, {:.1} MB", bytes as f64 / 1e6);
+        }
+        DocsCommand::Rm { ids, .. } => {
+            for id in ids {
+                if !library.remove(id)? {
+                    bail!("no document {id} (see `hillside docs list`)");
+                }
+                println!("removed {id} ({} kept K/V files)", kv.forget_document(id));
+            }
+        }
+    }
+    Ok(())
+}

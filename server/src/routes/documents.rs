@@ -1,0 +1,313 @@
+//! `/v1/hillside/documents`: add a document (an upload, or a local path from the desktop app),
+//! list and show them, summarize one (progress and the summary as server-sent events), and
+//! forget one with its kept K/V. Questions go through `/v1/chat/completions` with the
+//! `hillside.documents` extension field ([`crate::types::ChatExtension`]).
+
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::parse;
+use crate::{unix_now_s, App};
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Multipart, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hillside_documents::library::Entry;
+use crate::types::{ChatExtensionReply, DocumentExcerpt};
+use hillside_documents::prompt::PromptError;
+use hillside_documents::questions;
+use hillside_documents::summarize::{fits_whole, summarize, Point, Progress, Request as DocumentRequest, Runner, SummaryError};
+use hillside_documents::{read_bytes, read_file, IngestError, Library};
+use hillside_engine::{CancelFlag, ChatMessage};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use utoipa::ToSchema;
+
+/// A document of the library, as the API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DocumentInfo {
+    /// The first 16 hex digits of the SHA-256 of its bytes.
+    pub id: String,
+    pub object: &'static str,
+    pub name: String,
+    /// text, markdown, html, pdf, docx or epub.
+    pub format: String,
+    pub size_bytes: u64,
+    /// Its tokens for the loaded model.
+    pub tokens: Option<usize>,
+    /// How it is summarized with the server's context: `whole` (one pass) or `hierarchical`
+    /// (chunks, then merges).
+    pub mode: &'static str,
+    /// Pages (PDF) or sections (headings) it was read in.
+    pub parts: usize,
+    pub created: u64,
+    pub used: u64,
+    /// The last summary's points, each with its sources (byte ranges of the text, and the
+    /// page or section); absent until summarized.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub summary: Option<Vec<Point>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DocumentList {
+    pub object: &'static str,
+    pub data: Vec<DocumentInfo>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DocumentDeleted {
+    pub id: String,
+    pub object: &'static str,
+    pub deleted: bool,
+    /// Kept K/V files removed with it.
+    pub kv_files_removed: usize,
+}
+
+/// `POST /v1/hillside/documents` as JSON: a file on this machine (desktop app only).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct AddByPath {
+    #[schema(value_type = String)]
+    pub path: std::path::PathBuf,
+}
+
+fn info(app: &App, entry: Entry) -> DocumentInfo {
+    let whole = entry.tokens.is_none_or(|t| fits_whole(t, app.context_tokens()));
+    DocumentInfo {
+        id: entry.id,
+        object: "hillside.document",
+        name: entry.name,
+        format: serde_json::to_value(entry.format).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+        size_bytes: entry.size_bytes,
+        tokens: entry.tokens,
+        mode: if whole { "whole" } else { "hierarchical" },
+        parts: entry.parts.len(),
+        created: entry.created_s,
+        used: entry.used_s,
+        summary: entry.summary,
+    }
+}
+
+fn library_error(e: impl std::fmt::Display) -> ApiError {
+    tracing::error!(error = %e, "document library");
+    ApiError::internal(e.to_string())
+}
+
+fn ingest_error(e: IngestError) -> ApiError {
+    let code = match &e {
+        IngestError::TooLarge { .. } => return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("document_too_large"), e.to_string()),
+        IngestError::Empty { .. } | IngestError::NoText { .. } => "empty_document",
+        IngestError::Unsupported { .. } => "unsupported_document",
+        IngestError::Encrypted { .. } => "encrypted_document",
+        IngestError::Scanned { .. } => "scanned_document",
+        IngestError::Damaged { .. } => "damaged_document",
+        IngestError::Io { .. } => "unreadable_document",
+    };
+    ApiError::bad_request(e.to_string()).with_code(code)
+}
+
+fn unknown(id: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("document_not_found"), format!("No document '{id}'; see GET /v1/hillside/documents."))
+}
+
+#[utoipa::path(post, path = "/v1/hillside/documents",
+    request_body(description = "multipart/form-data with the file in a part named `file` (its file name kept); or, from the desktop app only, JSON `{\"path\": …}`", content = AddByPath),
+    responses(
+        (status = 201, description = "Added", body = DocumentInfo),
+        (status = 200, description = "The same bytes were added before: that document", body = DocumentInfo),
+        (status = 400, description = "Empty, unsupported, encrypted, scanned or damaged: the message says which, and nothing is stored", body = ErrorBody),
+        (status = 403, description = "A local path, from a client other than the desktop app", body = ErrorBody),
+        (status = 413, description = "Over the size limit", body = ErrorBody)))]
+pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Response, ApiError> {
+    let docs = app.documents()?;
+    let is_json = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"));
+    let (name, bytes, path) = if is_json {
+        let body = Bytes::from_request(request, &app).await.map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let AddByPath { path } = parse(&body)?;
+        if !docs.local_paths {
+            return Err(ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", Some("local_paths_off"), "This server does not read local paths; upload the file as multipart/form-data."));
+        }
+        (String::new(), Bytes::new(), Some(path))
+    } else {
+        let mut form = Multipart::from_request(request, &app).await.map_err(|e| ApiError::bad_request(format!("expected multipart/form-data with a part named 'file': {e}")))?;
+        let mut found = None;
+        while let Some(field) = form.next_field().await.map_err(|e| upload_error(e, docs.limits.max_file_bytes))? {
+            if field.name() == Some("file") {
+                let name = field.file_name().unwrap_or("document").to_string();
+                found = Some((name, field.bytes().await.map_err(|e| upload_error(e, docs.limits.max_file_bytes))?));
+                break;
+            }
+        }
+        let (name, bytes) = found.ok_or_else(|| ApiError::bad_request("no part named 'file' in the form").with_param("file"))?;
+        (name, bytes, None)
+    };
+    let task_app = app.clone();
+    let (entry, created) = tokio::task::spawn_blocking(move || -> Result<(Entry, bool), ApiError> {
+        let (app, docs) = (&task_app, task_app.documents()?);
+        let (doc, bytes) = match path {
+            Some(path) => {
+                let doc = read_file(&path, &docs.limits).map_err(ingest_error)?;
+                let bytes = std::fs::read(&path).map_err(|e| ingest_error(IngestError::Io { name: doc.name.clone(), source: e }))?;
+                (doc, Bytes::from(bytes))
+            }
+            None => (read_bytes(&name, &bytes, &docs.limits).map_err(ingest_error)?, bytes),
+        };
+        let created = docs.library.get(&Library::id_of(&bytes)).map_err(library_error)?.is_none();
+        let tokens = app.engine.tokenizer().encode(&doc.text).map_err(ApiError::from)?.len();
+        let entry = docs.library.add(&doc, &bytes).map_err(library_error)?;
+        let entry = docs.library.update(&entry.id, |e| e.tokens = Some(tokens)).map_err(library_error)?.unwrap_or(entry);
+        Ok((entry, created))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("document task failed: {e}")))??;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(info(&app, entry))).into_response())
+}
+
+fn upload_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("document_too_large"), format!("The upload is larger than the limit of {limit} bytes for a document."));
+    }
+    ApiError::bad_request(format!("the upload was cut short or malformed: {e}"))
+}
+#[utoipa::path(get, path = "/v1/hillside/documents", responses((status = 200, description = "Every document, the most recently used first", body = DocumentList)))]
+pub async fn list(State(app): State<Arc<App>>) -> Result<Json<DocumentList>, ApiError> {
+    let entries = app.documents()?.library.list().map_err(library_error)?;
+    Ok(Json(DocumentList { object: "list", data: entries.into_iter().map(|e| info(&app, e)).collect() }))
+}
+
+#[utoipa::path(get, path = "/v1/hillside/documents/{id}", params(("id" = String, Path, description = "Document id")),
+    responses((status = 200, description = "The document, with its last summary", body = DocumentInfo), (status = 404, description = "No such document", body = ErrorBody)))]
+pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<DocumentInfo>, ApiError> {
+    let entry = app.documents()?.library.get(&id).map_err(library_error)?.ok_or_else(|| unknown(&id))?;
+    Ok(Json(info(&app, entry)))
+}
+
+#[utoipa::path(delete, path = "/v1/hillside/documents/{id}", params(("id" = String, Path, description = "Document id")),
+    responses((status = 200, description = "Forgotten, with its kept K/V", body = DocumentDeleted), (status = 404, description = "No such document", body = ErrorBody)))]
+pub async fn delete(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<DocumentDeleted>, ApiError> {
+    let docs = app.documents()?;
+    if !docs.library.remove(&id).map_err(library_error)? {
+        return Err(unknown(&id));
+    }
+    let kv_files_removed = docs.kv.forget_document(&id);
+    Ok(Json(DocumentDeleted { id, object: "hillside.document.deleted", deleted: true, kv_files_removed }))
+}
+
+/// A summary's server-sent events: what it is doing, then the summary or an error.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "object")]
+pub enum SummaryEvent {
+    /// `stage` is `planned` (with `tokens`, `mode` and, when hierarchical, `chunks` as byte
+    /// ranges), `prefill` (`chunk`, `chunks`, `done_tokens`, `total_tokens`),
+    /// `chunk_summarized` (`done`, `chunks`), `merging` (`level`, `groups`) or `done`.
+    #[serde(rename = "hillside.summary.progress")]
+    Progress {
+        #[serde(flatten)]
+        #[schema(value_type = Object)]
+        progress: Progress,
+    },
+    #[serde(rename = "hillside.summary")]
+    Summary {
+        id: String,
+        tokens: usize,
+        mode: &'static str,
+        #[schema(value_type = Vec<Object>)]
+        points: Vec<Point>,
+    },
+}
+
+#[utoipa::path(post, path = "/v1/hillside/documents/{id}/summary", params(("id" = String, Path, description = "Document id")),
+    responses(
+        (status = 200, description = "Server-sent `SummaryEvent`s — progress, then the summary (or an error body) — ending in `[DONE]`. Closing the stream cancels the summary.", body = SummaryEvent),
+        (status = 404, description = "No such document", body = ErrorBody)))]
+pub async fn summary(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let docs = app.documents()?;
+    let (_, doc) = docs.library.document(&id).map_err(library_error)?.ok_or_else(|| unknown(&id))?;
+    let (out, events) = mpsc::channel::<serde_json::Value>(64);
+    let cancel = CancelFlag::default();
+    let flag = cancel.clone();
+    tokio::task::spawn_blocking(move || {
+        let docs = app.documents().expect("checked above");
+        let runner = Runner { engine: &app.engine, scheduler: &app.scheduler, context_tokens: app.context_tokens(), kv_cache: Some(&docs.kv) };
+        let send = |event: SummaryEvent| serde_json::to_value(event).is_ok_and(|v| out.blocking_send(v).is_ok());
+        let result = summarize(&runner, &doc, &id, &flag, &mut |progress| {
+            if !send(SummaryEvent::Progress { progress }) {
+                flag.cancel(); // nobody listens
+            }
+        });
+        match result {
+            Ok(summary) => {
+                let points = summary.points.clone();
+                if let Err(e) = docs.library.update(&id, |e| {
+                    e.summary = Some(points);
+                    e.tokens = Some(summary.plan.tokens);
+                    e.used_s = unix_now_s();
+                }) {
+                    tracing::error!(error = %e, "cannot store a summary in the library");
+                }
+                let mode = if summary.plan.mode == hillside_documents::chunks::Mode::Whole { "whole" } else { "hierarchical" };
+                send(SummaryEvent::Summary { id, tokens: summary.plan.tokens, mode, points: summary.points });
+            }
+            Err(SummaryError::Cancelled) => {}
+            Err(e) => {
+                let _ = out.blocking_send(serde_json::to_value(summary_error(e).body()).unwrap_or_default());
+            }
+        }
+    });
+    // Dropping the stream (the client left) cancels the summary.
+    struct CancelOnDrop(CancelFlag);
+    impl Drop for CancelOnDrop {
+        fn drop(&mut self) {
+            self.0.cancel();
+        }
+    }
+    let stream = futures_util::stream::unfold((events, CancelOnDrop(cancel), false), |(mut events, guard, ended)| async move {
+        if ended {
+            return None;
+        }
+        match events.recv().await {
+            Some(v) => Some((Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string())), (events, guard, false))),
+            None => Some((Ok(SseEvent::default().data("[DONE]")), (events, guard, true))),
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(5))).into_response())
+}
+
+fn summary_error(e: SummaryError) -> ApiError {
+    match e {
+        SummaryError::TooLong(_) | SummaryError::ContextTooSmall(_) => ApiError::bad_request(e.to_string()).with_code("document_too_long"),
+        SummaryError::Engine(e) => e.into(),
+        SummaryError::Refused(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("engine_refused"), m),
+        SummaryError::Prompt(e) => ApiError::internal(e.to_string()),
+        SummaryError::Cancelled => ApiError::internal("cancelled"),
+    }
+}
+
+/// The request for a chat about the library's documents `ids`, and what of each it reads.
+pub fn question(app: &App, ids: &[String], messages: &[ChatMessage]) -> Result<(DocumentRequest, ChatExtensionReply), ApiError> {
+    let docs = app.documents()?;
+    let mut documents = Vec::with_capacity(ids.len());
+    for (i, id) in ids.iter().enumerate() {
+        let (_, doc) = docs.library.document(id).map_err(library_error)?.ok_or_else(|| {
+            ApiError::bad_request(format!("no document '{id}'; see GET /v1/hillside/documents")).with_param(format!("hillside.documents[{i}]"))
+        })?;
+        documents.push((id.clone(), doc));
+    }
+    let runner = Runner { engine: &app.engine, scheduler: &app.scheduler, context_tokens: app.context_tokens(), kv_cache: Some(&docs.kv) };
+    let asked = questions::question(&runner, &documents, messages).map_err(|e| match e {
+        PromptError::Engine(e) => e.into(),
+        PromptError::NoQuestion => ApiError::bad_request(e.to_string()).with_param("messages"),
+        PromptError::TooLong(_) => ApiError::bad_request(e.to_string()).with_code("document_too_long").with_param("hillside.documents"),
+    })?;
+    for id in ids {
+        let _ = docs.library.update(id, |e| e.used_s = unix_now_s());
+    }
+    let read = ids
+        .iter()
+        .zip(&asked.excerpts)
+        .map(|(id, e)| DocumentExcerpt { id: id.clone(), start: e.bytes.start, end: e.bytes.end, chunk: e.chunk, chunks: e.chunks })
+        .collect();
+    Ok((asked.request, ChatExtensionReply { documents: read }))
+}

@@ -1,0 +1,205 @@
+//! The documents API over real HTTP on the real model: upload, summary as server-sent events,
+//! questions through `/v1/chat/completions` that reuse the document's K/V (also after a
+//! restart), deletion; bad files refused with the reason and nothing stored; a server killed
+//! with SIGKILL mid-summary leaves the library whole and no stray K/V files.
+
+mod common;
+
+use common::server::{agent, config, Server};
+use hillside_engine::kv::{KvConfig, StoreKind};
+use hillside_engine::scheduler::SchedulerConfig;
+use hillside_server::{DocumentsConfig, ServerConfig};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const CHILD: &str = "HILLSIDE_TEST_DOCUMENTS_SERVER";
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hillside-docs-http-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn with_documents(dir: &Path) -> ServerConfig {
+    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 200_000, model_key: "smollm2-test".into(), local_paths: false };
+    ServerConfig { documents: Some(documents), ..config() }
+}
+
+/// Uploads `bytes` as `name`: the status and the body.
+fn upload(s: &Server, name: &str, bytes: &[u8]) -> (u16, Value) {
+    let boundary = "hillside-test-boundary-7d1f";
+    let mut body = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
+    body.extend_from_slice(bytes);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let mut r = agent()
+        .post(&s.url("/v1/hillside/documents"))
+        .header("Content-Type", &format!("multipart/form-data; boundary={boundary}"))
+        .send(&body[..])
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap())
+}
+
+fn ask(s: &Server, id: &str, question: &str) -> Value {
+    let body = json!({"messages": [{"role": "user", "content": question}], "temperature": 0, "max_tokens": 24, "hillside": {"documents": [id]}});
+    let (status, reply) = s.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    reply
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir).map_or(Vec::new(), |d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect());
+    names.sort();
+    names
+}
+
+fn gpl_start() -> String {
+    common::shared_document("gpl-3.0.txt")[..6000].to_string()
+}
+
+#[test]
+fn a_document_is_uploaded_summarized_asked_about_after_a_restart_and_deleted() {
+    let dir = temp("flow");
+    let gpl = gpl_start();
+    let id;
+    let (answer, cached) = {
+        let s = Server::start(with_documents(&dir));
+        let (status, doc) = upload(&s, "gpl-start.txt", gpl.as_bytes());
+        assert_eq!(status, 201, "{doc}");
+        id = doc["id"].as_str().unwrap().to_string();
+        assert_eq!((doc["format"].as_str(), doc["mode"].as_str()), (Some("text"), Some("whole")), "{doc}");
+        assert!(doc["tokens"].as_u64().unwrap() > 1000 && doc["summary"].is_null(), "{doc}");
+        let (again, same) = upload(&s, "renamed.txt", gpl.as_bytes());
+        assert_eq!((again, same["id"].as_str()), (200, Some(id.as_str())), "the same bytes are the same document");
+
+        // The summary: the plan (mode and tokens) first, prefill progress, then the points.
+        let events: Vec<Value> = s.stream(&format!("/v1/hillside/documents/{id}/summary"), &json!({})).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+        let first = &events[0];
+        assert_eq!((first["object"].as_str(), first["stage"].as_str(), first["mode"].as_str()), (Some("hillside.summary.progress"), Some("planned"), Some("whole")), "{first}");
+        assert_eq!(first["tokens"], doc["tokens"]);
+        assert!(events.iter().any(|e| e["stage"] == "prefill"), "{events:?}");
+        let summary = events.last().unwrap();
+        assert_eq!(summary["object"], "hillside.summary", "{summary}");
+        let points = summary["points"].as_array().unwrap();
+        assert!(!points.is_empty() && points.iter().any(|p| !p["sources"].as_array().unwrap().is_empty()), "{summary}");
+        let (_, listed) = s.get("/v1/hillside/documents");
+        assert_eq!(listed["data"][0]["summary"].as_array().map(Vec::len), Some(points.len()), "the summary is kept: {listed}");
+
+        // A question prefills only itself: the document's K/V is the summary's.
+        let reply = ask(&s, &id, "Who may copy this license document?");
+        let usage = &reply["usage"];
+        let (prompt, cached) = (usage["prompt_tokens"].as_u64().unwrap(), usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+        assert!(prompt - cached < 40, "{usage}");
+        assert_eq!(reply["hillside"]["documents"][0]["id"], id.as_str());
+        assert!(reply["hillside"]["documents"][0]["chunk"].is_null(), "the whole text: {reply}");
+        let (status, unknown) = s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "hillside": {"documents": ["0000"]}}));
+        assert_eq!((status, unknown["error"]["param"].as_str()), (400, Some("hillside.documents[0]")), "{unknown}");
+        (reply["choices"][0]["message"]["content"].as_str().unwrap().to_string(), cached)
+    };
+
+    // After a restart: the same library, the K/V from its file, the same answer.
+    let s = Server::start(with_documents(&dir));
+    let reply = ask(&s, &id, "Who may copy this license document?");
+    let usage = &reply["usage"];
+    let (prompt, reused) = (usage["prompt_tokens"].as_u64().unwrap(), usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+    // The kept prefix ends where the document does; the sequence the summary left in memory
+    // may share a template token or two beyond it.
+    assert!(prompt - reused < 40 && reused + 4 > cached, "{usage}, {cached} reused before the restart");
+    assert_eq!(reply["choices"][0]["message"]["content"].as_str(), Some(answer.as_str()));
+
+    let (status, deleted) = agent().delete(&s.url(&format!("/v1/hillside/documents/{id}"))).call().map(|mut r| (r.status().as_u16(), r.body_mut().read_to_string().unwrap())).unwrap();
+    assert_eq!(status, 200, "{deleted}");
+    assert!(serde_json::from_str::<Value>(&deleted).unwrap()["kv_files_removed"].as_u64().unwrap() >= 1);
+    assert_eq!(s.get(&format!("/v1/hillside/documents/{id}")).0, 404);
+    assert!(files_in(&dir.join("kv")).is_empty(), "{:?}", files_in(&dir.join("kv")));
+    drop(s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_files_are_refused_with_the_reason_and_nothing_is_stored() {
+    let dir = temp("bad");
+    let s = Server::start(with_documents(&dir));
+    let binary: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut docx = Vec::new();
+    {
+        let mut zip = zip::ZipWriter::new(std::io::Cursor::new(&mut docx));
+        zip.start_file("word/document.xml", zip::write::SimpleFileOptions::default()).unwrap();
+        std::io::Write::write_all(&mut zip, "<w:document><w:body><w:p><w:r><w:t>Hello there</w:t></w:r></w:p></w:body></w:document>".repeat(50).as_bytes()).unwrap();
+        zip.finish().unwrap();
+    }
+    let cases: [(&str, Vec<u8>, u16, &str); 4] = [
+        ("empty.txt", Vec::new(), 400, "empty_document"),
+        ("data.bin", binary, 400, "unsupported_document"),
+        ("cut.docx", docx[..docx.len() / 2].to_vec(), 400, "damaged_document"),
+        ("big.txt", "word ".repeat(50_000).into_bytes(), 413, "document_too_large"),
+    ];
+    for (name, bytes, status, code) in cases {
+        let (got, body) = upload(&s, name, &bytes);
+        assert_eq!((got, body["error"]["code"].as_str()), (status, Some(code)), "{name}: {body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(name.split('.').next().unwrap()), "{body}");
+    }
+    let (status, body) = s.post("/v1/hillside/documents", &json!({"path": "/etc/passwd"}));
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("local_paths_off")), "a client cannot make the server read a file it names");
+    assert_eq!(s.get("/v1/hillside/documents").1["data"], json!([]), "nothing stored");
+    drop(s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The tiered store for the kill test, with its cold pool in `dir`.
+fn tiered(dir: &Path) -> ServerConfig {
+    let kv = KvConfig { store: StoreKind::Tiered, cold_dir: dir.join("cold"), ..KvConfig::default() };
+    let base = with_documents(dir);
+    ServerConfig { scheduler: SchedulerConfig { kv, cached_sequences: 0, ..base.scheduler.clone() }, ..base }
+}
+
+#[test]
+fn a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summarizes_with_the_tiered_store() {
+    if let Some(dir) = std::env::var_os(CHILD) {
+        // The child: serve until killed.
+        let s = Server::start(tiered(Path::new(&dir)));
+        println!("{}", s.base);
+        std::thread::park();
+    }
+    let dir = temp("kill");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summarizes_with_the_tiered_store", "--exact", "--nocapture"])
+        .env(CHILD, &dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let base = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok).find(|l| l.starts_with("http://")).expect("the child serves");
+    let gpl = gpl_start();
+    let id = {
+        let boundary = "b";
+        let mut body = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"gpl-start.txt\"\r\n\r\n").into_bytes();
+        body.extend_from_slice(gpl.as_bytes());
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let mut r = agent().post(&format!("{base}/v1/hillside/documents")).header("Content-Type", "multipart/form-data; boundary=b").send(&body[..]).unwrap();
+        serde_json::from_str::<Value>(&r.body_mut().read_to_string().unwrap()).unwrap()["id"].as_str().unwrap().to_string()
+    };
+    // Kill it once the summary is reading the document.
+    let r = agent().post(&format!("{base}/v1/hillside/documents/{id}/summary")).send("").unwrap();
+    let prefilling = BufReader::new(r.into_body().into_reader()).lines().map_while(Result::ok).any(|l| l.contains("\"prefill\""));
+    assert!(prefilling, "the summary started");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let cold_files = || files_in(&dir.join("cold")).into_iter().filter(|f| f.ends_with(".cold")).count();
+    assert!(cold_files() > 0, "the killed server left its cold pool: the case worth testing");
+
+    // The next server: the document is there, unsummarized; stray files are swept; its summary
+    // runs with the tiered store and is kept.
+    let s = Server::start(tiered(&dir));
+    let (_, doc) = s.get(&format!("/v1/hillside/documents/{id}"));
+    assert_eq!((doc["name"].as_str(), doc["summary"].is_null()), (Some("gpl-start.txt"), true), "{doc}");
+    let events = s.stream(&format!("/v1/hillside/documents/{id}/summary"), &json!({}));
+    let summary: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(summary["object"], "hillside.summary", "{summary}");
+    assert_eq!(cold_files(), 0, "no cold file outlives its sequence, nor the killed server");
+    let kv = files_in(&dir.join("kv"));
+    assert!(kv.len() == 1 && kv[0].ends_with(".kv"), "{kv:?}");
+    drop(s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
