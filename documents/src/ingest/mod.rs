@@ -9,6 +9,7 @@
 mod archive;
 mod html;
 mod pdf;
+mod pdftotext;
 mod text;
 
 use std::ops::Range;
