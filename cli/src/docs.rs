@@ -95,14 +95,16 @@ pub enum DocsCommand {
     List {
         #[command(flatten)]
         documents: DocumentsArgs,
-        #[arg(long, short)]
+        /// The model (a registry name or a path) whose kept K/V is listed or removed.
+        #[arg(long, short, env = "HILLSIDE_MODEL")]
         model: Option<String>,
     },
     /// Forget documents (and their kept K/V).
     Rm {
         #[command(flatten)]
         documents: DocumentsArgs,
-        #[arg(long, short)]
+        /// The model (a registry name or a path) whose kept K/V is listed or removed.
+        #[arg(long, short, env = "HILLSIDE_MODEL")]
         model: Option<String>,
         #[arg(required = true)]
         ids: Vec<String>,

@@ -1,6 +1,7 @@
 //! `hillside`: chat with a local model, generate text, manage models, benchmark the engine.
 
 mod bench;
+mod bench_docs;
 mod bench_kv;
 mod bench_serve;
 mod chat;
@@ -92,6 +93,9 @@ enum BenchCommand {
     /// The OpenAI endpoint under load on loopback: requests/s, tokens/s, TTFT and inter-token
     /// latency at several numbers of concurrent clients.
     Serve(bench_serve::ServeBenchArgs),
+    /// Documents: time to a summary, the chunk phase batched against one after another, and a
+    /// follow-up question's time to first token with and without K/V reuse.
+    Docs(bench_docs::DocsBenchArgs),
 }
 
 #[derive(Args, Clone)]
@@ -351,6 +355,7 @@ fn run(cli: Cli) -> Result<()> {
             BenchCommand::Decode(args) => bench::decode(&args),
             BenchCommand::Kv(args) => bench_kv::kv(&args),
             BenchCommand::Serve(args) => bench_serve::serve(&args),
+            BenchCommand::Docs(args) => bench_docs::docs(&args),
         },
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{mpsc, Arc};
 const SUMMARY_TOKENS: usize = 320;
 /// Tokens kept free of the document in a prompt: the instructions (with the chat template's
 /// own) and the answer.
-pub(crate) const RESERVE_TOKENS: usize = SUMMARY_TOKENS + 128;
+pub const RESERVE_TOKENS: usize = SUMMARY_TOKENS + 128;
 /// Bytes of a source passage carried into a merge as evidence.
 const EVIDENCE_BYTES: usize = 240;
 /// Points of one note carried into a merge.
@@ -115,19 +115,14 @@ pub fn summarize(runner: &Runner<'_>, doc: &Document, id: &str, cancel: &CancelF
     let plan = plan(doc, context_tokens, RESERVE_TOKENS, &count)?;
     on_progress(Progress::Planned { plan: plan.clone() });
     let index = SourceIndex::new(doc);
-    let ids = [id.to_string()];
-    let document = |range: Range<usize>, task: &str| runner.document_request(&ids, &[(doc.name.as_str(), &doc.text[range])], &[ChatMessage::new("user", task)]);
     let text = match &plan.mode {
         Mode::Whole => {
-            let request = document(0..doc.text.len(), "Summarize this document in 5 to 8 short bullet points, one per line, each starting with \"- \".")?;
+            let task = "Summarize this document in 5 to 8 short bullet points, one per line, each starting with \"- \".";
+            let request = runner.document_request(&[id.to_string()], &[(doc.name.as_str(), &doc.text)], &[ChatMessage::new("user", task)])?;
             run_all(runner, vec![request], cancel, on_progress)?.remove(0)
         }
         Mode::Hierarchical { chunks, .. } => {
-            let requests = chunks
-                .iter()
-                .map(|c| document(c.clone(), "Summarize this part of a longer document in 3 to 5 short bullet points, one per line, each starting with \"- \"."))
-                .collect::<Result<_, _>>()?;
-            let mut notes: Vec<String> = run_all(runner, requests, cancel, on_progress)?;
+            let mut notes = chunk_notes(runner, doc, id, chunks, cancel, on_progress)?;
             let mut level = 0;
             while notes.len() > 1 {
                 level += 1;
@@ -148,6 +143,18 @@ pub fn summarize(runner: &Runner<'_>, doc: &Document, id: &str, cancel: &CancelF
     Ok(DocumentSummary { plan, points })
 }
 
+
+/// The chunk phase of a hierarchical summary: each of `chunks` (byte ranges of `doc`, the
+/// library's document `id`) summarized, all submitted at once so the scheduler batches them.
+pub fn chunk_notes(runner: &Runner<'_>, doc: &Document, id: &str, chunks: &[Range<usize>], cancel: &CancelFlag, on_progress: &mut dyn FnMut(Progress)) -> Result<Vec<String>, SummaryError> {
+    let ids = [id.to_string()];
+    let task = "Summarize this part of a longer document in 3 to 5 short bullet points, one per line, each starting with \"- \".";
+    let requests = chunks
+        .iter()
+        .map(|c| runner.document_request(&ids, &[(doc.name.as_str(), &doc.text[c.clone()])], &[ChatMessage::new("user", task)]))
+        .collect::<Result<_, _>>()?;
+    run_all(runner, requests, cancel, on_progress)
+}
 
 /// A note's points, each with the passage behind it quoted as evidence.
 fn evidence_block(note: &str, index: &SourceIndex<'_>) -> String {

@@ -163,7 +163,8 @@ fn layer_rows(kv: &mut dyn KvStore, layer: usize, tokens: usize) -> Result<(Vec<
         let heads = first..(first + step).min(shape.n_kv_heads);
         let view = kv.gather(layer, &Selection::All, heads.clone())?;
         if view.n_tokens < tokens || view.positions.is_some() || view.head_stride_tokens % KV_TILE != 0 {
-            return Err(Error::Internal(format!("a whole-cache view of {} tokens for a snapshot of {tokens}", view.n_tokens)));
+            // A store that dropped tokens (`drop`) has no whole prefix to keep.
+            return Err(Error::Kv(format!("the store holds no whole prefix of {tokens} tokens to keep ({} tokens in view)", view.n_tokens)));
         }
         for (at, head) in heads.enumerate() {
             let (head_k, head_v) = (&view.k[at * view.head_stride_tokens * hd..], &view.v[at * view.head_stride_tokens * hd..]);

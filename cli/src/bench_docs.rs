@@ -1,0 +1,338 @@
+//! `hillside bench docs`: documents end to end — time to a summary (a document that fits the
+//! context, and one that does not), the chunk phase batched against the same chunks one after
+//! another, and a follow-up question's time to first token without K/V reuse, with it (in
+//! memory, as in the same run), and after a restart (from the kept file).
+
+use crate::bench::{cpu_name, peak_rss_mb};
+use crate::{load_engine, models, ModelArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hillside_documents::chunks::{cut, plan, Mode};
+use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
+use hillside_documents::prompt::best_chunk;
+use hillside_documents::questions::question;
+use hillside_documents::sources::content_words;
+use hillside_documents::summarize::{chunk_notes, fits_whole, summarize, Runner, RESERVE_TOKENS};
+use hillside_documents::{read_file, Document, Library, Limits};
+use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
+use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct DocsBenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A document that fits the context, summarized in one pass and then asked about
+    /// (default: ../shared/data/gpl-3.0.txt).
+    #[arg(long)]
+    pub whole: Option<PathBuf>,
+    /// A document longer than the context, summarized hierarchically
+    /// (default: ../shared/data/pride-and-prejudice.txt).
+    #[arg(long)]
+    pub long: Option<PathBuf>,
+    /// Chunks of the long document run batched, then one after another.
+    #[arg(long, default_value_t = 8)]
+    pub chunks: usize,
+    /// Contexts at which the chunk phase is timed (chunks are half the context) [default: 2048
+    /// and the model's context].
+    #[arg(long, value_delimiter = ',')]
+    pub chunk_contexts: Vec<usize>,
+    /// Sequences batched at once.
+    #[arg(long, default_value_t = 4)]
+    pub max_live: usize,
+    /// Skip the long document's whole summary (it takes minutes).
+    #[arg(long)]
+    pub skip_long_summary: bool,
+    /// Where the JSON report goes.
+    #[arg(long, default_value = "bench-docs.json")]
+    pub json: PathBuf,
+}
+
+#[derive(Serialize)]
+struct SummaryRun {
+    name: String,
+    tokens: usize,
+    mode: &'static str,
+    chunks: usize,
+    seconds: f64,
+    points: usize,
+}
+
+#[derive(Serialize)]
+struct ChunkPhase {
+    context: usize,
+    chunks: usize,
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    /// Prompt and generated tokens of all the chunks.
+    tokens: usize,
+    batched_s: f64,
+    sequential_s: f64,
+    batched_tokens_per_s: f64,
+    sequential_tokens_per_s: f64,
+    speedup: f64,
+}
+
+#[derive(Serialize)]
+struct FollowUp {
+    question: String,
+    prompt_tokens: usize,
+    /// Of those, read from kept K/V (in memory, or from the file after a restart).
+    reused_tokens_in_memory: usize,
+    reused_tokens_after_restart: usize,
+    /// Time to first token, from the question to the first token of the answer.
+    without_reuse_ms: f64,
+    in_memory_ms: f64,
+    after_restart_ms: f64,
+    kept_file_mb: f64,
+    speedup_in_memory: f64,
+    speedup_after_restart: f64,
+}
+
+/// How often a question goes to the chunk it was made from.
+#[derive(Serialize)]
+struct Routing {
+    method: &'static str,
+    context: usize,
+    chunks: usize,
+    questions: usize,
+    recall_at_1: f64,
+    us_per_question: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    date: String,
+    cpu: String,
+    model: String,
+    context: usize,
+    kv_store: hillside_engine::kv::StoreKind,
+    max_live: usize,
+    whole: SummaryRun,
+    follow_up: FollowUp,
+    chunk_phase: Vec<ChunkPhase>,
+    routing: Routing,
+    long: Option<SummaryRun>,
+    peak_rss_mb: f64,
+}
+
+/// A scheduler for the benchmark, and the runner over it.
+struct Bench<'a> {
+    engine: &'a Arc<Engine>,
+    model: &'a ModelArgs,
+    context: usize,
+}
+
+impl Bench<'_> {
+    fn scheduler(&self, max_live: usize, cached_sequences: usize) -> Scheduler {
+        let config = SchedulerConfig { max_live, max_queued: 4096, kv: self.model.kv_config(), context_tokens: Some(self.context), cached_sequences };
+        Scheduler::start(self.engine.clone(), config)
+    }
+
+    fn runner<'s>(&'s self, scheduler: &'s Scheduler, kv_cache: Option<&'s Arc<DocumentKvCache>>) -> Runner<'s> {
+        Runner { engine: self.engine, scheduler, context_tokens: self.context, kv_cache }
+    }
+
+    fn summary(&self, runner: &Runner<'_>, doc: &Document) -> Result<SummaryRun> {
+        let start = Instant::now();
+        let summary = summarize(runner, doc, "bench", &CancelFlag::default(), &mut |_| {})?;
+        let (mode, chunks) = match &summary.plan.mode {
+            Mode::Whole => ("whole", 1),
+            Mode::Hierarchical { chunks, .. } => ("hierarchical", chunks.len()),
+        };
+        Ok(SummaryRun { name: doc.name.clone(), tokens: summary.plan.tokens, mode, chunks, seconds: start.elapsed().as_secs_f64(), points: summary.points.len() })
+    }
+}
+
+/// Asks `q` about `doc`: time to the first token (ms), and the prompt and reused tokens.
+fn first_token(runner: &Runner<'_>, doc: &Document, q: &str) -> Result<(f64, usize, usize)> {
+    let start = Instant::now();
+    let asked = question(runner, &[("bench".into(), doc.clone())], &[ChatMessage::new("user", q)])?;
+    let params = GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
+    let (tx, rx) = std::sync::mpsc::channel();
+    runner.scheduler.submit_with_prefix(asked.request.tokens, asked.request.prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
+    let mut ttft = None;
+    loop {
+        match rx.recv().context("the engine stopped")? {
+            Update::Event(Event::Text(_)) if ttft.is_none() => ttft = Some(start.elapsed().as_secs_f64() * 1e3),
+            Update::Event(_) => {}
+            Update::Done(done) => {
+                let done = done?;
+                return Ok((ttft.context("no text in the answer")?, done.prompt_tokens, done.reused_tokens));
+            }
+        }
+    }
+}
+
+pub fn docs(args: &DocsBenchArgs) -> Result<()> {
+    let shared = |name: &str| PathBuf::from("../shared/data").join(name);
+    let whole_path = args.whole.clone().unwrap_or_else(|| shared("gpl-3.0.txt"));
+    let long_path = args.long.clone().unwrap_or_else(|| shared("pride-and-prejudice.txt"));
+    let whole_doc = read_file(&whole_path, &Limits::default()).with_context(|| whole_path.display().to_string())?;
+    let long_doc = read_file(&long_path, &Limits::default()).with_context(|| long_path.display().to_string())?;
+    let model_path = models::resolve(args.model.model())?;
+    let engine = Arc::new(load_engine(&args.model)?);
+    let context = engine.model().kv_shape(args.model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;
+    let bench = Bench { engine: &engine, model: &args.model, context };
+    let count = |s: &str| engine.tokenizer().encode(s).map_or(s.len() / 4, |t| t.len());
+    if !fits_whole(count(&whole_doc.text), context) {
+        bail!("{} does not fit a context of {context} tokens in one pass; pass a shorter --whole", whole_doc.name);
+    }
+    // Kept K/V on the disk the cold pool would use, not in a tmpfs.
+    let dir = dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("hillside").join(format!("bench-docs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let open_cache = |dir: &Path| -> Result<Arc<DocumentKvCache>> {
+        let library = Arc::new(Library::open(&dir.join("library.redb"))?);
+        Ok(DocumentKvCache::open(library, &dir.join("kv"), u64::MAX, &model_fingerprint(&model_path)?)?)
+    };
+    let q = "Who is allowed to copy and distribute this document, and may they change it?";
+
+    eprintln!("summarizing {} in one pass …", whole_doc.name);
+    let (whole, in_memory) = {
+        let cache = open_cache(&dir)?;
+        let scheduler = bench.scheduler(args.max_live, 2);
+        let runner = bench.runner(&scheduler, Some(&cache));
+        let whole = bench.summary(&runner, &whole_doc)?;
+        (whole, first_token(&runner, &whole_doc, q)?)
+    };
+    eprintln!("asking without reuse, then after a restart …");
+    let plain = first_token(&bench.runner(&bench.scheduler(1, 0), None), &whole_doc, q)?;
+    let (restarted, kept_bytes) = {
+        let cache = open_cache(&dir)?; // as a new process opens it
+        let scheduler = bench.scheduler(1, 0);
+        let asked = first_token(&bench.runner(&scheduler, Some(&cache)), &whole_doc, q)?;
+        (asked, cache.usage().1)
+    };
+    std::fs::remove_dir_all(&dir).ok();
+    let follow_up = FollowUp {
+        question: q.into(),
+        prompt_tokens: plain.1,
+        reused_tokens_in_memory: in_memory.2,
+        reused_tokens_after_restart: restarted.2,
+        without_reuse_ms: plain.0,
+        in_memory_ms: in_memory.0,
+        after_restart_ms: restarted.0,
+        kept_file_mb: kept_bytes as f64 / 1e6,
+        speedup_in_memory: plain.0 / in_memory.0,
+        speedup_after_restart: plain.0 / restarted.0,
+    };
+
+    let contexts = if args.chunk_contexts.is_empty() { vec![2048.min(context), context] } else { args.chunk_contexts.clone() };
+    let mut chunk_phase = Vec::new();
+    for chunk_context in contexts {
+        let bench = Bench { context: chunk_context, ..bench };
+        // The chunks a summary at this context reads (whether or not the whole would fit its levels).
+        let chunks = cut(&long_doc, chunk_context / 2, &count);
+        let some = &chunks[..args.chunks.min(chunks.len())];
+        eprintln!("the chunk phase at context {chunk_context}: {} chunks batched ({} at once), then one after another …", some.len(), args.max_live);
+        let prompt_tokens: usize = some.iter().map(|c| count(&long_doc.text[c.clone()])).sum();
+        let timed = |max_live: usize| -> Result<(f64, usize)> {
+            let scheduler = bench.scheduler(max_live, 0);
+            let start = Instant::now();
+            let notes = chunk_notes(&bench.runner(&scheduler, None), &long_doc, "bench", some, &CancelFlag::default(), &mut |_| {})?;
+            Ok((start.elapsed().as_secs_f64(), notes.iter().map(|n| count(n)).sum::<usize>()))
+        };
+        let (batched_s, generated_tokens) = timed(args.max_live)?;
+        let (sequential_s, _) = timed(1)?;
+        let tokens = prompt_tokens + generated_tokens;
+        chunk_phase.push(ChunkPhase {
+            context: chunk_context,
+            chunks: some.len(),
+            prompt_tokens,
+            generated_tokens,
+            tokens,
+            batched_s,
+            sequential_s,
+            batched_tokens_per_s: tokens as f64 / batched_s,
+            sequential_tokens_per_s: tokens as f64 / sequential_s,
+            speedup: sequential_s / batched_s,
+        });
+    }
+    let long = if args.skip_long_summary {
+        None
+    } else {
+        eprintln!("summarizing all of {} …", long_doc.name);
+        let scheduler = bench.scheduler(args.max_live, 0);
+        Some(bench.summary(&bench.runner(&scheduler, None), &long_doc)?)
+    };
+
+    let report = Report {
+        date: std::process::Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default(),
+        cpu: cpu_name(),
+        model: model_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        context,
+        kv_store: args.model.kv_config().store,
+        max_live: args.max_live,
+        whole,
+        follow_up,
+        chunk_phase,
+        routing: routing(&long_doc, context, &count)?,
+        long,
+        peak_rss_mb: peak_rss_mb(),
+    };
+    print_table(&report);
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", args.json.display()))?;
+    eprintln!("wrote {}", args.json.display());
+    Ok(())
+}
+
+/// Questions made of five content words of a sentence (a quarter, half and three quarters into
+/// each chunk of `doc` at `context`), routed to a chunk lexically.
+fn routing(doc: &Document, context: usize, count: &dyn Fn(&str) -> usize) -> Result<Routing> {
+    let Mode::Hierarchical { chunks, .. } = plan(doc, context, RESERVE_TOKENS, count)?.mode else {
+        bail!("{} fits a context of {context} tokens", doc.name);
+    };
+    let mut questions = Vec::new();
+    for (i, chunk) in chunks.iter().enumerate() {
+        let text = &doc.text[chunk.clone()];
+        for quarter in 1..4 {
+            let at = text.floor_char_boundary(text.len() * quarter / 4);
+            let sentence = text[at..].split_inclusive(['.', '?', '!']).nth(1).unwrap_or_default();
+            let words: Vec<String> = content_words(sentence).take(5).collect();
+            if words.len() == 5 {
+                questions.push((i, format!("What does the book say about {}?", words.join(" "))));
+            }
+        }
+    }
+    let start = Instant::now();
+    let hits = questions.iter().filter(|(i, q)| best_chunk(&doc.text, &chunks, q) == *i).count();
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok(Routing {
+        method: "lexical: the question's content words, weighted by inverse chunk frequency",
+        context,
+        chunks: chunks.len(),
+        questions: questions.len(),
+        recall_at_1: hits as f64 / questions.len().max(1) as f64,
+        us_per_question: elapsed * 1e6 / questions.len().max(1) as f64,
+    })
+}
+
+fn print_table(r: &Report) {
+    println!("{} on {}, context {}, {} store, {} sequences batched", r.model, r.cpu, r.context, serde_json::to_value(r.kv_store).unwrap_or_default().as_str().unwrap_or("?"), r.max_live);
+    println!("{:<28} {:>9} {:>14} {:>9} {:>7}", "summary", "tokens", "mode", "seconds", "points");
+    for s in std::iter::once(&r.whole).chain(&r.long) {
+        let mode = if s.chunks > 1 { format!("{} ({})", s.mode, s.chunks) } else { s.mode.to_string() };
+        println!("{:<28} {:>9} {:>14} {:>9.1} {:>7}", s.name, s.tokens, mode, s.seconds, s.points);
+    }
+    println!("{:<22} {:>7} {:>9} {:>10} {:>15} {:>15} {:>8}", "chunk phase", "chunks", "prompt", "generated", "batched", "one by one", "speedup");
+    for c in &r.chunk_phase {
+        println!(
+            "{:<22} {:>7} {:>9} {:>10} {:>6.1} s {:>4.0}/s {:>6.1} s {:>4.0}/s {:>7.2}x",
+            format!("context {}", c.context), c.chunks, c.prompt_tokens, c.generated_tokens, c.batched_s, c.batched_tokens_per_s, c.sequential_s, c.sequential_tokens_per_s, c.speedup
+        );
+    }
+    let g = &r.routing;
+    println!(
+        "routing at context {}: {} questions over {} chunks, recall@1 {:.2}, {:.0} µs each ({})",
+        g.context, g.questions, g.chunks, g.recall_at_1, g.us_per_question, g.method
+    );
+    let f = &r.follow_up;
+    println!("follow-up question ({} prompt tokens), time to first token:", f.prompt_tokens);
+    println!("  without reuse          {:>8.0} ms", f.without_reuse_ms);
+    println!("  reused, in memory      {:>8.0} ms  ({:.0}x; {} tokens reused)", f.in_memory_ms, f.speedup_in_memory, f.reused_tokens_in_memory);
+    println!("  reused, after restart  {:>8.0} ms  ({:.0}x; {} tokens from a {:.0} MB file)", f.after_restart_ms, f.speedup_after_restart, f.reused_tokens_after_restart, f.kept_file_mb);
+    println!("peak RSS {:.0} MB", r.peak_rss_mb);
+}
