@@ -27,19 +27,23 @@ fn with_documents(dir: &Path) -> ServerConfig {
     ServerConfig { documents: Some(documents), ..config() }
 }
 
-/// Uploads `bytes` as `name`: the status and the body.
-fn upload(s: &Server, name: &str, bytes: &[u8]) -> (u16, Value) {
+/// Uploads `bytes` as `name` to the server at `base`: the status and the body.
+fn upload_to(base: &str, name: &str, bytes: &[u8]) -> (u16, Value) {
     let boundary = "hillside-test-boundary-7d1f";
     let mut body = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
     body.extend_from_slice(bytes);
     body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
     let mut r = agent()
-        .post(&s.url("/v1/hillside/documents"))
+        .post(&format!("{base}/v1/hillside/documents"))
         .header("Content-Type", &format!("multipart/form-data; boundary={boundary}"))
         .send(&body[..])
         .unwrap();
     let status = r.status().as_u16();
     (status, serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap())
+}
+
+fn upload(s: &Server, name: &str, bytes: &[u8]) -> (u16, Value) {
+    upload_to(&s.base, name, bytes)
 }
 
 fn ask(s: &Server, id: &str, question: &str) -> Value {
@@ -172,14 +176,8 @@ fn a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summari
         .unwrap();
     let base = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok).find(|l| l.starts_with("http://")).expect("the child serves");
     let gpl = gpl_start();
-    let id = {
-        let boundary = "b";
-        let mut body = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"gpl-start.txt\"\r\n\r\n").into_bytes();
-        body.extend_from_slice(gpl.as_bytes());
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        let mut r = agent().post(&format!("{base}/v1/hillside/documents")).header("Content-Type", "multipart/form-data; boundary=b").send(&body[..]).unwrap();
-        serde_json::from_str::<Value>(&r.body_mut().read_to_string().unwrap()).unwrap()["id"].as_str().unwrap().to_string()
-    };
+    let (_, doc) = upload_to(&base, "gpl-start.txt", gpl.as_bytes());
+    let id = doc["id"].as_str().unwrap().to_string();
     // Kill it once the summary is reading the document.
     let r = agent().post(&format!("{base}/v1/hillside/documents/{id}/summary")).send("").unwrap();
     let prefilling = BufReader::new(r.into_body().into_reader()).lines().map_while(Result::ok).any(|l| l.contains("\"prefill\""));
