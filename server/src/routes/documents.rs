@@ -72,6 +72,13 @@ pub struct AddByPath {
     pub path: std::path::PathBuf,
 }
 
+/// Where an added document's bytes come from.
+enum Source {
+    Upload { name: String, bytes: Bytes },
+    /// A file the desktop app's user chose.
+    Path(std::path::PathBuf),
+}
+
 fn info(app: &App, entry: Entry) -> DocumentInfo {
     let whole = entry.tokens.is_none_or(|t| fits_whole(t, app.context_tokens()));
     DocumentInfo {
@@ -122,13 +129,13 @@ fn unknown(id: &str) -> ApiError {
 pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Response, ApiError> {
     let docs = app.documents()?;
     let is_json = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"));
-    let (name, bytes, path) = if is_json {
+    let source = if is_json {
         let body = Bytes::from_request(request, &app).await.map_err(|e| ApiError::bad_request(e.to_string()))?;
         let AddByPath { path } = parse(&body)?;
         if !docs.local_paths {
             return Err(ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", Some("local_paths_off"), "This server does not read local paths; upload the file as multipart/form-data."));
         }
-        (String::new(), Bytes::new(), Some(path))
+        Source::Path(path)
     } else {
         let mut form = Multipart::from_request(request, &app).await.map_err(|e| ApiError::bad_request(format!("expected multipart/form-data with a part named 'file': {e}")))?;
         let mut found = None;
@@ -140,18 +147,18 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
             }
         }
         let (name, bytes) = found.ok_or_else(|| ApiError::bad_request("no part named 'file' in the form").with_param("file"))?;
-        (name, bytes, None)
+        Source::Upload { name, bytes }
     };
     let task_app = app.clone();
     let (entry, created) = tokio::task::spawn_blocking(move || -> Result<(Entry, bool), ApiError> {
         let (app, docs) = (&task_app, task_app.documents()?);
-        let (doc, bytes) = match path {
-            Some(path) => {
+        let (doc, bytes) = match source {
+            Source::Path(path) => {
                 let doc = read_file(&path, &docs.limits).map_err(ingest_error)?;
                 let bytes = std::fs::read(&path).map_err(|e| ingest_error(IngestError::Io { name: doc.name.clone(), source: e }))?;
                 (doc, Bytes::from(bytes))
             }
-            None => (read_bytes(&name, &bytes, &docs.limits).map_err(ingest_error)?, bytes),
+            Source::Upload { name, bytes } => (read_bytes(&name, &bytes, &docs.limits).map_err(ingest_error)?, bytes),
         };
         let created = docs.library.get(&Library::id_of(&bytes)).map_err(library_error)?.is_none();
         let tokens = app.engine.tokenizer().encode(&doc.text).map_err(ApiError::from)?.len();
