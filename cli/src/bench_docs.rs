@@ -12,7 +12,7 @@ use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::prompt::best_chunk;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{chunk_notes, fits_whole, summarize, Runner, RESERVE_TOKENS};
+use hillside_documents::summarize::{chunk_notes, count_tokens, fits_whole, summarize, Runner, RESERVE_TOKENS};
 use hillside_documents::{read_file, Document, Library, Limits};
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
@@ -139,10 +139,11 @@ impl Bench<'_> {
     fn summary(&self, runner: &Runner<'_>, doc: &Document) -> Result<SummaryRun> {
         let start = Instant::now();
         let summary = summarize(runner, doc, "bench", &CancelFlag::default(), &mut |_| {})?;
-        let (mode, chunks) = match &summary.plan.mode {
-            Mode::Whole => ("whole", 1),
-            Mode::Hierarchical { chunks, .. } => ("hierarchical", chunks.len()),
+        let chunks = match &summary.plan.mode {
+            Mode::Whole => 1,
+            Mode::Hierarchical { chunks, .. } => chunks.len(),
         };
+        let mode = summary.plan.mode.name();
         Ok(SummaryRun { name: doc.name.clone(), tokens: summary.plan.tokens, mode, chunks, seconds: start.elapsed().as_secs_f64(), points: summary.points.len() })
     }
 }
@@ -177,7 +178,7 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
     let engine = Arc::new(load_engine(&args.model)?);
     let context = engine.model().kv_shape(args.model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;
     let bench = Bench { engine: &engine, model: &args.model, context };
-    let count = |s: &str| engine.tokenizer().encode(s).map_or(s.len() / 4, |t| t.len());
+    let count = |s: &str| count_tokens(&engine, s);
     if !fits_whole(count(&whole_doc.text), context) {
         bail!("{} does not fit a context of {context} tokens in one pass; pass a shorter --whole", whole_doc.name);
     }

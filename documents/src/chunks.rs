@@ -24,6 +24,16 @@ pub enum Mode {
     Hierarchical { chunks: Vec<Range<usize>>, levels: usize },
 }
 
+impl Mode {
+    /// As the API and the CLI name it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Whole => "whole",
+            Self::Hierarchical { .. } => "hierarchical",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Plan {
     /// The document's tokens.

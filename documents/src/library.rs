@@ -122,9 +122,14 @@ impl Library {
     }
 
     pub fn get(&self, id: &str) -> Result<Option<Entry>, LibraryError> {
+        self.read_json(ENTRIES, id)
+    }
+
+    /// The value under `key` in a table of JSON values.
+    fn read_json<T: serde::de::DeserializeOwned>(&self, table: TableDefinition<&str, &[u8]>, key: &str) -> Result<Option<T>, LibraryError> {
         let txn = self.db.begin_read().map_err(err)?;
-        let table = txn.open_table(ENTRIES).map_err(err)?;
-        let found = table.get(id).map_err(err)?;
+        let table = txn.open_table(table).map_err(err)?;
+        let found = table.get(key).map_err(err)?;
         found.map(|v| serde_json::from_slice(v.value()).map_err(err)).transpose()
     }
 
@@ -183,10 +188,7 @@ impl Library {
     }
 
     pub fn kept_kv(&self, key: &str) -> Result<Option<KeptKv>, LibraryError> {
-        let txn = self.db.begin_read().map_err(err)?;
-        let table = txn.open_table(KEPT_KV).map_err(err)?;
-        let found = table.get(key).map_err(err)?;
-        found.map(|v| serde_json::from_slice(v.value()).map_err(err)).transpose()
+        self.read_json(KEPT_KV, key)
     }
 
     /// Every kept K/V file, least recently used first.

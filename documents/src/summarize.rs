@@ -6,9 +6,9 @@
 
 use crate::chunks::{plan, Mode, Plan, TooLong, SUMMARY_WITH_EVIDENCE_TOKENS};
 use crate::ingest::Document;
-use crate::sources::{Source, SourceIndex};
 use crate::kv_cache::DocumentKvCache;
 use crate::prompt::{document_prompt, PromptError};
+use crate::sources::{Source, SourceIndex};
 use hillside_engine::scheduler::{KeptPrefix, Scheduler, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
 use std::ops::Range;
@@ -25,6 +25,12 @@ const EVIDENCE_BYTES: usize = 240;
 const POINTS_PER_NOTE: usize = 6;
 /// Sources kept per point.
 const SOURCES_PER_POINT: usize = 3;
+
+/// The tokens `text` takes for `engine`'s model (about a quarter of its bytes if it cannot be
+/// tokenized, which only a broken tokenizer causes).
+pub fn count_tokens(engine: &Engine, text: &str) -> usize {
+    engine.tokenizer().encode(text).map_or(text.len() / 4, |t| t.len())
+}
 
 /// Whether a document of `tokens` is summarized in one pass with `context_tokens`.
 pub fn fits_whole(tokens: usize, context_tokens: usize) -> bool {
@@ -90,7 +96,7 @@ pub struct Runner<'a> {
 
 impl Runner<'_> {
     pub(crate) fn count_tokens(&self, text: &str) -> usize {
-        self.engine.tokenizer().encode(text).map_or(text.len() / 4, |t| t.len())
+        count_tokens(self.engine, text)
     }
 
     /// A prompt on `excerpts` ((name, text) pairs, from the library's document `ids`), with its
@@ -142,7 +148,6 @@ pub fn summarize(runner: &Runner<'_>, doc: &Document, id: &str, cancel: &CancelF
     on_progress(Progress::Done);
     Ok(DocumentSummary { plan, points })
 }
-
 
 /// The chunk phase of a hierarchical summary: each of `chunks` (byte ranges of `doc`, the
 /// library's document `id`) summarized, all submitted at once so the scheduler batches them.

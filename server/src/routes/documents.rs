@@ -254,8 +254,7 @@ pub async fn summary(State(app): State<Arc<App>>, Path(id): Path<String>) -> Res
                 }) {
                     tracing::error!(error = %e, "cannot store a summary in the library");
                 }
-                let mode = if summary.plan.mode == hillside_documents::chunks::Mode::Whole { "whole" } else { "hierarchical" };
-                send(SummaryEvent::Summary { id, tokens: summary.plan.tokens, mode, points: summary.points });
+                send(SummaryEvent::Summary { id, tokens: summary.plan.tokens, mode: summary.plan.mode.name(), points: summary.points });
             }
             Err(SummaryError::Cancelled) => {}
             Err(e) => {
