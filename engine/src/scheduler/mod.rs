@@ -17,8 +17,10 @@
 
 mod kept_prefix;
 mod prefix_cache;
+mod totals;
 
 pub use kept_prefix::KeptPrefix;
+pub use totals::Totals;
 
 use crate::error::{Error, Result};
 use crate::generate::{feed_batch, finished, CancelFlag, Event, GenerateParams, Generation, Next, Sequence, Summary};
@@ -119,12 +121,15 @@ struct Live {
     generation: Generation,
     /// What this round runs for it.
     input: Vec<u32>,
+    /// Its counters as last added to the scheduler's [`Totals`].
+    counted: Totals,
 }
 
 struct State {
     queue: VecDeque<Job>,
     /// Live and cached sequences, as of the last round.
     live: Vec<SequenceStats>,
+    totals: Totals,
     accepting: bool,
     /// Why the worker stopped, if a panic escaped it.
     failed: Option<String>,
@@ -160,7 +165,7 @@ impl Scheduler {
         }
         let shared = Arc::new(Shared {
             config,
-            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), accepting: true, failed: None, stop: false, next_id: 1 }),
+            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), totals: Totals::default(), accepting: true, failed: None, stop: false, next_id: 1 }),
             changed: Condvar::new(),
         });
         let worker = {
@@ -227,6 +232,11 @@ impl Scheduler {
         state.live.iter().cloned().chain(queued).collect()
     }
 
+    /// Counters summed over every sequence run so far, as of the last round.
+    pub fn totals(&self) -> Totals {
+        self.shared.lock().totals
+    }
+
     /// Stops taking requests, lets those under way finish for up to `grace`, cancels the rest
     /// and waits for the worker, which drops every store (cold-pool files included).
     pub fn shutdown(&self, grace: Duration) {
@@ -260,6 +270,7 @@ impl Drop for Scheduler {
 fn run(engine: &Engine, shared: &Shared) {
     let mut live: Vec<Live> = Vec::new();
     let mut cache = PrefixCache::new(shared.config.cached_sequences);
+    let mut totals = Totals::default();
     loop {
         let admitted: Vec<Job> = {
             let mut state = shared.lock();
@@ -288,7 +299,7 @@ fn run(engine: &Engine, shared: &Shared) {
                 live.push(l);
             }
         }
-        run_round(engine, &mut live, &mut cache);
+        run_round(engine, &mut live, &mut cache, &mut totals);
         let cached = cache.sequences().iter().map(|seq| SequenceStats {
             id: 0,
             phase: Phase::Cached,
@@ -296,8 +307,17 @@ fn run(engine: &Engine, shared: &Shared) {
             generated_tokens: 0,
             kv: Some(seq.kv.stats()),
         });
-        let stats = live.iter().map(live_stats).chain(cached).collect();
-        shared.lock().live = stats;
+        let mut stats: Vec<SequenceStats> = Vec::with_capacity(live.len() + cache.sequences().len());
+        for l in &mut live {
+            let now = live_stats(l);
+            l.counted = totals.add_growth(l.counted, Totals::of(&now));
+            stats.push(now);
+        }
+        stats.extend(cached);
+        let mut state = shared.lock();
+        state.live = stats;
+        state.totals = totals;
+        drop(state);
         shared.changed.notify_all();
     }
 }
@@ -333,7 +353,7 @@ fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut
         Ok((seq, generation))
     });
     match started {
-        Ok((seq, generation)) => Some(Live { job, seq, generation, input: Vec::new() }),
+        Ok((seq, generation)) => Some(Live { job, seq, generation, input: Vec::new(), counted: Totals::default() }),
         Err(e) => {
             (job.sink)(Update::Done(Err(e)));
             None
@@ -345,8 +365,9 @@ fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut
 /// its next token, whose text goes out now), all of it runs in one forward pass, and each
 /// takes its logits. Sequences that ended, were cancelled or failed leave the batch; those that
 /// finished go to the prefix cache (a cancelled one is freed at once: its client left).
-fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache) {
+fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache, totals: &mut Totals) {
     let mut finished = |mut l: Live, outcome: Result<Summary>| {
+        totals.add_growth(l.counted, Totals::of(&live_stats(&l)));
         let keep = matches!(&outcome, Ok(s) if s.finish_reason != FinishReason::Cancelled);
         if keep {
             if let Some(prefix) = l.job.prefix.as_mut().filter(|p| l.seq.tokens.len() >= p.tokens()) {
@@ -461,7 +482,7 @@ mod tests {
         let config = SchedulerConfig { max_live: 1, max_queued: 4, kv: KvConfig::default(), context_tokens: None, cached_sequences: 0 };
         let shared = Arc::new(Shared {
             config,
-            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), accepting: true, failed: None, stop: false, next_id: 1 }),
+            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), totals: Totals::default(), accepting: true, failed: None, stop: false, next_id: 1 }),
             changed: Condvar::new(),
         });
         // No worker thread: the queued request stays queued until the failure ends it.
