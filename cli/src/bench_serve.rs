@@ -103,6 +103,8 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
             cached_sequences: 0,
         },
         documents: None,
+        sampling: hillside_engine::SamplingParams::default(),
+        settings_file: None,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use hillside_engine::kv::{EvaluatorKind, KvConfig, StoreKind};
 use hillside_engine::score::KeyBits;
-use hillside_engine::{Engine, GenerateParams, SamplingParams};
+use hillside_engine::{Engine, GenerateParams};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -209,17 +209,22 @@ pub struct SamplingArgs {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 512)]
     pub max_tokens: usize,
-    /// 0 is greedy.
-    #[arg(long, default_value_t = 0.7)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = 0.95)]
-    pub top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
-    pub min_p: f32,
-    #[arg(long, default_value_t = 1.1)]
-    pub repeat_penalty: f32,
+    /// 0 is greedy [default: 0.7]. This and the next four default to the config file's
+    /// `[sampling]` keys where it sets them.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// [default: 40]
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// [default: 0.95]
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// [default: 0.05]
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// [default: 1.1]
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
     #[arg(long)]
     pub seed: Option<u64>,
     /// Stop when this text appears (not printed); repeatable.
@@ -228,21 +233,16 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// These flags over the config file's `[sampling]` over the engine's defaults.
     pub fn params(&self) -> GenerateParams {
-        GenerateParams {
-            max_tokens: self.max_tokens,
-            stop: self.stop.clone(),
-            sampling: SamplingParams {
-                temperature: self.temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                min_p: self.min_p,
-                repeat_penalty: self.repeat_penalty,
-                seed: self.seed,
-                ..SamplingParams::default()
-            },
-            ..GenerateParams::default()
-        }
+        let mut sampling = config::get().sampling.params();
+        set(&mut sampling.temperature, self.temperature);
+        set(&mut sampling.top_k, self.top_k);
+        set(&mut sampling.top_p, self.top_p);
+        set(&mut sampling.min_p, self.min_p);
+        set(&mut sampling.repeat_penalty, self.repeat_penalty);
+        sampling.seed = self.seed;
+        GenerateParams { max_tokens: self.max_tokens, stop: self.stop.clone(), sampling, ..GenerateParams::default() }
     }
 }
 

@@ -75,6 +75,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             cached_sequences: args.cached_sequences.or(file.cached_sequences).unwrap_or(2),
         },
         documents: Some(args.documents.config(&path)?),
+        sampling: config::get().sampling.params(),
+        settings_file: config::path().map(Path::to_path_buf),
     };
     if !host.is_loopback() {
         tracing::warn!(%host, "listening beyond this machine: anyone who can reach it can use the model");
@@ -87,6 +89,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         let addr = listener.local_addr()?;
         let app = App::new(engine, config).map_err(|e| anyhow::anyhow!("{e} (is another Hillside using it?)"))?;
         println!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id);
+        if hillside_server::web_ui_is_built() {
+            println!("hillside: web UI at http://{addr}/");
+        }
         hillside_server::serve(listener, app, shutdown_signal()).await.context("serving")
     })?;
     eprintln!("hillside: stopped");

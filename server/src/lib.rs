@@ -2,20 +2,26 @@
 //!
 //! `/v1/chat/completions`, `/v1/completions` (streamed or not), `/v1/models`, `/health`,
 //! `/openapi.json`, and Hillside's own `/v1/hillside/sequences` (KV tier stats of every live
-//! sequence), `/v1/hillside/config` and `/v1/hillside/documents` (a library of documents to
-//! summarize and ask about). Loopback by default, optional API key, a body limit,
-//! CORS only for origins the user names.
+//! sequence), `/v1/hillside/tiers` (the tiers summed, with counters for rates),
+//! `/v1/hillside/config`, `/v1/hillside/documents` (a library of documents to summarize and ask
+//! about), `/v1/hillside/conversations` (the UI's history) and `/v1/hillside/settings` (the
+//! config file). The web UI is served at `/`. Loopback by default, optional API key, a body
+//! limit, CORS only for origins the user names.
 
 mod auth;
+mod conversations;
 mod documents;
 mod error;
 mod extract;
 mod openapi;
 mod routes;
 mod run;
+pub mod settings;
 pub mod types;
+mod web_ui;
 
 pub use documents::DocumentsConfig;
+pub use web_ui::is_built as web_ui_is_built;
 pub use error::{ApiError, ErrorBody};
 
 use axum::extract::DefaultBodyLimit;
@@ -23,8 +29,9 @@ use axum::http::{HeaderValue, Method};
 use axum::routing::{get, post};
 use axum::Router;
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
+use conversations::Conversations;
 use documents::Documents;
-use hillside_engine::Engine;
+use hillside_engine::{Engine, SamplingParams};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,8 +55,12 @@ pub struct ServerConfig {
     pub shutdown_grace_s: u64,
     #[serde(skip)]
     pub scheduler: SchedulerConfig,
-    /// Where documents and their kept K/V live; `None`: the documents routes are off.
+    /// Where documents, their kept K/V and the conversations live; `None`: those routes are off.
     pub documents: Option<DocumentsConfig>,
+    /// Sampling for requests that do not set their own (the config file's `[sampling]`).
+    pub sampling: SamplingParams,
+    /// The config file the settings routes edit; `None`: they are off.
+    pub settings_file: Option<std::path::PathBuf>,
 }
 
 /// Shared by every request.
@@ -58,6 +69,7 @@ pub struct App {
     pub scheduler: Scheduler,
     pub config: ServerConfig,
     documents: Option<Documents>,
+    conversations: Option<Conversations>,
     /// Response ids: a random per-process prefix and a counter.
     id_prefix: String,
     next_id: AtomicU64,
@@ -68,9 +80,10 @@ impl App {
     /// the library cannot be opened (another Hillside holds it, say).
     pub fn new(engine: Arc<Engine>, config: ServerConfig) -> Result<Arc<Self>, String> {
         let documents = config.documents.as_ref().map(Documents::open).transpose()?;
+        let conversations = config.documents.as_ref().map(|d| Conversations::open(&d.dir.join("conversations.redb"))).transpose()?;
         let scheduler = Scheduler::start(engine.clone(), config.scheduler.clone());
         let id_prefix = format!("{:08x}", rand::random::<u32>());
-        Ok(Arc::new(Self { engine, scheduler, config, documents, id_prefix, next_id: AtomicU64::new(1) }))
+        Ok(Arc::new(Self { engine, scheduler, config, documents, conversations, id_prefix, next_id: AtomicU64::new(1) }))
     }
 
     fn documents(&self) -> Result<&Documents, ApiError> {
@@ -114,13 +127,22 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(routes::info::models))
         .route("/v1/models/{id}", get(routes::info::model))
         .route("/v1/hillside/sequences", get(routes::info::sequences))
+        .route("/v1/hillside/tiers", get(routes::info::tiers))
         .route("/v1/hillside/config", get(routes::info::config))
+        .route("/v1/hillside/settings", get(routes::settings::get).put(routes::settings::put))
+        .route("/v1/hillside/conversations", get(routes::conversations::list).post(routes::conversations::create))
+        .route("/v1/hillside/conversations/{id}", get(routes::conversations::get).patch(routes::conversations::change).delete(routes::conversations::delete))
         .route("/v1/hillside/documents", post(routes::documents::add).get(routes::documents::list).layer(DefaultBodyLimit::max(upload_limit)))
         .route("/v1/hillside/documents/{id}", get(routes::documents::get).delete(routes::documents::delete))
         .route("/v1/hillside/documents/{id}/summary", post(routes::documents::summary))
+        .route("/v1/hillside/documents/{id}/text", get(routes::documents::text))
         .route("/openapi.json", get(openapi::document))
         .layer(axum::middleware::from_fn_with_state(app.clone(), auth::require_key))
         .route("/health", get(routes::info::health))
+        // The UI's own files need no key: the page asks for it when the API does.
+        .route("/", get(web_ui::file))
+        .route("/assets/{*file}", get(web_ui::file))
+        .route("/favicon.svg", get(web_ui::file))
         .fallback(routes::info::not_found)
         .method_not_allowed_fallback(routes::info::method_not_allowed)
         .layer(DefaultBodyLimit::max(app.config.max_body_bytes));
@@ -129,7 +151,7 @@ pub fn router(app: Arc<App>) -> Router {
         router = router.layer(
             tower_http::cors::CorsLayer::new()
                 .allow_origin(origins)
-                .allow_methods([Method::GET, Method::POST, Method::DELETE])
+                .allow_methods([Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE])
                 .allow_headers([axum::http::header::AUTHORIZATION, axum::http::header::CONTENT_TYPE]),
         );
     }

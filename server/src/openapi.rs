@@ -1,6 +1,6 @@
 //! `GET /openapi.json`, generated from the route annotations and the wire types.
 
-use crate::routes::{chat, completions, documents, info};
+use crate::routes::{chat, completions, conversations, documents, info, settings};
 use axum::Json;
 use utoipa::OpenApi;
 
@@ -14,12 +14,21 @@ use utoipa::OpenApi;
         info::model,
         info::health,
         info::sequences,
+        info::tiers,
         info::config,
+        settings::get,
+        settings::put,
+        conversations::list,
+        conversations::create,
+        conversations::get,
+        conversations::change,
+        conversations::delete,
         documents::add,
         documents::list,
         documents::get,
         documents::delete,
         documents::summary,
+        documents::text,
     ),
     components(schemas(crate::types::ChatCompletionChunk, crate::types::ChatExtension))
 )]

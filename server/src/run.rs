@@ -32,7 +32,7 @@ pub fn params(app: &App, f: &SamplingFields, max_tokens: Option<usize>, prompt_t
     if max_tokens == Some(0) {
         return Err(ApiError::bad_request("max_tokens must be at least 1").with_param("max_tokens"));
     }
-    let defaults = SamplingParams::default();
+    let defaults = app.config.sampling.clone();
     let sampling = SamplingParams {
         temperature: f.temperature.unwrap_or(defaults.temperature),
         top_p: f.top_p.unwrap_or(defaults.top_p),

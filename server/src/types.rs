@@ -76,6 +76,9 @@ pub struct ChatExtension {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChatExtensionReply {
     pub documents: Vec<DocumentExcerpt>,
+    /// Tokens of the prompt's document part (the prefix whose K/V is kept); those of them not
+    /// counted in `usage.prompt_tokens_details.cached_tokens` were read (prefilled) again.
+    pub document_tokens: usize,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -213,6 +216,9 @@ pub struct ChatCompletionChunk {
     /// Present (null until the last chunk) only when `stream_options.include_usage` asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
+    /// On the chunk with the finish reason, when the request named documents: what of them it read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hillside: Option<ChatExtensionReply>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -65,6 +65,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
     }
     let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let mut role_sent = false;
+    let mut read = read;
     let render = move |piece: Piece| {
         let mut chunks = Vec::new();
         if !role_sent {
@@ -78,7 +79,9 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
                 if !lp.is_empty() && with_logprobs {
                     chunks.push(head.chunk(Delta { content: Some(String::new()), ..Delta::default() }, logprobs(&lp), None, include_usage));
                 }
-                chunks.push(head.chunk(Delta::default(), None, Some(run::finish_reason(summary.finish_reason)), include_usage));
+                let mut last = head.chunk(Delta::default(), None, Some(run::finish_reason(summary.finish_reason)), include_usage);
+                last.hillside = read.take();
+                chunks.push(last);
                 if include_usage {
                     let mut last = head.chunk(Delta::default(), None, None, true);
                     last.choices.clear();
@@ -108,6 +111,7 @@ impl Head {
             model: self.model.clone(),
             choices: vec![ChunkChoice { index: 0, delta, logprobs, finish_reason }],
             usage: include_usage.then_some(None),
+            hillside: None,
         }
     }
 }

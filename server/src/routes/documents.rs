@@ -7,7 +7,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::extract::parse;
 use crate::{unix_now_s, App};
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Multipart, Path, Request, State};
+use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -191,6 +191,45 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<
     Ok(Json(info(&app, entry)))
 }
 
+/// The longest passage `…/text` returns.
+const MAX_PASSAGE_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct ByteRange {
+    /// First byte of the document's text (a source's `bytes.start`).
+    pub start: usize,
+    /// Byte after the last (a source's `bytes.end`); at most 64 KiB after `start`.
+    pub end: usize,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Passage {
+    pub id: String,
+    /// The range actually returned, widened to whole characters.
+    pub start: usize,
+    pub end: usize,
+    pub text: String,
+}
+
+#[utoipa::path(get, path = "/v1/hillside/documents/{id}/text", params(("id" = String, Path, description = "Document id"), ByteRange),
+    responses((status = 200, description = "A passage of the document's text (a summary point's source)", body = Passage),
+        (status = 400, description = "An empty, reversed or too long range", body = ErrorBody), (status = 404, description = "No such document", body = ErrorBody)))]
+pub async fn text(State(app): State<Arc<App>>, Path(id): Path<String>, Query(range): Query<ByteRange>) -> Result<Json<Passage>, ApiError> {
+    if range.end <= range.start || range.end - range.start > MAX_PASSAGE_BYTES {
+        return Err(ApiError::bad_request(format!("a passage is 1 to {MAX_PASSAGE_BYTES} bytes, start before end")).with_param("start"));
+    }
+    let text = app.documents()?.library.text(&id).map_err(library_error)?.ok_or_else(|| unknown(&id))?;
+    let mut start = range.start.min(text.len());
+    while !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = range.end.min(text.len());
+    while !text.is_char_boundary(end) {
+        end += 1;
+    }
+    Ok(Json(Passage { id, start, end, text: text[start..end].to_string() }))
+}
+
 #[utoipa::path(delete, path = "/v1/hillside/documents/{id}", params(("id" = String, Path, description = "Document id")),
     responses((status = 200, description = "Forgotten, with its kept K/V", body = DocumentDeleted), (status = 404, description = "No such document", body = ErrorBody)))]
 pub async fn delete(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<DocumentDeleted>, ApiError> {
@@ -315,5 +354,6 @@ pub fn question(app: &App, ids: &[String], messages: &[ChatMessage]) -> Result<(
         .zip(&asked.excerpts)
         .map(|(id, e)| DocumentExcerpt { id: id.clone(), start: e.bytes.start, end: e.bytes.end, chunk: e.chunk, chunks: e.chunks })
         .collect();
-    Ok((asked.request, ChatExtensionReply { documents: read }))
+    let document_tokens = asked.request.prefix.as_ref().map_or(0, |p| p.tokens());
+    Ok((asked.request, ChatExtensionReply { documents: read, document_tokens }))
 }

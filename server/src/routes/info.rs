@@ -7,9 +7,10 @@ use crate::{unix_now_s, App, ServerConfig};
 use axum::extract::{Path, State};
 use axum::http::{Method, Uri};
 use axum::Json;
-use hillside_engine::scheduler::{Phase, SequenceStats, SubmitError};
+use hillside_engine::scheduler::{Phase, SequenceStats, SubmitError, Totals};
 use serde::Serialize;
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 use utoipa::ToSchema;
 
 #[utoipa::path(get, path = "/health", responses(
@@ -78,6 +79,48 @@ pub async fn sequences(State(app): State<Arc<App>>) -> Json<SequencesReport> {
         })
         .collect();
     Json(SequencesReport { sequences })
+}
+
+/// The KV tiers of every sequence together, now, and counters since the server started: a
+/// client takes rates (hit rate, cold bytes per token, score blocks per second) from two
+/// readings.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TiersReport {
+    /// When this was read, in milliseconds since the Unix epoch.
+    pub unix_ms: u64,
+    /// The store each sequence gets: full, offload, tiered or drop.
+    pub store: String,
+    /// Sequences generating (the others are queued or cached).
+    pub live_sequences: usize,
+    pub tokens: usize,
+    /// Memory the stores hold (K/V, scoring copies, buffers).
+    pub resident_bytes: usize,
+    /// Tiered stores: DRAM counted against the hot budgets, and those budgets.
+    pub hot_bytes: usize,
+    pub hot_budget_bytes: usize,
+    /// K/V in the cold pools on disk.
+    pub cold_bytes: usize,
+    #[schema(value_type = Object)]
+    pub totals: Totals,
+}
+
+#[utoipa::path(get, path = "/v1/hillside/tiers", responses((status = 200, description = "KV tier occupancy and counters, summed over the sequences", body = TiersReport)))]
+pub async fn tiers(State(app): State<Arc<App>>) -> Json<TiersReport> {
+    let stats = app.scheduler.stats();
+    let kvs = || stats.iter().filter_map(|s| s.kv.as_ref());
+    let tiers = || kvs().filter_map(|kv| kv.tier.as_ref());
+    let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    Json(TiersReport {
+        unix_ms,
+        store: app.config.scheduler.kv.store.to_string(),
+        live_sequences: stats.iter().filter(|s| matches!(s.phase, Phase::Prefill | Phase::Decode)).count(),
+        tokens: kvs().map(|kv| kv.tokens).sum(),
+        resident_bytes: kvs().map(|kv| kv.resident_bytes).sum(),
+        hot_bytes: tiers().map(|t| t.hot_bytes).sum(),
+        hot_budget_bytes: tiers().map(|t| t.hot_budget_bytes).sum(),
+        cold_bytes: kvs().map(|kv| kv.cold_bytes).sum(),
+        totals: app.scheduler.totals(),
+    })
 }
 
 /// The configuration in force (never the API key).

@@ -2,5 +2,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod conversations;
 pub mod documents;
 pub mod info;
+pub mod settings;

@@ -27,6 +27,8 @@ pub fn config() -> ServerConfig {
         shutdown_grace_s: 1,
         scheduler: SchedulerConfig { max_live: 4, max_queued: 32, kv: KvConfig::default(), context_tokens: Some(2048), cached_sequences: 2 },
         documents: None,
+        sampling: hillside_engine::SamplingParams::default(),
+        settings_file: None,
     }
 }
 
@@ -74,6 +76,15 @@ impl Server {
         let status = r.status().as_u16();
         let text = r.body_mut().read_to_string().unwrap();
         (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    }
+
+    /// Any method, with a JSON body or none: the status and the JSON answer (`Null` if empty).
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let request = ureq::http::Request::builder().method(method).uri(self.url(path)).header("Content-Type", "application/json");
+        let request = request.body(body.map(Value::to_string).unwrap_or_default()).unwrap();
+        let mut r = agent().run(request).unwrap();
+        let text = r.body_mut().read_to_string().unwrap();
+        (r.status().as_u16(), if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")) })
     }
 
     /// A streamed request: every `data:` payload, `[DONE]` included.

@@ -1,0 +1,361 @@
+//! The config file (`$XDG_CONFIG_HOME/hillside/config.toml`, or the one `--config` names): its
+//! model, shared by the CLI (which reads it at start) and the server (whose settings routes
+//! edit it for the UI). An edit is checked field by field, then rewrites only the keys it
+//! changes, keeping the user's comments and other keys, and takes effect at the next start.
+//! Example:
+//!
+//! ```toml
+//! model = "smollm2-135m-instruct"
+//! context = 8192
+//! threads = 2
+//!
+//! [kv]
+//! store = "tiered"
+//! alpha = 0.2
+//! hot_budget_bytes = 50_000_000
+//! cold_dir = "/mnt/nvme/hillside-kv"
+//!
+//! [sampling]
+//! temperature = 0.7
+//!
+//! [server]
+//! port = 8080
+//! max_live = 4
+//! ```
+
+use hillside_engine::kv::{EvaluatorKind, KvConfig, StoreKind};
+use hillside_engine::SamplingParams;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use toml_edit::{value, DocumentMut, Item, Table};
+use utoipa::ToSchema;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    /// A registry name or a path, as `--model` takes.
+    pub model: Option<String>,
+    pub context: Option<usize>,
+    pub threads: Option<usize>,
+    pub kv: KvConfig,
+    pub sampling: SamplingFile,
+    pub server: ServerFile,
+    pub documents: DocumentsFile,
+}
+
+/// `[sampling]`: defaults for requests (and `hillside chat`) that do not set their own.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingFile {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+}
+
+impl SamplingFile {
+    /// The engine's defaults, with the keys this table sets.
+    pub fn params(&self) -> SamplingParams {
+        let d = SamplingParams::default();
+        SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            ..d
+        }
+    }
+}
+
+/// `[documents]`: where documents and their kept K/V live (flags of the same names win).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DocumentsFile {
+    pub dir: Option<PathBuf>,
+    pub kv_quota_gb: Option<f64>,
+    pub max_file_mb: Option<u64>,
+}
+
+/// `[server]`: what `hillside serve`'s flags set (each flag wins over its key).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerFile {
+    pub host: Option<std::net::IpAddr>,
+    pub port: Option<u16>,
+    pub api_key: Option<String>,
+    pub max_body_mb: Option<usize>,
+    pub cors_origins: Option<Vec<String>>,
+    pub max_live: Option<usize>,
+    pub max_queued: Option<usize>,
+    pub cached_sequences: Option<usize>,
+    pub shutdown_grace_s: Option<u64>,
+}
+
+/// Where the config file is looked for when none is named.
+pub fn default_path() -> Option<PathBuf> {
+    dirs::config_dir().map(|d| d.join("hillside").join("config.toml"))
+}
+
+/// Parses the file at `path`; a missing file is the defaults.
+pub fn read(path: &Path) -> Result<FileConfig, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => toml::from_str(&text).map_err(|e| format!("in the config file {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
+        Err(e) => Err(format!("reading the config file {}: {e}", path.display())),
+    }
+}
+
+/// The settings page: what it shows and what it sends back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// A registry name or a path to a model (`None`: the default model).
+    pub model: Option<String>,
+    #[schema(value_type = String)]
+    pub store: StoreKind,
+    pub alpha: f32,
+    /// `None`: the planner's choice.
+    pub hot_budget_mb: Option<f64>,
+    #[schema(value_type = String)]
+    pub cold_dir: PathBuf,
+    #[schema(value_type = String)]
+    pub evaluator: EvaluatorKind,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub port: u16,
+    pub require_api_key: bool,
+}
+
+impl Settings {
+    pub fn of(file: &FileConfig) -> Self {
+        let sampling = file.sampling.params();
+        Self {
+            model: file.model.clone(),
+            store: file.kv.store,
+            alpha: file.kv.alpha,
+            hot_budget_mb: file.kv.hot_budget_bytes.map(|b| b as f64 / 1e6),
+            cold_dir: file.kv.cold_dir.clone(),
+            evaluator: file.kv.evaluator,
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            top_k: sampling.top_k,
+            min_p: sampling.min_p,
+            repeat_penalty: sampling.repeat_penalty,
+            port: file.server.port.unwrap_or(8080),
+            require_api_key: file.server.api_key.as_deref().is_some_and(|k| !k.is_empty()),
+        }
+    }
+
+    /// The first field that is wrong, and why (`installed`: the registry names installed).
+    pub fn check(&self, installed: &[String]) -> Result<(), (&'static str, String)> {
+        if let Some(model) = &self.model {
+            let path = Path::new(model);
+            let is_path = model.contains('/') || model.ends_with(".gguf");
+            if model.trim().is_empty() {
+                return Err(("model", "name a model, or leave it empty for the default".into()));
+            }
+            if is_path && !path.exists() {
+                return Err(("model", format!("{model} does not exist")));
+            }
+            if !is_path && !installed.iter().any(|m| m == model) {
+                return Err(("model", format!("{model} is not installed (hillside models pull {model} installs it)")));
+            }
+        }
+        if !(self.alpha > 0.0 && self.alpha <= 1.0) {
+            return Err(("alpha", "α is the share of tokens each step attends to: more than 0, at most 1".into()));
+        }
+        if let Some(mb) = self.hot_budget_mb {
+            if !(mb >= 1.0 && mb.is_finite()) {
+                return Err(("hot_budget_mb", "the hot-pool budget must be at least 1 MB (or empty for the planner's choice)".into()));
+            }
+        }
+        if !self.cold_dir.is_absolute() {
+            return Err(("cold_dir", "the cold-pool directory must be an absolute path".into()));
+        }
+        let existing = self.cold_dir.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+        if !existing.is_dir() {
+            return Err(("cold_dir", format!("{} is a file, not a directory", existing.display())));
+        }
+        let sampling = SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            ..SamplingParams::default()
+        };
+        if let Err(e) = sampling.validate() {
+            // The engine's message names the field first ("top_p must be in (0, 1]").
+            let message = e.to_string();
+            let field = ["temperature", "top_p", "min_p", "repeat_penalty"].into_iter().find(|f| message.contains(f)).unwrap_or("temperature");
+            return Err((field, message.trim_start_matches("invalid generation parameter: ").to_string()));
+        }
+        if self.port < 1024 {
+            return Err(("port", "use a port from 1024 to 65535 (lower ones need root)".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Writes `settings` into the file at `path` (created, with its folder, if missing), changing
+/// only their keys. Turning the API key on makes a new random key, which is returned (once) so
+/// that the user can copy it; turning it off removes the key.
+pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("reading the config file {}: {e}", path.display())),
+    };
+    let mut doc: DocumentMut = text.parse().map_err(|e| format!("the config file {} is not valid TOML: {e}", path.display()))?;
+    match &settings.model {
+        Some(m) => doc["model"] = value(m.as_str()),
+        None => drop(doc.remove("model")),
+    }
+    let kv = table(&mut doc, "kv");
+    kv["store"] = value(settings.store.to_string());
+    kv["alpha"] = value(f64::from(settings.alpha));
+    match settings.hot_budget_mb {
+        Some(mb) => kv["hot_budget_bytes"] = value((mb * 1e6).round() as i64),
+        None => drop(kv.remove("hot_budget_bytes")),
+    }
+    kv["cold_dir"] = value(settings.cold_dir.to_string_lossy().as_ref());
+    kv["evaluator"] = value(settings.evaluator.to_string());
+    let sampling = table(&mut doc, "sampling");
+    sampling["temperature"] = value(f64::from(settings.temperature));
+    sampling["top_p"] = value(f64::from(settings.top_p));
+    sampling["top_k"] = value(settings.top_k as i64);
+    sampling["min_p"] = value(f64::from(settings.min_p));
+    sampling["repeat_penalty"] = value(f64::from(settings.repeat_penalty));
+    let server = table(&mut doc, "server");
+    server["port"] = value(i64::from(settings.port));
+    let had_key = server.get("api_key").and_then(Item::as_str).is_some_and(|k| !k.is_empty());
+    let new_key = match (settings.require_api_key, had_key) {
+        (true, false) => {
+            let key = format!("hs-{:032x}", rand::random::<u128>());
+            server["api_key"] = value(key.as_str());
+            Some(key)
+        }
+        (false, _) => {
+            server.remove("api_key");
+            None
+        }
+        (true, true) => None,
+    };
+    let text = doc.to_string();
+    // What is written must read back: a key this code writes wrongly would stop every start.
+    toml::from_str::<FileConfig>(&text).map_err(|e| format!("the edited config would not parse (a bug): {e}"))?;
+    write_private(path, &text)?;
+    Ok(new_key)
+}
+
+/// The `[name]` table, made if missing.
+fn table<'d>(doc: &'d mut DocumentMut, name: &str) -> &'d mut Table {
+    if !doc.contains_table(name) {
+        doc[name] = Item::Table(Table::new());
+    }
+    doc[name].as_table_mut().expect("just made a table")
+}
+
+/// Replaces the file in one rename, readable by its owner only (it may hold the API key).
+fn write_private(path: &Path, text: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let context = |e: std::io::Error| format!("writing the config file {}: {e}", path.display());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(context)?;
+    }
+    let partial = path.with_extension("toml.partial");
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&partial).map_err(context)?;
+    file.write_all(text.as_bytes()).and_then(|()| file.sync_all()).map_err(context)?;
+    std::fs::rename(&partial, path).map_err(context)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_files_keep_defaults_and_typos_are_errors() {
+        let c: FileConfig = toml::from_str("context = 4096\n[kv]\nstore = \"tiered\"\nalpha = 0.1\n").unwrap();
+        assert_eq!(c.context, Some(4096));
+        assert_eq!(c.kv.store, StoreKind::Tiered);
+        assert_eq!(c.kv.alpha, 0.1);
+        assert_eq!(c.kv.recent_tokens, KvConfig::default().recent_tokens);
+        let typo = toml::from_str::<FileConfig>("[kv]\nalpah = 0.1\n").unwrap_err().to_string();
+        assert!(typo.contains("alpah"), "{typo}");
+        assert!(toml::from_str::<FileConfig>("[kv]\nstore = \"ssd\"\n").is_err());
+        let c: FileConfig = toml::from_str("[server]\nport = 9000\ncors_origins = [\"http://localhost:3000\"]\n").unwrap();
+        assert_eq!((c.server.port, c.server.max_live), (Some(9000), None));
+        assert!(toml::from_str::<FileConfig>("[server]\nprot = 9000\n").is_err());
+        let c: FileConfig = toml::from_str("[sampling]\ntemperature = 0.2\n").unwrap();
+        assert_eq!((c.sampling.params().temperature, c.sampling.params().top_k), (0.2, SamplingParams::default().top_k));
+    }
+
+    #[test]
+    fn the_readme_example_parses() {
+        let readme = include_str!("../../README.md");
+        let example = readme.split("```toml\n").nth(1).and_then(|s| s.split("```").next()).expect("a toml block in the README");
+        let c: FileConfig = toml::from_str(example).unwrap();
+        assert_eq!(c.kv.store, StoreKind::Tiered);
+        assert_eq!(c.kv.hot_budget_bytes, Some(50_000_000));
+    }
+
+    #[test]
+    fn an_edit_keeps_comments_and_other_keys_and_reads_back() {
+        let dir = std::env::temp_dir().join(format!("hillside-settings-{}", std::process::id()));
+        let path = dir.join("config.toml");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&path, "# my laptop\ncontext = 4096\n\n[kv]\n# the fast disk\ncold_dir = \"/tmp\"\nrecent_tokens = 32\n\n[server]\nmax_live = 2\n").unwrap();
+        let mut s = Settings::of(&read(&path).unwrap());
+        s.store = StoreKind::Tiered;
+        s.alpha = 0.1;
+        s.hot_budget_mb = Some(50.0);
+        s.temperature = 0.3;
+        s.require_api_key = true;
+        let key = write(&path, &s).unwrap().expect("a new key");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("# my laptop") && text.contains("# the fast disk"), "{text}");
+        let back = read(&path).unwrap();
+        assert_eq!((back.context, back.kv.recent_tokens, back.server.max_live), (Some(4096), 32, Some(2)));
+        assert_eq!(back.kv.hot_budget_bytes, Some(50_000_000));
+        assert_eq!(back.server.api_key.as_deref(), Some(key.as_str()));
+        assert_eq!(Settings::of(&back), s);
+        // Saving again keeps the key; turning it off removes it.
+        assert_eq!(write(&path, &s).unwrap(), None);
+        s.require_api_key = false;
+        write(&path, &s).unwrap();
+        assert_eq!(read(&path).unwrap().server.api_key, None);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn each_wrong_field_is_named() {
+        let good = Settings::of(&FileConfig::default());
+        let installed = vec!["smollm2-135m-instruct".to_string()];
+        assert_eq!(good.check(&installed), Ok(()));
+        let field = |change: &dyn Fn(&mut Settings)| {
+            let mut s = good.clone();
+            change(&mut s);
+            s.check(&installed).unwrap_err().0
+        };
+        assert_eq!(field(&|s| s.alpha = 0.0), "alpha");
+        assert_eq!(field(&|s| s.alpha = 1.5), "alpha");
+        assert_eq!(field(&|s| s.hot_budget_mb = Some(0.5)), "hot_budget_mb");
+        assert_eq!(field(&|s| s.cold_dir = "relative/kv".into()), "cold_dir");
+        assert_eq!(field(&|s| s.cold_dir = "/etc/hostname/kv".into()), "cold_dir");
+        assert_eq!(field(&|s| s.top_p = 0.0), "top_p");
+        assert_eq!(field(&|s| s.temperature = -1.0), "temperature");
+        assert_eq!(field(&|s| s.repeat_penalty = 0.0), "repeat_penalty");
+        assert_eq!(field(&|s| s.min_p = 2.0), "min_p");
+        assert_eq!(field(&|s| s.port = 80), "port");
+        assert_eq!(field(&|s| s.model = Some("llama-70b".into())), "model");
+        assert_eq!(field(&|s| s.model = Some("/nowhere/m.gguf".into())), "model");
+    }
+}
