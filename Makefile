@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Builds live outside the clone so a fresh checkout (CI) reuses them.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/hillside-target
 
-.PHONY: setup setup-tests run test bench clean
+.PHONY: setup setup-tests ui ui-test run test bench clean
 
 setup:
 	@scripts/setup.sh
@@ -14,12 +14,22 @@ setup:
 setup-tests:
 	@scripts/setup.sh --tests
 
-run: setup
+# The web UI (ui/dist), which hillside-server embeds: npm installs its locked packages when the
+# lock file changed, then Vite builds it.
+ui:
+	cd ui && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; } && npm run build
+
+# The UI in Chromium (headless) against a real `hillside serve`.
+ui-test: ui
+	cargo build -p hillside
+	cd ui && HILLSIDE_BIN=$(CARGO_TARGET_DIR)/debug/hillside npx playwright test
+
+run: setup ui
 	# hillside-xrt-probe looks for a SmartSSD in a process of its own, beside `hillside`.
 	cargo build --release -p hillside-engine --bin hillside-xrt-probe
 	cargo run --release -p hillside -- serve
 
-test: setup-tests
+test: setup-tests ui
 	cargo test --workspace
 	# The workspace still builds with the Rust its rust-version names (in a target dir of its own).
 	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) check --workspace --all-targets
@@ -33,6 +43,8 @@ test: setup-tests
 	scripts/openai-client-test.sh
 	# The FPGA scoring kernel's C simulation against the Rust reference's vectors.
 	$(MAKE) -C fpga csim BUILD=$(CARGO_TARGET_DIR)/fpga
+	# The web UI in Chromium against `hillside serve` on the real model.
+	$(MAKE) ui-test
 
 bench: setup
 	cargo run --release -p hillside -- bench decode --json docs/bench-decode.json

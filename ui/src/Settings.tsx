@@ -1,0 +1,143 @@
+// The settings page: the config file the CLI reads (model, KV store and tiers, sampling
+// defaults, port, API key). The server checks each field; its message shows beside the field.
+// Changes apply when Hillside next starts.
+
+import { useEffect, useState } from "preact/hooks";
+import { ApiError, call, type Settings } from "./api";
+
+interface Report {
+  path: string;
+  settings: Settings;
+  new_api_key?: string;
+}
+
+type Field = keyof Settings;
+
+export function SettingsView() {
+  const [report, setReport] = useState<Report | null>(null);
+  const [form, setForm] = useState<Settings | null>(null);
+  const [errors, setErrors] = useState<Partial<Record<Field, string>>>({});
+  const [status, setStatus] = useState<string | null>(null);
+  const [problem, setProblem] = useState<string | null>(null);
+
+  useEffect(() => {
+    call<Report>("GET", "/v1/hillside/settings")
+      .then((r) => (setReport(r), setForm(r.settings)))
+      .catch((e) => setProblem(e.message));
+  }, []);
+  if (problem) return <section class="page"><p class="error" role="alert">{problem}</p></section>;
+  if (!form || !report) return <section class="page">Loading…</section>;
+
+  const set = <K extends Field>(key: K, value: Settings[K]) => {
+    setForm({ ...form, [key]: value });
+    setErrors(({ [key]: _, ...rest }) => rest);
+    setStatus(null);
+  };
+  const number = (key: Field, raw: string, optional = false) => {
+    if (optional && raw.trim() === "") return set(key, null as never);
+    const n = Number(raw);
+    if (raw.trim() === "" || Number.isNaN(n)) {
+      setErrors((e) => ({ ...e, [key]: "enter a number" }));
+      return;
+    }
+    set(key, n as never);
+  };
+  const save = async (e: Event) => {
+    e.preventDefault();
+    if (Object.keys(errors).length) return;
+    try {
+      const r = await call<Report>("PUT", "/v1/hillside/settings", form);
+      setReport(r);
+      setStatus(r.new_api_key ? `Saved. Your new API key (shown once): ${r.new_api_key}` : `Saved to ${r.path}. Restart Hillside to apply.`);
+    } catch (err) {
+      const e = err as ApiError;
+      if (e.param) setErrors({ [e.param]: e.message });
+      else setProblem(e.message);
+    }
+  };
+
+  const field = (key: Field, label: string, control: preact.ComponentChildren, hint?: string) => (
+    <div class={`field${errors[key] ? " invalid" : ""}`}>
+      <label for={`setting-${key}`}>{label}</label>
+      {control}
+      {hint && <small id={`hint-${key}`}>{hint}</small>}
+      {errors[key] && (
+        <small class="error" id={`error-${key}`} role="alert">
+          {errors[key]}
+        </small>
+      )}
+    </div>
+  );
+  const text = (key: Field, value: string, onInput: (v: string) => void, type: "text" | "number" = "text", step?: string) => {
+    // Preact's input types split by `type`; this one control takes both.
+    const attributes: Record<string, unknown> = { type, step };
+    return (
+      <input
+        id={`setting-${key}`}
+        {...attributes}
+        value={value}
+        aria-invalid={!!errors[key]}
+        aria-describedby={errors[key] ? `error-${key}` : undefined}
+        onInput={(e) => onInput(e.currentTarget.value)}
+      />
+    );
+  };
+  const choice = (key: Field, value: string, options: string[]) => (
+    <select id={`setting-${key}`} value={value} onChange={(e) => set(key, e.currentTarget.value as never)}>
+      {options.map((o) => (
+        <option key={o} value={o}>
+          {o}
+        </option>
+      ))}
+    </select>
+  );
+
+  return (
+    <section class="page settings">
+      <h1>Settings</h1>
+      <p class="hint">
+        Saved to <code>{report.path}</code>, the file <code>hillside</code> reads; they apply when Hillside next starts.
+      </p>
+      <form onSubmit={save} noValidate>
+        <fieldset>
+          <legend>Model</legend>
+          {field("model", "Model", text("model", form.model ?? "", (v) => set("model", v.trim() ? v : null)), "A name from hillside models list, or a .gguf path; empty for the default")}
+        </fieldset>
+        <fieldset>
+          <legend>KV cache</legend>
+          {field("store", "Store", choice("store", form.store, ["full", "offload", "tiered", "drop"]), "tiered: a hot pool in memory, a cold pool on disk")}
+          {field("alpha", "α (share of tokens attended)", text("alpha", String(form.alpha), (v) => number("alpha", v), "number", "0.01"))}
+          {field("hot_budget_mb", "Hot-pool budget (MB)", text("hot_budget_mb", form.hot_budget_mb === null ? "" : String(form.hot_budget_mb), (v) => number("hot_budget_mb", v, true), "number"), "Empty: the planner decides")}
+          {field("cold_dir", "Cold-pool directory", text("cold_dir", form.cold_dir, (v) => set("cold_dir", v)), "On the fastest SSD you have")}
+          {field("evaluator", "Scoring of cold tokens", choice("evaluator", form.evaluator, ["storage", "host", "xrt"]), "xrt: a SmartSSD's FPGA, where there is one")}
+        </fieldset>
+        <fieldset>
+          <legend>Sampling defaults</legend>
+          {field("temperature", "Temperature", text("temperature", String(form.temperature), (v) => number("temperature", v), "number", "0.05"))}
+          {field("top_p", "Top p", text("top_p", String(form.top_p), (v) => number("top_p", v), "number", "0.01"))}
+          {field("top_k", "Top k", text("top_k", String(form.top_k), (v) => number("top_k", v), "number", "1"))}
+          {field("min_p", "Min p", text("min_p", String(form.min_p), (v) => number("min_p", v), "number", "0.01"))}
+          {field("repeat_penalty", "Repeat penalty", text("repeat_penalty", String(form.repeat_penalty), (v) => number("repeat_penalty", v), "number", "0.05"))}
+        </fieldset>
+        <fieldset>
+          <legend>Server</legend>
+          {field("port", "Port", text("port", String(form.port), (v) => number("port", v), "number", "1"))}
+          <div class="field checkbox">
+            <input id="setting-require_api_key" type="checkbox" checked={form.require_api_key} onChange={(e) => set("require_api_key", e.currentTarget.checked)} />
+            <label for="setting-require_api_key">Require an API key (one is made when you save)</label>
+          </div>
+        </fieldset>
+        <div class="form-actions">
+          <button class="primary" type="submit">
+            Save
+          </button>
+          {status && (
+            <span class="saved" role="status">
+              {status}
+            </span>
+          )}
+        </div>
+      </form>
+    </section>
+  );
+}

@@ -1,0 +1,132 @@
+// The web UI in Chromium against `hillside serve` on the real model: a streamed reply, stopping
+// one, a document's summary with progress and sources, a follow-up that reuses the document's
+// K/V, the history after a restart, a bad file's error, and the settings page's checks.
+
+import { expect, test, type Page } from "@playwright/test";
+import { existsSync, readFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { folders, Server } from "./server";
+
+const GPL = resolve(import.meta.dirname, "../../../shared/data/gpl-3.0.txt");
+
+test.describe.configure({ mode: "serial" });
+
+const f = folders();
+let server: Server;
+
+test.beforeAll(async () => {
+  server = await Server.start(f);
+});
+test.afterAll(async () => {
+  await server?.stop();
+});
+
+async function send(page: Page, text: string) {
+  await page.getByLabel("Message", { exact: true }).fill(text);
+  await page.keyboard.press("Enter");
+}
+
+test("a message gets a streamed reply, with its speed and reuse", async ({ page }) => {
+  await page.goto(server.url);
+  await expect(page.locator(".topbar")).toContainText("smollm2-135m-instruct");
+  await expect(page.locator(".topbar")).toContainText("8,192 tokens of context");
+  await send(page, "What is the capital of France? Answer in one sentence.");
+  await expect(page.locator(".message.user .plain")).toHaveText("What is the capital of France? Answer in one sentence.");
+  const reply = page.locator(".message.assistant").last();
+  await expect(reply.locator(".tokens-per-second")).toContainText("tokens/s");
+  await expect(reply.locator(".markdown")).not.toBeEmpty();
+  await expect(reply.locator(".reuse")).toContainText("prompt tokens reused");
+  // Saved as a conversation, named after the first message.
+  await expect(page.locator(".conversations li")).toHaveCount(1);
+  await expect(page.locator(".conversations li").first()).toContainText("What is the capital of France?");
+});
+
+test("Esc stops a reply mid-way and frees its sequence", async ({ page }) => {
+  await page.goto(server.url);
+  await send(page, "Write a very long story about a dragon who learns to bake bread. Make it at least two thousand words.");
+  const reply = page.locator(".message.assistant").last();
+  await expect(reply.locator(".markdown")).not.toHaveText(/^…?$/);
+  await expect(page.getByRole("button", { name: "Stop", exact: true })).toBeVisible();
+  await page.keyboard.press("Escape");
+  await expect(reply.locator(".stat", { hasText: "stopped" })).toBeVisible();
+  await expect(page.getByRole("button", { name: "Send" })).toBeVisible();
+  // The server gave the sequence up: nothing is generating.
+  await expect.poll(async () => (await server.api("/v1/hillside/tiers")).live_sequences).toBe(0);
+  const text = await reply.locator(".markdown").innerText();
+  expect(text.split(/\s+/).length).toBeLessThan(1500);
+});
+
+test("a dropped document is summarized with progress and sources, and a follow-up reuses its K/V", async ({ page }) => {
+  await page.goto(server.url);
+  await page.getByRole("button", { name: "New chat" }).click();
+  // A drop from the desktop gives the same files as the picker; the browser's picker is the input.
+  await page.locator("input[type=file]").setInputFiles(GPL);
+  const card = page.locator(".message.document").last();
+  await expect(card.locator(".document-plan")).toContainText(/whole text · 7,\d{3} tokens/);
+  await expect(card.locator(".progress")).toContainText(/Prefill \d+%|Waiting|Whole text/);
+  await expect(card.locator("progress")).toBeVisible();
+  await expect(card.locator(".points li").first()).toBeVisible({ timeout: 10 * 60_000 });
+  await expect(card.locator(".progress")).toHaveCount(0);
+  // A point's source opens its passage, which is the license's own text.
+  await card.locator("button.source").first().click();
+  const dialog = page.getByRole("dialog");
+  await expect(dialog).toContainText("gpl-3.0.txt");
+  const passage = await dialog.locator(".passage-text").innerText();
+  expect(readFileSync(GPL, "utf8")).toContain(passage.trim().slice(0, 80));
+  await page.keyboard.press("Escape");
+  await expect(dialog).toHaveCount(0);
+
+  await send(page, "Can I sell copies of a program under this license?");
+  const answer = page.locator(".message.assistant").last();
+  await expect(answer.locator(".document-reuse")).toHaveText("0 document tokens prefilled");
+  await expect(answer.locator(".markdown")).not.toBeEmpty();
+});
+
+test("the conversations are still there after a restart", async ({ page }) => {
+  await server.stop();
+  server = await Server.start(f);
+  await page.goto(server.url);
+  const items = page.locator(".conversations li");
+  await expect(items).toHaveCount(3);
+  await page.getByRole("button", { name: "gpl-3.0.txt", exact: true }).click();
+  await expect(page.locator(".message.document .points li").first()).toBeVisible();
+  await expect(page.locator(".message.assistant .document-reuse")).toHaveText("0 document tokens prefilled");
+  // Search finds a conversation by the words of its messages.
+  await page.getByLabel("Search conversations").fill("dragon");
+  await expect(items).toHaveCount(1);
+  await expect(items.first()).toContainText("Write a very long story");
+});
+
+test("a bad file shows its error, not a spinner", async ({ page }) => {
+  await page.goto(server.url);
+  await page.locator("input[type=file]").setInputFiles({ name: "empty.txt", mimeType: "text/plain", buffer: Buffer.from("") });
+  const card = page.locator(".message.document").last();
+  await expect(card.locator(".error")).toContainText("empty.txt");
+  await expect(card.locator(".progress")).toHaveCount(0);
+  await page.locator("input[type=file]").setInputFiles({ name: "scan.pdf", mimeType: "application/pdf", buffer: Buffer.from("%PDF-1.4\n%garbage that is no PDF\n") });
+  await expect(page.locator(".message.document").last().locator(".error")).toContainText("scan.pdf");
+});
+
+test("settings are checked field by field and saved to the config file", async ({ page }) => {
+  await page.goto(server.url);
+  await page.getByRole("button", { name: "Settings", exact: true }).click();
+  await expect(page.getByText(f.config)).toBeVisible();
+  const alpha = page.getByLabel("α (share of tokens attended)");
+  await alpha.fill("1.5");
+  await page.getByRole("button", { name: "Save" }).click();
+  await expect(page.locator("#error-alpha")).toContainText("at most 1");
+  await expect(alpha).toHaveAttribute("aria-invalid", "true");
+  await alpha.fill("0.1");
+  await page.getByLabel("Port").fill("80");
+  await page.getByRole("button", { name: "Save" }).click();
+  await expect(page.locator("#error-port")).toContainText("1024");
+  await page.getByLabel("Port").fill("8181");
+  await page.getByLabel("Store").selectOption("tiered");
+  await page.getByRole("button", { name: "Save" }).click();
+  await expect(page.getByRole("status")).toContainText("Restart Hillside to apply");
+  const saved = readFileSync(f.config, "utf8");
+  expect(saved).toContain("# the UI tests' config");
+  expect(saved).toMatch(/store = "tiered"/);
+  expect(saved).toMatch(/port = 8181/);
+  expect(existsSync(join(f.root, "config.toml.partial"))).toBe(false);
+});
