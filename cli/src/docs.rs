@@ -46,7 +46,7 @@ impl DocumentsArgs {
             kv_quota_bytes: (quota_gb * 1e9) as u64,
             max_file_bytes: self.max_file_mb.or(file.max_file_mb).unwrap_or(256) * 1_000_000,
             model_key: model_fingerprint(model).with_context(|| format!("reading {}", model.display()))?,
-            local_paths: false,
+            chosen_paths: None,
         })
     }
 }

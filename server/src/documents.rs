@@ -3,8 +3,9 @@
 use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::{Library, Limits};
 use serde::Serialize;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DocumentsConfig {
@@ -16,17 +17,36 @@ pub struct DocumentsConfig {
     pub max_file_bytes: u64,
     /// Names the model in the kept K/V's keys ([`hillside_documents::kv_cache::model_fingerprint`]).
     pub model_key: String,
-    /// Whether `POST /v1/hillside/documents` takes a local path (the desktop app, whose user
-    /// chose the file) besides an upload. Off for `hillside serve`: a client must not make the
-    /// server read files it names.
-    pub local_paths: bool,
+    /// The local paths `POST /v1/hillside/documents` may read besides uploads: those the desktop
+    /// app's user dropped on its window. `None` (`hillside serve`): none, as a client must not
+    /// make the server read files it names.
+    #[serde(skip)]
+    pub chosen_paths: Option<Arc<ChosenPaths>>,
+}
+
+/// Files the user chose in the desktop app; a path is compared once its links are resolved, so
+/// that `chosen/../other` or a link does not reach another file.
+#[derive(Debug, Default)]
+pub struct ChosenPaths(Mutex<HashSet<PathBuf>>);
+
+impl ChosenPaths {
+    pub fn choose(&self, path: &Path) {
+        if let Ok(real) = path.canonicalize() {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(real);
+        }
+    }
+
+    /// The chosen file `path` names (links resolved), if it is one.
+    pub fn resolve(&self, path: &Path) -> Option<PathBuf> {
+        path.canonicalize().ok().filter(|real| self.0.lock().unwrap_or_else(|p| p.into_inner()).contains(real))
+    }
 }
 
 pub struct Documents {
     pub library: Arc<Library>,
     pub kv: Arc<DocumentKvCache>,
     pub limits: Limits,
-    pub local_paths: bool,
+    pub chosen_paths: Option<Arc<ChosenPaths>>,
 }
 
 impl Documents {
@@ -34,6 +54,6 @@ impl Documents {
         let library = Arc::new(Library::open(&config.dir.join("library.redb")).map_err(|e| e.to_string())?);
         let kv = DocumentKvCache::open(library.clone(), &config.dir.join("kv"), config.kv_quota_bytes, &config.model_key)
             .map_err(|e| format!("document K/V folder {}: {e}", config.dir.join("kv").display()))?;
-        Ok(Self { library, kv, limits: Limits { max_file_bytes: config.max_file_bytes }, local_paths: config.local_paths })
+        Ok(Self { library, kv, limits: Limits { max_file_bytes: config.max_file_bytes }, chosen_paths: config.chosen_paths.clone() })
     }
 }

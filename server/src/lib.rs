@@ -20,7 +20,7 @@ pub mod settings;
 pub mod types;
 mod web_ui;
 
-pub use documents::DocumentsConfig;
+pub use documents::{ChosenPaths, DocumentsConfig};
 pub use web_ui::is_built as web_ui_is_built;
 pub use error::{ApiError, ErrorBody};
 

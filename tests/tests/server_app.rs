@@ -8,9 +8,10 @@ mod common;
 use common::server::{agent, config, Server};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::SchedulerConfig;
-use hillside_server::{DocumentsConfig, ServerConfig};
+use hillside_server::{ChosenPaths, DocumentsConfig, ServerConfig};
 use serde_json::json;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("hillside-app-http-{name}-{}", std::process::id()));
@@ -19,7 +20,7 @@ fn temp(name: &str) -> PathBuf {
 }
 
 fn with_data(dir: &Path) -> ServerConfig {
-    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 200_000, model_key: "smollm2-test".into(), local_paths: false };
+    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 200_000, model_key: "smollm2-test".into(), chosen_paths: None };
     ServerConfig { documents: Some(documents), settings_file: Some(dir.join("config.toml")), ..config() }
 }
 
@@ -59,6 +60,28 @@ fn conversations_are_kept_across_a_restart_and_found_by_their_words() {
     let bare = Server::start(config());
     let (status, off) = bare.get("/v1/hillside/conversations");
     assert_eq!((status, off["error"]["code"].as_str()), (503, Some("conversations_off")));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_desktop_server_reads_only_the_files_the_user_chose() {
+    let dir = temp("chosen");
+    std::fs::create_dir_all(dir.join("notes")).unwrap();
+    let (chosen, other) = (dir.join("notes/chosen.txt"), dir.join("notes/other.txt"));
+    std::fs::write(&chosen, "The chosen file talks about rivers and valleys.\n").unwrap();
+    std::fs::write(&other, "A file nobody chose.\n").unwrap();
+    let paths = Arc::new(ChosenPaths::default());
+    paths.choose(&chosen);
+    let mut config = with_data(&dir.join("data"));
+    config.documents.as_mut().unwrap().chosen_paths = Some(paths);
+    let s = Server::start(config);
+    for refused in [other.clone(), dir.join("notes/../notes/other.txt"), PathBuf::from("/etc/passwd")] {
+        let (status, body) = s.post("/v1/hillside/documents", &json!({"path": refused}));
+        assert_eq!((status, body["error"]["code"].as_str()), (403, Some("path_not_chosen")), "{body}");
+    }
+    let (status, added) = s.post("/v1/hillside/documents", &json!({"path": dir.join("notes/../notes/chosen.txt")}));
+    assert_eq!((status, added["name"].as_str()), (201, Some("chosen.txt")), "{added}");
+    drop(s);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -23,7 +23,7 @@ fn temp(name: &str) -> PathBuf {
 }
 
 fn with_documents(dir: &Path) -> ServerConfig {
-    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 200_000, model_key: "smollm2-test".into(), local_paths: false };
+    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 200_000, model_key: "smollm2-test".into(), chosen_paths: None };
     ServerConfig { documents: Some(documents), ..config() }
 }
 

@@ -132,10 +132,13 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
     let source = if is_json {
         let body = Bytes::from_request(request, &app).await.map_err(|e| ApiError::bad_request(e.to_string()))?;
         let AddByPath { path } = parse(&body)?;
-        if !docs.local_paths {
+        let Some(chosen) = &docs.chosen_paths else {
             return Err(ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", Some("local_paths_off"), "This server does not read local paths; upload the file as multipart/form-data."));
-        }
-        Source::Path(path)
+        };
+        let Some(real) = chosen.resolve(&path) else {
+            return Err(ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", Some("path_not_chosen"), format!("{} was not dropped on Hillside's window; only files the user chose are read.", path.display())));
+        };
+        Source::Path(real)
     } else {
         let mut form = Multipart::from_request(request, &app).await.map_err(|e| ApiError::bad_request(format!("expected multipart/form-data with a part named 'file': {e}")))?;
         let mut found = None;
