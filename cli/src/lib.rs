@@ -1,0 +1,373 @@
+//! `hillside`: chat with a local model, generate text, manage models, benchmark the engine. A
+//! library too, so that the desktop app starts the same server as `hillside serve`.
+
+mod bench;
+mod bench_docs;
+mod bench_kv;
+mod bench_serve;
+mod bench_ui;
+mod chat;
+pub mod config;
+mod devices;
+mod docs;
+mod eval;
+pub mod models;
+pub mod serve;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use hillside_engine::kv::{EvaluatorKind, KvConfig, StoreKind};
+use hillside_engine::score::KeyBits;
+use hillside_engine::{Engine, GenerateParams};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "hillside", version, about = "A local LLM for long documents")]
+struct Cli {
+    /// Compute threads (default: all cores).
+    #[arg(long, global = true, env = "HILLSIDE_THREADS")]
+    threads: Option<usize>,
+    /// Config file [default: ~/.config/hillside/config.toml, if it exists].
+    #[arg(long, global = true, env = "HILLSIDE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Chat in the terminal (streams; /reset starts over, /exit or Ctrl-D quits).
+    Chat(ChatArgs),
+    /// Continue one prompt and exit.
+    Generate(GenerateArgs),
+    /// List, fetch and locate models.
+    Models {
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
+    /// How faithful the sparse KV stores are to the full cache (perplexity, top-1 agreement).
+    Eval(eval::EvalArgs),
+    /// Serve an OpenAI-compatible API on 127.0.0.1 (chat and text completions, streamed or not,
+    /// and documents to summarize and ask about).
+    Serve(serve::ServeArgs),
+    /// Summarize documents (text, Markdown, HTML, PDF, DOCX, EPUB) with the sources of each
+    /// point; several files, or a folder, go as one batch. Adds them to the library.
+    Summarize(docs::SummarizeArgs),
+    /// Ask a question about a document (a file, or a library id); its kept K/V is reused.
+    Ask(docs::AskArgs),
+    /// The document library.
+    Docs {
+        #[command(subcommand)]
+        command: docs::DocsCommand,
+    },
+    /// Storage-side scoring hardware: XRT, SmartSSD cards, the kernel's xclbin, P2P.
+    Devices(devices::DevicesArgs),
+    /// Measure the engine.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Known models and whether they are installed.
+    List,
+    /// Fetch a model: a registry name, or a Hugging Face repo with --file.
+    Pull {
+        name: String,
+        #[arg(long)]
+        file: Option<String>,
+    },
+    /// Print the path of an installed model (fetching the default if needed).
+    Path { name: Option<String> },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Prefill and decode speed (whole cache in memory unless --kv says otherwise), and the
+    /// memory roofline.
+    Decode(bench::DecodeArgs),
+    /// Decode speed, cold-pool traffic and hot-pool hit rate of every KV store, plus a plot.
+    Kv(bench_kv::KvArgs),
+    /// The OpenAI endpoint under load on loopback: requests/s, tokens/s, TTFT and inter-token
+    /// latency at several numbers of concurrent clients.
+    Serve(bench_serve::ServeBenchArgs),
+    /// Documents: time to a summary, the chunk phase batched against one after another, and a
+    /// follow-up question's time to first token with and without K/V reuse.
+    Docs(bench_docs::DocsBenchArgs),
+    /// What the UI waits on: the page's files, and a chat's time to first token alone and while
+    /// a document is summarized in the background.
+    Ui(bench_ui::UiBenchArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// A registry name (see `hillside models list`) or a path to a .gguf file or checkpoint folder.
+    #[arg(long, short, env = "HILLSIDE_MODEL")]
+    pub model: Option<String>,
+    /// Context length in tokens (default: the model's).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Where the KV cache lives: full (all in memory), offload (all on disk, read back each
+    /// step), tiered (hot pool in memory, cold pool on disk, attention over the top α) or drop
+    /// (only sinks, recent tokens and the top-α heavy hitters are kept; the rest is discarded).
+    /// [default: full]
+    #[arg(long)]
+    pub kv: Option<StoreKind>,
+    /// Directory for cold-pool files [default: ~/.cache/hillside/kv].
+    #[arg(long, env = "HILLSIDE_COLD_DIR")]
+    pub cold_dir: Option<PathBuf>,
+    /// Tiered: share of the cached tokens each step attends to [default: 0.2].
+    #[arg(long)]
+    pub alpha: Option<f32>,
+    /// Tiered: DRAM budget in MB for hot K/V, scoring keys and the write-back window
+    /// [default: a quarter of the full cache].
+    #[arg(long)]
+    pub hot_budget_mb: Option<usize>,
+    /// Tiered: precision of the scoring copy of the keys, int8 or int4 [default: int4].
+    #[arg(long)]
+    pub key_bits: Option<KeyBits>,
+    /// Tiered: leading layers that attend to every token [default: 1].
+    #[arg(long)]
+    pub dense_layers: Option<usize>,
+    /// Tiered: who scores cold tokens: host, storage (a worker beside the cold pool) or xrt
+    /// (a SmartSSD's FPGA; the storage worker where there is none) [default: storage].
+    #[arg(long)]
+    pub evaluator: Option<EvaluatorKind>,
+    #[command(flatten)]
+    pub xrt: devices::XrtArgs,
+    /// Tiered: fidelity guard — widen a layer's selection when its top α holds less than this
+    /// share of the estimated attention (0: off) [default: 0].
+    #[arg(long)]
+    pub guard_mass: Option<f32>,
+    /// Where attention runs: cpu, or cuda (the decode working set in VRAM; needs a build with
+    /// `--features cuda`).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
+}
+
+impl ModelArgs {
+    /// The KV settings: these flags over the config file's `[kv]` table over the defaults.
+    pub fn kv_config(&self) -> KvConfig {
+        let mut c = config::get().kv.clone();
+        set(&mut c.store, self.kv);
+        set(&mut c.cold_dir, self.cold_dir.clone());
+        set(&mut c.alpha, self.alpha);
+        set(&mut c.key_bits, self.key_bits);
+        set(&mut c.dense_layers, self.dense_layers);
+        set(&mut c.evaluator, self.evaluator);
+        set(&mut c.guard_mass, self.guard_mass);
+        self.xrt.apply(&mut c);
+        if let Some(mb) = self.hot_budget_mb {
+            c.hot_budget_bytes = Some(mb * 1_000_000);
+        }
+        c
+    }
+
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref().or(config::get().model.as_deref())
+    }
+
+    pub fn context(&self) -> Option<usize> {
+        self.context.or(config::get().context)
+    }
+
+    /// These settings as flags, for a child process.
+    pub fn to_flags(&self) -> Vec<String> {
+        let c = self.kv_config();
+        let mut flags = vec![
+            format!("--alpha={}", c.alpha),
+            format!("--key-bits={}", c.key_bits),
+            format!("--dense-layers={}", c.dense_layers),
+            format!("--evaluator={}", c.evaluator),
+            format!("--guard-mass={}", c.guard_mass),
+            format!("--cold-dir={}", c.cold_dir.display()),
+        ];
+        if let Some(m) = self.model() {
+            flags.push(format!("--model={m}"));
+        }
+        if let Some(bytes) = c.hot_budget_bytes {
+            flags.push(format!("--hot-budget-mb={}", bytes / 1_000_000));
+        }
+        if let Some(library) = &c.xrt_library {
+            flags.push(format!("--xrt-library={}", library.display()));
+        }
+        if let Some(xclbin) = &c.xrt_xclbin {
+            flags.push(format!("--xclbin={}", xclbin.display()));
+        }
+        flags.push(format!("--xrt-device={}", c.xrt_device));
+        flags.push(format!("--device={}", self.device));
+        flags
+    }
+
+    /// A new sequence in the configured store.
+    pub fn new_sequence(&self, engine: &Engine) -> Result<hillside_engine::Sequence> {
+        Ok(engine.new_sequence_with(&self.kv_config(), self.context())?)
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// 0 is greedy [default: 0.7]. This and the next four default to the config file's
+    /// `[sampling]` keys where it sets them.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// [default: 40]
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// [default: 0.95]
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// [default: 0.05]
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// [default: 1.1]
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text appears (not printed); repeatable.
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    /// These flags over the config file's `[sampling]` over the engine's defaults.
+    pub fn params(&self) -> GenerateParams {
+        let mut sampling = config::get().sampling.params();
+        set(&mut sampling.temperature, self.temperature);
+        set(&mut sampling.top_k, self.top_k);
+        set(&mut sampling.top_p, self.top_p);
+        set(&mut sampling.min_p, self.min_p);
+        set(&mut sampling.repeat_penalty, self.repeat_penalty);
+        sampling.seed = self.seed;
+        GenerateParams { max_tokens: self.max_tokens, stop: self.stop.clone(), sampling, ..GenerateParams::default() }
+    }
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A system prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt (a user message, unless --raw).
+    #[arg(long, short)]
+    pub prompt: String,
+    /// Feed the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+}
+
+fn set<T>(slot: &mut T, flag: Option<T>) {
+    if let Some(value) = flag {
+        *slot = value;
+    }
+}
+
+/// Loads the model named by `args` with a spinner on stderr.
+pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
+    let path: PathBuf = models::resolve(args.model())?;
+    let spinner = ProgressBar::new_spinner().with_message(format!("loading {}", path.display()));
+    spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let engine = Engine::load(&path).with_context(|| format!("loading {}", path.display()));
+    spinner.finish_and_clear();
+    let mut engine = engine?;
+    if args.device == "cuda" {
+        engine.set_attention(hillside_engine::device::Attention::cuda(0)?);
+    }
+    let c = &engine.model().config;
+    tracing::info!(
+        arch = c.architecture.name(), layers = c.n_layers, hidden = c.hidden_size, context = c.context_tokens,
+        weights_mb = engine.model().weight_bytes() / 1_000_000, simd = hillside_engine::kernels::simd_level().name(),
+        attention = engine.model().attention().name(),
+        "model loaded"
+    );
+    Ok(engine)
+}
+
+/// glibc raises its mmap threshold each time a large block is freed, after which the KV stores'
+/// growing per-step buffers come from the heap and fragment it: at 8K tokens of tiered cache that
+/// cost ~55 MB of peak RSS. A fixed threshold keeps large blocks in their own mappings, returned
+/// to the system when freed.
+pub fn keep_large_allocations_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; called before any other thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+}
+
+/// `hillside`'s entry point: logs to stderr (`HILLSIDE_LOG`), runs the command, exits 1 on error.
+pub fn main() {
+    keep_large_allocations_mapped();
+    init_logging();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Logs to stderr, filtered by `HILLSIDE_LOG` (warnings by default).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HILLSIDE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let file = config::load(cli.config.as_deref())?;
+    if let Some(threads) = cli.threads.or(file.threads) {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
+    }
+    match cli.command {
+        Command::Chat(args) => chat::chat(&args),
+        Command::Generate(args) => chat::generate_once(&args),
+        Command::Models { command } => match command {
+            ModelsCommand::List => {
+                models::list();
+                Ok(())
+            }
+            ModelsCommand::Pull { name, file } => {
+                println!("{}", models::pull(&name, file.as_deref())?.display());
+                Ok(())
+            }
+            ModelsCommand::Path { name } => {
+                println!("{}", models::resolve(name.as_deref())?.display());
+                Ok(())
+            }
+        },
+        Command::Eval(args) => eval::eval(&args),
+        Command::Serve(args) => serve::serve(&args),
+        Command::Summarize(args) => docs::summarize_files(&args),
+        Command::Ask(args) => docs::ask(&args),
+        Command::Docs { command } => docs::docs(&command),
+        Command::Devices(args) => devices::devices(&args),
+        Command::Bench { command } => match command {
+            BenchCommand::Decode(args) => bench::decode(&args),
+            BenchCommand::Kv(args) => bench_kv::kv(&args),
+            BenchCommand::Serve(args) => bench_serve::serve(&args),
+            BenchCommand::Docs(args) => bench_docs::docs(&args),
+            BenchCommand::Ui(args) => bench_ui::ui(&args),
+        },
+    }
+}
