@@ -5,7 +5,7 @@ import { defineConfig } from "@playwright/test";
 export default defineConfig({
   testDir: "tour",
   timeout: 20 * 60_000,
-  expect: { timeout: 10 * 60_000 },
+  expect: { timeout: 5 * 60_000 },
   workers: 1,
   reporter: [["list"]],
   use: {

@@ -38,21 +38,19 @@ export function bytes(n: number): string {
 }
 
 export function TiersView() {
-  const [last, setLast] = useState<Tiers | null>(null);
-  const [history, setHistory] = useState<Rates[]>([]);
+  const [readings, setReadings] = useState<Tiers[]>([]);
   const [problem, setProblem] = useState<string | null>(null);
 
   useEffect(() => {
-    let previous: Tiers | null = null;
     const read = async () => {
       try {
         const now = await call<Tiers>("GET", "/v1/hillside/tiers");
-        if (previous) {
-          const r = rates(previous, now);
-          setHistory((h) => [...h, r].filter((x) => x.at > now.unix_ms - WINDOW_S * 1000));
-        }
-        previous = now;
-        setLast(now);
+        // The readings of the last minute, and the one just before it (the first interval's start).
+        setReadings((r) => {
+          const kept = [...r, now];
+          const start = kept.findIndex((x) => x.unix_ms >= now.unix_ms - WINDOW_S * 1000);
+          return kept.slice(Math.max(0, start - 1));
+        });
         setProblem(null);
       } catch (e) {
         setProblem((e as Error).message);
@@ -63,14 +61,13 @@ export function TiersView() {
     return () => clearInterval(timer);
   }, []);
 
+  const last = readings[readings.length - 1];
   if (!last) return <section class="page">{problem ?? "Reading the tiers…"}</section>;
-  const minute = history.length ? history : [];
-  const mean = (f: (r: Rates) => number | null) => {
-    const v = minute.map(f).filter((x): x is number => x !== null);
-    return v.length ? v.reduce((a, b) => a + b, 0) / v.length : null;
-  };
-  const hit = mean((r) => r.hitRate);
-  const coldPerToken = mean((r) => r.coldBytesPerToken);
+  const history = readings.slice(1).map((r, i) => rates(readings[i], r));
+  // Over the whole minute: the counters' growth from its first reading to its last.
+  const minute = readings.length > 1 ? rates(readings[0], last) : null;
+  const hit = minute?.hitRate ?? null;
+  const coldPerToken = minute?.coldBytesPerToken ?? null;
   const hotShare = last.hot_budget_bytes ? last.hot_bytes / last.hot_budget_bytes : null;
   return (
     <section class="page tiers" aria-label="KV cache tiers">
@@ -89,7 +86,7 @@ export function TiersView() {
         <Card label="Cold pool (SSD)" value={bytes(last.cold_bytes)} />
         <Card label="Memory held by K/V" value={bytes(last.resident_bytes)} />
         <Card label="Hot hit rate, last minute" value={hit === null ? "—" : `${(hit * 100).toFixed(1)} %`} meter={hit} />
-        <Card label="Cold bytes read per token" value={coldPerToken === null ? "—" : bytes(coldPerToken)} />
+        <Card label="Cold bytes read per token, last minute" value={coldPerToken === null ? "—" : bytes(coldPerToken)} />
         <Card label="Score blocks per second" value={history.length ? history[history.length - 1].scoreBlocksPerSecond.toFixed(0) : "—"} />
       </div>
       <h2>Last minute</h2>

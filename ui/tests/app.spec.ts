@@ -3,7 +3,8 @@
 // K/V, the history after a restart, a bad file's error, and the settings page's checks.
 
 import { expect, test, type Page } from "@playwright/test";
-import { existsSync, readFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { folders, Server } from "./server";
@@ -98,14 +99,43 @@ test("the conversations are still there after a restart", async ({ page }) => {
   await expect(items.first()).toContainText("Write a very long story");
 });
 
+/** A PDF of `pages` empty pages: what a scan without a text layer looks like to a reader. */
+function scannedPdf(pages: number): Buffer {
+  const kids = Array.from({ length: pages }, (_, i) => `${i + 3} 0 R`).join(" ");
+  const objects = [
+    "<< /Type /Catalog /Pages 2 0 R >>",
+    `<< /Type /Pages /Kids [${kids}] /Count ${pages} >>`,
+    ...Array.from({ length: pages }, () => "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>"),
+  ];
+  let pdf = "%PDF-1.4\n";
+  const offsets = objects.map((body, i) => {
+    const at = pdf.length;
+    pdf += `${i + 1} 0 obj\n${body}\nendobj\n`;
+    return at;
+  });
+  const xref = pdf.length;
+  pdf += `xref\n0 ${objects.length + 1}\n0000000000 65535 f \n${offsets.map((o) => `${String(o).padStart(10, "0")} 00000 n \n`).join("")}`;
+  pdf += `trailer\n<< /Size ${objects.length + 1} /Root 1 0 R >>\nstartxref\n${xref}\n%%EOF\n`;
+  return Buffer.from(pdf, "latin1");
+}
+
 test("a bad file shows its error, not a spinner", async ({ page }) => {
   await page.goto(server.url);
-  await page.locator("input[type=file]").setInputFiles({ name: "empty.txt", mimeType: "text/plain", buffer: Buffer.from("") });
-  const card = page.locator(".message.document").last();
-  await expect(card.locator(".error")).toContainText("empty.txt");
-  await expect(card.locator(".progress")).toHaveCount(0);
-  await page.locator("input[type=file]").setInputFiles({ name: "scan.pdf", mimeType: "application/pdf", buffer: Buffer.from("%PDF-1.4\n%garbage that is no PDF\n") });
-  await expect(page.locator(".message.document").last().locator(".error")).toContainText("scan.pdf");
+  const lastError = () => page.locator(".message.document").last().locator(".error");
+  const upload = (name: string, mimeType: string, buffer: Buffer) => page.locator("input[type=file]").setInputFiles({ name, mimeType, buffer });
+  await upload("empty.txt", "text/plain", Buffer.from(""));
+  await expect(lastError()).toContainText("empty.txt");
+  await expect(page.locator(".message.document .progress")).toHaveCount(0);
+  await upload("scan.pdf", "application/pdf", scannedPdf(3));
+  await expect(lastError()).toContainText(/scan\.pdf.*OCR/);
+  // Encrypted with a password by qpdf (make test installs it).
+  const plain = join(f.root, "plain.pdf");
+  const locked = join(f.root, "locked.pdf");
+  writeFileSync(plain, scannedPdf(1));
+  execFileSync("qpdf", ["--encrypt", "reader-secret", "owner-secret", "256", "--", plain, locked]);
+  await upload("locked.pdf", "application/pdf", readFileSync(locked));
+  await expect(lastError()).toContainText(/locked\.pdf is encrypted/);
+  await expect(page.locator(".message.document .progress")).toHaveCount(0);
 });
 
 test("settings are checked field by field and saved to the config file", async ({ page }) => {

@@ -11,7 +11,7 @@ const GPL = fileURLToPath(new URL("../../../shared/data/gpl-3.0.txt", import.met
 
 test("tour", async ({ page }) => {
   mkdirSync(`${docs}screenshots`, { recursive: true });
-  const f = folders(`store = "tiered"\nhot_budget_bytes = 30_000_000\n`);
+  const f = folders(`store = "tiered"\n`);
   const server = await Server.start(f);
   try {
     // First paint, from the navigation's start (the server is up and idle).
@@ -48,15 +48,22 @@ test("tour", async ({ page }) => {
     await page.screenshot({ path: `${docs}screenshots/document.png` });
     await page.keyboard.press("Escape");
 
-    // A long reply in the background while the tier view watches.
-    const long = fetch(`${server.url}v1/completions`, {
+    // A question about the GPL in the background (7,700 tokens in the tiered store, most of them
+    // cold) while the tier view watches.
+    const { data } = await server.api("/v1/hillside/documents");
+    const long = fetch(`${server.url}v1/chat/completions`, {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ prompt: "The history of the valley, told in many chapters. Chapter one.", max_tokens: 1200 }),
+      body: JSON.stringify({
+        messages: [{ role: "user", content: "Explain in detail what this license says about distributing modified versions." }],
+        hillside: { documents: [data[0].id] },
+        max_tokens: 400,
+        temperature: 0,
+      }),
     });
     await page.getByRole("button", { name: "KV tiers" }).click();
     await expect(page.locator(".chart").first()).toBeVisible();
-    await page.waitForTimeout(25_000);
+    await page.waitForTimeout(20_000);
     await page.screenshot({ path: `${docs}screenshots/kv-tiers.png` });
     await long;
   } finally {
