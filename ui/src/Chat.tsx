@@ -38,14 +38,17 @@ export function Chat({ id, onSaved }: { id: number | null; onSaved: (id: number)
     const el = list.current;
     if (el && el.scrollHeight - el.scrollTop - el.clientHeight < 160) el.scrollTop = el.scrollHeight;
   }, [messages, progress]);
-  // Esc stops the reply being written.
+  // Esc stops the reply being written (read through a ref: a key pressed right after the reply
+  // starts must not meet a listener from the render before).
+  const writing = useRef<AbortController | null>(null);
+  writing.current = running;
   useEffect(() => {
     const onKey = (e: KeyboardEvent) => {
-      if (e.key === "Escape" && running) running.abort();
+      if (e.key === "Escape") writing.current?.abort();
     };
     window.addEventListener("keydown", onKey);
     return () => window.removeEventListener("keydown", onKey);
-  }, [running]);
+  }, []);
   // The desktop app hands over dropped files as paths.
   useEffect(() => desktop?.onFilesDropped((paths) => addDocuments(paths.map((path) => ({ path })))), []);
   useEffect(() => () => summaries.current.forEach((c) => c.abort()), []);
@@ -85,6 +88,7 @@ export function Chat({ id, onSaved }: { id: number | null; onSaved: (id: number)
     const index = history.length;
     show([...history, { role: "assistant", content: "", meta: {} }]);
     const controller = new AbortController();
+    writing.current = controller;
     setRunning(controller);
     setProblem(null);
     const documents = current.current.documents;

@@ -76,9 +76,12 @@ export async function stream(path: string, body: unknown, onEvent: (data: any) =
   }
   if (!r.ok || !r.body) throw await failure(r);
   const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
+  // Stopping ends the read at once, whatever the body's stream does with the abort.
+  signal?.addEventListener("abort", () => reader.cancel().catch(() => {}));
   let buffered = "";
   for (;;) {
     const { value, done } = await reader.read();
+    if (signal?.aborted) throw new DOMException("the reply was stopped", "AbortError");
     if (done) return;
     buffered += value;
     let end: number;
