@@ -260,6 +260,8 @@ fn show(bar: &ProgressBar, prefilled: &mut Vec<usize>, progress: Progress) {
             bar.set_message(if chunks > 1 { format!("summarized chunk {done}/{chunks}") } else { "summarizing".into() });
         }
         Progress::Merging { level, groups } => bar.set_message(format!("merging (level {level}, {groups} groups)")),
+        // The points are printed, with their sources, once the summary is done.
+        Progress::Writing { .. } => bar.set_message("writing the summary"),
         Progress::Done => bar.set_message("done"),
     }
 }

@@ -206,7 +206,7 @@ fn the_config_file_applies_under_the_flags_and_its_mistakes_are_named() {
 
     std::fs::remove_file(&config).unwrap();
     let (ok, stderr) = run(&[]);
-    assert!(!ok && stderr.contains("reading the config file"), "a named file must exist: {stderr}");
+    assert!(!ok && stderr.contains("config.toml does not exist"), "a named file must exist: {stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

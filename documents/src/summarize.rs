@@ -52,6 +52,9 @@ pub enum Progress {
     ChunkSummarized { done: usize, chunks: usize },
     /// Merging `groups` groups at `level` (from 1).
     Merging { level: usize, groups: usize },
+    /// The summary's text as it is written — the whole-text pass, or the last merge — piece by
+    /// piece; its points and their sources come when it is done.
+    Writing { text: String },
     Done,
 }
 
@@ -139,7 +142,13 @@ pub fn summarize(runner: &Runner<'_>, doc: &Document, id: &str, cancel: &CancelF
                 }
                 on_progress(Progress::Merging { level, groups: groups.len() });
                 let requests = groups.iter().map(|g| Ok(Request { tokens: runner.engine.chat_prompt(&merge_prompt(g))?, prefix: None })).collect::<Result<_, SummaryError>>()?;
-                notes = run_all(runner, requests, cancel, &mut |_| {})?;
+                // Of a merge, only the last one's text is the summary's.
+                let last = groups.len() == 1;
+                notes = run_all(runner, requests, cancel, &mut |p| {
+                    if last && matches!(p, Progress::Writing { .. }) {
+                        on_progress(p)
+                    }
+                })?;
             }
             notes.remove(0)
         }
@@ -281,7 +290,13 @@ fn run_all(runner: &Runner<'_>, requests: Vec<Request>, cancel: &CancelFlag, on_
             Update::Event(Event::Prefill { done_tokens, total_tokens }) => {
                 on_progress(Progress::Prefill { chunk: i + 1, chunks: n, done_tokens, total_tokens })
             }
-            Update::Event(Event::Text(t)) => replies[i].push_str(&t),
+            Update::Event(Event::Text(t)) => {
+                // One request is the summary itself (several are chunks or merge groups).
+                if n == 1 {
+                    on_progress(Progress::Writing { text: t.clone() });
+                }
+                replies[i].push_str(&t)
+            }
             Update::Event(Event::Logprob(_)) => {}
             Update::Done(Ok(_)) => {
                 done += 1;

@@ -42,6 +42,10 @@ fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
     assert_eq!(summary.plan.mode, Mode::Whole);
     assert!(matches!(progress.first(), Some(Progress::Planned { .. })) && progress.last() == Some(&Progress::Done), "{progress:?}");
     assert!(summary.points.len() >= 2, "{:?}", summary.points);
+    // The text was streamed as it was written, and the points are made of it.
+    let written: String = progress.iter().filter_map(|p| if let Progress::Writing { text } = p { Some(text.as_str()) } else { None }).collect();
+    let squeeze = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(summary.points.iter().all(|p| squeeze(&written).contains(&squeeze(&p.text))), "{written}");
     // A point the text does not hold gets no source (a 135M model says such things); the
     // others must show the passages they come from.
     assert!(summary.points.iter().any(|p| !p.sources.is_empty()), "{:?}", summary.points);
@@ -78,7 +82,7 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     let stage = |p: &Progress| match p {
         Progress::Planned { .. } => 0,
         Progress::Prefill { .. } | Progress::ChunkSummarized { .. } => 1,
-        Progress::Merging { .. } => 2,
+        Progress::Merging { .. } | Progress::Writing { .. } => 2,
         Progress::Done => 3,
     };
     assert!(progress.windows(2).all(|w| stage(&w[0]) <= stage(&w[1])), "{progress:?}");

@@ -84,6 +84,7 @@ fn a_document_is_uploaded_summarized_asked_about_after_a_restart_and_deleted() {
         assert_eq!((first["object"].as_str(), first["stage"].as_str(), first["mode"].as_str()), (Some("hillside.summary.progress"), Some("planned"), Some("whole")), "{first}");
         assert_eq!(first["tokens"], doc["tokens"]);
         assert!(events.iter().any(|e| e["stage"] == "prefill"), "{events:?}");
+        assert!(events.iter().any(|e| e["stage"] == "writing" && e["text"].is_string()), "the summary's text streams: {events:?}");
         let summary = events.last().unwrap();
         assert_eq!(summary["object"], "hillside.summary", "{summary}");
         let points = summary["points"].as_array().unwrap();

@@ -194,7 +194,14 @@ export function Chat({ id, onSaved }: { id: number | null; onSaved: (id: number)
         `/v1/hillside/documents/${info.id}/summary`,
         {},
         (event) => {
-          if (event.object === "hillside.summary.progress") setProgress((p) => ({ ...p, [index]: { ...event, name: info.name } }));
+          if (event.object === "hillside.summary.progress") {
+            // The summary's text arrives piece by piece: it is kept whole until the points come.
+            setProgress((p) => {
+              const before = p[index];
+              const text = event.stage === "writing" ? (before?.stage === "writing" ? before.text : "") + event.text : undefined;
+              return { ...p, [index]: text === undefined ? { ...event, name: info.name } : { stage: "writing", name: info.name, text } };
+            });
+          }
           if (event.object === "hillside.summary") {
             const points = event.points as { text: string }[];
             change(index, (m) => ({ ...m, content: points.map((p) => `- ${p.text}`).join("\n"), meta: { ...m.meta, points: event.points } }));

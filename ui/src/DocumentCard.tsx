@@ -12,6 +12,7 @@ export type SummaryProgress = { name: string } & (
   | { stage: "prefill"; chunk: number; chunks: number; done_tokens: number; total_tokens: number }
   | { stage: "chunk_summarized"; done: number; chunks: number }
   | { stage: "merging"; level: number; groups: number }
+  | { stage: "writing"; text: string }
 );
 
 function describe(p: SummaryProgress): { text: string; share?: number } {
@@ -33,6 +34,8 @@ function describe(p: SummaryProgress): { text: string; share?: number } {
       return { text: `Chunk ${p.done} of ${p.chunks} summarized`, share: p.done / p.chunks };
     case "merging":
       return { text: `Merging summaries (level ${p.level}, ${p.groups} group${p.groups === 1 ? "" : "s"})` };
+    case "writing":
+      return { text: "Writing the summary…" };
     case "done":
       return { text: "Done", share: 1 };
   }
@@ -81,6 +84,7 @@ export function DocumentCard({ message, progress, onStop, onRetry }: { message: 
           </button>
         </div>
       )}
+      {progress?.stage === "writing" && <p class="summary-draft">{progress.text}</p>}
       {meta.points && (
         <ol class="points" aria-label="Summary">
           {meta.points.map((point: Point, i: number) => (

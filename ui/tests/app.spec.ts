@@ -67,6 +67,8 @@ test("a dropped document is summarized with progress and sources, and a follow-u
   await expect(card.locator(".document-plan")).toContainText(/whole text · 7,\d{3} tokens/);
   await expect(card.locator(".progress")).toContainText(/Prefill \d+%|Waiting|Whole text/);
   await expect(card.locator("progress")).toBeVisible();
+  // The summary's text streams in, then becomes its points.
+  await expect(card.locator(".summary-draft")).toContainText(/\w+/);
   await expect(card.locator(".points li").first()).toBeVisible({ timeout: 10 * 60_000 });
   await expect(card.locator(".progress")).toHaveCount(0);
   // A point's source opens its passage, which is the license's own text.
