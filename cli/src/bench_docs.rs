@@ -128,7 +128,7 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     fn scheduler(&self, max_live: usize, cached_sequences: usize) -> Scheduler {
-        let config = SchedulerConfig { max_live, max_queued: 4096, kv: self.model.kv_config(), context_tokens: Some(self.context), cached_sequences };
+        let config = SchedulerConfig { max_live, max_queued: 4096, kv: self.model.kv_config(), context_tokens: Some(self.context), cached_sequences, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS };
         Scheduler::start(self.engine.clone(), config)
     }
 

@@ -65,7 +65,7 @@ struct Report {
 pub(crate) struct Timing {
     pub ttft: Duration,
     /// Gaps between content chunks.
-    gaps: Vec<Duration>,
+    pub gaps: Vec<Duration>,
     tokens: usize,
 }
 
@@ -83,7 +83,7 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
         bail!("--clients needs positive counts and --requests-per-client at least 1");
     }
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
-    let server = BenchServer::start(&args.model, None, args.max_live, max_clients)?;
+    let server = BenchServer::start(&args.model, None, args.max_live, max_clients, hillside_engine::scheduler::SHARED_PREFILL_TOKENS)?;
     let (url, model_id) = (format!("{}/v1/chat/completions", server.base), server.model_id.clone());
 
     // One short request first, so that no level pays for warming up.
@@ -149,7 +149,7 @@ pub(crate) struct BenchServer {
 
 impl BenchServer {
     /// Each request is a new conversation (nothing cached to reuse); up to `max_queued` wait.
-    pub fn start(model: &ModelArgs, documents: Option<DocumentsConfig>, max_live: usize, max_queued: usize) -> Result<Self> {
+    pub fn start(model: &ModelArgs, documents: Option<DocumentsConfig>, max_live: usize, max_queued: usize, shared_prefill_tokens: usize) -> Result<Self> {
         let path = models::resolve(model.model())?;
         let engine = Arc::new(load_engine(model)?);
         let (model_id, model_aliases) = model_names(model.model(), &path);
@@ -161,7 +161,7 @@ impl BenchServer {
             max_body_bytes: 1_000_000,
             cors_origins: Vec::new(),
             shutdown_grace_s: 0,
-            scheduler: SchedulerConfig { max_live, max_queued, kv: model.kv_config(), context_tokens: model.context(), cached_sequences: 0 },
+            scheduler: SchedulerConfig { max_live, max_queued, kv: model.kv_config(), context_tokens: model.context(), cached_sequences: 0, shared_prefill_tokens },
             documents,
             sampling: hillside_engine::SamplingParams::default(),
             settings_file: None,

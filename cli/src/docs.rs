@@ -114,7 +114,7 @@ pub enum DocsCommand {
 /// Starts the scheduler the documents run through, and the context it gives each sequence.
 fn start(engine: &Arc<Engine>, model: &ModelArgs) -> (Scheduler, usize) {
     let context = engine.model().kv_shape(model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;
-    let config = SchedulerConfig { max_live: 4, max_queued: 1024, kv: model.kv_config(), context_tokens: model.context(), cached_sequences: 0 };
+    let config = SchedulerConfig { max_live: 4, max_queued: 1024, kv: model.kv_config(), context_tokens: model.context(), cached_sequences: 0, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS };
     (Scheduler::start(engine.clone(), config), context)
 }
 

@@ -109,6 +109,7 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
             kv: args.model.kv_config(),
             context_tokens: args.model.context(),
             cached_sequences: args.cached_sequences.or(file.cached_sequences).unwrap_or(2),
+            shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
         },
         documents: Some(documents),
         sampling: config::get().sampling.params(),

@@ -19,7 +19,7 @@ use std::sync::{mpsc, Arc};
 const CONTEXT: usize = 2048;
 
 fn scheduler(engine: &Arc<Engine>, cached_sequences: usize) -> Scheduler {
-    let config = SchedulerConfig { max_live: 4, max_queued: 16, kv: KvConfig::default(), context_tokens: Some(CONTEXT), cached_sequences };
+    let config = SchedulerConfig { max_live: 4, max_queued: 16, kv: KvConfig::default(), context_tokens: Some(CONTEXT), cached_sequences, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS };
     Scheduler::start(engine.clone(), config)
 }
 

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 fn scheduler(engine: &Arc<Engine>, context: usize) -> Scheduler {
-    let config = SchedulerConfig { max_live: 4, max_queued: 64, kv: KvConfig::default(), context_tokens: Some(context), cached_sequences: 0 };
+    let config = SchedulerConfig { max_live: 4, max_queued: 64, kv: KvConfig::default(), context_tokens: Some(context), cached_sequences: 0, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS };
     Scheduler::start(engine.clone(), config)
 }
 

@@ -3,7 +3,8 @@
 //! (a prompt chunk or a token each) on one worker thread, in one batched forward pass: the
 //! weights are read once per round, not once per sequence (continuous batching: a sequence
 //! joins the batch the round after it arrives and leaves it when it ends). A long prompt
-//! delays the others by one chunk per round, not by its whole prefill.
+//! delays the others by one chunk per round, not by its whole prefill, and by a shorter one
+//! while another sequence waits on its next token ([`SchedulerConfig::shared_prefill_tokens`]).
 //!
 //! A sequence ends when its generation does, when its owner cancels it, or the moment its owner
 //! stops listening (a client that disconnects); a cancelled one's store, with any cold-pool
@@ -48,7 +49,15 @@ pub struct SchedulerConfig {
     /// Finished sequences kept so that a request sharing their prefix (the next turn of a
     /// conversation, another question on the same document) skips reading it again.
     pub cached_sequences: usize,
+    /// While a sequence in a round waits on its next token (it is decoding, or its prompt ends
+    /// within this many tokens), a longer prompt reads at most this many tokens in that round
+    /// instead of its whole chunk, so that the round, and the other's wait, stays short (0: off).
+    /// On 2 cores a 256-token chunk at 7K tokens of context takes most of a second.
+    pub shared_prefill_tokens: usize,
 }
+
+/// [`SchedulerConfig::shared_prefill_tokens`]'s default.
+pub const SHARED_PREFILL_TOKENS: usize = 64;
 
 /// What a request's owner hears: its events, then exactly one `Done`.
 #[derive(Debug)]
@@ -299,7 +308,7 @@ fn run(engine: &Engine, shared: &Shared) {
                 live.push(l);
             }
         }
-        run_round(engine, &mut live, &mut cache, &mut totals);
+        run_round(engine, &mut live, &mut cache, &mut totals, shared.config.shared_prefill_tokens);
         let cached = cache.sequences().iter().map(|seq| SequenceStats {
             id: 0,
             phase: Phase::Cached,
@@ -365,7 +374,7 @@ fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut
 /// its next token, whose text goes out now), all of it runs in one forward pass, and each
 /// takes its logits. Sequences that ended, were cancelled or failed leave the batch; those that
 /// finished go to the prefix cache (a cancelled one is freed at once: its client left).
-fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache, totals: &mut Totals) {
+fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache, totals: &mut Totals, shared_prefill_tokens: usize) {
     let mut finished = |mut l: Live, outcome: Result<Summary>| {
         totals.add_growth(l.counted, Totals::of(&live_stats(&l)));
         let keep = matches!(&outcome, Ok(s) if s.finish_reason != FinishReason::Cancelled);
@@ -396,6 +405,11 @@ fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache, tot
             Ok(Next::Done(summary)) => finished(l, Ok(summary)),
             Err(e) => finished(l, Err(e)),
         }
+    }
+    let waits_on_a_token = |l: &Live| !l.generation.is_prefilling() || l.generation.progress().0 - l.seq.tokens.len() <= shared_prefill_tokens;
+    if shared_prefill_tokens > 0 && batched.iter().any(waits_on_a_token) {
+        // Each prompt resumes where its cache ends, so a shorter chunk loses nothing.
+        batched.iter_mut().filter(|l| l.generation.is_prefilling()).for_each(|l| l.input.truncate(shared_prefill_tokens));
     }
     let held: Vec<usize> = batched.iter().map(|l| l.seq.tokens.len()).collect();
     let mut batch: Vec<(&mut Sequence, &[u32])> = batched.iter_mut().map(|l| (&mut l.seq, &l.input[..])).collect();
@@ -479,7 +493,7 @@ mod tests {
 
     #[test]
     fn a_worker_that_panicked_refuses_requests_and_ends_the_queued_ones() {
-        let config = SchedulerConfig { max_live: 1, max_queued: 4, kv: KvConfig::default(), context_tokens: None, cached_sequences: 0 };
+        let config = SchedulerConfig { max_live: 1, max_queued: 4, kv: KvConfig::default(), context_tokens: None, cached_sequences: 0, shared_prefill_tokens: SHARED_PREFILL_TOKENS };
         let shared = Arc::new(Shared {
             config,
             state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), totals: Totals::default(), accepting: true, failed: None, stop: false, next_id: 1 }),

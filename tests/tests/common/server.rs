@@ -25,7 +25,7 @@ pub fn config() -> ServerConfig {
         max_body_bytes: 1_000_000,
         cors_origins: Vec::new(),
         shutdown_grace_s: 1,
-        scheduler: SchedulerConfig { max_live: 4, max_queued: 32, kv: KvConfig::default(), context_tokens: Some(2048), cached_sequences: 2 },
+        scheduler: SchedulerConfig { max_live: 4, max_queued: 32, kv: KvConfig::default(), context_tokens: Some(2048), cached_sequences: 2, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS },
         documents: None,
         sampling: hillside_engine::SamplingParams::default(),
         settings_file: None,
