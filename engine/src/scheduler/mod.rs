@@ -406,7 +406,7 @@ fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache, tot
             Err(e) => finished(l, Err(e)),
         }
     }
-    let waits_on_a_token = |l: &Live| !l.generation.is_prefilling() || l.generation.progress().0 - l.seq.tokens.len() <= shared_prefill_tokens;
+    let waits_on_a_token = |l: &Live| !l.generation.is_prefilling() || l.generation.progress().0.saturating_sub(l.seq.tokens.len()) <= shared_prefill_tokens;
     if shared_prefill_tokens > 0 && batched.iter().any(waits_on_a_token) {
         // Each prompt resumes where its cache ends, so a shorter chunk loses nothing.
         batched.iter_mut().filter(|l| l.generation.is_prefilling()).for_each(|l| l.input.truncate(shared_prefill_tokens));
