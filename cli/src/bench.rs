@@ -4,6 +4,7 @@
 use crate::{load_engine, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_engine::kv::cold::GROUP_TOKENS;
 use hillside_engine::sampling::argmax;
 use hillside_engine::{Engine, Logits};
 use rayon::prelude::*;
@@ -65,6 +66,10 @@ struct DecodeResult {
     cold_scan_ms_per_step: Option<f64>,
     /// Tiered: share of the cold groups read ahead of their layer's turn that it then needed.
     read_ahead_used_share: Option<f64>,
+    /// Tiered: cold-pool groups one (layer, KV head)'s selection touches, hot or not, and that
+    /// as a share of the groups in the cold pool (how well the placement packs the selection).
+    groups_per_selection: Option<f64>,
+    groups_per_selection_share: Option<f64>,
     /// Tiered: DRAM counted against the hot budget at the end, and the budget.
     hot_bytes: Option<usize>,
     hot_budget_bytes: Option<usize>,
@@ -192,6 +197,11 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             score_block_wait_us: per_step(|t| t.score_block_wait_ns).zip(blocks).map(|(ns, b)| ns / b.max(1e-9) / 1e3),
             cold_scan_ms_per_step: per_step(|t| t.cold_scan_ns).map(|ns| ns / 1e6),
             read_ahead_used_share: per_step(|t| t.read_ahead_used).zip(per_step(|t| t.read_ahead_groups)).map(|(u, g)| u / g.max(1e-9)),
+            groups_per_selection: per_step(|t| t.selected_groups).zip(per_step(|t| t.selections)).map(|(g, s)| g / s.max(1e-9)),
+            groups_per_selection_share: per_step(|t| t.selected_groups).zip(per_step(|t| t.selections)).map(|(g, s)| {
+                let cold_groups = after.cold_bytes as f64 / kv_per_token as f64 / GROUP_TOKENS as f64;
+                g / s.max(1e-9) / cold_groups.max(1.0)
+            }),
             hot_bytes: after.tier.as_ref().map(|t| t.hot_bytes),
             hot_budget_bytes: after.tier.as_ref().map(|t| t.hot_budget_bytes),
             cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,

@@ -16,6 +16,7 @@ pub mod serve;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::{EvaluatorKind, KvConfig, StoreKind};
 use hillside_engine::score::KeyBits;
 use hillside_engine::{Engine, GenerateParams};
@@ -143,6 +144,10 @@ pub struct ModelArgs {
     /// share of the estimated attention (0: off) [default: 0].
     #[arg(long)]
     pub guard_mass: Option<f32>,
+    /// Tiered: how spilled tokens are laid out in the cold pool's pages: keys (grouped by key
+    /// similarity, so a page read serves tokens selected together) or position [default: keys].
+    #[arg(long)]
+    pub placement: Option<PlacementKind>,
     /// Where attention runs: cpu, or cuda (the decode working set in VRAM; needs a build with
     /// `--features cuda`).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
@@ -160,6 +165,7 @@ impl ModelArgs {
         set(&mut c.dense_layers, self.dense_layers);
         set(&mut c.evaluator, self.evaluator);
         set(&mut c.guard_mass, self.guard_mass);
+        set(&mut c.placement, self.placement);
         self.xrt.apply(&mut c);
         if let Some(mb) = self.hot_budget_mb {
             c.hot_budget_bytes = Some(mb * 1_000_000);
@@ -184,6 +190,7 @@ impl ModelArgs {
             format!("--dense-layers={}", c.dense_layers),
             format!("--evaluator={}", c.evaluator),
             format!("--guard-mass={}", c.guard_mass),
+            format!("--placement={}", c.placement),
             format!("--cold-dir={}", c.cold_dir.display()),
         ];
         if let Some(m) = self.model() {

@@ -10,6 +10,7 @@
 //! - a truncation keeps what it can read back and says how much that is.
 
 use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
+use super::placement::{Placement, PlacementKind};
 use super::window::RecentWindow;
 use super::KvShape;
 use crate::error::Result;
@@ -21,6 +22,8 @@ pub struct DiskBacking {
     /// Shared with readers that work ahead of a layer's turn (read-ahead, the SmartSSD).
     cold: Arc<ColdPool>,
     window: RecentWindow,
+    /// Which slot of the cold pool holds each token.
+    placement: Placement,
     /// Committed tokens.
     len: usize,
     /// Tokens each layer appended this step, not yet committed.
@@ -29,13 +32,15 @@ pub struct DiskBacking {
 
 impl DiskBacking {
     /// A backing for up to `shape.max_tokens` tokens, its pool file in `cold_dir`, with room for
-    /// the SmartSSD's scoring-key chunks of `key_chunk_bytes` (0 for none).
-    pub fn new(shape: KvShape, cold_dir: &Path, key_chunk_bytes: usize) -> Result<Self> {
+    /// the SmartSSD's scoring-key chunks of `key_chunk_bytes` (0 for none), spilled tokens
+    /// placed as `placement` says.
+    pub fn new(shape: KvShape, cold_dir: &Path, key_chunk_bytes: usize, placement: PlacementKind) -> Result<Self> {
         let max_groups = shape.max_tokens.div_ceil(GROUP_TOKENS);
         let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups };
         Ok(Self {
             cold: Arc::new(ColdPool::create_with_key_chunks(cold_dir, layout, key_chunk_bytes)?),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
+            placement: Placement::new(placement, shape.n_layers * shape.n_kv_heads),
             shape,
             len: 0,
             pending: vec![0; shape.n_layers],
@@ -71,6 +76,17 @@ impl DiskBacking {
         (0..self.shape.n_layers).map(|l| self.window.len(l)).sum()
     }
 
+    /// The cold-pool slot of `token` (before [`DiskBacking::cold_end`]) for one layer and KV
+    /// head: its group is `slot / GROUP_TOKENS`, its row in the group `slot % GROUP_TOKENS`.
+    pub fn slot(&self, layer: usize, head: usize, token: usize) -> usize {
+        self.placement.slot(layer * self.shape.n_kv_heads + head, token)
+    }
+
+    /// DRAM the placement map takes.
+    pub fn placement_bytes(&self) -> usize {
+        self.placement.bytes()
+    }
+
     /// K (or V) row of a token at or past [`DiskBacking::cold_end`], as f16 bits.
     pub fn row(&self, layer: usize, head: usize, token: usize, values: bool) -> &[u16] {
         self.window.row(layer, head, token, values)
@@ -94,8 +110,14 @@ impl DiskBacking {
         if groups == 0 {
             return Ok(());
         }
-        self.window.write_groups(&self.cold, groups)?;
         let (base, end) = (self.window.base(), self.window.base() + groups * GROUP_TOKENS);
+        let n_kv = self.shape.n_kv_heads;
+        let window = &self.window;
+        let order = self.placement.plan(base..end, self.shape.head_dim, |lane, t| window.row(lane / n_kv, lane % n_kv, t, false));
+        self.window.write_groups(&self.cold, groups, order.as_ref())?;
+        if let Some(order) = &order {
+            self.placement.apply(order);
+        }
         for layer in 0..self.shape.n_layers {
             for head in 0..self.shape.n_kv_heads {
                 for t in base..end {
@@ -108,25 +130,130 @@ impl DiskBacking {
     }
 
     /// Keeps tokens `..n_tokens` (and drops anything appended but not committed); returns how
-    /// many it kept. That is `n_tokens` (or `len`, if fewer) unless the cold group to cut in
-    /// cannot be read back: then it keeps the whole groups before it, which need no read, and
+    /// many it kept. That is `n_tokens` (or `len`, if fewer) unless the cold pages to cut in
+    /// cannot be read back: then it keeps the tokens before the cut's group (or, where spilled
+    /// tokens were placed by key, before the span they were placed in), which need no read, and
     /// the caller must run the tokens after them again.
     pub fn truncate(&mut self, n_tokens: usize) -> usize {
         self.pending.fill(0);
         let keep = n_tokens.min(self.len);
-        match self.window.truncate(keep, &self.cold) {
+        let restart = self.placement.restart(keep);
+        let (placement, n_kv) = (&self.placement, self.shape.n_kv_heads);
+        match self.window.truncate(keep, restart, &self.cold, |layer, head, t| placement.slot(layer * n_kv + head, t)) {
             Ok(()) => self.len = keep,
             Err(e) => {
-                self.len = keep / GROUP_TOKENS * GROUP_TOKENS;
-                tracing::warn!(error = %e, asked = keep, kept = self.len, "a cold group could not be read back while truncating; keeping the whole groups before it");
+                self.len = restart;
+                tracing::warn!(error = %e, asked = keep, kept = self.len, "cold pages could not be read back while truncating; keeping the tokens before them");
                 self.window.restart_at(self.len);
             }
         }
+        // Tokens past the cold pool's end will be placed again when they spill.
+        self.placement.truncate(self.window.base());
         self.len
     }
 
     /// Bytes of K/V in the cold pool.
     pub fn cold_bytes(&self) -> usize {
         self.window.base() * self.shape.bytes_per_token()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fault::{self, ColdFaults, FailingWrite};
+    use super::*;
+    use half::f16;
+    use std::sync::atomic::AtomicUsize;
+
+    const SHAPE: KvShape = KvShape { n_layers: 2, n_kv_heads: 2, head_dim: 8, max_tokens: 1024 };
+
+    /// Token t's V row in (layer, head): every value t (f16-exact below 2048), so a row read
+    /// back from the lane's pages names the token it belongs to.
+    fn v_row(_layer: usize, _head: usize, t: usize) -> f32 {
+        t as f32
+    }
+
+    /// Appends and commits `tokens`, with keys from `key(layer, head, t, dim)`.
+    fn push(b: &mut DiskBacking, tokens: std::ops::Range<usize>, key: &dyn Fn(usize, usize, usize, usize) -> f32) -> Result<()> {
+        let hd = SHAPE.head_dim;
+        for layer in 0..SHAPE.n_layers {
+            let rows = |f: &dyn Fn(usize, usize, usize) -> f32| -> Vec<f32> {
+                tokens.clone().flat_map(|t| (0..SHAPE.n_kv_heads).flat_map(move |h| (0..hd).map(move |d| (t, h, d)))).map(|(t, h, d)| f(t, h, d)).collect()
+            };
+            let (k, v) = (rows(&|t, h, d| key(layer, h, t, d)), rows(&|t, h, _| v_row(layer, h, t)));
+            b.append(layer, &k, &v)?;
+        }
+        b.commit(tokens.len(), |_, _, _, _, _| {})
+    }
+
+    /// Every token before the cold end reads back, from its slot, as itself.
+    fn check_readable(b: &DiskBacking) {
+        let hd = SHAPE.head_dim;
+        let mut page = b.cold().buffer(1);
+        for (layer, head) in (0..SHAPE.n_layers).flat_map(|l| (0..SHAPE.n_kv_heads).map(move |h| (l, h))) {
+            for t in 0..b.cold_end() {
+                let slot = b.slot(layer, head, t);
+                b.cold().read_groups(layer, head, slot / GROUP_TOKENS, 1, page.as_bytes_mut()).unwrap();
+                let v = &page.as_u16()[GROUP_TOKENS * hd + slot % GROUP_TOKENS * hd..][..hd];
+                assert!(v.iter().all(|&x| f16::from_bits(x).to_f32() == v_row(layer, head, t)), "layer {layer} head {head} token {t} (slot {slot}) reads {}", f16::from_bits(v[0]).to_f32());
+            }
+        }
+    }
+
+    #[test]
+    fn tokens_placed_by_key_read_back_at_their_true_position() {
+        let lcg = |x: usize| ((x.wrapping_mul(2654435761) >> 7) % 1000) as f32 / 100.0 - 5.0;
+        let key_sets: [(&str, &dyn Fn(usize, usize, usize, usize) -> f32); 4] = [
+            ("random", &|l, h, t, d| lcg(((l * 7 + h) * 4096 + t) * 16 + d)),
+            ("identical", &|_, _, _, _| 1.0),
+            ("two far clusters", &|_, _, t, d| if t % 2 == 0 { 1e4 } else { -1e4 } + d as f32),
+            ("huge and tiny", &|_, _, t, d| if t % 7 == 0 { 6e4 } else { 1e-6 * (t * d) as f32 }),
+        ];
+        for (name, key) in key_sets {
+            let dir = std::env::temp_dir().join(format!("hillside-backing-{}-{}", name.replace(' ', "-"), std::process::id()));
+            let mut b = DiskBacking::new(SHAPE, &dir, 0, PlacementKind::Keys).unwrap();
+            // A prompt chunk, another across a block boundary, then tokens one at a time.
+            push(&mut b, 0..256, key).unwrap();
+            push(&mut b, 256..600, key).unwrap();
+            for t in 600..650 {
+                push(&mut b, t..t + 1, key).unwrap();
+            }
+            check_readable(&b);
+            // Back into a permuted span: the window reads it back and the rest is placed again.
+            assert_eq!(b.truncate(300), 300, "{name}");
+            assert_eq!(b.cold_end(), 256, "{name}: the cut span is read back into the window");
+            push(&mut b, 300..700, key).unwrap();
+            check_readable(&b);
+            drop(b);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    #[test]
+    fn a_spill_that_fails_midway_leaves_no_page_in_use_and_a_retry_places_every_token() {
+        let dir = std::env::temp_dir().join(format!("hillside-backing-failed-spill-{}", std::process::id()));
+        // The write of layer 1's group 5 fails once: the spill has written some pages by then.
+        fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 5, errno: libc::EIO, times: AtomicUsize::new(1) }), ..Default::default() });
+        let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
+        let mut b = DiskBacking::new(SHAPE, &dir, 0, PlacementKind::Keys).unwrap();
+        push(&mut b, 0..64, &key).unwrap();
+        let err = push(&mut b, 64..256, &key).unwrap_err().to_string();
+        assert!(err.contains("write failed"), "{err}");
+        assert_eq!((b.len(), b.cold_end()), (256, 64), "the tokens stay committed in the window");
+        // Nothing points into the pages the failed spill wrote: every spilled token reads back
+        // from where it was, and the window serves the rest.
+        check_readable(&b);
+        assert!((64..256).all(|t| b.slot(1, 0, t) == t));
+        for t in 64..256 {
+            assert_eq!(f16::from_bits(b.row(1, 1, t, true)[0]).to_f32(), v_row(1, 1, t));
+        }
+        // The next commit spills them again, placed by key, and all are readable.
+        push(&mut b, 256..272, &key).unwrap();
+        assert_eq!(b.cold_end(), 272);
+        assert!((64..256).any(|t| b.slot(1, 0, t) != t), "placed by key on the retry");
+        check_readable(&b);
+        fault::clear(&dir);
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

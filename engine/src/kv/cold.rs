@@ -1,6 +1,8 @@
 //! The cold pool: one preallocated file per sequence on the SSD, holding K and V in page-sized
 //! groups of [`GROUP_TOKENS`] tokens, laid out by (layer, KV head, group) so that one head's
-//! groups are contiguous and a whole-head read is one large sequential request.
+//! groups are contiguous and a whole-head read is one large sequential request. Which token
+//! sits in which slot of a head's groups is the placement's business ([`super::placement`]):
+//! the pool reads and writes whole groups.
 //!
 //! Reads and writes use direct I/O (O_DIRECT, page-aligned buffers) so the page cache neither
 //! hides the device's real cost nor competes with the hot pool for DRAM; where the filesystem

@@ -3,6 +3,7 @@
 use super::tiered::planner::{self, Profile};
 use super::tiered::{budget_floor_bytes, pinned_rows_bytes, TieredKvStore, TieredSettings};
 use super::drop::DropKvStore;
+use super::placement::PlacementKind;
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
 use crate::score::xrt::{self, XrtOptions};
 use crate::score::KeyBits;
@@ -123,6 +124,9 @@ pub struct KvConfig {
     /// Tiered: the fidelity guard's threshold on the estimated attention share of the top α
     /// (0 turns it off).
     pub guard_mass: f32,
+    /// Tiered: how spilled tokens are laid out in the cold pool's pages (by key similarity, so
+    /// a page read serves tokens selected together, or in text order).
+    pub placement: PlacementKind,
     /// What [`KvConfig::start_up`] found on this machine.
     #[serde(skip)]
     pub startup: Option<Arc<KvStartup>>,
@@ -156,6 +160,7 @@ impl Default for KvConfig {
             xrt_xclbin: None,
             xrt_device: 0,
             guard_mass: 0.0,
+            placement: PlacementKind::Keys,
             startup: None,
         }
     }
@@ -231,6 +236,7 @@ impl KvConfig {
             evaluator: self.evaluator,
             xrt: self.xrt_options(),
             guard_mass: self.guard_mass,
+            placement: self.placement,
         }
     }
 

@@ -17,6 +17,7 @@ pub mod fault;
 pub mod full;
 pub mod hot;
 pub mod offload;
+pub mod placement;
 pub mod slab;
 pub mod snapshot;
 pub mod tiered;
@@ -135,6 +136,10 @@ pub struct TierStats {
     /// that the layer's selection then needed.
     pub read_ahead_groups: u64,
     pub read_ahead_used: u64,
+    /// Decode-step selections of one (layer, KV head), and the cold-pool groups their cold
+    /// tokens lie in, hot or not: how well the placement packs what is selected together.
+    pub selections: u64,
+    pub selected_groups: u64,
     /// SmartSSD (evaluator `xrt`): cold tokens the card scored, kernel runs, and whether the
     /// card failed and the host took over.
     pub device_tokens: u64,

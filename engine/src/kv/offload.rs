@@ -5,6 +5,7 @@
 use super::aligned::AlignedBuf;
 use super::backing::DiskBacking;
 use super::cold::GROUP_TOKENS;
+use super::placement::PlacementKind;
 use super::view::ViewBuffers;
 use super::{KvShape, KvStats, KvStore, KvView, Selection};
 use crate::error::Result;
@@ -20,7 +21,7 @@ pub struct OffloadKvStore {
 
 impl OffloadKvStore {
     pub fn new(shape: KvShape, cold_dir: &Path) -> Result<Self> {
-        let backing = DiskBacking::new(shape, cold_dir, 0)?;
+        let backing = DiskBacking::new(shape, cold_dir, 0, PlacementKind::Position)?;
         let read_buf = backing.cold().buffer(shape.max_tokens.div_ceil(GROUP_TOKENS));
         Ok(Self { shape, backing, view: ViewBuffers::new(shape.head_dim), read_buf })
     }

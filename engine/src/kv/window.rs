@@ -3,6 +3,7 @@
 //! (HILOS' delayed write-back). Queries against these tokens read them from here.
 
 use super::cold::{ColdPool, GROUP_TOKENS};
+use super::placement::SpillOrder;
 use crate::error::Result;
 use half::f16;
 
@@ -92,20 +93,25 @@ impl RecentWindow {
         self.lens.iter().copied().min().unwrap_or(0) / GROUP_TOKENS
     }
 
-    /// Writes the first `groups` groups of every (layer, head) to `cold`, changing nothing here:
-    /// if a write fails, the window still holds every token and the groups already written lie
-    /// past the cold pool's end (`base`), where nothing reads them, until a later spill
-    /// overwrites them.
-    pub fn write_groups(&self, cold: &ColdPool, groups: usize) -> Result<()> {
-        let values_per_group = GROUP_TOKENS * self.head_dim;
+    /// Writes the first `groups` groups of every (layer, head) to `cold`, each slot holding the
+    /// token `order` puts there (text order without one), changing nothing here: if a write
+    /// fails, the window still holds every token and the groups already written lie past the
+    /// cold pool's end (`base`), where nothing reads them, until a later spill overwrites them.
+    pub fn write_groups(&self, cold: &ColdPool, groups: usize, order: Option<&SpillOrder>) -> Result<()> {
+        let hd = self.head_dim;
         let mut page = cold.buffer(1);
         for layer in 0..self.n_layers {
             for head in 0..self.n_kv_heads {
-                let start = self.at(layer, head, 0);
+                let lane = layer * self.n_kv_heads + head;
                 for g in 0..groups {
                     let words = page.as_u16_mut();
-                    words[..values_per_group].copy_from_slice(&self.k[start + g * values_per_group..][..values_per_group]);
-                    words[values_per_group..2 * values_per_group].copy_from_slice(&self.v[start + g * values_per_group..][..values_per_group]);
+                    let (k, v) = words.split_at_mut(GROUP_TOKENS * hd);
+                    for row in 0..GROUP_TOKENS {
+                        let slot = g * GROUP_TOKENS + row;
+                        let token = order.map_or(self.base + slot, |o| o.token(lane, slot));
+                        k[row * hd..][..hd].copy_from_slice(self.row(layer, head, token, false));
+                        v[row * hd..][..hd].copy_from_slice(self.row(layer, head, token, true));
+                    }
                     cold.write_group(layer, head, self.base / GROUP_TOKENS + g, &page)?;
                 }
             }
@@ -138,34 +144,49 @@ impl RecentWindow {
         }
     }
 
-    /// Keeps tokens `..n_tokens`. Tokens that were already spilled past `n_tokens`' group are
-    /// read back from `cold`, so the window again starts at a group boundary. All or nothing:
-    /// if a read fails, the window is as it was.
-    pub fn truncate(&mut self, n_tokens: usize, cold: &ColdPool) -> Result<()> {
+    /// Keeps tokens `..n_tokens`. When that cuts into the cold pool, the window restarts at
+    /// `restart` (a group boundary at or before the cut) and the tokens from there to the cut
+    /// are read back from their slots (`slot(layer, head, token)`), every page that may hold
+    /// them in one request per (layer, head). All or nothing: if a read fails, the window is as
+    /// it was.
+    pub fn truncate(&mut self, n_tokens: usize, restart: usize, cold: &ColdPool, slot: impl Fn(usize, usize, usize) -> usize) -> Result<()> {
         let hd = self.head_dim;
         if n_tokens >= self.base {
             self.lens.iter_mut().for_each(|len| *len = (*len).min(n_tokens - self.base));
             return Ok(());
         }
-        let group = n_tokens / GROUP_TOKENS;
-        let keep = n_tokens % GROUP_TOKENS;
-        // Every (layer, head)'s page of the group, read before anything here changes.
-        let mut pages = cold.buffer(if keep > 0 { self.n_layers * self.n_kv_heads } else { 0 });
+        debug_assert!(restart.is_multiple_of(GROUP_TOKENS) && restart <= n_tokens);
+        let keep = n_tokens - restart;
+        let lanes = self.n_layers * self.n_kv_heads;
+        let first_group = restart / GROUP_TOKENS;
+        // Pages from the restart to the last one holding a kept token, the same for every lane.
+        let pages_per_lane = (0..lanes)
+            .flat_map(|lane| (restart..n_tokens).map(move |t| (lane, t)))
+            .map(|(lane, t)| slot(lane / self.n_kv_heads, lane % self.n_kv_heads, t) / GROUP_TOKENS + 1 - first_group)
+            .max()
+            .unwrap_or(0);
         let page_bytes = cold.layout().group_bytes();
+        let mut pages = cold.buffer(lanes * pages_per_lane);
         if keep > 0 {
-            for (i, page) in pages.as_bytes_mut().chunks_exact_mut(page_bytes).enumerate() {
-                cold.read_groups(i / self.n_kv_heads, i % self.n_kv_heads, group, 1, page)?;
+            for (lane, dst) in pages.as_bytes_mut().chunks_exact_mut(pages_per_lane * page_bytes).enumerate() {
+                cold.read_groups(lane / self.n_kv_heads, lane % self.n_kv_heads, first_group, pages_per_lane, dst)?;
             }
         }
-        self.restart_at(group * GROUP_TOKENS);
+        self.restart_at(restart);
         if keep > 0 {
             if self.slots < keep {
-                self.relayout(GROUP_TOKENS);
+                self.relayout(keep.next_multiple_of(GROUP_TOKENS));
             }
-            for (i, page) in pages.as_u16().chunks_exact(page_bytes / 2).enumerate() {
-                let at = self.at(i / self.n_kv_heads, i % self.n_kv_heads, 0);
-                self.k[at..][..keep * hd].copy_from_slice(&page[..keep * hd]);
-                self.v[at..][..keep * hd].copy_from_slice(&page[GROUP_TOKENS * hd..][..keep * hd]);
+            let page_words = page_bytes / 2;
+            for (lane, lane_pages) in pages.as_u16().chunks_exact(pages_per_lane * page_words).enumerate() {
+                let (layer, head) = (lane / self.n_kv_heads, lane % self.n_kv_heads);
+                for t in restart..n_tokens {
+                    let s = slot(layer, head, t) - restart;
+                    let page = &lane_pages[s / GROUP_TOKENS * page_words..][..page_words];
+                    let (row, at) = (s % GROUP_TOKENS, self.at(layer, head, t - restart));
+                    self.k[at..][..hd].copy_from_slice(&page[row * hd..][..hd]);
+                    self.v[at..][..hd].copy_from_slice(&page[GROUP_TOKENS * hd + row * hd..][..hd]);
+                }
             }
             self.lens.fill(keep);
         }
@@ -214,7 +235,7 @@ mod tests {
         check(&w, 0..300);
         let spill = |w: &mut RecentWindow| {
             let groups = w.spillable_groups();
-            w.write_groups(&cold, groups).unwrap();
+            w.write_groups(&cold, groups, None).unwrap();
             w.drop_groups(groups);
             groups
         };
@@ -231,7 +252,7 @@ mod tests {
         spill(&mut w);
         assert_eq!((w.base(), w.len(1)), (304, 6));
         // Back into the spilled part: the partial group is read back from the cold pool.
-        w.truncate(250, &cold).unwrap();
+        w.truncate(250, 240, &cold, |_, _, t| t).unwrap();
         assert_eq!((w.base(), w.len(0)), (240, 10));
         check(&w, 240..250);
         drop(cold);

@@ -86,8 +86,9 @@ impl TieredKvStore {
         let gb_words = self.backing.cold().layout().group_bytes() / 2;
         rows.retain(|&ColdRow { slot, head, token }| {
             let (head, tu) = (head as usize, token as usize);
-            let Some(page) = staged.group(buf, head, tu / GROUP_TOKENS, gb_words) else { return true };
-            let row = tu % GROUP_TOKENS;
+            let cold_slot = self.backing.slot(layer, head, tu);
+            let Some(page) = staged.group(buf, head, cold_slot / GROUP_TOKENS, gb_words) else { return true };
+            let row = cold_slot % GROUP_TOKENS;
             let (k, v) = (&page[row * hd..][..hd], &page[GROUP_TOKENS * hd + row * hd..][..hd]);
             self.view.set_token(slot as usize, head - heads.start, k, v);
             if decode {

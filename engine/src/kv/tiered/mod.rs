@@ -21,6 +21,7 @@ mod reads;
 use super::backing::DiskBacking;
 use super::cold::GROUP_TOKENS;
 use super::hot::HotPool;
+use super::placement::PlacementKind;
 use super::view::ViewBuffers;
 use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, Selection, TierStats};
 use crate::error::{Error, Result};
@@ -57,6 +58,8 @@ pub struct TieredSettings {
     /// The fidelity guard: a step whose top α holds less than this share of a head's
     /// estimated attention attends to twice as many tokens in that layer (0 turns it off).
     pub guard_mass: f32,
+    /// How spilled tokens are laid out in the cold pool's pages.
+    pub placement: PlacementKind,
 }
 
 /// DRAM a tiered store must hold at its maximum length whatever it decides: scoring keys, the
@@ -103,6 +106,8 @@ pub struct TieredKvStore {
     /// `[layer]`: what the layer selected last step, which predicts what it reads next.
     last_selected: Vec<Option<Selection>>,
     prefetch: Prefetcher,
+    /// One bit per cold-pool group, for counting the groups a selection touches.
+    group_bits: Vec<u64>,
     tier: TierStats,
 }
 
@@ -140,7 +145,8 @@ impl TieredKvStore {
             positions: Vec::new(),
             last_selected: vec![None; shape.n_layers],
             prefetch: Prefetcher::default(),
-            backing: DiskBacking::new(shape, cold_dir, key_chunk_bytes)?,
+            group_bits: Vec::new(),
+            backing: DiskBacking::new(shape, cold_dir, key_chunk_bytes, settings.placement)?,
             keys,
             evaluator: None,
             shape,
@@ -199,16 +205,20 @@ impl TieredKvStore {
         layer < self.settings.dense_layers
     }
 
-    /// For each head of `layer`, the cold groups (ascending) holding `tokens(head)` that are
-    /// neither hot nor in the window, small gaps bridged.
+    /// For each head of `layer`, the cold groups (ascending) holding those of `tokens(head)`
+    /// that are neither hot nor in the window, small gaps bridged.
     fn cold_groups<'t>(&self, layer: usize, tokens: impl Fn(usize) -> &'t [u32]) -> Vec<Vec<usize>> {
         let base = self.backing.cold_end();
         (0..self.shape.n_kv_heads)
             .map(|head| {
                 let lane = self.lane(layer, head);
-                let mut groups: Vec<usize> =
-                    tokens(head).iter().filter(|&&t| (t as usize) < base && !self.hot.contains(lane, t)).map(|&t| t as usize / GROUP_TOKENS).collect();
-                groups.dedup(); // tokens are ascending, so equal groups are adjacent
+                let mut groups: Vec<usize> = tokens(head)
+                    .iter()
+                    .filter(|&&t| (t as usize) < base && !self.hot.contains(lane, t))
+                    .map(|&t| self.backing.slot(layer, head, t as usize) / GROUP_TOKENS)
+                    .collect();
+                groups.sort_unstable();
+                groups.dedup();
                 bridge_gaps(&groups, MAX_BRIDGED_GROUPS)
             })
             .collect()
@@ -454,6 +464,7 @@ impl KvStore for TieredKvStore {
         let n = self.backing.held(layer);
         if matches!(selection, Selection::Tokens { .. }) {
             self.last_selected[layer] = Some(selection.clone());
+            self.count_selected_groups(layer, selection);
         }
         for head in 0..self.shape.n_kv_heads {
             let Some(tokens) = selection.head(head) else { return };
@@ -505,7 +516,8 @@ impl KvStore for TieredKvStore {
                 + self.view.bytes()
                 + self.prefetch.bytes()
                 + self.candidates.bytes()
-                + self.weakest.bytes(),
+                + self.weakest.bytes()
+                + self.backing.placement_bytes(),
             cold_bytes: self.backing.cold_bytes(),
             cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
             tier: Some(self.tier_stats()),
@@ -599,6 +611,24 @@ impl TieredKvStore {
             hits.resize(hits.len().max(n), 0);
             for t in chosen {
                 hits[t as usize] = hits[t as usize].saturating_add(1);
+            }
+        }
+    }
+
+    /// Counts the cold-pool groups each head's selection touches (see [`TierStats::selections`]).
+    fn count_selected_groups(&mut self, layer: usize, selection: &Selection) {
+        let base = self.backing.cold_end();
+        self.group_bits.clear();
+        self.group_bits.resize(base.div_ceil(GROUP_TOKENS).div_ceil(64), 0);
+        for head in 0..self.shape.n_kv_heads {
+            for &t in selection.head(head).unwrap_or(&[]).iter().take_while(|&&t| (t as usize) < base) {
+                let g = self.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
+                self.group_bits[g / 64] |= 1 << (g % 64);
+            }
+            self.tier.selections += 1;
+            for word in &mut self.group_bits {
+                self.tier.selected_groups += u64::from(word.count_ones());
+                *word = 0;
             }
         }
     }
