@@ -53,6 +53,10 @@ struct DecodeResult {
     roofline_efficiency: f64,
     /// Cold-pool bytes read per decoded token (offload and tiered stores).
     cold_bytes_read_per_token: f64,
+    /// The share of them read through the page cache (the dual path), and the (layer, KV
+    /// head) regions it served at the end, of all.
+    cold_read_cached_share: Option<f64>,
+    cold_lanes_cached: Option<(usize, usize)>,
     /// Tiered: share of the selected tokens found in the hot pool while decoding.
     hot_hit_rate: Option<f64>,
     /// Tiered: promotions and demotions per decode step (all layers).
@@ -205,6 +209,10 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             hot_bytes: after.tier.as_ref().map(|t| t.hot_bytes),
             hot_budget_bytes: after.tier.as_ref().map(|t| t.hot_budget_bytes),
             cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
+            cold_read_cached_share: (after.cold_lanes > 0).then(|| {
+                (after.cold_bytes_read_cached - before.cold_bytes_read_cached) as f64 / ((after.cold_bytes_read - before.cold_bytes_read) as f64).max(1.0)
+            }),
+            cold_lanes_cached: (after.cold_lanes > 0).then_some((after.cold_lanes_cached, after.cold_lanes)),
             context_tokens: context,
             prompt,
             decode_tokens: n,

@@ -6,6 +6,7 @@
 use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_engine::kv::headroom::MemoryCap;
 use hillside_engine::kv::tiered::planner::{self, Profile};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use serde_json::Value;
@@ -34,6 +35,10 @@ pub struct KvArgs {
     /// planner's β, to see where the real optimum sits.
     #[arg(long)]
     pub beta_sweep: bool,
+    /// Runs each store's process in a memory cgroup of this many MB (made here, removed after;
+    /// needs root), to see the cold pool's reads go direct when the page cache has no room.
+    #[arg(long)]
+    pub memory_cap_mb: Option<u64>,
 }
 
 /// Multiples of the predicted β the sweep tries.
@@ -56,7 +61,12 @@ fn run_store(args: &KvArgs, store: StoreKind, contexts: &[usize], hot_budget_mb:
         cmd.arg("--text").arg(text);
     }
     eprintln!("{store}: decoding at {} ...", contexts.join(", "));
-    let status = cmd.status().context("starting the benchmark child process")?;
+    let cap = args.memory_cap_mb.map(|mb| MemoryCap::create("hillside-bench-kv", mb << 20)).transpose().context("making the memory cgroup for --memory-cap-mb")?;
+    let mut child = cmd.spawn().context("starting the benchmark child process")?;
+    if let Some(cap) = &cap {
+        cap.add(child.id()).context("moving the benchmark child into its memory cgroup")?;
+    }
+    let status = child.wait()?;
     if !status.success() {
         bail!("benchmark of the {} store failed", store);
     }
@@ -78,8 +88,8 @@ pub fn kv(args: &KvArgs) -> Result<()> {
     let sweep = if args.beta_sweep { Some(beta_sweep(args)?) } else { None };
     println!("hillside bench kv · α {} · decode tok/s ({} tokens at each context)", args.model.kv_config().alpha, args.decode_tokens);
     println!(
-        "{:<9} {:>8} {:>9} {:>14} {:>9} {:>10} {:>10} {:>11} {:>10} {:>12} {:>14}",
-        "store", "context", "tok/s", "cold MB/token", "hot hit", "promo/step", "demo/step", "block wait", "scan/step", "DRAM/budget", "peak RSS"
+        "{:<9} {:>8} {:>9} {:>14} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>12} {:>14}",
+        "store", "context", "tok/s", "cold MB/token", "cached", "hot hit", "pages/sel", "promo/step", "demo/step", "block wait", "scan/step", "DRAM/budget", "peak RSS"
     );
     for (store, report) in &reports {
         for d in report["decode"].as_array().into_iter().flatten() {
@@ -95,12 +105,14 @@ pub fn kv(args: &KvArgs) -> Result<()> {
                 _ => format!("{rss:.0}MB"),
             };
             println!(
-                "{:<9} {:>8} {:>9.1} {:>14.2} {:>9} {:>10} {:>10} {:>11} {:>10} {:>12} {:>14}",
+                "{:<9} {:>8} {:>9.1} {:>14.2} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>12} {:>14}",
                 store.to_string(),
                 d["context_tokens"],
                 d["tokens_per_s"].as_f64().unwrap_or(0.0),
                 d["cold_bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e6,
+                opt("cold_read_cached_share", 100.0, "%"),
                 opt("hot_hit_rate", 100.0, "%"),
+                opt("groups_per_selection_share", 100.0, "%"),
                 opt("promotions_per_step", 1.0, ""),
                 opt("demotions_per_step", 1.0, ""),
                 opt("score_block_wait_us", 1.0, "µs"),

@@ -10,12 +10,14 @@
 //! - a truncation keeps what it can read back and says how much that is.
 
 use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
+use super::headroom::Headroom;
 use super::placement::{Placement, PlacementKind};
 use super::window::RecentWindow;
 use super::KvShape;
 use crate::error::Result;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 pub struct DiskBacking {
     shape: KvShape,
@@ -28,6 +30,8 @@ pub struct DiskBacking {
     len: usize,
     /// Tokens each layer appended this step, not yet committed.
     pending: Vec<usize>,
+    /// When the read path was last chosen from the memory headroom.
+    read_path_chosen: Option<Instant>,
 }
 
 impl DiskBacking {
@@ -44,6 +48,7 @@ impl DiskBacking {
             shape,
             len: 0,
             pending: vec![0; shape.n_layers],
+            read_path_chosen: None,
         })
     }
 
@@ -99,6 +104,24 @@ impl DiskBacking {
         Ok(())
     }
 
+    /// Chooses, at most once a [`READ_PATH_RECHECK`], which (layer, KV head) regions of the
+    /// cold pool are read through the page cache: as many as half the measured headroom holds,
+    /// at the pool's current size.
+    fn choose_read_path(&mut self) {
+        if self.read_path_chosen.is_some_and(|at| at.elapsed() < READ_PATH_RECHECK) {
+            return;
+        }
+        self.read_path_chosen = Some(Instant::now());
+        let lanes = self.shape.n_layers * self.shape.n_kv_heads;
+        let lane_bytes = (self.window.base() / GROUP_TOKENS) as u64 * self.cold.layout().group_bytes() as u64;
+        let headroom = Headroom::measure();
+        let cached = cached_lanes(headroom, lane_bytes, lanes);
+        if cached != self.cold.cached_lanes() {
+            tracing::info!(cached, lanes, headroom_mb = headroom.bytes / 1_000_000, cgroup_limited = headroom.cgroup_limited, pressure_bp = headroom.pressure_some_bp, "cold pool read path");
+        }
+        self.cold.set_cached_lanes(cached);
+    }
+
     /// The step's `n_tokens` join the committed ones, and every complete group goes to the cold
     /// pool. `on_spilled(layer, head, token, k, v)` sees each spilled row once all writes
     /// succeeded, before the window lets it go. On a write error the tokens stay committed in
@@ -106,6 +129,7 @@ impl DiskBacking {
     pub fn commit(&mut self, n_tokens: usize, mut on_spilled: impl FnMut(usize, usize, usize, &[u16], &[u16])) -> Result<()> {
         self.len += n_tokens;
         self.pending.fill(0);
+        self.choose_read_path();
         let groups = self.window.spillable_groups();
         if groups == 0 {
             return Ok(());
@@ -152,10 +176,38 @@ impl DiskBacking {
         self.len
     }
 
+    /// Regions read through the page cache, of all, and the bytes read that way so far.
+    pub fn cached_reads(&self) -> (usize, usize, u64) {
+        let lanes = self.shape.n_layers * self.shape.n_kv_heads;
+        (self.cold.cached_lanes().min(lanes), lanes, self.cold.stats.bytes_read_cached.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// Bytes of K/V in the cold pool.
     pub fn cold_bytes(&self) -> usize {
         self.window.base() * self.shape.bytes_per_token()
     }
+}
+
+/// How often the read path is chosen again.
+const READ_PATH_RECHECK: Duration = Duration::from_secs(1);
+
+/// Memory left alone whatever the headroom: for the process's own growth and everyone else.
+const HEADROOM_RESERVE_BYTES: u64 = 256 << 20;
+
+/// Memory stalls (PSI `some avg10`, hundredths of a percent) at which every read is direct.
+const PRESSURE_LIMIT_BP: u32 = 1000;
+
+/// Of `lanes` regions of `lane_bytes` each, how many the page cache may serve: as many as fit
+/// in half of what the headroom leaves above the reserve, none under memory pressure.
+fn cached_lanes(headroom: Headroom, lane_bytes: u64, lanes: usize) -> usize {
+    if headroom.pressure_some_bp >= PRESSURE_LIMIT_BP {
+        return 0;
+    }
+    let budget = headroom.bytes.saturating_sub(HEADROOM_RESERVE_BYTES) / 2;
+    if lane_bytes == 0 {
+        return if budget > 0 { lanes } else { 0 };
+    }
+    (budget / lane_bytes).min(lanes as u64) as usize
 }
 
 #[cfg(test)]
@@ -198,6 +250,16 @@ mod tests {
                 assert!(v.iter().all(|&x| f16::from_bits(x).to_f32() == v_row(layer, head, t)), "layer {layer} head {head} token {t} (slot {slot}) reads {}", f16::from_bits(v[0]).to_f32());
             }
         }
+    }
+
+    #[test]
+    fn the_page_cache_serves_what_half_the_headroom_holds_and_nothing_under_pressure() {
+        let room = |mb: u64, pressure_some_bp: u32| Headroom { bytes: mb << 20, cgroup_limited: false, pressure_some_bp };
+        assert_eq!(cached_lanes(room(256 + 200, 0), 10 << 20, 90), 10, "100 MB of budget holds ten 10 MB regions");
+        assert_eq!(cached_lanes(room(64_000, 0), 10 << 20, 90), 90);
+        assert_eq!(cached_lanes(room(200, 0), 10 << 20, 90), 0, "below the reserve");
+        assert_eq!(cached_lanes(room(64_000, 1500), 10 << 20, 90), 0, "memory pressure");
+        assert_eq!(cached_lanes(room(64_000, 0), 0, 90), 90, "an empty pool");
     }
 
     #[test]

@@ -4,10 +4,14 @@
 //! sits in which slot of a head's groups is the placement's business ([`super::placement`]):
 //! the pool reads and writes whole groups.
 //!
-//! Reads and writes use direct I/O (O_DIRECT, page-aligned buffers) so the page cache neither
-//! hides the device's real cost nor competes with the hot pool for DRAM; where the filesystem
-//! refuses O_DIRECT (tmpfs, some network filesystems) the pool falls back to buffered I/O and
-//! says so in the log. Every group carries a CRC32 (kept in DRAM), so a damaged block is an
+//! Writes use direct I/O (O_DIRECT, page-aligned buffers). Reads take one of two paths
+//! (DUAL-BLADE): the first [`ColdPool::cached_lanes`] (layer, KV head) regions are read through
+//! the page cache, which is free speed while the machine has memory to spare, and the rest with
+//! direct I/O, so that under memory pressure the cache neither competes with the hot pool nor
+//! hides the device's real cost; the owner sets the split from measured headroom
+//! ([`super::headroom`]). Direct writes invalidate the cached pages they overwrite, so both
+//! paths read what was last written. Where the filesystem refuses O_DIRECT (tmpfs, some network
+//! filesystems) the pool falls back to buffered I/O and says so in the log. Every group carries a CRC32 (kept in DRAM), so a damaged block is an
 //! error, never garbage attention. The file is removed when the pool is dropped; files left by
 //! a crashed process are swept the next time a pool is created in that directory.
 //!
@@ -24,7 +28,7 @@ use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Tokens per cold-pool group (one page of K and V for a 64-dim head).
@@ -65,6 +69,8 @@ impl ColdLayout {
 #[derive(Debug, Default)]
 pub struct ColdIoStats {
     pub bytes_read: AtomicU64,
+    /// The part of `bytes_read` read through the page cache.
+    pub bytes_read_cached: AtomicU64,
     pub bytes_written: AtomicU64,
     pub reads: AtomicU64,
 }
@@ -73,7 +79,12 @@ pub struct ColdIoStats {
 const WRITTEN: u64 = 1 << 32;
 
 pub struct ColdPool {
+    /// Direct I/O where the filesystem allows it.
     file: File,
+    /// The same file opened for buffered reads, through the page cache.
+    cached: File,
+    /// Lanes (`layer * n_kv_heads + head`) below this are read through `cached`.
+    cached_lanes: AtomicUsize,
     path: PathBuf,
     layout: ColdLayout,
     /// Bytes of one layer's scoring-key chunk; 0 when the file has no key section.
@@ -111,9 +122,18 @@ impl ColdPool {
         let name = format!("{FILE_PREFIX}{}-{}{FILE_SUFFIX}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let path = dir.join(name);
         let file = open_pool_file(&path)?;
+        let cached = match File::open(&path) {
+            Ok(cached) => cached,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(io_error("cannot open its file for cached reads", &path, e));
+            }
+        };
         // From here the file exists; dropping `pool` on an error path removes it.
         let pool = Self {
             file,
+            cached,
+            cached_lanes: AtomicUsize::new(0),
             path,
             layout,
             key_chunk_bytes,
@@ -180,6 +200,17 @@ impl ColdPool {
         self.file.read_exact_at(dst, at).map_err(|e| io_error("read failed", &self.path, e))
     }
 
+    /// How many leading (layer, KV head) regions are read through the page cache.
+    pub fn cached_lanes(&self) -> usize {
+        self.cached_lanes.load(Ordering::Relaxed)
+    }
+
+    /// Reads of the first `lanes` (layer, KV head) regions go through the page cache from now
+    /// on, the rest with direct I/O.
+    pub fn set_cached_lanes(&self, lanes: usize) {
+        self.cached_lanes.store(lanes, Ordering::Relaxed);
+    }
+
     fn offset(&self, layer: usize, head: usize, group: usize) -> u64 {
         (self.layout.group_index(layer, head, group) * self.layout.group_bytes()) as u64
     }
@@ -213,8 +244,13 @@ impl ColdPool {
         if let Some(faults) = &self.faults {
             faults.on_read(layer, head, first);
         }
-        self.file.read_exact_at(bytes, self.offset(layer, head, first)).map_err(|e| io_error("read failed", &self.path, e))?;
+        let cached = layer * self.layout.n_kv_heads + head < self.cached_lanes();
+        let file = if cached { &self.cached } else { &self.file };
+        file.read_exact_at(bytes, self.offset(layer, head, first)).map_err(|e| io_error("read failed", &self.path, e))?;
         self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        if cached {
+            self.stats.bytes_read_cached.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         for (i, chunk) in bytes.chunks_exact(gb).enumerate() {
             let group = first + i;
@@ -341,6 +377,26 @@ mod tests {
         assert!(path.exists());
         drop(pool);
         assert!(!path.exists(), "the file goes with the pool");
+    }
+
+    #[test]
+    fn both_read_paths_see_the_last_write() {
+        let dir = temp_dir("dual-path");
+        let pool = ColdPool::create(&dir, layout()).unwrap();
+        let mut buf = pool.buffer(1);
+        pool.write_group(1, 0, 2, &filled(&pool, 1)).unwrap();
+        pool.set_cached_lanes(layout().n_kv_heads * 2); // every lane through the page cache
+        pool.read_groups(1, 0, 2, 1, buf.as_bytes_mut()).unwrap();
+        assert_eq!(buf.as_bytes(), filled(&pool, 1).as_bytes());
+        // A direct write over a page the cache holds: the cached read sees the new bytes.
+        pool.write_group(1, 0, 2, &filled(&pool, 2)).unwrap();
+        pool.read_groups(1, 0, 2, 1, buf.as_bytes_mut()).unwrap();
+        assert_eq!(buf.as_bytes(), filled(&pool, 2).as_bytes());
+        assert_eq!(pool.stats.bytes_read_cached.load(Ordering::Relaxed), 2 * 4096);
+        pool.set_cached_lanes(layout().n_kv_heads); // lane 3 (layer 1, head 0) is direct again
+        pool.read_groups(1, 0, 2, 1, buf.as_bytes_mut()).unwrap();
+        assert_eq!(buf.as_bytes(), filled(&pool, 2).as_bytes());
+        assert_eq!(pool.stats.bytes_read_cached.load(Ordering::Relaxed), 2 * 4096, "a direct read");
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod drop;
 #[doc(hidden)]
 pub mod fault;
 pub mod full;
+pub mod headroom;
 pub mod hot;
 pub mod offload;
 pub mod placement;
@@ -107,6 +108,11 @@ pub struct KvStats {
     pub cold_bytes: usize,
     /// Bytes read from the cold pool so far.
     pub cold_bytes_read: u64,
+    /// The part of `cold_bytes_read` that went through the page cache (the dual path).
+    pub cold_bytes_read_cached: u64,
+    /// (Layer, KV head) regions of the cold pool read through the page cache now, of all.
+    pub cold_lanes_cached: usize,
+    pub cold_lanes: usize,
     /// Hot/cold bookkeeping, for stores with tiers.
     pub tier: Option<TierStats>,
 }

@@ -80,11 +80,15 @@ impl KvStore for OffloadKvStore {
     }
 
     fn stats(&self) -> KvStats {
+        let (cold_lanes_cached, cold_lanes, cold_bytes_read_cached) = self.backing.cached_reads();
         KvStats {
             tokens: self.backing.len(),
             resident_bytes: self.view.bytes() + self.read_buf.len(),
             cold_bytes: self.backing.cold_bytes(),
             cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
+            cold_bytes_read_cached,
+            cold_lanes_cached,
+            cold_lanes,
             tier: None,
         }
     }

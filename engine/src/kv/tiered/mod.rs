@@ -510,6 +510,7 @@ impl KvStore for TieredKvStore {
     }
 
     fn stats(&self) -> KvStats {
+        let (cold_lanes_cached, cold_lanes, cold_bytes_read_cached) = self.backing.cached_reads();
         KvStats {
             tokens: self.backing.len(),
             resident_bytes: self.hot_bytes()
@@ -520,6 +521,9 @@ impl KvStore for TieredKvStore {
                 + self.backing.placement_bytes(),
             cold_bytes: self.backing.cold_bytes(),
             cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
+            cold_bytes_read_cached,
+            cold_lanes_cached,
+            cold_lanes,
             tier: Some(self.tier_stats()),
         }
     }
