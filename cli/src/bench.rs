@@ -116,7 +116,10 @@ pub(crate) fn peak_rss_mb() -> f64 {
 
 /// Best of a few passes of summing a 512 MiB buffer on every thread (well past any cache).
 fn memory_read_gb_per_s() -> f64 {
-    let words = (512usize << 20) / 8;
+    // 512 MiB, far past any cache, or half the room left where a memory cgroup caps this
+    // process (bench kv --memory-cap-mb): still past the last-level cache.
+    let room = hillside_engine::kv::headroom::Headroom::measure().bytes as usize;
+    let words = (512usize << 20).min(room / 2).max(64 << 20) / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
     let mut best = 0f64;
     for _ in 0..5 {
