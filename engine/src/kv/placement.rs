@@ -56,14 +56,15 @@ impl std::fmt::Display for PlacementKind {
 /// The slots of one spill, decided before its pages are written and applied once all are.
 pub struct SpillOrder {
     tokens: Range<usize>,
-    /// `[lane][i]`: the token (offset from `tokens.start`) written to slot `tokens.start + i`.
-    order: Vec<Vec<u16>>,
+    /// `[lane][i]`: how far the token written to slot `tokens.start + i` is from that slot
+    /// (less than a block either way, whatever the spill's length).
+    order: Vec<Vec<i16>>,
 }
 
 impl SpillOrder {
     /// The token that slot `tokens.start + i` of `lane` holds.
     pub fn token(&self, lane: usize, i: usize) -> usize {
-        self.tokens.start + usize::from(self.order[lane][i])
+        (self.tokens.start + i).wrapping_add_signed(isize::from(self.order[lane][i]))
     }
 }
 
@@ -106,7 +107,8 @@ impl Placement {
                     let rows: Vec<f32> = span.clone().flat_map(|t| keys(lane, t).iter().map(|&b| f16::from_bits(b).to_f32())).collect();
                     let mut idx: Vec<u32> = (0..span.len() as u32).collect();
                     similarity_order(&rows, head_dim, &mut idx);
-                    order.extend(idx.iter().map(|&i| (span.start - tokens.start + i as usize) as u16));
+                    // Slot `span.start + s` holds token `span.start + idx[s]`.
+                    order.extend(idx.iter().enumerate().map(|(s, &i)| (i as isize - s as isize) as i16));
                 }
                 order
             })
@@ -121,9 +123,8 @@ impl Placement {
             if moves.len() < spill.tokens.end {
                 moves.resize(spill.tokens.end, 0);
             }
-            for (i, &offset) in order.iter().enumerate() {
-                let token = spill.tokens.start + usize::from(offset);
-                moves[token] = (i as isize - offset as isize) as i16;
+            for (i, &delta) in order.iter().enumerate() {
+                moves[spill.token(lane, i)] = -delta;
             }
         }
         self.spans.extend(spans(spill.tokens.clone()).filter(|s| s.len() > GROUP_TOKENS));
@@ -280,6 +281,12 @@ mod tests {
         let again = p.plan(512..800, d, key).unwrap();
         p.apply(&again);
         check(&p, 800);
+        // A spill longer than a u16 can count (a long prompt prefilled in one chunk).
+        let long_keys: Vec<u16> = (0..70_000 * d).map(|i| f16::from_f32(((i * 7919) % 997) as f32 / 997.0).to_bits()).collect();
+        let mut long = Placement::new(PlacementKind::Keys, 1);
+        let order = long.plan(0..70_000, d, |_, t| &long_keys[t * d..][..d]).unwrap();
+        long.apply(&order);
+        assert!((0..70_000).all(|i| long.slot(0, order.token(0, i)) == i), "every slot holds the token the order put there");
         // Text order never moves a token.
         let positional = Placement::new(PlacementKind::Position, lanes);
         assert!(positional.plan(0..256, d, key).is_none() && positional.slot(1, 77) == 77);
