@@ -235,7 +235,16 @@ fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
     let mut seen = String::new();
     let mut buf = [0u8; 4096];
     while seen.matches("data: ").count() < 2 {
-        let n = socket.read(&mut buf).unwrap();
+        let n = match socket.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) => {
+                // Say what the server logged: a reset here means it closed the stream.
+                let _ = child.kill();
+                let mut log = String::new();
+                let _ = child.stderr.take().unwrap().read_to_string(&mut log);
+                panic!("reading the stream: {e}; got {seen:?}; the server logged:\n{log}");
+            }
+        };
         assert!(n > 0, "{seen}");
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
