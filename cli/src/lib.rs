@@ -4,6 +4,7 @@
 mod bench;
 mod bench_docs;
 mod bench_kv;
+mod bench_recall;
 mod bench_serve;
 mod bench_ui;
 mod chat;
@@ -93,6 +94,9 @@ enum BenchCommand {
     Decode(bench::DecodeArgs),
     /// Decode speed, cold-pool traffic and hot-pool hit rate of every KV store, plus a plot.
     Kv(bench_kv::KvArgs),
+    /// Smaller scoring copies of the keys (r of a head's dimensions, by PCA or by RoPE pairs):
+    /// DRAM per token and recall of the exact top α, beside the store's full-rank copies.
+    Recall(bench_recall::RecallArgs),
     /// The OpenAI endpoint under load on loopback: requests/s, tokens/s, TTFT and inter-token
     /// latency at several numbers of concurrent clients.
     Serve(bench_serve::ServeBenchArgs),
@@ -145,7 +149,9 @@ pub struct ModelArgs {
     #[arg(long)]
     pub guard_mass: Option<f32>,
     /// Tiered: how spilled tokens are laid out in the cold pool's pages: keys (grouped by key
-    /// similarity, so a page read serves tokens selected together) or position [default: keys].
+    /// similarity, so a page read serves tokens selected together), hits (by key, then re-placed
+    /// a few decode steps in by how often each token was selected; pays off on long answers)
+    /// or position [default: keys].
     #[arg(long)]
     pub placement: Option<PlacementKind>,
     /// Where attention runs: cpu, or cuda (the decode working set in VRAM; needs a build with
@@ -372,6 +378,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench { command } => match command {
             BenchCommand::Decode(args) => bench::decode(&args),
             BenchCommand::Kv(args) => bench_kv::kv(&args),
+            BenchCommand::Recall(args) => bench_recall::recall(&args),
             BenchCommand::Serve(args) => bench_serve::serve(&args),
             BenchCommand::Docs(args) => bench_docs::docs(&args),
             BenchCommand::Ui(args) => bench_ui::ui(&args),
