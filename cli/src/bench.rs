@@ -74,6 +74,12 @@ struct DecodeResult {
     /// as a share of the groups in the cold pool (how well the placement packs the selection).
     groups_per_selection: Option<f64>,
     groups_per_selection_share: Option<f64>,
+    /// Tiered, placement `hits`: cold-pool blocks re-placed while decoding, the time that took
+    /// (included in the decode time), and the bytes it read per decoded token (included in
+    /// `cold_bytes_read_per_token`; the rest is what the steps' selections read).
+    relaid_blocks: Option<u64>,
+    relayout_ms: Option<f64>,
+    relayout_bytes_read_per_token: Option<f64>,
     /// Tiered: DRAM counted against the hot budget at the end, and the budget.
     hot_bytes: Option<usize>,
     hot_budget_bytes: Option<usize>,
@@ -204,6 +210,9 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             score_block_wait_us: per_step(|t| t.score_block_wait_ns).zip(blocks).map(|(ns, b)| ns / b.max(1e-9) / 1e3),
             cold_scan_ms_per_step: per_step(|t| t.cold_scan_ns).map(|ns| ns / 1e6),
             read_ahead_used_share: per_step(|t| t.read_ahead_used).zip(per_step(|t| t.read_ahead_groups)).map(|(u, g)| u / g.max(1e-9)),
+            relaid_blocks: tier.map(|(b, a)| a.relaid_blocks - b.relaid_blocks),
+            relayout_ms: tier.map(|(b, a)| (a.relayout_ns - b.relayout_ns) as f64 / 1e6),
+            relayout_bytes_read_per_token: per_step(|t| t.relayout_bytes_read),
             groups_per_selection: per_step(|t| t.selected_groups).zip(per_step(|t| t.selections)).map(|(g, s)| g / s.max(1e-9)),
             groups_per_selection_share: per_step(|t| t.selected_groups).zip(per_step(|t| t.selections)).map(|(g, s)| {
                 let cold_groups = after.cold_bytes as f64 / kv_per_token as f64 / GROUP_TOKENS as f64;

@@ -3,6 +3,7 @@
 mod common;
 
 use hillside_engine::eval::teacher_forced;
+use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Logits, SamplingParams};
 
@@ -100,6 +101,44 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
     assert!(agree > 0.88, "top-1 agreement {agree}");
     drop(seq);
     assert_eq!(common::cold_files(&dir), 0);
+}
+
+#[test]
+fn re_placing_the_cold_pool_by_hits_changes_no_logit() {
+    // The same teacher-forced pass with the spilled tokens laid out by key, and laid out by key
+    // then rewritten block by block in the order of their hits (8 decode steps in): the layout
+    // is only where rows lie, so every logit must have the same bits. A row read from a wrong
+    // slot after the rewrite would change them.
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[50_000..80_000]).unwrap()[..824];
+    let run = |placement: PlacementKind| {
+        let dir = cold_dir(&format!("placement-{placement}"));
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: Some(12_000_000), placement, ..KvConfig::default() };
+        let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
+        let mut logits = Vec::new();
+        for chunk in tokens[..800].chunks(256) {
+            logits = engine.model().forward(chunk, seq.kv.as_mut(), Logits::Last).unwrap();
+        }
+        let mut steps = vec![logits];
+        for &t in &tokens[800..] {
+            steps.push(engine.model().forward(&[t], seq.kv.as_mut(), Logits::Last).unwrap());
+        }
+        let stats = seq.kv.stats();
+        drop(seq);
+        let _ = std::fs::remove_dir_all(dir);
+        (steps, stats)
+    };
+    let (by_key, key_stats) = run(PlacementKind::Keys);
+    let (by_hits, hit_stats) = run(PlacementKind::Hits);
+    let (keys_tier, hits_tier) = (key_stats.tier.unwrap(), hit_stats.tier.unwrap());
+    assert_eq!(keys_tier.relaid_blocks, 0);
+    // 800 cold tokens: 3 whole blocks in each of the 29 sparse layers' 3 KV heads.
+    assert!(hits_tier.relaid_blocks > 29 * 3 && hits_tier.relaid_blocks <= 29 * 3 * 3, "the cold blocks were rewritten: {hits_tier:?}");
+    assert!(hits_tier.cold_hits > 0, "the steps after the rewrite read cold rows: {hits_tier:?}");
+    for (step, (a, b)) in by_key.iter().zip(&by_hits).enumerate() {
+        assert!(a == b, "step {step}: logits differ after re-placement");
+    }
 }
 
 #[test]

@@ -9,12 +9,13 @@
 //!   failed write loses nothing and never shifts one layer's rows against another's;
 //! - a truncation keeps what it can read back and says how much that is.
 
-use super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
+use super::cold::{ColdLayout, ColdPool, BLOCK_GROUPS, GROUP_TOKENS};
 use super::headroom::Headroom;
-use super::placement::{Placement, PlacementKind};
+use super::placement::{Placement, PlacementKind, BLOCK_TOKENS};
 use super::window::RecentWindow;
 use super::KvShape;
 use crate::error::Result;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -153,6 +154,65 @@ impl DiskBacking {
         Ok(())
     }
 
+    /// Orders the tokens of every whole block in the cold pool, in each lane (`layer ·
+    /// n_kv_heads + head`) of `lanes`, by `rank(lane, token)`, highest first (ties keep their
+    /// order), so that tokens ranked alike share pages. A block is read, reordered and written
+    /// whole into its region's spare block ([`ColdPool::relocate_block`]); one already in that
+    /// order is left alone. Returns how many blocks were rewritten. On an error the blocks
+    /// rewritten before it keep their new order, the others their old one, and every token reads
+    /// back as before.
+    pub fn relayout(&mut self, lanes: Range<usize>, rank: impl Fn(usize, usize) -> u32 + Sync) -> Result<usize> {
+        use rayon::prelude::*;
+        let (n_kv, hd) = (self.shape.n_kv_heads, self.shape.head_dim);
+        let blocks = self.window.base() / BLOCK_TOKENS;
+        let (cold, placement) = (&self.cold, &self.placement);
+        let group_words = cold.layout().group_bytes() / 2;
+        let relaid: Vec<(usize, Vec<(usize, Vec<u16>)>, Result<()>)> = lanes
+            .into_par_iter()
+            .map(|lane| {
+                let (layer, head) = (lane / n_kv, lane % n_kv);
+                let (mut old, mut new) = (cold.buffer(BLOCK_GROUPS), cold.buffer(BLOCK_GROUPS));
+                let mut done = Vec::new();
+                for block in 0..blocks {
+                    let start = block * BLOCK_TOKENS;
+                    let slot = |i: u16| placement.slot(lane, start + usize::from(i)) - start;
+                    let mut order: Vec<u16> = (0..BLOCK_TOKENS as u16).collect();
+                    order.sort_by_key(|&i| (std::cmp::Reverse(rank(lane, start + usize::from(i))), slot(i)));
+                    if order.iter().enumerate().all(|(s, &i)| slot(i) == s) {
+                        continue;
+                    }
+                    if let Err(e) = cold.read_groups(layer, head, block * BLOCK_GROUPS, BLOCK_GROUPS, old.as_bytes_mut()) {
+                        return (lane, done, Err(e));
+                    }
+                    let (from, to) = (old.as_u16(), new.as_u16_mut());
+                    for (s, &i) in order.iter().enumerate() {
+                        let at = |slot: usize, values: bool| slot / GROUP_TOKENS * group_words + usize::from(values) * GROUP_TOKENS * hd + slot % GROUP_TOKENS * hd;
+                        for values in [false, true] {
+                            to[at(s, values)..][..hd].copy_from_slice(&from[at(slot(i), values)..][..hd]);
+                        }
+                    }
+                    if let Err(e) = cold.relocate_block(layer, head, block, new.as_bytes()) {
+                        return (lane, done, Err(e));
+                    }
+                    done.push((block, order));
+                }
+                (lane, done, Ok(()))
+            })
+            .collect();
+        let mut rewritten = 0;
+        let mut first_error = Ok(());
+        for (lane, done, result) in relaid {
+            for (block, order) in done {
+                self.placement.apply_block(lane, block, &order);
+                rewritten += 1;
+            }
+            if first_error.is_ok() {
+                first_error = result;
+            }
+        }
+        first_error.map(|()| rewritten)
+    }
+
     /// Keeps tokens `..n_tokens` (and drops anything appended but not committed); returns how
     /// many it kept. That is `n_tokens` (or `len`, if fewer) unless the cold pages to cut in
     /// cannot be read back: then it keeps the tokens before the cut's group (or, where spilled
@@ -215,7 +275,7 @@ mod tests {
     use super::super::fault::{self, ColdFaults, FailingWrite};
     use super::*;
     use half::f16;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     const SHAPE: KvShape = KvShape { n_layers: 2, n_kv_heads: 2, head_dim: 8, max_tokens: 1024 };
 
@@ -289,6 +349,50 @@ mod tests {
             drop(b);
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+
+    #[test]
+    fn blocks_re_placed_by_rank_read_back_at_their_true_position_and_a_failed_one_loses_nothing() {
+        let dir = std::env::temp_dir().join(format!("hillside-backing-relayout-{}", std::process::id()));
+        // Armed below: the rewrite of layer 1's group 20 (block 1) fails once.
+        let faults = fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 20, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() });
+        let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
+        let lanes = SHAPE.n_layers * SHAPE.n_kv_heads;
+        let mut b = DiskBacking::new(SHAPE, &dir, 0, PlacementKind::Hits).unwrap();
+        push(&mut b, 0..600, &key).unwrap();
+        for t in 600..700 {
+            push(&mut b, t..t + 1, &key).unwrap();
+        }
+        assert_eq!(b.cold_end(), 688);
+        // A rank that puts every third token first, and one that reverses the text.
+        let thirds = |lane: usize, t: usize| u32::from((t + lane) % 3 == 0);
+        assert_eq!(b.relayout(0..lanes, thirds).unwrap(), lanes * 2, "both whole blocks of every lane");
+        check_readable(&b);
+        for lane in 0..lanes {
+            let firsts: Vec<usize> = (0..256).filter(|t| (t + lane) % 3 == 0).map(|t| b.slot(lane / 2, lane % 2, t)).collect();
+            assert!(firsts.iter().all(|&s| s < firsts.len()), "lane {lane}: the tokens ranked first fill the first pages");
+        }
+        assert_eq!(b.relayout(0..lanes, thirds).unwrap(), 0, "already in that order");
+        faults.failing_write.as_ref().unwrap().times.store(1, Ordering::Relaxed);
+        let block_1 = |b: &DiskBacking, head: usize| (256..512).map(|t| b.slot(1, head, t)).collect::<Vec<_>>();
+        let before = [block_1(&b, 0), block_1(&b, 1)];
+        let err = b.relayout(0..lanes, |_, t| t as u32).unwrap_err().to_string();
+        assert!(err.contains("write failed"), "{err}");
+        // The write failed for one of layer 1's heads (whichever came first): its block keeps
+        // its layout, and every block rewritten before the error has its new one.
+        assert!(block_1(&b, 0) == before[0] || block_1(&b, 1) == before[1], "the failed block keeps its layout");
+        assert_eq!(b.slot(0, 0, 0), 255, "layer 0 was rewritten in reverse");
+        check_readable(&b);
+        // A truncation into a re-placed block reads the block back; spills go on after it.
+        assert_eq!(b.truncate(300), 300);
+        assert_eq!(b.cold_end(), 256);
+        push(&mut b, 300..720, &key).unwrap();
+        check_readable(&b);
+        assert!(b.relayout(0..lanes, |_, t| (t * 7919 % 1000) as u32).unwrap() > 0);
+        check_readable(&b);
+        fault::clear(&dir);
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

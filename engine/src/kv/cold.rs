@@ -4,6 +4,10 @@
 //! sits in which slot of a head's groups is the placement's business ([`super::placement`]):
 //! the pool reads and writes whole groups.
 //!
+//! A head's groups come in blocks of [`BLOCK_GROUPS`], and each head's region has one spare
+//! block: [`ColdPool::relocate_block`] writes a block's new contents into the spare and only
+//! then makes it the block, so a rewrite that fails midway leaves the old block whole and in use.
+//!
 //! Writes use direct I/O (O_DIRECT, page-aligned buffers). Reads take one of two paths
 //! (DUAL-BLADE): the first [`ColdPool::cached_lanes`] (layer, KV head) regions are read through
 //! the page cache, which is free speed while the machine has memory to spare, and the rest with
@@ -28,11 +32,13 @@ use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Tokens per cold-pool group (one page of K and V for a 64-dim head).
 pub const GROUP_TOKENS: usize = 16;
+/// Groups per block, the unit [`ColdPool::relocate_block`] rewrites.
+pub const BLOCK_GROUPS: usize = 16;
 const FILE_PREFIX: &str = "hillside-kv-";
 const FILE_SUFFIX: &str = ".cold";
 
@@ -56,12 +62,23 @@ impl ColdLayout {
         (2 * self.group_values() * 2).div_ceil(IO_ALIGN) * IO_ALIGN
     }
 
-    fn group_index(&self, layer: usize, head: usize, group: usize) -> usize {
-        (layer * self.n_kv_heads + head) * self.max_groups + group
+    /// Blocks of a (layer, KV head) that hold its groups, the spare not counted.
+    pub fn lane_blocks(&self) -> usize {
+        self.max_groups.div_ceil(BLOCK_GROUPS)
+    }
+
+    /// Groups each (layer, KV head) region has in the file: its blocks and the spare.
+    pub fn lane_groups(&self) -> usize {
+        (self.lane_blocks() + 1) * BLOCK_GROUPS
+    }
+
+    /// Where the file holds group `physical_group` of (layer, head)'s region, in groups.
+    pub fn group_index(&self, layer: usize, head: usize, physical_group: usize) -> usize {
+        (layer * self.n_kv_heads + head) * self.lane_groups() + physical_group
     }
 
     pub fn file_bytes(&self) -> u64 {
-        (self.n_layers * self.n_kv_heads * self.max_groups * self.group_bytes()) as u64
+        (self.n_layers * self.n_kv_heads * self.lane_groups() * self.group_bytes()) as u64
     }
 }
 
@@ -89,9 +106,15 @@ pub struct ColdPool {
     layout: ColdLayout,
     /// Bytes of one layer's scoring-key chunk; 0 when the file has no key section.
     key_chunk_bytes: usize,
-    /// CRC32 of each written group with [`WRITTEN`] set; 0 until written. Atomic, so the pool
-    /// can be shared with readers that work ahead (prefetch) while the owner writes.
+    /// CRC32 of each written group (by its place in the file) with [`WRITTEN`] set; 0 until
+    /// written. Atomic, so the pool can be shared with readers that work ahead (prefetch)
+    /// while the owner writes.
     checksums: Vec<AtomicU64>,
+    /// `[lane][block]`: which of the lane's physical blocks holds each block (at first the
+    /// same one). Atomic for the same readers; only the owner relocates.
+    blocks: Vec<AtomicU32>,
+    /// `[lane]`: the physical block that holds none.
+    spare: Vec<AtomicU32>,
     pub stats: ColdIoStats,
     /// Injected by tests ([`super::fault`]); `None` otherwise.
     faults: Option<PoolFaults>,
@@ -137,7 +160,9 @@ impl ColdPool {
             path,
             layout,
             key_chunk_bytes,
-            checksums: (0..layout.n_layers * layout.n_kv_heads * layout.max_groups).map(|_| AtomicU64::new(0)).collect(),
+            checksums: (0..layout.n_layers * layout.n_kv_heads * layout.lane_groups()).map(|_| AtomicU64::new(0)).collect(),
+            blocks: (0..layout.n_layers * layout.n_kv_heads).flat_map(|_| (0..layout.lane_blocks() as u32).map(AtomicU32::new)).collect(),
+            spare: (0..layout.n_layers * layout.n_kv_heads).map(|_| AtomicU32::new(layout.lane_blocks() as u32)).collect(),
             stats: ColdIoStats::default(),
             faults: fault::for_new_pool(dir),
         };
@@ -211,8 +236,17 @@ impl ColdPool {
         self.cached_lanes.store(lanes, Ordering::Relaxed);
     }
 
-    fn offset(&self, layer: usize, head: usize, group: usize) -> u64 {
-        (self.layout.group_index(layer, head, group) * self.layout.group_bytes()) as u64
+    /// Where in (layer, head)'s region group `group` lies now, in groups.
+    fn physical_group(&self, layer: usize, head: usize, group: usize) -> usize {
+        let lane = layer * self.layout.n_kv_heads + head;
+        let block = self.blocks[lane * self.layout.lane_blocks() + group / BLOCK_GROUPS].load(Ordering::Acquire) as usize;
+        block * BLOCK_GROUPS + group % BLOCK_GROUPS
+    }
+
+    /// The file offset of (layer, head)'s group `group`, and its checksum's index.
+    fn locate(&self, layer: usize, head: usize, group: usize) -> (u64, usize) {
+        let index = self.layout.group_index(layer, head, self.physical_group(layer, head, group));
+        ((index * self.layout.group_bytes()) as u64, index)
     }
 
     /// A buffer sized for `groups` consecutive groups.
@@ -225,11 +259,37 @@ impl ColdPool {
     pub fn write_group(&self, layer: usize, head: usize, group: usize, buf: &AlignedBuf) -> Result<()> {
         assert!(group < self.layout.max_groups && buf.len() >= self.layout.group_bytes());
         let bytes = &buf.as_bytes()[..self.layout.group_bytes()];
-        let offset = self.offset(layer, head, group);
+        let (offset, index) = self.locate(layer, head, group);
         let injected = self.faults.as_ref().and_then(|f| f.on_write(layer, group)).map_or(Ok(()), Err);
         injected.and_then(|()| self.file.write_all_at(bytes, offset)).map_err(|e| io_error("write failed", &self.path, e))?;
-        self.checksums[self.layout.group_index(layer, head, group)].store(WRITTEN | u64::from(crc32fast::hash(bytes)), Ordering::Release);
+        self.checksums[index].store(WRITTEN | u64::from(crc32fast::hash(bytes)), Ordering::Release);
         self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Replaces block `block` of (layer, head) (groups `block · BLOCK_GROUPS ..`) with the
+    /// [`BLOCK_GROUPS`] groups at the start of `src`: they are written to the region's spare
+    /// block, which then becomes the block, and the old one the spare. On an error the block
+    /// is as it was. Readers that work ahead must not read the block meanwhile (their reads
+    /// may see either copy).
+    pub fn relocate_block(&self, layer: usize, head: usize, block: usize, src: &[u8]) -> Result<()> {
+        let gb = self.layout.group_bytes();
+        assert!(block < self.layout.lane_blocks() && src.len() >= BLOCK_GROUPS * gb);
+        assert_eq!(src.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
+        let lane = layer * self.layout.n_kv_heads + head;
+        let spare = self.spare[lane].load(Ordering::Relaxed) as usize;
+        let first = self.layout.group_index(layer, head, spare * BLOCK_GROUPS);
+        // An injected fault fails the block at that group, after writing the groups before it.
+        let failing = self.faults.as_ref().and_then(|f| (0..BLOCK_GROUPS).find_map(|i| f.on_write(layer, block * BLOCK_GROUPS + i).map(|e| (i, e))));
+        let whole = failing.as_ref().map_or(BLOCK_GROUPS, |(i, _)| *i);
+        let written = self.file.write_all_at(&src[..whole * gb], (first * gb) as u64);
+        written.and(failing.map_or(Ok(()), |(_, e)| Err(e))).map_err(|e| io_error("write failed", &self.path, e))?;
+        for (i, group) in src[..BLOCK_GROUPS * gb].chunks_exact(gb).enumerate() {
+            self.checksums[first + i].store(WRITTEN | u64::from(crc32fast::hash(group)), Ordering::Release);
+        }
+        self.stats.bytes_written.fetch_add((BLOCK_GROUPS * gb) as u64, Ordering::Relaxed);
+        let old = self.blocks[lane * self.layout.lane_blocks() + block].swap(spare as u32, Ordering::AcqRel);
+        self.spare[lane].store(old, Ordering::Relaxed);
         Ok(())
     }
 
@@ -246,15 +306,26 @@ impl ColdPool {
         }
         let cached = layer * self.layout.n_kv_heads + head < self.cached_lanes();
         let file = if cached { &self.cached } else { &self.file };
-        file.read_exact_at(bytes, self.offset(layer, head, first)).map_err(|e| io_error("read failed", &self.path, e))?;
+        // One request per run of groups that lie one after another in the file (all of them,
+        // unless blocks were relocated).
+        let mut i = 0;
+        while i < count {
+            let (offset, index) = self.locate(layer, head, first + i);
+            let mut run = 1;
+            while i + run < count && self.locate(layer, head, first + i + run).1 == index + run {
+                run += 1;
+            }
+            file.read_exact_at(&mut bytes[i * gb..(i + run) * gb], offset).map_err(|e| io_error("read failed", &self.path, e))?;
+            self.stats.reads.fetch_add(1, Ordering::Relaxed);
+            i += run;
+        }
         self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         if cached {
             self.stats.bytes_read_cached.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         }
-        self.stats.reads.fetch_add(1, Ordering::Relaxed);
         for (i, chunk) in bytes.chunks_exact(gb).enumerate() {
             let group = first + i;
-            match self.checksums[self.layout.group_index(layer, head, group)].load(Ordering::Acquire) {
+            match self.checksums[self.locate(layer, head, group).1].load(Ordering::Acquire) {
                 0 => return Err(Error::Internal(format!("cold pool: layer {layer} head {head} group {group} was read but never written"))),
                 sum if sum == WRITTEN | u64::from(crc32fast::hash(chunk)) => {}
                 _ => {
@@ -322,6 +393,7 @@ pub fn sweep_stale(dir: &Path) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fault::{ColdFaults, FailingWrite};
     use super::*;
 
     fn layout() -> ColdLayout {
@@ -400,12 +472,63 @@ mod tests {
     }
 
     #[test]
+    fn a_relocated_block_reads_back_new_and_a_failed_relocation_keeps_the_old() {
+        let dir = temp_dir("relocate");
+        let layout = ColdLayout { n_layers: 2, n_kv_heads: 3, head_dim: 64, max_groups: 40 };
+        // Armed below: the write of layer 1's group 21 (in block 1) fails, after the block's first groups.
+        let faults = ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 21, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() };
+        let faults = fault::inject(&dir, faults);
+        let pool = ColdPool::create(&dir, layout).unwrap();
+        assert_eq!(layout.lane_groups(), 4 * BLOCK_GROUPS, "three blocks and a spare");
+        assert_eq!(std::fs::metadata(pool.path()).unwrap().len(), layout.file_bytes());
+        for g in 0..40 {
+            pool.write_group(1, 2, g, &filled(&pool, g as u16)).unwrap();
+        }
+        let gb = layout.group_bytes();
+        let read = |first: usize, count: usize| {
+            let mut buf = pool.buffer(count);
+            pool.read_groups(1, 2, first, count, buf.as_bytes_mut()).map(|()| buf)
+        };
+        // Block 0 rewritten with other contents: reads see them, also in a read that spans
+        // the moved block and the one after it, which now lie apart in the file.
+        let mut block = pool.buffer(BLOCK_GROUPS);
+        for (i, group) in block.as_bytes_mut().chunks_exact_mut(gb).enumerate() {
+            group.copy_from_slice(filled(&pool, 100 + i as u16).as_bytes());
+        }
+        pool.relocate_block(1, 2, 0, block.as_bytes()).unwrap();
+        let reads_before = pool.stats.reads.load(Ordering::Relaxed);
+        let span = read(14, 4).unwrap();
+        assert_eq!(pool.stats.reads.load(Ordering::Relaxed) - reads_before, 2, "one request per contiguous run");
+        for (i, g) in (14..18).enumerate() {
+            let want = if g < BLOCK_GROUPS { filled(&pool, 100 + g as u16) } else { filled(&pool, g as u16) };
+            assert_eq!(&span.as_bytes()[i * gb..][..gb], want.as_bytes(), "group {g}");
+        }
+        // The old copy is the spare now: block 1 moves into it, and block 0 is untouched.
+        pool.relocate_block(1, 2, 1, block.as_bytes()).unwrap();
+        assert_eq!(&read(0, 1).unwrap().as_bytes()[..gb], filled(&pool, 100).as_bytes());
+        assert_eq!(&read(16, 1).unwrap().as_bytes()[..gb], filled(&pool, 100).as_bytes());
+        // A relocation whose write fails midway: the error says so and the block is as it was.
+        faults.failing_write.as_ref().unwrap().times.store(1, Ordering::Relaxed);
+        let err = pool.relocate_block(1, 2, 1, filled_block(&pool, 7).as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("write failed"), "{err}");
+        assert_eq!(read(16, BLOCK_GROUPS).unwrap().as_bytes(), block.as_bytes(), "the block keeps its last good contents");
+        assert_eq!(read(32, 8).unwrap().as_bytes()[..gb], *filled(&pool, 32).as_bytes(), "other blocks untouched");
+        fault::clear(&dir);
+    }
+
+    fn filled_block(pool: &ColdPool, seed: u16) -> AlignedBuf {
+        let mut block = pool.buffer(BLOCK_GROUPS);
+        block.as_u16_mut().iter_mut().enumerate().for_each(|(i, w)| *w = (i as u16).wrapping_mul(7).wrapping_add(seed));
+        block
+    }
+
+    #[test]
     fn a_damaged_block_is_an_error() {
         let dir = temp_dir("damaged");
         let pool = ColdPool::create(&dir, layout()).unwrap();
         pool.write_group(0, 1, 3, &filled(&pool, 7)).unwrap();
         // Flip one byte behind the pool's back.
-        let offset = pool.offset(0, 1, 3) + 100;
+        let offset = pool.locate(0, 1, 3).0 + 100;
         let other = OpenOptions::new().write(true).open(pool.path()).unwrap();
         other.write_all_at(&[0xAB], offset).unwrap();
         other.sync_all().unwrap();

@@ -160,7 +160,7 @@ impl Default for KvConfig {
             xrt_xclbin: None,
             xrt_device: 0,
             guard_mass: 0.0,
-            placement: PlacementKind::Keys,
+            placement: PlacementKind::default(),
             startup: None,
         }
     }

@@ -146,6 +146,11 @@ pub struct TierStats {
     /// tokens lie in, hot or not: how well the placement packs what is selected together.
     pub selections: u64,
     pub selected_groups: u64,
+    /// Placement `hits`: cold-pool blocks (per lane) rewritten in a new order, the time the
+    /// re-placements took, and the part of `KvStats::cold_bytes_read` they read.
+    pub relaid_blocks: u64,
+    pub relayout_ns: u64,
+    pub relayout_bytes_read: u64,
     /// SmartSSD (evaluator `xrt`): cold tokens the card scored, kernel runs, and whether the
     /// card failed and the host took over.
     pub device_tokens: u64,

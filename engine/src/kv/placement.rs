@@ -8,18 +8,25 @@
 //! their keys (balanced recursive bisection along the keys' principal direction), and a small
 //! map says which slot each token went to. Selection stays token-exact: only the layout moves.
 //!
+//! Keys predict what is selected together only weakly; what decode steps selected predicts it
+//! better (consecutive steps share ~80% of their tokens). With placement `hits` the tiered
+//! store re-places the cold pool a few decode steps after a prompt, and now and then after:
+//! each block's tokens in the order of how often they were selected ([`Placement::apply_block`]
+//! records a block the backing rewrote).
+//!
 //! Tokens move only inside an aligned block of [`BLOCK_TOKENS`], so a slot is stored in two
 //! bytes, as its distance from the token.
 //! Each spill's part of a block is one *span*; a truncation that cuts into a span must read the
 //! whole span's pages back (the tokens before the cut are anywhere in it), so the store keeps
 //! the spans it permuted.
 
-use super::cold::GROUP_TOKENS;
+use super::cold::{BLOCK_GROUPS, GROUP_TOKENS};
 use half::f16;
 use std::ops::Range;
 
-/// Tokens inside which a token may move: its slot is within the same block.
-pub const BLOCK_TOKENS: usize = 256;
+/// Tokens inside which a token may move: its slot is within the same block (one block of the
+/// cold pool's groups, which [`super::cold::ColdPool::relocate_block`] rewrites whole).
+pub const BLOCK_TOKENS: usize = BLOCK_GROUPS * GROUP_TOKENS;
 
 /// How the cold pool orders a spilled batch's tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -30,6 +37,9 @@ pub enum PlacementKind {
     /// Grouped into pages by the similarity of their keys, per (layer, KV head).
     #[default]
     Keys,
+    /// By key as they spill, then, once decoding has run a few steps, each block's tokens
+    /// ordered by how often decode steps selected them (the tiered store re-places them).
+    Hits,
 }
 
 impl std::str::FromStr for PlacementKind {
@@ -39,7 +49,8 @@ impl std::str::FromStr for PlacementKind {
         match s {
             "position" => Ok(Self::Position),
             "keys" => Ok(Self::Keys),
-            other => Err(format!("unknown placement '{other}' (position, keys)")),
+            "hits" => Ok(Self::Hits),
+            other => Err(format!("unknown placement '{other}' (position, keys, hits)")),
         }
     }
 }
@@ -49,6 +60,7 @@ impl std::fmt::Display for PlacementKind {
         f.write_str(match self {
             Self::Position => "position",
             Self::Keys => "keys",
+            Self::Hits => "hits",
         })
     }
 }
@@ -128,6 +140,25 @@ impl Placement {
             }
         }
         self.spans.extend(spans(spill.tokens.clone()).filter(|s| s.len() > GROUP_TOKENS));
+    }
+
+    /// Records that block `block` of `lane` now holds its tokens in `order` (slot
+    /// `block · BLOCK_TOKENS + s` holds token `block · BLOCK_TOKENS + order[s]`), once the block
+    /// is written that way.
+    pub fn apply_block(&mut self, lane: usize, block: usize, order: &[u16]) {
+        let start = block * BLOCK_TOKENS;
+        let moves = &mut self.moves[lane];
+        if moves.len() < start + BLOCK_TOKENS {
+            moves.resize(start + BLOCK_TOKENS, 0);
+        }
+        for (s, &t) in order.iter().enumerate() {
+            moves[start + usize::from(t)] = s as i16 - t as i16;
+        }
+        // The whole block is one permuted span now.
+        let whole = start..start + BLOCK_TOKENS;
+        self.spans.retain(|s| s.end <= whole.start || s.start >= whole.end);
+        let at = self.spans.partition_point(|s| s.end <= whole.start);
+        self.spans.insert(at, whole);
     }
 
     /// Where a cold pool cut at `n_tokens` must restart: the first token of the permuted span

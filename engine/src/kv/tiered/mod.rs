@@ -108,6 +108,12 @@ pub struct TieredKvStore {
     prefetch: Prefetcher,
     /// One bit per cold-pool group, for counting the groups a selection touches.
     group_bits: Vec<u64>,
+    /// Decode steps since the last prompt chunk: placement `hits` re-places the cold pool at
+    /// some of them.
+    decode_steps: u64,
+    /// Placement `hits`: `hits` as the last prompt chunk left it (its seeds), so that a
+    /// re-placement ranks tokens by what decode steps selected first and by the seeds second.
+    prompt_hits: Vec<Vec<u16>>,
     tier: TierStats,
 }
 
@@ -146,6 +152,8 @@ impl TieredKvStore {
             last_selected: vec![None; shape.n_layers],
             prefetch: Prefetcher::default(),
             group_bits: Vec::new(),
+            decode_steps: 0,
+            prompt_hits: Vec::new(),
             backing: DiskBacking::new(shape, cold_dir, key_chunk_bytes, settings.placement)?,
             keys,
             evaluator: None,
@@ -496,6 +504,14 @@ impl KvStore for TieredKvStore {
         }
         self.rebalance();
         self.tier.steps += 1;
+        self.decode_steps = if n_tokens == 1 { self.decode_steps + 1 } else { 0 };
+        if self.settings.placement == PlacementKind::Hits {
+            if self.decode_steps == 0 {
+                self.prompt_hits.clone_from(&self.hits);
+            } else if relayout_due(self.decode_steps) {
+                self.relayout_by_hits();
+            }
+        }
         Ok(())
     }
 
@@ -518,7 +534,8 @@ impl KvStore for TieredKvStore {
                 + self.prefetch.bytes()
                 + self.candidates.bytes()
                 + self.weakest.bytes()
-                + self.backing.placement_bytes(),
+                + self.backing.placement_bytes()
+                + self.prompt_hits.iter().map(|h| 2 * h.capacity()).sum::<usize>(),
             cold_bytes: self.backing.cold_bytes(),
             cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
             cold_bytes_read_cached,
@@ -552,6 +569,18 @@ const PREFETCH_ROWS_AHEAD: usize = 8;
 
 /// Layers whose likely cold groups are read ahead of their turn.
 const READ_AHEAD_LAYERS: usize = 1;
+
+/// Decode steps after a prompt at which placement `hits` first re-places the cold pool: by then
+/// the hit table holds the prompt's seeds and a few steps' selections (at 8K a head-selection
+/// then touches ~240 pages, against 257 placed by key; docs/BENCHMARKS.md).
+const RELAYOUT_AFTER_STEPS: u64 = 8;
+
+/// Decode steps between later re-placements, as the selections drift through a long answer.
+const RELAYOUT_EVERY_STEPS: u64 = 128;
+
+fn relayout_due(decode_steps: u64) -> bool {
+    decode_steps == RELAYOUT_AFTER_STEPS || (decode_steps > RELAYOUT_AFTER_STEPS && (decode_steps - RELAYOUT_AFTER_STEPS).is_multiple_of(RELAYOUT_EVERY_STEPS))
+}
 
 /// Unneeded groups read anyway to join two needed ones into one request: an SSD serves a few
 /// more sequential pages faster than one more random read (on the disk here, random 4 KiB
@@ -634,6 +663,32 @@ impl TieredKvStore {
                 self.tier.selected_groups += u64::from(word.count_ones());
                 *word = 0;
             }
+        }
+    }
+
+    /// Orders each sparse lane's cold blocks by the hit table — the decode steps' selections
+    /// first, the prompt's seeds to break ties — so that the tokens decode steps keep selecting
+    /// share pages. A failure leaves the layout it could not change (every token still reads
+    /// back) and is only logged: the layout is an optimization.
+    fn relayout_by_hits(&mut self) {
+        let n_kv = self.shape.n_kv_heads;
+        let lanes = self.settings.dense_layers.min(self.shape.n_layers) * n_kv..self.shape.n_layers * n_kv;
+        let started = Instant::now();
+        let read_before = self.backing.cold().stats.bytes_read.load(Ordering::Relaxed);
+        let (hits, seeds) = (&self.hits, &self.prompt_hits);
+        let rank = |lane: usize, t: usize| {
+            let (all, seed) = (hits[lane].get(t).copied().unwrap_or(0), seeds.get(lane).and_then(|s| s.get(t)).copied().unwrap_or(0));
+            (u32::from(all.saturating_sub(seed)) << 16) | u32::from(seed)
+        };
+        let result = self.backing.relayout(lanes, rank);
+        self.tier.relayout_ns += started.elapsed().as_nanos() as u64;
+        self.tier.relayout_bytes_read += self.backing.cold().stats.bytes_read.load(Ordering::Relaxed) - read_before;
+        match result {
+            Ok(blocks) => {
+                self.tier.relaid_blocks += blocks as u64;
+                tracing::debug!(blocks, ms = started.elapsed().as_millis() as u64, "cold pool re-placed by hits");
+            }
+            Err(e) => tracing::warn!(error = %e, "re-placing the cold pool by hits failed; the blocks not rewritten keep their layout"),
         }
     }
 

@@ -185,10 +185,14 @@ impl Prefetcher {
         self.spare.push(buf);
     }
 
-    /// Forgets every read in flight (their results are dropped unseen): after a truncation the
-    /// groups they read may be rewritten.
+    /// Waits for every read in flight and drops what it read, unseen: after a truncation or a
+    /// re-placement the groups they read may be rewritten, and no read may still be running
+    /// while they are (it could read a block half-moved).
     pub fn clear(&mut self) {
-        self.in_flight.clear();
+        while let Some(f) = self.in_flight.pop_front() {
+            let (_, buf) = f.read.wait();
+            self.spare.push(buf);
+        }
     }
 
     /// Memory held by spare buffers.
