@@ -498,7 +498,16 @@ mod tests {
         assert_eq!(pairs(RopeLayout::Halves), vec![2, 6]);
         // Full rank, f32: the exact ranking, whichever way the coordinates are taken.
         let (n_kv, hd, tokens) = (1, 8, 300);
-        let keys: Vec<f32> = (0..tokens * hd).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
+        // Keys without ties in their scores (a rotation's rounding would reorder tied tokens).
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let keys: Vec<f32> = (0..tokens * hd)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect();
         let query: Vec<f32> = (0..hd).map(|i| i as f32 - 3.5).collect();
         let data = LayerData { keys: &keys, fit_queries: &query, queries: vec![&query] };
         let shape = Shape { n_kv, head_dim: hd, layout: RopeLayout::Interleaved };
