@@ -18,7 +18,7 @@ pub mod serve;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use hillside_engine::kv::placement::PlacementKind;
-use hillside_engine::kv::{EvaluatorKind, KvConfig, StoreKind};
+use hillside_engine::kv::{EvaluatorKind, KvConfig, SelectorKind, StoreKind};
 use hillside_engine::score::KeyBits;
 use hillside_engine::{Engine, GenerateParams};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -154,6 +154,13 @@ pub struct ModelArgs {
     /// or position [default: keys].
     #[arg(long)]
     pub placement: Option<PlacementKind>,
+    /// Tiered: what a decode step's budget selects: tokens (the best-scoring ones, one by one),
+    /// riders (those, and the tokens ranked just below whose rows the step holds anyway: in a
+    /// page it reads, or in memory), or pages (whole cold-pool pages holding the most estimated
+    /// attention, every token in them attended: the step reads only as many pages as its
+    /// budget) [default: tokens].
+    #[arg(long)]
+    pub selector: Option<SelectorKind>,
     /// Where attention runs: cpu, or cuda (the decode working set in VRAM; needs a build with
     /// `--features cuda`).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
@@ -172,6 +179,7 @@ impl ModelArgs {
         set(&mut c.evaluator, self.evaluator);
         set(&mut c.guard_mass, self.guard_mass);
         set(&mut c.placement, self.placement);
+        set(&mut c.selector, self.selector);
         self.xrt.apply(&mut c);
         if let Some(mb) = self.hot_budget_mb {
             c.hot_budget_bytes = Some(mb * 1_000_000);
@@ -197,6 +205,7 @@ impl ModelArgs {
             format!("--evaluator={}", c.evaluator),
             format!("--guard-mass={}", c.guard_mass),
             format!("--placement={}", c.placement),
+            format!("--selector={}", c.selector),
             format!("--cold-dir={}", c.cold_dir.display()),
         ];
         if let Some(m) = self.model() {

@@ -85,7 +85,18 @@ impl DiskBacking {
     /// The cold-pool slot of `token` (before [`DiskBacking::cold_end`]) for one layer and KV
     /// head: its group is `slot / GROUP_TOKENS`, its row in the group `slot % GROUP_TOKENS`.
     pub fn slot(&self, layer: usize, head: usize, token: usize) -> usize {
-        self.placement.slot(layer * self.shape.n_kv_heads + head, token)
+        self.lane_slot(layer * self.shape.n_kv_heads + head, token)
+    }
+
+    /// [`DiskBacking::slot`] for a lane, `layer * n_kv_heads + head`.
+    pub fn lane_slot(&self, lane: usize, token: usize) -> usize {
+        self.placement.slot(lane, token)
+    }
+
+    /// The token in cold-pool `slot` of one layer and KV head (the inverse of
+    /// [`DiskBacking::slot`]); past [`DiskBacking::cold_end`], slot and token are the same.
+    pub fn token(&self, layer: usize, head: usize, slot: usize) -> usize {
+        self.placement.token(layer * self.shape.n_kv_heads + head, slot)
     }
 
     /// DRAM the placement map takes.

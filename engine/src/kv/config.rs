@@ -68,6 +68,46 @@ impl std::str::FromStr for EvaluatorKind {
     }
 }
 
+/// What a tiered store's decode step selects within its top-α budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectorKind {
+    /// The best-scoring tokens, one by one (a page is read for each cold one).
+    #[default]
+    Tokens,
+    /// The best-scoring tokens, one by one, and with them the tokens ranked just below the
+    /// budget whose rows the step holds anyway, in a page it reads or in memory ("free
+    /// riders", after ClusterKV): more attention for no more I/O.
+    Riders,
+    /// Whole cold-pool pages, the ones holding the most estimated attention, and every token
+    /// in them: the budget buys pages, so a step reads as many pages as it attends to
+    /// (after Quest and ClusterKV).
+    Pages,
+}
+
+impl std::str::FromStr for SelectorKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "tokens" => Ok(Self::Tokens),
+            "riders" => Ok(Self::Riders),
+            "pages" => Ok(Self::Pages),
+            other => Err(format!("unknown selector '{other}' (tokens, riders, pages)")),
+        }
+    }
+}
+
+impl std::fmt::Display for SelectorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Tokens => "tokens",
+            Self::Riders => "riders",
+            Self::Pages => "pages",
+        })
+    }
+}
+
 impl std::fmt::Display for EvaluatorKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -127,6 +167,9 @@ pub struct KvConfig {
     /// Tiered: how spilled tokens are laid out in the cold pool's pages (by key similarity, so
     /// a page read serves tokens selected together, or in text order).
     pub placement: PlacementKind,
+    /// Tiered: whether a decode step selects tokens one by one (with or without free riders)
+    /// or whole pages.
+    pub selector: SelectorKind,
     /// What [`KvConfig::start_up`] found on this machine.
     #[serde(skip)]
     pub startup: Option<Arc<KvStartup>>,
@@ -161,6 +204,7 @@ impl Default for KvConfig {
             xrt_device: 0,
             guard_mass: 0.0,
             placement: PlacementKind::default(),
+            selector: SelectorKind::default(),
             startup: None,
         }
     }
@@ -237,6 +281,7 @@ impl KvConfig {
             xrt: self.xrt_options(),
             guard_mass: self.guard_mass,
             placement: self.placement,
+            selector: self.selector,
         }
     }
 

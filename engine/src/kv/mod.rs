@@ -28,7 +28,7 @@ pub mod window;
 use crate::error::Result;
 use std::ops::Range;
 pub use crate::kernels::attention::{KvView, KV_TILE};
-pub use config::{EvaluatorKind, KvConfig, StoreKind};
+pub use config::{EvaluatorKind, KvConfig, SelectorKind, StoreKind};
 pub use full::FullKvStore;
 pub use offload::OffloadKvStore;
 

@@ -87,13 +87,24 @@ pub struct Placement {
     /// past the end sit in their own slot. (A signed distance rather than the offset in the
     /// block: LLVM 21's x86 backend compiles `block_start | offset_byte` to the byte alone.)
     moves: Vec<Vec<i16>>,
+    /// `[lane][slot]`: the inverse, how far the token in the slot is from the slot (page-wise
+    /// selection reads a page's tokens from it).
+    holders: Vec<Vec<i16>>,
     /// Spans whose tokens were permuted, ascending.
     spans: Vec<Range<usize>>,
 }
 
 impl Placement {
     pub fn new(kind: PlacementKind, lanes: usize) -> Self {
-        Self { kind, moves: vec![Vec::new(); lanes], spans: Vec::new() }
+        Self { kind, moves: vec![Vec::new(); lanes], holders: vec![Vec::new(); lanes], spans: Vec::new() }
+    }
+
+    /// The token in `slot` of `lane` (the inverse of [`Placement::slot`]).
+    pub fn token(&self, lane: usize, slot: usize) -> usize {
+        match self.holders[lane].get(slot) {
+            Some(&delta) => slot.wrapping_add_signed(isize::from(delta)),
+            None => slot,
+        }
     }
 
     /// The slot of `token` in `lane`.
@@ -131,13 +142,15 @@ impl Placement {
     /// Records where a spill put its tokens, once every page of it is written.
     pub fn apply(&mut self, spill: &SpillOrder) {
         for (lane, order) in spill.order.iter().enumerate() {
-            let moves = &mut self.moves[lane];
+            let (moves, holders) = (&mut self.moves[lane], &mut self.holders[lane]);
             if moves.len() < spill.tokens.end {
                 moves.resize(spill.tokens.end, 0);
+                holders.resize(spill.tokens.end, 0);
             }
             for (i, &delta) in order.iter().enumerate() {
                 moves[spill.token(lane, i)] = -delta;
             }
+            holders[spill.tokens.clone()].copy_from_slice(order);
         }
         self.spans.extend(spans(spill.tokens.clone()).filter(|s| s.len() > GROUP_TOKENS));
     }
@@ -147,12 +160,14 @@ impl Placement {
     /// is written that way.
     pub fn apply_block(&mut self, lane: usize, block: usize, order: &[u16]) {
         let start = block * BLOCK_TOKENS;
-        let moves = &mut self.moves[lane];
+        let (moves, holders) = (&mut self.moves[lane], &mut self.holders[lane]);
         if moves.len() < start + BLOCK_TOKENS {
             moves.resize(start + BLOCK_TOKENS, 0);
+            holders.resize(start + BLOCK_TOKENS, 0);
         }
         for (s, &t) in order.iter().enumerate() {
             moves[start + usize::from(t)] = s as i16 - t as i16;
+            holders[start + s] = t as i16 - s as i16;
         }
         // The whole block is one permuted span now.
         let whole = start..start + BLOCK_TOKENS;
@@ -175,14 +190,14 @@ impl Placement {
     /// will be placed again when they spill.
     pub fn truncate(&mut self, restart: usize) {
         self.spans.retain(|s| s.end <= restart);
-        for moves in &mut self.moves {
-            moves.truncate(restart);
+        for map in self.moves.iter_mut().chain(&mut self.holders) {
+            map.truncate(restart);
         }
     }
 
     /// DRAM the maps take.
     pub fn bytes(&self) -> usize {
-        self.moves.iter().map(|m| 2 * m.capacity()).sum()
+        self.moves.iter().chain(&self.holders).map(|m| 2 * m.capacity()).sum()
     }
 }
 
@@ -284,6 +299,7 @@ mod tests {
             for lane in 0..lanes {
                 let mut slots: Vec<usize> = (0..end).map(|t| p.slot(lane, t)).collect();
                 assert!((0..end).all(|t| p.slot(lane, t) / BLOCK_TOKENS == t / BLOCK_TOKENS), "a token left its block");
+                assert!((0..end).all(|t| p.token(lane, p.slot(lane, t)) == t), "lane {lane}: a slot names another token");
                 slots.sort_unstable();
                 assert_eq!(slots, (0..end).collect::<Vec<_>>(), "lane {lane}: slots are a permutation of 0..{end}");
             }
@@ -312,6 +328,11 @@ mod tests {
         let again = p.plan(512..800, d, key).unwrap();
         p.apply(&again);
         check(&p, 800);
+        // A block rewritten in a new order (a re-placement by hits).
+        let reversed: Vec<u16> = (0..BLOCK_TOKENS as u16).rev().collect();
+        p.apply_block(1, 2, &reversed);
+        check(&p, 800);
+        assert_eq!((p.slot(1, 512), p.token(1, 512)), (767, 767));
         // A spill longer than a u16 can count (a long prompt prefilled in one chunk).
         let long_keys: Vec<u16> = (0..70_000 * d).map(|i| f16::from_f32(((i * 7919) % 997) as f32 / 997.0).to_bits()).collect();
         let mut long = Placement::new(PlacementKind::Keys, 1);

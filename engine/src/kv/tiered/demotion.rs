@@ -6,9 +6,10 @@
 //! set of walks puts the weakest few percent aside in a [`WeakestRows`] reserve, and the steps
 //! after take from it until it runs out.
 //!
-//! That needs no re-check of the rows left out, because ranks only rise: hits only grow, and a
-//! hot row stays hot until it is demoted. The reserve keeps every unpinned hot row ranked at or
-//! below its `bar` (the highest rank it was filled with): rows that join the unpinned hot rows
+//! That needs no re-check of the rows left out, because ranks only rise: hits only grow, a hot
+//! row stays hot until it is demoted, and its cold-pool slot (which breaks ties) stays put once
+//! it is unpinned (a re-placement of the cold pool moves it, and resets the reserve). The
+//! reserve keeps every unpinned hot row ranked at or below its `bar` (the highest rank it was filled with): rows that join the unpinned hot rows
 //! later (leaving the recent window, or promoted) join it if they rank that low, and a row whose
 //! rank rose past the bar leaves it. Every row outside ranks at least as high as the bar, so the
 //! reserve's weakest row is the pool's.
@@ -79,8 +80,8 @@ impl TieredKvStore {
             if refill {
                 self.refill_weakest();
             }
-            let (hot, hits) = (&self.hot, &self.hits);
-            let rank_now = |lane: usize, t: u32| hot.contains(lane, t).then(|| rank_key(hits_at(&hits[lane], t), true, t));
+            let (hot, hits, backing) = (&self.hot, &self.hits, &self.backing);
+            let rank_now = |lane: usize, t: u32| hot.contains(lane, t).then(|| rank_key(hits_at(&hits[lane], t), true, backing.lane_slot(lane, t as usize) as u32));
             if let Some(row) = self.weakest.weakest(rank_now) {
                 return Some(row);
             }
@@ -99,17 +100,17 @@ impl TieredKvStore {
         self.for_each_unpinned_hot_row(|_, _, key| count(&mut levels, level_of(key)));
         let unpinned: usize = levels.iter().sum();
         let reserve = (unpinned / RESERVE_DIVISOR).max(MIN_RESERVE_ROWS);
-        let tokens_at = |level: usize| {
-            let mut tokens = Vec::new();
+        let slots_at = |level: usize| {
+            let mut slots = Vec::new();
             self.for_each_unpinned_hot_row(|_, _, key| {
                 if level_of(key) == level {
-                    count(&mut tokens, key as u32 as usize);
+                    count(&mut slots, key as u32 as usize);
                 }
             });
-            tokens
+            slots
         };
         // The rows the cut does not keep among the best `unpinned - reserve` are the reserve.
-        let Some(mut cut) = Cut::find(&levels, tokens_at, unpinned.saturating_sub(reserve)) else { return };
+        let Some(mut cut) = Cut::find(&levels, slots_at, unpinned.saturating_sub(reserve)) else { return };
         let mut set_aside = Vec::new();
         self.for_each_unpinned_hot_row(|lane, token, key| {
             if !cut.keeps(key) {
@@ -126,9 +127,8 @@ impl TieredKvStore {
     fn for_each_unpinned_hot_row(&self, mut f: impl FnMut(usize, u32, u64)) {
         let unpinned = self.unpinned_tokens();
         for lane in self.sparse_lanes() {
-            let hits = &self.hits[lane];
             for t in self.hot.tokens(lane).filter(|t| unpinned.contains(t)) {
-                f(lane, t, rank_key(hits_at(hits, t), true, t));
+                f(lane, t, self.hot_rank(lane, t));
             }
         }
     }
@@ -161,14 +161,14 @@ struct Cut {
 
 impl Cut {
     /// The cut that keeps the best `capacity` rows, given how many each level (a rank key's upper
-    /// half: hits and hot) holds and, for one level, how many of its rows each token (the lower
+    /// half: hits and hot) holds and, for one level, how many of its rows each slot (the lower
     /// half) has; `None` when all rows fit. Found by counting, not sorting: both halves are
     /// small integers, so two histograms locate it without holding a list of the ~100K rows a
     /// long context has.
-    fn find(levels: &[usize], tokens_at: impl FnOnce(usize) -> Vec<usize>, capacity: usize) -> Option<Cut> {
+    fn find(levels: &[usize], slots_at: impl FnOnce(usize) -> Vec<usize>, capacity: usize) -> Option<Cut> {
         let (level, left) = nth_from_top(levels, capacity)?;
-        let (token, ties) = nth_from_top(&tokens_at(level), left).expect("the level holds the rows counted for it");
-        Some(Cut { key: ((level as u64) << 32) | token as u64, ties })
+        let (slot, ties) = nth_from_top(&slots_at(level), left).expect("the level holds the rows counted for it");
+        Some(Cut { key: ((level as u64) << 32) | slot as u64, ties })
     }
 
     /// Whether the next row, ranked `key`, is kept (rows must be offered in a fixed order).

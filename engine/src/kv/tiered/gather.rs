@@ -2,6 +2,7 @@
 //! and cold rows read ahead of the layer's turn, are copied while the cold groups the read-ahead
 //! missed are still being read; their rows are filled in once the reads land.
 
+use super::promotion::rank_key;
 use super::reads::{PendingRead, Prefetched, Staged};
 use crate::kv::aligned::AlignedBuf;
 use super::{TieredKvStore, PREFETCH_ROWS_AHEAD};
@@ -96,7 +97,7 @@ impl TieredKvStore {
                 let lane = self.lane(layer, head);
                 // With this step's hit, which `observe` counts after attention.
                 let hits = self.hits[lane].get(tu).map_or(1, |&h| u32::from(h) + 1);
-                self.candidates.offer(lane, token, hits, k, v);
+                self.candidates.offer(lane, token, rank_key(hits, false, cold_slot as u32), k, v);
             }
             false
         });

@@ -14,6 +14,7 @@
 
 mod demotion;
 mod gather;
+mod pages;
 pub mod planner;
 mod promotion;
 mod reads;
@@ -23,7 +24,7 @@ use super::cold::GROUP_TOKENS;
 use super::hot::HotPool;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
-use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, Selection, TierStats};
+use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, SelectorKind, Selection, TierStats};
 use crate::error::{Error, Result};
 use crate::score::device::{DeviceQuery, KeyChunkLayout};
 use crate::score::xrt::{XrtEvaluator, XrtOptions};
@@ -60,6 +61,8 @@ pub struct TieredSettings {
     pub guard_mass: f32,
     /// How spilled tokens are laid out in the cold pool's pages.
     pub placement: PlacementKind,
+    /// Tokens one by one (with or without free riders), or whole pages.
+    pub selector: SelectorKind,
 }
 
 /// DRAM a tiered store must hold at its maximum length whatever it decides: scoring keys, the
@@ -258,8 +261,10 @@ impl TieredKvStore {
         let base = self.backing.cold_end();
         let lanes: Vec<usize> = (0..n_kv).map(|h| self.lane(layer, h)).collect();
         let guard = self.settings.guard_mass > 0.0;
-        // With the guard on, twice the budget is kept ranked, to widen into if needed.
-        let keep = if guard { (2 * budget).min(candidates.len()) } else { budget };
+        // With the guard on, twice the budget is kept ranked, to widen into if needed; free
+        // riders come from below the budget, and page-wise selection weighs pages by those too.
+        let selector = self.settings.selector;
+        let keep = if guard || selector != SelectorKind::Tokens { (2 * budget).min(candidates.len()) } else { budget };
         let (hot, cold) = match self.evaluator {
             Some(_) => split_by_residence(&lanes.iter().map(|&l| self.hot.bitmap(l)).collect::<Vec<_>>(), candidates.clone(), base),
             None => (candidates.clone().map(|t| t as u32).collect(), Vec::new()),
@@ -269,9 +274,8 @@ impl TieredKvStore {
         // token lives never changes its rank.
         let query = Arc::new(DeviceQuery::new(query, self.shape.head_dim));
         let cold_blocks = self.evaluator.as_ref().filter(|_| !cold.is_empty()).map(|e| e.score(layer, self.keys[layer].clone(), query.clone(), cold));
-        // The summed query's score over G heads is G times their mean logit·√d: scaled by
-        // 1/(G·√d) its softmax is the attention of the group's mean logit.
-        let mass_scale = 1.0 / (group as f32 * (self.shape.head_dim as f32).sqrt());
+        // Scaled, a summed query's scores have the softmax of the group's mean logit.
+        let mass_scale = self.mass_scale(group);
         let new_merge = || BlockMerge::new(HeadsTopK::new(n_kv, keep), guard.then(|| HeadsMass::new(n_kv, mass_scale)));
         let n = candidates.end + self.settings.recent_tokens;
         let pinned: Vec<u32> = (0..candidates.start as u32).chain(candidates.end as u32..n as u32).collect();
@@ -322,9 +326,19 @@ impl TieredKvStore {
             self.tier.score_block_wait_ns += feed.wait_ns;
             self.tier.cold_scan_ns += started.elapsed().as_nanos() as u64;
         }
-        let chosen = match merged.mass {
-            Some(mass) => self.guard(merged.top, mass, &pinned_block, budget.min(keep)),
-            None => merged.top.into_tokens(),
+        let chosen = if merged.mass.is_none() && selector == SelectorKind::Tokens {
+            merged.top.into_tokens()
+        } else {
+            let ranked = merged.top.into_ranked();
+            let take = match merged.mass {
+                Some(mass) => self.guard(&ranked, mass, &pinned_block, budget.min(keep)),
+                None => budget,
+            };
+            match selector {
+                SelectorKind::Tokens => ranked.iter().map(|head| ascending_tokens(&head[..take.min(head.len())])).collect(),
+                SelectorKind::Riders => self.with_free_riders(layer, &ranked, take),
+                SelectorKind::Pages => self.whole_pages(layer, &ranked, take, mass_scale, candidates.clone()),
+            }
         };
         chosen
             .into_iter()
@@ -337,26 +351,61 @@ impl TieredKvStore {
             .collect()
     }
 
-    /// The fidelity guard: each head's best `take` tokens (ascending) — or, when they hold too
-    /// little of any head's estimated attention (`mass`, with the pinned tokens' scores), every
-    /// head's whole ranked set, twice as many.
-    fn guard(&mut self, top: HeadsTopK, mut mass: HeadsMass, pinned: &ScoreBlock, mut take: usize) -> Vec<Vec<u32>> {
+    /// The factor that turns a summed query's scores into the logits of its `group` heads' mean
+    /// query: their score over G heads is G times the mean logit·√d.
+    fn mass_scale(&self, group: usize) -> f32 {
+        1.0 / (group as f32 * (self.shape.head_dim as f32).sqrt())
+    }
+
+    /// The fidelity guard: how many of each head's `ranked` tokens to take — `take`, or, when
+    /// the best `take` hold too little of any head's estimated attention (`mass`, with the
+    /// pinned tokens' scores), all of them, twice as many.
+    fn guard(&mut self, ranked: &[Vec<(f32, u32)>], mut mass: HeadsMass, pinned: &ScoreBlock, take: usize) -> usize {
         mass.merge(pinned);
-        let ranked = top.into_ranked();
         let captured = (0..ranked.len())
             .map(|h| mass.share(h, ranked[h][..take].iter().map(|r| r.0).chain(pinned.head(h).iter().copied())))
             .fold(1.0, f64::min);
         self.tier.guard_checks += 1;
         if captured < f64::from(self.settings.guard_mass) {
             self.tier.guard_widened += 1;
-            take = usize::MAX;
+            return usize::MAX;
         }
+        take
+    }
+
+    /// Each head's best `take` of its `ranked` tokens and its free riders (see [`pages`]),
+    /// ascending.
+    fn with_free_riders(&self, layer: usize, ranked: &[Vec<(f32, u32)>], take: usize) -> Vec<Vec<u32>> {
+        let base = self.backing.cold_end();
+        let held = |head: usize, t: u32| t as usize >= base || self.hot.contains(self.lane(layer, head), t);
+        let page_of = |head: usize, t: u32| self.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
+        let riders = pages::free_riders(ranked, take, held, page_of);
         ranked
-            .into_iter()
-            .map(|head| {
-                let mut chosen: Vec<u32> = head.iter().take(take).map(|r| r.1).collect();
-                chosen.sort_unstable();
-                chosen
+            .iter()
+            .zip(riders)
+            .map(|(head, riders)| {
+                let mut tokens: Vec<u32> = head[..take.min(head.len())].iter().map(|r| r.1).chain(riders).collect();
+                tokens.sort_unstable();
+                tokens
+            })
+            .collect()
+    }
+
+    /// Each head's `take` tokens of `candidates` as whole cold-pool pages (see [`pages`]),
+    /// weighted by the attention `scale` gives their `ranked` scores.
+    fn whole_pages(&self, layer: usize, ranked: &[Vec<(f32, u32)>], take: usize, scale: f32, candidates: std::ops::Range<usize>) -> Vec<Vec<u32>> {
+        ranked
+            .iter()
+            .enumerate()
+            .map(|(head, ranked)| {
+                pages::whole_pages(
+                    ranked,
+                    take,
+                    scale,
+                    |t| self.backing.slot(layer, head, t as usize) / GROUP_TOKENS,
+                    |page| std::array::from_fn(|i| self.backing.token(layer, head, page * GROUP_TOKENS + i) as u32),
+                    |t| candidates.contains(&(t as usize)),
+                )
             })
             .collect()
     }
@@ -405,7 +454,7 @@ impl KvStore for TieredKvStore {
         if q_positions.len() > 1 {
             // A prompt chunk attends to everything; its last query seeds the hit table, so the
             // tokens the prompt found important start out hot instead of the merely recent.
-            self.seed_hits(layer, &query, candidates, budget);
+            self.seed_hits(layer, &query, group, candidates, budget);
             return Ok(Selection::All);
         }
         Ok(Selection::per_head(&self.rank(layer, &query, group, candidates, budget)))
@@ -614,6 +663,13 @@ fn split_by_residence(hot_bitmaps: &[&[u64]], candidates: std::ops::Range<usize>
     (hot, cold)
 }
 
+/// The tokens of `ranked` (score, token) pairs, ascending.
+fn ascending_tokens(ranked: &[(f32, u32)]) -> Vec<u32> {
+    let mut tokens: Vec<u32> = ranked.iter().map(|r| r.1).collect();
+    tokens.sort_unstable();
+    tokens
+}
+
 /// `groups` (ascending) with every gap of at most `max_gap` groups filled in.
 fn bridge_gaps(groups: &[usize], max_gap: usize) -> Vec<usize> {
     let mut out = Vec::with_capacity(groups.len());
@@ -630,16 +686,23 @@ fn bridge_gaps(groups: &[usize], max_gap: usize) -> Vec<usize> {
 
 
 impl TieredKvStore {
-    /// Counts a hit, in each head, for the `budget` best-scoring `candidates` against `query`.
-    fn seed_hits(&mut self, layer: usize, query: &[f32], candidates: std::ops::Range<usize>, budget: usize) {
+    /// Counts a hit, in each head, for the `budget` best-scoring `candidates` against `query`
+    /// (as whole pages, with the pages selector).
+    fn seed_hits(&mut self, layer: usize, query: &[f32], group: usize, candidates: std::ops::Range<usize>, budget: usize) {
         let n_kv = self.shape.n_kv_heads;
-        let mut block = ScoreBlock::new(candidates.map(|t| t as u32).collect(), n_kv);
+        let mut block = ScoreBlock::new(candidates.clone().map(|t| t as u32).collect(), n_kv);
         self.keys[layer].read().unwrap_or_else(|p| p.into_inner()).score(query, &block.tokens, &mut block.scores);
         block.produced = Instant::now();
-        let mut top = HeadsTopK::new(n_kv, budget);
+        let pages = self.settings.selector == SelectorKind::Pages;
+        let mut top = HeadsTopK::new(n_kv, if pages { (2 * budget).min(candidates.len()) } else { budget });
         top.merge(&block);
+        // Seeded as a decode step would select, so that whole pages start out hot.
+        let seeds = match pages {
+            true => self.whole_pages(layer, &top.into_ranked(), budget, self.mass_scale(group), candidates),
+            false => top.into_tokens(),
+        };
         let n = self.backing.held(layer);
-        for (head, chosen) in top.into_tokens().into_iter().enumerate() {
+        for (head, chosen) in seeds.into_iter().enumerate() {
             let hits = &mut self.hits[layer * n_kv + head];
             hits.resize(hits.len().max(n), 0);
             for t in chosen {
@@ -681,6 +744,8 @@ impl TieredKvStore {
             (u32::from(all.saturating_sub(seed)) << 16) | u32::from(seed)
         };
         let result = self.backing.relayout(lanes, rank);
+        // Rows moved to other slots, which order equal ranks: the reserve is ranked anew.
+        self.weakest.reset();
         self.tier.relayout_ns += started.elapsed().as_nanos() as u64;
         self.tier.relayout_bytes_read += self.backing.cold().stats.bytes_read.load(Ordering::Relaxed) - read_before;
         match result {

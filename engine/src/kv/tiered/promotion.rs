@@ -20,9 +20,15 @@ const CANDIDATE_BUDGET_DIVISOR: usize = 16;
 const COMPACT_FREE_BYTES: usize = 1 << 20;
 
 /// A row's place in the rebalance's ranking, best highest: most hits, then already hot (a hot
-/// row wins a tie, so equals do not swap places), then the newest token.
-pub(super) fn rank_key(hits: u32, hot: bool, token: u32) -> u64 {
-    (u64::from(hits) << 33) | (u64::from(hot) << 32) | u64::from(token)
+/// row wins a tie, so equals do not swap places), then the later cold-pool slot (see
+/// [`TieredKvStore::hot_rank`]).
+pub(super) fn rank_key(hits: u32, hot: bool, slot: u32) -> u64 {
+    (u64::from(hits) << 33) | (u64::from(hot) << 32) | u64::from(slot)
+}
+
+/// The hits a rank key was made with.
+fn level_hits(key: u64) -> u32 {
+    (key >> 33) as u32
 }
 
 /// The cold rows one step read that may enter the hot pool, with their K and V rows.
@@ -33,12 +39,12 @@ pub(super) struct Candidates {
     /// The hits of the weakest hot row when the last rebalance left the pool full (0 when it
     /// had room). A row with fewer cannot win a place: hits only grow, and a hot row wins a tie.
     cutoff: u32,
-    /// `[slot]`: (lane, token, hits).
-    rows: Vec<(u32, u32, u32)>,
+    /// `[slot]`: (lane, token, rank key).
+    rows: Vec<(u32, u32, u64)>,
     k: Vec<u16>,
     v: Vec<u16>,
-    /// The weakest candidate on top, by the rebalance's order (hits, then the newer token).
-    weakest: BinaryHeap<Reverse<(u32, u32, u32)>>,
+    /// The weakest candidate on top, by its rank key, with its slot.
+    weakest: BinaryHeap<Reverse<(u64, u32)>>,
 }
 
 impl Candidates {
@@ -47,9 +53,9 @@ impl Candidates {
         Self { row_words, max_rows, ..Self::default() }
     }
 
-    /// A cold row the step read, with its hits counting this step.
-    pub fn offer(&mut self, lane: usize, token: u32, hits: u32, k: &[u16], v: &[u16]) {
-        if hits < self.cutoff || self.max_rows == 0 {
+    /// A cold row the step read, ranked `key` ([`rank_key`], with its hits counting this step).
+    pub fn offer(&mut self, lane: usize, token: u32, key: u64, k: &[u16], v: &[u16]) {
+        if level_hits(key) < self.cutoff || self.max_rows == 0 {
             return;
         }
         let rw = self.row_words;
@@ -60,7 +66,7 @@ impl Candidates {
             self.rows.len() - 1
         } else {
             match self.weakest.peek() {
-                Some(&Reverse((h, t, slot))) if (hits, token) > (h, t) => {
+                Some(&Reverse((weakest, slot))) if key > weakest => {
                     self.weakest.pop();
                     self.k[slot as usize * rw..][..rw].copy_from_slice(k);
                     self.v[slot as usize * rw..][..rw].copy_from_slice(v);
@@ -69,13 +75,13 @@ impl Candidates {
                 _ => return,
             }
         };
-        self.rows[slot] = (lane as u32, token, hits);
-        self.weakest.push(Reverse((hits, token, slot as u32)));
+        self.rows[slot] = (lane as u32, token, key);
+        self.weakest.push(Reverse((key, slot as u32)));
     }
 
     pub fn bytes(&self) -> usize {
-        let entry = std::mem::size_of::<(u32, u32, u32)>();
-        2 * (self.k.capacity() + self.v.capacity()) + (self.rows.capacity() + self.weakest.capacity()) * entry
+        let (row, heap_entry) = (std::mem::size_of::<(u32, u32, u64)>(), std::mem::size_of::<Reverse<(u64, u32)>>());
+        2 * (self.k.capacity() + self.v.capacity()) + self.rows.capacity() * row + self.weakest.capacity() * heap_entry
     }
 
     fn row(&self, slot: usize) -> (usize, u32, &[u16], &[u16]) {
@@ -99,6 +105,15 @@ impl Candidates {
 }
 
 impl TieredKvStore {
+    /// The rank key of hot `token`'s row in `lane` ([`rank_key`]). Equals are ordered by
+    /// cold-pool slot, not by token: tokens that share a page then rise and fall together, so
+    /// the hot pool holds whole pages rather than some rows of each, and a page whose rows are
+    /// all hot is never read (slots keep the order of the 256-token blocks, so newer blocks
+    /// still win).
+    pub(super) fn hot_rank(&self, lane: usize, token: u32) -> u64 {
+        rank_key(self.hits_of(lane, token), true, self.backing.lane_slot(lane, token as usize) as u32)
+    }
+
     /// Decides which rows the hot pool keeps after a step: of the unpinned hot rows and the
     /// candidates, the most-selected ones that fit the budget (a hot row wins a tie, so equals
     /// do not swap places). Candidates go best first into free room, then into the places of
@@ -114,8 +129,7 @@ impl TieredKvStore {
         // The pinned rows grew (this step's tokens): make room for them first.
         while fixed + self.hot.bytes() > budget && self.demote_weakest_below(u64::MAX) {}
         let candidates = std::mem::take(&mut self.candidates);
-        let mut best_first: Vec<(u64, usize)> =
-            candidates.rows.iter().enumerate().map(|(slot, &(_, token, hits))| (rank_key(hits, false, token), slot)).collect();
+        let mut best_first: Vec<(u64, usize)> = candidates.rows.iter().enumerate().map(|(slot, &(.., key))| (key, slot)).collect();
         best_first.sort_unstable_by(|a, b| b.cmp(a));
         for (key, slot) in best_first {
             if fixed + self.hot.bytes() + row_bytes > budget && !self.demote_weakest_below(key) {
@@ -125,7 +139,7 @@ impl TieredKvStore {
         }
         // No row with fewer hits than the weakest hot row can win a place next step.
         let full = fixed + self.hot.bytes() + row_bytes > budget;
-        let cutoff = if full { self.weakest_hot_row().map_or(0, |(key, ..)| (key >> 33) as u32) } else { 0 };
+        let cutoff = if full { self.weakest_hot_row().map_or(0, |(key, ..)| level_hits(key)) } else { 0 };
         if self.hot.free_bytes() > COMPACT_FREE_BYTES {
             self.hot.compact();
         }
@@ -142,7 +156,7 @@ impl TieredKvStore {
         for lane in self.sparse_lanes() {
             for t in start..end {
                 if self.hot.contains(lane, t) {
-                    self.weakest.offer(rank_key(self.hits_of(lane, t), true, t), lane, t);
+                    self.weakest.offer(self.hot_rank(lane, t), lane, t);
                 }
             }
         }
@@ -165,7 +179,7 @@ impl TieredKvStore {
     fn promote(&mut self, candidates: &Candidates, slot: usize) {
         let (lane, token, k, v) = candidates.row(slot);
         self.hot.insert(lane, token, k, v);
-        self.weakest.offer(rank_key(self.hits_of(lane, token), true, token), lane, token);
+        self.weakest.offer(self.hot_rank(lane, token), lane, token);
         self.tier.promotions += 1;
     }
 }
@@ -178,24 +192,25 @@ mod tests {
     fn candidates_keep_the_best_within_their_share_and_skip_hopeless_rows() {
         // One f16 word per K/V row: 4 bytes a row; a 128-byte budget allows 2 candidates.
         let mut c = Candidates::new(1, 128);
-        c.offer(0, 10, 3, &[10], &[110]);
-        c.offer(1, 11, 5, &[11], &[111]);
-        c.offer(0, 12, 1, &[12], &[112]); // weaker than both: not kept
-        c.offer(2, 13, 4, &[13], &[113]); // replaces token 10
+        let key = |hits: u32, token: u32| rank_key(hits, false, token);
+        c.offer(0, 10, key(3, 10), &[10], &[110]);
+        c.offer(1, 11, key(5, 11), &[11], &[111]);
+        c.offer(0, 12, key(1, 12), &[12], &[112]); // weaker than both: not kept
+        c.offer(2, 13, key(4, 13), &[13], &[113]); // replaces token 10
         let mut held: Vec<_> = (0..c.rows.len()).map(|s| c.row(s)).map(|(l, t, k, v)| (l, t, k[0], v[0])).collect();
         held.sort_unstable();
         assert_eq!(held, vec![(1, 11, 11, 111), (2, 13, 13, 113)]);
-        // The newer token wins a tie in hits.
-        c.offer(3, 20, 4, &[20], &[120]);
+        // The later slot wins a tie in hits.
+        c.offer(3, 20, key(4, 20), &[20], &[120]);
         let mut tokens: Vec<u32> = (0..c.rows.len()).map(|s| c.row(s).1).collect();
         tokens.sort_unstable();
         assert_eq!(tokens, vec![11, 20]);
 
         c.clear();
         c.cutoff = 4;
-        c.offer(0, 30, 3, &[30], &[130]);
+        c.offer(0, 30, key(3, 30), &[30], &[130]);
         assert_eq!(c.rows.len(), 0, "below the cutoff a row cannot win a place");
-        c.offer(0, 31, 4, &[31], &[131]);
+        c.offer(0, 31, key(4, 31), &[31], &[131]);
         assert_eq!(c.rows.len(), 1);
     }
 }

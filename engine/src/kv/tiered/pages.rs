@@ -1,0 +1,152 @@
+//! What a decode step attends beyond its best tokens one by one, given that the cold pool is
+//! read a page at a time.
+//!
+//! Free riders: the step selects its top α token by token, and also attends the tokens ranked
+//! just below it (within twice the budget) whose rows it holds anyway, in a page it reads or in
+//! memory: more of the attention, for no more I/O.
+//!
+//! Page-wise selection (after Quest, Tang et al. 2024, and ClusterKV): the budget buys whole
+//! cold-pool pages rather than single tokens.
+//!
+//! Selected one by one, a head's top α lies in far more pages than α of them (at 8K, ~257 pages
+//! of 16 tokens for 1,638 tokens), and each is read for one or two tokens. Here the ranked
+//! tokens vote for their pages with their estimated attention, the pages holding the most are
+//! taken whole until the budget is filled, and attention is exact over every token in them:
+//! the tokens that came along with a page (the "free riders") are attended too, so nothing read
+//! is wasted, and a step reads at most budget / 16 pages per head. With pages placed by key
+//! similarity, a page's tokens score alike, so the pages that hold the best tokens hold few
+//! poor ones.
+
+use super::super::cold::GROUP_TOKENS;
+
+/// Each head's free riders, best first, as many for every head (a layer's heads attend to
+/// equally many tokens): of `ranked[head]`'s (score, token) pairs past the first `take`, those
+/// whose rows are `held(head, token)` — in memory, or in one of the pages `page_of(head, ·)`
+/// gives the selected tokens that `held` does not (the pages the step reads).
+pub(super) fn free_riders(
+    ranked: &[Vec<(f32, u32)>],
+    take: usize,
+    held: impl Fn(usize, u32) -> bool,
+    page_of: impl Fn(usize, u32) -> usize,
+) -> Vec<Vec<u32>> {
+    let mut riders: Vec<Vec<u32>> = ranked
+        .iter()
+        .enumerate()
+        .map(|(head, ranked)| {
+            let (chosen, below) = ranked.split_at(take.min(ranked.len()));
+            let mut read: Vec<usize> = chosen.iter().filter(|r| !held(head, r.1)).map(|r| page_of(head, r.1)).collect();
+            read.sort_unstable();
+            read.dedup();
+            below.iter().filter(|r| held(head, r.1) || read.binary_search(&page_of(head, r.1)).is_ok()).map(|r| r.1).collect()
+        })
+        .collect();
+    let fewest = riders.iter().map(Vec::len).min().unwrap_or(0);
+    riders.iter_mut().for_each(|r| r.truncate(fewest));
+    riders
+}
+
+/// One head's `take` candidate tokens (ascending), as whole pages.
+///
+/// `ranked` holds the head's best (score, token) pairs, best first, at least `take` of them
+/// (given fewer, it takes that many); scores are weighted as attention by
+/// `exp(scale · (score − best))`. `page_of` gives a token's page, `members` a page's tokens, of
+/// which only those `is_candidate` accepts are taken (the sinks and recent tokens are attended
+/// anyway, and a page may run past the cache's end). The last page taken is cut to fit: its
+/// ranked tokens first, best first, then the rest.
+pub(super) fn whole_pages(
+    ranked: &[(f32, u32)],
+    take: usize,
+    scale: f32,
+    page_of: impl Fn(u32) -> usize,
+    members: impl Fn(usize) -> [u32; GROUP_TOKENS],
+    is_candidate: impl Fn(u32) -> bool,
+) -> Vec<u32> {
+    let take = take.min(ranked.len());
+    let Some(&(best, _)) = ranked.first() else { return Vec::new() };
+    // (page, attention of its ranked tokens), summed per page.
+    let mut votes: Vec<(usize, f64)> = ranked.iter().map(|&(s, t)| (page_of(t), f64::from(scale * (s - best)).exp())).collect();
+    votes.sort_unstable_by_key(|v| v.0);
+    let mut pages: Vec<(usize, f64)> = Vec::with_capacity(votes.len());
+    for (page, weight) in votes {
+        match pages.last_mut() {
+            Some(last) if last.0 == page => last.1 += weight,
+            _ => pages.push((page, weight)),
+        }
+    }
+    pages.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut chosen: Vec<u32> = Vec::with_capacity(take + GROUP_TOKENS);
+    for &(page, _) in &pages {
+        let before = chosen.len();
+        chosen.extend(members(page).into_iter().filter(|&t| is_candidate(t)));
+        if chosen.len() >= take {
+            // Every ranked token is a candidate in one of these pages, so the budget fills.
+            let page_ranked: Vec<u32> = ranked.iter().map(|r| r.1).filter(|&t| page_of(t) == page).collect();
+            chosen[before..].sort_by_key(|t| page_ranked.iter().position(|r| r == t).unwrap_or(usize::MAX));
+            chosen.truncate(take);
+            break;
+        }
+    }
+    chosen.sort_unstable();
+    chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_riders_are_the_ranked_tokens_below_the_budget_held_anyway_as_many_per_head() {
+        // Pages of 16 tokens, a budget of 2; tokens 20 and 40 are hot in head 0. Head 0 selects
+        // 35 (cold: page 2 is read) and 40 (hot); head 1 selects 1 and 2 (page 0 is read).
+        let ranked = vec![
+            vec![(9.0, 35), (8.0, 40), (7.0, 70), (6.0, 20), (5.0, 33), (4.0, 3)],
+            vec![(9.0, 1), (8.0, 2), (7.0, 3), (6.0, 17), (5.0, 4)],
+        ];
+        let hot = |head: usize, t: u32| head == 0 && (t == 20 || t == 40);
+        let riders = free_riders(&ranked, 2, hot, |_, t| t as usize / 16);
+        // Head 0: 70 (page 4) and 3 (page 0) are not held; 20 is hot, 33 is in page 2. Head 1:
+        // 3 and 4 are in page 0, 17 (page 1) is not. Both heads keep as many as the fewest: two.
+        assert_eq!(riders, vec![vec![20, 33], vec![3, 4]]);
+        assert_eq!(free_riders(&ranked, 10, hot, |_, t| t as usize / 16), vec![Vec::<u32>::new(); 2]);
+    }
+
+    /// Pages of 16 consecutive tokens.
+    fn members(page: usize) -> [u32; GROUP_TOKENS] {
+        std::array::from_fn(|i| (page * GROUP_TOKENS + i) as u32)
+    }
+
+    #[test]
+    fn the_budget_buys_the_pages_holding_the_most_attention() {
+        // Page 5 holds the single best token; page 2 holds eight nearly as good: together they
+        // carry more attention, so page 2 comes first. The budget is 20 tokens: page 2 whole,
+        // then page 5 cut to its best token and the three lowest others.
+        let mut ranked: Vec<(f32, u32)> = vec![(10.0, 85)];
+        ranked.extend((32..40).map(|t| (9.5, t)));
+        ranked.extend((400..420).map(|t| (0.0, t))); // ranked below the budget
+        let chosen = whole_pages(&ranked, 20, 1.0, |t| t as usize / GROUP_TOKENS, members, |_| true);
+        let mut want: Vec<u32> = (32..48).collect();
+        want.extend([80, 81, 82, 85]);
+        assert_eq!(chosen, want);
+    }
+
+    #[test]
+    fn tokens_outside_the_candidates_are_left_out_and_the_budget_still_fills() {
+        // Tokens 0..4 are sinks and 56.. are past the candidates: the best page, 3, gives only
+        // 48..56, so the budget of 14 reaches into page 0, which gives its ranked tokens and
+        // the first others after its sinks.
+        let mut ranked: Vec<(f32, u32)> = vec![(6.0, 50), (6.0, 51), (5.0, 5), (5.0, 6)];
+        ranked.extend((20..30).map(|t| (1.0, t)));
+        let chosen = whole_pages(&ranked, 14, 1.0, |t| t as usize / GROUP_TOKENS, members, |t| (4..56).contains(&t));
+        assert_eq!(chosen, (4..10).chain(48..56).collect::<Vec<u32>>());
+    }
+
+    #[test]
+    fn pages_follow_the_placement_not_the_text() {
+        // Two pages of interleaved tokens: page 0 holds the even tokens, page 1 the odd ones.
+        let members = |page: usize| std::array::from_fn(|i| (2 * i + page) as u32);
+        let mut ranked: Vec<(f32, u32)> = vec![(3.0, 7), (2.9, 9)];
+        ranked.extend((0..16).map(|i| (1.0, 2 * i)));
+        let chosen = whole_pages(&ranked, 16, 4.0, |t| t as usize % 2, members, |_| true);
+        assert_eq!(chosen, (0..16).map(|i| 2 * i + 1).collect::<Vec<u32>>());
+    }
+}
