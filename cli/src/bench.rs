@@ -5,11 +5,13 @@ use crate::{load_engine, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_engine::kv::cold::GROUP_TOKENS;
+use hillside_engine::kv::{snapshot, KvStore};
 use hillside_engine::sampling::argmax;
 use hillside_engine::{Engine, Logits};
 use rayon::prelude::*;
 use serde::Serialize;
-use std::path::PathBuf;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(Args)]
@@ -31,6 +33,13 @@ pub struct DecodeArgs {
     /// Where the JSON report goes.
     #[arg(long, default_value = "bench-decode.json")]
     pub json: PathBuf,
+    /// Keeps each context's prompt K/V in this folder (a snapshot file per model and prompt)
+    /// and, once one is there, replays it instead of computing the prompt, all but its last
+    /// prefill chunk, which is computed as usual (so the first logits, and the store's
+    /// prompt-time bookkeeping for that chunk, are real). For long contexts, whose prefill
+    /// takes minutes per store.
+    #[arg(long)]
+    pub prompt_cache: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -38,6 +47,8 @@ struct PrefillResult {
     tokens: usize,
     ms: f64,
     tokens_per_s: f64,
+    /// Leading tokens replayed from `--prompt-cache` rather than computed (counted in `ms`).
+    replayed_tokens: usize,
 }
 
 #[derive(Serialize)]
@@ -147,15 +158,57 @@ fn memory_read_gb_per_s() -> f64 {
     best
 }
 
-fn prefill(engine: &Engine, model: &ModelArgs, tokens: &[u32], chunk: usize) -> Result<(hillside_engine::Sequence, Vec<f32>, PrefillResult)> {
+fn prefill(engine: &Engine, model: &ModelArgs, tokens: &[u32], chunk: usize, cache: Option<&Path>) -> Result<(hillside_engine::Sequence, Vec<f32>, PrefillResult)> {
     let mut seq = model.new_sequence(engine)?;
     let start = Instant::now();
+    // The prompt but its last chunk may come from the cache, or go into it once computed.
+    let head = (tokens.len().saturating_sub(1) / chunk) * chunk;
+    let cached = cache.filter(|_| head > 0).map(|dir| PromptSnapshot::new(dir, model, &tokens[..head]));
+    let mut replayed_tokens = 0;
+    if let Some(snapshot) = cached.as_ref().filter(|s| s.path.exists()) {
+        match snapshot::load(&snapshot.path, &snapshot.tag, seq.kv.as_mut()) {
+            Ok(n) => replayed_tokens = n,
+            Err(e) => {
+                eprintln!("not replaying {}: {e}; computing the prompt", snapshot.path.display());
+                seq = model.new_sequence(engine)?;
+            }
+        }
+    }
     let mut logits = Vec::new();
-    for piece in tokens.chunks(chunk) {
+    for piece in tokens[replayed_tokens..].chunks(chunk) {
         logits = engine.model().forward(piece, seq.kv.as_mut(), Logits::Last)?;
+        if let Some(snapshot) = cached.as_ref().filter(|_| replayed_tokens == 0 && seq.kv.len_tokens() == head) {
+            snapshot.save(seq.kv.as_mut(), head)?;
+        }
     }
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    Ok((seq, logits, PrefillResult { tokens: tokens.len(), ms, tokens_per_s: tokens.len() as f64 / (ms / 1e3) }))
+    Ok((seq, logits, PrefillResult { tokens: tokens.len(), ms, tokens_per_s: tokens.len() as f64 / (ms / 1e3), replayed_tokens }))
+}
+
+/// Where `--prompt-cache` keeps one prompt's K/V: a file named by a hash of the model and the
+/// prompt's tokens, which the snapshot also carries (a file for another prompt is refused).
+struct PromptSnapshot {
+    path: PathBuf,
+    tag: [u8; 32],
+}
+
+impl PromptSnapshot {
+    fn new(dir: &Path, model: &ModelArgs, tokens: &[u32]) -> Self {
+        let mut hash = Sha256::new();
+        hash.update(model.model().unwrap_or("default").as_bytes());
+        hash.update((tokens.len() as u64).to_le_bytes());
+        tokens.iter().for_each(|t| hash.update(t.to_le_bytes()));
+        let tag: [u8; 32] = hash.finalize().into();
+        let name: String = tag[..16].iter().map(|b| format!("{b:02x}")).collect();
+        Self { path: dir.join(format!("prompt-{name}.kv")), tag }
+    }
+
+    fn save(&self, kv: &mut dyn KvStore, tokens: usize) -> Result<()> {
+        std::fs::create_dir_all(self.path.parent().unwrap_or(Path::new("."))).with_context(|| format!("creating {}", self.path.display()))?;
+        let bytes = snapshot::save(kv, tokens, &self.tag, &self.path).with_context(|| format!("saving the prompt's K/V to {}", self.path.display()))?;
+        eprintln!("kept the prompt's K/V ({tokens} tokens, {} MB) in {}", bytes / 1_000_000, self.path.display());
+        Ok(())
+    }
 }
 
 pub fn decode(args: &DecodeArgs) -> Result<()> {
@@ -180,7 +233,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
 
     let chunk = hillside_engine::GenerateParams::default().prefill_chunk_tokens;
     eprintln!("prefill of {} tokens ...", args.prefill_tokens);
-    let (_, _, prefill_result) = prefill(&engine, &args.model, &tokens[..args.prefill_tokens], chunk)?;
+    let (_, _, prefill_result) = prefill(&engine, &args.model, &tokens[..args.prefill_tokens], chunk, None)?;
 
     let weight_bytes = engine.model().weight_bytes();
     let kv_per_token = config.kv_bytes_per_token();
@@ -188,7 +241,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
     for &context in &args.contexts {
         let n = args.decode_tokens.min(context - 1);
         eprintln!("context {context}: prefill {} tokens, then decode {n} ...", context - n);
-        let (mut seq, mut logits, prompt) = prefill(&engine, &args.model, &tokens[..context - n], chunk)?;
+        let (mut seq, mut logits, prompt) = prefill(&engine, &args.model, &tokens[..context - n], chunk, args.prompt_cache.as_deref())?;
         let before = seq.kv.stats();
         let start = Instant::now();
         for _ in 0..n {
@@ -269,7 +322,11 @@ fn print_table(r: &Report) {
     println!("{:<28} {:>10} {:>12} {:>10}", "figure", "tok/s", "ms/token", "roofline");
     println!("{:<28} {:>10.1} {:>12.2} {:>10}", format!("prefill {} tokens", r.prefill.tokens), r.prefill.tokens_per_s, r.prefill.ms / r.prefill.tokens as f64, "-");
     for d in &r.decode {
-        println!("{:<28} {:>10.1} {:>12.2} {:>10}", format!("prefill {} tokens", d.prompt.tokens), d.prompt.tokens_per_s, d.prompt.ms / d.prompt.tokens as f64, "-");
+        let figure = match d.prompt.replayed_tokens {
+            0 => format!("prefill {} tokens", d.prompt.tokens),
+            replayed => format!("prefill {} ({replayed} replayed)", d.prompt.tokens),
+        };
+        println!("{:<28} {:>10.1} {:>12.2} {:>10}", figure, d.prompt.tokens_per_s, d.prompt.ms / d.prompt.tokens as f64, "-");
         println!("{:<28} {:>10.1} {:>12.2} {:>9.0}%", format!("decode at {} context", d.context_tokens), d.tokens_per_s, d.ms_per_token, 100.0 * d.roofline_efficiency);
     }
     println!("\npeak RSS {:.0} MB", r.peak_rss_mb);

@@ -35,6 +35,11 @@ pub struct KvArgs {
     /// planner's β, to see where the real optimum sits.
     #[arg(long)]
     pub beta_sweep: bool,
+    /// Keeps each context's prompt K/V in this folder and replays it into every store after the
+    /// first (see `bench decode --prompt-cache`): one prefill per context instead of one per
+    /// store, for long contexts.
+    #[arg(long)]
+    pub prompt_cache: Option<PathBuf>,
     /// Runs each store's process in a memory cgroup of this many MB (made here, removed after;
     /// needs root), to see the cold pool's reads go direct when the page cache has no room.
     #[arg(long)]
@@ -59,6 +64,9 @@ fn run_store(args: &KvArgs, store: StoreKind, contexts: &[usize], hot_budget_mb:
     }
     if let Some(text) = &args.text {
         cmd.arg("--text").arg(text);
+    }
+    if let Some(dir) = &args.prompt_cache {
+        cmd.arg("--prompt-cache").arg(dir);
     }
     eprintln!("{store}: decoding at {} ...", contexts.join(", "));
     let cap = args.memory_cap_mb.map(|mb| MemoryCap::create("hillside-bench-kv", mb << 20)).transpose().context("making the memory cgroup for --memory-cap-mb")?;

@@ -349,3 +349,46 @@ fn bench_recall_measures_every_copy_and_full_rank_ranks_exactly() {
     assert!(pairs_8["bytes_per_token_int4"].as_u64() < full["bytes_per_token_int4"].as_u64(), "{report}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn bench_decode_keeps_the_prompt_and_replays_it_and_a_damaged_one_is_computed_again() {
+    let dir = std::env::temp_dir().join(format!("hillside-cli-prompt-cache-{}", std::process::id()));
+    let (cache, cold) = (dir.join("prompts"), dir.join("cold"));
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/pride-and-prejudice.txt");
+    let run = |run: &str| {
+        let json = dir.join(format!("{run}.json"));
+        let out = hillside()
+            .args(["bench", "decode", "--kv", "tiered", "--prefill-tokens", "16", "--contexts", "1024", "--decode-tokens", "4", "--text", text])
+            .arg("--prompt-cache")
+            .arg(&cache)
+            .arg("--cold-dir")
+            .arg(&cold)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{run}: {stderr}");
+        let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        (report["decode"][0]["prompt"]["replayed_tokens"].as_u64().unwrap(), stderr)
+    };
+    // The first run computes the prompt and keeps all of it but its last prefill chunk.
+    let (replayed, _) = run("first");
+    assert_eq!(replayed, 0);
+    let kept: Vec<_> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    // The second replays it: the 1,020-token prompt less its last chunk (of 256) is 768 tokens.
+    let (replayed, _) = run("second");
+    assert_eq!(replayed, 768);
+    // A damaged file is never replayed: the run says why, computes the prompt, and keeps a
+    // sound copy again.
+    let bytes = std::fs::read(&kept[0]).unwrap();
+    std::fs::write(&kept[0], &bytes[..bytes.len() / 2]).unwrap();
+    let (replayed, stderr) = run("damaged");
+    assert_eq!(replayed, 0);
+    assert!(stderr.contains("not replaying") && stderr.contains("computing the prompt"), "{stderr}");
+    assert_eq!(std::fs::read(&kept[0]).unwrap().len(), bytes.len(), "the prompt is kept whole again");
+    assert_eq!(run("after").0, 768);
+    assert_eq!(cold_files(&cold), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
