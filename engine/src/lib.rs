@@ -2,6 +2,9 @@
 //! behind one trait, tokenization, chat templates, sampling and streaming generation.
 //! No HTTP and no UI live here.
 
+#[macro_use]
+mod names;
+
 pub mod device;
 pub mod error;
 pub mod eval;

@@ -26,19 +26,7 @@ pub enum StoreKind {
     Drop,
 }
 
-impl std::str::FromStr for StoreKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "full" => Ok(Self::Full),
-            "offload" => Ok(Self::Offload),
-            "tiered" => Ok(Self::Tiered),
-            "drop" => Ok(Self::Drop),
-            other => Err(format!("unknown KV store '{other}' (full, offload, tiered, drop)")),
-        }
-    }
-}
+named_choices!(StoreKind, "KV store", { Full => "full", Offload => "offload", Tiered => "tiered", Drop => "drop" });
 
 /// Who scores the cold tokens of a tiered store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -55,18 +43,7 @@ pub enum EvaluatorKind {
     Xrt,
 }
 
-impl std::str::FromStr for EvaluatorKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "host" => Ok(Self::Host),
-            "storage" => Ok(Self::Storage),
-            "xrt" => Ok(Self::Xrt),
-            other => Err(format!("unknown evaluator '{other}' (host, storage, xrt)")),
-        }
-    }
-}
+named_choices!(EvaluatorKind, "evaluator", { Host => "host", Storage => "storage", Xrt => "xrt" });
 
 /// What a tiered store's decode step selects within its top-α budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -85,49 +62,7 @@ pub enum SelectorKind {
     Pages,
 }
 
-impl std::str::FromStr for SelectorKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "tokens" => Ok(Self::Tokens),
-            "riders" => Ok(Self::Riders),
-            "pages" => Ok(Self::Pages),
-            other => Err(format!("unknown selector '{other}' (tokens, riders, pages)")),
-        }
-    }
-}
-
-impl std::fmt::Display for SelectorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Tokens => "tokens",
-            Self::Riders => "riders",
-            Self::Pages => "pages",
-        })
-    }
-}
-
-impl std::fmt::Display for EvaluatorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Host => "host",
-            Self::Storage => "storage",
-            Self::Xrt => "xrt",
-        })
-    }
-}
-
-impl std::fmt::Display for StoreKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Full => "full",
-            Self::Offload => "offload",
-            Self::Tiered => "tiered",
-            Self::Drop => "drop",
-        })
-    }
-}
+named_choices!(SelectorKind, "selector", { Tokens => "tokens", Riders => "riders", Pages => "pages" });
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -42,28 +42,7 @@ pub enum PlacementKind {
     Hits,
 }
 
-impl std::str::FromStr for PlacementKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "position" => Ok(Self::Position),
-            "keys" => Ok(Self::Keys),
-            "hits" => Ok(Self::Hits),
-            other => Err(format!("unknown placement '{other}' (position, keys, hits)")),
-        }
-    }
-}
-
-impl std::fmt::Display for PlacementKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Position => "position",
-            Self::Keys => "keys",
-            Self::Hits => "hits",
-        })
-    }
-}
+named_choices!(PlacementKind, "placement", { Position => "position", Keys => "keys", Hits => "hits" });
 
 /// The slots of one spill, decided before its pages are written and applied once all are.
 pub struct SpillOrder {

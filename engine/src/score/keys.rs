@@ -17,26 +17,7 @@ pub enum KeyBits {
     Int4,
 }
 
-impl std::str::FromStr for KeyBits {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "int8" => Ok(Self::Int8),
-            "int4" => Ok(Self::Int4),
-            other => Err(format!("unknown key precision '{other}' (int8, int4)")),
-        }
-    }
-}
-
-impl std::fmt::Display for KeyBits {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Int8 => "int8",
-            Self::Int4 => "int4",
-        })
-    }
-}
+named_choices!(KeyBits, "key precision", { Int8 => "int8", Int4 => "int4" });
 
 impl KeyBits {
     fn max_level(self) -> f32 {

@@ -13,9 +13,9 @@
 //! tokens vote for their pages with their estimated attention, the pages holding the most are
 //! taken whole until the budget is filled, and attention is exact over every token in them:
 //! the tokens that came along with a page (the "free riders") are attended too, so nothing read
-//! is wasted, and a step reads at most budget / 16 pages per head. With pages placed by key
-//! similarity, a page's tokens score alike, so the pages that hold the best tokens hold few
-//! poor ones.
+//! is wasted, and a step reads about budget / 16 pages per head (a few more where pages hold
+//! sinks or recent tokens, which are attended anyway). With pages placed by key similarity, a
+//! page's tokens score alike, so the pages that hold the best tokens hold few poor ones.
 
 use super::super::cold::GROUP_TOKENS;
 
