@@ -94,6 +94,9 @@ struct DecodeResult {
     /// Tiered: DRAM counted against the hot budget at the end, and the budget.
     hot_bytes: Option<usize>,
     hot_budget_bytes: Option<usize>,
+    /// Tiered: share of the decode steps that attended through the dense copy kept while
+    /// memory is spare (the rest ranked and read from the tiers).
+    spare_copy_share: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -273,6 +276,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             }),
             hot_bytes: after.tier.as_ref().map(|t| t.hot_bytes),
             hot_budget_bytes: after.tier.as_ref().map(|t| t.hot_budget_bytes),
+            spare_copy_share: per_step(|t| t.spare_copy_steps),
             cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
             cold_read_cached_share: (after.cold_lanes > 0).then(|| {
                 (after.cold_bytes_read_cached - before.cold_bytes_read_cached) as f64 / ((after.cold_bytes_read - before.cold_bytes_read) as f64).max(1.0)
@@ -328,6 +332,9 @@ fn print_table(r: &Report) {
         };
         println!("{:<28} {:>10.1} {:>12.2} {:>10}", figure, d.prompt.tokens_per_s, d.prompt.ms / d.prompt.tokens as f64, "-");
         println!("{:<28} {:>10.1} {:>12.2} {:>9.0}%", format!("decode at {} context", d.context_tokens), d.tokens_per_s, d.ms_per_token, 100.0 * d.roofline_efficiency);
+        if let Some(share) = d.spare_copy_share.filter(|&s| s > 0.0) {
+            println!("  {:.0}% of its steps attended through the spare copy", 100.0 * share);
+        }
     }
     println!("\npeak RSS {:.0} MB", r.peak_rss_mb);
 }

@@ -13,7 +13,8 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct EvalArgs {
-    /// Model and the sparse stores' settings (--kv is ignored: see --stores).
+    /// Model and the sparse stores' settings (--kv is ignored: see --stores; --spare-copy is
+    /// always false, so that tiered ranks and reads as it does when memory is short).
     #[command(flatten)]
     pub model: ModelArgs,
     /// Stores to compare with `full` (which always runs first, as the reference).
@@ -57,6 +58,14 @@ pub struct EvalArgs {
     pub ideal: bool,
 }
 
+impl EvalArgs {
+    /// `store` with these settings. Tiered never keeps a spare copy here: with one, it would
+    /// attend to everything wherever memory is spare, and the evaluation is of its selection.
+    fn kv_config(&self, store: StoreKind) -> hillside_engine::kv::KvConfig {
+        hillside_engine::kv::KvConfig { store, spare_copy: false, ..self.model.kv_config() }
+    }
+}
+
 #[derive(Serialize)]
 struct PasskeyResult {
     store: StoreKind,
@@ -98,7 +107,7 @@ fn passkey(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKin
         let mut rng = Lcg(context as u64);
         let trials: Vec<(u64, f64)> = (0..args.passkey_trials).map(|_| (10_000 + rng.next(90_000), rng.next(1000) as f64 / 1000.0)).collect();
         for &store in stores {
-            let config = hillside_engine::kv::KvConfig { store, ..args.model.kv_config() };
+            let config = args.kv_config(store);
             let mut correct = 0;
             for &(key, depth) in &trials {
                 let prompt = passkey_prompt(engine, context, key, depth)?;
@@ -150,7 +159,7 @@ struct IdealResult {
 fn ideal(engine: &Engine, args: &EvalArgs, window: &[u32], reference: &TeacherForced) -> Result<IdealResult> {
     eprintln!("ideal selector: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
     let kv = args.model.kv_config();
-    let config = hillside_engine::kv::KvConfig { store: StoreKind::Tiered, hot_budget_bytes: Some(1 << 40), ..kv.clone() };
+    let config = hillside_engine::kv::KvConfig { hot_budget_bytes: Some(1 << 40), ..args.kv_config(StoreKind::Tiered) };
     let mut seq = engine.new_sequence_with(&config, Some(args.tokens))?;
     seq.kv = Box::new(IdealSelector::wrap(seq.kv, kv.sink_tokens, kv.recent_tokens));
     let run = teacher_forced(engine, &mut seq, window, args.prompt_tokens, 256, |_| {})?;
@@ -194,7 +203,7 @@ fn greedy(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKind
     };
     let mut outputs: Vec<Vec<Vec<u32>>> = Vec::new();
     for &store in stores {
-        let config = hillside_engine::kv::KvConfig { store, ..args.model.kv_config() };
+        let config = args.kv_config(store);
         eprintln!("{store}: {} greedy continuations of {len}-token prompts ...", prompts.len());
         let mut out = Vec::new();
         for prompt in &prompts {
@@ -254,7 +263,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     let mut reference: Option<TeacherForced> = None;
     let mut results = Vec::new();
     for &store in &stores {
-        let config = hillside_engine::kv::KvConfig { store, ..args.model.kv_config() };
+        let config = args.kv_config(store);
         let mut seq = engine.new_sequence_with(&config, Some(args.tokens))?;
         eprintln!("{store}: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
         let start = Instant::now();

@@ -161,6 +161,11 @@ pub struct ModelArgs {
     /// budget) [default: tokens].
     #[arg(long)]
     pub selector: Option<SelectorKind>,
+    /// Tiered: while the machine has room for the whole cache (beyond a 256 MB reserve, with
+    /// no memory pressure), also keep it densely in memory and attend to all of it — exact,
+    /// nothing read — and let it go once memory is short: true or false [default: true].
+    #[arg(long)]
+    pub spare_copy: Option<bool>,
     /// Where attention runs: cpu, or cuda (the decode working set in VRAM; needs a build with
     /// `--features cuda`).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
@@ -180,6 +185,7 @@ impl ModelArgs {
         set(&mut c.guard_mass, self.guard_mass);
         set(&mut c.placement, self.placement);
         set(&mut c.selector, self.selector);
+        set(&mut c.spare_copy, self.spare_copy);
         self.xrt.apply(&mut c);
         if let Some(mb) = self.hot_budget_mb {
             c.hot_budget_bytes = Some(mb * 1_000_000);
@@ -206,6 +212,7 @@ impl ModelArgs {
             format!("--guard-mass={}", c.guard_mass),
             format!("--placement={}", c.placement),
             format!("--selector={}", c.selector),
+            format!("--spare-copy={}", c.spare_copy),
             format!("--cold-dir={}", c.cold_dir.display()),
         ];
         if let Some(m) = self.model() {

@@ -1,8 +1,9 @@
 //! The cold pool's two read paths under a real memory cgroup: with memory to spare its reads go
 //! through the page cache, under a cap they go direct, and when the cap is lifted they switch
-//! back; every token reads back the same on either path.
+//! back; every token reads back the same on either path. And a tiered store's spare copy: kept
+//! while memory is spare, let go under a cap, with every token still read back as itself.
 //!
-//! The capped part runs in a child process (this test binary again), moved into a cgroup the
+//! The capped parts run in a child process (this test binary again), moved into a cgroup the
 //! test makes, so that the cap applies to the pool and to nothing else.
 
 use hillside_engine::kv::backing::DiskBacking;
@@ -122,5 +123,102 @@ fn capped_child() {
     std::thread::sleep(std::time::Duration::from_millis(1100)); // past the read path's re-check
     report(run_pool(&mut b, 2048..4096));
     drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const SPARE_CHILD: &str = "HILLSIDE_SPARE_COPY_CHILD";
+
+#[test]
+fn a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_read_every_token_back() {
+    if std::env::var_os(SPARE_CHILD).is_some() {
+        return spare_copy_child();
+    }
+    // The child starts under a cap far above its needs, so it keeps the copy, then the cap
+    // drops below the reserve that memory must leave spare.
+    let cap = MemoryCap::create("hillside-spare-copy-test", 8 << 30).expect("making a memory cgroup (the test needs root and a memory controller)");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_read_every_token_back", "--nocapture"])
+        .env(SPARE_CHILD, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    cap.add(child.id()).unwrap();
+    let (mut to_child, mut from_child) = (child.stdin.take().unwrap(), BufReader::new(child.stdout.take().unwrap()));
+    let mut next_report = || {
+        let mut line = String::new();
+        while !line.starts_with("spare-copy ") {
+            line.clear();
+            assert!(from_child.read_line(&mut line).unwrap() > 0, "the child ended early");
+        }
+        line
+    };
+    writeln!(to_child, "go").unwrap();
+    let spare = next_report();
+    assert!(spare.contains("ranked 0 ") && !spare.contains("bytes 0 "), "with memory to spare, steps attend through the copy: {spare}");
+    cap.set_limit(160 << 20).unwrap();
+    writeln!(to_child, "capped").unwrap();
+    let capped = next_report();
+    assert!(capped.contains("bytes 0 ") && !capped.contains("ranked 0 "), "under the cap the copy is gone and steps rank: {capped}");
+    assert!(child.wait().unwrap().success(), "every token a step attended to read back as itself");
+}
+
+/// The child's part: a tiered store of 2,048 tokens, four decode steps with memory to spare,
+/// four more once capped (past the next measurement), each step's view checked token by token.
+fn spare_copy_child() {
+    use hillside_engine::kv::tiered::TieredKvStore;
+    use hillside_engine::kv::{KvConfig, KvStore, Selection, StoreKind};
+    let mut stdin = std::io::stdin().lock();
+    let mut line = String::new();
+    stdin.read_line(&mut line).unwrap();
+    let dir = cold_dir("spare-copy");
+    let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: Some(12_000_000), ..KvConfig::default() };
+    let mut store = TieredKvStore::new(SHAPE, &dir, config.tiered_settings(SHAPE), None).unwrap();
+    let per_token = SHAPE.n_kv_heads * SHAPE.head_dim;
+    let rows = |tokens: std::ops::Range<usize>| {
+        let k: Vec<f32> = tokens.clone().flat_map(|t| (0..per_token).map(move |i| ((t * 7 + i) % 13) as f32 - 6.0)).collect();
+        let v: Vec<f32> = tokens.flat_map(|t| std::iter::repeat_n((t % 2048) as f32, per_token)).collect();
+        (k, v)
+    };
+    for chunk in (0..2048).step_by(256) {
+        let (k, v) = rows(chunk..chunk + 256);
+        (0..SHAPE.n_layers).for_each(|layer| store.append(layer, &k, &v).unwrap());
+        store.commit(256).unwrap();
+    }
+    // One decode step: says how many of its sparse layers ranked a selection, and checks that
+    // every slot of every view holds its token's V.
+    let step = |store: &mut TieredKvStore| {
+        let t = store.len_tokens();
+        let (k, v) = rows(t..t + 1);
+        let mut ranked = 0;
+        for layer in 0..SHAPE.n_layers {
+            store.append(layer, &k, &v).unwrap();
+            let selection = store.select(layer, &k, &[t]).unwrap();
+            ranked += usize::from(matches!(selection, Selection::Tokens { .. }));
+            let view = store.gather(layer, &selection, 0..SHAPE.n_kv_heads).unwrap();
+            for head in 0..SHAPE.n_kv_heads {
+                for slot in 0..view.n_tokens {
+                    let token = view.positions.map_or(slot, |p| p[head * view.n_tokens + slot] as usize);
+                    let value = view.v[(head * view.head_stride_tokens + slot) * SHAPE.head_dim].to_f32();
+                    assert_eq!(value, (token % 2048) as f32, "layer {layer} head {head} slot {slot}");
+                }
+            }
+            store.observe(layer, &selection);
+        }
+        store.commit(1).unwrap();
+        ranked
+    };
+    let report = |store: &TieredKvStore, ranked: usize| {
+        let tier = store.stats().tier.unwrap();
+        println!("spare-copy ranked {ranked} bytes {} steps {}", tier.spare_copy_bytes, tier.spare_copy_steps);
+    };
+    let ranked: usize = (0..4).map(|_| step(&mut store)).sum();
+    report(&store, ranked);
+    line.clear();
+    stdin.read_line(&mut line).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100)); // past the next measurement
+    let ranked: usize = (0..4).map(|_| step(&mut store)).sum();
+    report(&store, ranked);
+    drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -22,7 +22,7 @@ fn cold_dir(name: &str) -> PathBuf {
 }
 
 fn config(store: StoreKind, dir: &Path) -> KvConfig {
-    KvConfig { store, cold_dir: dir.to_path_buf(), ..KvConfig::default() }
+    KvConfig { store, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() }
 }
 
 /// The one pool file in `dir`.

@@ -68,12 +68,37 @@ fn offload_store_reuses_and_truncates_prefixes_like_the_full_cache() {
 }
 
 #[test]
+fn with_memory_to_spare_the_tiered_store_attends_through_a_dense_copy_exactly_as_full() {
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[30_000..60_000]).unwrap()[..700];
+    let dir = cold_dir("spare");
+    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), ..KvConfig::default() };
+    let mut full = engine.new_sequence(Some(1024));
+    let mut spare = engine.new_sequence_with(&tiered, Some(1024)).unwrap();
+    for step in std::iter::once(&tokens[..600]).chain(tokens[600..].chunks(1)) {
+        let a = engine.model().forward(step, full.kv.as_mut(), Logits::Last).unwrap();
+        let b = engine.model().forward(step, spare.kv.as_mut(), Logits::Last).unwrap();
+        assert_eq!(a, b, "the copy is the full cache: the logits are the same to the bit");
+    }
+    let stats = spare.kv.stats();
+    let tier = stats.tier.clone().unwrap();
+    // This machine has memory to spare (a 1,024-token cache is 24 MB): the copy was kept, every
+    // decode step attended through it, and the tiers were filled all the same.
+    assert_eq!((tier.spare_copy_steps, tier.spare_copy_bytes), (100, 700 * 23_040), "{tier:?}");
+    assert_eq!((stats.cold_bytes_read, tier.hot_hits + tier.cold_hits), (0, 0), "nothing ranked or read: {stats:?}");
+    assert!(stats.cold_bytes >= 688 * 23_040 && tier.hot_bytes > 0, "the tiers hold every token as well: {stats:?}");
+    drop(spare);
+    assert_eq!(common::cold_files(&dir), 0);
+}
+
+#[test]
 fn tiered_store_stays_close_to_full_within_its_budget() {
     let engine = Engine::load(&common::model_path()).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[50_000..90_000]).unwrap()[..1536];
     let dir = cold_dir("tiered");
-    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), ..KvConfig::default() };
+    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), spare_copy: false, ..KvConfig::default() };
 
     let mut full = engine.new_sequence(Some(2048));
     let reference = teacher_forced(&engine, &mut full, tokens, 1280, 256, |_| {}).unwrap();
@@ -120,7 +145,7 @@ fn page_wise_selection_reads_only_its_budget_in_pages_and_stays_close_to_full() 
     let alpha = 0.3;
     let run = |selector: SelectorKind| {
         let dir = cold_dir(&format!("selector-{selector}"));
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), alpha, selector, ..KvConfig::default() };
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), alpha, selector, spare_copy: false, ..KvConfig::default() };
         let mut seq = engine.new_sequence_with(&config, Some(2048)).unwrap();
         let result = teacher_forced(&engine, &mut seq, tokens, 1280, 256, |_| {}).unwrap();
         let stats = seq.kv.stats();
@@ -162,7 +187,7 @@ fn re_placing_the_cold_pool_by_hits_changes_no_logit() {
     let tokens = &engine.tokenizer().encode(&text[50_000..80_000]).unwrap()[..824];
     let run = |placement: PlacementKind| {
         let dir = cold_dir(&format!("placement-{placement}"));
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: Some(12_000_000), placement, ..KvConfig::default() };
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: Some(12_000_000), placement, spare_copy: false, ..KvConfig::default() };
         let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
         let mut logits = Vec::new();
         for chunk in tokens[..800].chunks(256) {
@@ -221,7 +246,7 @@ fn the_fidelity_guard_widens_selections_that_hold_too_little_attention() {
     let tokens = &engine.tokenizer().encode(&text[300_000..330_000]).unwrap()[..800];
     let dir = cold_dir("guard");
     let run = |guard_mass: f32| {
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), guard_mass, ..KvConfig::default() };
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), guard_mass, spare_copy: false, ..KvConfig::default() };
         let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
         teacher_forced(&engine, &mut seq, tokens, 768, 256, |_| {}).unwrap();
         seq.kv.stats().tier.unwrap()
@@ -244,7 +269,7 @@ fn the_ideal_selector_captures_more_attention_than_the_scored_selection() {
     let dir = cold_dir("ideal");
     let mass = |ideal: bool| {
         let budget = ideal.then_some(1 << 40); // every row hot: the ideal picks any token
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: budget, ..KvConfig::default() };
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: budget, spare_copy: false, ..KvConfig::default() };
         let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
         if ideal {
             seq.kv = Box::new(IdealSelector::wrap(seq.kv, config.sink_tokens, config.recent_tokens));
@@ -273,7 +298,7 @@ fn attention_on_a_candle_device_gives_the_cpu_kernels_logits() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &host.tokenizer().encode(&text[120_000..140_000]).unwrap()[..800];
     let dir = cold_dir("device");
-    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), ..KvConfig::default() };
+    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), spare_copy: false, ..KvConfig::default() };
     let mut a = host.new_sequence_with(&tiered, Some(1024)).unwrap();
     let mut b = device.new_sequence_with(&tiered, Some(1024)).unwrap();
     let (mut worst_kl, mut widest_flip) = (0f64, 0f32);

@@ -127,7 +127,7 @@ fn settings_are_validated_and_saved_to_the_config_file() {
 #[test]
 fn the_tier_view_counts_what_a_tiered_store_did() {
     let cold_dir = temp("tiers-cold");
-    let kv = KvConfig { store: StoreKind::Tiered, cold_dir: cold_dir.clone(), hot_budget_bytes: Some(12_000_000), ..KvConfig::default() };
+    let kv = KvConfig { store: StoreKind::Tiered, cold_dir: cold_dir.clone(), hot_budget_bytes: Some(12_000_000), spare_copy: false, ..KvConfig::default() };
     let s = Server::start(ServerConfig { scheduler: SchedulerConfig { kv, cached_sequences: 1, ..config().scheduler }, ..config() });
     let (_, before) = s.get("/v1/hillside/tiers");
     assert_eq!((before["store"].as_str(), before["totals"]["generated_tokens"].as_u64()), (Some("tiered"), Some(0)), "{before}");

@@ -101,6 +101,7 @@ fn tiered(dir: &str, evaluator: EvaluatorKind, library: Option<&Path>, xclbin: O
         evaluator,
         xrt_library: library.map(Path::to_path_buf),
         xrt_xclbin: xclbin.map(Path::to_path_buf),
+        spare_copy: false,
         ..KvConfig::default()
     }
 }

@@ -10,7 +10,7 @@
 //! - a truncation keeps what it can read back and says how much that is.
 
 use super::cold::{ColdLayout, ColdPool, BLOCK_GROUPS, GROUP_TOKENS};
-use super::headroom::Headroom;
+use super::headroom::{Headroom, HEADROOM_RESERVE_BYTES, PRESSURE_LIMIT_BP, REMEASURE_AFTER};
 use super::placement::{Placement, PlacementKind, BLOCK_TOKENS};
 use super::window::RecentWindow;
 use super::KvShape;
@@ -18,7 +18,7 @@ use crate::error::Result;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub struct DiskBacking {
     shape: KvShape,
@@ -116,11 +116,11 @@ impl DiskBacking {
         Ok(())
     }
 
-    /// Chooses, at most once a [`READ_PATH_RECHECK`], which (layer, KV head) regions of the
+    /// Chooses, at most once per [`REMEASURE_AFTER`], which (layer, KV head) regions of the
     /// cold pool are read through the page cache: as many as half the measured headroom holds,
     /// at the pool's current size.
     fn choose_read_path(&mut self) {
-        if self.read_path_chosen.is_some_and(|at| at.elapsed() < READ_PATH_RECHECK) {
+        if self.read_path_chosen.is_some_and(|at| at.elapsed() < REMEASURE_AFTER) {
             return;
         }
         self.read_path_chosen = Some(Instant::now());
@@ -258,15 +258,6 @@ impl DiskBacking {
         self.window.base() * self.shape.bytes_per_token()
     }
 }
-
-/// How often the read path is chosen again.
-const READ_PATH_RECHECK: Duration = Duration::from_secs(1);
-
-/// Memory left alone whatever the headroom: for the process's own growth and everyone else.
-const HEADROOM_RESERVE_BYTES: u64 = 256 << 20;
-
-/// Memory stalls (PSI `some avg10`, hundredths of a percent) at which every read is direct.
-const PRESSURE_LIMIT_BP: u32 = 1000;
 
 /// Of `lanes` regions of `lane_bytes` each, how many the page cache may serve: as many as fit
 /// in half of what the headroom leaves above the reserve, none under memory pressure.

@@ -105,6 +105,10 @@ pub struct KvConfig {
     /// Tiered: whether a decode step selects tokens one by one (with or without free riders)
     /// or whole pages.
     pub selector: SelectorKind,
+    /// Tiered: while the machine has room for the whole cache beyond a reserve, also keep it
+    /// densely in memory and attend to all of it (exact, nothing read); let go under memory
+    /// pressure, when steps rank and read from the tiers again.
+    pub spare_copy: bool,
     /// What [`KvConfig::start_up`] found on this machine.
     #[serde(skip)]
     pub startup: Option<Arc<KvStartup>>,
@@ -140,6 +144,7 @@ impl Default for KvConfig {
             guard_mass: 0.0,
             placement: PlacementKind::default(),
             selector: SelectorKind::default(),
+            spare_copy: true,
             startup: None,
         }
     }
@@ -217,6 +222,7 @@ impl KvConfig {
             guard_mass: self.guard_mass,
             placement: self.placement,
             selector: self.selector,
+            spare_copy: self.spare_copy,
         }
     }
 

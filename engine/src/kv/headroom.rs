@@ -30,6 +30,16 @@ impl Headroom {
     }
 }
 
+/// How long a decision taken on a measurement stands before memory is measured again.
+pub const REMEASURE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Memory left alone whatever the headroom: for the process's own growth and everyone else.
+pub const HEADROOM_RESERVE_BYTES: u64 = 256 << 20;
+
+/// Memory stalls (PSI `some avg10`, hundredths of a percent) at which nothing more is taken:
+/// every cold read goes direct and a tiered store lets its spare copy go.
+pub const PRESSURE_LIMIT_BP: u32 = 1000;
+
 fn meminfo_available() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;

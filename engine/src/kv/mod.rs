@@ -156,6 +156,10 @@ pub struct TierStats {
     pub device_tokens: u64,
     pub device_runs: u64,
     pub device_failed: bool,
+    /// K/V bytes of the dense copy kept while memory is spare (0 once let go), and the decode
+    /// steps that attended through it.
+    pub spare_copy_bytes: usize,
+    pub spare_copy_steps: u64,
 }
 
 pub trait KvStore: Send {

@@ -98,6 +98,8 @@ pub struct TiersReport {
     /// Tiered stores: DRAM counted against the hot budgets, and those budgets.
     pub hot_bytes: usize,
     pub hot_budget_bytes: usize,
+    /// Tiered stores: dense copies of the whole cache, kept while memory is spare.
+    pub spare_copy_bytes: usize,
     /// K/V in the cold pools on disk.
     pub cold_bytes: usize,
     #[schema(value_type = Object)]
@@ -118,6 +120,7 @@ pub async fn tiers(State(app): State<Arc<App>>) -> Json<TiersReport> {
         resident_bytes: kvs().map(|kv| kv.resident_bytes).sum(),
         hot_bytes: tiers().map(|t| t.hot_bytes).sum(),
         hot_budget_bytes: tiers().map(|t| t.hot_budget_bytes).sum(),
+        spare_copy_bytes: tiers().map(|t| t.spare_copy_bytes).sum(),
         cold_bytes: kvs().map(|kv| kv.cold_bytes).sum(),
         totals: app.scheduler.totals(),
     })

@@ -11,6 +11,9 @@
 //! most-selected of its unpinned rows and of the cold rows just read, within the byte budget
 //! (the planner in [`planner`] sizes that budget). Prompts (several queries at once) attend to
 //! everything, so prefill stays exact.
+//!
+//! While the machine has memory to spare, the store also keeps a dense copy of every token and
+//! decode steps attend to all of it instead ([`spare`]); the copy is let go under pressure.
 
 mod demotion;
 mod gather;
@@ -18,6 +21,7 @@ mod pages;
 pub mod planner;
 mod promotion;
 mod reads;
+mod spare;
 
 use super::backing::DiskBacking;
 use super::cold::GROUP_TOKENS;
@@ -35,6 +39,7 @@ use std::sync::atomic::Ordering;
 use demotion::WeakestRows;
 use promotion::Candidates;
 use reads::{read_heads, Prefetcher};
+use spare::SpareCopy;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -63,6 +68,9 @@ pub struct TieredSettings {
     pub placement: PlacementKind,
     /// Tokens one by one (with or without free riders), or whole pages.
     pub selector: SelectorKind,
+    /// While memory is spare, also keep the whole cache densely and attend to all of it
+    /// (see [`spare`]).
+    pub spare_copy: bool,
 }
 
 /// DRAM a tiered store must hold at its maximum length whatever it decides: scoring keys, the
@@ -117,6 +125,8 @@ pub struct TieredKvStore {
     /// Placement `hits`: `hits` as the last prompt chunk left it (its seeds), so that a
     /// re-placement ranks tokens by what decode steps selected first and by the seeds second.
     prompt_hits: Vec<Vec<u16>>,
+    /// Every token's K/V, densely, while memory is spare.
+    spare: Option<SpareCopy>,
     tier: TierStats,
 }
 
@@ -157,6 +167,7 @@ impl TieredKvStore {
             group_bits: Vec::new(),
             decode_steps: 0,
             prompt_hits: Vec::new(),
+            spare: if settings.spare_copy { SpareCopy::if_room(shape) } else { None },
             backing: DiskBacking::new(shape, cold_dir, key_chunk_bytes, settings.placement)?,
             keys,
             evaluator: None,
@@ -191,7 +202,12 @@ impl TieredKvStore {
     }
 
     fn tier_stats(&self) -> TierStats {
-        let mut tier = TierStats { hot_bytes: self.hot_bytes(), hot_budget_bytes: self.settings.hot_budget_bytes, ..self.tier.clone() };
+        let mut tier = TierStats {
+            hot_bytes: self.hot_bytes(),
+            hot_budget_bytes: self.settings.hot_budget_bytes,
+            spare_copy_bytes: self.spare.as_ref().map_or(0, SpareCopy::bytes),
+            ..self.tier.clone()
+        };
         if let Some(ColdEvaluator::Xrt(xrt)) = &self.evaluator {
             let c = xrt.counters();
             tier.device_tokens = c.device_tokens.load(Ordering::Relaxed);
@@ -422,6 +438,9 @@ impl KvStore for TieredKvStore {
 
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
         self.backing.append(layer, k, v)?;
+        if let Some(spare) = &mut self.spare {
+            spare.dense.append(layer, k, v)?;
+        }
         if !self.is_dense(layer) {
             // Dense layers never rank their tokens, so they need no scoring copy.
             self.keys[layer].write().unwrap_or_else(|p| p.into_inner()).push(k);
@@ -430,6 +449,9 @@ impl KvStore for TieredKvStore {
     }
 
     fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+        if self.spare.is_some() && q_positions.len() == 1 {
+            return Ok(Selection::All); // a decode step with the dense copy at hand
+        }
         let s = &self.settings;
         let n = self.backing.held(layer);
         // The top α of the tokens, on top of the sinks and the recent window.
@@ -461,6 +483,9 @@ impl KvStore for TieredKvStore {
     }
 
     fn heads_per_gather(&self, selection: &Selection) -> usize {
+        if self.spare.is_some() {
+            return self.shape.n_kv_heads; // the view is the copy itself
+        }
         match selection {
             // A prompt (or a dense layer's step) attends to every token: one head at a time,
             // so that the view and the read staging hold one head's K/V instead of the layer's.
@@ -471,6 +496,9 @@ impl KvStore for TieredKvStore {
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
+        if self.spare.is_some() {
+            return self.spare.as_mut().expect("checked").dense.gather(layer, selection, heads);
+        }
         let n = self.backing.held(layer);
         let all: Vec<u32> = if matches!(selection, Selection::All) { (0..n as u32).collect() } else { Vec::new() };
         let tokens = |head: usize| selection.head(head).unwrap_or(&all);
@@ -536,6 +564,13 @@ impl KvStore for TieredKvStore {
     }
 
     fn commit(&mut self, n_tokens: usize) -> Result<()> {
+        if let Some(spare) = &mut self.spare {
+            spare.dense.commit(n_tokens)?;
+            self.tier.spare_copy_steps += u64::from(n_tokens == 1);
+            if !spare.may_stay() {
+                self.spare = None;
+            }
+        }
         self.prefetch.clear(); // normally empty: each layer claims its read-ahead in the step
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
         let (hot, n_kv) = (&mut self.hot, self.shape.n_kv_heads);
@@ -570,6 +605,9 @@ impl KvStore for TieredKvStore {
         self.candidates.reset();
         self.weakest.reset();
         let kept = self.backing.truncate(n_tokens);
+        if let Some(spare) = &mut self.spare {
+            spare.dense.truncate(kept);
+        }
         self.truncate_bookkeeping(kept);
         kept
     }
@@ -584,7 +622,8 @@ impl KvStore for TieredKvStore {
                 + self.candidates.bytes()
                 + self.weakest.bytes()
                 + self.backing.placement_bytes()
-                + self.prompt_hits.iter().map(|h| 2 * h.capacity()).sum::<usize>(),
+                + self.prompt_hits.iter().map(|h| 2 * h.capacity()).sum::<usize>()
+                + self.spare.as_ref().map_or(0, SpareCopy::bytes),
             cold_bytes: self.backing.cold_bytes(),
             cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
             cold_bytes_read_cached,
