@@ -85,6 +85,8 @@ struct DecodeResult {
     /// as a share of the groups in the cold pool (how well the placement packs the selection).
     groups_per_selection: Option<f64>,
     groups_per_selection_share: Option<f64>,
+    /// Tiered: of those groups, the ones holding a selected token that was not hot (read).
+    cold_groups_per_selection: Option<f64>,
     /// Tiered, placement `hits`: cold-pool blocks re-placed while decoding, the time that took
     /// (included in the decode time), and the bytes it read per decoded token (included in
     /// `cold_bytes_read_per_token`; the rest is what the steps' selections read).
@@ -270,6 +272,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             relayout_ms: tier.map(|(b, a)| (a.relayout_ns - b.relayout_ns) as f64 / 1e6),
             relayout_bytes_read_per_token: per_step(|t| t.relayout_bytes_read),
             groups_per_selection: per_step(|t| t.selected_groups).zip(per_step(|t| t.selections)).map(|(g, s)| g / s.max(1e-9)),
+            cold_groups_per_selection: per_step(|t| t.selected_cold_groups).zip(per_step(|t| t.selections)).map(|(g, s)| g / s.max(1e-9)),
             groups_per_selection_share: per_step(|t| t.selected_groups).zip(per_step(|t| t.selections)).map(|(g, s)| {
                 let cold_groups = after.cold_bytes as f64 / kv_per_token as f64 / GROUP_TOKENS as f64;
                 g / s.max(1e-9) / cold_groups.max(1.0)

@@ -158,7 +158,7 @@ pub struct ModelArgs {
     /// riders (those, and the tokens ranked just below whose rows the step holds anyway: in a
     /// page it reads, or in memory), or pages (whole cold-pool pages holding the most estimated
     /// attention, every token in them attended: the step reads only as many pages as its
-    /// budget) [default: tokens].
+    /// budget; with them, the best-ranked tokens already in memory) [default: tokens].
     #[arg(long)]
     pub selector: Option<SelectorKind>,
     /// Tiered: while the machine has room for the whole cache (beyond a 256 MB reserve, with

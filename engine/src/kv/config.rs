@@ -58,7 +58,7 @@ pub enum SelectorKind {
     Riders,
     /// Whole cold-pool pages, the ones holding the most estimated attention, and every token
     /// in them: the budget buys pages, so a step reads as many pages as it attends to
-    /// (after Quest and ClusterKV).
+    /// (after Quest and ClusterKV); the best-ranked tokens already in memory come along.
     Pages,
 }
 

@@ -146,6 +146,9 @@ pub struct TierStats {
     /// tokens lie in, hot or not: how well the placement packs what is selected together.
     pub selections: u64,
     pub selected_groups: u64,
+    /// The part of `selected_groups` holding a selected token that was not hot: the pages the
+    /// selections had to read (before reads bridge gaps or run ahead).
+    pub selected_cold_groups: u64,
     /// Placement `hits`: cold-pool blocks (per lane) rewritten in a new order, the time the
     /// re-placements took, and the part of `KvStats::cold_bytes_read` they read.
     pub relaid_blocks: u64,

@@ -117,7 +117,7 @@ pub struct TieredKvStore {
     /// `[layer]`: what the layer selected last step, which predicts what it reads next.
     last_selected: Vec<Option<Selection>>,
     prefetch: Prefetcher,
-    /// One bit per cold-pool group, for counting the groups a selection touches.
+    /// Two bits per cold-pool group, for counting the groups a selection touches and reads.
     group_bits: Vec<u64>,
     /// Decode steps since the last prompt chunk: placement `hits` re-places the cold pool at
     /// some of them.
@@ -226,6 +226,11 @@ impl TieredKvStore {
 
     fn lane(&self, layer: usize, head: usize) -> usize {
         layer * self.shape.n_kv_heads + head
+    }
+
+    /// Whether a token's K/V row of one head is in memory: hot, or still in the write-back window.
+    fn in_memory(&self, layer: usize, head: usize, t: u32) -> bool {
+        t as usize >= self.backing.cold_end() || self.hot.contains(self.lane(layer, head), t)
     }
 
     fn is_dense(&self, layer: usize) -> bool {
@@ -353,7 +358,10 @@ impl TieredKvStore {
             match selector {
                 SelectorKind::Tokens => ranked.iter().map(|head| ascending_tokens(&head[..take.min(head.len())])).collect(),
                 SelectorKind::Riders => self.with_free_riders(layer, &ranked, take),
-                SelectorKind::Pages => self.whole_pages(layer, &ranked, take, mass_scale, candidates.clone()),
+                SelectorKind::Pages => {
+                    let pages = self.whole_pages(layer, &ranked, take, mass_scale, candidates.clone());
+                    self.with_hot_riders(layer, &ranked, pages)
+                }
             }
         };
         chosen
@@ -392,8 +400,7 @@ impl TieredKvStore {
     /// Each head's best `take` of its `ranked` tokens and its free riders (see [`pages`]),
     /// ascending.
     fn with_free_riders(&self, layer: usize, ranked: &[Vec<(f32, u32)>], take: usize) -> Vec<Vec<u32>> {
-        let base = self.backing.cold_end();
-        let held = |head: usize, t: u32| t as usize >= base || self.hot.contains(self.lane(layer, head), t);
+        let held = |head: usize, t: u32| self.in_memory(layer, head, t);
         let page_of = |head: usize, t: u32| self.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
         let riders = pages::free_riders(ranked, take, held, page_of);
         ranked
@@ -401,6 +408,21 @@ impl TieredKvStore {
             .zip(riders)
             .map(|(head, riders)| {
                 let mut tokens: Vec<u32> = head[..take.min(head.len())].iter().map(|r| r.1).chain(riders).collect();
+                tokens.sort_unstable();
+                tokens
+            })
+            .collect()
+    }
+
+    /// Each head's `chosen` tokens (ascending) and, past them, its `ranked` tokens that are in
+    /// memory (see [`pages::hot_riders`]), ascending.
+    fn with_hot_riders(&self, layer: usize, ranked: &[Vec<(f32, u32)>], chosen: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
+        let riders = pages::hot_riders(ranked, &chosen, |head, t| self.in_memory(layer, head, t));
+        chosen
+            .into_iter()
+            .zip(riders)
+            .map(|(mut tokens, riders)| {
+                tokens.extend(riders);
                 tokens.sort_unstable();
                 tokens
             })
@@ -750,19 +772,31 @@ impl TieredKvStore {
         }
     }
 
-    /// Counts the cold-pool groups each head's selection touches (see [`TierStats::selections`]).
+    /// Counts the cold-pool groups each head's selection touches, and those of them it had to
+    /// read (see [`TierStats::selections`]).
     fn count_selected_groups(&mut self, layer: usize, selection: &Selection) {
         let base = self.backing.cold_end();
+        let words = base.div_ceil(GROUP_TOKENS).div_ceil(64);
+        // Groups touched in the first half, groups with a token not hot in the second.
         self.group_bits.clear();
-        self.group_bits.resize(base.div_ceil(GROUP_TOKENS).div_ceil(64), 0);
+        self.group_bits.resize(2 * words, 0);
         for head in 0..self.shape.n_kv_heads {
+            let lane = self.lane(layer, head);
             for &t in selection.head(head).unwrap_or(&[]).iter().take_while(|&&t| (t as usize) < base) {
                 let g = self.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
                 self.group_bits[g / 64] |= 1 << (g % 64);
+                if !self.hot.contains(lane, t) {
+                    self.group_bits[words + g / 64] |= 1 << (g % 64);
+                }
             }
             self.tier.selections += 1;
-            for word in &mut self.group_bits {
+            let (touched, read) = self.group_bits.split_at_mut(words);
+            for word in touched {
                 self.tier.selected_groups += u64::from(word.count_ones());
+                *word = 0;
+            }
+            for word in read {
+                self.tier.selected_cold_groups += u64::from(word.count_ones());
                 *word = 0;
             }
         }
