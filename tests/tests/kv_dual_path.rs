@@ -12,7 +12,7 @@ use hillside_engine::kv::headroom::MemoryCap;
 use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::KvShape;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 const SHAPE: KvShape = KvShape { n_layers: 4, n_kv_heads: 2, head_dim: 64, max_tokens: 8192 };
 const CHILD: &str = "HILLSIDE_DUAL_PATH_CHILD";
@@ -77,40 +77,60 @@ fn cold_reads_use_the_page_cache_when_memory_is_free_and_go_direct_under_a_cgrou
     let _ = std::fs::remove_dir_all(&dir);
 
     // The same in a child under a 160 MB cap, then with the cap lifted.
-    let cap = MemoryCap::create("hillside-dual-path-test", 160 << 20).expect("making a memory cgroup (the test needs root and a memory controller)");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "cold_reads_use_the_page_cache_when_memory_is_free_and_go_direct_under_a_cgroup_cap", "--nocapture"])
-        .env(CHILD, "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    cap.add(child.id()).unwrap();
-    let (mut to_child, mut from_child) = (child.stdin.take().unwrap(), BufReader::new(child.stdout.take().unwrap()));
-    let mut next_report = || {
+    let mut child = CappedChild::start("cold_reads_use_the_page_cache_when_memory_is_free_and_go_direct_under_a_cgroup_cap", CHILD, 160 << 20);
+    let capped = child.report("go", "dual-path ");
+    assert!(capped.contains("lanes 0 ") && capped.contains("cached_bytes 0 ") && capped.contains("cgroup_limited true"), "under the cap: {capped}");
+    child.cap.set_limit(8 << 30).unwrap();
+    let lifted = child.report("lifted", "dual-path ");
+    assert!(lifted.contains("lanes 8 ") && !lifted.contains("cached_bytes 0 "), "with the cap lifted: {lifted}");
+    assert!(child.process.wait().unwrap().success(), "every token read back on both paths");
+}
+
+/// This test binary run again as a child, for one test, with `env_var` set, in a memory cgroup
+/// of its own; the parent tells it when to go on and reads its reports.
+struct CappedChild {
+    cap: MemoryCap,
+    process: Child,
+    to_child: ChildStdin,
+    from_child: BufReader<ChildStdout>,
+}
+
+impl CappedChild {
+    fn start(test: &str, env_var: &str, limit_bytes: u64) -> Self {
+        let cap = MemoryCap::create(&format!("hillside-{test}"), limit_bytes).expect("making a memory cgroup (the test needs root and a memory controller)");
+        let mut process = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture"])
+            .env(env_var, "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        cap.add(process.id()).unwrap();
+        let (to_child, from_child) = (process.stdin.take().unwrap(), BufReader::new(process.stdout.take().unwrap()));
+        Self { cap, process, to_child, from_child }
+    }
+
+    /// Sends `word`, then returns the child's next line that starts with `prefix`.
+    fn report(&mut self, word: &str, prefix: &str) -> String {
+        writeln!(self.to_child, "{word}").unwrap();
         let mut line = String::new();
-        while !line.starts_with("dual-path ") {
+        while !line.starts_with(prefix) {
             line.clear();
-            assert!(from_child.read_line(&mut line).unwrap() > 0, "the child ended early");
+            assert!(self.from_child.read_line(&mut line).unwrap() > 0, "the child ended early");
         }
         line
-    };
-    writeln!(to_child, "go").unwrap();
-    let capped = next_report();
-    assert!(capped.contains("lanes 0 ") && capped.contains("cached_bytes 0 ") && capped.contains("cgroup_limited true"), "under the cap: {capped}");
-    cap.set_limit(8 << 30).unwrap();
-    writeln!(to_child, "lifted").unwrap();
-    let lifted = next_report();
-    assert!(lifted.contains("lanes 8 ") && !lifted.contains("cached_bytes 0 "), "with the cap lifted: {lifted}");
-    assert!(child.wait().unwrap().success(), "every token read back on both paths");
+    }
+}
+
+/// The child's side of [`CappedChild::report`]: waits for the parent's word.
+fn wait_for_parent() {
+    std::io::stdin().lock().read_line(&mut String::new()).unwrap();
 }
 
 /// The child's part: waits to be moved into the cgroup, runs the pool, reports, waits for the
 /// cap to be lifted, and runs it again past the next re-check.
 fn capped_child() {
-    let mut stdin = std::io::stdin().lock();
-    let mut line = String::new();
-    stdin.read_line(&mut line).unwrap();
+    wait_for_parent();
     let dir = cold_dir("capped");
     let mut b = DiskBacking::new(SHAPE, &dir, 0, PlacementKind::Keys).unwrap();
     let report = |(lanes, cached): (usize, u64)| {
@@ -118,8 +138,7 @@ fn capped_child() {
         println!("dual-path lanes {lanes} cached_bytes {cached} cgroup_limited {} headroom_mb {}", headroom.cgroup_limited, headroom.bytes >> 20);
     };
     report(run_pool(&mut b, 0..2048));
-    line.clear();
-    stdin.read_line(&mut line).unwrap();
+    wait_for_parent();
     std::thread::sleep(std::time::Duration::from_millis(1100)); // past the read path's re-check
     report(run_pool(&mut b, 2048..4096));
     drop(b);
@@ -135,32 +154,14 @@ fn a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_rea
     }
     // The child starts under a cap far above its needs, so it keeps the copy, then the cap
     // drops below the reserve that memory must leave spare.
-    let cap = MemoryCap::create("hillside-spare-copy-test", 8 << 30).expect("making a memory cgroup (the test needs root and a memory controller)");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_read_every_token_back", "--nocapture"])
-        .env(SPARE_CHILD, "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    cap.add(child.id()).unwrap();
-    let (mut to_child, mut from_child) = (child.stdin.take().unwrap(), BufReader::new(child.stdout.take().unwrap()));
-    let mut next_report = || {
-        let mut line = String::new();
-        while !line.starts_with("spare-copy ") {
-            line.clear();
-            assert!(from_child.read_line(&mut line).unwrap() > 0, "the child ended early");
-        }
-        line
-    };
-    writeln!(to_child, "go").unwrap();
-    let spare = next_report();
+    let test = "a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_read_every_token_back";
+    let mut child = CappedChild::start(test, SPARE_CHILD, 8 << 30);
+    let spare = child.report("go", "spare-copy ");
     assert!(spare.contains("ranked 0 ") && !spare.contains("bytes 0 "), "with memory to spare, steps attend through the copy: {spare}");
-    cap.set_limit(160 << 20).unwrap();
-    writeln!(to_child, "capped").unwrap();
-    let capped = next_report();
+    child.cap.set_limit(160 << 20).unwrap();
+    let capped = child.report("capped", "spare-copy ");
     assert!(capped.contains("bytes 0 ") && !capped.contains("ranked 0 "), "under the cap the copy is gone and steps rank: {capped}");
-    assert!(child.wait().unwrap().success(), "every token a step attended to read back as itself");
+    assert!(child.process.wait().unwrap().success(), "every token a step attended to read back as itself");
 }
 
 /// The child's part: a tiered store of 2,048 tokens, four decode steps with memory to spare,
@@ -168,9 +169,7 @@ fn a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_rea
 fn spare_copy_child() {
     use hillside_engine::kv::tiered::TieredKvStore;
     use hillside_engine::kv::{KvConfig, KvStore, Selection, StoreKind};
-    let mut stdin = std::io::stdin().lock();
-    let mut line = String::new();
-    stdin.read_line(&mut line).unwrap();
+    wait_for_parent();
     let dir = cold_dir("spare-copy");
     let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: Some(12_000_000), ..KvConfig::default() };
     let mut store = TieredKvStore::new(SHAPE, &dir, config.tiered_settings(SHAPE), None).unwrap();
@@ -214,8 +213,7 @@ fn spare_copy_child() {
     };
     let ranked: usize = (0..4).map(|_| step(&mut store)).sum();
     report(&store, ranked);
-    line.clear();
-    stdin.read_line(&mut line).unwrap();
+    wait_for_parent();
     std::thread::sleep(std::time::Duration::from_millis(1100)); // past the next measurement
     let ranked: usize = (0..4).map(|_| step(&mut store)).sum();
     report(&store, ranked);

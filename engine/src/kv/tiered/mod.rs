@@ -403,30 +403,15 @@ impl TieredKvStore {
         let held = |head: usize, t: u32| self.in_memory(layer, head, t);
         let page_of = |head: usize, t: u32| self.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
         let riders = pages::free_riders(ranked, take, held, page_of);
-        ranked
-            .iter()
-            .zip(riders)
-            .map(|(head, riders)| {
-                let mut tokens: Vec<u32> = head[..take.min(head.len())].iter().map(|r| r.1).chain(riders).collect();
-                tokens.sort_unstable();
-                tokens
-            })
-            .collect()
+        let chosen = ranked.iter().map(|head| head[..take.min(head.len())].iter().map(|r| r.1).collect()).collect();
+        joined(chosen, riders)
     }
 
     /// Each head's `chosen` tokens (ascending) and, past them, its `ranked` tokens that are in
     /// memory (see [`pages::hot_riders`]), ascending.
     fn with_hot_riders(&self, layer: usize, ranked: &[Vec<(f32, u32)>], chosen: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
         let riders = pages::hot_riders(ranked, &chosen, |head, t| self.in_memory(layer, head, t));
-        chosen
-            .into_iter()
-            .zip(riders)
-            .map(|(mut tokens, riders)| {
-                tokens.extend(riders);
-                tokens.sort_unstable();
-                tokens
-            })
-            .collect()
+        joined(chosen, riders)
     }
 
     /// Each head's `take` tokens of `candidates` as whole cold-pool pages (see [`pages`]),
@@ -729,6 +714,19 @@ fn ascending_tokens(ranked: &[(f32, u32)]) -> Vec<u32> {
     let mut tokens: Vec<u32> = ranked.iter().map(|r| r.1).collect();
     tokens.sort_unstable();
     tokens
+}
+
+/// Each head's `chosen` tokens and its `riders`, ascending.
+fn joined(chosen: Vec<Vec<u32>>, riders: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
+    chosen
+        .into_iter()
+        .zip(riders)
+        .map(|(mut tokens, riders)| {
+            tokens.extend(riders);
+            tokens.sort_unstable();
+            tokens
+        })
+        .collect()
 }
 
 /// `groups` (ascending) with every gap of at most `max_gap` groups filled in.
