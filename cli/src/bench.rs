@@ -257,6 +257,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
         let after = seq.kv.stats();
         let tier = before.tier.as_ref().zip(after.tier.as_ref());
         let per_step = |f: fn(&hillside_engine::kv::TierStats) -> u64| tier.map(|(b, a)| (f(a) - f(b)) as f64 / n as f64);
+        let per_selection = |f: fn(&hillside_engine::kv::TierStats) -> u64| per_step(f).zip(per_step(|t| t.selections)).map(|(x, s)| x / s.max(1e-9));
         let hot_hits = per_step(|t| t.hot_hits);
         let cold_hits = per_step(|t| t.cold_hits);
         let blocks = per_step(|t| t.score_blocks);
@@ -271,11 +272,11 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             relaid_blocks: tier.map(|(b, a)| a.relaid_blocks - b.relaid_blocks),
             relayout_ms: tier.map(|(b, a)| (a.relayout_ns - b.relayout_ns) as f64 / 1e6),
             relayout_bytes_read_per_token: per_step(|t| t.relayout_bytes_read),
-            groups_per_selection: per_step(|t| t.selected_groups).zip(per_step(|t| t.selections)).map(|(g, s)| g / s.max(1e-9)),
-            cold_groups_per_selection: per_step(|t| t.selected_cold_groups).zip(per_step(|t| t.selections)).map(|(g, s)| g / s.max(1e-9)),
-            groups_per_selection_share: per_step(|t| t.selected_groups).zip(per_step(|t| t.selections)).map(|(g, s)| {
+            groups_per_selection: per_selection(|t| t.selected_groups),
+            cold_groups_per_selection: per_selection(|t| t.selected_cold_groups),
+            groups_per_selection_share: per_selection(|t| t.selected_groups).map(|g| {
                 let cold_groups = after.cold_bytes as f64 / kv_per_token as f64 / GROUP_TOKENS as f64;
-                g / s.max(1e-9) / cold_groups.max(1.0)
+                g / cold_groups.max(1.0)
             }),
             hot_bytes: after.tier.as_ref().map(|t| t.hot_bytes),
             hot_budget_bytes: after.tier.as_ref().map(|t| t.hot_budget_bytes),
