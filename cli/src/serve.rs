@@ -61,14 +61,22 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
         let addr = listener.local_addr()?;
         let app = App::new(engine, config).map_err(|e| anyhow::anyhow!("{e} (is another Hillside using it?)"))?;
-        println!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id);
+        announce(format_args!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id));
         if hillside_server::web_ui_is_built() {
-            println!("hillside: web UI at http://{addr}/");
+            announce(format_args!("hillside: web UI at http://{addr}/"));
         }
         hillside_server::serve(listener, app, shutdown_signal()).await.context("serving")
     })?;
     eprintln!("hillside: stopped");
     Ok(())
+}
+
+/// Writes a line of the banner to stdout. A reader that took the first line and closed the
+/// pipe (a parent waiting for the address) must not bring the server down, so a failed write
+/// is ignored, where `println!` would panic.
+fn announce(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 /// The address to listen on: each flag over its `[server]` key over 127.0.0.1:8080.

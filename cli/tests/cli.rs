@@ -272,6 +272,39 @@ fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn serve_keeps_serving_when_its_stdout_is_closed() {
+    use std::io::Read;
+    // A parent that never reads the banner: the pipe is closed before the server writes it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = hillside()
+        .args(["serve", "--port", &port.to_string(), "--context", "512", "--shutdown-grace-s", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let answer = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut log = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut log);
+            panic!("serve exited ({status}) with its stdout closed:\n{log}");
+        }
+        if let Ok(mut socket) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            write!(socket, "GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n").unwrap();
+            let mut answer = String::new();
+            let _ = socket.read_to_string(&mut answer);
+            break answer;
+        }
+        assert!(std::time::Instant::now() < deadline, "serve never listened");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    assert!(child.wait().unwrap().success(), "a clean exit");
+}
+
 /// Debian's XRT 2.13 user-space library (libxrt-dev, installed by scripts/setup.sh) with no card:
 /// with XILINX_XRT unset or wrong it throws through its C API and aborts whoever calls it, so
 /// Hillside must probe it at arm's length, say "no device", and decode on the host.
