@@ -31,6 +31,7 @@ use crate::score::device::CHUNK_TOKENS;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -297,34 +298,80 @@ impl ColdPool {
     /// one request, checking each group's checksum. `dst` must start on a page boundary (a
     /// page-aligned slice of an [`AlignedBuf`]).
     pub fn read_groups(&self, layer: usize, head: usize, first: usize, count: usize, dst: &mut [u8]) -> Result<()> {
+        let mut run = GroupRun { head, first, count, dst };
+        let (file, pieces) = self.plan_read(layer, &mut run);
+        for (offset, bytes) in pieces {
+            file.read_exact_at(&mut run.dst[bytes], offset).map_err(|e| io_error("read failed", &self.path, e))?;
+        }
+        self.check_read(layer, &run)
+    }
+
+    /// Reads every run of groups of `layer`, as [`ColdPool::read_groups`] would one by one,
+    /// with all of their requests in flight at once from this thread (io_uring). `None` where
+    /// this thread cannot use io_uring: nothing was read, and the caller reads another way.
+    pub fn read_runs(&self, layer: usize, runs: &mut [GroupRun<'_>]) -> Option<Result<()>> {
+        use std::os::fd::AsRawFd;
+        if !super::uring::available() {
+            return None;
+        }
+        let mut pieces = Vec::new();
+        for run in runs.iter_mut() {
+            let (file, planned) = self.plan_read(layer, run);
+            pieces.push((file.as_raw_fd(), planned));
+        }
+        // A run's requests tile the start of its buffer in order: cut it into their slices.
+        let mut reads = Vec::new();
+        for (run, (fd, planned)) in runs.iter_mut().zip(pieces) {
+            let mut rest = &mut run.dst[..];
+            for (offset, bytes) in planned {
+                let (dst, tail) = std::mem::take(&mut rest).split_at_mut(bytes.len());
+                reads.push(super::uring::ReadAt { fd, offset, dst });
+                rest = tail;
+            }
+        }
+        match super::uring::read_all(&mut reads)? {
+            Ok(()) => Some(runs.iter().try_for_each(|run| self.check_read(layer, run))),
+            Err(e) => Some(Err(io_error("read failed", &self.path, e))),
+        }
+    }
+
+    /// The file a run of groups is read from, and one request (file offset, bytes of the run's
+    /// buffer) per stretch of its groups that lie one after another in the file: all of them,
+    /// unless blocks were relocated.
+    fn plan_read(&self, layer: usize, run: &mut GroupRun<'_>) -> (&File, Vec<(u64, Range<usize>)>) {
+        let GroupRun { head, first, count, .. } = *run;
         let gb = self.layout.group_bytes();
-        assert!(first + count <= self.layout.max_groups && dst.len() >= count * gb);
-        assert_eq!(dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
-        let bytes = &mut dst[..count * gb];
+        assert!(first + count <= self.layout.max_groups && run.dst.len() >= count * gb);
+        assert_eq!(run.dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
         if let Some(faults) = &self.faults {
             faults.on_read(layer, head, first);
         }
         let cached = layer * self.layout.n_kv_heads + head < self.cached_lanes();
-        let file = if cached { &self.cached } else { &self.file };
-        // One request per run of groups that lie one after another in the file (all of them,
-        // unless blocks were relocated).
+        let mut pieces = Vec::new();
         let mut i = 0;
         while i < count {
             let (offset, index) = self.locate(layer, head, first + i);
-            let mut run = 1;
-            while i + run < count && self.locate(layer, head, first + i + run).1 == index + run {
-                run += 1;
+            let mut len = 1;
+            while i + len < count && self.locate(layer, head, first + i + len).1 == index + len {
+                len += 1;
             }
-            file.read_exact_at(&mut bytes[i * gb..(i + run) * gb], offset).map_err(|e| io_error("read failed", &self.path, e))?;
-            self.stats.reads.fetch_add(1, Ordering::Relaxed);
-            i += run;
+            pieces.push((offset, i * gb..(i + len) * gb));
+            i += len;
         }
-        self.stats.bytes_read.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.stats.reads.fetch_add(pieces.len() as u64, Ordering::Relaxed);
+        let bytes = (count * gb) as u64;
+        self.stats.bytes_read.fetch_add(bytes, Ordering::Relaxed);
         if cached {
-            self.stats.bytes_read_cached.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            self.stats.bytes_read_cached.fetch_add(bytes, Ordering::Relaxed);
         }
-        for (i, chunk) in bytes.chunks_exact(gb).enumerate() {
-            let group = first + i;
+        (if cached { &self.cached } else { &self.file }, pieces)
+    }
+
+    /// Checks each group a run read against its checksum.
+    fn check_read(&self, layer: usize, run: &GroupRun<'_>) -> Result<()> {
+        let gb = self.layout.group_bytes();
+        for (i, chunk) in run.dst[..run.count * gb].chunks_exact(gb).enumerate() {
+            let (head, group) = (run.head, run.first + i);
             match self.checksums[self.locate(layer, head, group).1].load(Ordering::Acquire) {
                 0 => return Err(Error::Internal(format!("cold pool: layer {layer} head {head} group {group} was read but never written"))),
                 sum if sum == WRITTEN | u64::from(crc32fast::hash(chunk)) => {}
@@ -337,6 +384,15 @@ impl ColdPool {
         }
         Ok(())
     }
+}
+
+/// Groups `first .. first + count` of one KV head, to be read into the start of `dst` (which
+/// must start on a page boundary).
+pub struct GroupRun<'a> {
+    pub head: usize,
+    pub first: usize,
+    pub count: usize,
+    pub dst: &'a mut [u8],
 }
 
 impl Drop for ColdPool {
@@ -537,6 +593,52 @@ mod tests {
         assert!(err.contains("checksum") && err.contains("tokens 48..64"), "{err}");
         let err = pool.read_groups(0, 1, 4, 1, buf.as_bytes_mut()).unwrap_err().to_string();
         assert!(err.contains("never written"), "{err}");
+        // The same through a batch of runs, where the damaged group is one of several.
+        pool.write_group(0, 0, 0, &filled(&pool, 1)).unwrap();
+        let mut two = pool.buffer(2);
+        let (a, b) = two.as_bytes_mut().split_at_mut(4096);
+        let mut runs = [GroupRun { head: 0, first: 0, count: 1, dst: a }, GroupRun { head: 1, first: 3, count: 1, dst: b }];
+        if let Some(read) = pool.read_runs(0, &mut runs) {
+            let err = read.unwrap_err().to_string();
+            assert!(err.contains("checksum") && err.contains("tokens 48..64"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_batch_of_runs_reads_what_runs_read_one_by_one() {
+        let dir = temp_dir("batch");
+        let layout = ColdLayout { n_layers: 2, n_kv_heads: 3, head_dim: 64, max_groups: 40 };
+        let pool = ColdPool::create(&dir, layout).unwrap();
+        for head in 0..3 {
+            for g in 0..40 {
+                pool.write_group(1, head, g, &filled(&pool, (head * 100 + g) as u16)).unwrap();
+            }
+        }
+        // Block 0 of head 2 moves, so a run across groups 14..18 lies in two places in the file.
+        pool.relocate_block(1, 2, 0, filled_block(&pool, 5).as_bytes()).unwrap();
+        let wanted = [(0, 0, 3), (2, 14, 4), (1, 39, 1), (2, 30, 10)];
+        let groups: usize = wanted.iter().map(|w| w.2).sum();
+        let mut batch = pool.buffer(groups);
+        let mut rest = batch.as_bytes_mut();
+        let mut runs = Vec::new();
+        for &(head, first, count) in &wanted {
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(count * layout.group_bytes());
+            runs.push(GroupRun { head, first, count, dst });
+            rest = tail;
+        }
+        let Some(read) = pool.read_runs(1, &mut runs) else {
+            eprintln!("io_uring is unavailable here: tiered reads go through the I/O threads");
+            return;
+        };
+        read.unwrap();
+        let mut at = 0;
+        for &(head, first, count) in &wanted {
+            let mut one = pool.buffer(count);
+            pool.read_groups(1, head, first, count, one.as_bytes_mut()).unwrap();
+            let bytes = count * layout.group_bytes();
+            assert_eq!(batch.as_bytes()[at..at + bytes], one.as_bytes()[..bytes], "head {head}, groups {first}..{}", first + count);
+            at += bytes;
+        }
     }
 
     #[test]

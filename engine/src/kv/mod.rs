@@ -22,6 +22,7 @@ pub mod placement;
 pub mod slab;
 pub mod snapshot;
 pub mod tiered;
+mod uring;
 pub mod view;
 pub mod window;
 

@@ -8,7 +8,7 @@
 //! the pool's read statistics like any other read.
 
 use super::super::aligned::AlignedBuf;
-use super::super::cold::ColdPool;
+use super::super::cold::{ColdPool, GroupRun};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc};
@@ -41,8 +41,9 @@ impl Staged {
 }
 
 /// Reads each head's `groups` (ascending) of `layer` into `buf` (grown if too small), head after
-/// head: one request per run of consecutive groups, issued from the I/O threads so that many
-/// are in flight at once (an SSD needs a deep queue for its random-read rate).
+/// head: one request per run of consecutive groups, many in flight at once (an SSD needs a deep
+/// queue for its random-read rate): through this thread's io_uring, or where there is none
+/// from the I/O threads.
 pub(super) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf) -> Result<Staged> {
     let gb = cold.layout().group_bytes();
     let total: usize = groups.iter().map(Vec::len).sum();
@@ -60,7 +61,7 @@ pub(super) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>,
         return Ok(staged); // nothing cold: no hand-off to the I/O threads
     }
     let mut rest = &mut buf.as_bytes_mut()[..total * gb];
-    let mut requests = Vec::new();
+    let mut runs = Vec::new();
     for (head, s) in staged.heads.iter().enumerate() {
         let mut i = 0;
         while i < s.groups.len() {
@@ -69,15 +70,18 @@ pub(super) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>,
                 j += 1;
             }
             let (dst, tail) = rest.split_at_mut((j - i) * gb);
-            requests.push((head, s.groups[i], j - i, dst));
+            runs.push(GroupRun { head, first: s.groups[i], count: j - i, dst });
             rest = tail;
             i = j;
         }
     }
-    io_pool().install(|| {
-        use rayon::prelude::*;
-        requests.into_par_iter().try_for_each(|(head, first, count, dst)| cold.read_groups(layer, head, first, count, dst))
-    })?;
+    match cold.read_runs(layer, &mut runs) {
+        Some(read) => read?,
+        None => io_pool().install(|| {
+            use rayon::prelude::*;
+            runs.into_par_iter().try_for_each(|run| cold.read_groups(layer, run.head, run.first, run.count, run.dst))
+        })?,
+    }
     Ok(staged)
 }
 
