@@ -134,6 +134,10 @@ impl<W: SelectionWatch> KvStore for Watched<W> {
         Ok(())
     }
 
+    fn attend(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Option<Result<()>> {
+        self.inner.attend(layer, q, q_positions, n_heads, out)
+    }
+
     fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
         let selection = self.inner.select(layer, q, q_positions)?;
         Ok(self.watch.select(&self.keys, layer, q, q_positions, selection))

@@ -38,7 +38,7 @@ fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
     let engine = Engine::load(&common::model_path()).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[10_000..40_000]).unwrap()[..700];
-    for (store, errno) in [(StoreKind::Offload, EIO), (StoreKind::Tiered, ENOSPC)] {
+    for (store, errno) in [(StoreKind::Offload, EIO), (StoreKind::Tiered, ENOSPC), (StoreKind::NearStorage, EIO)] {
         let (healthy_dir, faulty_dir) = (cold_dir(&format!("{store:?}-healthy")), cold_dir(&format!("{store:?}-faulty")));
         // Writes of layer 17's group 20 (tokens 320..336) fail twice (an I/O error, or a full
         // disk): the prompt chunk that spills them fails, and so does its first retry; the
@@ -107,19 +107,28 @@ fn a_truncation_that_cannot_read_back_keeps_less_and_the_next_turn_answers_as_a_
     };
     let first = engine.chat_prompt(&[ChatMessage::new("user", "Name three rivers of Europe and say where each one rises.")]).unwrap();
     let second = engine.chat_prompt(&[ChatMessage::new("user", "Name three rivers of Africa.")]).unwrap();
-    let mut seq = engine.new_sequence_with(&config(StoreKind::Offload, &dir), Some(1024)).unwrap();
-    run(&mut seq, &first);
-    let shared = first.iter().zip(&second).take_while(|(a, b)| a == b).count();
-    assert!(shared % GROUP_TOKENS != 0 && seq.kv.stats().cold_bytes > shared * 23_040, "the cut falls inside a spilled group");
-    // The next turn cuts the cache inside group `shared / 16`, which must be read back: damage it.
-    let shape = engine.model().kv_shape(1024);
-    let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups: 1024 / GROUP_TOKENS };
-    damage_group(&dir, layout, 12, 1, shared / GROUP_TOKENS);
-    let (answer, reused) = run(&mut seq, &second);
-    assert_eq!(reused, shared / GROUP_TOKENS * GROUP_TOKENS, "the sequence keeps the whole groups before the damaged one");
     let (fresh, _) = run(&mut engine.new_sequence(Some(1024)), &second);
-    assert_eq!(answer, fresh);
-    drop(seq);
+    for store in [StoreKind::Offload, StoreKind::NearStorage] {
+        let mut seq = engine.new_sequence_with(&config(store, &dir), Some(1024)).unwrap();
+        run(&mut seq, &first);
+        let shared = first.iter().zip(&second).take_while(|(a, b)| a == b).count();
+        assert!(shared % GROUP_TOKENS != 0 && seq.kv.stats().cold_bytes > shared * 23_040, "the cut falls inside a spilled group");
+        // The next turn cuts the cache inside group `shared / 16`, which must be read back: damage it.
+        let shape = engine.model().kv_shape(1024);
+        let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups: 1024 / GROUP_TOKENS };
+        damage_group(&dir, layout, 12, 1, shared / GROUP_TOKENS);
+        let (answer, reused) = run(&mut seq, &second);
+        assert_eq!(reused, shared / GROUP_TOKENS * GROUP_TOKENS, "{store:?}: the sequence keeps the whole groups before the damaged one");
+        // Near-storage attention splits the sum where the cold pool ends, so its last bits
+        // (and so its greedy text) follow what is cold: the reference is the same store given
+        // the kept prefix, then the turn. Offload's attention is full's, bit for bit.
+        let mut kept_first = engine.new_sequence_with(&config(store, &dir.join("reference")), Some(1024)).unwrap();
+        kept_first.feed(&engine, &second[..reused]).unwrap();
+        assert_eq!(answer, run(&mut kept_first, &second).0, "{store:?}");
+        if store == StoreKind::Offload {
+            assert_eq!(answer, fresh);
+        }
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -129,12 +138,13 @@ fn a_short_read_fails_the_step_and_leaves_the_sequence_as_it_was() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[60_000..80_000]).unwrap()[..700];
     let dir = cold_dir("short-read");
-    for store in [StoreKind::Offload, StoreKind::Tiered] {
+    for store in [StoreKind::Offload, StoreKind::Tiered, StoreKind::NearStorage] {
         let mut seq = engine.new_sequence_with(&config(store, &dir), Some(1024)).unwrap();
         seq.feed(&engine, &tokens[..640]).unwrap();
         // The file loses everything past its first page: every later group reads short.
         std::fs::OpenOptions::new().write(true).open(pool_file(&dir)).unwrap().set_len(4096).unwrap();
-        // Offload reads every group each step; tiered only the cold ones its selection needs.
+        // Offload and near-storage read every group each step; tiered only the cold ones its
+        // selection needs.
         let failed = tokens[640..].iter().find_map(|&t| seq.feed(&engine, &[t]).err().map(|e| (e, seq.tokens.len())));
         let (error, held) = failed.unwrap_or_else(|| panic!("{store:?}: no step read the cold pool"));
         let message = error.to_string();

@@ -55,8 +55,8 @@ impl KvView<'_> {
     }
 }
 
-/// One task's softmax partial for each of its query rows: running max, sum, weighted V.
-struct Partial<'a> {
+/// One task's online softmax for each of its query rows: running max, sum, weighted V.
+struct Running<'a> {
     max: &'a mut [f32],
     sum: &'a mut [f32],
     acc: &'a mut [f32],
@@ -65,11 +65,71 @@ struct Partial<'a> {
 /// Attention output `out` (`n × n_heads·head_dim`) for queries `q` (same shape, RoPE applied) at
 /// `q_positions`.
 pub fn attend(q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32]) {
-    attend_at(super::simd_level(), q, q_positions, n_heads, view, out)
+    attend_at(super::simd_level(), q, q_positions, n_heads, view, out, None)
 }
 
-/// [`attend`] with the kernels of `level`.
-pub(crate) fn attend_at(level: SimdLevel, q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32]) {
+/// Attention over part of a cache, as a [`Partial`]: [`attend`]'s output over the tokens of
+/// `view` into `out`, and each row's softmax statistics into `max` and `sum` (`n × n_heads`),
+/// so that partials over disjoint sets of tokens merge exactly ([`merge_partials`]).
+pub fn attend_partial(q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32], max: &mut [f32], sum: &mut [f32]) {
+    assert!(max.len() == q_positions.len() * n_heads && sum.len() == max.len(), "softmax statistics shape");
+    attend_at(super::simd_level(), q, q_positions, n_heads, view, out, Some(SoftmaxStats { max, sum }))
+}
+
+/// One part of an attention split by tokens: per query row (`n × n_heads`), the output over the
+/// part's tokens (`head_dim` values), the largest scaled score, and the sum of `exp(score − max)`
+/// over the part (0 where it saw no key). The statistics travel as (max, sum) rather than as
+/// their log-sum-exp: `max + ln(sum)` rounds to the score's magnitude, and scores reach the
+/// hundreds.
+pub struct Partial<'a> {
+    pub out: &'a [f32],
+    pub max: &'a [f32],
+    pub sum: &'a [f32],
+}
+
+impl Partial<'_> {
+    /// What the partial takes to send: its output and statistics, as f32.
+    pub fn bytes(&self) -> u64 {
+        4 * (self.out.len() + self.max.len() + self.sum.len()) as u64
+    }
+}
+
+/// Attention over the union of disjoint token sets, from each set's [`attend_partial`]
+/// (`parts`), into `out`: each part weighs by the share of the softmax mass its tokens hold.
+pub fn merge_partials(parts: &[Partial<'_>], head_dim: usize, out: &mut [f32]) {
+    for (row, dst) in out.chunks_exact_mut(head_dim).enumerate() {
+        let max = parts.iter().filter(|p| p.sum[row] > 0.0).map(|p| p.max[row]).fold(f32::NEG_INFINITY, f32::max);
+        dst.fill(0.0);
+        let mut total = 0f32;
+        for part in parts.iter().filter(|p| p.sum[row] > 0.0) {
+            let w = (part.max[row] - max).exp() * part.sum[row];
+            total += w;
+            for (d, x) in dst.iter_mut().zip(&part.out[row * head_dim..][..head_dim]) {
+                *d += w * x;
+            }
+        }
+        if total > 0.0 {
+            dst.iter_mut().for_each(|d| *d /= total);
+        }
+    }
+}
+
+/// Where [`attend_at`] writes each row's softmax statistics.
+pub(crate) struct SoftmaxStats<'a> {
+    max: &'a mut [f32],
+    sum: &'a mut [f32],
+}
+
+/// [`attend`] with the kernels of `level`, and each row's softmax statistics if asked.
+pub(crate) fn attend_at(
+    level: SimdLevel,
+    q: &[f32],
+    q_positions: &[usize],
+    n_heads: usize,
+    view: &KvView<'_>,
+    out: &mut [f32],
+    mut stats: Option<SoftmaxStats<'_>>,
+) {
     let (hd, n_kv) = (view.head_dim, view.n_kv_heads);
     let group = n_heads / n_kv;
     let n = q_positions.len();
@@ -107,7 +167,7 @@ pub(crate) fn attend_at(level: SimdLevel, q: &[f32], q_positions: &[usize], n_he
         let end = (start + split_tokens).min(limit);
         let (max, rest) = part.split_at_mut(rows);
         let (sum, acc) = rest.split_at_mut(rows);
-        let mut partial = Partial { max, sum, acc };
+        let mut partial = Running { max, sum, acc };
         attend_range(view, h, group, positions, start, end, &mut scratch, &mut partial, level);
     });
 
@@ -135,6 +195,10 @@ pub(crate) fn attend_at(level: SimdLevel, q: &[f32], q_positions: &[usize], n_he
                 }
                 if total > 0.0 {
                     dst.iter_mut().for_each(|d| *d /= total);
+                }
+                if let Some(stats) = stats.as_mut() {
+                    stats.max[t * n_heads + h * group + gi] = global_max;
+                    stats.sum[t * n_heads + h * group + gi] = total;
                 }
             }
         }
@@ -165,7 +229,7 @@ fn attend_range(
     start: usize,
     end: usize,
     scratch: &mut Scratch,
-    partial: &mut Partial<'_>,
+    partial: &mut Running<'_>,
     level: SimdLevel,
 ) {
     let hd = view.head_dim;
@@ -330,7 +394,7 @@ mod tests {
         let q: Vec<f32> = (0..positions.len() * n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
         for level in SimdLevel::supported() {
             let mut out = vec![0f32; q.len()];
-            attend_at(level, &q, positions, n_heads, &view, &mut out);
+            attend_at(level, &q, positions, n_heads, &view, &mut out, None);
             for (t, &pos) in positions.iter().enumerate() {
                 for head in 0..n_heads {
                     let h = head / (n_heads / n_kv);
@@ -350,6 +414,49 @@ mod tests {
             for n_tokens in [1usize, 15, 16, 17, 300, 2100] {
                 // Decoding-like: the last position, then one in the middle (causal mask).
                 check_against_reference(64, n_heads, n_kv, n_tokens, &[n_tokens - 1, n_tokens / 2]);
+            }
+        }
+    }
+
+    #[test]
+    fn partials_over_disjoint_tokens_merge_into_attention_over_all() {
+        // Near-storage attention: one part attends to the older tokens, another to the recent
+        // ones (and masks causally among the queries), and the merge is the whole.
+        let (hd, n_heads, n_kv, n_tokens, split) = (64, 9, 3, 300, 211);
+        let (k, v, stride) = cache(hd, n_kv, n_tokens);
+        let whole = KvView { n_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: None };
+        let (old_k, old_v, old_stride) = cache(hd, n_kv, split);
+        let old = KvView { n_tokens: split, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: old_stride, k: &old_k, v: &old_v, positions: None };
+        // The recent tokens, slot j holding position split + j.
+        let recent_tokens = n_tokens - split;
+        let recent_stride = recent_tokens.div_ceil(KV_TILE) * KV_TILE;
+        let mut recent_k = vec![f16::ZERO; n_kv * recent_stride * hd];
+        let mut recent_v = vec![f16::ZERO; n_kv * recent_stride * hd];
+        for h in 0..n_kv {
+            for j in 0..recent_tokens {
+                for d in 0..hd {
+                    recent_k[h * recent_stride * hd + k_tile_index(j, d, hd)] = f16::from_f32(val(h, split + j, d, 1));
+                    recent_v[(h * recent_stride + j) * hd + d] = f16::from_f32(val(h, split + j, d, 2));
+                }
+            }
+        }
+        let recent_positions: Vec<u32> = (0..n_kv).flat_map(|_| (split..n_tokens).map(|p| p as u32)).collect();
+        let recent = KvView { n_tokens: recent_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: recent_stride, k: &recent_k, v: &recent_v, positions: Some(&recent_positions) };
+        // A decoding query, and a chunk of prompt queries; one whose position sees no recent token.
+        for positions in [vec![n_tokens - 1], (250..260).collect(), vec![split - 1, n_tokens - 1]] {
+            let q: Vec<f32> = (0..positions.len() * n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
+            let mut want = vec![0f32; q.len()];
+            attend(&q, &positions, n_heads, &whole, &mut want);
+            let rows = positions.len() * n_heads;
+            let (mut old_out, mut old_max, mut old_sum) = (vec![0f32; q.len()], vec![0f32; rows], vec![0f32; rows]);
+            let (mut recent_out, mut recent_max, mut recent_sum) = (vec![0f32; q.len()], vec![0f32; rows], vec![0f32; rows]);
+            attend_partial(&q, &positions, n_heads, &old, &mut old_out, &mut old_max, &mut old_sum);
+            attend_partial(&q, &positions, n_heads, &recent, &mut recent_out, &mut recent_max, &mut recent_sum);
+            let mut merged = vec![0f32; q.len()];
+            let parts = [Partial { out: &old_out, max: &old_max, sum: &old_sum }, Partial { out: &recent_out, max: &recent_max, sum: &recent_sum }];
+            merge_partials(&parts, hd, &mut merged);
+            for (a, b) in merged.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-5, "positions {positions:?}: {a} vs {b}");
             }
         }
     }
@@ -384,12 +491,12 @@ mod tests {
             let positions: Vec<usize> = (0..n_tokens).collect();
             for level in SimdLevel::supported() {
                 let mut one_pass = vec![0f32; q.len()];
-                attend_at(level, &q, &positions, n_heads, &view, &mut one_pass);
+                attend_at(level, &q, &positions, n_heads, &view, &mut one_pass, None);
                 for chunk in [1, 7, 64] {
                     let mut chunked = vec![0f32; q.len()];
                     for (i, tokens) in positions.chunks(chunk).enumerate() {
                         let rows = i * chunk * width..(i * chunk + tokens.len()) * width;
-                        attend_at(level, &q[rows.clone()], tokens, n_heads, &view, &mut chunked[rows]);
+                        attend_at(level, &q[rows.clone()], tokens, n_heads, &view, &mut chunked[rows], None);
                     }
                     let same = one_pass.iter().zip(&chunked).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{level:?} heads {n_heads}/{n_kv}: chunks of {chunk} differ from one pass");
@@ -421,7 +528,7 @@ mod tests {
         let q: Vec<f32> = (0..n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
         for level in SimdLevel::supported() {
         let mut out = vec![0f32; q.len()];
-        attend_at(level, &q, &[query_position], n_heads, &view, &mut out);
+        attend_at(level, &q, &[query_position], n_heads, &view, &mut out, None);
         for head in 0..n_heads {
             let h = head / (n_heads / n_kv);
             let visible: Vec<usize> = (0..slots).map(|j| position(h, j) as usize).filter(|&p| p <= query_position).collect();

@@ -3,6 +3,7 @@
 use super::tiered::planner::{self, Profile};
 use super::tiered::{budget_floor_bytes, pinned_rows_bytes, TieredKvStore, TieredSettings};
 use super::drop::DropKvStore;
+use super::near_storage::NearStorageKvStore;
 use super::placement::PlacementKind;
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
 use crate::score::xrt::{self, XrtOptions};
@@ -24,9 +25,13 @@ pub enum StoreKind {
     Tiered,
     /// Keep sinks, recent tokens and the top-α heavy hitters in memory; drop the rest (H2O-style).
     Drop,
+    /// Everything in the cold pool, as offload, with the cold tokens' exact attention computed
+    /// on the storage side and merged with the host's over the recent ones (HILOS).
+    #[serde(rename = "near-storage")]
+    NearStorage,
 }
 
-named_choices!(StoreKind, "KV store", { Full => "full", Offload => "offload", Tiered => "tiered", Drop => "drop" });
+named_choices!(StoreKind, "KV store", { Full => "full", Offload => "offload", Tiered => "tiered", Drop => "drop", NearStorage => "near-storage" });
 
 /// Who scores the cold tokens of a tiered store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -198,6 +203,7 @@ impl KvConfig {
                 Box::new(TieredKvStore::new(shape, &self.cold_dir, settings, startup.xrt_problem.clone())?)
             }
             StoreKind::Drop => Box::new(DropKvStore::new(shape, self.alpha, self.sink_tokens, self.recent_tokens)),
+            StoreKind::NearStorage => Box::new(NearStorageKvStore::new(shape, &self.cold_dir)?),
         })
     }
 

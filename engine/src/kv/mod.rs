@@ -17,6 +17,7 @@ pub mod fault;
 pub mod full;
 pub mod headroom;
 pub mod hot;
+pub mod near_storage;
 pub mod offload;
 pub mod placement;
 pub mod slab;
@@ -114,6 +115,10 @@ pub struct KvStats {
     /// (Layer, KV head) regions of the cold pool read through the page cache now, of all.
     pub cold_lanes_cached: usize,
     pub cold_lanes: usize,
+    /// Bytes of partial attention outputs (and their log-sum-exps) the storage side handed to
+    /// the host: all that crosses from storage to host with near-storage attention, where a
+    /// computational drive keeps `cold_bytes_read` to itself.
+    pub storage_output_bytes: u64,
     /// Hot/cold bookkeeping, for stores with tiers.
     pub tier: Option<TierStats>,
 }
@@ -175,6 +180,14 @@ pub trait KvStore: Send {
     /// Stores K and V (`n × kv_dim` f32 rows each, RoPE applied to K) of the `n` tokens that
     /// follow the committed ones, for one layer.
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()>;
+
+    /// Stores that attend themselves, next to the data (exact near-storage attention), write
+    /// the attention output of queries `q` (`n × n_heads·head_dim`, after this step's
+    /// `append`) into `out` here and are not asked to select, gather or observe; `None` for
+    /// the stores that hand the model their K/V instead.
+    fn attend(&mut self, _layer: usize, _q: &[f32], _q_positions: &[usize], _n_heads: usize, _out: &mut [f32]) -> Option<Result<()>> {
+        None
+    }
 
     /// Chooses the tokens that queries `q` (`n × n_heads·head_dim`) at `q_positions` attend to.
     fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection>;

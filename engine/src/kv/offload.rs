@@ -27,6 +27,13 @@ impl OffloadKvStore {
     }
 }
 
+impl OffloadKvStore {
+    /// The cold pool and write-back window.
+    pub(super) fn backing(&self) -> &DiskBacking {
+        &self.backing
+    }
+}
+
 impl KvStore for OffloadKvStore {
     fn shape(&self) -> KvShape {
         self.shape
@@ -89,6 +96,7 @@ impl KvStore for OffloadKvStore {
             cold_bytes_read_cached,
             cold_lanes_cached,
             cold_lanes,
+            storage_output_bytes: 0,
             tier: None,
         }
     }

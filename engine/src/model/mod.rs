@@ -167,6 +167,10 @@ impl Model {
                 let (qs, kvs) = (rows.start * q_dim..rows.end * q_dim, rows.start * kv_dim..rows.end * kv_dim);
                 let kv = &mut *item.kv;
                 kv.append(l, &k[kvs.clone()], &v[kvs])?;
+                if let Some(attended) = kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()]) {
+                    attended?;
+                    continue;
+                }
                 let selection = kv.select(l, &q[qs.clone()], &positions[rows.clone()])?;
                 let per_gather = kv.heads_per_gather(&selection).clamp(1, c.n_kv_heads);
                 for first in (0..c.n_kv_heads).step_by(per_gather) {

@@ -20,7 +20,7 @@ mod gather;
 mod pages;
 pub mod planner;
 mod promotion;
-mod reads;
+pub(super) mod reads;
 mod spare;
 
 use super::backing::DiskBacking;
@@ -636,6 +636,7 @@ impl KvStore for TieredKvStore {
             cold_bytes_read_cached,
             cold_lanes_cached,
             cold_lanes,
+            storage_output_bytes: 0,
             tier: Some(self.tier_stats()),
         }
     }

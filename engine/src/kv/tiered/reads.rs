@@ -15,7 +15,7 @@ use std::sync::{mpsc, Arc};
 
 /// The groups read for one layer, per head, laid out head after head in some buffer.
 #[derive(Debug, Default)]
-pub(super) struct Staged {
+pub(in crate::kv) struct Staged {
     heads: Vec<StagedHead>,
 }
 
@@ -44,7 +44,7 @@ impl Staged {
 /// head: one request per run of consecutive groups, many in flight at once (an SSD needs a deep
 /// queue for its random-read rate): through this thread's io_uring, or where there is none
 /// from the I/O threads.
-pub(super) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf) -> Result<Staged> {
+pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf) -> Result<Staged> {
     let gb = cold.layout().group_bytes();
     let total: usize = groups.iter().map(Vec::len).sum();
     if buf.len() < total * gb {
@@ -86,7 +86,7 @@ pub(super) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>,
 }
 
 /// A read running on the I/O threads, with the buffer it reads into.
-pub(super) struct PendingRead(mpsc::Receiver<(Result<Staged>, AlignedBuf)>);
+pub(in crate::kv) struct PendingRead(mpsc::Receiver<(Result<Staged>, AlignedBuf)>);
 
 impl PendingRead {
     /// Starts reading each head's `groups` (ascending) of `layer` into `buf`, grown here if too

@@ -1,0 +1,252 @@
+//! HILOS's lossless mode, exact attention near storage (`--kv near-storage`): every token's K/V
+//! lives in the cold pool as with [`OffloadKvStore`], but the cold tokens' attention is computed
+//! where they lie. The storage side reads a layer's cold K/V, attends to all of it with the
+//! layer's queries and hands up only a partial output and its softmax statistics (running max
+//! and sum) per query row; the host attends to the tokens still in the write-back window and
+//! merges the two, each weighed by its share of the softmax mass. No token is skipped, so the output is full attention's, up to the order of
+//! floating-point sums.
+//!
+//! On a computational drive the K/V would never cross to the host: only the partials would
+//! (`n_heads × (head_dim + 2)` floats per layer and token, against the whole cache). Without
+//! one, the storage side is a part of this process reading over direct I/O, so the disk still
+//! delivers the whole cache every step; what it has over offload is that it knows what it will
+//! read before the query exists, so it reads the next layer while the host computes this one.
+
+use super::aligned::AlignedBuf;
+use super::cold::{ColdPool, GROUP_TOKENS};
+use super::tiered::reads::{read_heads, PendingRead, Staged};
+use super::view::ViewBuffers;
+use super::{KvShape, KvStats, KvStore, KvView, OffloadKvStore, Selection};
+use crate::error::Result;
+use crate::kernels::attention::{attend_partial, merge_partials, Partial};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+pub struct NearStorageKvStore {
+    /// The cold pool and write-back window, kept exactly as offload keeps them.
+    inner: OffloadKvStore,
+    storage: StorageAttention,
+    host: HostAttention,
+}
+
+impl NearStorageKvStore {
+    pub fn new(shape: KvShape, cold_dir: &Path) -> Result<Self> {
+        Ok(Self { inner: OffloadKvStore::new(shape, cold_dir)?, storage: StorageAttention::new(shape), host: HostAttention::new(shape) })
+    }
+}
+
+impl KvStore for NearStorageKvStore {
+    fn shape(&self) -> KvShape {
+        self.inner.shape()
+    }
+
+    fn len_tokens(&self) -> usize {
+        self.inner.len_tokens()
+    }
+
+    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        self.inner.append(layer, k, v)
+    }
+
+    fn attend(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Option<Result<()>> {
+        Some(self.attend_exactly(layer, q, q_positions, n_heads, out))
+    }
+
+    // The model asks a store that attends itself neither to select nor to gather; saving a
+    // prompt's K/V (`snapshot`) still gathers, and reads the cold pool as offload does.
+    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+        self.inner.select(layer, q, q_positions)
+    }
+
+    fn heads_per_gather(&self, selection: &Selection) -> usize {
+        self.inner.heads_per_gather(selection)
+    }
+
+    fn gather(&mut self, layer: usize, selection: &Selection, heads: Range<usize>) -> Result<KvView<'_>> {
+        self.inner.gather(layer, selection, heads)
+    }
+
+    fn observe(&mut self, _layer: usize, _selection: &Selection) {}
+
+    fn commit(&mut self, n_tokens: usize) -> Result<()> {
+        self.storage.forget_read_ahead(); // a failed step may have left one for a layer it never reached
+        self.inner.commit(n_tokens)
+    }
+
+    fn truncate(&mut self, n_tokens: usize) -> usize {
+        // Groups past the cut are written again later: no read may still be running over them.
+        self.storage.forget_read_ahead();
+        self.inner.truncate(n_tokens)
+    }
+
+    fn stats(&self) -> KvStats {
+        let mut stats = self.inner.stats();
+        stats.resident_bytes += self.storage.bytes() + self.host.bytes();
+        stats.storage_output_bytes = self.storage.output_bytes;
+        stats
+    }
+}
+
+impl NearStorageKvStore {
+    fn attend_exactly(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Result<()> {
+        let backing = self.inner.backing();
+        let cold_groups = backing.cold_end() / GROUP_TOKENS;
+        let next_layer = (layer + 1 < self.shape().n_layers).then_some(layer + 1);
+        let hd = self.shape().head_dim;
+        let host = self.host.attend(backing, layer, q, q_positions, n_heads);
+        if cold_groups == 0 {
+            out.copy_from_slice(host.out);
+            return Ok(());
+        }
+        let storage = self.storage.attend(backing.cold(), layer, cold_groups, next_layer, q, q_positions, n_heads)?;
+        merge_partials(&[storage, host], hd, out);
+        Ok(())
+    }
+}
+
+/// The storage side: reads a layer's cold K/V and attends to it, so that only a partial
+/// output and its softmax statistics per query row leave it.
+struct StorageAttention {
+    shape: KvShape,
+    view: ViewBuffers,
+    partial: PartialBuffers,
+    /// The buffer reads land in: one circulates, since a layer's bytes are in the view before
+    /// the next layer's read starts.
+    buf: Option<AlignedBuf>,
+    /// The next layer's read, started once this layer's K/V was in the view: its layer and the
+    /// cold groups it reads per head.
+    ahead: Option<(usize, usize, PendingRead)>,
+    /// Bytes of partial outputs handed to the host.
+    output_bytes: u64,
+}
+
+impl StorageAttention {
+    fn new(shape: KvShape) -> Self {
+        Self { shape, view: ViewBuffers::new(shape.head_dim), partial: PartialBuffers::default(), buf: Some(AlignedBuf::zeroed(0)), ahead: None, output_bytes: 0 }
+    }
+
+    /// Attention of `q` over tokens `0 .. cold_groups · GROUP_TOKENS` of `layer`, all in the cold
+    /// pool, as a partial; then starts reading `next_layer`'s as many groups.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(&mut self, cold: &Arc<ColdPool>, layer: usize, cold_groups: usize, next_layer: Option<usize>, q: &[f32], q_positions: &[usize], n_heads: usize) -> Result<Partial<'_>> {
+        let (staged, buf) = self.read(cold, layer, cold_groups)?;
+        let group_words = cold.layout().group_bytes() / 2;
+        self.view.reset(self.shape.n_kv_heads, cold_groups * GROUP_TOKENS);
+        for head in 0..self.shape.n_kv_heads {
+            for g in 0..cold_groups {
+                let page = staged.group(&buf, head, g, group_words).expect("every group of the layer was read");
+                self.view.set_group(g * GROUP_TOKENS, head, page);
+            }
+        }
+        match next_layer {
+            Some(next) => self.ahead = Some((next, cold_groups, PendingRead::start(cold, next, every_group(self.shape, cold_groups), buf))),
+            None => self.buf = Some(buf),
+        }
+        // Every cold token precedes every query: nothing to mask.
+        let view = self.view.view(cold_groups * GROUP_TOKENS, None);
+        let partial = self.partial.attend(q, q_positions, n_heads, &view);
+        self.output_bytes += partial.bytes();
+        Ok(partial)
+    }
+
+    /// `layer`'s first `cold_groups` groups of every head: read ahead if they were, else now.
+    fn read(&mut self, cold: &Arc<ColdPool>, layer: usize, cold_groups: usize) -> Result<(Staged, AlignedBuf)> {
+        if let Some((ahead_layer, ahead_groups, read)) = self.ahead.take() {
+            let (staged, buf) = read.wait();
+            match staged {
+                Ok(staged) if (ahead_layer, ahead_groups) == (layer, cold_groups) => return Ok((staged, buf)),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, layer, "near-storage read-ahead failed; reading at the layer's turn"),
+            }
+            self.buf = Some(buf);
+        }
+        let mut buf = self.buf.take().unwrap_or_else(|| AlignedBuf::zeroed(0));
+        let read = read_heads(cold, layer, every_group(self.shape, cold_groups), &mut buf);
+        match read {
+            Ok(staged) => Ok((staged, buf)),
+            Err(e) => {
+                self.buf = Some(buf);
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits for a read still in flight and drops what it read.
+    fn forget_read_ahead(&mut self) {
+        if let Some((_, _, read)) = self.ahead.take() {
+            self.buf = Some(read.wait().1);
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.view.bytes() + self.partial.bytes() + self.buf.as_ref().map_or(0, AlignedBuf::len)
+    }
+}
+
+impl Drop for StorageAttention {
+    fn drop(&mut self) {
+        self.forget_read_ahead();
+    }
+}
+
+/// Groups `0..cold_groups` of every KV head.
+fn every_group(shape: KvShape, cold_groups: usize) -> Vec<Vec<usize>> {
+    vec![(0..cold_groups).collect(); shape.n_kv_heads]
+}
+
+/// The host side: attention over the tokens in the write-back window (those not yet spilled,
+/// including this step's), masked causally among the step's queries.
+struct HostAttention {
+    view: ViewBuffers,
+    /// Each window slot's position, `[kv_head][slot]`.
+    positions: Vec<u32>,
+    partial: PartialBuffers,
+}
+
+impl HostAttention {
+    fn new(shape: KvShape) -> Self {
+        Self { view: ViewBuffers::new(shape.head_dim), positions: Vec::new(), partial: PartialBuffers::default() }
+    }
+
+    fn attend(&mut self, backing: &super::backing::DiskBacking, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize) -> Partial<'_> {
+        let n_kv = backing.cold().layout().n_kv_heads;
+        let window = backing.cold_end()..backing.held(layer);
+        self.view.reset(n_kv, window.len());
+        self.positions.clear();
+        for head in 0..n_kv {
+            for (slot, token) in window.clone().enumerate() {
+                self.view.set_token(slot, head, backing.row(layer, head, token, false), backing.row(layer, head, token, true));
+                self.positions.push(token as u32);
+            }
+        }
+        self.partial.attend(q, q_positions, n_heads, &self.view.view(window.len(), Some(&self.positions)))
+    }
+
+    fn bytes(&self) -> usize {
+        self.view.bytes() + 4 * self.positions.capacity() + self.partial.bytes()
+    }
+}
+
+/// Where one side's [`Partial`] is computed.
+#[derive(Default)]
+struct PartialBuffers {
+    out: Vec<f32>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+impl PartialBuffers {
+    fn attend(&mut self, q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>) -> Partial<'_> {
+        let rows = q_positions.len() * n_heads;
+        self.out.resize(q.len(), 0.0);
+        self.max.resize(rows, 0.0);
+        self.sum.resize(rows, 0.0);
+        attend_partial(q, q_positions, n_heads, view, &mut self.out, &mut self.max, &mut self.sum);
+        Partial { out: &self.out, max: &self.max, sum: &self.sum }
+    }
+
+    fn bytes(&self) -> usize {
+        4 * (self.out.capacity() + self.max.capacity() + self.sum.capacity())
+    }
+}
