@@ -64,6 +64,10 @@ struct DecodeResult {
     roofline_efficiency: f64,
     /// Cold-pool bytes read per decoded token (offload and tiered stores).
     cold_bytes_read_per_token: f64,
+    /// Bytes per decoded token that cross from the storage side to the host: the cold reads,
+    /// except for near-storage attention, where only its partial outputs would leave a
+    /// computational drive.
+    to_host_bytes_per_token: f64,
     /// The share of them read through the page cache (the dual path), and the (layer, KV
     /// head) regions it served at the end, of all.
     cold_read_cached_share: Option<f64>,
@@ -282,6 +286,10 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             hot_budget_bytes: after.tier.as_ref().map(|t| t.hot_budget_bytes),
             spare_copy_share: per_step(|t| t.spare_copy_steps),
             cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
+            to_host_bytes_per_token: match args.model.kv_config().store {
+                hillside_engine::kv::StoreKind::NearStorage => (after.storage_output_bytes - before.storage_output_bytes) as f64 / n as f64,
+                _ => (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
+            },
             cold_read_cached_share: (after.cold_lanes > 0).then(|| {
                 (after.cold_bytes_read_cached - before.cold_bytes_read_cached) as f64 / ((after.cold_bytes_read - before.cold_bytes_read) as f64).max(1.0)
             }),

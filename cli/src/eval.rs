@@ -317,7 +317,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     };
     println!("hillside eval · {} tokens of {} · α {}", report.window_tokens, report.text, report.alpha);
     println!(
-        "{:<10} {:>11} {:>9} {:>8} {:>15} {:>9} {:>9} {:>12}",
+        "{:<12} {:>11} {:>9} {:>8} {:>15} {:>9} {:>9} {:>12}",
         "store", "perplexity", "Δ", "top-1", "attn mass/min", "tok/s", "hot hit", "cold read"
     );
     for r in &report.results {
@@ -329,7 +329,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             _ => "-".to_string(),
         };
         println!(
-            "{:<10} {:>11.3} {:>8.2}% {:>7.1}% {:>15} {:>9.1} {:>9} {:>9} MB",
+            "{:<12} {:>11.3} {:>8.2}% {:>7.1}% {:>15} {:>9.1} {:>9} {:>9} MB",
             r.store.to_string(),
             r.perplexity,
             r.perplexity_change_pct,
@@ -341,24 +341,24 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         );
     }
     if let Some(i) = &report.ideal {
-        println!("{:<10} {:>11.3} {:>8.2}% {:>7.1}%", "ideal", i.perplexity, i.perplexity_change_pct, 100.0 * i.top1_agreement);
+        println!("{:<12} {:>11.3} {:>8.2}% {:>7.1}%", "ideal", i.perplexity, i.perplexity_change_pct, 100.0 * i.top1_agreement);
     }
     if !report.greedy.is_empty() {
         println!("\ngreedy continuations ({} tokens after {}-token prompts) vs full", args.greedy_tokens, args.greedy_prompt_tokens);
-        println!("{:<10} {:>10} {:>16}", "store", "identical", "matching prefix");
+        println!("{:<12} {:>10} {:>16}", "store", "identical", "matching prefix");
         for g in &report.greedy {
-            println!("{:<10} {:>10} {:>16.1}", g.store.to_string(), format!("{}/{}", g.identical, g.prompts), g.mean_matching_prefix);
+            println!("{:<12} {:>10} {:>16.1}", g.store.to_string(), format!("{}/{}", g.identical, g.prompts), g.mean_matching_prefix);
         }
     }
     if !report.passkey.is_empty() {
         println!("\npasskey retrieval (correct / trials)");
-        print!("{:<10}", "store");
+        print!("{:<12}", "store");
         for c in &args.passkey_contexts {
             print!(" {:>8}", c);
         }
         println!();
         for &store in &stores {
-            print!("{:<10}", store.to_string());
+            print!("{:<12}", store.to_string());
             for r in report.passkey.iter().filter(|r| r.store == store) {
                 print!(" {:>8}", format!("{}/{}", r.correct, r.trials));
             }

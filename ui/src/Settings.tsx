@@ -105,7 +105,7 @@ export function SettingsView() {
         </fieldset>
         <fieldset>
           <legend>KV cache</legend>
-          {field("store", "Store", choice("store", form.store, ["full", "offload", "tiered", "drop"]), "tiered: a hot pool in memory, a cold pool on disk")}
+          {field("store", "Store", choice("store", form.store, ["full", "offload", "tiered", "drop", "near-storage"]), "tiered: a hot pool in memory, a cold pool on disk; near-storage: exact attention beside the cold pool")}
           {field("alpha", "α (share of tokens attended)", text("alpha", String(form.alpha), (v) => number("alpha", v), "number", "0.01"))}
           {field("hot_budget_mb", "Hot-pool budget (MB)", text("hot_budget_mb", form.hot_budget_mb === null ? "" : String(form.hot_budget_mb), (v) => number("hot_budget_mb", v, true), "number"), "Empty: the planner decides")}
           {field("cold_dir", "Cold-pool directory", text("cold_dir", form.cold_dir, (v) => set("cold_dir", v)), "On the fastest SSD you have")}

@@ -9,19 +9,19 @@
 //! On a computational drive the K/V would never cross to the host: only the partials would
 //! (`n_heads × (head_dim + 2)` floats per layer and token, against the whole cache). Without
 //! one, the storage side is a part of this process reading over direct I/O, so the disk still
-//! delivers the whole cache every step; what it has over offload is that it knows what it will
-//! read before the query exists, so it reads the next layer while the host computes this one.
+//! delivers the whole cache every step, and the speed is offload's. (Reading the next layer
+//! while the host computes this one, which the storage side could do since it needs every
+//! token, was slower on 2 cores and no faster under memory pressure: see docs/BENCHMARKS.md.)
 
 use super::aligned::AlignedBuf;
 use super::cold::{ColdPool, GROUP_TOKENS};
-use super::tiered::reads::{read_heads, PendingRead, Staged};
+use super::tiered::reads::read_heads;
 use super::view::ViewBuffers;
 use super::{KvShape, KvStats, KvStore, KvView, OffloadKvStore, Selection};
 use crate::error::Result;
 use crate::kernels::attention::{attend_partial, merge_partials, Partial};
 use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
 
 pub struct NearStorageKvStore {
     /// The cold pool and write-back window, kept exactly as offload keeps them.
@@ -70,13 +70,10 @@ impl KvStore for NearStorageKvStore {
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}
 
     fn commit(&mut self, n_tokens: usize) -> Result<()> {
-        self.storage.forget_read_ahead(); // a failed step may have left one for a layer it never reached
         self.inner.commit(n_tokens)
     }
 
     fn truncate(&mut self, n_tokens: usize) -> usize {
-        // Groups past the cut are written again later: no read may still be running over them.
-        self.storage.forget_read_ahead();
         self.inner.truncate(n_tokens)
     }
 
@@ -92,14 +89,13 @@ impl NearStorageKvStore {
     fn attend_exactly(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Result<()> {
         let backing = self.inner.backing();
         let cold_groups = backing.cold_end() / GROUP_TOKENS;
-        let next_layer = (layer + 1 < self.shape().n_layers).then_some(layer + 1);
         let hd = self.shape().head_dim;
         let host = self.host.attend(backing, layer, q, q_positions, n_heads);
         if cold_groups == 0 {
             out.copy_from_slice(host.out);
             return Ok(());
         }
-        let storage = self.storage.attend(backing.cold(), layer, cold_groups, next_layer, q, q_positions, n_heads)?;
+        let storage = self.storage.attend(backing.cold(), layer, cold_groups, q, q_positions, n_heads)?;
         merge_partials(&[storage, host], hd, out);
         Ok(())
     }
@@ -111,37 +107,29 @@ struct StorageAttention {
     shape: KvShape,
     view: ViewBuffers,
     partial: PartialBuffers,
-    /// The buffer reads land in: one circulates, since a layer's bytes are in the view before
-    /// the next layer's read starts.
-    buf: Option<AlignedBuf>,
-    /// The next layer's read, started once this layer's K/V was in the view: its layer and the
-    /// cold groups it reads per head.
-    ahead: Option<(usize, usize, PendingRead)>,
+    /// Where a layer's cold K/V is read to.
+    buf: AlignedBuf,
     /// Bytes of partial outputs handed to the host.
     output_bytes: u64,
 }
 
 impl StorageAttention {
     fn new(shape: KvShape) -> Self {
-        Self { shape, view: ViewBuffers::new(shape.head_dim), partial: PartialBuffers::default(), buf: Some(AlignedBuf::zeroed(0)), ahead: None, output_bytes: 0 }
+        Self { shape, view: ViewBuffers::new(shape.head_dim), partial: PartialBuffers::default(), buf: AlignedBuf::zeroed(0), output_bytes: 0 }
     }
 
     /// Attention of `q` over tokens `0 .. cold_groups · GROUP_TOKENS` of `layer`, all in the cold
-    /// pool, as a partial; then starts reading `next_layer`'s as many groups.
-    #[allow(clippy::too_many_arguments)]
-    fn attend(&mut self, cold: &Arc<ColdPool>, layer: usize, cold_groups: usize, next_layer: Option<usize>, q: &[f32], q_positions: &[usize], n_heads: usize) -> Result<Partial<'_>> {
-        let (staged, buf) = self.read(cold, layer, cold_groups)?;
+    /// pool, as a partial.
+    fn attend(&mut self, cold: &ColdPool, layer: usize, cold_groups: usize, q: &[f32], q_positions: &[usize], n_heads: usize) -> Result<Partial<'_>> {
+        let every_group = vec![(0..cold_groups).collect(); self.shape.n_kv_heads];
+        let staged = read_heads(cold, layer, every_group, &mut self.buf)?;
         let group_words = cold.layout().group_bytes() / 2;
         self.view.reset(self.shape.n_kv_heads, cold_groups * GROUP_TOKENS);
         for head in 0..self.shape.n_kv_heads {
             for g in 0..cold_groups {
-                let page = staged.group(&buf, head, g, group_words).expect("every group of the layer was read");
+                let page = staged.group(&self.buf, head, g, group_words).expect("every group of the layer was read");
                 self.view.set_group(g * GROUP_TOKENS, head, page);
             }
-        }
-        match next_layer {
-            Some(next) => self.ahead = Some((next, cold_groups, PendingRead::start(cold, next, every_group(self.shape, cold_groups), buf))),
-            None => self.buf = Some(buf),
         }
         // Every cold token precedes every query: nothing to mask.
         let view = self.view.view(cold_groups * GROUP_TOKENS, None);
@@ -150,49 +138,9 @@ impl StorageAttention {
         Ok(partial)
     }
 
-    /// `layer`'s first `cold_groups` groups of every head: read ahead if they were, else now.
-    fn read(&mut self, cold: &Arc<ColdPool>, layer: usize, cold_groups: usize) -> Result<(Staged, AlignedBuf)> {
-        if let Some((ahead_layer, ahead_groups, read)) = self.ahead.take() {
-            let (staged, buf) = read.wait();
-            match staged {
-                Ok(staged) if (ahead_layer, ahead_groups) == (layer, cold_groups) => return Ok((staged, buf)),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, layer, "near-storage read-ahead failed; reading at the layer's turn"),
-            }
-            self.buf = Some(buf);
-        }
-        let mut buf = self.buf.take().unwrap_or_else(|| AlignedBuf::zeroed(0));
-        let read = read_heads(cold, layer, every_group(self.shape, cold_groups), &mut buf);
-        match read {
-            Ok(staged) => Ok((staged, buf)),
-            Err(e) => {
-                self.buf = Some(buf);
-                Err(e)
-            }
-        }
-    }
-
-    /// Waits for a read still in flight and drops what it read.
-    fn forget_read_ahead(&mut self) {
-        if let Some((_, _, read)) = self.ahead.take() {
-            self.buf = Some(read.wait().1);
-        }
-    }
-
     fn bytes(&self) -> usize {
-        self.view.bytes() + self.partial.bytes() + self.buf.as_ref().map_or(0, AlignedBuf::len)
+        self.view.bytes() + self.partial.bytes() + self.buf.len()
     }
-}
-
-impl Drop for StorageAttention {
-    fn drop(&mut self) {
-        self.forget_read_ahead();
-    }
-}
-
-/// Groups `0..cold_groups` of every KV head.
-fn every_group(shape: KvShape, cold_groups: usize) -> Vec<Vec<usize>> {
-    vec![(0..cold_groups).collect(); shape.n_kv_heads]
 }
 
 /// The host side: attention over the tokens in the write-back window (those not yet spilled,

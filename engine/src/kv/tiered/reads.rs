@@ -86,7 +86,7 @@ pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<u
 }
 
 /// A read running on the I/O threads, with the buffer it reads into.
-pub(in crate::kv) struct PendingRead(mpsc::Receiver<(Result<Staged>, AlignedBuf)>);
+pub(super) struct PendingRead(mpsc::Receiver<(Result<Staged>, AlignedBuf)>);
 
 impl PendingRead {
     /// Starts reading each head's `groups` (ascending) of `layer` into `buf`, grown here if too
