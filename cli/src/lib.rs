@@ -160,9 +160,14 @@ pub struct ModelArgs {
     /// riders (those, and the tokens ranked just below whose rows the step holds anyway: in a
     /// page it reads, or in memory), or pages (whole cold-pool pages holding the most estimated
     /// attention, every token in them attended: the step reads only as many pages as its
-    /// budget; with them, the best-ranked tokens already in memory) [default: tokens].
+    /// budget; with them, the best-ranked tokens already in memory), or sparf (tokens one by
+    /// one, scored on only the query's --sparf-dims largest dimensions, as InstInfer's SparF)
+    /// [default: tokens].
     #[arg(long)]
     pub selector: Option<SelectorKind>,
+    /// Selector sparf: how many of the query's dimensions tokens are scored on [default: 8].
+    #[arg(long)]
+    pub sparf_dims: Option<usize>,
     /// Tiered: while the machine has room for the whole cache (beyond a 256 MB reserve, with
     /// no memory pressure), also keep it densely in memory and attend to all of it — exact,
     /// nothing read — and let it go once memory is short: true or false [default: true].
@@ -187,6 +192,7 @@ impl ModelArgs {
         set(&mut c.guard_mass, self.guard_mass);
         set(&mut c.placement, self.placement);
         set(&mut c.selector, self.selector);
+        set(&mut c.sparf_dims, self.sparf_dims);
         set(&mut c.spare_copy, self.spare_copy);
         self.xrt.apply(&mut c);
         if let Some(mb) = self.hot_budget_mb {
@@ -214,6 +220,7 @@ impl ModelArgs {
             format!("--guard-mass={}", c.guard_mass),
             format!("--placement={}", c.placement),
             format!("--selector={}", c.selector),
+            format!("--sparf-dims={}", c.sparf_dims),
             format!("--spare-copy={}", c.spare_copy),
             format!("--cold-dir={}", c.cold_dir.display()),
         ];

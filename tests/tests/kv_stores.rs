@@ -249,7 +249,7 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
 }
 
 #[test]
-fn page_wise_selection_reads_only_its_budget_in_pages_and_stays_close_to_full() {
+fn page_wise_and_sparf_selections_stay_close_to_full_and_pages_read_only_their_budget() {
     // The same teacher-forced pass with each step's top α chosen token by token and as whole
     // cold-pool pages. Token by token, the selection lies in pages holding few of its tokens;
     // as pages, a head's selection reads on average no more than its budget's worth (budget /
@@ -295,6 +295,16 @@ fn page_wise_selection_reads_only_its_budget_in_pages_and_stays_close_to_full() 
     // Measured here (2K eval, α 0.3): +0.95% perplexity, 92.5% top-1 agreement.
     assert!(by_page.perplexity() / reference.perplexity() < 1.03, "page-wise perplexity {} against {}", by_page.perplexity(), reference.perplexity());
     assert!(by_page.top1_agreement(&reference) > 0.88);
+
+    // SparF: token by token as well, ranked on the query's 8 largest dimensions of 64. Another
+    // ranking, so other tokens and other reads, and close to full still (2K eval, α 0.2:
+    // +1.10% perplexity, 90.7% top-1, against +0.51% and 92.2% on every dimension).
+    let (sparf, sparf_stats) = run(SelectorKind::Sparf);
+    let sparf_tier = sparf_stats.tier.unwrap();
+    eprintln!("sparf: perplexity {:+.2}% over full, cold MB read {}", 100.0 * (sparf.perplexity() / reference.perplexity() - 1.0), sparf_stats.cold_bytes_read / 1_000_000);
+    assert_eq!(sparf_tier.selections, token_tier.selections, "as many selections of the same budget");
+    assert_ne!(sparf_stats.cold_bytes_read, token_stats.cold_bytes_read, "the ranking on 8 dimensions chose other tokens");
+    assert!(sparf.perplexity() / reference.perplexity() < 1.03 && sparf.top1_agreement(&reference) > 0.88);
 }
 
 #[test]

@@ -65,9 +65,20 @@ pub enum SelectorKind {
     /// in them: the budget buys pages, so a step reads as many pages as it attends to
     /// (after Quest and ClusterKV); the best-ranked tokens already in memory come along.
     Pages,
+    /// InstInfer's SparF: the best-scoring tokens one by one, each scored on only the query's
+    /// [`KvConfig::sparf_dims`] largest dimensions (by magnitude) of the scoring copy, as a
+    /// drive that holds keys dimension-major would read only those dimensions.
+    Sparf,
 }
 
-named_choices!(SelectorKind, "selector", { Tokens => "tokens", Riders => "riders", Pages => "pages" });
+impl SelectorKind {
+    /// Whether the budget buys tokens by their rank alone (no riders, no pages).
+    pub fn by_rank_alone(self) -> bool {
+        matches!(self, Self::Tokens | Self::Sparf)
+    }
+}
+
+named_choices!(SelectorKind, "selector", { Tokens => "tokens", Riders => "riders", Pages => "pages", Sparf => "sparf" });
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -110,6 +121,8 @@ pub struct KvConfig {
     /// Tiered: whether a decode step selects tokens one by one (with or without free riders)
     /// or whole pages.
     pub selector: SelectorKind,
+    /// Selector `sparf`: the query dimensions each KV head's tokens are scored on.
+    pub sparf_dims: usize,
     /// Tiered: while the machine has room for the whole cache beyond a reserve, also keep it
     /// densely in memory and attend to all of it (exact, nothing read); let go under memory
     /// pressure, when steps rank and read from the tiers again.
@@ -149,6 +162,7 @@ impl Default for KvConfig {
             guard_mass: 0.0,
             placement: PlacementKind::default(),
             selector: SelectorKind::default(),
+            sparf_dims: 8,
             spare_copy: true,
             startup: None,
         }
@@ -228,6 +242,7 @@ impl KvConfig {
             guard_mass: self.guard_mass,
             placement: self.placement,
             selector: self.selector,
+            sparf_dims: self.sparf_dims,
             spare_copy: self.spare_copy,
         }
     }

@@ -68,6 +68,8 @@ pub struct TieredSettings {
     pub placement: PlacementKind,
     /// Tokens one by one (with or without free riders), or whole pages.
     pub selector: SelectorKind,
+    /// Selector `sparf`: the query dimensions tokens are scored on.
+    pub sparf_dims: usize,
     /// While memory is spare, also keep the whole cache densely and attend to all of it
     /// (see [`spare`]).
     pub spare_copy: bool,
@@ -285,7 +287,7 @@ impl TieredKvStore {
         // With the guard on, twice the budget is kept ranked, to widen into if needed; free
         // riders come from below the budget, and page-wise selection weighs pages by those too.
         let selector = self.settings.selector;
-        let keep = if guard || selector != SelectorKind::Tokens { (2 * budget).min(candidates.len()) } else { budget };
+        let keep = if guard || !selector.by_rank_alone() { (2 * budget).min(candidates.len()) } else { budget };
         let (hot, cold) = match self.evaluator {
             Some(_) => split_by_residence(&lanes.iter().map(|&l| self.hot.bitmap(l)).collect::<Vec<_>>(), candidates.clone(), base),
             None => (candidates.clone().map(|t| t as u32).collect(), Vec::new()),
@@ -347,7 +349,7 @@ impl TieredKvStore {
             self.tier.score_block_wait_ns += feed.wait_ns;
             self.tier.cold_scan_ns += started.elapsed().as_nanos() as u64;
         }
-        let chosen = if merged.mass.is_none() && selector == SelectorKind::Tokens {
+        let chosen = if merged.mass.is_none() && selector.by_rank_alone() {
             merged.top.into_tokens()
         } else {
             let ranked = merged.top.into_ranked();
@@ -356,7 +358,7 @@ impl TieredKvStore {
                 None => budget,
             };
             match selector {
-                SelectorKind::Tokens => ranked.iter().map(|head| ascending_tokens(&head[..take.min(head.len())])).collect(),
+                SelectorKind::Tokens | SelectorKind::Sparf => ranked.iter().map(|head| ascending_tokens(&head[..take.min(head.len())])).collect(),
                 SelectorKind::Riders => self.with_free_riders(layer, &ranked, take),
                 SelectorKind::Pages => {
                     let pages = self.whole_pages(layer, &ranked, take, mass_scale, candidates.clone());
@@ -485,6 +487,11 @@ impl KvStore for TieredKvStore {
             // tokens the prompt found important start out hot instead of the merely recent.
             self.seed_hits(layer, &query, group, candidates, budget);
             return Ok(Selection::All);
+        }
+        if self.settings.selector == SelectorKind::Sparf {
+            for row in query.chunks_exact_mut(hd) {
+                keep_largest_dims(row, self.settings.sparf_dims.max(1));
+            }
         }
         Ok(Selection::per_head(&self.rank(layer, &query, group, candidates, budget)))
     }
@@ -710,6 +717,19 @@ fn split_by_residence(hot_bitmaps: &[&[u64]], candidates: std::ops::Range<usize>
     (hot, cold)
 }
 
+/// SparF's first step: zeroes all but the `dims` largest components of `query` by magnitude
+/// (ties to the lower index), so that scores add up only those dimensions of each key.
+fn keep_largest_dims(query: &mut [f32], dims: usize) {
+    if dims >= query.len() {
+        return;
+    }
+    let mut order: Vec<usize> = (0..query.len()).collect();
+    order.sort_by(|&a, &b| query[b].abs().total_cmp(&query[a].abs()).then(a.cmp(&b)));
+    for &d in &order[dims..] {
+        query[d] = 0.0;
+    }
+}
+
 /// The tokens of `ranked` (score, token) pairs, ascending.
 fn ascending_tokens(ranked: &[(f32, u32)]) -> Vec<u32> {
     let mut tokens: Vec<u32> = ranked.iter().map(|r| r.1).collect();
@@ -848,6 +868,16 @@ impl TieredKvStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sparf_keeps_the_largest_query_dimensions_by_magnitude() {
+        let mut q = [0.5, -3.0, 0.1, 2.0, -2.0, 0.0];
+        keep_largest_dims(&mut q, 3);
+        assert_eq!(q, [0.0, -3.0, 0.0, 2.0, -2.0, 0.0]);
+        let mut all = [1.0, -1.0];
+        keep_largest_dims(&mut all, 8);
+        assert_eq!(all, [1.0, -1.0]);
+    }
 
     #[test]
     fn small_gaps_are_bridged_and_large_ones_kept() {
