@@ -258,14 +258,36 @@ impl ColdPool {
     /// Writes one group from `buf`, which holds K (token-major, `GROUP_TOKENS × head_dim` f16)
     /// followed by V, as laid out by [`ColdPool::buffer`].
     pub fn write_group(&self, layer: usize, head: usize, group: usize, buf: &AlignedBuf) -> Result<()> {
-        assert!(group < self.layout.max_groups && buf.len() >= self.layout.group_bytes());
-        let bytes = &buf.as_bytes()[..self.layout.group_bytes()];
-        let (offset, index) = self.locate(layer, head, group);
-        let injected = self.faults.as_ref().and_then(|f| f.on_write(layer, group)).map_or(Ok(()), Err);
-        injected.and_then(|()| self.file.write_all_at(bytes, offset)).map_err(|e| io_error("write failed", &self.path, e))?;
-        self.checksums[index].store(WRITTEN | u64::from(crc32fast::hash(bytes)), Ordering::Release);
-        self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        Ok(())
+        self.write_groups(layer, head, group, 1, buf.as_bytes())
+    }
+
+    /// Writes groups `first .. first + count` of one (layer, head) from the start of `src`
+    /// (page-aligned, groups laid out as [`ColdPool::buffer`]'s), one request per stretch of
+    /// them that lies together in the file. On an error the groups before the failing one may
+    /// be written; the caller treats none as written.
+    pub fn write_groups(&self, layer: usize, head: usize, first: usize, count: usize, src: &[u8]) -> Result<()> {
+        let gb = self.layout.group_bytes();
+        assert!(first + count <= self.layout.max_groups && src.len() >= count * gb);
+        assert_eq!(src.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
+        // An injected fault fails the run at that group, after writing the groups before it.
+        let failing = self.faults.as_ref().and_then(|f| (0..count).find_map(|i| f.on_write(layer, first + i).map(|e| (i, e))));
+        let whole = failing.as_ref().map_or(count, |(i, _)| *i);
+        let mut i = 0;
+        while i < whole {
+            let (offset, index) = self.locate(layer, head, first + i);
+            let mut len = 1;
+            while i + len < whole && self.locate(layer, head, first + i + len).1 == index + len {
+                len += 1;
+            }
+            let bytes = &src[i * gb..(i + len) * gb];
+            self.file.write_all_at(bytes, offset).map_err(|e| io_error("write failed", &self.path, e))?;
+            for (j, group) in bytes.chunks_exact(gb).enumerate() {
+                self.checksums[index + j].store(WRITTEN | u64::from(crc32fast::hash(group)), Ordering::Release);
+            }
+            self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            i += len;
+        }
+        failing.map_or(Ok(()), |(_, e)| Err(io_error("write failed", &self.path, e)))
     }
 
     /// Replaces block `block` of (layer, head) (groups `block · BLOCK_GROUPS ..`) with the
@@ -602,6 +624,39 @@ mod tests {
             let err = read.unwrap_err().to_string();
             assert!(err.contains("checksum") && err.contains("tokens 48..64"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_run_of_groups_is_written_where_its_blocks_lie_and_fails_at_a_faulty_group() {
+        let dir = temp_dir("write-run");
+        let layout = ColdLayout { n_layers: 2, n_kv_heads: 3, head_dim: 64, max_groups: 40 };
+        let faults = ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 35, errno: libc::ENOSPC, times: AtomicUsize::new(1) }), ..Default::default() };
+        fault::inject(&dir, faults);
+        let pool = ColdPool::create(&dir, layout).unwrap();
+        let gb = layout.group_bytes();
+        // Block 0 moves to the spare, so groups 10..20 lie in two places in the file.
+        pool.relocate_block(1, 2, 0, filled_block(&pool, 1).as_bytes()).unwrap();
+        let mut run = pool.buffer(10);
+        for (i, group) in run.as_bytes_mut().chunks_exact_mut(gb).enumerate() {
+            group.copy_from_slice(filled(&pool, 50 + i as u16).as_bytes());
+        }
+        let writes_before = pool.stats.bytes_written.load(Ordering::Relaxed);
+        pool.write_groups(1, 2, 10, 10, run.as_bytes()).unwrap();
+        assert_eq!(pool.stats.bytes_written.load(Ordering::Relaxed) - writes_before, 10 * gb as u64);
+        for g in 10..20 {
+            let mut one = pool.buffer(1);
+            pool.read_groups(1, 2, g, 1, one.as_bytes_mut()).unwrap();
+            assert_eq!(one.as_bytes(), filled(&pool, 50 + (g - 10) as u16).as_bytes(), "group {g}");
+        }
+        // The write of group 35 fails (a full disk): the run's groups before it are written,
+        // and the error says what happened.
+        let err = pool.write_groups(1, 2, 30, 10, run.as_bytes()).unwrap_err();
+        assert!(err.is_storage_full() && err.to_string().contains("write failed"), "{err}");
+        let mut one = pool.buffer(1);
+        pool.read_groups(1, 2, 34, 1, one.as_bytes_mut()).unwrap();
+        let err = pool.read_groups(1, 2, 35, 1, one.as_bytes_mut()).unwrap_err().to_string();
+        assert!(err.contains("never written"), "{err}");
+        fault::clear(&dir);
     }
 
     #[test]

@@ -99,21 +99,23 @@ impl RecentWindow {
     /// cold pool's end (`base`), where nothing reads them, until a later spill overwrites them.
     pub fn write_groups(&self, cold: &ColdPool, groups: usize, order: Option<&SpillOrder>) -> Result<()> {
         let hd = self.head_dim;
-        let mut page = cold.buffer(1);
+        // A lane's groups at once: a prompt chunk's spill is a few large writes per lane, not
+        // one per 4 KiB group.
+        let mut pages = cold.buffer(groups);
+        let group_words = cold.layout().group_bytes() / 2;
         for layer in 0..self.n_layers {
             for head in 0..self.n_kv_heads {
                 let lane = layer * self.n_kv_heads + head;
-                for g in 0..groups {
-                    let words = page.as_u16_mut();
-                    let (k, v) = words.split_at_mut(GROUP_TOKENS * hd);
+                for (g, page) in pages.as_u16_mut().chunks_exact_mut(group_words).take(groups).enumerate() {
+                    let (k, v) = page.split_at_mut(GROUP_TOKENS * hd);
                     for row in 0..GROUP_TOKENS {
                         let slot = g * GROUP_TOKENS + row;
                         let token = order.map_or(self.base + slot, |o| o.token(lane, slot));
                         k[row * hd..][..hd].copy_from_slice(self.row(layer, head, token, false));
                         v[row * hd..][..hd].copy_from_slice(self.row(layer, head, token, true));
                     }
-                    cold.write_group(layer, head, self.base / GROUP_TOKENS + g, &page)?;
                 }
+                cold.write_groups(layer, head, self.base / GROUP_TOKENS, groups, pages.as_bytes())?;
             }
         }
         Ok(())
