@@ -64,6 +64,9 @@ struct DecodeResult {
     roofline_efficiency: f64,
     /// Cold-pool bytes read per decoded token (offload and tiered stores).
     cold_bytes_read_per_token: f64,
+    /// The share of `cold_bytes_read_per_token` each cold-pool directory served (one entry per
+    /// directory; with one per SSD, each device's part of the traffic).
+    cold_read_share_per_dir: Vec<f64>,
     /// Bytes per decoded token that cross from the storage side to the host: the cold reads,
     /// except for near-storage attention, where only its partial outputs would leave a
     /// computational drive.
@@ -286,6 +289,11 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             hot_budget_bytes: after.tier.as_ref().map(|t| t.hot_budget_bytes),
             spare_copy_share: per_step(|t| t.spare_copy_steps),
             cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
+            cold_read_share_per_dir: {
+                let read = |i: usize| after.cold_bytes_read_per_dir[i] - before.cold_bytes_read_per_dir.get(i).copied().unwrap_or(0);
+                let total = (after.cold_bytes_read - before.cold_bytes_read).max(1) as f64;
+                (0..after.cold_bytes_read_per_dir.len()).map(|i| read(i) as f64 / total).collect()
+            },
             to_host_bytes_per_token: match args.model.kv_config().store {
                 hillside_engine::kv::StoreKind::NearStorage => (after.storage_output_bytes - before.storage_output_bytes) as f64 / n as f64,
                 _ => (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,

@@ -124,9 +124,10 @@ pub struct ModelArgs {
     /// [default: full]
     #[arg(long)]
     pub kv: Option<StoreKind>,
-    /// Directory for cold-pool files [default: ~/.cache/hillside/kv].
-    #[arg(long, env = "HILLSIDE_COLD_DIR")]
-    pub cold_dir: Option<PathBuf>,
+    /// Directory for cold-pool files, or several separated by commas (one per SSD: the KV heads
+    /// are dealt across them) [default: ~/.cache/hillside/kv].
+    #[arg(long, env = "HILLSIDE_COLD_DIR", value_delimiter = ',')]
+    pub cold_dir: Vec<PathBuf>,
     /// Tiered: share of the cached tokens each step attends to [default: 0.2].
     #[arg(long)]
     pub alpha: Option<f32>,
@@ -184,7 +185,10 @@ impl ModelArgs {
     pub fn kv_config(&self) -> KvConfig {
         let mut c = config::get().kv.clone();
         set(&mut c.store, self.kv);
-        set(&mut c.cold_dir, self.cold_dir.clone());
+        if let Some((first, rest)) = self.cold_dir.split_first() {
+            c.cold_dir = first.clone();
+            c.extra_cold_dirs = rest.to_vec();
+        }
         set(&mut c.alpha, self.alpha);
         set(&mut c.key_bits, self.key_bits);
         set(&mut c.dense_layers, self.dense_layers);
@@ -222,7 +226,7 @@ impl ModelArgs {
             format!("--selector={}", c.selector),
             format!("--sparf-dims={}", c.sparf_dims),
             format!("--spare-copy={}", c.spare_copy),
-            format!("--cold-dir={}", c.cold_dir.display()),
+            format!("--cold-dir={}", c.cold_dirs().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(",")),
         ];
         if let Some(m) = self.model() {
             flags.push(format!("--model={m}"));

@@ -69,7 +69,7 @@ fn cold_reads_use_the_page_cache_when_memory_is_free_and_go_direct_under_a_cgrou
     }
     // Free memory: the page cache serves every region.
     let dir = cold_dir("free");
-    let mut b = DiskBacking::new(SHAPE, &dir, 0, PlacementKind::Keys).unwrap();
+    let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys).unwrap();
     let (lanes, cached) = run_pool(&mut b, 0..2048);
     assert_eq!(lanes, SHAPE.n_layers * SHAPE.n_kv_heads, "this machine has memory to spare");
     assert!(cached > 0);
@@ -132,7 +132,7 @@ fn wait_for_parent() {
 fn capped_child() {
     wait_for_parent();
     let dir = cold_dir("capped");
-    let mut b = DiskBacking::new(SHAPE, &dir, 0, PlacementKind::Keys).unwrap();
+    let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys).unwrap();
     let report = |(lanes, cached): (usize, u64)| {
         let headroom = hillside_engine::kv::headroom::Headroom::measure();
         println!("dual-path lanes {lanes} cached_bytes {cached} cgroup_limited {} headroom_mb {}", headroom.cgroup_limited, headroom.bytes >> 20);
@@ -172,7 +172,7 @@ fn spare_copy_child() {
     wait_for_parent();
     let dir = cold_dir("spare-copy");
     let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: Some(12_000_000), ..KvConfig::default() };
-    let mut store = TieredKvStore::new(SHAPE, &dir, config.tiered_settings(SHAPE), None).unwrap();
+    let mut store = TieredKvStore::new(SHAPE, std::slice::from_ref(&dir), config.tiered_settings(SHAPE), None).unwrap();
     let per_token = SHAPE.n_kv_heads * SHAPE.head_dim;
     let rows = |tokens: std::ops::Range<usize>| {
         let k: Vec<f32> = tokens.clone().flat_map(|t| (0..per_token).map(move |i| ((t * 7 + i) % 13) as f32 - 6.0)).collect();

@@ -42,6 +42,36 @@ fn offload_store_reproduces_the_full_cache_exactly_and_cleans_up() {
 }
 
 #[test]
+fn a_cold_pool_over_two_directories_gives_the_logits_of_one() {
+    // HILOS's scale-out: the KV heads dealt across two directories (two SSDs; here one disk).
+    // Where a head's groups lie changes no bit, and each directory serves its heads' reads.
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..700];
+    let (one, a, b) = (cold_dir("one-dir"), cold_dir("two-dirs-a"), cold_dir("two-dirs-b"));
+    for store in [StoreKind::Tiered, StoreKind::Offload] {
+        let single = KvConfig { store, cold_dir: one.clone(), spare_copy: false, ..KvConfig::default() };
+        let split = KvConfig { cold_dir: a.clone(), extra_cold_dirs: vec![b.clone()], ..single.clone() };
+        let mut seq_one = engine.new_sequence_with(&single, Some(1024)).unwrap();
+        let mut seq_two = engine.new_sequence_with(&split, Some(1024)).unwrap();
+        assert_eq!((common::cold_files(&a), common::cold_files(&b)), (1, 1), "a file in each directory");
+        for step in tokens[..600].chunks(200).chain(tokens[600..].chunks(1)) {
+            let want = engine.model().forward(step, seq_one.kv.as_mut(), Logits::Last).unwrap();
+            let got = engine.model().forward(step, seq_two.kv.as_mut(), Logits::Last).unwrap();
+            assert_eq!(want, got, "{store:?}");
+        }
+        let (stats_one, stats_two) = (seq_one.kv.stats(), seq_two.kv.stats());
+        assert_eq!(stats_one.cold_bytes_read, stats_two.cold_bytes_read, "{store:?}");
+        // SmolLM2's 3 KV heads: 0 and 2 in the first directory, 1 in the second.
+        let per_dir = &stats_two.cold_bytes_read_per_dir;
+        assert_eq!(per_dir.iter().sum::<u64>(), stats_two.cold_bytes_read);
+        assert!(per_dir[1] > 0 && per_dir[0] > per_dir[1], "{store:?}: {per_dir:?}");
+        drop((seq_one, seq_two));
+        assert_eq!(common::cold_files(&a) + common::cold_files(&b), 0);
+    }
+}
+
+#[test]
 fn offload_store_reuses_and_truncates_prefixes_like_the_full_cache() {
     let engine = Engine::load(&common::model_path()).unwrap();
     let dir = cold_dir("reuse");

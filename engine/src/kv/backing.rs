@@ -16,7 +16,7 @@ use super::window::RecentWindow;
 use super::KvShape;
 use crate::error::Result;
 use std::ops::Range;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -36,14 +36,15 @@ pub struct DiskBacking {
 }
 
 impl DiskBacking {
-    /// A backing for up to `shape.max_tokens` tokens, its pool file in `cold_dir`, with room for
+    /// A backing for up to `shape.max_tokens` tokens, its pool files in `cold_dirs` (the KV
+    /// heads dealt across them), with room for
     /// the SmartSSD's scoring-key chunks of `key_chunk_bytes` (0 for none), spilled tokens
     /// placed as `placement` says.
-    pub fn new(shape: KvShape, cold_dir: &Path, key_chunk_bytes: usize, placement: PlacementKind) -> Result<Self> {
+    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], key_chunk_bytes: usize, placement: PlacementKind) -> Result<Self> {
         let max_groups = shape.max_tokens.div_ceil(GROUP_TOKENS);
         let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups };
         Ok(Self {
-            cold: Arc::new(ColdPool::create_with_key_chunks(cold_dir, layout, key_chunk_bytes)?),
+            cold: Arc::new(ColdPool::create_in(cold_dirs, layout, key_chunk_bytes)?),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
             placement: Placement::new(placement, shape.n_layers * shape.n_kv_heads),
             shape,
@@ -335,7 +336,7 @@ mod tests {
         ];
         for (name, key) in key_sets {
             let dir = std::env::temp_dir().join(format!("hillside-backing-{}-{}", name.replace(' ', "-"), std::process::id()));
-            let mut b = DiskBacking::new(SHAPE, &dir, 0, PlacementKind::Keys).unwrap();
+            let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys).unwrap();
             // A prompt chunk, another across a block boundary, then tokens one at a time.
             push(&mut b, 0..256, key).unwrap();
             push(&mut b, 256..600, key).unwrap();
@@ -360,7 +361,7 @@ mod tests {
         let faults = fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 20, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() });
         let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
         let lanes = SHAPE.n_layers * SHAPE.n_kv_heads;
-        let mut b = DiskBacking::new(SHAPE, &dir, 0, PlacementKind::Hits).unwrap();
+        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Hits).unwrap();
         push(&mut b, 0..600, &key).unwrap();
         for t in 600..700 {
             push(&mut b, t..t + 1, &key).unwrap();
@@ -403,7 +404,7 @@ mod tests {
         // The write of layer 1's group 5 fails once: the spill has written some pages by then.
         fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 5, errno: libc::EIO, times: AtomicUsize::new(1) }), ..Default::default() });
         let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
-        let mut b = DiskBacking::new(SHAPE, &dir, 0, PlacementKind::Keys).unwrap();
+        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys).unwrap();
         push(&mut b, 0..64, &key).unwrap();
         let err = push(&mut b, 64..256, &key).unwrap_err().to_string();
         assert!(err.contains("write failed"), "{err}");

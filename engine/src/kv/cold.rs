@@ -1,4 +1,5 @@
-//! The cold pool: one preallocated file per sequence on the SSD, holding K and V in page-sized
+//! The cold pool: one preallocated file per sequence on the SSD (or one on each of several SSDs,
+//! the KV heads dealt across them), holding K and V in page-sized
 //! groups of [`GROUP_TOKENS`] tokens, laid out by (layer, KV head, group) so that one head's
 //! groups are contiguous and a whole-head read is one large sequential request. Which token
 //! sits in which slot of a head's groups is the placement's business ([`super::placement`]):
@@ -96,14 +97,23 @@ pub struct ColdIoStats {
 /// Marks a checksum slot as written (a CRC32 of 0 is a valid checksum).
 const WRITTEN: u64 = 1 << 32;
 
-pub struct ColdPool {
+/// One of the pool's files: the lanes of the KV heads its directory holds.
+struct PoolFile {
     /// Direct I/O where the filesystem allows it.
     file: File,
     /// The same file opened for buffered reads, through the page cache.
     cached: File,
-    /// Lanes (`layer * n_kv_heads + head`) below this are read through `cached`.
-    cached_lanes: AtomicUsize,
     path: PathBuf,
+    /// Bytes of K/V groups read from this file (a share of [`ColdIoStats::bytes_read`]).
+    bytes_read: AtomicU64,
+}
+
+pub struct ColdPool {
+    /// One per directory (one per SSD): KV head `h` lives in `files[h % files.len()]`, so
+    /// each device serves its share of every read. The first also holds the key section.
+    files: Vec<PoolFile>,
+    /// Lanes (`layer * n_kv_heads + head`) below this are read through the page cache.
+    cached_lanes: AtomicUsize,
     layout: ColdLayout,
     /// Bytes of one layer's scoring-key chunk; 0 when the file has no key section.
     key_chunk_bytes: usize,
@@ -130,73 +140,112 @@ fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
 /// Directories already swept by this process.
 static SWEPT: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
 
-impl ColdPool {
-    /// Creates and preallocates the pool file in `dir` (created if missing).
-    pub fn create(dir: &Path, layout: ColdLayout) -> Result<Self> {
-        Self::create_with_key_chunks(dir, layout, 0)
-    }
-
-    /// As [`ColdPool::create`], with room for every layer's scoring keys in chunks of
-    /// `key_chunk_bytes` (a whole number of pages) per [`CHUNK_TOKENS`] tokens.
-    pub fn create_with_key_chunks(dir: &Path, layout: ColdLayout, key_chunk_bytes: usize) -> Result<Self> {
-        assert!(key_chunk_bytes.is_multiple_of(IO_ALIGN));
+impl PoolFile {
+    /// Creates the file in `dir` (created if missing), for direct and for cached I/O.
+    fn create(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_error("cannot create its directory", dir, e))?;
         sweep_once(dir);
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = format!("{FILE_PREFIX}{}-{}{FILE_SUFFIX}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let path = dir.join(name);
         let file = open_pool_file(&path)?;
-        let cached = match File::open(&path) {
-            Ok(cached) => cached,
+        match File::open(&path) {
+            Ok(cached) => Ok(Self { file, cached, path, bytes_read: AtomicU64::new(0) }),
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
-                return Err(io_error("cannot open its file for cached reads", &path, e));
+                Err(io_error("cannot open its file for cached reads", &path, e))
             }
-        };
-        // From here the file exists; dropping `pool` on an error path removes it.
+        }
+    }
+
+    /// Reserves `len` bytes of the file now, so a full disk is reported here rather than
+    /// mid-decode.
+    fn preallocate(&self, len: u64) -> Result<()> {
+        // SAFETY: plain syscall on an owned, open descriptor.
+        let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&self.file), 0, len as libc::off_t) };
+        match rc {
+            0 => Ok(()),
+            libc::EOPNOTSUPP | libc::EINVAL => self.file.set_len(len).map_err(|e| io_error("cannot size its file", &self.path, e)),
+            errno => Err(io_error(&format!("cannot reserve {} MB", len / 1_000_000), &self.path, std::io::Error::from_raw_os_error(errno))),
+        }
+    }
+}
+
+impl Drop for PoolFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %e, "could not remove cold pool file");
+        }
+    }
+}
+
+impl ColdPool {
+    /// Creates and preallocates the pool file in `dir` (created if missing).
+    pub fn create(dir: &Path, layout: ColdLayout) -> Result<Self> {
+        Self::create_in(&[dir.to_path_buf()], layout, 0)
+    }
+
+    /// Creates and preallocates one pool file in each of `dirs` (created if missing; one per
+    /// SSD), the KV heads dealt across them, with room in the first for every layer's scoring
+    /// keys in chunks of `key_chunk_bytes` (a whole number of pages) per [`CHUNK_TOKENS`]
+    /// tokens (0 for none).
+    pub fn create_in(dirs: &[PathBuf], layout: ColdLayout, key_chunk_bytes: usize) -> Result<Self> {
+        assert!(key_chunk_bytes.is_multiple_of(IO_ALIGN));
+        assert!(!dirs.is_empty(), "a cold pool needs a directory");
+        if dirs.len() > layout.n_kv_heads {
+            tracing::warn!(dirs = dirs.len(), kv_heads = layout.n_kv_heads, "more cold-pool directories than KV heads: the extra ones stay unused");
+        }
+        // A file that exists is removed when `files` (or the pool) is dropped on an error path.
+        let files = dirs.iter().take(layout.n_kv_heads).map(|dir| PoolFile::create(dir)).collect::<Result<Vec<_>>>()?;
         let pool = Self {
-            file,
-            cached,
+            files,
             cached_lanes: AtomicUsize::new(0),
-            path,
             layout,
             key_chunk_bytes,
             checksums: (0..layout.n_layers * layout.n_kv_heads * layout.lane_groups()).map(|_| AtomicU64::new(0)).collect(),
             blocks: (0..layout.n_layers * layout.n_kv_heads).flat_map(|_| (0..layout.lane_blocks() as u32).map(AtomicU32::new)).collect(),
             spare: (0..layout.n_layers * layout.n_kv_heads).map(|_| AtomicU32::new(layout.lane_blocks() as u32)).collect(),
             stats: ColdIoStats::default(),
-            faults: fault::for_new_pool(dir),
+            faults: fault::for_new_pool(&dirs[0]),
         };
-        pool.preallocate()?;
-        Ok(pool)
-    }
-
-    /// Reserves the file's blocks now, so a full disk is reported here rather than mid-decode.
-    fn preallocate(&self) -> Result<()> {
-        let len = self.key_section_offset() + (self.layout.n_layers * self.max_key_chunks() * self.key_chunk_bytes) as u64;
-        // SAFETY: plain syscall on an owned, open descriptor.
-        let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&self.file), 0, len as libc::off_t) };
-        match rc {
-            0 => Ok(()),
-            libc::EOPNOTSUPP | libc::EINVAL => self.file.set_len(len).map_err(|e| io_error("cannot size its file", &self.path, e)),
-            errno => Err(io_error(
-                &format!("cannot reserve {} MB", len / 1_000_000),
-                &self.path,
-                std::io::Error::from_raw_os_error(errno),
-            )),
+        let keys = (pool.layout.n_layers * pool.max_key_chunks() * pool.key_chunk_bytes) as u64;
+        for (device, file) in pool.files.iter().enumerate() {
+            file.preallocate(pool.device_group_bytes(device) + if device == 0 { keys } else { 0 })?;
         }
+        Ok(pool)
     }
 
     pub fn layout(&self) -> ColdLayout {
         self.layout
     }
 
+    /// The first file's path (the only one, with one directory).
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.files[0].path
+    }
+
+    /// Bytes of K/V groups read from each directory's file, in the order of the directories.
+    pub fn bytes_read_per_dir(&self) -> Vec<u64> {
+        self.files.iter().map(|f| f.bytes_read.load(Ordering::Relaxed)).collect()
+    }
+
+    /// Which file holds KV head `head`, and that head's index among the file's heads.
+    fn device(&self, head: usize) -> (usize, usize) {
+        (head % self.files.len(), head / self.files.len())
+    }
+
+    /// KV heads file `device` holds.
+    fn device_heads(&self, device: usize) -> usize {
+        (self.layout.n_kv_heads - device).div_ceil(self.files.len())
+    }
+
+    /// Bytes of K/V groups in file `device`.
+    fn device_group_bytes(&self, device: usize) -> u64 {
+        (self.layout.n_layers * self.device_heads(device) * self.layout.lane_groups() * self.layout.group_bytes()) as u64
     }
 
     fn key_section_offset(&self) -> u64 {
-        self.layout.file_bytes()
+        self.device_group_bytes(0)
     }
 
     fn max_key_chunks(&self) -> usize {
@@ -211,7 +260,8 @@ impl ColdPool {
     /// Writes one layer's scoring-key chunk (`key_chunk_bytes` from the start of `buf`).
     pub fn write_key_chunk(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()> {
         let bytes = &buf.as_bytes()[..self.key_chunk_bytes];
-        self.file.write_all_at(bytes, self.key_chunk_offset(layer, chunk)).map_err(|e| io_error("write failed", &self.path, e))?;
+        let file = &self.files[0];
+        file.file.write_all_at(bytes, self.key_chunk_offset(layer, chunk)).map_err(|e| io_error("write failed", &file.path, e))?;
         self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -223,7 +273,8 @@ impl ColdPool {
         assert!(offset + dst.len() <= self.key_chunk_bytes, "read past the key chunk");
         assert_eq!(dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
         let at = self.key_chunk_offset(layer, chunk) + offset as u64;
-        self.file.read_exact_at(dst, at).map_err(|e| io_error("read failed", &self.path, e))
+        let file = &self.files[0];
+        file.file.read_exact_at(dst, at).map_err(|e| io_error("read failed", &file.path, e))
     }
 
     /// How many leading (layer, KV head) regions are read through the page cache.
@@ -244,10 +295,23 @@ impl ColdPool {
         block * BLOCK_GROUPS + group % BLOCK_GROUPS
     }
 
-    /// The file offset of (layer, head)'s group `group`, and its checksum's index.
+    /// The offset of (layer, head)'s group `group` in its head's file, and its checksum's index.
     fn locate(&self, layer: usize, head: usize, group: usize) -> (u64, usize) {
-        let index = self.layout.group_index(layer, head, self.physical_group(layer, head, group));
-        ((index * self.layout.group_bytes()) as u64, index)
+        let physical = self.physical_group(layer, head, group);
+        (self.file_offset(layer, head, physical), self.layout.group_index(layer, head, physical))
+    }
+
+    /// Where (layer, head)'s region holds `physical_group` in its head's file: lanes of the
+    /// file's heads one after another, as [`ColdLayout::group_index`] lays out all of them.
+    fn file_offset(&self, layer: usize, head: usize, physical_group: usize) -> u64 {
+        let (device, local_head) = self.device(head);
+        let lane = layer * self.device_heads(device) + local_head;
+        ((lane * self.layout.lane_groups() + physical_group) * self.layout.group_bytes()) as u64
+    }
+
+    /// The file KV head `head` lives in.
+    fn file_of(&self, head: usize) -> &PoolFile {
+        &self.files[self.device(head).0]
     }
 
     /// A buffer sized for `groups` consecutive groups.
@@ -280,14 +344,15 @@ impl ColdPool {
                 len += 1;
             }
             let bytes = &src[i * gb..(i + len) * gb];
-            self.file.write_all_at(bytes, offset).map_err(|e| io_error("write failed", &self.path, e))?;
+            let file = self.file_of(head);
+            file.file.write_all_at(bytes, offset).map_err(|e| io_error("write failed", &file.path, e))?;
             for (j, group) in bytes.chunks_exact(gb).enumerate() {
                 self.checksums[index + j].store(WRITTEN | u64::from(crc32fast::hash(group)), Ordering::Release);
             }
             self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
             i += len;
         }
-        failing.map_or(Ok(()), |(_, e)| Err(io_error("write failed", &self.path, e)))
+        failing.map_or(Ok(()), |(_, e)| Err(io_error("write failed", &self.file_of(head).path, e)))
     }
 
     /// Replaces block `block` of (layer, head) (groups `block · BLOCK_GROUPS ..`) with the
@@ -305,8 +370,9 @@ impl ColdPool {
         // An injected fault fails the block at that group, after writing the groups before it.
         let failing = self.faults.as_ref().and_then(|f| (0..BLOCK_GROUPS).find_map(|i| f.on_write(layer, block * BLOCK_GROUPS + i).map(|e| (i, e))));
         let whole = failing.as_ref().map_or(BLOCK_GROUPS, |(i, _)| *i);
-        let written = self.file.write_all_at(&src[..whole * gb], (first * gb) as u64);
-        written.and(failing.map_or(Ok(()), |(_, e)| Err(e))).map_err(|e| io_error("write failed", &self.path, e))?;
+        let file = self.file_of(head);
+        let written = file.file.write_all_at(&src[..whole * gb], self.file_offset(layer, head, spare * BLOCK_GROUPS));
+        written.and(failing.map_or(Ok(()), |(_, e)| Err(e))).map_err(|e| io_error("write failed", &file.path, e))?;
         for (i, group) in src[..BLOCK_GROUPS * gb].chunks_exact(gb).enumerate() {
             self.checksums[first + i].store(WRITTEN | u64::from(crc32fast::hash(group)), Ordering::Release);
         }
@@ -323,7 +389,7 @@ impl ColdPool {
         let mut run = GroupRun { head, first, count, dst };
         let (file, pieces) = self.plan_read(layer, &mut run);
         for (offset, bytes) in pieces {
-            file.read_exact_at(&mut run.dst[bytes], offset).map_err(|e| io_error("read failed", &self.path, e))?;
+            file.read_exact_at(&mut run.dst[bytes], offset).map_err(|e| io_error("read failed", &self.file_of(head).path, e))?;
         }
         self.check_read(layer, &run)
     }
@@ -353,7 +419,7 @@ impl ColdPool {
         }
         match super::uring::read_all(&mut reads)? {
             Ok(()) => Some(runs.iter().try_for_each(|run| self.check_read(layer, run))),
-            Err(e) => Some(Err(io_error("read failed", &self.path, e))),
+            Err(e) => Some(Err(io_error("read failed", &self.files[0].path, e))),
         }
     }
 
@@ -383,10 +449,12 @@ impl ColdPool {
         self.stats.reads.fetch_add(pieces.len() as u64, Ordering::Relaxed);
         let bytes = (count * gb) as u64;
         self.stats.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        self.file_of(head).bytes_read.fetch_add(bytes, Ordering::Relaxed);
         if cached {
             self.stats.bytes_read_cached.fetch_add(bytes, Ordering::Relaxed);
         }
-        (if cached { &self.cached } else { &self.file }, pieces)
+        let file = self.file_of(head);
+        (if cached { &file.cached } else { &file.file }, pieces)
     }
 
     /// Checks each group a run read against its checksum.
@@ -399,7 +467,7 @@ impl ColdPool {
                 sum if sum == WRITTEN | u64::from(crc32fast::hash(chunk)) => {}
                 _ => {
                     let tokens = group * GROUP_TOKENS..(group + 1) * GROUP_TOKENS;
-                    tracing::error!(path = %self.path.display(), layer, head, ?tokens, "cold pool block fails its checksum");
+                    tracing::error!(path = %self.file_of(head).path.display(), layer, head, ?tokens, "cold pool block fails its checksum");
                     return Err(Error::ColdBlockDamaged { layer, head, tokens });
                 }
             }
@@ -415,14 +483,6 @@ pub struct GroupRun<'a> {
     pub first: usize,
     pub count: usize,
     pub dst: &'a mut [u8],
-}
-
-impl Drop for ColdPool {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            tracing::warn!(path = %self.path.display(), error = %e, "could not remove cold pool file");
-        }
-    }
 }
 
 /// Opens a new pool file with O_DIRECT, or buffered where the filesystem refuses O_DIRECT.
@@ -494,7 +554,7 @@ mod tests {
     fn key_chunks_live_after_the_groups_and_round_trip() {
         let dir = temp_dir("key-chunks");
         let chunk_bytes = 2 * IO_ALIGN;
-        let pool = ColdPool::create_with_key_chunks(&dir, layout(), chunk_bytes).unwrap();
+        let pool = ColdPool::create_in(std::slice::from_ref(&dir), layout(), chunk_bytes).unwrap();
         // 8 groups of 16 tokens: one chunk of 256 tokens per layer, after every K/V group.
         assert_eq!(std::fs::metadata(pool.path()).unwrap().len(), layout().file_bytes() + 2 * chunk_bytes as u64);
         let mut chunk = AlignedBuf::zeroed(chunk_bytes);
@@ -527,6 +587,56 @@ mod tests {
         assert!(path.exists());
         drop(pool);
         assert!(!path.exists(), "the file goes with the pool");
+    }
+
+    #[test]
+    fn kv_heads_are_dealt_across_directories_and_each_file_holds_only_its_share() {
+        let dirs = [temp_dir("devices-a"), temp_dir("devices-b")];
+        let pool = ColdPool::create_in(&dirs, layout(), 0).unwrap();
+        let files: Vec<PathBuf> = pool.files.iter().map(|f| f.path.clone()).collect();
+        // Heads 0 and 2 in the first directory, head 1 in the second: their regions only.
+        let lane_bytes = (layout().lane_groups() * layout().group_bytes()) as u64;
+        assert_eq!(std::fs::metadata(&files[0]).unwrap().len(), 2 * 2 * lane_bytes);
+        assert_eq!(std::fs::metadata(&files[1]).unwrap().len(), 2 * lane_bytes);
+        assert!(files[0].starts_with(&dirs[0]) && files[1].starts_with(&dirs[1]));
+        for layer in 0..2 {
+            for head in 0..3 {
+                for g in 0..8 {
+                    pool.write_group(layer, head, g, &filled(&pool, (layer * 100 + head * 10 + g) as u16)).unwrap();
+                }
+            }
+        }
+        // Every head's groups read back as written, one by one and in one batch over both files.
+        let mut batch = pool.buffer(3 * 8);
+        let mut rest = batch.as_bytes_mut();
+        let mut runs = Vec::new();
+        for head in 0..3 {
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(8 * 4096);
+            runs.push(GroupRun { head, first: 0, count: 8, dst });
+            rest = tail;
+        }
+        if let Some(read) = pool.read_runs(1, &mut runs) {
+            read.unwrap();
+            for head in 0..3 {
+                for g in 0..8 {
+                    assert_eq!(&batch.as_bytes()[(head * 8 + g) * 4096..][..4096], filled(&pool, (100 + head * 10 + g) as u16).as_bytes());
+                }
+            }
+        }
+        for head in 0..3 {
+            let mut one = pool.buffer(8);
+            pool.read_groups(0, head, 0, 8, one.as_bytes_mut()).unwrap();
+            for g in 0..8 {
+                assert_eq!(&one.as_bytes()[g * 4096..][..4096], filled(&pool, (head * 10 + g) as u16).as_bytes(), "head {head} group {g}");
+            }
+        }
+        // What each directory served: two heads' share and one head's.
+        let per_dir = pool.bytes_read_per_dir();
+        let read_all = pool.stats.bytes_read.load(Ordering::Relaxed);
+        assert_eq!(per_dir.iter().sum::<u64>(), read_all);
+        assert_eq!(per_dir[0], 2 * per_dir[1]);
+        drop(pool);
+        assert!(files.iter().all(|f| !f.exists()), "every file goes with the pool");
     }
 
     #[test]

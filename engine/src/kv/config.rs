@@ -86,6 +86,9 @@ pub struct KvConfig {
     pub store: StoreKind,
     /// Where cold-pool files go (one per sequence, removed when it ends).
     pub cold_dir: PathBuf,
+    /// More cold-pool directories, one per further SSD: a pool's KV heads are dealt across
+    /// `cold_dir` and these, so each device serves its share of every read (HILOS's scale-out).
+    pub extra_cold_dirs: Vec<PathBuf>,
     /// Tiered and drop: share of the cached tokens each decode step attends to (tiered) or that
     /// is kept beyond the sinks and recent tokens (drop).
     pub alpha: f32,
@@ -149,6 +152,7 @@ impl Default for KvConfig {
         Self {
             store: StoreKind::Full,
             cold_dir: default_cold_dir(),
+            extra_cold_dirs: Vec::new(),
             alpha: 0.2,
             hot_budget_bytes: None,
             sink_tokens: 4,
@@ -207,17 +211,22 @@ impl KvConfig {
         self.startup.clone().unwrap_or_else(|| Arc::new(self.find_startup()))
     }
 
+    /// Every cold-pool directory: `cold_dir`, then `extra_cold_dirs`.
+    pub fn cold_dirs(&self) -> Vec<PathBuf> {
+        std::iter::once(self.cold_dir.clone()).chain(self.extra_cold_dirs.iter().cloned()).collect()
+    }
+
     pub fn build(&self, shape: KvShape) -> Result<Box<dyn KvStore>> {
         Ok(match self.store {
             StoreKind::Full => Box::new(FullKvStore::new(shape)),
-            StoreKind::Offload => Box::new(OffloadKvStore::new(shape, &self.cold_dir)?),
+            StoreKind::Offload => Box::new(OffloadKvStore::new(shape, &self.cold_dirs())?),
             StoreKind::Tiered => {
                 let startup = self.startup();
                 let settings = self.tiered_settings_after(shape, &startup);
-                Box::new(TieredKvStore::new(shape, &self.cold_dir, settings, startup.xrt_problem.clone())?)
+                Box::new(TieredKvStore::new(shape, &self.cold_dirs(), settings, startup.xrt_problem.clone())?)
             }
             StoreKind::Drop => Box::new(DropKvStore::new(shape, self.alpha, self.sink_tokens, self.recent_tokens)),
-            StoreKind::NearStorage => Box::new(NearStorageKvStore::new(shape, &self.cold_dir)?),
+            StoreKind::NearStorage => Box::new(NearStorageKvStore::new(shape, &self.cold_dirs())?),
         })
     }
 

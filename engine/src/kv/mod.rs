@@ -110,6 +110,8 @@ pub struct KvStats {
     pub cold_bytes: usize,
     /// Bytes read from the cold pool so far.
     pub cold_bytes_read: u64,
+    /// The same, per cold-pool directory (one per SSD); empty for stores without a pool.
+    pub cold_bytes_read_per_dir: Vec<u64>,
     /// The part of `cold_bytes_read` that went through the page cache (the dual path).
     pub cold_bytes_read_cached: u64,
     /// (Layer, KV head) regions of the cold pool read through the page cache now, of all.

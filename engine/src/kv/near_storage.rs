@@ -21,7 +21,7 @@ use super::{KvShape, KvStats, KvStore, KvView, OffloadKvStore, Selection};
 use crate::error::Result;
 use crate::kernels::attention::{attend_partial, merge_partials, Partial};
 use std::ops::Range;
-use std::path::Path;
+use std::path::PathBuf;
 
 pub struct NearStorageKvStore {
     /// The cold pool and write-back window, kept exactly as offload keeps them.
@@ -31,8 +31,8 @@ pub struct NearStorageKvStore {
 }
 
 impl NearStorageKvStore {
-    pub fn new(shape: KvShape, cold_dir: &Path) -> Result<Self> {
-        Ok(Self { inner: OffloadKvStore::new(shape, cold_dir)?, storage: StorageAttention::new(shape), host: HostAttention::new(shape) })
+    pub fn new(shape: KvShape, cold_dirs: &[PathBuf]) -> Result<Self> {
+        Ok(Self { inner: OffloadKvStore::new(shape, cold_dirs)?, storage: StorageAttention::new(shape), host: HostAttention::new(shape) })
     }
 }
 

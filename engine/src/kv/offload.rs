@@ -9,7 +9,7 @@ use super::placement::PlacementKind;
 use super::view::ViewBuffers;
 use super::{KvShape, KvStats, KvStore, KvView, Selection};
 use crate::error::Result;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 pub struct OffloadKvStore {
@@ -20,8 +20,8 @@ pub struct OffloadKvStore {
 }
 
 impl OffloadKvStore {
-    pub fn new(shape: KvShape, cold_dir: &Path) -> Result<Self> {
-        let backing = DiskBacking::new(shape, cold_dir, 0, PlacementKind::Position)?;
+    pub fn new(shape: KvShape, cold_dirs: &[PathBuf]) -> Result<Self> {
+        let backing = DiskBacking::new(shape, cold_dirs, 0, PlacementKind::Position)?;
         let read_buf = backing.cold().buffer(shape.max_tokens.div_ceil(GROUP_TOKENS));
         Ok(Self { shape, backing, view: ViewBuffers::new(shape.head_dim), read_buf })
     }
@@ -93,6 +93,7 @@ impl KvStore for OffloadKvStore {
             resident_bytes: self.view.bytes() + self.read_buf.len(),
             cold_bytes: self.backing.cold_bytes(),
             cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
+            cold_bytes_read_per_dir: self.backing.cold().bytes_read_per_dir(),
             cold_bytes_read_cached,
             cold_lanes_cached,
             cold_lanes,

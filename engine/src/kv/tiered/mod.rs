@@ -34,7 +34,7 @@ use crate::score::device::{DeviceQuery, KeyChunkLayout};
 use crate::score::xrt::{XrtEvaluator, XrtOptions};
 use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use rayon::prelude::*;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use demotion::WeakestRows;
 use promotion::Candidates;
@@ -135,7 +135,7 @@ pub struct TieredKvStore {
 impl TieredKvStore {
     /// A store with its cold pool in `cold_dir`. `xrt_problem` is what the start-up probe said
     /// about the card (evaluator `xrt` only; see [`super::config::KvStartup`]).
-    pub fn new(shape: KvShape, cold_dir: &Path, settings: TieredSettings, xrt_problem: Option<String>) -> Result<Self> {
+    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], settings: TieredSettings, xrt_problem: Option<String>) -> Result<Self> {
         if !(settings.alpha > 0.0 && settings.alpha <= 1.0) {
             return Err(Error::InvalidParameter("alpha must be in (0, 1]".into()));
         }
@@ -170,7 +170,7 @@ impl TieredKvStore {
             decode_steps: 0,
             prompt_hits: Vec::new(),
             spare: if settings.spare_copy { SpareCopy::if_room(shape) } else { None },
-            backing: DiskBacking::new(shape, cold_dir, key_chunk_bytes, settings.placement)?,
+            backing: DiskBacking::new(shape, cold_dirs, key_chunk_bytes, settings.placement)?,
             keys,
             evaluator: None,
             shape,
@@ -640,6 +640,7 @@ impl KvStore for TieredKvStore {
                 + self.spare.as_ref().map_or(0, SpareCopy::bytes),
             cold_bytes: self.backing.cold_bytes(),
             cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
+            cold_bytes_read_per_dir: self.backing.cold().bytes_read_per_dir(),
             cold_bytes_read_cached,
             cold_lanes_cached,
             cold_lanes,
