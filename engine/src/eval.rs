@@ -171,6 +171,10 @@ impl<W: SelectionWatch> KvStore for Watched<W> {
     fn stats(&self) -> KvStats {
         self.inner.stats()
     }
+
+    fn trim(&mut self) {
+        self.inner.trim()
+    }
 }
 
 /// Every key of every layer in f32 (RoPE applied), kept beside a store so that attention can

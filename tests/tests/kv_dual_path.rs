@@ -160,12 +160,14 @@ fn a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_rea
     assert!(spare.contains("ranked 0 ") && !spare.contains("bytes 0 "), "with memory to spare, steps attend through the copy: {spare}");
     child.cap.set_limit(160 << 20).unwrap();
     let capped = child.report("capped", "spare-copy ");
+    assert!(capped.contains("idle-bytes 0 "), "an idle store lets the copy go without waiting for a step: {capped}");
     assert!(capped.contains("bytes 0 ") && !capped.contains("ranked 0 "), "under the cap the copy is gone and steps rank: {capped}");
     assert!(child.process.wait().unwrap().success(), "every token a step attended to read back as itself");
 }
 
-/// The child's part: a tiered store of 2,048 tokens, four decode steps with memory to spare,
-/// four more once capped (past the next measurement), each step's view checked token by token.
+/// The child's part: a tiered store of 2,048 tokens, four decode steps with memory to spare;
+/// once capped (past the next measurement) trimmed while idle, as a cached sequence is, then
+/// four more steps; each step's view checked token by token.
 fn spare_copy_child() {
     use hillside_engine::kv::tiered::TieredKvStore;
     use hillside_engine::kv::{KvConfig, KvStore, Selection, StoreKind};
@@ -207,16 +209,19 @@ fn spare_copy_child() {
         store.commit(1).unwrap();
         ranked
     };
-    let report = |store: &TieredKvStore, ranked: usize| {
+    let spare_bytes = |store: &TieredKvStore| store.stats().tier.unwrap().spare_copy_bytes;
+    let report = |store: &TieredKvStore, idle_bytes: usize, ranked: usize| {
         let tier = store.stats().tier.unwrap();
-        println!("spare-copy ranked {ranked} bytes {} steps {}", tier.spare_copy_bytes, tier.spare_copy_steps);
+        println!("spare-copy idle-bytes {idle_bytes} ranked {ranked} bytes {} steps {}", tier.spare_copy_bytes, tier.spare_copy_steps);
     };
     let ranked: usize = (0..4).map(|_| step(&mut store)).sum();
-    report(&store, ranked);
+    report(&store, spare_bytes(&store), ranked);
     wait_for_parent();
     std::thread::sleep(std::time::Duration::from_millis(1100)); // past the next measurement
+    store.trim();
+    let idle_bytes = spare_bytes(&store);
     let ranked: usize = (0..4).map(|_| step(&mut store)).sum();
-    report(&store, ranked);
+    report(&store, idle_bytes, ranked);
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -219,4 +219,9 @@ pub trait KvStore: Send {
     fn truncate(&mut self, n_tokens: usize) -> usize;
 
     fn stats(&self) -> KvStats;
+
+    /// The sequence is idle (cached between requests): a store lets go of memory it keeps only
+    /// for speed if the machine no longer has room for it. A store that steps checks at each
+    /// commit by itself; an idle one would otherwise hold on until its next request.
+    fn trim(&mut self) {}
 }

@@ -36,6 +36,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// How often an idle worker lets cached sequences check whether memory has grown short.
+const IDLE_TRIM_EVERY: Duration = crate::kv::headroom::REMEASURE_AFTER;
+
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
     /// Sequences generating at once.
@@ -283,8 +286,10 @@ fn run(engine: &Engine, shared: &Shared) {
     loop {
         let admitted: Vec<Job> = {
             let mut state = shared.lock();
-            while !state.stop && live.is_empty() && state.queue.is_empty() {
-                state = shared.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            if !state.stop && live.is_empty() && state.queue.is_empty() {
+                // Idle: wake now and then, so that cached sequences can give back memory that
+                // has grown short (below) while no request comes.
+                state = shared.changed.wait_timeout(state, IDLE_TRIM_EVERY).unwrap_or_else(|p| p.into_inner()).0;
             }
             if state.stop {
                 let queued: Vec<Job> = state.queue.drain(..).collect();
@@ -309,6 +314,7 @@ fn run(engine: &Engine, shared: &Shared) {
             }
         }
         run_round(engine, &mut live, &mut cache, &mut totals, shared.config.shared_prefill_tokens);
+        cache.trim();
         let cached = cache.sequences().iter().map(|seq| SequenceStats {
             id: 0,
             phase: Phase::Cached,

@@ -47,6 +47,11 @@ impl PrefixCache {
     pub fn sequences(&self) -> &[Sequence] {
         &self.idle
     }
+
+    /// Each idle sequence's store lets go of what it keeps only for speed, if memory is short.
+    pub fn trim(&mut self) {
+        self.idle.iter_mut().for_each(|seq| seq.kv.trim());
+    }
 }
 
 #[cfg(test)]

@@ -581,10 +581,8 @@ impl KvStore for TieredKvStore {
         if let Some(spare) = &mut self.spare {
             spare.dense.commit(n_tokens)?;
             self.tier.spare_copy_steps += u64::from(n_tokens == 1);
-            if !spare.may_stay() {
-                self.spare = None;
-            }
         }
+        self.trim();
         self.prefetch.clear(); // normally empty: each layer claims its read-ahead in the step
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
         let (hot, n_kv) = (&mut self.hot, self.shape.n_kv_heads);
@@ -624,6 +622,12 @@ impl KvStore for TieredKvStore {
         }
         self.truncate_bookkeeping(kept);
         kept
+    }
+
+    fn trim(&mut self) {
+        if self.spare.as_mut().is_some_and(|spare| !spare.may_stay()) {
+            self.spare = None;
+        }
     }
 
     fn stats(&self) -> KvStats {
