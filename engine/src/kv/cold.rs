@@ -1,7 +1,7 @@
-//! The cold pool: one preallocated file per sequence on the SSD (or one on each of several SSDs,
-//! the KV heads dealt across them), holding K and V in page-sized
-//! groups of [`GROUP_TOKENS`] tokens, laid out by (layer, KV head, group) so that one head's
-//! groups are contiguous and a whole-head read is one large sequential request. Which token
+//! The cold pool: one preallocated file per sequence on the SSD (or one on each of several
+//! SSDs, the KV heads dealt across them), holding K and V in page-sized groups of
+//! [`GROUP_TOKENS`] tokens, laid out by (layer, KV head, group) so that one head's groups are
+//! contiguous and a whole-head read is one large sequential request. Which token
 //! sits in which slot of a head's groups is the placement's business ([`super::placement`]):
 //! the pool reads and writes whole groups.
 //!

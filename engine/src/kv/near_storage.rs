@@ -3,8 +3,8 @@
 //! where they lie. The storage side reads a layer's cold K/V, attends to all of it with the
 //! layer's queries and hands up only a partial output and its softmax statistics (running max
 //! and sum) per query row; the host attends to the tokens still in the write-back window and
-//! merges the two, each weighed by its share of the softmax mass. No token is skipped, so the output is full attention's, up to the order of
-//! floating-point sums.
+//! merges the two, each weighed by its share of the softmax mass. No token is skipped, so the
+//! output is full attention's, up to the order of floating-point sums.
 //!
 //! On a computational drive the K/V would never cross to the host: only the partials would
 //! (`n_heads × (head_dim + 2)` floats per layer and token, against the whole cache). Without
@@ -33,6 +33,20 @@ pub struct NearStorageKvStore {
 impl NearStorageKvStore {
     pub fn new(shape: KvShape, cold_dirs: &[PathBuf]) -> Result<Self> {
         Ok(Self { inner: OffloadKvStore::new(shape, cold_dirs)?, storage: StorageAttention::new(shape), host: HostAttention::new(shape) })
+    }
+
+    fn attend_exactly(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Result<()> {
+        let backing = self.inner.backing();
+        let cold_groups = backing.cold_end() / GROUP_TOKENS;
+        let hd = self.shape().head_dim;
+        let host = self.host.attend(backing, layer, q, q_positions, n_heads);
+        if cold_groups == 0 {
+            out.copy_from_slice(host.out);
+            return Ok(());
+        }
+        let storage = self.storage.attend(backing.cold(), layer, cold_groups, q, q_positions, n_heads)?;
+        merge_partials(&[storage, host], hd, out);
+        Ok(())
     }
 }
 
@@ -82,22 +96,6 @@ impl KvStore for NearStorageKvStore {
         stats.resident_bytes += self.storage.bytes() + self.host.bytes();
         stats.storage_output_bytes = self.storage.output_bytes;
         stats
-    }
-}
-
-impl NearStorageKvStore {
-    fn attend_exactly(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Result<()> {
-        let backing = self.inner.backing();
-        let cold_groups = backing.cold_end() / GROUP_TOKENS;
-        let hd = self.shape().head_dim;
-        let host = self.host.attend(backing, layer, q, q_positions, n_heads);
-        if cold_groups == 0 {
-            out.copy_from_slice(host.out);
-            return Ok(());
-        }
-        let storage = self.storage.attend(backing.cold(), layer, cold_groups, q, q_positions, n_heads)?;
-        merge_partials(&[storage, host], hd, out);
-        Ok(())
     }
 }
 
