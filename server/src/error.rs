@@ -82,6 +82,15 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", Some("invalid_api_key"), "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'.")
     }
 
+    pub fn foreign_host(host: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            Some("foreign_host"),
+            format!("This server answers requests from this machine only when they are addressed to it (Host: localhost or 127.0.0.1), not to '{host}'."),
+        )
+    }
+
     pub fn model_not_found(model: &str, served: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found"), format!("The model '{model}' does not exist here; this server runs '{served}' (see GET /v1/models)."))
             .with_param("model")

@@ -13,6 +13,7 @@ mod conversations;
 mod documents;
 mod error;
 mod extract;
+mod local_host;
 mod openapi;
 mod routes;
 mod run;
@@ -117,7 +118,8 @@ pub fn unix_now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Every route, with the key check, the body limit and (when origins are configured) CORS.
+/// Every route, with the key check, the body limit, (when origins are configured) CORS, and
+/// outermost the check that requests from this machine are addressed to it.
 pub fn router(app: Arc<App>) -> Router {
     // An upload carries a whole document (and the multipart framing around it).
     let upload_limit = app.config.documents.as_ref().map_or(0, |d| d.max_file_bytes as usize + 64 * 1024).max(app.config.max_body_bytes);
@@ -155,7 +157,7 @@ pub fn router(app: Arc<App>) -> Router {
                 .allow_headers([axum::http::header::AUTHORIZATION, axum::http::header::CONTENT_TYPE]),
         );
     }
-    router.with_state(app)
+    router.layer(axum::middleware::from_fn(local_host::require_local_host)).with_state(app)
 }
 
 /// Serves on `listener` until `shutdown` resolves; then stops accepting, gives in-flight
@@ -171,7 +173,8 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Arc<App>, shutdown: i
         // lets the connections (and so `axum::serve`) finish.
         tokio::task::spawn_blocking(move || draining.scheduler.shutdown(grace));
     };
-    axum::serve(listener, router(app.clone())).with_graceful_shutdown(signal).await?;
+    let service = router(app.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, service).with_graceful_shutdown(signal).await?;
     // The connections are closed; make sure the worker is gone too (a no-op if it is).
     tokio::task::spawn_blocking(move || app.scheduler.shutdown(Duration::ZERO)).await.ok();
     Ok(())

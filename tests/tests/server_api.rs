@@ -219,6 +219,33 @@ fn body_limit_api_key_and_health() {
 }
 
 #[test]
+fn requests_from_this_machine_must_be_addressed_to_it() {
+    // DNS rebinding: a page on another site resolves its own name to 127.0.0.1, so the browser
+    // connects over loopback with that name in Host. Sent over a raw socket, as a browser would.
+    let s = shared();
+    let addr = s.url("").trim_start_matches("http://").to_string();
+    let request = |host: Option<&str>, path: &str| {
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        let host = host.map_or(String::new(), |h| format!("Host: {h}\r\n"));
+        write!(stream, "GET {path} HTTP/1.1\r\n{host}Connection: close\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    };
+    let port = addr.rsplit(':').next().unwrap();
+    for host in ["evil.example", &format!("evil.example:{port}"), "localhost.evil.example"] {
+        for path in ["/v1/models", "/", "/health"] {
+            let response = request(Some(host), path);
+            assert!(response.starts_with("HTTP/1.1 403"), "{host} {path}: {response}");
+            assert!(response.contains("foreign_host") && response.contains("addressed to it"), "{response}");
+        }
+    }
+    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}"), "localhost".to_string()] {
+        assert!(request(Some(&host), "/v1/models").starts_with("HTTP/1.1 200"), "{host}");
+    }
+}
+
+#[test]
 fn models_and_openapi_describe_the_server() {
     let s = shared();
     let (st, models) = s.get("/v1/models");
