@@ -372,14 +372,19 @@ mod tests {
 
     /// K (tiled) and V of `n_tokens` tokens in `n_kv` heads, and the token slots a head takes.
     fn cache(hd: usize, n_kv: usize, n_tokens: usize) -> (Vec<f16>, Vec<f16>, usize) {
-        let stride = n_tokens.div_ceil(KV_TILE) * KV_TILE;
+        cache_of(hd, n_kv, 0..n_tokens)
+    }
+
+    /// The same for the tokens at `positions`, slot j holding position `positions.start + j`.
+    fn cache_of(hd: usize, n_kv: usize, positions: std::ops::Range<usize>) -> (Vec<f16>, Vec<f16>, usize) {
+        let stride = positions.len().div_ceil(KV_TILE) * KV_TILE;
         let mut k = vec![f16::ZERO; n_kv * stride * hd];
         let mut v = vec![f16::ZERO; n_kv * stride * hd];
         for h in 0..n_kv {
-            for t in 0..n_tokens {
+            for (slot, t) in positions.clone().enumerate() {
                 for d in 0..hd {
-                    k[h * stride * hd + k_tile_index(t, d, hd)] = f16::from_f32(val(h, t, d, 1));
-                    v[(h * stride + t) * hd + d] = f16::from_f32(val(h, t, d, 2));
+                    k[h * stride * hd + k_tile_index(slot, d, hd)] = f16::from_f32(val(h, t, d, 1));
+                    v[(h * stride + slot) * hd + d] = f16::from_f32(val(h, t, d, 2));
                 }
             }
         }
@@ -428,18 +433,8 @@ mod tests {
         let (old_k, old_v, old_stride) = cache(hd, n_kv, split);
         let old = KvView { n_tokens: split, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: old_stride, k: &old_k, v: &old_v, positions: None };
         // The recent tokens, slot j holding position split + j.
+        let (recent_k, recent_v, recent_stride) = cache_of(hd, n_kv, split..n_tokens);
         let recent_tokens = n_tokens - split;
-        let recent_stride = recent_tokens.div_ceil(KV_TILE) * KV_TILE;
-        let mut recent_k = vec![f16::ZERO; n_kv * recent_stride * hd];
-        let mut recent_v = vec![f16::ZERO; n_kv * recent_stride * hd];
-        for h in 0..n_kv {
-            for j in 0..recent_tokens {
-                for d in 0..hd {
-                    recent_k[h * recent_stride * hd + k_tile_index(j, d, hd)] = f16::from_f32(val(h, split + j, d, 1));
-                    recent_v[(h * recent_stride + j) * hd + d] = f16::from_f32(val(h, split + j, d, 2));
-                }
-            }
-        }
         let recent_positions: Vec<u32> = (0..n_kv).flat_map(|_| (split..n_tokens).map(|p| p as u32)).collect();
         let recent = KvView { n_tokens: recent_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: recent_stride, k: &recent_k, v: &recent_v, positions: Some(&recent_positions) };
         // A decoding query, and a chunk of prompt queries; one whose position sees no recent token.

@@ -336,21 +336,14 @@ impl ColdPool {
         // An injected fault fails the run at that group, after writing the groups before it.
         let failing = self.faults.as_ref().and_then(|f| (0..count).find_map(|i| f.on_write(layer, first + i).map(|e| (i, e))));
         let whole = failing.as_ref().map_or(count, |(i, _)| *i);
-        let mut i = 0;
-        while i < whole {
-            let (offset, index) = self.locate(layer, head, first + i);
-            let mut len = 1;
-            while i + len < whole && self.locate(layer, head, first + i + len).1 == index + len {
-                len += 1;
-            }
-            let bytes = &src[i * gb..(i + len) * gb];
+        for (offset, index, groups) in self.stretches(layer, head, first, whole) {
+            let bytes = &src[groups.start * gb..groups.end * gb];
             let file = self.file_of(head);
             file.file.write_all_at(bytes, offset).map_err(|e| io_error("write failed", &file.path, e))?;
             for (j, group) in bytes.chunks_exact(gb).enumerate() {
                 self.checksums[index + j].store(WRITTEN | u64::from(crc32fast::hash(group)), Ordering::Release);
             }
             self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            i += len;
         }
         failing.map_or(Ok(()), |(_, e)| Err(io_error("write failed", &self.file_of(head).path, e)))
     }
@@ -423,6 +416,24 @@ impl ColdPool {
         }
     }
 
+    /// Groups `first .. first + count` of (layer, head) cut where they stop lying one after
+    /// another in the file (all of them together, unless blocks were relocated): each stretch's
+    /// file offset, its first checksum index, and its groups counted from `first`.
+    fn stretches(&self, layer: usize, head: usize, first: usize, count: usize) -> Vec<(u64, usize, Range<usize>)> {
+        let mut stretches = Vec::new();
+        let mut i = 0;
+        while i < count {
+            let (offset, index) = self.locate(layer, head, first + i);
+            let mut len = 1;
+            while i + len < count && self.locate(layer, head, first + i + len).1 == index + len {
+                len += 1;
+            }
+            stretches.push((offset, index, i..i + len));
+            i += len;
+        }
+        stretches
+    }
+
     /// The file a run of groups is read from, and one request (file offset, bytes of the run's
     /// buffer) per stretch of its groups that lie one after another in the file: all of them,
     /// unless blocks were relocated.
@@ -435,17 +446,8 @@ impl ColdPool {
             faults.on_read(layer, head, first);
         }
         let cached = layer * self.layout.n_kv_heads + head < self.cached_lanes();
-        let mut pieces = Vec::new();
-        let mut i = 0;
-        while i < count {
-            let (offset, index) = self.locate(layer, head, first + i);
-            let mut len = 1;
-            while i + len < count && self.locate(layer, head, first + i + len).1 == index + len {
-                len += 1;
-            }
-            pieces.push((offset, i * gb..(i + len) * gb));
-            i += len;
-        }
+        let pieces: Vec<(u64, Range<usize>)> =
+            self.stretches(layer, head, first, count).into_iter().map(|(offset, _, groups)| (offset, groups.start * gb..groups.end * gb)).collect();
         self.stats.reads.fetch_add(pieces.len() as u64, Ordering::Relaxed);
         let bytes = (count * gb) as u64;
         self.stats.bytes_read.fetch_add(bytes, Ordering::Relaxed);
