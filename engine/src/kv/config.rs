@@ -121,8 +121,8 @@ pub struct KvConfig {
     /// Tiered: how spilled tokens are laid out in the cold pool's pages (by key similarity, so
     /// a page read serves tokens selected together, or in text order).
     pub placement: PlacementKind,
-    /// Tiered: whether a decode step selects tokens one by one (with or without free riders)
-    /// or whole pages.
+    /// Tiered: whether a decode step selects tokens one by one (with or without free riders,
+    /// or ranked on a few query dimensions as SparF does) or whole pages.
     pub selector: SelectorKind,
     /// Selector `sparf`: the query dimensions each KV head's tokens are scored on.
     pub sparf_dims: usize,
