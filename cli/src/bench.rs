@@ -334,9 +334,14 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
         peak_rss_mb,
     };
     print_table(&report);
-    std::fs::write(&args.json, serde_json::to_string_pretty(&report)? + "\n").with_context(|| format!("writing {}", args.json.display()))?;
+    write_json(&args.json, &report)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
+}
+
+/// Writes a benchmark's or evaluation's report as pretty JSON, ending in a newline.
+pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
+    std::fs::write(path, serde_json::to_string_pretty(report)? + "\n").with_context(|| format!("writing {}", path.display()))
 }
 
 fn print_table(r: &Report) {

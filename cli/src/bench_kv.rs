@@ -139,7 +139,7 @@ pub fn kv(args: &KvArgs) -> Result<()> {
         print_sweep(&sweep);
         json.insert("beta_sweep".into(), serde_json::to_value(&sweep)?);
     }
-    std::fs::write(&args.json, serde_json::to_string_pretty(&json)? + "\n").with_context(|| format!("writing {}", args.json.display()))?;
+    crate::bench::write_json(&args.json, &json)?;
     std::fs::write(&args.plot, plot(&reports)).with_context(|| format!("writing {}", args.plot.display()))?;
     eprintln!("wrote {} and {}", args.json.display(), args.plot.display());
     Ok(())

@@ -134,7 +134,7 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
         peak_rss_mb: peak_rss_mb(),
     };
     print_table(&report);
-    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", args.json.display()))?;
+    crate::bench::write_json(&args.json, &report)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }

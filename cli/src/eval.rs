@@ -365,7 +365,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             println!();
         }
     }
-    std::fs::write(&args.json, serde_json::to_string_pretty(&report)? + "\n").with_context(|| format!("writing {}", args.json.display()))?;
+    crate::bench::write_json(&args.json, &report)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }
