@@ -294,10 +294,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
                 let total = (after.cold_bytes_read - before.cold_bytes_read).max(1) as f64;
                 (0..after.cold_bytes_read_per_dir.len()).map(|i| read(i) as f64 / total).collect()
             },
-            to_host_bytes_per_token: match args.model.kv_config().store {
-                hillside_engine::kv::StoreKind::NearStorage => (after.storage_output_bytes - before.storage_output_bytes) as f64 / n as f64,
-                _ => (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
-            },
+            to_host_bytes_per_token: (after.bytes_to_host - before.bytes_to_host) as f64 / n as f64,
             cold_read_cached_share: (after.cold_lanes > 0).then(|| {
                 (after.cold_bytes_read_cached - before.cold_bytes_read_cached) as f64 / ((after.cold_bytes_read - before.cold_bytes_read) as f64).max(1.0)
             }),

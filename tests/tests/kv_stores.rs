@@ -212,8 +212,8 @@ fn near_storage_attention_is_exact_and_hands_up_only_partials() {
     // after the first prompt chunk), n_heads × (head_dim + 2) floats; offload moves the cache.
     // The storage side reads the whole cache a step, as offload does; the check's gathers as much again.
     assert_eq!(near_stats.cold_bytes_read, 2 * offload_stats.cold_bytes_read);
-    assert_eq!(near_stats.storage_output_bytes, (700 - 128) * 30 * 9 * 66 * 4, "{near_stats:?}");
-    assert!(8 * near_stats.storage_output_bytes <= offload_stats.cold_bytes_read, "partials are under an eighth of offload's reads: {near_stats:?}");
+    assert_eq!(near_stats.bytes_to_host, (700 - 128) * 30 * 9 * 66 * 4, "{near_stats:?}");
+    assert!(8 * near_stats.bytes_to_host <= offload_stats.cold_bytes_read, "partials are under an eighth of offload's reads: {near_stats:?}");
     assert_eq!(common::cold_files(&dir), 2, "near-storage and offload each have a pool file");
 }
 

@@ -398,21 +398,22 @@ impl ColdPool {
         let mut pieces = Vec::new();
         for run in runs.iter_mut() {
             let (file, planned) = self.plan_read(layer, run);
-            pieces.push((file.as_raw_fd(), planned));
+            pieces.push((file.as_raw_fd(), self.file_of(run.head).path.as_path(), planned));
         }
         // A run's requests tile the start of its buffer in order: cut it into their slices.
-        let mut reads = Vec::new();
-        for (run, (fd, planned)) in runs.iter_mut().zip(pieces) {
+        let (mut reads, mut paths) = (Vec::new(), Vec::new());
+        for (run, (fd, path, planned)) in runs.iter_mut().zip(pieces) {
             let mut rest = &mut run.dst[..];
             for (offset, bytes) in planned {
                 let (dst, tail) = std::mem::take(&mut rest).split_at_mut(bytes.len());
                 reads.push(super::uring::ReadAt { fd, offset, dst });
+                paths.push(path);
                 rest = tail;
             }
         }
         match super::uring::read_all(&mut reads)? {
             Ok(()) => Some(runs.iter().try_for_each(|run| self.check_read(layer, run))),
-            Err(e) => Some(Err(io_error("read failed", &self.files[0].path, e))),
+            Err(failed) => Some(Err(io_error("read failed", paths[failed.request], failed.error))),
         }
     }
 

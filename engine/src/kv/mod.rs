@@ -117,10 +117,10 @@ pub struct KvStats {
     /// (Layer, KV head) regions of the cold pool read through the page cache now, of all.
     pub cold_lanes_cached: usize,
     pub cold_lanes: usize,
-    /// Bytes of partial attention outputs (and their log-sum-exps) the storage side handed to
-    /// the host: all that crosses from storage to host with near-storage attention, where a
-    /// computational drive keeps `cold_bytes_read` to itself.
-    pub storage_output_bytes: u64,
+    /// Bytes that crossed from storage to the host: the cold reads, for stores that read K/V
+    /// into memory to attend; only the partial attention outputs and their softmax statistics,
+    /// for near-storage attention, where a computational drive keeps its reads to itself.
+    pub bytes_to_host: u64,
     /// Hot/cold bookkeeping, for stores with tiers.
     pub tier: Option<TierStats>,
 }

@@ -94,7 +94,7 @@ impl KvStore for NearStorageKvStore {
     fn stats(&self) -> KvStats {
         let mut stats = self.inner.stats();
         stats.resident_bytes += self.storage.bytes() + self.host.bytes();
-        stats.storage_output_bytes = self.storage.output_bytes;
+        stats.bytes_to_host = self.storage.output_bytes;
         stats
     }
 }

@@ -88,16 +88,17 @@ impl KvStore for OffloadKvStore {
 
     fn stats(&self) -> KvStats {
         let (cold_lanes_cached, cold_lanes, cold_bytes_read_cached) = self.backing.cached_reads();
+        let cold_bytes_read = self.backing.cold().stats.bytes_read.load(Ordering::Relaxed);
         KvStats {
             tokens: self.backing.len(),
             resident_bytes: self.view.bytes() + self.read_buf.len(),
             cold_bytes: self.backing.cold_bytes(),
-            cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
+            cold_bytes_read,
             cold_bytes_read_per_dir: self.backing.cold().bytes_read_per_dir(),
             cold_bytes_read_cached,
             cold_lanes_cached,
             cold_lanes,
-            storage_output_bytes: 0,
+            bytes_to_host: cold_bytes_read,
             tier: None,
         }
     }

@@ -33,9 +33,16 @@ pub fn available() -> bool {
     with_ring(|ring| ring.is_some())
 }
 
-/// Reads every request in full, or returns the first error. `None` when this thread cannot use
-/// io_uring; nothing was read then.
-pub fn read_all(reads: &mut [ReadAt<'_>]) -> Option<io::Result<()>> {
+/// The first request that failed, by its index in the batch, and why.
+#[derive(Debug)]
+pub struct ReadFailed {
+    pub request: usize,
+    pub error: io::Error,
+}
+
+/// Reads every request in full, or returns the first failure. `None` when this thread cannot
+/// use io_uring; nothing was read then.
+pub fn read_all(reads: &mut [ReadAt<'_>]) -> Option<Result<(), ReadFailed>> {
     with_ring(|ring| ring.map(|ring| run(ring, reads)))
 }
 
@@ -53,7 +60,7 @@ fn with_ring<T>(f: impl FnOnce(Option<&mut IoUring>) -> T) -> T {
     })
 }
 
-fn run(ring: &mut IoUring, reads: &mut [ReadAt<'_>]) -> io::Result<()> {
+fn run(ring: &mut IoUring, reads: &mut [ReadAt<'_>]) -> Result<(), ReadFailed> {
     // Bytes of each read done so far: a read may come back short and is then resubmitted for the rest.
     let mut done = vec![0usize; reads.len()];
     let mut next = 0;
@@ -82,14 +89,14 @@ fn run(ring: &mut IoUring, reads: &mut [ReadAt<'_>]) -> io::Result<()> {
                     }
                 }
                 n if n > 0 => done[i] += n as usize,
-                0 => _ = first_error.get_or_insert_with(|| io::Error::from(io::ErrorKind::UnexpectedEof)),
+                0 => _ = first_error.get_or_insert_with(|| ReadFailed { request: i, error: io::ErrorKind::UnexpectedEof.into() }),
                 e if -e == libc::EINTR || -e == libc::EAGAIN => {
                     if first_error.is_none() {
                         submit(ring, &mut reads[i], done[i], i);
                         in_flight += 1;
                     }
                 }
-                e => _ = first_error.get_or_insert_with(|| io::Error::from_raw_os_error(-e)),
+                e => _ = first_error.get_or_insert_with(|| ReadFailed { request: i, error: io::Error::from_raw_os_error(-e) }),
             }
         }
     }
@@ -157,7 +164,8 @@ mod tests {
         let mut tail = vec![0u8; 4096];
         let mut past = [ReadAt { fd: file.as_raw_fd(), offset: data.len() as u64 - 100, dst: &mut tail }];
         if let Some(result) = read_all(&mut past) {
-            assert_eq!(result.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+            let failed = result.unwrap_err();
+            assert_eq!((failed.request, failed.error.kind()), (0, io::ErrorKind::UnexpectedEof));
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

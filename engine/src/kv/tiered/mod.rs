@@ -632,6 +632,7 @@ impl KvStore for TieredKvStore {
 
     fn stats(&self) -> KvStats {
         let (cold_lanes_cached, cold_lanes, cold_bytes_read_cached) = self.backing.cached_reads();
+        let cold_bytes_read = self.backing.cold().stats.bytes_read.load(Ordering::Relaxed);
         KvStats {
             tokens: self.backing.len(),
             resident_bytes: self.hot_bytes()
@@ -643,12 +644,12 @@ impl KvStore for TieredKvStore {
                 + self.prompt_hits.iter().map(|h| 2 * h.capacity()).sum::<usize>()
                 + self.spare.as_ref().map_or(0, SpareCopy::bytes),
             cold_bytes: self.backing.cold_bytes(),
-            cold_bytes_read: self.backing.cold().stats.bytes_read.load(Ordering::Relaxed),
+            cold_bytes_read,
             cold_bytes_read_per_dir: self.backing.cold().bytes_read_per_dir(),
             cold_bytes_read_cached,
             cold_lanes_cached,
             cold_lanes,
-            storage_output_bytes: 0,
+            bytes_to_host: cold_bytes_read,
             tier: Some(self.tier_stats()),
         }
     }
