@@ -1,8 +1,9 @@
 //! `hillside devices`: what storage-side scoring hardware this machine has — the XRT library,
 //! its cards, whether the scoring kernel's xclbin loads, whether peer-to-peer buffers work — and
-//! so which evaluator a tiered store with `--evaluator xrt` will really use.
+//! so which evaluator a tiered store with `--evaluator xrt` will really use — and whether the
+//! model's shapes let near-storage attention keep layer inputs instead of K/V (the X-cache).
 
-use crate::config;
+use crate::{config, models};
 use anyhow::Result;
 use clap::Args;
 use hillside_engine::score::xrt::{probe, XrtOptions};
@@ -42,6 +43,9 @@ impl XrtArgs {
 pub struct DevicesArgs {
     #[command(flatten)]
     pub xrt: XrtArgs,
+    /// The model the X-cache line is about: a registry name or a path [default: the configured one].
+    #[arg(long, short, env = "HILLSIDE_MODEL")]
+    pub model: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -68,5 +72,18 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
             println!("evaluator    storage (a host worker over the cold pool): --evaluator xrt falls back to it");
         }
     }
+    println!("X-cache      {}", x_cache_line(args.model.as_deref().or(config::get().model.as_deref()), &kv));
     Ok(())
+}
+
+/// Whether near-storage stores for `model` keep layer inputs, and why, from its shapes alone.
+fn x_cache_line(model: Option<&str>, kv: &hillside_engine::kv::KvConfig) -> String {
+    let path = match models::resolve(model) {
+        Ok(path) => path,
+        Err(e) => return format!("no model to decide for ({e})"),
+    };
+    match hillside_engine::model::read_config(&path) {
+        Ok(c) => format!("{}; model {}", kv.x_cache_plan(c.kv_shape(c.context_tokens), c.hidden_size), path.display()),
+        Err(e) => format!("cannot tell: {e}"),
+    }
 }

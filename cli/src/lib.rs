@@ -174,6 +174,11 @@ pub struct ModelArgs {
     /// nothing read — and let it go once memory is short: true or false [default: true].
     #[arg(long)]
     pub spare_copy: Option<bool>,
+    /// Near-storage: the share of layers that keep each token's layer input instead of its K
+    /// and V, rebuilt on the host (HILOS's X-cache); only models whose input is smaller than K
+    /// plus V use it (not GQA models such as SmolLM2: `hillside devices` says) [default: 0.5].
+    #[arg(long)]
+    pub x_cache_share: Option<f64>,
     /// Where attention runs: cpu, or cuda (the decode working set in VRAM; needs a build with
     /// `--features cuda`).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
@@ -198,6 +203,7 @@ impl ModelArgs {
         set(&mut c.selector, self.selector);
         set(&mut c.sparf_dims, self.sparf_dims);
         set(&mut c.spare_copy, self.spare_copy);
+        set(&mut c.x_cache_share, self.x_cache_share);
         self.xrt.apply(&mut c);
         if let Some(mb) = self.hot_budget_mb {
             c.hot_budget_bytes = Some(mb * 1_000_000);
@@ -226,6 +232,7 @@ impl ModelArgs {
             format!("--selector={}", c.selector),
             format!("--sparf-dims={}", c.sparf_dims),
             format!("--spare-copy={}", c.spare_copy),
+            format!("--x-cache-share={}", c.x_cache_share),
             format!("--cold-dir={}", c.cold_dirs().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(",")),
         ];
         if let Some(m) = self.model() {
@@ -343,6 +350,9 @@ pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
         attention = engine.model().attention().name(),
         "model loaded"
     );
+    if args.kv_config().store == StoreKind::NearStorage {
+        tracing::info!(x_cache = %args.kv_config().x_cache_plan(c.kv_shape(c.context_tokens), c.hidden_size), "near-storage attention");
+    }
     Ok(engine)
 }
 

@@ -128,6 +128,10 @@ impl<W: SelectionWatch> KvStore for Watched<W> {
         self.inner.len_tokens()
     }
 
+    fn append_input(&mut self, layer: usize, x: &[f32]) -> Result<()> {
+        self.inner.append_input(layer, x)
+    }
+
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
         self.inner.append(layer, k, v)?;
         self.keys.append(layer, k);

@@ -113,7 +113,7 @@ impl Engine {
     /// A new, empty sequence in the store `kv` describes.
     pub fn new_sequence_with(&self, kv: &kv::KvConfig, max_tokens: Option<usize>) -> Result<Sequence> {
         let max = max_tokens.unwrap_or(self.model.config.context_tokens);
-        Ok(Sequence { kv: kv.build(self.model.kv_shape(max))?, tokens: Vec::new() })
+        Ok(Sequence { kv: kv.build(self.model.kv_shape(max), Some(self.model.kv_from_input()))?, tokens: Vec::new() })
     }
 
     /// The prompt tokens for a chat, with the assistant's turn opened.

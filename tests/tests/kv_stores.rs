@@ -186,7 +186,7 @@ fn near_storage_attention_is_exact_and_hands_up_only_partials() {
     let config = |store| KvConfig { store, cold_dir: dir.clone(), ..KvConfig::default() };
     let shape = engine.model().kv_shape(1024);
     let seen = std::sync::Arc::default();
-    let near = CheckedAttention { inner: config(StoreKind::NearStorage).build(shape).unwrap(), seen: std::sync::Arc::clone(&seen) };
+    let near = CheckedAttention { inner: config(StoreKind::NearStorage).build(shape, None).unwrap(), seen: std::sync::Arc::clone(&seen) };
     let mut near = hillside_engine::Sequence { kv: Box::new(near), tokens: Vec::new() };
     // A prompt in chunks (the later ones attend to spilled tokens on the storage side), then
     // 200 decode steps crossing a dozen spills.

@@ -55,7 +55,7 @@ fn unknown_architectures_and_missing_tensors_are_named() {
     assert!(matches!(gguf::load(&path), Err(Error::UnsupportedArchitecture(a)) if a == "mamba"));
 
     let path = dir.join("empty-llama.gguf");
-    write_gguf(&path, &tiny_metadata("llama"), &[]);
+    write_gguf(&path, &tiny_metadata("llama", 2), &[]);
     match gguf::load(&path) {
         Err(Error::MissingTensor(name)) => assert_eq!(name, "token_embd.weight"),
         Err(e) => panic!("wrong error: {e}"),
@@ -67,13 +67,13 @@ fn unknown_architectures_and_missing_tensors_are_named() {
 fn a_layer_of_the_wrong_width_is_a_bad_model_file_not_a_panic() {
     let dir = tempdir("wrong-width");
     let path = dir.join("wrong-width.gguf");
-    let mut tensors = tiny_tensors(false);
+    let mut tensors = tiny_tensors(false, 2);
     // Layer 1's K projection takes 128 inputs where the model's hidden size is 64: its rows
     // would be read past their ends by the fused q/k/v product.
     let k = tensors.iter_mut().find(|(n, _)| n == "blk.1.attn_k.weight").unwrap();
     k.1 = QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (32, 128), &Device::Cpu).unwrap(), GgmlDType::Q4_1).unwrap();
     let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    write_gguf(&path, &tiny_metadata("llama"), &refs);
+    write_gguf(&path, &tiny_metadata("llama", 2), &refs);
     match gguf::load(&path) {
         Err(Error::BadModelFile { path: p, reason }) => {
             assert_eq!(p, path);
@@ -83,11 +83,11 @@ fn a_layer_of_the_wrong_width_is_a_bad_model_file_not_a_panic() {
         Ok(_) => panic!("loaded a model whose K projection is 128 wide"),
     }
     // Also when the widths agree but the rows do not fit the metadata: rejected at load.
-    let mut tensors = tiny_tensors(false);
+    let mut tensors = tiny_tensors(false, 2);
     let v = tensors.iter_mut().find(|(n, _)| n == "blk.0.attn_v.weight").unwrap();
     v.1 = QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (16, 64), &Device::Cpu).unwrap(), GgmlDType::Q4_1).unwrap();
     let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    write_gguf(&path, &tiny_metadata("llama"), &refs);
+    write_gguf(&path, &tiny_metadata("llama", 2), &refs);
     let err = gguf::load(&path).err().expect("a short V projection");
     assert!(matches!(&err, Error::BadModelFile { reason, .. } if reason.contains("layer 0 qkv")), "{err}");
 }
@@ -96,9 +96,9 @@ fn a_layer_of_the_wrong_width_is_a_bad_model_file_not_a_panic() {
 fn tiny_qwen2_gguf_runs_with_biases_and_gqa() {
     let dir = tempdir("tiny-qwen2");
     let path = dir.join("tiny-qwen2.gguf");
-    let tensors = tiny_tensors(true);
+    let tensors = tiny_tensors(true, 2);
     let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    write_gguf(&path, &tiny_metadata("qwen2"), &refs);
+    write_gguf(&path, &tiny_metadata("qwen2", 2), &refs);
     let loaded = gguf::load(&path).unwrap();
     assert!(loaded.weights.layers[0].qkv_bias.is_some());
     check_consistent(&Model::new(loaded.config, loaded.weights));
@@ -108,7 +108,7 @@ fn tiny_qwen2_gguf_runs_with_biases_and_gqa() {
 fn tiny_llama_safetensors_runs_on_dense_weights() {
     let dir = tempdir("tiny-llama-st");
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
-    for (name, t) in tiny_tensors(false) {
+    for (name, t) in tiny_tensors(false, 2) {
         let w = t.dequantize(&Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap();
         let hf = name
             .replace("token_embd.weight", "model.embed_tokens.weight")
@@ -179,7 +179,8 @@ fn tempdir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-fn tiny_metadata(arch: &str) -> Vec<(&'static str, Value)> {
+/// A 2-layer model's metadata: hidden 64, 4 heads of 16 over `kv_heads` KV heads, FFN 96.
+fn tiny_metadata(arch: &str, kv_heads: u32) -> Vec<(&'static str, Value)> {
     let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
     vec![
         ("general.architecture", Value::String(arch.into())),
@@ -187,7 +188,7 @@ fn tiny_metadata(arch: &str) -> Vec<(&'static str, Value)> {
         (key("feed_forward_length"), Value::U32(96)),
         (key("block_count"), Value::U32(2)),
         (key("attention.head_count"), Value::U32(4)),
-        (key("attention.head_count_kv"), Value::U32(2)),
+        (key("attention.head_count_kv"), Value::U32(kv_heads)),
         (key("context_length"), Value::U32(256)),
         (key("vocab_size"), Value::U32(VOCAB as u32)),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
@@ -195,8 +196,9 @@ fn tiny_metadata(arch: &str) -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// Random weights for a 2-layer model: hidden 64, 4 heads of 16 over 2 KV heads, FFN 96.
-fn tiny_tensors(biases: bool) -> Vec<(String, QTensor)> {
+/// Random weights for the model [`tiny_metadata`] describes.
+fn tiny_tensors(biases: bool, kv_heads: usize) -> Vec<(String, QTensor)> {
+    let kv_dim = 16 * kv_heads;
     let dev = Device::Cpu;
     let q = |rows: usize, cols: usize| QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (rows, cols), &dev).unwrap(), GgmlDType::Q4_1).unwrap();
     let f = |len: usize| QTensor::quantize(&Tensor::rand(0.8f32, 1.2, len, &dev).unwrap(), GgmlDType::F32).unwrap();
@@ -204,8 +206,8 @@ fn tiny_tensors(biases: bool) -> Vec<(String, QTensor)> {
     for l in 0..2 {
         let p = |n: &str| format!("blk.{l}.{n}");
         out.push((p("attn_q.weight"), q(64, 64)));
-        out.push((p("attn_k.weight"), q(32, 64)));
-        out.push((p("attn_v.weight"), q(32, 64)));
+        out.push((p("attn_k.weight"), q(kv_dim, 64)));
+        out.push((p("attn_v.weight"), q(kv_dim, 64)));
         out.push((p("attn_output.weight"), q(64, 64)));
         out.push((p("ffn_gate.weight"), q(96, 64)));
         out.push((p("ffn_up.weight"), q(96, 64)));
@@ -215,8 +217,8 @@ fn tiny_tensors(biases: bool) -> Vec<(String, QTensor)> {
         if biases {
             let b = |len: usize| QTensor::quantize(&Tensor::rand(-0.1f32, 0.1, len, &dev).unwrap(), GgmlDType::F32).unwrap();
             out.push((p("attn_q.bias"), b(64)));
-            out.push((p("attn_k.bias"), b(32)));
-            out.push((p("attn_v.bias"), b(32)));
+            out.push((p("attn_k.bias"), b(kv_dim)));
+            out.push((p("attn_v.bias"), b(kv_dim)));
         }
     }
     out
@@ -226,4 +228,95 @@ fn write_gguf(path: &Path, metadata: &[(&str, Value)], tensors: &[(&str, &QTenso
     let meta: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
     let mut file = std::fs::File::create(path).unwrap();
     gguf_file::write(&mut file, &meta, tensors).unwrap();
+}
+
+/// HILOS's X-cache, on a model with a KV head per query head: a token's layer input (64 values)
+/// is half its K and V (128), so near-storage attention keeps the first layer's inputs instead,
+/// and the host rebuilds K/V from them. The rebuilt K/V are the ones the model computed (up to
+/// the f16 rounding of X), and the logits follow a store that keeps everything.
+#[test]
+fn x_cache_rebuilds_the_k_v_it_did_not_keep() {
+    use hillside_engine::kv::{snapshot, FullKvStore, KvConfig, KvStore, Selection, StoreKind};
+    let dir = tempdir("x-cache");
+    let path = dir.join("tiny-mha.gguf");
+    let tensors = tiny_tensors(true, 4);
+    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    write_gguf(&path, &tiny_metadata("qwen2", 4), &refs);
+    let loaded = gguf::load(&path).unwrap();
+    let model = Model::new(loaded.config, loaded.weights);
+    let shape = model.kv_shape(256);
+    let config = KvConfig { store: StoreKind::NearStorage, cold_dir: dir.join("cold"), ..Default::default() };
+    let plan = config.x_cache_plan(shape, 64);
+    assert_eq!((plan.layers, plan.input_values, plan.kv_values), (1, 64, 128), "{plan}");
+    let with_grouped_heads = hillside_engine::kv::KvShape { n_kv_heads: 2, ..shape };
+    assert_eq!(config.x_cache_plan(with_grouped_heads, 64).layers, 0, "off where X is no smaller than K and V");
+
+    let mut x_cache = config.build(shape, Some(model.kv_from_input())).unwrap();
+    let mut full = FullKvStore::new(shape);
+    let tokens: Vec<u32> = (0..200).map(|i| (i * 7919 % 4000) as u32).collect();
+    let relative = |want: &[f32], got: &[f32]| {
+        let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        want.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale
+    };
+    // A prompt in chunks, then decode steps; every commit spills whole groups to the cold pools.
+    let run = |tokens: &[u32], kv: &mut dyn KvStore| -> Vec<Vec<f32>> {
+        tokens[..150.min(tokens.len())].chunks(64).chain(tokens[150.min(tokens.len())..].chunks(1)).map(|c| model.forward(c, kv, Logits::All).unwrap()).collect()
+    };
+    // The first layer's K/V differ from the model's by the f16 rounding of X, which moves a few
+    // of its int8-quantized values by a step; later layers and the logits carry that on (a
+    // random-weight model amplifies it more than a trained one: `hillside eval` measures real ones).
+    let compare_logits = |want: &[Vec<f32>], got: &[Vec<f32>]| {
+        let (want, got) = (want.concat(), got.concat());
+        let top = |row: &[f32]| row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i);
+        let agree = want.chunks(VOCAB).zip(got.chunks(VOCAB)).filter(|(w, g)| top(w) == top(g)).count();
+        let (rows, worst) = (want.len() / VOCAB, relative(&want, &got));
+        eprintln!("X-cache against full: top-1 agrees at {agree} of {rows} positions, logits off by {worst} of their largest");
+        assert!(10 * agree >= 9 * rows && worst < 0.1, "top-1 agrees at {agree} of {rows}; logits off by {worst} of their largest");
+    };
+    compare_logits(&run(&tokens, &mut full), &run(&tokens, &mut *x_cache));
+
+    // Every layer's K/V as the store hands them to attention: layer 0's rebuilt from X.
+    for layer in 0..2 {
+        let all = 0..shape.n_kv_heads;
+        let want = full.gather(layer, &Selection::All, all.clone()).unwrap();
+        let (want_k, want_v, want_stride) = (want.k.to_vec(), want.v.to_vec(), want.head_stride_tokens);
+        let got = x_cache.gather(layer, &Selection::All, all).unwrap();
+        assert_eq!(got.n_tokens, 200);
+        let (mut k_err, mut v_err, mut scale) = (0f32, 0f32, 0f32);
+        for head in 0..shape.n_kv_heads {
+            for t in 0..200 {
+                for d in 0..16 {
+                    let k_at = |stride: usize| head * stride * 16 + hillside_engine::kernels::attention::k_tile_index(t, d, 16);
+                    let v_at = |stride: usize| (head * stride + t) * 16 + d;
+                    k_err = k_err.max((want_k[k_at(want_stride)].to_f32() - got.k[k_at(got.head_stride_tokens)].to_f32()).abs());
+                    v_err = v_err.max((want_v[v_at(want_stride)].to_f32() - got.v[v_at(got.head_stride_tokens)].to_f32()).abs());
+                    scale = scale.max(want_k[k_at(want_stride)].to_f32().abs());
+                }
+            }
+        }
+        let tolerance = if layer == 0 { 0.01 } else { 0.05 };
+        assert!(k_err < tolerance * scale && v_err < tolerance * scale, "layer {layer}: K off by {k_err}, V by {v_err} (largest K {scale})");
+    }
+
+    // The cold pools hold X for layer 0 and K/V for layer 1: 192 bytes a token where K/V would take 256.
+    let stats = x_cache.stats();
+    assert_eq!(plan.bytes_per_token(), 2 * (64 + 128));
+    assert_eq!(stats.cold_bytes, 192 * plan.bytes_per_token(), "{stats:?}");
+    assert!(stats.bytes_to_host > stats.cold_bytes as u64, "X crosses to the host each step: {stats:?}");
+
+    // A rollback keeps X and K/V in step: the tokens after the cut run again as they did.
+    assert_eq!(x_cache.truncate(100), 100);
+    assert_eq!(full.truncate(100), 100);
+    compare_logits(&run(&tokens[100..], &mut full), &run(&tokens[100..], &mut *x_cache));
+
+    // A saved prompt holds K/V, not X: replaying it into the X-cache is a clear error (the
+    // caller computes the prompt afresh), never a layer with nothing in it.
+    let saved = dir.join("prompt.kv");
+    snapshot::save(&mut full, 200, &[7; 32], &saved).unwrap();
+    let mut fresh = config.build(shape, Some(model.kv_from_input())).unwrap();
+    let err = snapshot::load(&saved, &[7; 32], &mut *fresh).unwrap_err().to_string();
+    assert!(err.contains("X-cache"), "{err}");
+    drop((x_cache, fresh));
+    assert_eq!(common::cold_files(&dir.join("cold")), 0, "the pool files go with their stores");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -4,6 +4,7 @@ use super::tiered::planner::{self, Profile};
 use super::tiered::{budget_floor_bytes, pinned_rows_bytes, TieredKvStore, TieredSettings};
 use super::drop::DropKvStore;
 use super::near_storage::NearStorageKvStore;
+use super::x_cache::{KvFromInput, XCachePlan};
 use super::placement::PlacementKind;
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
 use crate::score::xrt::{self, XrtOptions};
@@ -130,6 +131,9 @@ pub struct KvConfig {
     /// densely in memory and attend to all of it (exact, nothing read); let go under memory
     /// pressure, when steps rank and read from the tiers again.
     pub spare_copy: bool,
+    /// Near-storage: the share of layers that keep their inputs X instead of K/V (HILOS's
+    /// X-cache), for models where X is the smaller (0 turns it off; see [`XCachePlan`]).
+    pub x_cache_share: f64,
     /// What [`KvConfig::start_up`] found on this machine.
     #[serde(skip)]
     pub startup: Option<Arc<KvStartup>>,
@@ -168,6 +172,7 @@ impl Default for KvConfig {
             selector: SelectorKind::default(),
             sparf_dims: 8,
             spare_copy: true,
+            x_cache_share: 0.5,
             startup: None,
         }
     }
@@ -216,7 +221,9 @@ impl KvConfig {
         std::iter::once(self.cold_dir.clone()).chain(self.extra_cold_dirs.iter().cloned()).collect()
     }
 
-    pub fn build(&self, shape: KvShape) -> Result<Box<dyn KvStore>> {
+    /// A store for a cache of `shape`; `rebuild` is the model's K/V projection, which the
+    /// X-cache needs (without it no layer keeps its inputs).
+    pub fn build(&self, shape: KvShape, rebuild: Option<Arc<dyn KvFromInput>>) -> Result<Box<dyn KvStore>> {
         Ok(match self.store {
             StoreKind::Full => Box::new(FullKvStore::new(shape)),
             StoreKind::Offload => Box::new(OffloadKvStore::new(shape, &self.cold_dirs())?),
@@ -226,8 +233,17 @@ impl KvConfig {
                 Box::new(TieredKvStore::new(shape, &self.cold_dirs(), settings, startup.xrt_problem.clone())?)
             }
             StoreKind::Drop => Box::new(DropKvStore::new(shape, self.alpha, self.sink_tokens, self.recent_tokens)),
-            StoreKind::NearStorage => Box::new(NearStorageKvStore::new(shape, &self.cold_dirs())?),
+            StoreKind::NearStorage => {
+                let x_cache = rebuild.map(|rebuild| (self.x_cache_plan(shape, rebuild.input_dim()).layers, rebuild));
+                Box::new(NearStorageKvStore::new(shape, &self.cold_dirs(), x_cache)?)
+            }
         })
+    }
+
+    /// Which layers of a model with a cache of `shape` and layer inputs of `input_dim` values
+    /// keep X in a near-storage store.
+    pub fn x_cache_plan(&self, shape: KvShape, input_dim: usize) -> XCachePlan {
+        XCachePlan::new(shape, input_dim, self.x_cache_share)
     }
 
     /// The hot budget that holds β·M_s of the K/V in DRAM (M = the whole cache at `shape`'s

@@ -26,6 +26,7 @@ pub mod tiered;
 mod uring;
 pub mod view;
 pub mod window;
+pub mod x_cache;
 
 use crate::error::Result;
 use std::ops::Range;
@@ -182,6 +183,13 @@ pub trait KvStore: Send {
     /// Stores K and V (`n × kv_dim` f32 rows each, RoPE applied to K) of the `n` tokens that
     /// follow the committed ones, for one layer.
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()>;
+
+    /// Stores that keep some layers' inputs instead of their K/V (the X-cache) take the step's
+    /// inputs to `layer` (`n × hidden`, normed: what the K and V projections read) here,
+    /// before its `append`.
+    fn append_input(&mut self, _layer: usize, _x: &[f32]) -> Result<()> {
+        Ok(())
+    }
 
     /// Stores that attend themselves, next to the data (exact near-storage attention), write
     /// the attention output of queries `q` (`n × n_heads·head_dim`, after this step's

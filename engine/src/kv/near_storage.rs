@@ -12,27 +12,62 @@
 //! delivers the whole cache every step, and the speed is offload's. (Reading the next layer
 //! while the host computes this one, which the storage side could do since it needs every
 //! token, was slower on 2 cores and no faster under memory pressure: see docs/BENCHMARKS.md.)
+//!
+//! With the X-cache ([`super::x_cache`]), the first layers keep their inputs instead of K/V: the
+//! storage side hands up X, the host rebuilds K/V and attends to all of it itself.
 
 use super::aligned::AlignedBuf;
 use super::cold::{ColdPool, GROUP_TOKENS};
 use super::tiered::reads::read_heads;
 use super::view::ViewBuffers;
+use super::x_cache::{KvFromInput, LayerInputs};
 use super::{KvShape, KvStats, KvStore, KvView, OffloadKvStore, Selection};
 use crate::error::Result;
 use crate::kernels::attention::{attend_partial, merge_partials, Partial};
 use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub struct NearStorageKvStore {
-    /// The cold pool and write-back window, kept exactly as offload keeps them.
+    shape: KvShape,
+    /// Layers `x_layers..`: the cold pool and write-back window, kept exactly as offload keeps
+    /// them (its layer `l` is the model's `x_layers + l`).
     inner: OffloadKvStore,
+    /// Layers `..x_layers`, with the X-cache: their inputs, from which the host rebuilds K/V.
+    inputs: Option<LayerInputs>,
+    x_layers: usize,
     storage: StorageAttention,
     host: HostAttention,
 }
 
 impl NearStorageKvStore {
-    pub fn new(shape: KvShape, cold_dirs: &[PathBuf]) -> Result<Self> {
-        Ok(Self { inner: OffloadKvStore::new(shape, cold_dirs)?, storage: StorageAttention::new(shape), host: HostAttention::new(shape) })
+    /// A store whose first `x_layers` layers keep their inputs, rebuilt to K/V by `rebuild`
+    /// (none without one).
+    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], x_cache: Option<(usize, Arc<dyn KvFromInput>)>) -> Result<Self> {
+        let x_cache = x_cache.filter(|&(layers, _)| layers > 0 && layers < shape.n_layers);
+        let x_layers = x_cache.as_ref().map_or(0, |&(layers, _)| layers);
+        let inputs = match x_cache {
+            // The X pool holds one lane per layer, so it lives in the first directory alone.
+            Some((layers, rebuild)) => Some(LayerInputs::new(shape, layers, &cold_dirs[..1], rebuild)?),
+            None => None,
+        };
+        let kv_shape = KvShape { n_layers: shape.n_layers - x_layers, ..shape };
+        Ok(Self {
+            shape,
+            inner: OffloadKvStore::new(kv_shape, cold_dirs)?,
+            inputs,
+            x_layers,
+            storage: StorageAttention::new(shape),
+            host: HostAttention::new(shape),
+        })
+    }
+
+    /// The layer's X-cache, if it keeps its inputs; else its index in the K/V store.
+    fn route(&mut self, layer: usize) -> std::result::Result<&mut LayerInputs, usize> {
+        match &mut self.inputs {
+            Some(inputs) if layer < self.x_layers => Ok(inputs),
+            _ => Err(layer - self.x_layers),
+        }
     }
 
     fn attend_exactly(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Result<()> {
@@ -52,49 +87,103 @@ impl NearStorageKvStore {
 
 impl KvStore for NearStorageKvStore {
     fn shape(&self) -> KvShape {
-        self.inner.shape()
+        self.shape
     }
 
     fn len_tokens(&self) -> usize {
         self.inner.len_tokens()
     }
 
+    fn append_input(&mut self, layer: usize, x: &[f32]) -> Result<()> {
+        match self.route(layer) {
+            Ok(inputs) => inputs.append(layer, x),
+            Err(_) => Ok(()),
+        }
+    }
+
     fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
-        self.inner.append(layer, k, v)
+        let (shape, held) = (self.shape, self.len_tokens());
+        match self.route(layer) {
+            Ok(inputs) => {
+                // The layer keeps only what `append_input` gave it: K/V alone (a snapshot's
+                // replay) cannot be kept, and the caller computes the tokens afresh.
+                let n = shape.tokens_to_append(held, k, v)?;
+                if inputs.pending(layer) != n {
+                    return Err(crate::Error::Kv(format!("layer {layer} keeps its inputs (X-cache), and {n} tokens' K/V came without them")));
+                }
+                Ok(())
+            }
+            Err(layer) => self.inner.append(layer, k, v),
+        }
     }
 
     fn attend(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Option<Result<()>> {
+        // An X-cached layer's K/V are rebuilt on the host, which attends to them as to a
+        // gathered view (the model asks `gather`).
+        let layer = self.route(layer).err()?;
         Some(self.attend_exactly(layer, q, q_positions, n_heads, out))
     }
 
     // The model asks a store that attends itself neither to select nor to gather; saving a
     // prompt's K/V (`snapshot`) still gathers, and reads the cold pool as offload does.
     fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
-        self.inner.select(layer, q, q_positions)
+        match self.route(layer) {
+            Ok(_) => Ok(Selection::All),
+            Err(layer) => self.inner.select(layer, q, q_positions),
+        }
     }
 
     fn heads_per_gather(&self, selection: &Selection) -> usize {
-        self.inner.heads_per_gather(selection)
+        // Rebuilding K/V from X costs the same for one head as for all of them.
+        match self.inputs {
+            Some(_) => self.shape.n_kv_heads,
+            None => self.inner.heads_per_gather(selection),
+        }
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection, heads: Range<usize>) -> Result<KvView<'_>> {
-        self.inner.gather(layer, selection, heads)
+        match &mut self.inputs {
+            Some(inputs) if layer < self.x_layers => {
+                debug_assert_eq!(heads.len(), self.shape.n_kv_heads, "X-cached layers gather every head at once");
+                inputs.gather(layer)
+            }
+            _ => self.inner.gather(layer - self.x_layers, selection, heads),
+        }
     }
 
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}
 
     fn commit(&mut self, n_tokens: usize) -> Result<()> {
-        self.inner.commit(n_tokens)
+        let kv = self.inner.commit(n_tokens);
+        let x = self.inputs.as_mut().map_or(Ok(()), |inputs| inputs.commit(n_tokens));
+        kv.and(x)
     }
 
     fn truncate(&mut self, n_tokens: usize) -> usize {
-        self.inner.truncate(n_tokens)
+        // Both keep as much as the one that could read back less.
+        let mut kept = self.inner.truncate(n_tokens);
+        while let Some(inputs) = &mut self.inputs {
+            let kept_x = inputs.truncate(kept);
+            if kept_x == kept {
+                break;
+            }
+            kept = self.inner.truncate(kept_x);
+        }
+        kept
     }
 
     fn stats(&self) -> KvStats {
         let mut stats = self.inner.stats();
         stats.resident_bytes += self.storage.bytes() + self.host.bytes();
         stats.bytes_to_host = self.storage.output_bytes;
+        if let Some(inputs) = &self.inputs {
+            // X crosses to the host whole: it is what the host rebuilds K/V from.
+            stats.resident_bytes += inputs.resident_bytes();
+            stats.cold_bytes += inputs.cold_bytes();
+            stats.cold_bytes_read += inputs.bytes_read();
+            stats.cold_bytes_read_per_dir[0] += inputs.bytes_read();
+            stats.bytes_to_host += inputs.bytes_read();
+        }
         stats
     }
 }

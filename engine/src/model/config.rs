@@ -70,6 +70,11 @@ impl ModelConfig {
         self.n_heads * self.head_dim
     }
 
+    /// The cache shape for sequences of up to `max_tokens`.
+    pub fn kv_shape(&self, max_tokens: usize) -> crate::kv::KvShape {
+        crate::kv::KvShape { n_layers: self.n_layers, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, max_tokens: max_tokens.min(self.context_tokens) }
+    }
+
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }

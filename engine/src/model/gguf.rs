@@ -118,6 +118,10 @@ pub fn load(path: &Path) -> Result<GgufModel> {
 }
 
 impl GgufFile {
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
     pub fn metadata(&self) -> &Metadata {
         &self.reader.content.metadata
     }

@@ -10,10 +10,22 @@ use crate::error::{Error, Result};
 use crate::device::Attention;
 use crate::kernels::ops::{add_bias, add_in_place, rms_norm, swiglu_in_place, Rope};
 use crate::kernels::quant::QuantizedActivations;
+use crate::kv::x_cache::KvFromInput;
 use crate::kv::{KvShape, KvStore, KvView};
 use std::ops::Range;
+use std::sync::Arc;
 use config::ModelConfig;
 use weights::Weights;
+
+/// A model's configuration alone, without its weights: a GGUF file's header, or a
+/// checkpoint's config.json.
+pub fn read_config(path: &std::path::Path) -> Result<ModelConfig> {
+    if gguf::is_gguf(path) {
+        Ok(gguf::open(path)?.config().clone())
+    } else {
+        safetensors::read_config(path)
+    }
+}
 
 /// Which positions' logits a forward pass returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +38,8 @@ pub enum Logits {
 
 pub struct Model {
     pub config: ModelConfig,
-    weights: Weights,
+    /// Shared with the X-cache's K/V rebuilds ([`Model::kv_from_input`]).
+    weights: Arc<Weights>,
     rope: Rope,
     attention: Attention,
 }
@@ -40,7 +53,7 @@ impl Model {
             config.rope_layout,
             weights.rope_freq_factors.as_deref(),
         );
-        Self { config, weights, rope, attention: Attention::Host }
+        Self { config, weights: Arc::new(weights), rope, attention: Attention::Host }
     }
 
     /// Where attention over each layer's gathered K/V runs (the CPU kernel unless set).
@@ -59,12 +72,13 @@ impl Model {
 
     /// The cache shape this model needs for sequences of up to `max_tokens`.
     pub fn kv_shape(&self, max_tokens: usize) -> KvShape {
-        KvShape {
-            n_layers: self.config.n_layers,
-            n_kv_heads: self.config.n_kv_heads,
-            head_dim: self.config.head_dim,
-            max_tokens: max_tokens.min(self.config.context_tokens),
-        }
+        self.config.kv_shape(max_tokens)
+    }
+
+    /// The K and V projections alone, for stores that keep layer inputs and rebuild K/V from
+    /// them (the X-cache).
+    pub fn kv_from_input(&self) -> Arc<dyn KvFromInput> {
+        Arc::new(KvProjection { config: self.config.clone(), weights: Arc::clone(&self.weights), rope: self.rope.clone() })
     }
 
     /// Runs `tokens`, which follow the `kv.len_tokens()` tokens already cached, through the
@@ -166,6 +180,7 @@ impl Model {
             for (item, rows) in items.iter_mut().zip(rows_of) {
                 let (qs, kvs) = (rows.start * q_dim..rows.end * q_dim, rows.start * kv_dim..rows.end * kv_dim);
                 let kv = &mut *item.kv;
+                kv.append_input(l, &h[rows.start * hidden..rows.end * hidden])?;
                 kv.append(l, &k[kvs.clone()], &v[kvs])?;
                 if let Some(attended) = kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()]) {
                     attended?;
@@ -210,6 +225,46 @@ impl Model {
             row[columns.clone()].copy_from_slice(part);
         }
         Ok(())
+    }
+}
+
+/// A layer's K and V projections and RoPE, as [`Model::blocks`] computes them.
+struct KvProjection {
+    config: ModelConfig,
+    weights: Arc<Weights>,
+    rope: Rope,
+}
+
+impl KvFromInput for KvProjection {
+    fn input_dim(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn project(&self, layer: usize, x: &[f32], first_position: usize, k: &mut [f32], v: &mut [f32]) {
+        // In chunks, so the products' buffers stay small however long the sequence. The fused
+        // q/k/v product also computes q, a third more work than K and V alone need.
+        const CHUNK_TOKENS: usize = 256;
+        let c = &self.config;
+        let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let layer = &self.weights.layers[layer];
+        let mut qkv = Vec::new();
+        let mut scratch = QuantizedActivations::default();
+        let chunks = x.chunks(CHUNK_TOKENS * hidden).zip(k.chunks_mut(CHUNK_TOKENS * kv_dim)).zip(v.chunks_mut(CHUNK_TOKENS * kv_dim));
+        for (i, ((x, k), v)) in chunks.enumerate() {
+            let n = x.len() / hidden;
+            qkv.resize(n * (q_dim + 2 * kv_dim), 0.0);
+            layer.qkv.matmul(x, n, &mut scratch, &mut qkv);
+            if let Some(bias) = &layer.qkv_bias {
+                add_bias(&mut qkv, bias);
+            }
+            for (t, row) in qkv.chunks_exact(q_dim + 2 * kv_dim).enumerate() {
+                k[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim..][..kv_dim]);
+                v[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
+            }
+            let first = first_position + i * CHUNK_TOKENS;
+            let (cos, sin) = self.rope.tables(&(first..first + n).collect::<Vec<_>>());
+            self.rope.apply(k, c.n_kv_heads, &cos, &sin);
+        }
     }
 }
 

@@ -106,12 +106,19 @@ pub fn checkpoint_dir(path: &Path) -> &Path {
     }
 }
 
-pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
-    let dir = checkpoint_dir(path);
-    let config_path = dir.join("config.json");
+/// The checkpoint's configuration, from its config.json.
+pub fn read_config(path: &Path) -> Result<ModelConfig> {
+    read_hf_config(path)?.to_model_config()
+}
+
+fn read_hf_config(path: &Path) -> Result<HfConfig> {
+    let config_path = checkpoint_dir(path).join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|source| Error::ModelIo { path: config_path.clone(), source })?;
-    let hf: HfConfig = serde_json::from_str(&text)
-        .map_err(|e| Error::BadModelFile { path: config_path.clone(), reason: e.to_string() })?;
+    serde_json::from_str(&text).map_err(|e| Error::BadModelFile { path: config_path, reason: e.to_string() })
+}
+
+pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
+    let hf = read_hf_config(path)?;
     let config = hf.to_model_config()?;
     let files = weight_files(path)?;
     // SAFETY: candle memory-maps the files read-only; Hillside never writes model files while
