@@ -175,8 +175,10 @@ pub struct ModelArgs {
     #[arg(long)]
     pub spare_copy: Option<bool>,
     /// Near-storage: the share of layers that keep each token's layer input instead of its K
-    /// and V, rebuilt on the host (HILOS's X-cache); only models whose input is smaller than K
-    /// plus V use it (not GQA models such as SmolLM2: `hillside devices` says) [default: 0.5].
+    /// and V, rebuilt on the host (HILOS's X-cache; 0.5 is the paper's choice); only models whose
+    /// input is smaller than K plus V use it (not GQA models such as SmolLM2: `hillside devices`
+    /// says). The rebuild runs on the CPU and costs more than the reads it saves unless the
+    /// drive is very slow [default: 0].
     #[arg(long)]
     pub x_cache_share: Option<f64>,
     /// Where attention runs: cpu, or cuda (the decode working set in VRAM; needs a build with

@@ -154,3 +154,66 @@ fn a_short_read_fails_the_step_and_leaves_the_sequence_as_it_was() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Near-storage with the X-cache (SmolLM2 copied as multi-head attention, so that half its layers
+/// keep their inputs in a pool file of their own): a failed spill of both pools loses nothing,
+/// and a damaged or cut-short X pool fails the step with a clear error and rolls it back.
+#[test]
+fn the_x_cache_pool_fails_as_cleanly_as_the_k_v_pool() {
+    let work = cold_dir("x-cache");
+    std::fs::create_dir_all(&work).unwrap();
+    let mha = work.join("smollm2-mha.gguf");
+    assert_eq!(common::mha::write_mha_copy(&common::model_path(), &mha).unwrap(), (3, 9));
+    let engine = Engine::load(&mha).unwrap();
+    let c = &engine.model().config;
+    let x_cache = |dir: &Path| KvConfig { x_cache_share: 0.5, ..config(StoreKind::NearStorage, dir) };
+    let plan = x_cache(&work).x_cache_plan(c.kv_shape(1024), c.hidden_size);
+    assert_eq!(plan.layers, 15, "{plan}");
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[10_000..40_000]).unwrap()[..700];
+
+    // Writes of group 20 (tokens 320..336) of pool layer 5 fail once in each pool file: the X
+    // of model layer 5, the K/V of model layer 20. The chunk that spills them fails; its retry
+    // succeeds and every step's logits are the healthy store's.
+    let (healthy_dir, faulty_dir) = (work.join("healthy"), work.join("faulty"));
+    fault::inject(&faulty_dir, ColdFaults { failing_write: Some(FailingWrite { layer: 5, group: 20, errno: EIO, times: AtomicUsize::new(2) }), ..ColdFaults::default() });
+    let mut healthy = engine.new_sequence_with(&x_cache(&healthy_dir), Some(1024)).unwrap();
+    let mut faulty = engine.new_sequence_with(&x_cache(&faulty_dir), Some(1024)).unwrap();
+    assert_eq!(common::cold_files(&faulty_dir), 2, "a K/V pool and an X pool");
+    let mut failures = 0;
+    for step in tokens[..600].chunks(100).chain(tokens[600..].chunks(1)) {
+        let want = healthy.feed(&engine, step).unwrap();
+        let got = loop {
+            match faulty.feed(&engine, step) {
+                Ok(logits) => break logits,
+                Err(e) => {
+                    failures += 1;
+                    assert!(e.to_string().contains("cold pool: write failed"), "{e}");
+                    assert_eq!(faulty.kv.len_tokens(), faulty.tokens.len(), "a failed step leaves the sequence as it was");
+                }
+            }
+        };
+        assert_eq!(want, got, "after {} tokens the logits differ from the healthy store's", faulty.tokens.len());
+    }
+    assert_eq!(failures, 1, "both injected writes failed the one chunk that spilled them");
+    fault::clear(&faulty_dir);
+    drop(faulty);
+
+    // The X pool is the smaller file (one lane per layer against nine): damage one of its
+    // groups, and the next step, which reads every X, fails its checksum.
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&healthy_dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "cold")).collect();
+    files.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let x_pool = std::fs::OpenOptions::new().read(true).write(true).open(&files[0]).unwrap();
+    let held = healthy.tokens.len();
+    x_pool.write_all_at(&[0xa5; 64], 3 * 20_480 + 100).unwrap();
+    let error = healthy.feed(&engine, &tokens[..1]).unwrap_err().to_string();
+    assert!(error.contains("cold pool block damaged: layer 0, KV head 0, tokens 48..64"), "{error}");
+    assert_eq!((healthy.tokens.len(), healthy.kv.len_tokens()), (held, held), "the failed step is rolled back");
+    // Cut short, it fails the step with a read error.
+    x_pool.set_len(4096).unwrap();
+    let error = healthy.feed(&engine, &tokens[..1]).unwrap_err().to_string();
+    assert!(error.contains("cold pool: read failed") || error.contains("cold pool block damaged"), "{error}");
+    drop(healthy);
+    assert_eq!(common::cold_files(&healthy_dir) + common::cold_files(&faulty_dir), 0, "the pool files go with their stores");
+    let _ = std::fs::remove_dir_all(work);
+}

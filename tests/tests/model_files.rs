@@ -245,11 +245,12 @@ fn x_cache_rebuilds_the_k_v_it_did_not_keep() {
     let loaded = gguf::load(&path).unwrap();
     let model = Model::new(loaded.config, loaded.weights);
     let shape = model.kv_shape(256);
-    let config = KvConfig { store: StoreKind::NearStorage, cold_dir: dir.join("cold"), ..Default::default() };
+    let config = KvConfig { store: StoreKind::NearStorage, cold_dir: dir.join("cold"), x_cache_share: 0.5, ..Default::default() };
     let plan = config.x_cache_plan(shape, 64);
     assert_eq!((plan.layers, plan.input_values, plan.kv_values), (1, 64, 128), "{plan}");
     let with_grouped_heads = hillside_engine::kv::KvShape { n_kv_heads: 2, ..shape };
     assert_eq!(config.x_cache_plan(with_grouped_heads, 64).layers, 0, "off where X is no smaller than K and V");
+    assert_eq!(KvConfig::default().x_cache_plan(shape, 64).layers, 0, "off unless asked for");
 
     let mut x_cache = config.build(shape, Some(model.kv_from_input())).unwrap();
     let mut full = FullKvStore::new(shape);

@@ -132,7 +132,8 @@ pub struct KvConfig {
     /// pressure, when steps rank and read from the tiers again.
     pub spare_copy: bool,
     /// Near-storage: the share of layers that keep their inputs X instead of K/V (HILOS's
-    /// X-cache), for models where X is the smaller (0 turns it off; see [`XCachePlan`]).
+    /// X-cache), for models where X is the smaller; off (0) by default, as the CPU's rebuild of
+    /// K/V costs more than the reads it saves (see [`super::x_cache`]).
     pub x_cache_share: f64,
     /// What [`KvConfig::start_up`] found on this machine.
     #[serde(skip)]
@@ -172,7 +173,7 @@ impl Default for KvConfig {
             selector: SelectorKind::default(),
             sparf_dims: 8,
             spare_copy: true,
-            x_cache_share: 0.5,
+            x_cache_share: 0.0,
             startup: None,
         }
     }

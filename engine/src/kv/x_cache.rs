@@ -10,9 +10,11 @@
 //! between X and K/V; one sequence's X serves every head at once, so here the partition is by
 //! layer: the first [`XCachePlan::layers`] keep X.
 //!
-//! The rebuild costs the host `2 · input · kv_dim` multiply-adds per cached token and layer
-//! every step: on HILOS's GPU that hides behind the storage side's attention, on a laptop CPU it
-//! does not (`docs/BENCHMARKS.md` measures it).
+//! The rebuild costs the host `input · (q_dim + 2 · kv_dim)` multiply-adds per cached token and
+//! layer every step (the fused q/k/v product, q computed and dropped). On HILOS's GPU that hides
+//! behind the storage side's attention; on a CPU it costs far more than the reads it saves (on
+//! SmolLM2 copied as multi-head attention, 2.1 tok/s against 15.4 at 2K: `docs/BENCHMARKS.md`),
+//! so the share of layers defaults to 0 and users with a slow drive opt in.
 
 use super::aligned::AlignedBuf;
 use super::backing::DiskBacking;
@@ -50,8 +52,8 @@ pub struct XCachePlan {
 
 impl XCachePlan {
     /// The plan for a cache of `shape` whose layer inputs have `input_dim` values, giving X the
-    /// `share` of the layers asked for (HILOS found half best) where X is the smaller. One layer
-    /// at least keeps its K/V, and with it attention near storage.
+    /// `share` of the layers asked for (HILOS found half best on its GPU) where X is the
+    /// smaller. One layer at least keeps its K/V, and with it attention near storage.
     pub fn new(shape: KvShape, input_dim: usize, share: f64) -> Self {
         let kv_values = 2 * shape.kv_dim();
         let layers = if input_dim < kv_values {
@@ -74,7 +76,7 @@ impl fmt::Display for XCachePlan {
         if x >= kv {
             write!(f, "off: a token's layer input is {x} values, its K and V only {kv} (grouped-query attention)")
         } else if self.layers == 0 {
-            write!(f, "off (x_cache_share is 0): a token's layer input is {x} values, its K and V {kv}")
+            write!(f, "off (x_cache_share 0): a token's layer input is {x} values, its K and V {kv}, but rebuilding K/V on the CPU costs more than reading them")
         } else {
             write!(f, "on for {} of {} layers: a token's layer input is {x} values, its K and V {kv}", self.layers, self.n_layers)
         }
