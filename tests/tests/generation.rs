@@ -141,3 +141,33 @@ fn cancelling_or_dropping_the_receiver_stops_the_stream() {
     let (_, summary) = stream.finish(); // drops the receiver first
     assert_eq!(summary.unwrap().finish_reason, FinishReason::Cancelled);
 }
+
+/// A chat that is decoding while a long prompt arrives keeps streaming: the long prompt reads
+/// `shared_prefill_tokens` a round beside it instead of whole 256-token chunks, so the chat's
+/// twelve tokens come before the long prompt's one. With the sharing off, the chunks win.
+#[test]
+fn a_long_prompt_beside_a_decoding_chat_reads_a_slice_a_round() {
+    use hillside_engine::kv::KvConfig;
+    use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
+    use std::sync::mpsc;
+    let engine = engine();
+    let chat = engine.chat_prompt(&[ChatMessage::new("user", "Count from 1 to 50, separated by commas.")]).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let long = engine.tokenizer().encode(&text[20_000..40_000]).unwrap()[..1536].to_vec();
+    for (shared_prefill_tokens, chat_first) in [(64, true), (0, false)] {
+        let config = SchedulerConfig { max_live: 2, max_queued: 2, kv: KvConfig::default(), context_tokens: Some(2048), cached_sequences: 0, shared_prefill_tokens };
+        let scheduler = Scheduler::start(engine.clone(), config);
+        let (tx, rx) = mpsc::channel();
+        for (name, prompt, max_tokens) in [("chat", &chat, 12), ("long", &long, 1)] {
+            let tx = tx.clone();
+            let sink = Box::new(move |u: Update| match u {
+                Update::Done(done) => tx.send((name, done.map(|s| s.completion_tokens))).is_ok(),
+                Update::Event(_) => true,
+            });
+            scheduler.submit(prompt.clone(), greedy(max_tokens), sink).unwrap();
+        }
+        let done: Vec<_> = rx.iter().take(2).map(|(name, tokens)| (name, tokens.unwrap())).collect();
+        assert_eq!(done.iter().find(|(name, _)| *name == "chat").unwrap().1, 12, "the chat ran its length: {done:?}");
+        assert_eq!(done[0].0 == "chat", chat_first, "shared_prefill_tokens {shared_prefill_tokens}: finished in the order {done:?}");
+    }
+}
