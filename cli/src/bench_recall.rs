@@ -121,9 +121,13 @@ impl SelectionWatch for Capture {
             queries.decode[step].push(summed);
             let n_layers = queries.keys.len().max(layer + 1);
             queries.keys.resize(n_layers, Vec::new());
-            let latest = &mut queries.keys[layer];
-            latest.clear();
-            latest.extend_from_slice(keys.layer(layer));
+            // The keys only grow (teacher forcing never rolls back): copy just the new rows,
+            // not the whole layer each step.
+            let (latest, now) = (&mut queries.keys[layer], keys.layer(layer));
+            if latest.len() > now.len() {
+                latest.clear();
+            }
+            latest.extend_from_slice(&now[latest.len()..]);
         } else {
             let kv_dim = self.n_kv * self.head_dim;
             let fit = queries.fit.len().max(layer + 1);
