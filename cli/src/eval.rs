@@ -270,8 +270,9 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         let run = teacher_forced(&engine, &mut seq, window, args.prompt_tokens, 256, |_| {})?;
         let seconds = start.elapsed().as_secs_f64();
         let stats = seq.kv.stats();
-        // The attention mass needs exact scores over every key: a second, slower pass.
-        let mass = if store == StoreKind::Full {
+        // The attention mass needs exact scores over every key: a second, slower pass, for
+        // the stores that select (one that attends to every token holds all of the mass).
+        let mass = if store.attends_to_every_token() {
             None
         } else {
             eprintln!("{store}: attention mass over the same tokens ...");

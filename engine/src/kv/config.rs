@@ -34,6 +34,14 @@ pub enum StoreKind {
 
 named_choices!(StoreKind, "KV store", { Full => "full", Offload => "offload", Tiered => "tiered", Drop => "drop", NearStorage => "near-storage" });
 
+impl StoreKind {
+    /// Whether every step attends to every cached token (wherever it lives), rather than to a
+    /// selection of them.
+    pub fn attends_to_every_token(self) -> bool {
+        matches!(self, Self::Full | Self::Offload | Self::NearStorage)
+    }
+}
+
 /// Who scores the cold tokens of a tiered store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
