@@ -183,6 +183,10 @@ impl KvStore for NearStorageKvStore {
             stats.cold_bytes_read += inputs.bytes_read();
             stats.cold_bytes_read_per_dir[0] += inputs.bytes_read();
             stats.bytes_to_host += inputs.bytes_read();
+            let (lanes_cached, lanes, bytes_cached) = inputs.cached_reads();
+            stats.cold_lanes_cached += lanes_cached;
+            stats.cold_lanes += lanes;
+            stats.cold_bytes_read_cached += bytes_cached;
         }
         stats
     }

@@ -211,6 +211,11 @@ impl LayerInputs {
         self.backing.cold().stats.bytes_read.load(Ordering::Relaxed)
     }
 
+    /// Regions of the X pool read through the page cache, of all, and the bytes read that way.
+    pub fn cached_reads(&self) -> (usize, usize, u64) {
+        self.backing.cached_reads()
+    }
+
     pub fn resident_bytes(&self) -> usize {
         let floats = self.x.capacity() + self.k.capacity() + self.v.capacity() + self.halves.iter().map(Vec::capacity).sum::<usize>();
         4 * floats + self.read_buf.len() + self.view.bytes()
