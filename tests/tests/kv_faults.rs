@@ -49,26 +49,12 @@ fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
         });
         let mut healthy = engine.new_sequence_with(&config(store, &healthy_dir), Some(1024)).unwrap();
         let mut faulty = engine.new_sequence_with(&config(store, &faulty_dir), Some(1024)).unwrap();
-        let steps = tokens[..600].chunks(100).chain(tokens[600..].chunks(1));
-        let mut failures = 0;
-        for (i, step) in steps.enumerate() {
-            let want = healthy.feed(&engine, step).unwrap();
-            let got = loop {
-                match faulty.feed(&engine, step) {
-                    Ok(logits) => break logits,
-                    Err(e) => {
-                        failures += 1;
-                        let message = e.to_string();
-                        assert!(message.contains("cold pool: write failed") && message.contains(&format!("os error {errno}")), "{message}");
-                        assert_eq!(e.is_storage_full(), errno == ENOSPC, "{message}");
-                        assert!(!message.contains(&*faulty_dir.to_string_lossy()), "no path in the message: {message}");
-                        assert_eq!(faulty.tokens.len(), healthy.tokens.len() - step.len(), "a failed step leaves the sequence as it was");
-                        assert_eq!(faulty.kv.len_tokens(), faulty.tokens.len());
-                    }
-                }
-            };
-            assert_eq!(want, got, "{store:?}: step {i} gives other logits than the healthy store");
-        }
+        let failures = feed_beside_healthy(&format!("{store:?}"), &engine, &mut healthy, &mut faulty, tokens, |e| {
+            let message = e.to_string();
+            assert!(message.contains("cold pool: write failed") && message.contains(&format!("os error {errno}")), "{message}");
+            assert_eq!(e.is_storage_full(), errno == ENOSPC, "{message}");
+            assert!(!message.contains(&*faulty_dir.to_string_lossy()), "no path in the message: {message}");
+        });
         assert_eq!(failures, 2, "{store:?}: the injected writes failed the steps that spilled them");
         fault::clear(&faulty_dir);
         drop((healthy, faulty));
@@ -77,6 +63,30 @@ fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// Feeds `tokens` (the first 600 in chunks of 100, then one at a time) to a healthy sequence
+/// and a faulty one side by side, running each step the faulty one fails again until it
+/// succeeds. Each failure must pass `check` and leave the sequence as it was; each step's
+/// logits must be the healthy sequence's. Returns how many steps failed.
+fn feed_beside_healthy(what: &str, engine: &Engine, healthy: &mut Sequence, faulty: &mut Sequence, tokens: &[u32], mut check: impl FnMut(&hillside_engine::Error)) -> usize {
+    let mut failures = 0;
+    for step in tokens[..600].chunks(100).chain(tokens[600..].chunks(1)) {
+        let want = healthy.feed(engine, step).unwrap();
+        let got = loop {
+            match faulty.feed(engine, step) {
+                Ok(logits) => break logits,
+                Err(e) => {
+                    failures += 1;
+                    check(&e);
+                    assert_eq!(faulty.tokens.len(), healthy.tokens.len() - step.len(), "{what}: a failed step leaves the sequence as it was");
+                    assert_eq!(faulty.kv.len_tokens(), faulty.tokens.len());
+                }
+            }
+        };
+        assert_eq!(want, got, "{what}: after {} tokens the logits differ from the healthy store's", faulty.tokens.len());
+    }
+    failures
 }
 
 /// Flips a byte of the cold pool's group (`layer`, `head`, `group`) behind the store's back.
@@ -180,21 +190,7 @@ fn the_x_cache_pool_fails_as_cleanly_as_the_k_v_pool() {
     let mut healthy = engine.new_sequence_with(&x_cache(&healthy_dir), Some(1024)).unwrap();
     let mut faulty = engine.new_sequence_with(&x_cache(&faulty_dir), Some(1024)).unwrap();
     assert_eq!(common::cold_files(&faulty_dir), 2, "a K/V pool and an X pool");
-    let mut failures = 0;
-    for step in tokens[..600].chunks(100).chain(tokens[600..].chunks(1)) {
-        let want = healthy.feed(&engine, step).unwrap();
-        let got = loop {
-            match faulty.feed(&engine, step) {
-                Ok(logits) => break logits,
-                Err(e) => {
-                    failures += 1;
-                    assert!(e.to_string().contains("cold pool: write failed"), "{e}");
-                    assert_eq!(faulty.kv.len_tokens(), faulty.tokens.len(), "a failed step leaves the sequence as it was");
-                }
-            }
-        };
-        assert_eq!(want, got, "after {} tokens the logits differ from the healthy store's", faulty.tokens.len());
-    }
+    let failures = feed_beside_healthy("X-cache", &engine, &mut healthy, &mut faulty, tokens, |e| assert!(e.to_string().contains("cold pool: write failed"), "{e}"));
     assert_eq!(failures, 1, "both injected writes failed the one chunk that spilled them");
     fault::clear(&faulty_dir);
     drop(faulty);
