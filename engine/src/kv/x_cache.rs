@@ -125,14 +125,6 @@ impl LayerInputs {
         })
     }
 
-    pub fn len(&self) -> usize {
-        self.backing.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.backing.len() == 0
-    }
-
     /// Tokens `layer` took this step.
     pub fn pending(&self, layer: usize) -> usize {
         self.backing.pending(layer)
