@@ -6,11 +6,14 @@
 //! - every token before the window's base is in the cold pool, under a valid checksum; every
 //!   token from the base to `len` (plus what a layer appended this step) is in the window;
 //! - a spill writes every group first and moves the window only once all writes succeeded, so a
-//!   failed write loses nothing and never shifts one layer's rows against another's;
+//!   failed write loses nothing and never shifts one layer's rows against another's (in text
+//!   order, each layer's groups are written as it appends them, while the next layers compute:
+//!   [`super::layer_spill`]);
 //! - a truncation keeps what it can read back and says how much that is.
 
 use super::cold::{ColdLayout, ColdPool, BLOCK_GROUPS, GROUP_TOKENS};
 use super::headroom::{Headroom, HEADROOM_RESERVE_BYTES, PRESSURE_LIMIT_BP, REMEASURE_AFTER};
+use super::layer_spill::LayerSpills;
 use super::placement::{Placement, PlacementKind, BLOCK_TOKENS};
 use super::window::RecentWindow;
 use super::KvShape;
@@ -27,6 +30,8 @@ pub struct DiskBacking {
     window: RecentWindow,
     /// Which slot of the cold pool holds each token.
     placement: Placement,
+    /// Each layer's groups on their way to the cold pool, for spills in text order.
+    spills: Option<LayerSpills>,
     /// Committed tokens.
     len: usize,
     /// Tokens each layer appended this step, not yet committed.
@@ -46,6 +51,7 @@ impl DiskBacking {
         Ok(Self {
             cold: Arc::new(ColdPool::create_in(cold_dirs, layout, key_chunk_bytes)?),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
+            spills: (placement == PlacementKind::Position).then(|| LayerSpills::new(shape.n_layers)),
             placement: Placement::new(placement, shape.n_layers * shape.n_kv_heads),
             shape,
             len: 0,
@@ -114,6 +120,9 @@ impl DiskBacking {
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
         self.pending[layer] = self.shape.tokens_to_append(self.len, k, v)?;
         self.window.push(layer, k, v);
+        if let Some(spills) = &mut self.spills {
+            spills.start(&self.cold, &self.window, layer);
+        }
         Ok(())
     }
 
@@ -144,6 +153,11 @@ impl DiskBacking {
         self.pending.fill(0);
         self.choose_read_path();
         let groups = self.window.spillable_groups();
+        // Each layer's groups went out as it appended them, unless one did not start.
+        let written_ahead = match &mut self.spills {
+            Some(spills) => spills.finish(groups)?,
+            None => false,
+        };
         if groups == 0 {
             return Ok(());
         }
@@ -151,7 +165,9 @@ impl DiskBacking {
         let n_kv = self.shape.n_kv_heads;
         let window = &self.window;
         let order = self.placement.plan(base..end, self.shape.head_dim, |lane, t| window.row(lane / n_kv, lane % n_kv, t, false));
-        self.window.write_groups(&self.cold, groups, order.as_ref())?;
+        if !written_ahead {
+            self.window.write_groups(&self.cold, groups, order.as_ref())?;
+        }
         if let Some(order) = &order {
             self.placement.apply(order);
         }
@@ -231,6 +247,9 @@ impl DiskBacking {
     /// tokens were placed by key, before the span they were placed in), which need no read, and
     /// the caller must run the tokens after them again.
     pub fn truncate(&mut self, n_tokens: usize) -> usize {
+        if let Some(spills) = &mut self.spills {
+            spills.abandon();
+        }
         self.pending.fill(0);
         let keep = n_tokens.min(self.len);
         let restart = self.placement.restart(keep);
@@ -392,6 +411,36 @@ mod tests {
         push(&mut b, 300..720, &key).unwrap();
         check_readable(&b);
         assert!(b.relayout(0..lanes, |_, t| (t * 7919 % 1000) as u32).unwrap() > 0);
+        check_readable(&b);
+        fault::clear(&dir);
+        drop(b);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn in_text_order_each_layer_spills_as_it_appends_and_a_failed_write_fails_the_commit() {
+        let dir = std::env::temp_dir().join(format!("hillside-backing-layer-spill-{}", std::process::id()));
+        let faults = fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 6, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() });
+        let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
+        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Position).unwrap();
+        let written = |b: &DiskBacking| b.cold().stats.bytes_written.load(Ordering::Relaxed);
+        let group_bytes = b.cold().layout().group_bytes() as u64;
+        push(&mut b, 0..40, &key).unwrap();
+        assert_eq!((b.cold_end(), written(&b)), (32, 2 * 2 * 2 * group_bytes), "two groups of 2 layers × 2 heads, each written once");
+        // Layer 0 of the next step: its groups are on their way before the step commits.
+        let rows = |n: usize, x: f32| vec![x; n * SHAPE.kv_dim()];
+        b.append(0, &rows(60, 1.0), &rows(60, 2.0)).unwrap();
+        assert_eq!(b.cold_end(), 32, "nothing reads them yet");
+        // A rollback waits for the writes in flight; they lie past the pool's end.
+        assert_eq!(b.truncate(40), 40);
+        assert_eq!(written(&b), (8 + 2 * 4) * group_bytes, "layer 0's four groups (tokens 32..96) went out at its append");
+        // A write that fails on its I/O thread fails the commit; the tokens stay in the window.
+        faults.failing_write.as_ref().unwrap().times.store(1, Ordering::Relaxed);
+        let err = push(&mut b, 40..120, &key).unwrap_err().to_string();
+        assert!(err.contains("write failed"), "{err}");
+        assert_eq!((b.len(), b.cold_end()), (120, 32));
+        push(&mut b, 120..130, &key).unwrap();
+        assert_eq!(b.cold_end(), 128);
         check_readable(&b);
         fault::clear(&dir);
         drop(b);

@@ -17,6 +17,7 @@ pub mod fault;
 pub mod full;
 pub mod headroom;
 pub mod hot;
+mod layer_spill;
 pub mod near_storage;
 pub mod offload;
 pub mod placement;

@@ -98,27 +98,34 @@ impl RecentWindow {
     /// fails, the window still holds every token and the groups already written lie past the
     /// cold pool's end (`base`), where nothing reads them, until a later spill overwrites them.
     pub fn write_groups(&self, cold: &ColdPool, groups: usize, order: Option<&SpillOrder>) -> Result<()> {
-        let hd = self.head_dim;
         // A lane's groups at once: a prompt chunk's spill is a few large writes per lane, not
         // one per 4 KiB group.
         let mut pages = cold.buffer(groups);
         let group_words = cold.layout().group_bytes() / 2;
         for layer in 0..self.n_layers {
             for head in 0..self.n_kv_heads {
-                let lane = layer * self.n_kv_heads + head;
-                for (g, page) in pages.as_u16_mut().chunks_exact_mut(group_words).take(groups).enumerate() {
-                    let (k, v) = page.split_at_mut(GROUP_TOKENS * hd);
-                    for row in 0..GROUP_TOKENS {
-                        let slot = g * GROUP_TOKENS + row;
-                        let token = order.map_or(self.base + slot, |o| o.token(lane, slot));
-                        k[row * hd..][..hd].copy_from_slice(self.row(layer, head, token, false));
-                        v[row * hd..][..hd].copy_from_slice(self.row(layer, head, token, true));
-                    }
-                }
+                self.pack_groups(layer, head, groups, order, pages.as_u16_mut(), group_words);
                 cold.write_groups(layer, head, self.base / GROUP_TOKENS, groups, pages.as_bytes())?;
             }
         }
         Ok(())
+    }
+
+    /// Lays the first `groups` groups of (layer, head) out as the cold pool keeps them (each
+    /// `group_words` long: K rows, then V rows), each slot holding the token `order` puts there
+    /// (text order without one).
+    pub fn pack_groups(&self, layer: usize, head: usize, groups: usize, order: Option<&SpillOrder>, dst: &mut [u16], group_words: usize) {
+        let hd = self.head_dim;
+        let lane = layer * self.n_kv_heads + head;
+        for (g, page) in dst.chunks_exact_mut(group_words).take(groups).enumerate() {
+            let (k, v) = page.split_at_mut(GROUP_TOKENS * hd);
+            for row in 0..GROUP_TOKENS {
+                let slot = g * GROUP_TOKENS + row;
+                let token = order.map_or(self.base + slot, |o| o.token(lane, slot));
+                k[row * hd..][..hd].copy_from_slice(self.row(layer, head, token, false));
+                v[row * hd..][..hd].copy_from_slice(self.row(layer, head, token, true));
+            }
+        }
     }
 
     /// Drops the first `groups` groups, written by [`RecentWindow::write_groups`]: the cold
