@@ -55,8 +55,8 @@ impl LayerSpills {
         let (tx, done) = mpsc::channel();
         let (cold, first) = (cold.clone(), window.base() / GROUP_TOKENS);
         io_pool().spawn(move || {
-            let lanes = pages.as_bytes().chunks_exact(lane_bytes).enumerate();
-            let written = lanes.map(|(head, bytes)| cold.write_groups(layer, head, first, groups, bytes)).collect();
+            let mut lanes = pages.as_bytes().chunks_exact(lane_bytes).enumerate();
+            let written = lanes.try_for_each(|(head, bytes)| cold.write_groups(layer, head, first, groups, bytes));
             let _ = tx.send(written); // the store may be gone; the pool file goes with the last reference
         });
         self.pending[layer] = Some(Pending { groups, done: Mutex::new(done) });
