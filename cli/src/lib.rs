@@ -352,8 +352,9 @@ pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
         attention = engine.model().attention().name(),
         "model loaded"
     );
-    if args.kv_config().store == StoreKind::NearStorage {
-        tracing::info!(x_cache = %args.kv_config().x_cache_plan(c.kv_shape(c.context_tokens), c.hidden_size), "near-storage attention");
+    let kv = args.kv_config();
+    if kv.store == StoreKind::NearStorage {
+        tracing::info!(x_cache = %kv.x_cache_plan(c.kv_shape(c.context_tokens), c.hidden_size), "near-storage attention");
     }
     Ok(engine)
 }
