@@ -72,8 +72,7 @@ fn a_layer_of_the_wrong_width_is_a_bad_model_file_not_a_panic() {
     // would be read past their ends by the fused q/k/v product.
     let k = tensors.iter_mut().find(|(n, _)| n == "blk.1.attn_k.weight").unwrap();
     k.1 = QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (32, 128), &Device::Cpu).unwrap(), GgmlDType::Q4_1).unwrap();
-    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    write_gguf(&path, &tiny_metadata("llama", 2), &refs);
+    write_gguf(&path, &tiny_metadata("llama", 2), &tensors);
     match gguf::load(&path) {
         Err(Error::BadModelFile { path: p, reason }) => {
             assert_eq!(p, path);
@@ -86,8 +85,7 @@ fn a_layer_of_the_wrong_width_is_a_bad_model_file_not_a_panic() {
     let mut tensors = tiny_tensors(false, 2);
     let v = tensors.iter_mut().find(|(n, _)| n == "blk.0.attn_v.weight").unwrap();
     v.1 = QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (16, 64), &Device::Cpu).unwrap(), GgmlDType::Q4_1).unwrap();
-    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    write_gguf(&path, &tiny_metadata("llama", 2), &refs);
+    write_gguf(&path, &tiny_metadata("llama", 2), &tensors);
     let err = gguf::load(&path).err().expect("a short V projection");
     assert!(matches!(&err, Error::BadModelFile { reason, .. } if reason.contains("layer 0 qkv")), "{err}");
 }
@@ -97,8 +95,7 @@ fn tiny_qwen2_gguf_runs_with_biases_and_gqa() {
     let dir = tempdir("tiny-qwen2");
     let path = dir.join("tiny-qwen2.gguf");
     let tensors = tiny_tensors(true, 2);
-    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    write_gguf(&path, &tiny_metadata("qwen2", 2), &refs);
+    write_gguf(&path, &tiny_metadata("qwen2", 2), &tensors);
     let loaded = gguf::load(&path).unwrap();
     assert!(loaded.weights.layers[0].qkv_bias.is_some());
     check_consistent(&Model::new(loaded.config, loaded.weights));
@@ -196,12 +193,26 @@ fn tiny_metadata(arch: &str, kv_heads: u32) -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// Random weights for the model [`tiny_metadata`] describes.
+/// Random weights for the model [`tiny_metadata`] describes, the same on every run (candle's
+/// CPU `Tensor::rand` cannot be seeded): a test's margins do not move from one run to the next.
 fn tiny_tensors(biases: bool, kv_heads: usize) -> Vec<(String, QTensor)> {
     let kv_dim = 16 * kv_heads;
-    let dev = Device::Cpu;
-    let q = |rows: usize, cols: usize| QTensor::quantize(&Tensor::rand(-0.3f32, 0.3, (rows, cols), &dev).unwrap(), GgmlDType::Q4_1).unwrap();
-    let f = |len: usize| QTensor::quantize(&Tensor::rand(0.8f32, 1.2, len, &dev).unwrap(), GgmlDType::F32).unwrap();
+    let state = std::cell::Cell::new(0x9e37_79b9_7f4a_7c15u64);
+    let uniform = |shape: &[usize], lo: f32, hi: f32| {
+        let values: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|_| {
+                // SplitMix64.
+                state.set(state.get().wrapping_add(0x9e37_79b9_7f4a_7c15));
+                let mut z = state.get();
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                lo + (hi - lo) * ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
+            })
+            .collect();
+        Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
+    };
+    let q = |rows: usize, cols: usize| QTensor::quantize(&uniform(&[rows, cols], -0.3, 0.3), GgmlDType::Q4_1).unwrap();
+    let f = |len: usize| QTensor::quantize(&uniform(&[len], 0.8, 1.2), GgmlDType::F32).unwrap();
     let mut out = vec![("token_embd.weight".to_string(), q(VOCAB, 64)), ("output_norm.weight".to_string(), f(64))];
     for l in 0..2 {
         let p = |n: &str| format!("blk.{l}.{n}");
@@ -215,7 +226,7 @@ fn tiny_tensors(biases: bool, kv_heads: usize) -> Vec<(String, QTensor)> {
         out.push((p("attn_norm.weight"), f(64)));
         out.push((p("ffn_norm.weight"), f(64)));
         if biases {
-            let b = |len: usize| QTensor::quantize(&Tensor::rand(-0.1f32, 0.1, len, &dev).unwrap(), GgmlDType::F32).unwrap();
+            let b = |len: usize| QTensor::quantize(&uniform(&[len], -0.1, 0.1), GgmlDType::F32).unwrap();
             out.push((p("attn_q.bias"), b(64)));
             out.push((p("attn_k.bias"), b(kv_dim)));
             out.push((p("attn_v.bias"), b(kv_dim)));
@@ -224,10 +235,11 @@ fn tiny_tensors(biases: bool, kv_heads: usize) -> Vec<(String, QTensor)> {
     out
 }
 
-fn write_gguf(path: &Path, metadata: &[(&str, Value)], tensors: &[(&str, &QTensor)]) {
+fn write_gguf(path: &Path, metadata: &[(&str, Value)], tensors: &[(String, QTensor)]) {
     let meta: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let mut file = std::fs::File::create(path).unwrap();
-    gguf_file::write(&mut file, &meta, tensors).unwrap();
+    gguf_file::write(&mut file, &meta, &tensors).unwrap();
 }
 
 /// HILOS's X-cache, on a model with a KV head per query head: a token's layer input (64 values)
@@ -240,8 +252,7 @@ fn x_cache_rebuilds_the_k_v_it_did_not_keep() {
     let dir = tempdir("x-cache");
     let path = dir.join("tiny-mha.gguf");
     let tensors = tiny_tensors(true, 4);
-    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    write_gguf(&path, &tiny_metadata("qwen2", 4), &refs);
+    write_gguf(&path, &tiny_metadata("qwen2", 4), &tensors);
     let loaded = gguf::load(&path).unwrap();
     let model = Model::new(loaded.config, loaded.weights);
     let shape = model.kv_shape(256);
