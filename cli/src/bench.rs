@@ -1,16 +1,15 @@
 //! `hillside bench decode`: prefill and decode speed with the whole cache in memory, next to
 //! this machine's memory read bandwidth, so each figure can be read against its roofline.
 
+use crate::prompt_cache::feed_prompt;
 use crate::{load_engine, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_engine::kv::cold::GROUP_TOKENS;
-use hillside_engine::kv::{snapshot, KvStore};
 use hillside_engine::sampling::argmax;
 use hillside_engine::{Engine, Logits};
 use rayon::prelude::*;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -171,56 +170,10 @@ fn memory_read_gb_per_s() -> f64 {
 }
 
 fn prefill(engine: &Engine, model: &ModelArgs, tokens: &[u32], chunk: usize, cache: Option<&Path>) -> Result<(hillside_engine::Sequence, Vec<f32>, PrefillResult)> {
-    let mut seq = model.new_sequence(engine)?;
     let start = Instant::now();
-    // The prompt but its last chunk may come from the cache, or go into it once computed.
-    let head = (tokens.len().saturating_sub(1) / chunk) * chunk;
-    let cached = cache.filter(|_| head > 0).map(|dir| PromptSnapshot::new(dir, model, &tokens[..head]));
-    let mut replayed_tokens = 0;
-    if let Some(snapshot) = cached.as_ref().filter(|s| s.path.exists()) {
-        match snapshot::load(&snapshot.path, &snapshot.tag, seq.kv.as_mut()) {
-            Ok(n) => replayed_tokens = n,
-            Err(e) => {
-                eprintln!("not replaying {}: {e}; computing the prompt", snapshot.path.display());
-                seq = model.new_sequence(engine)?;
-            }
-        }
-    }
-    let mut logits = Vec::new();
-    for piece in tokens[replayed_tokens..].chunks(chunk) {
-        logits = engine.model().forward(piece, seq.kv.as_mut(), Logits::Last)?;
-        if let Some(snapshot) = cached.as_ref().filter(|_| replayed_tokens == 0 && seq.kv.len_tokens() == head) {
-            snapshot.save(seq.kv.as_mut(), head)?;
-        }
-    }
+    let (seq, logits, replayed_tokens) = feed_prompt(engine, model, || model.new_sequence(engine), tokens, chunk, cache)?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     Ok((seq, logits, PrefillResult { tokens: tokens.len(), ms, tokens_per_s: tokens.len() as f64 / (ms / 1e3), replayed_tokens }))
-}
-
-/// Where `--prompt-cache` keeps one prompt's K/V: a file named by a hash of the model and the
-/// prompt's tokens, which the snapshot also carries (a file for another prompt is refused).
-struct PromptSnapshot {
-    path: PathBuf,
-    tag: [u8; 32],
-}
-
-impl PromptSnapshot {
-    fn new(dir: &Path, model: &ModelArgs, tokens: &[u32]) -> Self {
-        let mut hash = Sha256::new();
-        hash.update(model.model().unwrap_or("default").as_bytes());
-        hash.update((tokens.len() as u64).to_le_bytes());
-        tokens.iter().for_each(|t| hash.update(t.to_le_bytes()));
-        let tag: [u8; 32] = hash.finalize().into();
-        let name: String = tag[..16].iter().map(|b| format!("{b:02x}")).collect();
-        Self { path: dir.join(format!("prompt-{name}.kv")), tag }
-    }
-
-    fn save(&self, kv: &mut dyn KvStore, tokens: usize) -> Result<()> {
-        std::fs::create_dir_all(self.path.parent().unwrap_or(Path::new("."))).with_context(|| format!("creating {}", self.path.display()))?;
-        let bytes = snapshot::save(kv, tokens, &self.tag, &self.path).with_context(|| format!("saving the prompt's K/V to {}", self.path.display()))?;
-        eprintln!("kept the prompt's K/V ({tokens} tokens, {} MB) in {}", bytes / 1_000_000, self.path.display());
-        Ok(())
-    }
 }
 
 pub fn decode(args: &DecodeArgs) -> Result<()> {

@@ -4,10 +4,12 @@
 use crate::{load_engine, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use hillside_engine::eval::{teacher_forced, AttentionMass, AttentionMassProbe, IdealSelector, TeacherForced};
-use hillside_engine::kv::{KvStats, StoreKind};
+use crate::prompt_cache::feed_prompt;
+use hillside_engine::eval::{teacher_forced_from, AttentionMass, AttentionMassProbe, IdealSelector, TeacherForced};
+use hillside_engine::kv::{KvStats, KvStore, StoreKind};
 use hillside_engine::Engine;
 use serde::Serialize;
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -56,6 +58,12 @@ pub struct EvalArgs {
     /// rest chosen by exact attention (f32 keys, true softmax) — the ceiling of any scorer.
     #[arg(long)]
     pub ideal: bool,
+    /// Keeps the window's prompt K/V in this folder and replays it into every store after the
+    /// first (see `bench decode --prompt-cache`): one prefill instead of one per pass, for long
+    /// windows scored over their last tokens (`--tokens 32768 --prompt-tokens 32512`). A
+    /// replayed prompt seeds the tiered store's hit table from its last chunk only.
+    #[arg(long)]
+    pub prompt_cache: Option<PathBuf>,
 }
 
 impl EvalArgs {
@@ -63,6 +71,27 @@ impl EvalArgs {
     /// attend to everything wherever memory is spare, and the evaluation is of its selection.
     fn kv_config(&self, store: StoreKind) -> hillside_engine::kv::KvConfig {
         hillside_engine::kv::KvConfig { store, spare_copy: false, ..self.model.kv_config() }
+    }
+
+    /// Teacher-forces `window` through the store `config` makes, its KV store first wrapped by
+    /// `wrap` (a probe, the ideal selector): the prompt fed in 256-token chunks, replayed from
+    /// `--prompt-cache` where it holds it.
+    fn teacher_force(
+        &self,
+        engine: &Engine,
+        config: &hillside_engine::kv::KvConfig,
+        window: &[u32],
+        wrap: impl Fn(Box<dyn KvStore>) -> Box<dyn KvStore>,
+    ) -> Result<(TeacherForced, KvStats)> {
+        let new_sequence = || {
+            let mut seq = engine.new_sequence_with(config, Some(self.tokens))?;
+            seq.kv = wrap(seq.kv);
+            Ok(seq)
+        };
+        let prompt = &window[..self.prompt_tokens];
+        let (mut seq, logits, _) = feed_prompt(engine, &self.model, new_sequence, prompt, 256, self.prompt_cache.as_deref())?;
+        let run = teacher_forced_from(engine, &mut seq, logits, &window[self.prompt_tokens..], |_| {})?;
+        Ok((run, seq.kv.stats()))
     }
 }
 
@@ -160,9 +189,7 @@ fn ideal(engine: &Engine, args: &EvalArgs, window: &[u32], reference: &TeacherFo
     eprintln!("ideal selector: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
     let kv = args.model.kv_config();
     let config = hillside_engine::kv::KvConfig { hot_budget_bytes: Some(1 << 40), ..args.kv_config(StoreKind::Tiered) };
-    let mut seq = engine.new_sequence_with(&config, Some(args.tokens))?;
-    seq.kv = Box::new(IdealSelector::wrap(seq.kv, kv.sink_tokens, kv.recent_tokens));
-    let run = teacher_forced(engine, &mut seq, window, args.prompt_tokens, 256, |_| {})?;
+    let (run, _) = args.teacher_force(engine, &config, window, |kv_store| Box::new(IdealSelector::wrap(kv_store, kv.sink_tokens, kv.recent_tokens)))?;
     Ok(IdealResult {
         perplexity: run.perplexity(),
         perplexity_change_pct: 100.0 * (run.perplexity() / reference.perplexity() - 1.0),
@@ -264,22 +291,24 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     let mut results = Vec::new();
     for &store in &stores {
         let config = args.kv_config(store);
-        let mut seq = engine.new_sequence_with(&config, Some(args.tokens))?;
         eprintln!("{store}: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
         let start = Instant::now();
-        let run = teacher_forced(&engine, &mut seq, window, args.prompt_tokens, 256, |_| {})?;
+        let (run, stats) = args.teacher_force(&engine, &config, window, |kv_store| kv_store)?;
         let seconds = start.elapsed().as_secs_f64();
-        let stats = seq.kv.stats();
         // The attention mass needs exact scores over every key: a second, slower pass, for
         // the stores that select (one that attends to every token holds all of the mass).
         let mass = if store.attends_to_every_token() {
             None
         } else {
             eprintln!("{store}: attention mass over the same tokens ...");
-            let mut seq = engine.new_sequence_with(&config, Some(args.tokens))?;
-            let (probe, mass) = AttentionMassProbe::wrap(seq.kv);
-            seq.kv = Box::new(probe);
-            teacher_forced(&engine, &mut seq, window, args.prompt_tokens, 256, |_| {})?;
+            // The probe of the sequence that ran (a failed replay starts a second one).
+            let mass = RefCell::new(None);
+            args.teacher_force(&engine, &config, window, |kv_store| {
+                let (probe, handle) = AttentionMassProbe::wrap(kv_store);
+                *mass.borrow_mut() = Some(handle);
+                Box::new(probe)
+            })?;
+            let mass = mass.into_inner().context("the attention probe never ran")?;
             let mass = mass.lock().map_err(|_| anyhow::anyhow!("attention probe poisoned"))?.clone();
             Some(mass)
         };

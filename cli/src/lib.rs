@@ -13,6 +13,7 @@ mod devices;
 mod docs;
 mod eval;
 pub mod models;
+mod prompt_cache;
 pub mod serve;
 
 use anyhow::{Context, Result};

@@ -427,3 +427,34 @@ fn bench_decode_keeps_the_prompt_and_replays_it_and_a_damaged_one_is_computed_ag
     assert_eq!(cold_files(&cold), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn eval_replays_the_kept_prompt_into_each_store_and_offload_scores_as_full() {
+    let dir = std::env::temp_dir().join(format!("hillside-cli-eval-{}", std::process::id()));
+    let (cache, json) = (dir.join("prompts"), dir.join("eval.json"));
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/pride-and-prejudice.txt");
+    let out = hillside()
+        .args(["eval", "--stores", "offload", "--tokens", "640", "--prompt-tokens", "512", "--no-passkey", "--greedy-prompts", "0", "--text", text])
+        .arg("--prompt-cache")
+        .arg(&cache)
+        .arg("--cold-dir")
+        .arg(dir.join("cold"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Full computed the prompt and kept it; offload replayed it, and attends to every token.
+    assert!(stderr.contains("kept the prompt's K/V (256 tokens"), "{stderr}");
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let results = report["results"].as_array().unwrap();
+    assert_eq!(report["scored_tokens"], 128);
+    assert_eq!((results[0]["store"].as_str(), results[1]["store"].as_str()), (Some("full"), Some("offload")));
+    assert!(results[0]["perplexity"].as_f64().unwrap() > 1.0, "{report}");
+    assert_eq!(results[1]["perplexity"], results[0]["perplexity"], "{report}");
+    assert_eq!(results[1]["top1_agreement"], 1.0, "{report}");
+    assert_eq!(cold_files(&dir.join("cold")), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -44,15 +44,27 @@ pub fn teacher_forced(
     tokens: &[u32],
     prompt_len: usize,
     chunk_tokens: usize,
-    mut after_step: impl FnMut(&Sequence),
+    after_step: impl FnMut(&Sequence),
 ) -> Result<TeacherForced> {
     let mut logits = Vec::new();
     for chunk in tokens[..prompt_len].chunks(chunk_tokens.max(1)) {
         logits = engine.model().forward(chunk, seq.kv.as_mut(), Logits::Last)?;
         seq.tokens.extend_from_slice(chunk);
     }
+    teacher_forced_from(engine, seq, logits, &tokens[prompt_len..], after_step)
+}
+
+/// [`teacher_forced`] over a prompt already fed: scores `tokens` from the prompt's last
+/// `logits` on.
+pub fn teacher_forced_from(
+    engine: &Engine,
+    seq: &mut Sequence,
+    mut logits: Vec<f32>,
+    tokens: &[u32],
+    mut after_step: impl FnMut(&Sequence),
+) -> Result<TeacherForced> {
     let mut out = TeacherForced::default();
-    for &t in &tokens[prompt_len..] {
+    for &t in tokens {
         out.nll.push(-log_prob(&logits, t));
         out.top1.push(argmax(&logits));
         logits = engine.model().forward(&[t], seq.kv.as_mut(), Logits::Last)?;
