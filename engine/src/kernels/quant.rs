@@ -327,15 +327,17 @@ impl UqMatrix {
         let offset = match &first.offset {
             Offset::Zero(z) => Offset::Zero(*z),
             Offset::PerBlock(_) => {
-                Offset::PerBlock(parts.iter().flat_map(|p| if let Offset::PerBlock(m) = &p.offset { m.as_slice() } else { &[] }).copied().collect())
+                Offset::PerBlock(parts.iter().map(|p| if let Offset::PerBlock(m) = &p.offset { m.as_slice() } else { &[] }).collect::<Vec<_>>().concat())
             }
         };
+        // `concat` allocates exactly what the parts hold; a collected `flat_map` grows by
+        // doubling and can leave a stacked matrix with up to twice its size resident.
         Some(Self {
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
             bits: first.bits,
-            qs: parts.iter().flat_map(|p| p.qs.iter().copied()).collect(),
-            d: parts.iter().flat_map(|p| p.d.iter().copied()).collect(),
+            qs: parts.iter().map(|p| p.qs.as_slice()).collect::<Vec<_>>().concat(),
+            d: parts.iter().map(|p| p.d.as_slice()).collect::<Vec<_>>().concat(),
             offset,
         })
     }

@@ -82,6 +82,13 @@ impl HotPool {
         (self.owner.len() - self.free.len()) * self.row_bytes()
     }
 
+    /// Bytes of the index beside the rows: each lane's token tables, and the slots' owners.
+    /// It grows with the tokens the lanes have seen (a table entry per token), not the rows.
+    pub fn index_bytes(&self) -> usize {
+        let lanes: usize = self.lanes.iter().map(|l| 4 * l.slot_of.capacity() + 8 * l.bits.capacity() + 4 * l.tokens.capacity()).sum();
+        lanes + self.owner.capacity() * std::mem::size_of::<SlotOwner>() + 4 * self.free.capacity()
+    }
+
     fn slot(&self, lane: usize, token: u32) -> Option<usize> {
         match self.lanes[lane].slot_of.get(token as usize) {
             Some(&s) if s != ABSENT => Some(s as usize),
@@ -241,6 +248,16 @@ mod tests {
         assert_eq!(pool.bytes(), 4 * pool.row_bytes());
         assert_eq!(pool.bitmap(2), [0b1_1011 << 20]);
         assert!(pool.bitmap(0).iter().all(|&w| w == 0));
+    }
+
+    #[test]
+    fn the_index_grows_with_the_tokens_a_lane_has_seen_not_the_rows_it_holds() {
+        let mut pool = HotPool::new(2, 2, 4);
+        let empty = pool.index_bytes();
+        pool.insert(1, 9_999, &[1, 2], &[3, 4]);
+        // One row, but a table entry (4 bytes) and a bit for each token up to it.
+        assert!(pool.index_bytes() >= empty + 4 * 10_000 + 10_000 / 8, "{}", pool.index_bytes());
+        assert_eq!(pool.bytes(), pool.row_bytes());
     }
 
     #[test]

@@ -226,6 +226,13 @@ impl TieredKvStore {
         self.hot.bytes() + key_bytes + window_tokens * self.hot.row_bytes() * self.shape.n_kv_heads
     }
 
+    /// Per-token bookkeeping beside the budget: hits, the placement maps, the hot pool's
+    /// index and the page bits (about 9 bytes per token and lane).
+    fn bookkeeping_bytes(&self) -> usize {
+        let hits: usize = self.hits.iter().chain(&self.prompt_hits).map(|h| 2 * h.capacity()).sum();
+        hits + self.backing.placement_bytes() + self.hot.index_bytes() + 8 * self.group_bits.capacity()
+    }
+
     fn lane(&self, layer: usize, head: usize) -> usize {
         layer * self.shape.n_kv_heads + head
     }
@@ -640,8 +647,7 @@ impl KvStore for TieredKvStore {
                 + self.prefetch.bytes()
                 + self.candidates.bytes()
                 + self.weakest.bytes()
-                + self.backing.placement_bytes()
-                + self.prompt_hits.iter().map(|h| 2 * h.capacity()).sum::<usize>()
+                + self.bookkeeping_bytes()
                 + self.spare.as_ref().map_or(0, SpareCopy::bytes),
             cold_bytes: self.backing.cold_bytes(),
             cold_bytes_read,

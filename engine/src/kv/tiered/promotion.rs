@@ -59,6 +59,14 @@ impl Candidates {
             return;
         }
         let rw = self.row_words;
+        if self.rows.capacity() == 0 {
+            // Once, exactly: grown by doubling, the buffers would settle at up to twice the
+            // share of the budget they are allowed.
+            self.rows.reserve_exact(self.max_rows);
+            self.k.reserve_exact(self.max_rows * rw);
+            self.v.reserve_exact(self.max_rows * rw);
+            self.weakest.reserve_exact(self.max_rows);
+        }
         let slot = if self.rows.len() < self.max_rows {
             self.rows.push((0, 0, 0));
             self.k.extend_from_slice(k);
