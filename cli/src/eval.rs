@@ -60,7 +60,7 @@ pub struct EvalArgs {
     pub ideal: bool,
     /// Keeps the window's prompt K/V in this folder and replays it into every store after the
     /// first (see `bench decode --prompt-cache`): one prefill instead of one per pass, for long
-    /// windows scored over their last tokens (`--tokens 32768 --prompt-tokens 32512`). A
+    /// windows scored over their last tokens (`--tokens 32768 --prompt-tokens 32256`). A
     /// replayed prompt seeds the tiered store's hit table from its last chunk only.
     #[arg(long)]
     pub prompt_cache: Option<PathBuf>,

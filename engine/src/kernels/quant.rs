@@ -331,7 +331,7 @@ impl UqMatrix {
             }
         };
         // `concat` allocates exactly what the parts hold; a collected `flat_map` grows by
-        // doubling and can leave a stacked matrix with up to twice its size resident.
+        // doubling and can leave a stacked matrix with up to twice its size allocated.
         Some(Self {
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
