@@ -217,6 +217,9 @@ fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
     let mut child = hillside()
         .args(["serve", "--port", "0", "--kv", "tiered", "--context", "2048", "--shutdown-grace-s", "1", "--cold-dir"])
         .arg(&dir)
+        // A library of its own: the tests run at once, and a library has one process at a time.
+        .arg("--documents-dir")
+        .arg(dir.join("documents"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -277,8 +280,12 @@ fn serve_keeps_serving_when_its_stdout_is_closed() {
     use std::io::Read;
     // A parent that never reads the banner: the pipe is closed before the server writes it.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = std::env::temp_dir().join(format!("hillside-cli-serve-stdout-{}", std::process::id()));
     let mut child = hillside()
-        .args(["serve", "--port", &port.to_string(), "--context", "512", "--shutdown-grace-s", "1"])
+        .args(["serve", "--port", &port.to_string(), "--context", "512", "--shutdown-grace-s", "1", "--documents-dir"])
+        .arg(dir.join("documents"))
+        .arg("--cold-dir")
+        .arg(&dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -303,6 +310,7 @@ fn serve_keeps_serving_when_its_stdout_is_closed() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
     assert!(child.wait().unwrap().success(), "a clean exit");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Debian's XRT 2.13 user-space library (libxrt-dev, installed by scripts/setup.sh) with no card:
