@@ -7,6 +7,9 @@
 //! scales (f32, `[head][token]`), the query (i8, `[head][head_dim]`), and the expected score
 //! blocks: `[head][token]` (u32 position, f32 score) pairs.
 
+mod common;
+
+use common::rng::SplitMix64;
 use hillside_engine::score::device::{head_region_bytes, reference_scores, row_bytes, supports};
 use hillside_engine::score::KeyBits;
 use std::path::PathBuf;
@@ -24,29 +27,11 @@ const CASES: &[(KeyBits, usize, usize, usize, usize)] = &[
     (KeyBits::Int4, 64, 3, 31, 32),
 ];
 
-/// splitmix64: vectors that do not depend on any crate's random number generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `-max..=max`.
-    fn level(&mut self, max: i64) -> i64 {
-        (self.next() % (2 * max as u64 + 1)) as i64 - max
-    }
-}
-
 fn vector(case: usize) -> Vec<u8> {
     let (bits, head_dim, n_heads, n_tokens, block_tokens) = CASES[case];
     assert!(supports(bits, head_dim));
     let first_position = 1000 * case as u32;
-    let mut rng = Rng(case as u64 + 1);
+    let mut rng = SplitMix64(case as u64 + 1);
     let (rb, region) = (row_bytes(bits, head_dim), head_region_bytes(bits, head_dim, n_tokens));
     let mut keys = vec![0u8; n_heads * region];
     for h in 0..n_heads {

@@ -6,6 +6,7 @@ mod common;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
+use common::rng::SplitMix64;
 use hillside_engine::model::{gguf, safetensors, Model};
 use hillside_engine::{Engine, Error, Logits};
 use std::collections::HashMap;
@@ -197,18 +198,9 @@ fn tiny_metadata(arch: &str, kv_heads: u32) -> Vec<(&'static str, Value)> {
 /// CPU `Tensor::rand` cannot be seeded): a test's margins do not move from one run to the next.
 fn tiny_tensors(biases: bool, kv_heads: usize) -> Vec<(String, QTensor)> {
     let kv_dim = 16 * kv_heads;
-    let state = std::cell::Cell::new(0x9e37_79b9_7f4a_7c15u64);
+    let rng = std::cell::RefCell::new(SplitMix64(0x9e37_79b9_7f4a_7c15));
     let uniform = |shape: &[usize], lo: f32, hi: f32| {
-        let values: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| {
-                // SplitMix64.
-                state.set(state.get().wrapping_add(0x9e37_79b9_7f4a_7c15));
-                let mut z = state.get();
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                lo + (hi - lo) * ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
-            })
-            .collect();
+        let values: Vec<f32> = (0..shape.iter().product::<usize>()).map(|_| rng.borrow_mut().uniform(lo, hi)).collect();
         Tensor::from_vec(values, shape, &Device::Cpu).unwrap()
     };
     let q = |rows: usize, cols: usize| QTensor::quantize(&uniform(&[rows, cols], -0.3, 0.3), GgmlDType::Q4_1).unwrap();
