@@ -58,9 +58,10 @@ pub struct EvalArgs {
     /// rest chosen by exact attention (f32 keys, true softmax) — the ceiling of any scorer.
     #[arg(long)]
     pub ideal: bool,
-    /// Keeps the window's prompt K/V in this folder and replays it into every store after the
-    /// first (see `bench decode --prompt-cache`): one prefill instead of one per pass, for long
-    /// windows scored over their last tokens (`--tokens 32768 --prompt-tokens 32256`). A
+    /// Keeps the window's prompt K/V, and each passkey prompt's, in this folder and replays it
+    /// into every store after the first (see `bench decode --prompt-cache`): one prefill instead
+    /// of one per pass, for long windows scored over their last tokens (`--tokens 32768
+    /// --prompt-tokens 32256`) and for passkeys at long contexts. A
     /// replayed prompt seeds the tiered store's hit table from its last chunk only.
     #[arg(long)]
     pub prompt_cache: Option<PathBuf>,
@@ -140,7 +141,10 @@ fn passkey(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKin
             let mut correct = 0;
             for &(key, depth) in &trials {
                 let prompt = passkey_prompt(engine, context, key, depth)?;
-                let mut seq = engine.new_sequence_with(&config, Some(context))?;
+                // All but the question's last token, replayed from `--prompt-cache` where it
+                // holds it; `generate` then runs that token and answers.
+                let new_sequence = || Ok(engine.new_sequence_with(&config, Some(context))?);
+                let (mut seq, _, _) = feed_prompt(engine, &args.model, new_sequence, &prompt[..prompt.len() - 1], 256, args.prompt_cache.as_deref())?;
                 let params = hillside_engine::GenerateParams {
                     max_tokens: 8,
                     sampling: hillside_engine::SamplingParams::greedy(),

@@ -442,7 +442,8 @@ fn eval_replays_the_kept_prompt_into_each_store_and_offload_scores_as_full() {
     let (cache, json) = (dir.join("prompts"), dir.join("eval.json"));
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/pride-and-prejudice.txt");
     let out = hillside()
-        .args(["eval", "--stores", "offload", "--tokens", "640", "--prompt-tokens", "512", "--no-passkey", "--greedy-prompts", "0", "--text", text])
+        .args(["eval", "--stores", "offload", "--tokens", "640", "--prompt-tokens", "512", "--greedy-prompts", "0", "--text", text])
+        .args(["--passkey-contexts", "640", "--passkey-trials", "1"])
         .arg("--prompt-cache")
         .arg(&cache)
         .arg("--cold-dir")
@@ -453,9 +454,11 @@ fn eval_replays_the_kept_prompt_into_each_store_and_offload_scores_as_full() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    // Full computed the prompt and kept it; offload replayed it, and attends to every token.
+    // Full computed the window's prompt and the passkey's and kept them; offload replayed
+    // them, and attends to every token.
     assert!(stderr.contains("kept the prompt's K/V (256 tokens"), "{stderr}");
-    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 2, "{stderr}");
+    assert_eq!(stderr.matches("kept the prompt's K/V").count(), 2, "kept once each, replayed after: {stderr}");
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let results = report["results"].as_array().unwrap();
     assert_eq!(report["scored_tokens"], 128);
@@ -463,6 +466,9 @@ fn eval_replays_the_kept_prompt_into_each_store_and_offload_scores_as_full() {
     assert!(results[0]["perplexity"].as_f64().unwrap() > 1.0, "{report}");
     assert_eq!(results[1]["perplexity"], results[0]["perplexity"], "{report}");
     assert_eq!(results[1]["top1_agreement"], 1.0, "{report}");
+    let passkeys = report["passkey"].as_array().unwrap();
+    assert_eq!(passkeys.len(), 2, "{report}");
+    assert_eq!((passkeys[0]["correct"].as_u64(), passkeys[1]["correct"].as_u64()), (Some(1), Some(1)), "both find the key: {report}");
     assert_eq!(cold_files(&dir.join("cold")), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
