@@ -18,6 +18,7 @@ pub mod serve;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use hillside_engine::kv::cold_format::ColdType;
 use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::{EvaluatorKind, KvConfig, SelectorKind, StoreKind};
 use hillside_engine::score::KeyBits;
@@ -158,6 +159,11 @@ pub struct ModelArgs {
     /// or position [default: keys].
     #[arg(long)]
     pub placement: Option<PlacementKind>,
+    /// Offload, tiered and near-storage: how the cold pool keeps K and V on disk: f16, or q8
+    /// (8 bits a value, keys scaled per channel and values per token as in KIVI: 37.5% fewer
+    /// bytes on every cold read) [default: f16].
+    #[arg(long)]
+    pub cold_type: Option<ColdType>,
     /// Tiered: what a decode step's budget selects: tokens (the best-scoring ones, one by one),
     /// riders (those, and the tokens ranked just below whose rows the step holds anyway: in a
     /// page it reads, or in memory), or pages (whole cold-pool pages holding the most estimated
@@ -203,6 +209,7 @@ impl ModelArgs {
         set(&mut c.evaluator, self.evaluator);
         set(&mut c.guard_mass, self.guard_mass);
         set(&mut c.placement, self.placement);
+        set(&mut c.cold_type, self.cold_type);
         set(&mut c.selector, self.selector);
         set(&mut c.sparf_dims, self.sparf_dims);
         set(&mut c.spare_copy, self.spare_copy);
@@ -232,6 +239,7 @@ impl ModelArgs {
             format!("--evaluator={}", c.evaluator),
             format!("--guard-mass={}", c.guard_mass),
             format!("--placement={}", c.placement),
+            format!("--cold-type={}", c.cold_type),
             format!("--selector={}", c.selector),
             format!("--sparf-dims={}", c.sparf_dims),
             format!("--spare-copy={}", c.spare_copy),

@@ -29,7 +29,7 @@ fn full_and_read_only_filesystems_are_clear_errors() {
     }
     let base: PathBuf = std::env::temp_dir().join(format!("hillside-fs-{}", std::process::id()));
     // 30 layers × 3 heads × 512 groups × 4 KiB = 184 MB wanted; the filesystem has 1 MB.
-    let layout = ColdLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, max_groups: 512 };
+    let layout = ColdLayout::f16(30, 3, 64, 512);
 
     let full = base.join("full");
     mount_tmpfs(&full, "size=1m");
@@ -48,7 +48,7 @@ fn full_and_read_only_filesystems_are_clear_errors() {
     assert!(err.contains("writable cold-pool directory"), "{err}");
 
     // A pool that fits works there (buffered where the kernel's tmpfs refuses O_DIRECT).
-    let small = ColdLayout { n_layers: 1, n_kv_heads: 1, head_dim: 64, max_groups: 4 };
+    let small = ColdLayout::f16(1, 1, 64, 4);
     let pool = ColdPool::create(&full, small).unwrap();
     let mut buf = pool.buffer(1);
     buf.as_u16_mut()[5] = 42;

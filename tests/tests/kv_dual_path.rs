@@ -8,6 +8,7 @@
 
 use hillside_engine::kv::backing::DiskBacking;
 use hillside_engine::kv::cold::GROUP_TOKENS;
+use hillside_engine::kv::cold_format::ColdType;
 use hillside_engine::kv::headroom::MemoryCap;
 use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::KvShape;
@@ -69,7 +70,7 @@ fn cold_reads_use_the_page_cache_when_memory_is_free_and_go_direct_under_a_cgrou
     }
     // Free memory: the page cache serves every region.
     let dir = cold_dir("free");
-    let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys).unwrap();
+    let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
     let (lanes, cached) = run_pool(&mut b, 0..2048);
     assert_eq!(lanes, SHAPE.n_layers * SHAPE.n_kv_heads, "this machine has memory to spare");
     assert!(cached > 0);
@@ -132,7 +133,7 @@ fn wait_for_parent() {
 fn capped_child() {
     wait_for_parent();
     let dir = cold_dir("capped");
-    let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys).unwrap();
+    let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
     let report = |(lanes, cached): (usize, u64)| {
         let headroom = hillside_engine::kv::headroom::Headroom::measure();
         println!("dual-path lanes {lanes} cached_bytes {cached} cgroup_limited {} headroom_mb {}", headroom.cgroup_limited, headroom.bytes >> 20);

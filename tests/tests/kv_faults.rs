@@ -125,7 +125,7 @@ fn a_truncation_that_cannot_read_back_keeps_less_and_the_next_turn_answers_as_a_
         assert!(shared % GROUP_TOKENS != 0 && seq.kv.stats().cold_bytes > shared * 23_040, "the cut falls inside a spilled group");
         // The next turn cuts the cache inside group `shared / 16`, which must be read back: damage it.
         let shape = engine.model().kv_shape(1024);
-        let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups: 1024 / GROUP_TOKENS };
+        let layout = ColdLayout::f16(shape.n_layers, shape.n_kv_heads, shape.head_dim, 1024 / GROUP_TOKENS);
         damage_group(&dir, layout, 12, 1, shared / GROUP_TOKENS);
         let (answer, reused) = run(&mut seq, &second);
         assert_eq!(reused, shared / GROUP_TOKENS * GROUP_TOKENS, "{store:?}: the sequence keeps the whole groups before the damaged one");

@@ -12,6 +12,7 @@
 //! - a truncation keeps what it can read back and says how much that is.
 
 use super::cold::{ColdLayout, ColdPool, BLOCK_GROUPS, GROUP_TOKENS};
+use super::cold_format::ColdType;
 use super::headroom::{Headroom, HEADROOM_RESERVE_BYTES, PRESSURE_LIMIT_BP, REMEASURE_AFTER};
 use super::layer_spill::LayerSpills;
 use super::placement::{Placement, PlacementKind, BLOCK_TOKENS};
@@ -45,9 +46,9 @@ impl DiskBacking {
     /// heads dealt across them), with room for
     /// the SmartSSD's scoring-key chunks of `key_chunk_bytes` (0 for none), spilled tokens
     /// placed as `placement` says.
-    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], key_chunk_bytes: usize, placement: PlacementKind) -> Result<Self> {
+    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], key_chunk_bytes: usize, placement: PlacementKind, cold_type: ColdType) -> Result<Self> {
         let max_groups = shape.max_tokens.div_ceil(GROUP_TOKENS);
-        let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups };
+        let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups, cold_type };
         Ok(Self {
             cold: Arc::new(ColdPool::create_in(cold_dirs, layout, key_chunk_bytes)?),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
@@ -135,7 +136,7 @@ impl DiskBacking {
         }
         self.read_path_chosen = Some(Instant::now());
         let lanes = self.shape.n_layers * self.shape.n_kv_heads;
-        let lane_bytes = (self.window.base() / GROUP_TOKENS) as u64 * self.cold.layout().group_bytes() as u64;
+        let lane_bytes = (self.window.base() / GROUP_TOKENS) as u64 * self.cold.layout().disk_group_bytes() as u64;
         let headroom = Headroom::measure();
         let cached = cached_lanes(headroom, lane_bytes, lanes);
         if cached != self.cold.cached_lanes() {
@@ -273,9 +274,10 @@ impl DiskBacking {
         (self.cold.cached_lanes().min(lanes), lanes, self.cold.stats.bytes_read_cached.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Bytes of K/V in the cold pool.
+    /// Bytes of K/V in the cold pool, as it keeps them.
     pub fn cold_bytes(&self) -> usize {
-        self.window.base() * self.shape.bytes_per_token()
+        let lanes = self.shape.n_layers * self.shape.n_kv_heads;
+        self.window.base() / GROUP_TOKENS * lanes * self.cold.layout().disk_group_bytes()
     }
 }
 
@@ -355,7 +357,7 @@ mod tests {
         ];
         for (name, key) in key_sets {
             let dir = std::env::temp_dir().join(format!("hillside-backing-{}-{}", name.replace(' ', "-"), std::process::id()));
-            let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys).unwrap();
+            let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
             // A prompt chunk, another across a block boundary, then tokens one at a time.
             push(&mut b, 0..256, key).unwrap();
             push(&mut b, 256..600, key).unwrap();
@@ -380,7 +382,7 @@ mod tests {
         let faults = fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 20, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() });
         let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
         let lanes = SHAPE.n_layers * SHAPE.n_kv_heads;
-        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Hits).unwrap();
+        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Hits, ColdType::F16).unwrap();
         push(&mut b, 0..600, &key).unwrap();
         for t in 600..700 {
             push(&mut b, t..t + 1, &key).unwrap();
@@ -422,7 +424,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hillside-backing-layer-spill-{}", std::process::id()));
         let faults = fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 6, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() });
         let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
-        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Position).unwrap();
+        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Position, ColdType::F16).unwrap();
         let written = |b: &DiskBacking| b.cold().stats.bytes_written.load(Ordering::Relaxed);
         let group_bytes = b.cold().layout().group_bytes() as u64;
         push(&mut b, 0..40, &key).unwrap();
@@ -453,7 +455,7 @@ mod tests {
         // The write of layer 1's group 5 fails once: the spill has written some pages by then.
         fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 5, errno: libc::EIO, times: AtomicUsize::new(1) }), ..Default::default() });
         let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
-        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys).unwrap();
+        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
         push(&mut b, 0..64, &key).unwrap();
         let err = push(&mut b, 64..256, &key).unwrap_err().to_string();
         assert!(err.contains("write failed"), "{err}");

@@ -3,7 +3,8 @@
 //! [`GROUP_TOKENS`] tokens, laid out by (layer, KV head, group) so that one head's groups are
 //! contiguous and a whole-head read is one large sequential request. Which token
 //! sits in which slot of a head's groups is the placement's business ([`super::placement`]):
-//! the pool reads and writes whole groups.
+//! the pool reads and writes whole groups. It keeps them as f16 or in 8 bits
+//! ([`super::cold_format`]), which callers never see: they write and read f16 rows.
 //!
 //! A head's groups come in blocks of [`BLOCK_GROUPS`], and each head's region has one spare
 //! block: [`ColdPool::relocate_block`] writes a block's new contents into the spare and only
@@ -26,6 +27,7 @@
 //! those bytes, and a damaged one can only misrank a token, never corrupt attention.
 
 use super::aligned::{AlignedBuf, IO_ALIGN};
+use super::cold_format::{decode_q8, encode_q8, ColdType};
 use super::fault::{self, PoolFaults};
 use crate::error::{Error, Result};
 use crate::score::device::CHUNK_TOKENS;
@@ -44,24 +46,35 @@ pub const BLOCK_GROUPS: usize = 16;
 const FILE_PREFIX: &str = "hillside-kv-";
 const FILE_SUFFIX: &str = ".cold";
 
-/// Where each group lives in the file.
+/// Where each group lives in the file, and how it is kept there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ColdLayout {
     pub n_layers: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
     pub max_groups: usize,
+    pub cold_type: ColdType,
 }
 
 impl ColdLayout {
+    /// A layout of f16 groups.
+    pub fn f16(n_layers: usize, n_kv_heads: usize, head_dim: usize, max_groups: usize) -> Self {
+        Self { n_layers, n_kv_heads, head_dim, max_groups, cold_type: ColdType::F16 }
+    }
+
     /// f16 values of K (or of V) in one group.
     pub fn group_values(&self) -> usize {
         GROUP_TOKENS * self.head_dim
     }
 
-    /// Bytes a group occupies on disk: K then V, padded to whole pages.
+    /// Bytes of a group as readers and writers see it: K then V in f16, padded to whole pages.
     pub fn group_bytes(&self) -> usize {
         (2 * self.group_values() * 2).div_ceil(IO_ALIGN) * IO_ALIGN
+    }
+
+    /// Bytes a group occupies in the file, as its [`ColdType`] keeps it.
+    pub fn disk_group_bytes(&self) -> usize {
+        self.cold_type.disk_bytes(2 * self.group_values(), self.head_dim)
     }
 
     /// Blocks of a (layer, KV head) that hold its groups, the spare not counted.
@@ -80,7 +93,7 @@ impl ColdLayout {
     }
 
     pub fn file_bytes(&self) -> u64 {
-        (self.n_layers * self.n_kv_heads * self.lane_groups() * self.group_bytes()) as u64
+        (self.n_layers * self.n_kv_heads * self.lane_groups() * self.disk_group_bytes()) as u64
     }
 }
 
@@ -141,14 +154,15 @@ fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
 static SWEPT: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
 
 impl PoolFile {
-    /// Creates the file in `dir` (created if missing), for direct and for cached I/O.
-    fn create(dir: &Path) -> Result<Self> {
+    /// Creates the file in `dir` (created if missing), for direct I/O at `alignment` (bytes,
+    /// in the file and in memory) and for cached I/O.
+    fn create(dir: &Path, alignment: usize) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_error("cannot create its directory", dir, e))?;
         sweep_once(dir);
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = format!("{FILE_PREFIX}{}-{}{FILE_SUFFIX}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let path = dir.join(name);
-        let file = open_pool_file(&path)?;
+        let file = open_pool_file(&path, alignment)?;
         match File::open(&path) {
             Ok(cached) => Ok(Self { file, cached, path, bytes_read: AtomicU64::new(0) }),
             Err(e) => {
@@ -196,7 +210,8 @@ impl ColdPool {
             tracing::warn!(dirs = dirs.len(), kv_heads = layout.n_kv_heads, "more cold-pool directories than KV heads: the extra ones stay unused");
         }
         // A file that exists is removed when `files` (or the pool) is dropped on an error path.
-        let files = dirs.iter().take(layout.n_kv_heads).map(|dir| PoolFile::create(dir)).collect::<Result<Vec<_>>>()?;
+        let alignment = layout.cold_type.alignment();
+        let files = dirs.iter().take(layout.n_kv_heads).map(|dir| PoolFile::create(dir, alignment)).collect::<Result<Vec<_>>>()?;
         let pool = Self {
             files,
             cached_lanes: AtomicUsize::new(0),
@@ -241,7 +256,7 @@ impl ColdPool {
 
     /// Bytes of K/V groups in file `device`.
     fn device_group_bytes(&self, device: usize) -> u64 {
-        (self.layout.n_layers * self.device_heads(device) * self.layout.lane_groups() * self.layout.group_bytes()) as u64
+        (self.layout.n_layers * self.device_heads(device) * self.layout.lane_groups() * self.layout.disk_group_bytes()) as u64
     }
 
     fn key_section_offset(&self) -> u64 {
@@ -306,7 +321,7 @@ impl ColdPool {
     fn file_offset(&self, layer: usize, head: usize, physical_group: usize) -> u64 {
         let (device, local_head) = self.device(head);
         let lane = layer * self.device_heads(device) + local_head;
-        ((lane * self.layout.lane_groups() + physical_group) * self.layout.group_bytes()) as u64
+        ((lane * self.layout.lane_groups() + physical_group) * self.layout.disk_group_bytes()) as u64
     }
 
     /// The file KV head `head` lives in.
@@ -330,17 +345,19 @@ impl ColdPool {
     /// them that lies together in the file. On an error the groups before the failing one may
     /// be written; the caller treats none as written.
     pub fn write_groups(&self, layer: usize, head: usize, first: usize, count: usize, src: &[u8]) -> Result<()> {
-        let gb = self.layout.group_bytes();
+        let (gb, dgb) = (self.layout.group_bytes(), self.layout.disk_group_bytes());
         assert!(first + count <= self.layout.max_groups && src.len() >= count * gb);
         assert_eq!(src.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
         // An injected fault fails the run at that group, after writing the groups before it.
         let failing = self.faults.as_ref().and_then(|f| (0..count).find_map(|i| f.on_write(layer, first + i).map(|e| (i, e))));
         let whole = failing.as_ref().map_or(count, |(i, _)| *i);
+        let mut encoded = None;
+        let disk = self.on_disk(&src[..whole * gb], &mut encoded);
         for (offset, index, groups) in self.stretches(layer, head, first, whole) {
-            let bytes = &src[groups.start * gb..groups.end * gb];
+            let bytes = &disk[groups.start * dgb..groups.end * dgb];
             let file = self.file_of(head);
             file.file.write_all_at(bytes, offset).map_err(|e| io_error("write failed", &file.path, e))?;
-            for (j, group) in bytes.chunks_exact(gb).enumerate() {
+            for (j, group) in bytes.chunks_exact(dgb).enumerate() {
                 self.checksums[index + j].store(WRITTEN | u64::from(crc32fast::hash(group)), Ordering::Release);
             }
             self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -354,7 +371,7 @@ impl ColdPool {
     /// is as it was. Readers that work ahead must not read the block meanwhile (their reads
     /// may see either copy).
     pub fn relocate_block(&self, layer: usize, head: usize, block: usize, src: &[u8]) -> Result<()> {
-        let gb = self.layout.group_bytes();
+        let (gb, dgb) = (self.layout.group_bytes(), self.layout.disk_group_bytes());
         assert!(block < self.layout.lane_blocks() && src.len() >= BLOCK_GROUPS * gb);
         assert_eq!(src.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
         let lane = layer * self.layout.n_kv_heads + head;
@@ -364,15 +381,34 @@ impl ColdPool {
         let failing = self.faults.as_ref().and_then(|f| (0..BLOCK_GROUPS).find_map(|i| f.on_write(layer, block * BLOCK_GROUPS + i).map(|e| (i, e))));
         let whole = failing.as_ref().map_or(BLOCK_GROUPS, |(i, _)| *i);
         let file = self.file_of(head);
-        let written = file.file.write_all_at(&src[..whole * gb], self.file_offset(layer, head, spare * BLOCK_GROUPS));
+        let mut encoded = None;
+        let disk = self.on_disk(&src[..BLOCK_GROUPS * gb], &mut encoded);
+        let written = file.file.write_all_at(&disk[..whole * dgb], self.file_offset(layer, head, spare * BLOCK_GROUPS));
         written.and(failing.map_or(Ok(()), |(_, e)| Err(e))).map_err(|e| io_error("write failed", &file.path, e))?;
-        for (i, group) in src[..BLOCK_GROUPS * gb].chunks_exact(gb).enumerate() {
+        for (i, group) in disk.chunks_exact(dgb).enumerate() {
             self.checksums[first + i].store(WRITTEN | u64::from(crc32fast::hash(group)), Ordering::Release);
         }
-        self.stats.bytes_written.fetch_add((BLOCK_GROUPS * gb) as u64, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add((BLOCK_GROUPS * dgb) as u64, Ordering::Relaxed);
         let old = self.blocks[lane * self.layout.lane_blocks() + block].swap(spare as u32, Ordering::AcqRel);
         self.spare[lane].store(old, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whole groups (f16, page-aligned, as [`ColdPool::buffer`] lays them out) as the file keeps
+    /// them: the same bytes for f16, encoded into `encoded` for q8.
+    fn on_disk<'a>(&self, groups: &'a [u8], encoded: &'a mut Option<AlignedBuf>) -> &'a [u8] {
+        let (gb, dgb) = (self.layout.group_bytes(), self.layout.disk_group_bytes());
+        match self.layout.cold_type {
+            ColdType::F16 => groups,
+            ColdType::Q8 => {
+                let count = groups.len() / gb;
+                let disk = encoded.insert(AlignedBuf::zeroed(count * dgb));
+                for (group, out) in groups.chunks_exact(gb).zip(disk.as_bytes_mut().chunks_exact_mut(dgb)) {
+                    encode_q8(&f16_words(group)[..2 * self.layout.group_values()], 2 * self.layout.group_values(), self.layout.head_dim, out);
+                }
+                &disk.as_bytes()[..count * dgb]
+            }
+        }
     }
 
     /// Reads groups `first .. first + count` of one (layer, head) into the start of `dst` with
@@ -384,7 +420,7 @@ impl ColdPool {
         for (offset, bytes) in pieces {
             file.read_exact_at(&mut run.dst[bytes], offset).map_err(|e| io_error("read failed", &self.file_of(head).path, e))?;
         }
-        self.check_read(layer, &run)
+        self.finish_read(layer, &mut run)
     }
 
     /// Reads every run of groups of `layer`, as [`ColdPool::read_groups`] would one by one,
@@ -400,10 +436,10 @@ impl ColdPool {
             let (file, planned) = self.plan_read(layer, run);
             pieces.push((file.as_raw_fd(), self.file_of(run.head).path.as_path(), planned));
         }
-        // A run's requests tile the start of its buffer in order: cut it into their slices.
+        // A run's requests tile a stretch of its buffer in order: cut it into their slices.
         let (mut reads, mut paths) = (Vec::new(), Vec::new());
         for (run, (fd, path, planned)) in runs.iter_mut().zip(pieces) {
-            let mut rest = &mut run.dst[..];
+            let mut rest = &mut run.dst[planned.first().map_or(0, |(_, bytes)| bytes.start)..];
             for (offset, bytes) in planned {
                 let (dst, tail) = std::mem::take(&mut rest).split_at_mut(bytes.len());
                 reads.push(super::uring::ReadAt { fd, offset, dst });
@@ -412,7 +448,7 @@ impl ColdPool {
             }
         }
         match super::uring::read_all(&mut reads)? {
-            Ok(()) => Some(runs.iter().try_for_each(|run| self.check_read(layer, run))),
+            Ok(()) => Some(runs.iter_mut().try_for_each(|run| self.finish_read(layer, run))),
             Err(failed) => Some(Err(io_error("read failed", paths[failed.request], failed.error))),
         }
     }
@@ -437,10 +473,11 @@ impl ColdPool {
 
     /// The file a run of groups is read from, and one request (file offset, bytes of the run's
     /// buffer) per stretch of its groups that lie one after another in the file: all of them,
-    /// unless blocks were relocated.
+    /// unless blocks were relocated. The requests fill [`ColdPool::encoded_range`] of the buffer.
     fn plan_read(&self, layer: usize, run: &mut GroupRun<'_>) -> (&File, Vec<(u64, Range<usize>)>) {
         let GroupRun { head, first, count, .. } = *run;
-        let gb = self.layout.group_bytes();
+        let (gb, dgb) = (self.layout.group_bytes(), self.layout.disk_group_bytes());
+        let at = self.encoded_range(count).start;
         assert!(first + count <= self.layout.max_groups && run.dst.len() >= count * gb);
         assert_eq!(run.dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
         if let Some(faults) = &self.faults {
@@ -448,9 +485,9 @@ impl ColdPool {
         }
         let cached = layer * self.layout.n_kv_heads + head < self.cached_lanes();
         let pieces: Vec<(u64, Range<usize>)> =
-            self.stretches(layer, head, first, count).into_iter().map(|(offset, _, groups)| (offset, groups.start * gb..groups.end * gb)).collect();
+            self.stretches(layer, head, first, count).into_iter().map(|(offset, _, groups)| (offset, at + groups.start * dgb..at + groups.end * dgb)).collect();
         self.stats.reads.fetch_add(pieces.len() as u64, Ordering::Relaxed);
-        let bytes = (count * gb) as u64;
+        let bytes = (count * dgb) as u64;
         self.stats.bytes_read.fetch_add(bytes, Ordering::Relaxed);
         self.file_of(head).bytes_read.fetch_add(bytes, Ordering::Relaxed);
         if cached {
@@ -460,10 +497,34 @@ impl ColdPool {
         (if cached { &file.cached } else { &file.file }, pieces)
     }
 
+    /// Where a run of `count` groups is read into its buffer, as the file keeps them: the whole
+    /// of it for f16; its end for q8, so that each group, decoded in order, lands before the
+    /// bytes of the next ones.
+    fn encoded_range(&self, count: usize) -> Range<usize> {
+        let (gb, dgb) = (self.layout.group_bytes(), self.layout.disk_group_bytes());
+        count * (gb - dgb)..count * gb
+    }
+
+    /// Checks each group a run read against its checksum, then decodes it in place (q8).
+    fn finish_read(&self, layer: usize, run: &mut GroupRun<'_>) -> Result<()> {
+        self.check_read(layer, run)?;
+        if self.layout.cold_type == ColdType::Q8 {
+            let (gb, dgb, values) = (self.layout.group_bytes(), self.layout.disk_group_bytes(), 2 * self.layout.group_values());
+            let at = self.encoded_range(run.count).start;
+            let mut group = vec![0u8; dgb];
+            for i in 0..run.count {
+                // Copied out first: the last groups' f16 rows overlap their own encoded bytes.
+                group.copy_from_slice(&run.dst[at + i * dgb..][..dgb]);
+                decode_q8(&group, values, self.layout.head_dim, &mut f16_words_mut(&mut run.dst[i * gb..][..gb])[..values]);
+            }
+        }
+        Ok(())
+    }
+
     /// Checks each group a run read against its checksum.
     fn check_read(&self, layer: usize, run: &GroupRun<'_>) -> Result<()> {
-        let gb = self.layout.group_bytes();
-        for (i, chunk) in run.dst[..run.count * gb].chunks_exact(gb).enumerate() {
+        let dgb = self.layout.disk_group_bytes();
+        for (i, chunk) in run.dst[self.encoded_range(run.count)].chunks_exact(dgb).enumerate() {
             let (head, group) = (run.head, run.first + i);
             match self.checksums[self.locate(layer, head, group).1].load(Ordering::Acquire) {
                 0 => return Err(Error::Internal(format!("cold pool: layer {layer} head {head} group {group} was read but never written"))),
@@ -488,18 +549,41 @@ pub struct GroupRun<'a> {
     pub dst: &'a mut [u8],
 }
 
-/// Opens a new pool file with O_DIRECT, or buffered where the filesystem refuses O_DIRECT.
-fn open_pool_file(path: &Path) -> Result<File> {
+/// A page-aligned group's bytes as the f16 words (bits) they hold.
+fn f16_words(bytes: &[u8]) -> &[u16] {
+    // SAFETY: any bytes are valid u16s; `align_to` puts none in the head when aligned.
+    let (head, words, _) = unsafe { bytes.align_to::<u16>() };
+    assert!(head.is_empty(), "groups are page-aligned");
+    words
+}
+
+fn f16_words_mut(bytes: &mut [u8]) -> &mut [u16] {
+    // SAFETY: as in `f16_words`.
+    let (head, words, _) = unsafe { bytes.align_to_mut::<u16>() };
+    assert!(head.is_empty(), "groups are page-aligned");
+    words
+}
+
+/// Opens a new pool file with O_DIRECT, or buffered where the filesystem refuses O_DIRECT or
+/// direct I/O at `alignment` (a q8 pool's sectors on a drive of 4 KiB sectors).
+fn open_pool_file(path: &Path, alignment: usize) -> Result<File> {
     let open = |flags: i32| OpenOptions::new().read(true).write(true).create_new(true).custom_flags(flags).open(path);
-    match open(libc::O_DIRECT) {
-        Ok(file) => Ok(file),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            let _ = std::fs::remove_file(path);
-            tracing::warn!(dir = %path.parent().unwrap_or(path).display(), "filesystem refuses direct I/O; cold pool uses buffered I/O");
-            open(0).map_err(|e| io_error("cannot create its file", path, e))
-        }
-        Err(e) => Err(io_error("cannot create its file", path, e)),
-    }
+    let refused = match open(libc::O_DIRECT) {
+        Ok(file) if alignment >= IO_ALIGN || allows_direct_io_at(&file, alignment) => return Ok(file),
+        Ok(_) => format!("the drive refuses direct I/O in {alignment}-byte units"),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => "the filesystem refuses direct I/O".to_string(),
+        Err(e) => return Err(io_error("cannot create its file", path, e)),
+    };
+    let _ = std::fs::remove_file(path);
+    tracing::warn!(dir = %path.parent().unwrap_or(path).display(), "{refused}; cold pool uses buffered I/O");
+    open(0).map_err(|e| io_error("cannot create its file", path, e))
+}
+
+/// Whether a direct write of `alignment` bytes, at that offset in the file and in memory, is
+/// accepted (the file is new: what it writes is zeros where nothing was).
+fn allows_direct_io_at(file: &File, alignment: usize) -> bool {
+    let buf = AlignedBuf::zeroed(2 * alignment);
+    file.write_all_at(&buf.as_bytes()[alignment..2 * alignment], alignment as u64).is_ok()
 }
 
 fn sweep_once(dir: &Path) {
@@ -538,7 +622,7 @@ mod tests {
     use super::*;
 
     fn layout() -> ColdLayout {
-        ColdLayout { n_layers: 2, n_kv_heads: 3, head_dim: 64, max_groups: 8 }
+        ColdLayout::f16(2, 3, 64, 8)
     }
 
     fn temp_dir(name: &str) -> PathBuf {
@@ -665,7 +749,7 @@ mod tests {
     #[test]
     fn a_relocated_block_reads_back_new_and_a_failed_relocation_keeps_the_old() {
         let dir = temp_dir("relocate");
-        let layout = ColdLayout { n_layers: 2, n_kv_heads: 3, head_dim: 64, max_groups: 40 };
+        let layout = ColdLayout::f16(2, 3, 64, 40);
         // Armed below: the write of layer 1's group 21 (in block 1) fails, after the block's first groups.
         let faults = ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 21, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() };
         let faults = fault::inject(&dir, faults);
@@ -742,7 +826,7 @@ mod tests {
     #[test]
     fn a_run_of_groups_is_written_where_its_blocks_lie_and_fails_at_a_faulty_group() {
         let dir = temp_dir("write-run");
-        let layout = ColdLayout { n_layers: 2, n_kv_heads: 3, head_dim: 64, max_groups: 40 };
+        let layout = ColdLayout::f16(2, 3, 64, 40);
         let faults = ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 35, errno: libc::ENOSPC, times: AtomicUsize::new(1) }), ..Default::default() };
         fault::inject(&dir, faults);
         let pool = ColdPool::create(&dir, layout).unwrap();
@@ -775,7 +859,7 @@ mod tests {
     #[test]
     fn a_batch_of_runs_reads_what_runs_read_one_by_one() {
         let dir = temp_dir("batch");
-        let layout = ColdLayout { n_layers: 2, n_kv_heads: 3, head_dim: 64, max_groups: 40 };
+        let layout = ColdLayout::f16(2, 3, 64, 40);
         let pool = ColdPool::create(&dir, layout).unwrap();
         for head in 0..3 {
             for g in 0..40 {
@@ -807,6 +891,75 @@ mod tests {
             assert_eq!(batch.as_bytes()[at..at + bytes], one.as_bytes()[..bytes], "head {head}, groups {first}..{}", first + count);
             at += bytes;
         }
+    }
+
+    /// f16 words of K/V-like values (a spread of magnitudes) for group `seed`.
+    fn kv_like(pool: &ColdPool, count: usize, seed: usize) -> AlignedBuf {
+        let mut buf = pool.buffer(count);
+        for (i, w) in buf.as_u16_mut().iter_mut().enumerate() {
+            *w = half::f16::from_f32(((i * 7919 + seed * 104_729) % 4001) as f32 / 1000.0 - 2.0).to_bits();
+        }
+        buf
+    }
+
+    fn within_half_a_step(got: &[u8], want: &[u8]) -> bool {
+        let value = |b: &[u8]| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+        // Values lie in [-2, 2]: a q8 step is at most 2/127.
+        got.chunks_exact(2).zip(want.chunks_exact(2)).all(|(g, w)| (value(g) - value(w)).abs() <= 1.0 / 127.0 + 1e-3)
+    }
+
+    #[test]
+    fn q8_groups_take_five_sectors_and_read_back_within_half_a_step_on_every_path() {
+        let dir = temp_dir("q8");
+        let layout = ColdLayout { cold_type: ColdType::Q8, ..ColdLayout::f16(2, 3, 64, 40) };
+        let pool = ColdPool::create(&dir, layout).unwrap();
+        let (gb, dgb) = (layout.group_bytes(), layout.disk_group_bytes());
+        assert_eq!((gb, dgb), (4096, 2560));
+        assert_eq!(std::fs::metadata(pool.path()).unwrap().len(), layout.file_bytes());
+        let groups = kv_like(&pool, 40, 1);
+        pool.write_groups(1, 2, 0, 40, groups.as_bytes()).unwrap();
+        assert_eq!(pool.stats.bytes_written.load(Ordering::Relaxed), 40 * 2560);
+        let want = |g: usize, n: usize| &groups.as_bytes()[g * gb..(g + n) * gb];
+        // One run, whole (the last groups decode over their own bytes), and one group alone.
+        let mut buf = pool.buffer(40);
+        pool.read_groups(1, 2, 0, 40, buf.as_bytes_mut()).unwrap();
+        assert!(within_half_a_step(&buf.as_bytes()[..40 * gb], want(0, 40)));
+        assert_ne!(&buf.as_bytes()[..40 * gb], want(0, 40), "q8 is not exact");
+        assert_eq!(pool.stats.bytes_read.load(Ordering::Relaxed), 40 * 2560, "what the disk moved");
+        let mut one = pool.buffer(1);
+        pool.read_groups(1, 2, 39, 1, one.as_bytes_mut()).unwrap();
+        assert_eq!(one.as_bytes(), &buf.as_bytes()[39 * gb..40 * gb], "a group decodes alike in any run");
+        // Through the page cache, and a relocated block read across its new place.
+        pool.set_cached_lanes(2 * 3);
+        let mut cached = pool.buffer(2);
+        pool.read_groups(1, 2, 7, 2, cached.as_bytes_mut()).unwrap();
+        assert_eq!(cached.as_bytes(), &buf.as_bytes()[7 * gb..9 * gb]);
+        assert_eq!(pool.stats.bytes_read_cached.load(Ordering::Relaxed), 2 * 2560);
+        pool.set_cached_lanes(0);
+        let block = kv_like(&pool, BLOCK_GROUPS, 2);
+        pool.relocate_block(1, 2, 0, block.as_bytes()).unwrap();
+        let mut span = pool.buffer(4);
+        pool.read_groups(1, 2, 14, 4, span.as_bytes_mut()).unwrap();
+        assert!(within_half_a_step(&span.as_bytes()[..2 * gb], &block.as_bytes()[14 * gb..16 * gb]));
+        assert_eq!(&span.as_bytes()[2 * gb..4 * gb], &buf.as_bytes()[16 * gb..18 * gb]);
+        // The batched reads decode as the single ones.
+        if let Some(read) = {
+            let mut batch = pool.buffer(3);
+            let (a, b) = batch.as_bytes_mut().split_at_mut(gb);
+            let mut runs = [GroupRun { head: 2, first: 39, count: 1, dst: a }, GroupRun { head: 2, first: 20, count: 2, dst: b }];
+            pool.read_runs(1, &mut runs).map(|r| r.map(|()| batch))
+        } {
+            let batch = read.unwrap();
+            assert_eq!(&batch.as_bytes()[..gb], &buf.as_bytes()[39 * gb..40 * gb]);
+            assert_eq!(&batch.as_bytes()[gb..3 * gb], &buf.as_bytes()[20 * gb..22 * gb]);
+        }
+        // A flipped byte in a q8 group is caught before it is decoded.
+        let offset = pool.locate(1, 2, 30).0 + 100;
+        let other = OpenOptions::new().write(true).open(pool.path()).unwrap();
+        other.write_all_at(&[0xAB], offset).unwrap();
+        other.sync_all().unwrap();
+        let err = pool.read_groups(1, 2, 30, 1, one.as_bytes_mut()).unwrap_err().to_string();
+        assert!(err.contains("checksum") && err.contains("tokens 480..496"), "{err}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use super::drop::DropKvStore;
 use super::near_storage::NearStorageKvStore;
 use super::x_cache::{KvFromInput, XCachePlan};
 use super::placement::PlacementKind;
+use super::cold_format::ColdType;
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
 use crate::score::xrt::{self, XrtOptions};
 use crate::score::KeyBits;
@@ -98,6 +99,10 @@ pub struct KvConfig {
     /// More cold-pool directories, one per further SSD: a pool's KV heads are dealt across
     /// `cold_dir` and these, so each device serves its share of every read (HILOS's scale-out).
     pub extra_cold_dirs: Vec<PathBuf>,
+    /// Offload, tiered and near-storage: how the cold pool keeps K and V on disk, as f16 or in
+    /// 8 bits (q8: 37.5% fewer bytes on every cold read; keys scaled per channel and values per
+    /// token, as KIVI does, each value within half a step of its scale).
+    pub cold_type: ColdType,
     /// Tiered and drop: share of the cached tokens each decode step attends to (tiered) or that
     /// is kept beyond the sinks and recent tokens (drop).
     pub alpha: f32,
@@ -166,6 +171,7 @@ impl Default for KvConfig {
             store: StoreKind::Full,
             cold_dir: default_cold_dir(),
             extra_cold_dirs: Vec::new(),
+            cold_type: ColdType::F16,
             alpha: 0.2,
             hot_budget_bytes: None,
             sink_tokens: 4,
@@ -235,7 +241,7 @@ impl KvConfig {
     pub fn build(&self, shape: KvShape, rebuild: Option<Arc<dyn KvFromInput>>) -> Result<Box<dyn KvStore>> {
         Ok(match self.store {
             StoreKind::Full => Box::new(FullKvStore::new(shape)),
-            StoreKind::Offload => Box::new(OffloadKvStore::new(shape, &self.cold_dirs())?),
+            StoreKind::Offload => Box::new(OffloadKvStore::new(shape, &self.cold_dirs(), self.cold_type)?),
             StoreKind::Tiered => {
                 let startup = self.startup();
                 let settings = self.tiered_settings_after(shape, &startup);
@@ -244,7 +250,7 @@ impl KvConfig {
             StoreKind::Drop => Box::new(DropKvStore::new(shape, self.alpha, self.sink_tokens, self.recent_tokens)),
             StoreKind::NearStorage => {
                 let x_cache = rebuild.map(|rebuild| (self.x_cache_plan(shape, rebuild.input_dim()).layers, rebuild));
-                Box::new(NearStorageKvStore::new(shape, &self.cold_dirs(), x_cache)?)
+                Box::new(NearStorageKvStore::new(shape, &self.cold_dirs(), self.cold_type, x_cache)?)
             }
         })
     }
@@ -275,6 +281,7 @@ impl KvConfig {
             xrt: self.xrt_options(),
             guard_mass: self.guard_mass,
             placement: self.placement,
+            cold_type: self.cold_type,
             selector: self.selector,
             sparf_dims: self.sparf_dims,
             spare_copy: self.spare_copy,

@@ -10,6 +10,7 @@
 pub mod aligned;
 pub mod backing;
 pub mod cold;
+pub mod cold_format;
 pub mod config;
 pub mod drop;
 #[doc(hidden)]

@@ -18,6 +18,7 @@
 
 use super::aligned::AlignedBuf;
 use super::cold::{ColdPool, GROUP_TOKENS};
+use super::cold_format::ColdType;
 use super::tiered::reads::read_heads;
 use super::view::ViewBuffers;
 use super::x_cache::{KvFromInput, LayerInputs};
@@ -43,7 +44,7 @@ pub struct NearStorageKvStore {
 impl NearStorageKvStore {
     /// A store whose first `x_layers` layers keep their inputs, rebuilt to K/V by `rebuild`
     /// (none without one).
-    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], x_cache: Option<(usize, Arc<dyn KvFromInput>)>) -> Result<Self> {
+    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], cold_type: ColdType, x_cache: Option<(usize, Arc<dyn KvFromInput>)>) -> Result<Self> {
         let x_cache = x_cache.filter(|&(layers, _)| layers > 0 && layers < shape.n_layers);
         let x_layers = x_cache.as_ref().map_or(0, |&(layers, _)| layers);
         let inputs = match x_cache {
@@ -54,7 +55,7 @@ impl NearStorageKvStore {
         let kv_shape = KvShape { n_layers: shape.n_layers - x_layers, ..shape };
         Ok(Self {
             shape,
-            inner: OffloadKvStore::new(kv_shape, cold_dirs)?,
+            inner: OffloadKvStore::new(kv_shape, cold_dirs, cold_type)?,
             inputs,
             x_layers,
             storage: StorageAttention::new(shape),

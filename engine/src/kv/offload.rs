@@ -5,6 +5,7 @@
 use super::aligned::AlignedBuf;
 use super::backing::DiskBacking;
 use super::cold::GROUP_TOKENS;
+use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
 use super::{KvShape, KvStats, KvStore, KvView, Selection};
@@ -20,8 +21,8 @@ pub struct OffloadKvStore {
 }
 
 impl OffloadKvStore {
-    pub fn new(shape: KvShape, cold_dirs: &[PathBuf]) -> Result<Self> {
-        let backing = DiskBacking::new(shape, cold_dirs, 0, PlacementKind::Position)?;
+    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], cold_type: ColdType) -> Result<Self> {
+        let backing = DiskBacking::new(shape, cold_dirs, 0, PlacementKind::Position, cold_type)?;
         let read_buf = backing.cold().buffer(shape.max_tokens.div_ceil(GROUP_TOKENS));
         Ok(Self { shape, backing, view: ViewBuffers::new(shape.head_dim), read_buf })
     }

@@ -220,7 +220,7 @@ mod tests {
     fn rows_survive_spills_relayouts_and_truncation_into_the_cold_pool() {
         let (layers, heads, hd) = (2, 2, 4);
         let dir = std::env::temp_dir().join(format!("hillside-window-{}", std::process::id()));
-        let cold = ColdPool::create(&dir, ColdLayout { n_layers: layers, n_kv_heads: heads, head_dim: hd, max_groups: 40 }).unwrap();
+        let cold = ColdPool::create(&dir, ColdLayout::f16(layers, heads, hd, 40)).unwrap();
         // Token t's K in (layer, head) is all t + 1000·layer + 100·head (f16-exact); V is its negation.
         let value = |layer: usize, head: usize, t: usize| (t + 1000 * layer + 100 * head) as f32;
         let rows = |layer: usize, tokens: std::ops::Range<usize>, sign: f32| -> Vec<f32> {

@@ -19,6 +19,7 @@
 use super::aligned::AlignedBuf;
 use super::backing::DiskBacking;
 use super::cold::GROUP_TOKENS;
+use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
 use super::{KvShape, KvView};
@@ -109,7 +110,8 @@ impl LayerInputs {
             return Err(Error::Kv(format!("X-cache: a layer input of {input_dim} values does not split into two halves")));
         }
         let x_shape = KvShape { n_layers: layers, n_kv_heads: 1, head_dim: input_dim / 2, max_tokens: kv_shape.max_tokens };
-        let backing = DiskBacking::new(x_shape, cold_dirs, 0, PlacementKind::Position)?;
+        // Layer inputs are not K/V: kept exact whatever the K/V pool's type.
+        let backing = DiskBacking::new(x_shape, cold_dirs, 0, PlacementKind::Position, ColdType::F16)?;
         let read_buf = backing.cold().buffer(kv_shape.max_tokens.div_ceil(GROUP_TOKENS));
         Ok(Self {
             backing,

@@ -25,6 +25,7 @@ mod spare;
 
 use super::backing::DiskBacking;
 use super::cold::GROUP_TOKENS;
+use super::cold_format::ColdType;
 use super::hot::HotPool;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
@@ -66,6 +67,8 @@ pub struct TieredSettings {
     pub guard_mass: f32,
     /// How spilled tokens are laid out in the cold pool's pages.
     pub placement: PlacementKind,
+    /// How the cold pool keeps K and V.
+    pub cold_type: ColdType,
     /// Tokens one by one (with or without free riders), or whole pages.
     pub selector: SelectorKind,
     /// Selector `sparf`: the query dimensions tokens are scored on.
@@ -171,7 +174,7 @@ impl TieredKvStore {
             decode_steps: 0,
             prompt_hits: Vec::new(),
             spare: if settings.spare_copy { SpareCopy::if_room(shape) } else { None },
-            backing: DiskBacking::new(shape, cold_dirs, key_chunk_bytes, settings.placement)?,
+            backing: DiskBacking::new(shape, cold_dirs, key_chunk_bytes, settings.placement, settings.cold_type)?,
             keys,
             evaluator: None,
             shape,

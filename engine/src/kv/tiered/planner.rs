@@ -123,7 +123,7 @@ pub fn measure(cold_dir: &Path, key_bits: KeyBits) -> Result<Profile> {
     // Cold reads: single-group random reads with the I/O pool's queue depth, as a selection
     // of scattered tokens issues them.
     let groups = 8 * 1024; // 32 MiB: quick to write, small enough for a nearly full disk
-    let layout = ColdLayout { n_layers: 1, n_kv_heads: 1, head_dim: PROFILE_HEAD_DIM, max_groups: groups };
+    let layout = ColdLayout::f16(1, 1, PROFILE_HEAD_DIM, groups);
     let pool = ColdPool::create(cold_dir, layout)?;
     let page = pool.buffer(1);
     for g in 0..groups {

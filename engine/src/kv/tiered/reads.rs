@@ -228,7 +228,7 @@ mod tests {
 
     /// A pool whose every group holds its own (layer, head, group) in each f16 word.
     fn pool(dir: &std::path::Path) -> Arc<ColdPool> {
-        let layout = ColdLayout { n_layers: 3, n_kv_heads: 2, head_dim: 8, max_groups: 6 };
+        let layout = ColdLayout::f16(3, 2, 8, 6);
         let pool = ColdPool::create(dir, layout).unwrap();
         let mut page = pool.buffer(1);
         for layer in 0..3 {

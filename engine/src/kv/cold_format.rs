@@ -1,0 +1,96 @@
+//! How the cold pool keeps a group's K and V on disk. Readers and writers always see a group
+//! as f16 rows (K then V, as [`super::cold::ColdPool::buffer`] lays them out); a q8 pool
+//! encodes them on the way to the disk and decodes them on the way back.
+//!
+//! `q8` ([`crate::kernels::kv_q8`]) keeps a byte per value, with K's scales per channel and
+//! V's per token: a group of 16 tokens of a 64-dimension head takes 2,048 bytes of values and
+//! 160 of scales, 2,560 on disk with its padding to whole sectors, instead of f16's 4,096:
+//! every cold read moves 37.5% less.
+
+use crate::kernels::kv_q8::{self, ScaleAxis};
+use serde::{Deserialize, Serialize};
+
+/// Sector size: the direct-I/O alignment that q8 groups need (f16 groups are whole pages).
+pub const SECTOR_BYTES: usize = 512;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum ColdType {
+    /// The f16 rows as they are: exact.
+    #[default]
+    #[serde(rename = "f16")]
+    F16,
+    /// A signed byte per value, with an f16 scale per channel of K and per token of V.
+    #[serde(rename = "q8")]
+    Q8,
+}
+
+named_choices!(ColdType, "cold-pool type", { F16 => "f16", Q8 => "q8" });
+
+impl ColdType {
+    /// Bytes on disk of a group of `values` f16 values (its K and V together, in rows of
+    /// `head_dim`), a whole number of [`ColdType::alignment`]s.
+    pub fn disk_bytes(self, values: usize, head_dim: usize) -> usize {
+        let bytes = match self {
+            Self::F16 => 2 * values,
+            // A byte per value; a scale per channel of K and per token of V.
+            Self::Q8 => values + 2 * (head_dim + values / 2 / head_dim),
+        };
+        bytes.div_ceil(self.alignment()) * self.alignment()
+    }
+
+    /// What direct I/O on a group must be aligned to, in the file and in memory.
+    pub fn alignment(self) -> usize {
+        match self {
+            Self::F16 => super::aligned::IO_ALIGN,
+            Self::Q8 => SECTOR_BYTES,
+        }
+    }
+}
+
+/// Encodes groups of `values` f16 values (bits, one group after another in `groups`: K's rows
+/// of `head_dim`, then V's) as q8 into `disk`, [`ColdType::disk_bytes`] each: K's bytes, V's,
+/// K's scales (one per channel), V's (one per token), then zeros.
+pub fn encode_q8(groups: &[u16], values: usize, head_dim: usize, disk: &mut [u8]) {
+    let group_bytes = ColdType::Q8.disk_bytes(values, head_dim);
+    for (group, out) in groups.chunks_exact(values).zip(disk.chunks_exact_mut(group_bytes)) {
+        let (qs, rest) = out.split_at_mut(values);
+        let (k_scales, rest) = rest.split_at_mut(2 * head_dim);
+        let (v_scales, padding) = rest.split_at_mut(2 * values / 2 / head_dim);
+        let ((k, v), (k_qs, v_qs)) = (group.split_at(values / 2), qs.split_at_mut(values / 2));
+        kv_q8::quantize(k, head_dim, ScaleAxis::Columns, k_qs, k_scales);
+        kv_q8::quantize(v, head_dim, ScaleAxis::Rows, v_qs, v_scales);
+        padding.fill(0);
+    }
+}
+
+/// Decodes one q8 group of `values` f16 values from its bytes on disk into `out` (bits).
+pub fn decode_q8(disk: &[u8], values: usize, head_dim: usize, out: &mut [u16]) {
+    let (qs, rest) = disk.split_at(values);
+    let (k_scales, rest) = rest.split_at(2 * head_dim);
+    let v_scales = &rest[..2 * values / 2 / head_dim];
+    let ((k_qs, v_qs), (k, v)) = (qs.split_at(values / 2), out[..values].split_at_mut(values / 2));
+    kv_q8::dequantize(k_qs, head_dim, ScaleAxis::Columns, k_scales, k);
+    kv_q8::dequantize(v_qs, head_dim, ScaleAxis::Rows, v_scales, v);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_q8_group_is_five_sectors_and_reads_back_within_half_a_step() {
+        let (values, hd) = (2 * 16 * 64, 64);
+        assert_eq!(ColdType::F16.disk_bytes(values, hd), 4096);
+        assert_eq!(ColdType::Q8.disk_bytes(values, hd), 2560);
+        let groups: Vec<u16> = (0..2 * values).map(|i| half::f16::from_f32(((i * 37) % 101) as f32 / 25.0 - 2.0).to_bits()).collect();
+        let mut disk = vec![0xEEu8; 2 * 2560];
+        encode_q8(&groups, values, hd, &mut disk);
+        assert!(disk[2048 + 2 * (64 + 16)..2560].iter().all(|&b| b == 0), "the padding is zeros");
+        let mut back = vec![0u16; values];
+        decode_q8(&disk[2560..], values, hd, &mut back);
+        for (&v, &w) in groups[values..].iter().zip(&back) {
+            let (v, w) = (half::f16::from_bits(v).to_f32(), half::f16::from_bits(w).to_f32());
+            assert!((v - w).abs() <= 2.0 / 127.0 / 2.0 * 1.01, "{v} came back {w}");
+        }
+    }
+}
