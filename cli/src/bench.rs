@@ -85,6 +85,8 @@ struct DecodeResult {
     score_blocks_per_step: Option<f64>,
     score_block_wait_us: Option<f64>,
     cold_scan_ms_per_step: Option<f64>,
+    /// Tiered: how long a decode step waited for cold-pool reads (read ahead and its own).
+    cold_read_wait_ms_per_step: Option<f64>,
     /// Tiered: share of the cold groups read ahead of their layer's turn that it then needed.
     read_ahead_used_share: Option<f64>,
     /// Tiered: cold-pool groups one (layer, KV head)'s selection touches, hot or not, and that
@@ -228,6 +230,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             score_blocks_per_step: blocks,
             score_block_wait_us: per_step(|t| t.score_block_wait_ns).zip(blocks).map(|(ns, b)| ns / b.max(1e-9) / 1e3),
             cold_scan_ms_per_step: per_step(|t| t.cold_scan_ns).map(|ns| ns / 1e6),
+            cold_read_wait_ms_per_step: per_step(|t| t.cold_read_wait_ns).map(|ns| ns / 1e6),
             read_ahead_used_share: per_step(|t| t.read_ahead_used).zip(per_step(|t| t.read_ahead_groups)).map(|(u, g)| u / g.max(1e-9)),
             relaid_blocks: tier.map(|(b, a)| a.relaid_blocks - b.relaid_blocks),
             relayout_ms: tier.map(|(b, a)| (a.relayout_ns - b.relayout_ns) as f64 / 1e6),
@@ -235,7 +238,11 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             groups_per_selection: per_selection(|t| t.selected_groups),
             cold_groups_per_selection: per_selection(|t| t.selected_cold_groups),
             groups_per_selection_share: per_selection(|t| t.selected_groups).map(|g| {
-                let cold_groups = after.cold_bytes as f64 / kv_per_token as f64 / GROUP_TOKENS as f64;
+                // The pool's bytes over a token's there (f16, or fewer in 8 bits).
+                let values = 2 * GROUP_TOKENS * config.head_dim;
+                let cold_type = args.model.kv_config().cold_type;
+                let kv_per_token_there = kv_per_token as f64 * cold_type.disk_bytes(values, config.head_dim) as f64 / (2 * values) as f64;
+                let cold_groups = after.cold_bytes as f64 / kv_per_token_there / GROUP_TOKENS as f64;
                 g / cold_groups.max(1.0)
             }),
             hot_bytes: after.tier.as_ref().map(|t| t.hot_bytes),

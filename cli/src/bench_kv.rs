@@ -96,8 +96,8 @@ pub fn kv(args: &KvArgs) -> Result<()> {
     let sweep = if args.beta_sweep { Some(beta_sweep(args)?) } else { None };
     println!("hillside bench kv · α {} · decode tok/s ({} tokens at each context)", args.model.kv_config().alpha, args.decode_tokens);
     println!(
-        "{:<12} {:>8} {:>9} {:>14} {:>15} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>12} {:>14} {:>6}",
-        "store", "context", "tok/s", "cold MB/token", "to host MB/tok", "cached", "hot hit", "pages/sel", "promo/step", "demo/step", "block wait", "scan/step", "DRAM/budget", "peak RSS", "spare"
+        "{:<12} {:>8} {:>9} {:>14} {:>15} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>14} {:>6}",
+        "store", "context", "tok/s", "cold MB/token", "to host MB/tok", "cached", "hot hit", "pages/sel", "promo/step", "demo/step", "block wait", "scan/step", "read wait", "DRAM/budget", "peak RSS", "spare"
     );
     for (store, report) in &reports {
         for d in report["decode"].as_array().into_iter().flatten() {
@@ -115,7 +115,7 @@ pub fn kv(args: &KvArgs) -> Result<()> {
                 _ => format!("{rss:.0}MB"),
             };
             println!(
-                "{:<12} {:>8} {:>9.1} {:>14.2} {:>15.3} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>12} {:>14} {:>6}",
+                "{:<12} {:>8} {:>9.1} {:>14.2} {:>15.3} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>14} {:>6}",
                 store.to_string(),
                 d["context_tokens"],
                 d["tokens_per_s"].as_f64().unwrap_or(0.0),
@@ -128,6 +128,7 @@ pub fn kv(args: &KvArgs) -> Result<()> {
                 opt("demotions_per_step", 1.0, ""),
                 opt("score_block_wait_us", 1.0, "µs"),
                 opt("cold_scan_ms_per_step", 1.0, "ms"),
+                opt("cold_read_wait_ms_per_step", 1.0, "ms"),
                 dram,
                 rss,
                 opt("spare_copy_share", 100.0, "%"),

@@ -109,7 +109,7 @@ pub struct KvStats {
     pub tokens: usize,
     /// Bytes the store holds in memory (K/V, scoring copies, working buffers).
     pub resident_bytes: usize,
-    /// Bytes of K/V in the cold pool.
+    /// Bytes of K/V in the cold pool, as it keeps them.
     pub cold_bytes: usize,
     /// Bytes read from the cold pool so far.
     pub cold_bytes_read: u64,
@@ -146,6 +146,9 @@ pub struct TierStats {
     pub score_block_wait_ns: u64,
     /// Total time from handing the cold tokens to the storage evaluator to merging its last block.
     pub cold_scan_ns: u64,
+    /// Time decode steps waited for cold-pool reads: those issued ahead of a layer's turn, and
+    /// the layer's own.
+    pub cold_read_wait_ns: u64,
     /// Fidelity guard: (layer, step) selections checked, and those widened.
     pub guard_checks: u64,
     pub guard_widened: u64,

@@ -544,7 +544,9 @@ impl KvStore for TieredKvStore {
             // the rows read ahead are copied. The next layer's read-ahead starts only once the
             // reads land: sharing the disk with it delays this layer's reads, which the step
             // waits for (8K: 6.3 vs 5.3 tok/s).
+            let waiting = Instant::now();
             let ahead = self.prefetch.take(layer);
+            self.tier.cold_read_wait_ns += waiting.elapsed().as_nanos() as u64;
             let reading = self.start_cold_read(layer, &tokens, ahead.as_ref());
             let mut cold_rows = self.copy_resident_rows(layer, &tokens, heads.clone(), true);
             if let Some(ahead) = ahead {
@@ -552,7 +554,9 @@ impl KvStore for TieredKvStore {
                 self.prefetch.recycle(ahead.buf); // for the next layer's read-ahead
             }
             if let Some(reading) = reading {
+                let waiting = Instant::now();
                 let (staged, buf) = reading.wait();
+                self.tier.cold_read_wait_ns += waiting.elapsed().as_nanos() as u64;
                 let staged = staged?;
                 self.read_ahead(layer);
                 self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, true);
