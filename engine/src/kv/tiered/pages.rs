@@ -22,6 +22,22 @@
 //! of the read pages stay; docs/BENCHMARKS.md).
 
 use super::super::cold::GROUP_TOKENS;
+use crate::kernels::ops::exp_approx;
+
+/// A set of tokens as a bitmap, for membership tests by the thousand.
+struct TokenSet(Vec<u64>);
+
+impl TokenSet {
+    fn new(tokens: &[u32]) -> Self {
+        let mut bits = vec![0u64; tokens.iter().map(|&t| t as usize / 64 + 1).max().unwrap_or(0)];
+        tokens.iter().for_each(|&t| bits[t as usize / 64] |= 1 << (t % 64));
+        Self(bits)
+    }
+
+    fn contains(&self, t: u32) -> bool {
+        self.0.get(t as usize / 64).is_some_and(|w| w & (1 << (t % 64)) != 0)
+    }
+}
 
 /// Each head's free riders, best first, as many for every head (a layer's heads attend to
 /// equally many tokens): of `ranked[head]`'s (score, token) pairs past the first `take`, those
@@ -56,7 +72,10 @@ pub(super) fn hot_riders(ranked: &[Vec<(f32, u32)>], chosen: &[Vec<u32>], held: 
         .iter()
         .zip(chosen)
         .enumerate()
-        .map(|(head, (ranked, chosen))| ranked.iter().map(|r| r.1).filter(|&t| chosen.binary_search(&t).is_err() && held(head, t)).collect())
+        .map(|(head, (ranked, chosen))| {
+            let chosen = TokenSet::new(chosen);
+            ranked.iter().map(|r| r.1).filter(|&t| !chosen.contains(t) && held(head, t)).collect()
+        })
         .collect();
     let fewest = riders.iter().map(Vec::len).min().unwrap_or(0);
     riders.iter_mut().for_each(|r| r.truncate(fewest));
@@ -81,16 +100,18 @@ pub(super) fn whole_pages(
 ) -> Vec<u32> {
     let take = take.min(ranked.len());
     let Some(&(best, _)) = ranked.first() else { return Vec::new() };
-    // (page, attention of its ranked tokens), summed per page.
-    let mut votes: Vec<(usize, f64)> = ranked.iter().map(|&(s, t)| (page_of(t), f64::from(scale * (s - best)).exp())).collect();
-    votes.sort_unstable_by_key(|v| v.0);
-    let mut pages: Vec<(usize, f64)> = Vec::with_capacity(votes.len());
-    for (page, weight) in votes {
-        match pages.last_mut() {
-            Some(last) if last.0 == page => last.1 += weight,
-            _ => pages.push((page, weight)),
+    // The attention of each page's ranked tokens, summed per page (a step ranks thousands of
+    // tokens per head and layer: no sort, and a fast exp, which never reaches 0).
+    let votes: Vec<(usize, f32)> = ranked.iter().map(|&(s, t)| (page_of(t), exp_approx(scale * (s - best)))).collect();
+    let mut weights = vec![0f32; votes.iter().map(|v| v.0 + 1).max().unwrap_or(0)];
+    let mut pages: Vec<(usize, f32)> = Vec::new();
+    for &(page, weight) in &votes {
+        if weights[page] == 0.0 {
+            pages.push((page, 0.0));
         }
+        weights[page] += weight;
     }
+    pages.iter_mut().for_each(|p| p.1 = weights[p.0]);
     pages.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut chosen: Vec<u32> = Vec::with_capacity(take + GROUP_TOKENS);
     for &(page, _) in &pages {
