@@ -241,7 +241,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
                 // The pool's bytes over a token's there (f16, or fewer in 8 bits).
                 let values = 2 * GROUP_TOKENS * config.head_dim;
                 let cold_type = args.model.kv_config().cold_type;
-                let kv_per_token_there = kv_per_token as f64 * cold_type.disk_bytes(values, config.head_dim) as f64 / (2 * values) as f64;
+                let kv_per_token_there = kv_per_token as f64 * cold_type.bytes(values, config.head_dim) as f64 / (2 * values) as f64;
                 let cold_groups = after.cold_bytes as f64 / kv_per_token_there / GROUP_TOKENS as f64;
                 g / cold_groups.max(1.0)
             }),

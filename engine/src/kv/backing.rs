@@ -274,10 +274,12 @@ impl DiskBacking {
         (self.cold.cached_lanes().min(lanes), lanes, self.cold.stats.bytes_read_cached.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Bytes of K/V in the cold pool, as it keeps them.
+    /// Bytes of K/V in the cold pool, as it keeps them (f16, or fewer in 8 bits; without the
+    /// padding of groups to whole pages or sectors).
     pub fn cold_bytes(&self) -> usize {
-        let lanes = self.shape.n_layers * self.shape.n_kv_heads;
-        self.window.base() / GROUP_TOKENS * lanes * self.cold.layout().disk_group_bytes()
+        let layout = self.cold.layout();
+        let per_group = layout.cold_type.bytes(2 * layout.group_values(), layout.head_dim);
+        self.window.base() / GROUP_TOKENS * self.shape.n_layers * self.shape.n_kv_heads * per_group
     }
 }
 

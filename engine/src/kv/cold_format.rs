@@ -27,15 +27,19 @@ pub enum ColdType {
 named_choices!(ColdType, "cold-pool type", { F16 => "f16", Q8 => "q8" });
 
 impl ColdType {
-    /// Bytes on disk of a group of `values` f16 values (its K and V together, in rows of
-    /// `head_dim`), a whole number of [`ColdType::alignment`]s.
-    pub fn disk_bytes(self, values: usize, head_dim: usize) -> usize {
-        let bytes = match self {
+    /// Bytes that keep a group of `values` f16 values (its K and V together, in rows of
+    /// `head_dim`).
+    pub fn bytes(self, values: usize, head_dim: usize) -> usize {
+        match self {
             Self::F16 => 2 * values,
             // A byte per value; a scale per channel of K and per token of V.
             Self::Q8 => values + 2 * (head_dim + values / 2 / head_dim),
-        };
-        bytes.div_ceil(self.alignment()) * self.alignment()
+        }
+    }
+
+    /// The same group on disk, padded to a whole number of [`ColdType::alignment`]s.
+    pub fn disk_bytes(self, values: usize, head_dim: usize) -> usize {
+        self.bytes(values, head_dim).div_ceil(self.alignment()) * self.alignment()
     }
 
     /// What direct I/O on a group must be aligned to, in the file and in memory.
