@@ -404,7 +404,7 @@ impl ColdPool {
                 let count = groups.len() / gb;
                 let disk = encoded.insert(AlignedBuf::zeroed(count * dgb));
                 for (group, out) in groups.chunks_exact(gb).zip(disk.as_bytes_mut().chunks_exact_mut(dgb)) {
-                    encode_q8(&f16_words(group)[..2 * self.layout.group_values()], 2 * self.layout.group_values(), self.layout.head_dim, out);
+                    encode_q8(&f16_words(group)[..2 * self.layout.group_values()], self.layout.head_dim, out);
                 }
                 &disk.as_bytes()[..count * dgb]
             }
@@ -515,7 +515,7 @@ impl ColdPool {
             for i in 0..run.count {
                 // Copied out first: the last groups' f16 rows overlap their own encoded bytes.
                 group.copy_from_slice(&run.dst[at + i * dgb..][..dgb]);
-                decode_q8(&group, values, self.layout.head_dim, &mut f16_words_mut(&mut run.dst[i * gb..][..gb])[..values]);
+                decode_q8(&group, self.layout.head_dim, &mut f16_words_mut(&mut run.dst[i * gb..][..gb])[..values]);
             }
         }
         Ok(())

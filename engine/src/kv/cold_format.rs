@@ -51,28 +51,27 @@ impl ColdType {
     }
 }
 
-/// Encodes groups of `values` f16 values (bits, one group after another in `groups`: K's rows
-/// of `head_dim`, then V's) as q8 into `disk`, [`ColdType::disk_bytes`] each: K's bytes, V's,
-/// K's scales (one per channel), V's (one per token), then zeros.
-pub fn encode_q8(groups: &[u16], values: usize, head_dim: usize, disk: &mut [u8]) {
-    let group_bytes = ColdType::Q8.disk_bytes(values, head_dim);
-    for (group, out) in groups.chunks_exact(values).zip(disk.chunks_exact_mut(group_bytes)) {
-        let (qs, rest) = out.split_at_mut(values);
-        let (k_scales, rest) = rest.split_at_mut(2 * head_dim);
-        let (v_scales, padding) = rest.split_at_mut(2 * values / 2 / head_dim);
-        let ((k, v), (k_qs, v_qs)) = (group.split_at(values / 2), qs.split_at_mut(values / 2));
-        kv_q8::quantize(k, head_dim, ScaleAxis::Columns, k_qs, k_scales);
-        kv_q8::quantize(v, head_dim, ScaleAxis::Rows, v_qs, v_scales);
-        padding.fill(0);
-    }
+/// Encodes one group's f16 values (bits: K's rows of `head_dim`, then V's) as q8 into `disk`,
+/// [`ColdType::disk_bytes`] long: K's bytes, V's, K's scales (one per channel), V's (one per
+/// token), then zeros.
+pub fn encode_q8(group: &[u16], head_dim: usize, disk: &mut [u8]) {
+    let values = group.len();
+    let (qs, rest) = disk[..ColdType::Q8.disk_bytes(values, head_dim)].split_at_mut(values);
+    let (k_scales, rest) = rest.split_at_mut(2 * head_dim);
+    let (v_scales, padding) = rest.split_at_mut(2 * values / 2 / head_dim);
+    let ((k, v), (k_qs, v_qs)) = (group.split_at(values / 2), qs.split_at_mut(values / 2));
+    kv_q8::quantize(k, head_dim, ScaleAxis::Columns, k_qs, k_scales);
+    kv_q8::quantize(v, head_dim, ScaleAxis::Rows, v_qs, v_scales);
+    padding.fill(0);
 }
 
-/// Decodes one q8 group of `values` f16 values from its bytes on disk into `out` (bits).
-pub fn decode_q8(disk: &[u8], values: usize, head_dim: usize, out: &mut [u16]) {
+/// Decodes one q8 group from its bytes on disk into `out`, its f16 values (bits).
+pub fn decode_q8(disk: &[u8], head_dim: usize, out: &mut [u16]) {
+    let values = out.len();
     let (qs, rest) = disk.split_at(values);
     let (k_scales, rest) = rest.split_at(2 * head_dim);
     let v_scales = &rest[..2 * values / 2 / head_dim];
-    let ((k_qs, v_qs), (k, v)) = (qs.split_at(values / 2), out[..values].split_at_mut(values / 2));
+    let ((k_qs, v_qs), (k, v)) = (qs.split_at(values / 2), out.split_at_mut(values / 2));
     kv_q8::dequantize(k_qs, head_dim, ScaleAxis::Columns, k_scales, k);
     kv_q8::dequantize(v_qs, head_dim, ScaleAxis::Rows, v_scales, v);
 }
@@ -88,10 +87,12 @@ mod tests {
         assert_eq!(ColdType::Q8.disk_bytes(values, hd), 2560);
         let groups: Vec<u16> = (0..2 * values).map(|i| half::f16::from_f32(((i * 37) % 101) as f32 / 25.0 - 2.0).to_bits()).collect();
         let mut disk = vec![0xEEu8; 2 * 2560];
-        encode_q8(&groups, values, hd, &mut disk);
+        for (group, out) in groups.chunks_exact(values).zip(disk.chunks_exact_mut(2560)) {
+            encode_q8(group, hd, out);
+        }
         assert!(disk[2048 + 2 * (64 + 16)..2560].iter().all(|&b| b == 0), "the padding is zeros");
         let mut back = vec![0u16; values];
-        decode_q8(&disk[2560..], values, hd, &mut back);
+        decode_q8(&disk[2560..], hd, &mut back);
         for (&v, &w) in groups[values..].iter().zip(&back) {
             let (v, w) = (half::f16::from_bits(v).to_f32(), half::f16::from_bits(w).to_f32());
             assert!((v - w).abs() <= 2.0 / 127.0 / 2.0 * 1.01, "{v} came back {w}");
