@@ -100,6 +100,14 @@ impl TopK {
         self.kept.into_iter().map(unrank_key).collect()
     }
 
+    /// The chosen (score, token) pairs in no particular order, for callers that weigh or
+    /// filter them all: sorting a few thousand per head and layer is a decode step's largest
+    /// sort.
+    pub fn into_unordered(mut self) -> Vec<(f32, u32)> {
+        self.cut();
+        self.kept.into_iter().map(unrank_key).collect()
+    }
+
     /// The chosen tokens, ascending.
     pub fn into_tokens(mut self) -> Vec<u32> {
         self.cut();
@@ -107,10 +115,10 @@ impl TopK {
     }
 }
 
-/// `tokens` (distinct) in ascending order. A top-k keeps a dense share of its range (a fifth of
-/// the context), so marking them in a bitmap and reading it back beats sorting them several
-/// times over; a sparse set is sorted.
-fn ascending(mut tokens: Vec<u32>) -> Vec<u32> {
+/// `tokens` (distinct) in ascending order. A selection holds a dense share of its range (a
+/// fifth of the context), so marking them in a bitmap and reading it back beats sorting them
+/// several times over; a sparse set is sorted.
+pub fn ascending(mut tokens: Vec<u32>) -> Vec<u32> {
     let words = tokens.iter().max().map_or(0, |&m| m as usize / 64 + 1);
     if words > 4 * tokens.len() {
         tokens.sort_unstable();
@@ -159,6 +167,11 @@ impl HeadsTopK {
     /// Each head's chosen (score, token) pairs, best first.
     pub fn into_ranked(self) -> Vec<Vec<(f32, u32)>> {
         self.0.into_iter().map(TopK::into_ranked).collect()
+    }
+
+    /// Each head's chosen (score, token) pairs, in no particular order.
+    pub fn into_unordered(self) -> Vec<Vec<(f32, u32)>> {
+        self.0.into_iter().map(TopK::into_unordered).collect()
     }
 }
 

@@ -33,6 +33,7 @@ use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, SelectorKind, Sele
 use crate::error::{Error, Result};
 use crate::score::device::{DeviceQuery, KeyChunkLayout};
 use crate::score::xrt::{XrtEvaluator, XrtOptions};
+use crate::score::topk::ascending;
 use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use rayon::prelude::*;
 use std::path::PathBuf;
@@ -370,7 +371,11 @@ impl TieredKvStore {
         let chosen = if merged.mass.is_none() && selector.by_rank_alone() {
             merged.top.into_tokens()
         } else {
-            let ranked = merged.top.into_ranked();
+            // Page-wise selection weighs every ranked token and needs no order (the guard does).
+            let ranked = match selector == SelectorKind::Pages && merged.mass.is_none() {
+                true => merged.top.into_unordered(),
+                false => merged.top.into_ranked(),
+            };
             let take = match merged.mass {
                 Some(mass) => self.guard(&ranked, mass, &pinned_block, budget.min(keep)),
                 None => budget,
@@ -771,8 +776,7 @@ fn joined(chosen: Vec<Vec<u32>>, riders: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
         .zip(riders)
         .map(|(mut tokens, riders)| {
             tokens.extend(riders);
-            tokens.sort_unstable();
-            tokens
+            ascending(tokens)
         })
         .collect()
 }
@@ -825,7 +829,7 @@ impl TieredKvStore {
         top.merge(&block);
         // Seeded as a decode step would select, so that whole pages start out hot.
         let seeds = match pages {
-            true => self.whole_pages(layer, &top.into_ranked(), budget, self.mass_scale(group), candidates),
+            true => self.whole_pages(layer, &top.into_unordered(), budget, self.mass_scale(group), candidates),
             false => top.into_tokens(),
         };
         let n = self.backing.held(layer);

@@ -23,6 +23,7 @@
 
 use super::super::cold::GROUP_TOKENS;
 use crate::kernels::ops::exp_approx;
+use crate::score::topk::ascending;
 
 /// A set of tokens as a bitmap, for membership tests by the thousand.
 struct TokenSet(Vec<u64>);
@@ -65,26 +66,40 @@ pub(super) fn free_riders(
     riders
 }
 
-/// Each head's ranked tokens that `chosen` (ascending, per head) left out but whose rows are
-/// `held(head, token)` in memory, best first, as many for every head: attended for no I/O.
+/// Each head's ranked tokens (`ranked`: (score, token) pairs in any order) that `chosen`
+/// (ascending, per head) left out but whose rows are `held(head, token)` in memory, as many for
+/// every head, the best where a head has more: attended for no I/O.
 pub(super) fn hot_riders(ranked: &[Vec<(f32, u32)>], chosen: &[Vec<u32>], held: impl Fn(usize, u32) -> bool) -> Vec<Vec<u32>> {
-    let mut riders: Vec<Vec<u32>> = ranked
+    let mut riders: Vec<Vec<(f32, u32)>> = ranked
         .iter()
         .zip(chosen)
         .enumerate()
         .map(|(head, (ranked, chosen))| {
             let chosen = TokenSet::new(chosen);
-            ranked.iter().map(|r| r.1).filter(|&t| !chosen.contains(t) && held(head, t)).collect()
+            ranked.iter().filter(|r| !chosen.contains(r.1) && held(head, r.1)).copied().collect()
         })
         .collect();
     let fewest = riders.iter().map(Vec::len).min().unwrap_or(0);
-    riders.iter_mut().for_each(|r| r.truncate(fewest));
     riders
+        .iter_mut()
+        .map(|r| {
+            if r.len() > fewest {
+                r.select_nth_unstable_by(fewest, best_first);
+                r.truncate(fewest);
+            }
+            r.iter().map(|r| r.1).collect()
+        })
+        .collect()
+}
+
+/// The ranking's order: higher score first, then the lower token.
+fn best_first(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
 /// One head's `take` candidate tokens (ascending), as whole pages.
 ///
-/// `ranked` holds the head's best (score, token) pairs, best first, at least `take` of them
+/// `ranked` holds the head's best (score, token) pairs in any order, at least `take` of them
 /// (given fewer, it takes that many); scores are weighted as attention by
 /// `exp(scale · (score − best))`. `page_of` gives a token's page, `members` a page's tokens, of
 /// which only those `is_candidate` accepts are taken (the sinks and recent tokens are attended
@@ -99,35 +114,40 @@ pub(super) fn whole_pages(
     is_candidate: impl Fn(u32) -> bool,
 ) -> Vec<u32> {
     let take = take.min(ranked.len());
-    let Some(&(best, _)) = ranked.first() else { return Vec::new() };
+    let Some(best) = ranked.iter().map(|r| r.0).reduce(f32::max) else { return Vec::new() };
     // The attention of each page's ranked tokens, summed per page (a step ranks thousands of
-    // tokens per head and layer: no sort, and a fast exp, which never reaches 0).
-    let votes: Vec<(usize, f32)> = ranked.iter().map(|&(s, t)| (page_of(t), exp_approx(scale * (s - best)))).collect();
-    let mut weights = vec![0f32; votes.iter().map(|v| v.0 + 1).max().unwrap_or(0)];
-    let mut pages: Vec<(usize, f32)> = Vec::new();
+    // tokens per head and layer: no sort, and a fast exp). Summed in fixed point, every token
+    // at least one unit, so that the sums, and the pages' order, do not depend on the order the
+    // pairs come in.
+    let votes: Vec<(usize, u64)> = ranked.iter().map(|&(s, t)| (page_of(t), ((exp_approx(scale * (s - best)) * VOTE_UNIT) as u64).max(1))).collect();
+    let mut weights = vec![0u64; votes.iter().map(|v| v.0 + 1).max().unwrap_or(0)];
+    let mut pages: Vec<(usize, u64)> = Vec::new();
     for &(page, weight) in &votes {
-        if weights[page] == 0.0 {
-            pages.push((page, 0.0));
+        if weights[page] == 0 {
+            pages.push((page, 0));
         }
         weights[page] += weight;
     }
     pages.iter_mut().for_each(|p| p.1 = weights[p.0]);
-    pages.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    pages.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut chosen: Vec<u32> = Vec::with_capacity(take + GROUP_TOKENS);
     for &(page, _) in &pages {
         let before = chosen.len();
         chosen.extend(members(page).into_iter().filter(|&t| is_candidate(t)));
         if chosen.len() >= take {
             // Every ranked token is a candidate in one of these pages, so the budget fills.
-            let page_ranked: Vec<u32> = ranked.iter().map(|r| r.1).filter(|&t| page_of(t) == page).collect();
-            chosen[before..].sort_by_key(|t| page_ranked.iter().position(|r| r == t).unwrap_or(usize::MAX));
+            let mut page_ranked: Vec<(f32, u32)> = ranked.iter().filter(|r| page_of(r.1) == page).copied().collect();
+            page_ranked.sort_unstable_by(best_first);
+            chosen[before..].sort_by_key(|&t| page_ranked.iter().position(|r| r.1 == t).unwrap_or(usize::MAX));
             chosen.truncate(take);
             break;
         }
     }
-    chosen.sort_unstable();
-    chosen
+    ascending(chosen)
 }
+
+/// A vote of weight 1 in [`whole_pages`]' fixed point.
+const VOTE_UNIT: f32 = (1u64 << 32) as f32;
 
 #[cfg(test)]
 mod tests {
@@ -159,6 +179,26 @@ mod tests {
         // Head 0 would take 41 and 40, head 1 only 50: both keep one, the best.
         assert_eq!(hot_riders(&ranked, &chosen, hot), vec![vec![41], vec![50]]);
         assert_eq!(hot_riders(&ranked, &chosen, |_, _| false), vec![Vec::<u32>::new(); 2]);
+    }
+
+    #[test]
+    fn pages_and_hot_riders_do_not_depend_on_the_order_the_ranking_comes_in() {
+        // Score blocks arrive in no fixed order, so neither may the ranked pairs: 300 tokens
+        // with many tied scores, given sorted, reversed and interleaved.
+        let ranked: Vec<(f32, u32)> = (0..300u32).map(|t| (((t * 7919) % 37) as f32 / 4.0, t * 3 % 1000)).collect();
+        let page_of = |t: u32| (t as usize * 13) % 61;
+        let members = |page: usize| std::array::from_fn(|i| ((0..1000u32).filter(|&t| page_of(t) == page).nth(i).unwrap_or(999)));
+        let orders = [ranked.clone(), ranked.iter().rev().copied().collect(), ranked.iter().step_by(2).chain(ranked.iter().skip(1).step_by(2)).copied().collect()];
+        let chosen: Vec<Vec<u32>> = orders.iter().map(|r| whole_pages(r, 120, 0.7, page_of, members, |t| t != 999)).collect();
+        assert_eq!(chosen[0].len(), 120);
+        assert!(chosen.iter().all(|c| *c == chosen[0]));
+        let held = |head: usize, t: u32| (t + head as u32) % 3 == 0;
+        let riders: Vec<Vec<Vec<u32>>> = orders.iter().map(|r| hot_riders(&[r.clone(), r.clone()], &[chosen[0].clone(), Vec::new()], held)).collect();
+        let sorted = |mut r: Vec<Vec<u32>>| {
+            r.iter_mut().for_each(|h| h.sort_unstable());
+            r
+        };
+        assert!(riders.iter().all(|r| sorted(r.clone()) == sorted(riders[0].clone())));
     }
 
     /// Pages of 16 consecutive tokens.
