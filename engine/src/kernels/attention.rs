@@ -28,6 +28,25 @@ pub fn k_tile_index(token: usize, dim: usize, head_dim: usize) -> usize {
     (token / KV_TILE * head_dim + dim) * KV_TILE + token % KV_TILE
 }
 
+/// Writes the K rows (f16 bits, `head_dim` long) of the tokens `lanes` marks into one K tile
+/// (`tile`: `head_dim` rows of [`KV_TILE`] lanes, see [`k_tile_index`]): bit `l` of `lanes`
+/// marks lane `l`, whose row is `rows[l]`; unmarked lanes keep what they hold and their rows
+/// are not read. Stores that assemble a view row by row write K this way, a tile at a time: a
+/// row written value by value into its lane costs `head_dim` scattered stores.
+pub fn write_k_tile(tile: &mut [u16], rows: &[&[u16]; KV_TILE], lanes: u16) {
+    let hd = tile.len() / KV_TILE;
+    #[cfg(target_arch = "x86_64")]
+    if lanes.count_ones() > 1 && hd.is_multiple_of(16) && super::simd_level() != SimdLevel::Portable {
+        // SAFETY: every level but Portable has avx2, checked when chosen.
+        return unsafe { super::x86::avx2::write_k_tile(tile, rows, lanes) };
+    }
+    for (lane, row) in rows.iter().enumerate().filter(|&(lane, _)| lanes >> lane & 1 == 1) {
+        for (d, &x) in row[..hd].iter().enumerate() {
+            tile[d * KV_TILE + lane] = x;
+        }
+    }
+}
+
 /// The keys and values one attention call may read, for every KV head of one layer.
 #[derive(Debug, Clone, Copy)]
 pub struct KvView<'a> {
@@ -408,6 +427,32 @@ mod tests {
                     for (a, b) in got.iter().zip(&want) {
                         assert!((a - b).abs() < 1e-4, "{level:?} hd {hd} heads {n_heads}/{n_kv} tokens {n_tokens} pos {pos}: {a} vs {b}");
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn k_tiles_written_at_once_hold_what_value_by_value_writes_would() {
+        for hd in [16, 64, 128] {
+            let rows: Vec<Vec<u16>> = (0..KV_TILE).map(|l| (0..hd).map(|d| (l * 1000 + d) as u16).collect()).collect();
+            let rows: [&[u16]; KV_TILE] = std::array::from_fn(|l| &rows[l][..]);
+            for lanes in [u16::MAX, 1, 0x8001, 0x5555, 0x0ff0, 0x7fff, 0xfffe] {
+                let mut want: Vec<u16> = (0..hd * KV_TILE).map(|i| 60_000 + i as u16).collect();
+                for l in (0..KV_TILE).filter(|l| lanes >> l & 1 == 1) {
+                    for d in 0..hd {
+                        want[k_tile_index(l, d, hd)] = rows[l][d];
+                    }
+                }
+                let mut tile: Vec<u16> = (0..hd * KV_TILE).map(|i| 60_000 + i as u16).collect();
+                write_k_tile(&mut tile, &rows, lanes);
+                assert_eq!(tile, want, "head_dim {hd}, lanes {lanes:#06x}");
+                #[cfg(target_arch = "x86_64")]
+                if SimdLevel::Avx2.is_supported() {
+                    let mut tile: Vec<u16> = (0..hd * KV_TILE).map(|i| 60_000 + i as u16).collect();
+                    // SAFETY: avx2 was checked.
+                    unsafe { crate::kernels::x86::avx2::write_k_tile(&mut tile, &rows, lanes) };
+                    assert_eq!(tile, want, "avx2, head_dim {hd}, lanes {lanes:#06x}");
                 }
             }
         }

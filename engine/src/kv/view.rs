@@ -8,7 +8,7 @@
 
 use super::cold::GROUP_TOKENS;
 use super::{KvView, KV_TILE};
-use crate::kernels::attention::k_tile_index;
+use crate::kernels::attention::{k_tile_index, write_k_tile};
 use half::slice::HalfBitsSliceExt;
 
 pub struct ViewBuffers {
@@ -69,12 +69,25 @@ impl ViewBuffers {
         runs
     }
 
+    /// Puts `rows` in their slots of `head`'s tile `tile`.
+    pub fn put_tile(&mut self, head: usize, tile: usize, rows: &TileRows<'_>) {
+        let head_words = self.stride_tokens * self.head_dim;
+        let (k, v) = (&mut self.k[head * head_words..][..head_words], &mut self.v[head * head_words..][..head_words]);
+        rows.write(k, v, self.head_dim, tile);
+    }
+
     /// Puts a cold-pool group (K then V, token-major, GROUP_TOKENS rows each) at `first_slot`.
     pub fn set_group(&mut self, first_slot: usize, head: usize, page: &[u16]) {
         let hd = self.head_dim;
         let (k, v) = page.split_at(GROUP_TOKENS * hd);
+        let mut rows = TileRows::default();
         for t in 0..GROUP_TOKENS {
-            self.set_token(first_slot + t, head, &k[t * hd..][..hd], &v[t * hd..][..hd]);
+            let slot = first_slot + t;
+            rows.put(slot % KV_TILE, &k[t * hd..][..hd], &v[t * hd..][..hd]);
+            if slot % KV_TILE == KV_TILE - 1 || t == GROUP_TOKENS - 1 {
+                self.put_tile(head, slot / KV_TILE, &rows);
+                rows = TileRows::default();
+            }
         }
     }
 
@@ -112,9 +125,49 @@ impl SlotRun<'_> {
         self.v.is_empty()
     }
 
-    /// Puts one token's K and V rows (f16 bits) in the run's `i`-th slot.
-    pub fn set_token(&mut self, i: usize, k_row: &[u16], v_row: &[u16]) {
-        put_token(self.k, self.v, self.head_dim, i, k_row, v_row);
+    /// Fills the run's slots a tile at a time: slot `i` gets `row(i)`'s K and V rows (f16
+    /// bits), or keeps what it holds where that is `None`.
+    pub fn fill<'r>(&mut self, mut row: impl FnMut(usize) -> Option<(&'r [u16], &'r [u16])>) {
+        let len = self.len();
+        for (tile, first) in (0..len).step_by(KV_TILE).enumerate() {
+            let mut rows = TileRows::default();
+            for lane in 0..KV_TILE.min(len - first) {
+                if let Some((k, v)) = row(first + lane) {
+                    rows.put(lane, k, v);
+                }
+            }
+            rows.write(self.k, self.v, self.head_dim, tile);
+        }
+    }
+}
+
+/// The rows bound for some slots of one K tile, gathered so that K is written a tile at a
+/// time (see [`write_k_tile`]).
+#[derive(Default)]
+pub struct TileRows<'r> {
+    /// Bit `l`: the tile's slot `l` has a row here.
+    lanes: u16,
+    k: [&'r [u16]; KV_TILE],
+    v: [&'r [u16]; KV_TILE],
+}
+
+impl<'r> TileRows<'r> {
+    /// Gives the tile's slot `lane` the K and V rows (f16 bits).
+    pub fn put(&mut self, lane: usize, k_row: &'r [u16], v_row: &'r [u16]) {
+        self.lanes |= 1 << lane;
+        self.k[lane] = k_row;
+        self.v[lane] = v_row;
+    }
+
+    /// Writes the rows into tile `tile` of a head's K tiles and V rows (or of a run of them).
+    fn write(&self, k: &mut [u16], v: &mut [u16], head_dim: usize, tile: usize) {
+        if self.lanes == 0 {
+            return;
+        }
+        write_k_tile(&mut k[tile * head_dim * KV_TILE..][..head_dim * KV_TILE], &self.k, self.lanes);
+        for lane in (0..KV_TILE).filter(|l| self.lanes >> l & 1 == 1) {
+            v[(tile * KV_TILE + lane) * head_dim..][..head_dim].copy_from_slice(self.v[lane]);
+        }
     }
 }
 
@@ -148,8 +201,8 @@ mod tests {
     }
 
     #[test]
-    fn runs_fill_the_same_slots_as_single_tokens() {
-        let (heads, hd, n) = (3, 4, 70);
+    fn runs_tiles_and_groups_fill_the_same_slots_as_single_tokens() {
+        let (heads, hd, n) = (3, 16, 70);
         let row = |h: usize, t: usize, off: u16| -> Vec<u16> { (0..hd).map(|d| (h * 1000 + t * 10 + d) as u16 + off).collect() };
         let mut one_by_one = ViewBuffers::new(hd);
         one_by_one.reset(heads, 100);
@@ -163,15 +216,32 @@ mod tests {
         let runs = by_runs.runs_mut(1..3, n, 32);
         assert_eq!(runs.iter().map(SlotRun::len).collect::<Vec<_>>(), vec![32, 32, 6, 32, 32, 6]);
         for mut run in runs {
-            for i in 0..run.len() {
-                let (h, t) = (run.head, run.first_slot + i);
-                run.set_token(i, &row(h, t, 0), &row(h, t, 5));
+            let (h, first) = (run.head, run.first_slot);
+            let rows: Vec<(Vec<u16>, Vec<u16>)> = (0..run.len()).map(|i| (row(h, first + i, 0), row(h, first + i, 5))).collect();
+            // Every third slot is left as it is, for a tile of its own below.
+            run.fill(|i| ((first + i) % 3 != 0).then(|| (&rows[i].0[..], &rows[i].1[..])));
+        }
+        for h in 1..3 {
+            for tile in 0..n.div_ceil(KV_TILE) {
+                let rows: Vec<(usize, Vec<u16>, Vec<u16>)> = (tile * KV_TILE..n.min(tile * KV_TILE + KV_TILE)).filter(|t| t % 3 == 0).map(|t| (t, row(h, t, 0), row(h, t, 5))).collect();
+                let mut tile_rows = TileRows::default();
+                rows.iter().for_each(|(t, k, v)| tile_rows.put(t % KV_TILE, k, v));
+                by_runs.put_tile(h, tile, &tile_rows);
             }
         }
+        // Head 0 as cold-pool groups, the first one straddling two tiles.
+        for first in [6, 22, 38, 54] {
+            let mut page: Vec<u16> = (first..first + GROUP_TOKENS).flat_map(|t| row(0, t, 0)).collect();
+            page.extend((first..first + GROUP_TOKENS).flat_map(|t| row(0, t, 5)));
+            by_runs.set_group(first, 0, &page);
+        }
+        for t in 0..6 {
+            by_runs.set_token(t, 0, &row(0, t, 0), &row(0, t, 5));
+        }
+        let (a, b) = (one_by_one.view(n, None), by_runs.view(n, None));
         for h in 0..heads {
-            let (a, b) = (one_by_one.view(n, None), by_runs.view(n, None));
             let part = |x: &[half::f16]| x[h * 112 * hd..][..n * hd].to_vec();
-            assert_eq!(part(a.k) == part(b.k) && part(a.v) == part(b.v), h > 0, "head {h}");
+            assert!(part(a.k) == part(b.k) && part(a.v) == part(b.v), "head {h}");
         }
     }
 }

@@ -613,3 +613,66 @@ pub unsafe fn dequantize_q8_row(q: &[u8], columns: &[f32], row: f32, out: &mut [
         }
     }
 }
+
+/// `attention::write_k_tile`: sixteen dimensions at a time, the marked lanes' rows are loaded
+/// (one register per token), transposed in registers and stored a dimension's sixteen lanes at
+/// once, blended with what the tile holds where lanes are unmarked.
+///
+/// # Safety
+/// The CPU must support avx2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn write_k_tile(tile: &mut [u16], rows: &[&[u16]; KV_TILE], lanes: u16) {
+    const _: () = assert!(KV_TILE == 16, "one register holds a tile's lanes of a dimension");
+    let hd = tile.len() / KV_TILE;
+    assert!(hd.is_multiple_of(16) && lanes != 0);
+    // Unmarked lanes read a marked lane's row (its values are blended away).
+    let any = rows[lanes.trailing_zeros() as usize];
+    let src: [&[u16]; KV_TILE] = std::array::from_fn(|l| if lanes >> l & 1 == 1 { rows[l] } else { any });
+    assert!(src.iter().all(|row| row.len() >= hd));
+    let bits = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, i16::MIN);
+    let marked = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(lanes as i16), bits), bits);
+    for d0 in (0..hd).step_by(16) {
+        // SAFETY: 16 values from d0 of each row, inside the asserted lengths.
+        let mut r: [__m256i; 16] = std::array::from_fn(|l| unsafe { _mm256_loadu_si256(src[l].as_ptr().add(d0).cast()) });
+        transpose_16x16_epi16(&mut r);
+        for (j, &dim) in r.iter().enumerate() {
+            // SAFETY: row d0 + j of the tile, 16 values inside its hd·16.
+            unsafe {
+                let dst = tile.as_mut_ptr().add((d0 + j) * KV_TILE).cast::<__m256i>();
+                let out = if lanes == u16::MAX { dim } else { _mm256_blendv_epi8(_mm256_loadu_si256(dst), dim, marked) };
+                _mm256_storeu_si256(dst, out);
+            }
+        }
+    }
+}
+
+/// Transposes 16 rows of 16 u16 (row `l` in `r[l]`) so that `r[j]` holds column `j`.
+#[inline(always)]
+fn transpose_16x16_epi16(r: &mut [__m256i; 16]) {
+    // SAFETY: the callers have avx2.
+    unsafe {
+        // Each 128-bit half transposes its 8 columns as an 8-way interleave (16-, 32-, then
+        // 64-bit units); the halves are swapped into place last.
+        let a: [__m256i; 16] = std::array::from_fn(|i| {
+            let (x, y) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 { _mm256_unpacklo_epi16(x, y) } else { _mm256_unpackhi_epi16(x, y) }
+        });
+        // b[4q + k]: columns 2k and 2k + 1 (low half; 2k + 8 and 2k + 9 high) of rows 4q..4q+4.
+        let b: [__m256i; 16] = std::array::from_fn(|i| {
+            let (q, k) = (i / 4, i % 4);
+            let (x, y) = (a[4 * q + k / 2], a[4 * q + 2 + k / 2]);
+            if k % 2 == 0 { _mm256_unpacklo_epi32(x, y) } else { _mm256_unpackhi_epi32(x, y) }
+        });
+        // c[o][m]: column m (low half; m + 8 high) of rows 8o..8o+8.
+        let c: [[__m256i; 8]; 2] = std::array::from_fn(|o| {
+            std::array::from_fn(|m| {
+                let (x, y) = (b[8 * o + m / 2], b[8 * o + 4 + m / 2]);
+                if m % 2 == 0 { _mm256_unpacklo_epi64(x, y) } else { _mm256_unpackhi_epi64(x, y) }
+            })
+        });
+        for m in 0..8 {
+            r[m] = _mm256_permute2x128_si256::<0x20>(c[0][m], c[1][m]);
+            r[m + 8] = _mm256_permute2x128_si256::<0x31>(c[0][m], c[1][m]);
+        }
+    }
+}

@@ -6,7 +6,9 @@ use super::promotion::rank_key;
 use super::reads::{PendingRead, Prefetched, Staged};
 use crate::kv::aligned::AlignedBuf;
 use super::{TieredKvStore, PREFETCH_ROWS_AHEAD};
+use crate::kernels::attention::KV_TILE;
 use crate::kv::cold::GROUP_TOKENS;
+use crate::kv::view::TileRows;
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -57,19 +59,22 @@ impl TieredKvStore {
                 let lane = lane0 + head;
                 let tokens = &tokens(head)[run.first_slot..][..run.len()];
                 let (mut hot_hits, mut cold) = (0, Vec::new());
-                for (i, &t) in tokens.iter().enumerate() {
+                let first_slot = run.first_slot;
+                run.fill(|i| {
+                    let t = tokens[i];
                     if let Some(&ahead) = tokens.get(i + PREFETCH_ROWS_AHEAD) {
                         hot.prefetch(lane, ahead);
                     }
                     if t as usize >= window.cold_end() {
-                        run.set_token(i, window.row(layer, head, t as usize, false), window.row(layer, head, t as usize, true));
-                    } else if let Some((k, v)) = hot.get(lane, t) {
-                        run.set_token(i, k, v);
-                        hot_hits += 1;
-                    } else {
-                        cold.push(ColdRow { slot: (run.first_slot + i) as u32, head: head as u32, token: t });
+                        return Some((window.row(layer, head, t as usize, false), window.row(layer, head, t as usize, true)));
                     }
-                }
+                    let rows = hot.get(lane, t);
+                    match rows {
+                        Some(_) => hot_hits += 1,
+                        None => cold.push(ColdRow { slot: (first_slot + i) as u32, head: head as u32, token: t }),
+                    }
+                    rows
+                });
                 (hot_hits, cold)
             })
             .collect();
@@ -83,23 +88,32 @@ impl TieredKvStore {
     /// `buf`, and keeps in `rows` those it could not. `decode` counts cold hits and offers the
     /// rows for promotion.
     pub(super) fn copy_cold_rows(&mut self, layer: usize, rows: &mut Vec<ColdRow>, staged: &Staged, buf: &AlignedBuf, heads: Range<usize>, decode: bool) {
-        let hd = self.shape.head_dim;
+        let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
         let gb_words = self.backing.cold().layout().group_bytes() / 2;
+        let (view, backing, tier, hits, candidates) = (&mut self.view, &self.backing, &mut self.tier, &self.hits, &mut self.candidates);
+        // The rows come in slot order, head by head: those of one tile are written together.
+        let (mut tile, mut tile_rows) = ((0, 0), TileRows::default());
         rows.retain(|&ColdRow { slot, head, token }| {
             let (head, tu) = (head as usize, token as usize);
-            let cold_slot = self.backing.slot(layer, head, tu);
+            let cold_slot = backing.slot(layer, head, tu);
             let Some(page) = staged.group(buf, head, cold_slot / GROUP_TOKENS, gb_words) else { return true };
             let row = cold_slot % GROUP_TOKENS;
             let (k, v) = (&page[row * hd..][..hd], &page[GROUP_TOKENS * hd + row * hd..][..hd]);
-            self.view.set_token(slot as usize, head - heads.start, k, v);
+            let at = (head - heads.start, slot as usize / KV_TILE);
+            if at != tile {
+                view.put_tile(tile.0, tile.1, &std::mem::take(&mut tile_rows));
+                tile = at;
+            }
+            tile_rows.put(slot as usize % KV_TILE, k, v);
             if decode {
-                self.tier.cold_hits += 1;
-                let lane = self.lane(layer, head);
+                tier.cold_hits += 1;
+                let lane = layer * n_kv + head;
                 // With this step's hit, which `observe` counts after attention.
-                let hits = self.hits[lane].get(tu).map_or(1, |&h| u32::from(h) + 1);
-                self.candidates.offer(lane, token, rank_key(hits, false, cold_slot as u32), k, v);
+                let hits = hits[lane].get(tu).map_or(1, |&h| u32::from(h) + 1);
+                candidates.offer(lane, token, rank_key(hits, false, cold_slot as u32), k, v);
             }
             false
         });
+        view.put_tile(tile.0, tile.1, &tile_rows);
     }
 }
