@@ -20,22 +20,47 @@ use std::time::{Duration, Instant};
 /// How long an idle worker polls for the next loop before it sleeps.
 const SPIN: Duration = Duration::from_micros(300);
 
-/// A published loop: `tasks` calls of `f`. The pointer's lifetime is erased; `run` keeps the
-/// closure alive until every worker has left the loop.
+/// The closure of the published loop. The pointer's lifetime is erased; `run` keeps the closure
+/// alive until every task has returned.
 #[derive(Clone, Copy)]
 struct Job {
     f: *const (dyn Fn(usize) + Sync),
-    tasks: usize,
+}
+
+/// The published loop's state in one word, so that a thread claims a task of the loop it saw
+/// or of none: the loop's generation (16 bits, wrapping), its task count and the next task to
+/// claim (24 bits each).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct LoopState(u64);
+
+impl LoopState {
+    const TASK_BITS: u32 = 24;
+    const MAX_TASKS: usize = 1 << Self::TASK_BITS;
+
+    fn new(generation: u16, tasks: usize) -> Self {
+        Self(u64::from(generation) << (2 * Self::TASK_BITS) | (tasks as u64) << Self::TASK_BITS)
+    }
+
+    fn generation(self) -> u16 {
+        (self.0 >> (2 * Self::TASK_BITS)) as u16
+    }
+
+    fn tasks(self) -> usize {
+        (self.0 >> Self::TASK_BITS) as usize & (Self::MAX_TASKS - 1)
+    }
+
+    fn next_task(self) -> usize {
+        self.0 as usize & (Self::MAX_TASKS - 1)
+    }
 }
 
 struct Shared {
-    /// Bumped once per published loop; workers wait for it to move.
-    generation: AtomicU64,
-    /// Written only by the publisher between loops, while no worker reads it.
+    /// A [`LoopState`].
+    state: AtomicU64,
+    /// Written only by the publisher between loops, while no task is claimed.
     job: UnsafeCell<Job>,
-    next_task: AtomicUsize,
-    /// Workers that have not finished the current loop.
-    running: AtomicUsize,
+    /// Tasks of the current loop that have returned.
+    done: AtomicUsize,
     /// The first panic of the current loop, raised again in its caller.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
     /// Workers asleep on `wake`.
@@ -44,9 +69,10 @@ struct Shared {
     wake: Condvar,
 }
 
-// SAFETY: `job` is written by the one thread holding `Pool::publish`, before `generation` moves
-// and after `running` reaches 0, so no worker reads it concurrently; the closure it points to is
-// `Sync`.
+// SAFETY: `job` is written by the one thread holding `Pool::publish`, before the loop's state is
+// published and after all of the previous loop's tasks have returned; a thread reads it only
+// after claiming a task of the loop, which cannot end before that task returns. The closure it
+// points to is `Sync`.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -64,20 +90,26 @@ pub fn pool() -> &'static Pool {
 
 impl Pool {
     fn new(workers: usize) -> Self {
+        let pool = Self::unstarted(workers);
+        for i in 0..workers {
+            let shared = pool.shared;
+            std::thread::Builder::new().name(format!("hillside-compute-{i}")).spawn(move || work(shared)).expect("spawning a compute thread");
+        }
+        pool
+    }
+
+    /// A pool of `workers` whose threads are not started yet.
+    fn unstarted(workers: usize) -> Self {
         let noop: &'static (dyn Fn(usize) + Sync) = &|_| {};
         let shared: &'static Shared = Box::leak(Box::new(Shared {
-            generation: AtomicU64::new(0),
-            job: UnsafeCell::new(Job { f: noop, tasks: 0 }),
-            next_task: AtomicUsize::new(0),
-            running: AtomicUsize::new(0),
+            state: AtomicU64::new(LoopState::new(0, 0).0),
+            job: UnsafeCell::new(Job { f: noop }),
+            done: AtomicUsize::new(0),
             panic: Mutex::new(None),
             sleepers: AtomicUsize::new(0),
             sleep: Mutex::new(()),
             wake: Condvar::new(),
         }));
-        for i in 0..workers {
-            std::thread::Builder::new().name(format!("hillside-compute-{i}")).spawn(move || work(shared)).expect("spawning a compute thread");
-        }
         Self { shared, workers, publish: Mutex::new(()) }
     }
 
@@ -88,28 +120,32 @@ impl Pool {
 
     /// Calls `f(task)` for every task in `0..tasks`, spread over the pool; returns when all
     /// have returned. A panic in any task is raised here afterwards.
+    ///
+    /// The caller waits for tasks, not for workers: a worker that was not running when the
+    /// loop was published (the OS gave its core to another thread) finds the loop done and
+    /// no task left, and nobody waited for it.
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         let guard = match self.publish.try_lock() {
-            Ok(guard) if tasks > 1 && self.workers > 0 => guard,
+            Ok(guard) if tasks > 1 && tasks < LoopState::MAX_TASKS && self.workers > 0 => guard,
             _ => return (0..tasks).for_each(f),
         };
         let shared = self.shared;
-        // SAFETY: the lifetime is erased only while workers can see the job: this call returns
-        // only after every worker has left it.
+        // SAFETY: the lifetime is erased only while the loop runs: this call returns only
+        // after every task has returned, and no thread reads the job without a task claimed.
         let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(f) };
-        // SAFETY: no worker reads `job` now: `running` is 0 between loops.
-        unsafe { *shared.job.get() = Job { f, tasks } };
-        shared.next_task.store(0, SeqCst);
-        shared.running.store(self.workers, SeqCst);
-        shared.generation.fetch_add(1, SeqCst);
+        // SAFETY: no task is claimed now: the last loop's have all returned, and its state has
+        // none left to claim.
+        unsafe { *shared.job.get() = Job { f } };
+        shared.done.store(0, SeqCst);
+        let generation = LoopState(shared.state.load(SeqCst)).generation().wrapping_add(1);
+        shared.state.store(LoopState::new(generation, tasks).0, SeqCst);
         if shared.sleepers.load(SeqCst) > 0 {
             let _lock = shared.sleep.lock().unwrap_or_else(|e| e.into_inner());
             shared.wake.notify_all();
         }
-        // SAFETY: the job was just published from `f`, alive for this call.
-        take_tasks(shared, unsafe { &*f });
-        // `take_tasks` catches panics, so this wait is always reached.
-        while shared.running.load(SeqCst) > 0 {
+        take_tasks(shared, generation);
+        // `take_tasks` catches panics, so every claimed task counts itself done.
+        while shared.done.load(SeqCst) < tasks {
             std::hint::spin_loop();
         }
         drop(guard);
@@ -119,27 +155,32 @@ impl Pool {
     }
 }
 
-/// Claims and runs tasks of the current loop until none is left.
-fn take_tasks(shared: &Shared, f: &(dyn Fn(usize) + Sync)) {
-    // SAFETY: read after the generation moved and before `running` drops, while the job is fixed.
-    let tasks = unsafe { (*shared.job.get()).tasks };
+/// Claims and runs tasks of loop `generation` until none is left (or another loop is up).
+fn take_tasks(shared: &Shared, generation: u16) {
     loop {
-        let task = shared.next_task.fetch_add(1, SeqCst);
-        if task >= tasks {
+        let state = LoopState(shared.state.load(SeqCst));
+        if state.generation() != generation || state.next_task() >= state.tasks() {
             return;
         }
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(task))) {
+        if shared.state.compare_exchange(state.0, state.0 + 1, SeqCst, SeqCst).is_err() {
+            continue;
+        }
+        // SAFETY: a task of the loop is claimed, so the loop (and its job) lasts until it returns.
+        let f = unsafe { &*(*shared.job.get()).f };
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(state.next_task()))) {
             shared.panic.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(payload);
         }
+        shared.done.fetch_add(1, SeqCst);
     }
 }
 
 fn work(shared: &'static Shared) {
-    let mut seen = 0;
+    let generation = || LoopState(shared.state.load(SeqCst)).generation();
+    let mut seen = generation();
     loop {
         let idle_since = Instant::now();
         let mut polls = 0u32;
-        while shared.generation.load(SeqCst) == seen {
+        while generation() == seen {
             polls += 1;
             if !polls.is_multiple_of(64) || idle_since.elapsed() < SPIN {
                 std::hint::spin_loop();
@@ -147,16 +188,13 @@ fn work(shared: &'static Shared) {
             }
             let mut lock = shared.sleep.lock().unwrap_or_else(|e| e.into_inner());
             shared.sleepers.fetch_add(1, SeqCst);
-            while shared.generation.load(SeqCst) == seen {
+            while generation() == seen {
                 lock = shared.wake.wait(lock).unwrap_or_else(|e| e.into_inner());
             }
             shared.sleepers.fetch_sub(1, SeqCst);
         }
-        seen = shared.generation.load(SeqCst);
-        // SAFETY: the job of generation `seen` stays alive until `running` reaches 0.
-        let f = unsafe { &*(*shared.job.get()).f };
-        take_tasks(shared, f);
-        shared.running.fetch_sub(1, SeqCst);
+        seen = generation();
+        take_tasks(shared, seen);
     }
 }
 
@@ -177,6 +215,20 @@ mod tests {
             }
             assert!(counts.iter().all(|c| c.load(SeqCst) == 200), "{tasks} tasks");
         }
+    }
+
+    #[test]
+    fn a_loop_ends_when_its_tasks_do_whether_or_not_the_workers_ran() {
+        // Workers that never get a core (here: never started) have no task of the loop, so
+        // the caller does not wait for them.
+        let pool = Pool::unstarted(3);
+        let done = AtomicUsize::new(0);
+        for _ in 0..3 {
+            pool.run(16, &|_| {
+                done.fetch_add(1, SeqCst);
+            });
+        }
+        assert_eq!(done.load(SeqCst), 48);
     }
 
     #[test]
