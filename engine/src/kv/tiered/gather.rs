@@ -9,7 +9,7 @@ use super::{TieredKvStore, PREFETCH_ROWS_AHEAD};
 use crate::kernels::attention::KV_TILE;
 use crate::kv::cold::GROUP_TOKENS;
 use crate::kv::view::TileRows;
-use rayon::prelude::*;
+use crate::kernels::parallel::map_items;
 use std::ops::Range;
 
 /// Slots one parallel task copies: a few tiles, enough to amortize the hand-off.
@@ -52,32 +52,29 @@ impl TieredKvStore {
         let (hot, window, lane0) = (&self.hot, &self.backing, self.lane(layer, 0));
         let first_head = heads.start;
         let runs = self.view.runs_mut(0..heads.len(), n_slots, RUN_SLOTS);
-        let copied: Vec<(u64, Vec<ColdRow>)> = runs
-            .into_par_iter()
-            .map(|mut run| {
-                let head = first_head + run.head;
-                let lane = lane0 + head;
-                let tokens = &tokens(head)[run.first_slot..][..run.len()];
-                let (mut hot_hits, mut cold) = (0, Vec::new());
-                let first_slot = run.first_slot;
-                run.fill(|i| {
-                    let t = tokens[i];
-                    if let Some(&ahead) = tokens.get(i + PREFETCH_ROWS_AHEAD) {
-                        hot.prefetch(lane, ahead);
-                    }
-                    if t as usize >= window.cold_end() {
-                        return Some((window.row(layer, head, t as usize, false), window.row(layer, head, t as usize, true)));
-                    }
-                    let rows = hot.get(lane, t);
-                    match rows {
-                        Some(_) => hot_hits += 1,
-                        None => cold.push(ColdRow { slot: (first_slot + i) as u32, head: head as u32, token: t }),
-                    }
-                    rows
-                });
-                (hot_hits, cold)
-            })
-            .collect();
+        let copied: Vec<(u64, Vec<ColdRow>)> = map_items(runs, |mut run| {
+            let head = first_head + run.head;
+            let lane = lane0 + head;
+            let tokens = &tokens(head)[run.first_slot..][..run.len()];
+            let (mut hot_hits, mut cold) = (0, Vec::new());
+            let first_slot = run.first_slot;
+            run.fill(|i| {
+                let t = tokens[i];
+                if let Some(&ahead) = tokens.get(i + PREFETCH_ROWS_AHEAD) {
+                    hot.prefetch(lane, ahead);
+                }
+                if t as usize >= window.cold_end() {
+                    return Some((window.row(layer, head, t as usize, false), window.row(layer, head, t as usize, true)));
+                }
+                let rows = hot.get(lane, t);
+                match rows {
+                    Some(_) => hot_hits += 1,
+                    None => cold.push(ColdRow { slot: (first_slot + i) as u32, head: head as u32, token: t }),
+                }
+                rows
+            });
+            (hot_hits, cold)
+        });
         if decode {
             self.tier.hot_hits += copied.iter().map(|c| c.0).sum::<u64>();
         }

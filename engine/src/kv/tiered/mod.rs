@@ -35,7 +35,8 @@ use crate::score::device::{DeviceQuery, KeyChunkLayout};
 use crate::score::xrt::{XrtEvaluator, XrtOptions};
 use crate::score::topk::ascending;
 use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
-use rayon::prelude::*;
+use crate::kernels::parallel::map_items;
+use crate::kernels::spin_pool::pool;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use demotion::WeakestRows;
@@ -338,25 +339,26 @@ impl TieredKvStore {
                 }
             }
         };
-        let threads = rayon::current_num_threads();
-        let hot_chunks = hot.len().div_ceil(SCORE_BLOCK_TOKENS);
-        // Newest first: recent tokens tend to score highest, so the top-k's floor rises early
-        // and most older tokens' scores are dropped on arrival.
-        let merged = hot
-            .par_rchunks(SCORE_BLOCK_TOKENS)
-            .with_min_len(hot_chunks.div_ceil(threads).max(1))
-            .fold(new_merge, |mut merged, chunk| {
+        // A span of blocks per thread. Newest first: recent tokens tend to score highest, so
+        // the top-k's floor rises early and most older tokens' scores are dropped on arrival.
+        let span = hot.len().div_ceil(SCORE_BLOCK_TOKENS).div_ceil(pool().threads()).max(1) * SCORE_BLOCK_TOKENS;
+        let merges = map_items(hot.rchunks(span).collect(), |span| {
+            let mut merged = new_merge();
+            for chunk in span.rchunks(SCORE_BLOCK_TOKENS) {
                 let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
                 query.score(&keys, chunk, &mut block.scores);
                 merged.merge(&block);
                 take_arrived(&mut merged);
-                merged
-            })
-            .reduce_with(|mut a, b| {
+            }
+            merged
+        });
+        let mut merged = merges
+            .into_iter()
+            .reduce(|mut a, b| {
                 a.absorb(b);
                 a
-            });
-        let mut merged = merged.unwrap_or_else(new_merge);
+            })
+            .unwrap_or_else(new_merge);
         drop(keys);
         if let Some(feed) = cold_feed {
             let mut feed = feed.into_inner().unwrap_or_else(|p| p.into_inner());
