@@ -5,7 +5,7 @@
 mod core;
 
 fn main() {
-    hillside::keep_large_allocations_mapped();
+    hillside::configure_allocator();
     hillside::init_logging();
     if let Err(e) = core::run() {
         eprintln!("error: {e:#}");
