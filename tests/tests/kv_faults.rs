@@ -1,17 +1,17 @@
 //! The disk-backed KV stores when their cold pool fails: a write error at a chosen layer and
-//! group, a short read, a damaged block under a truncation. Each step either fails with a
+//! group, a short read, a failed read-ahead, a damaged block under a truncation. Each step either fails with a
 //! clear error and leaves the sequence as it was, or gives exactly the logits a healthy store
 //! gives; never other text.
 
 mod common;
 
 use hillside_engine::kv::cold::{ColdLayout, GROUP_TOKENS};
-use hillside_engine::kv::fault::{self, ColdFaults, FailingWrite};
+use hillside_engine::kv::fault::{self, ColdFaults, FailingRead, FailingWrite};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams, Sequence};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Linux's errno for an I/O error, and for a full disk.
 const EIO: i32 = 5;
@@ -163,6 +163,47 @@ fn a_short_read_fails_the_step_and_leaves_the_sequence_as_it_was() {
         assert_eq!(seq.kv.len_tokens(), held, "{store:?}: the failed step is rolled back");
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_failed_read_ahead_is_read_again_at_the_layers_turn() {
+    // The tiered store reads a layer's likely groups while the layer before it computes. A read
+    // of layer 10 fails once per step from the fifth decode step on: when it is the read-ahead
+    // that fails, the layer reads those groups itself and the step goes on; when it is the
+    // layer's own read, the step fails and is rolled back. Either way every step's logits are
+    // a healthy store's.
+    let engine = Engine::load(&common::model_path()).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..700];
+    let (healthy_dir, faulty_dir) = (cold_dir("read-ahead-healthy"), cold_dir("read-ahead-faulty"));
+    let plan = fault::inject(&faulty_dir, ColdFaults { failing_read: Some(FailingRead { layer: 10, errno: EIO, times: AtomicUsize::new(0) }), ..ColdFaults::default() });
+    let failing = plan.failing_read.as_ref().unwrap();
+    let mut healthy = engine.new_sequence_with(&config(StoreKind::Tiered, &healthy_dir), Some(1024)).unwrap();
+    let mut faulty = engine.new_sequence_with(&config(StoreKind::Tiered, &faulty_dir), Some(1024)).unwrap();
+    let (mut recovered, mut failed) = (0, 0);
+    for (i, step) in tokens[..600].chunks(100).chain(tokens[600..].chunks(1)).enumerate() {
+        let want = healthy.feed(&engine, step).unwrap();
+        failing.times.store(usize::from(i >= 10), Ordering::Relaxed);
+        let got = match faulty.feed(&engine, step) {
+            Ok(logits) => {
+                recovered += usize::from(failing.times.load(Ordering::Relaxed) == 0 && i >= 10);
+                logits
+            }
+            Err(e) => {
+                failed += 1;
+                assert!(e.to_string().contains("cold pool: read failed"), "{e}");
+                assert_eq!(faulty.tokens.len(), healthy.tokens.len() - step.len(), "a failed step leaves the sequence as it was");
+                faulty.feed(&engine, step).unwrap()
+            }
+        };
+        assert_eq!(want, got, "after {} tokens the logits differ from the healthy store's", faulty.tokens.len());
+    }
+    assert!(recovered > 0, "no read-ahead of layer 10 failed (own reads failed {failed} times)");
+    fault::clear(&faulty_dir);
+    drop((healthy, faulty));
+    for dir in [healthy_dir, faulty_dir] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 /// Near-storage with the X-cache (SmolLM2 copied as multi-head attention, so that half its layers

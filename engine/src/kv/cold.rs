@@ -507,6 +507,9 @@ impl ColdPool {
 
     /// Checks each group a run read against its checksum, then decodes it in place (q8).
     fn finish_read(&self, layer: usize, run: &mut GroupRun<'_>) -> Result<()> {
+        if let Some(e) = self.faults.as_ref().and_then(|f| f.on_read_done(layer)) {
+            return Err(io_error("read failed", &self.file_of(run.head).path, e));
+        }
         self.check_read(layer, run)?;
         if self.layout.cold_type == ColdType::Q8 {
             let (gb, dgb, values) = (self.layout.group_bytes(), self.layout.disk_group_bytes(), 2 * self.layout.group_values());

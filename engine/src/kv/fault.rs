@@ -16,6 +16,16 @@ pub struct ColdFaults {
     /// The pool created `n`-th in the directory (from 0) panics on every read, as a bug in one
     /// sequence's store would.
     pub panicking_pool: Option<usize>,
+    /// Reads of this layer fail with this OS error, this many times in all (a count the test
+    /// can raise later, to fail reads from a chosen step on).
+    pub failing_read: Option<FailingRead>,
+}
+
+#[derive(Debug)]
+pub struct FailingRead {
+    pub layer: usize,
+    pub errno: i32,
+    pub times: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -37,6 +47,13 @@ impl PoolFaults {
     /// The error the write of (`layer`, `group`) meets, if the plan has one left for it.
     pub fn on_write(&self, layer: usize, group: usize) -> Option<std::io::Error> {
         let failing = self.plan.failing_write.as_ref().filter(|f| f.layer == layer && f.group == group)?;
+        let left = failing.times.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        left.is_ok().then(|| std::io::Error::from_raw_os_error(failing.errno))
+    }
+
+    /// The error a finished read of `layer` meets, if the plan has one left for it.
+    pub fn on_read_done(&self, layer: usize) -> Option<std::io::Error> {
+        let failing = self.plan.failing_read.as_ref().filter(|f| f.layer == layer)?;
         let left = failing.times.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         left.is_ok().then(|| std::io::Error::from_raw_os_error(failing.errno))
     }

@@ -3,7 +3,7 @@
 //! missed are still being read; their rows are filled in once the reads land.
 
 use super::promotion::rank_key;
-use super::reads::{PendingRead, Prefetched, Staged};
+use super::reads::{PendingRead, Staged};
 use crate::kv::aligned::AlignedBuf;
 use super::{TieredKvStore, PREFETCH_ROWS_AHEAD};
 use crate::kernels::attention::KV_TILE;
@@ -25,14 +25,14 @@ pub(super) struct ColdRow {
 
 impl TieredKvStore {
     /// Starts reading the cold groups that each head's `tokens(head)` need and that the
-    /// read-ahead (`ahead`) did not bring; `None` when there are none.
-    pub(super) fn start_cold_read<'t>(&mut self, layer: usize, tokens: &impl Fn(usize) -> &'t [u32], ahead: Option<&Prefetched>) -> Option<PendingRead> {
+    /// read-ahead is not already reading for the layer; `None` when there are none.
+    pub(super) fn start_cold_read<'t>(&mut self, layer: usize, tokens: &impl Fn(usize) -> &'t [u32]) -> Option<PendingRead> {
         let mut groups = self.cold_groups(layer, tokens);
-        if let Some(ahead) = ahead {
+        if let Some(ahead) = self.prefetch.issued_groups(layer) {
             let mut used = 0;
-            for (head, g) in groups.iter_mut().enumerate() {
+            for (g, ahead) in groups.iter_mut().zip(ahead) {
                 let before = g.len();
-                g.retain(|&g| !ahead.staged.contains(head, g));
+                g.retain(|g| ahead.binary_search(g).is_err());
                 used += before - g.len();
             }
             self.tier.read_ahead_used += used as u64;

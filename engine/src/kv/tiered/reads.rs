@@ -34,10 +34,6 @@ impl Staged {
         let i = h.groups.binary_search(&group).ok()?;
         Some(&buf.as_u16()[h.offset_words + i * group_words..][..group_words])
     }
-
-    pub fn contains(&self, head: usize, group: usize) -> bool {
-        self.heads.get(head).is_some_and(|h| h.groups.binary_search(&group).is_ok())
-    }
 }
 
 /// Reads each head's `groups` (ascending) of `layer` into `buf` (grown if too small), head after
@@ -120,6 +116,8 @@ pub(super) struct Prefetched {
 
 struct InFlight {
     layer: usize,
+    /// The groups being read, per head (ascending).
+    groups: Vec<Vec<usize>>,
     read: PendingRead,
 }
 
@@ -137,10 +135,17 @@ impl Prefetcher {
         self.in_flight.iter().any(|f| f.layer == layer)
     }
 
+    /// The groups (per head, ascending) being read ahead for `layer`, if any: known before
+    /// they land, so that the layer's other reads start without waiting for them.
+    pub fn issued_groups(&self, layer: usize) -> Option<&[Vec<usize>]> {
+        self.in_flight.iter().find(|f| f.layer == layer).map(|f| &f.groups[..])
+    }
+
     /// Starts reading `groups` (per head, ascending) of `layer` on the I/O threads.
     pub fn issue(&mut self, cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>) {
         let buf = self.buffer(cold, &groups);
-        self.in_flight.push_back(InFlight { layer, read: PendingRead::start(cold, layer, groups, buf) });
+        let read = PendingRead::start(cold, layer, groups.clone(), buf);
+        self.in_flight.push_back(InFlight { layer, groups, read });
     }
 
     /// A buffer for reading `groups` (per head): the smallest spare one that holds them, or a
@@ -258,7 +263,7 @@ mod tests {
             let page = got.staged.group(&got.buf, head, group, words).unwrap();
             assert!(page.iter().all(|&w| w as usize == 100 + head * 10 + group), "layer 1 head {head} group {group}");
         }
-        assert!(got.staged.group(&got.buf, 0, 2, words).is_none() && !got.staged.contains(1, 0));
+        assert!(got.staged.group(&got.buf, 0, 2, words).is_none() && got.staged.group(&got.buf, 1, 0, words).is_none());
         prefetch.recycle(got.buf);
 
         // A read for a later layer waits for its turn; clear forgets it.
