@@ -3,7 +3,8 @@
 //! missed are still being read; their rows are filled in once the reads land.
 
 use super::promotion::rank_key;
-use super::reads::{PendingRead, Staged};
+use super::reads::{read_heads, PendingRead, Staged};
+use crate::error::Result;
 use crate::kv::aligned::AlignedBuf;
 use super::{TieredKvStore, PREFETCH_ROWS_AHEAD};
 use crate::kernels::attention::KV_TILE;
@@ -79,6 +80,28 @@ impl TieredKvStore {
             self.tier.hot_hits += copied.iter().map(|c| c.0).sum::<u64>();
         }
         copied.into_iter().flat_map(|c| c.1).collect()
+    }
+
+    /// Reads the groups of the cold slots `rows` (of the view holding `heads`) still lacks, at
+    /// once, and fills them.
+    pub(super) fn read_missing_rows(&mut self, layer: usize, rows: &mut Vec<ColdRow>, heads: Range<usize>) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut groups = vec![Vec::new(); self.shape.n_kv_heads];
+        for row in rows.iter() {
+            groups[row.head as usize].push(self.backing.slot(layer, row.head as usize, row.token as usize) / GROUP_TOKENS);
+        }
+        groups.iter_mut().for_each(|g| {
+            g.sort_unstable();
+            g.dedup();
+        });
+        let mut buf = self.prefetch.buffer(self.backing.cold(), &groups);
+        let staged = read_heads(self.backing.cold(), layer, groups, &mut buf)?;
+        self.copy_cold_rows(layer, rows, &staged, &buf, heads, true);
+        self.prefetch.recycle(buf);
+        assert!(rows.is_empty(), "every cold group a selection needs is read");
+        Ok(())
     }
 
     /// Fills the cold slots (`rows`, of the view holding `heads`) whose groups `staged` holds in

@@ -572,15 +572,8 @@ impl KvStore for TieredKvStore {
             } else {
                 self.read_ahead(layer);
             }
-            if !cold_rows.is_empty() {
-                // The read-ahead failed (and said so): its groups are read now.
-                let groups = self.cold_groups(layer, |head| tokens(head));
-                let mut buf = self.prefetch.buffer(self.backing.cold(), &groups);
-                let staged = read_heads(self.backing.cold(), layer, groups, &mut buf)?;
-                self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, true);
-                self.prefetch.recycle(buf);
-            }
-            assert!(cold_rows.is_empty(), "every cold group a selection needs is read");
+            // Rows still missing are the read-ahead's, which failed (and said so).
+            self.read_missing_rows(layer, &mut cold_rows, heads)?;
             (0..self.shape.n_kv_heads).for_each(|head| self.positions.extend_from_slice(tokens(head)));
         } else {
             if self.backing.pending(layer) == 1 && heads.start == 0 {

@@ -187,7 +187,7 @@ mod tests {
         // with many tied scores, given sorted, reversed and interleaved.
         let ranked: Vec<(f32, u32)> = (0..300u32).map(|t| (((t * 7919) % 37) as f32 / 4.0, t * 3 % 1000)).collect();
         let page_of = |t: u32| (t as usize * 13) % 61;
-        let members = |page: usize| std::array::from_fn(|i| ((0..1000u32).filter(|&t| page_of(t) == page).nth(i).unwrap_or(999)));
+        let members = |page: usize| std::array::from_fn(|i| (0..1000u32).filter(|&t| page_of(t) == page).nth(i).unwrap_or(999));
         let orders = [ranked.clone(), ranked.iter().rev().copied().collect(), ranked.iter().step_by(2).chain(ranked.iter().skip(1).step_by(2)).copied().collect()];
         let chosen: Vec<Vec<u32>> = orders.iter().map(|r| whole_pages(r, 120, 0.7, page_of, members, |t| t != 999)).collect();
         assert_eq!(chosen[0].len(), 120);
