@@ -30,7 +30,7 @@ struct Job {
 /// The published loop's state in one word, so that a thread claims a task of the loop it saw
 /// or of none: the loop's generation (16 bits, wrapping), its task count and the next task to
 /// claim (24 bits each).
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 struct LoopState(u64);
 
 impl LoopState {
