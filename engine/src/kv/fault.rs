@@ -47,15 +47,13 @@ impl PoolFaults {
     /// The error the write of (`layer`, `group`) meets, if the plan has one left for it.
     pub fn on_write(&self, layer: usize, group: usize) -> Option<std::io::Error> {
         let failing = self.plan.failing_write.as_ref().filter(|f| f.layer == layer && f.group == group)?;
-        let left = failing.times.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        left.is_ok().then(|| std::io::Error::from_raw_os_error(failing.errno))
+        one_of(&failing.times, failing.errno)
     }
 
     /// The error a finished read of `layer` meets, if the plan has one left for it.
     pub fn on_read_done(&self, layer: usize) -> Option<std::io::Error> {
         let failing = self.plan.failing_read.as_ref().filter(|f| f.layer == layer)?;
-        let left = failing.times.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-        left.is_ok().then(|| std::io::Error::from_raw_os_error(failing.errno))
+        one_of(&failing.times, failing.errno)
     }
 
     pub fn on_read(&self, layer: usize, head: usize, group: usize) {
@@ -63,6 +61,12 @@ impl PoolFaults {
             panic!("injected fault: cold pool read of layer {layer}, head {head}, group {group}");
         }
     }
+}
+
+/// The error `errno`, if `times` has one left (taking it).
+fn one_of(times: &AtomicUsize, errno: i32) -> Option<std::io::Error> {
+    let left = times.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    left.is_ok().then(|| std::io::Error::from_raw_os_error(errno))
 }
 
 /// Each registered plan: its directory, and how many pools were created there since.
