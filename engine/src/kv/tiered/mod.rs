@@ -768,9 +768,7 @@ fn keep_largest_dims(query: &mut [f32], dims: usize) {
 
 /// The tokens of `ranked` (score, token) pairs, ascending.
 fn ascending_tokens(ranked: &[(f32, u32)]) -> Vec<u32> {
-    let mut tokens: Vec<u32> = ranked.iter().map(|r| r.1).collect();
-    tokens.sort_unstable();
-    tokens
+    ascending(ranked.iter().map(|r| r.1).collect())
 }
 
 /// Each head's `chosen` tokens and its `riders`, ascending.
