@@ -182,8 +182,12 @@ fn work(shared: &'static Shared) {
         let mut polls = 0u32;
         while generation() == seen {
             polls += 1;
-            if !polls.is_multiple_of(64) || idle_since.elapsed() < SPIN {
+            if !polls.is_multiple_of(64) {
                 std::hint::spin_loop();
+                continue;
+            }
+            if idle_since.elapsed() < SPIN {
+                std::thread::yield_now();
                 continue;
             }
             let mut lock = shared.sleep.lock().unwrap_or_else(|e| e.into_inner());
