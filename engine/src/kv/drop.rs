@@ -127,6 +127,7 @@ impl KvStore for DropKvStore {
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}
 
     fn commit(&mut self, n_tokens: usize) -> Result<()> {
+        self.view.end_step();
         self.len += n_tokens;
         self.pending.fill(0);
         let budget = (self.alpha * self.len as f32).ceil() as usize + self.sink_tokens + self.recent_tokens;

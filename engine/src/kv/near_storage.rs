@@ -155,6 +155,8 @@ impl KvStore for NearStorageKvStore {
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}
 
     fn commit(&mut self, n_tokens: usize) -> Result<()> {
+        self.storage.view.end_step();
+        self.host.view.end_step();
         let kv = self.inner.commit(n_tokens);
         let x = self.inputs.as_mut().map_or(Ok(()), |inputs| inputs.commit(n_tokens));
         kv.and(x)

@@ -80,6 +80,7 @@ impl KvStore for OffloadKvStore {
     fn observe(&mut self, _layer: usize, _selection: &Selection) {}
 
     fn commit(&mut self, n_tokens: usize) -> Result<()> {
+        self.view.end_step();
         self.backing.commit(n_tokens, |_, _, _, _, _| {})
     }
 

@@ -19,24 +19,37 @@ pub struct ViewBuffers {
     stride_tokens: usize,
     k: Vec<u16>,
     v: Vec<u16>,
+    /// The most values (of K, and of V) a view laid out since the last `end_step` held.
+    step_need: usize,
 }
 
 impl ViewBuffers {
     pub fn new(head_dim: usize) -> Self {
-        Self { n_kv_heads: 0, head_dim, stride_tokens: 0, k: Vec::new(), v: Vec::new() }
+        Self { n_kv_heads: 0, head_dim, stride_tokens: 0, k: Vec::new(), v: Vec::new(), step_need: 0 }
     }
 
     /// Lays the buffers out for `n_heads` heads of `n_slots` tokens; what they held is lost.
-    /// Memory beyond twice the need is given back (the first decode step after a long prompt).
     pub fn reset(&mut self, n_heads: usize, n_slots: usize) {
         self.n_kv_heads = n_heads;
         self.stride_tokens = n_slots.next_multiple_of(KV_TILE);
         let len = self.n_kv_heads * self.stride_tokens * self.head_dim;
+        self.step_need = self.step_need.max(len);
+        self.k.resize(len, 0);
+        self.v.resize(len, 0);
+    }
+
+    /// The step is over (the store commits it): memory beyond twice the most any of its views
+    /// needed is given back (the first decode step after a long prompt). Given back at each
+    /// `reset` instead, a step whose layers need views of different sizes (a dense layer's
+    /// every token, then the sparse layers' selections) would free the large buffers and fault
+    /// them in again every step (at 32K, a fifth of a tiered step's gathering).
+    pub fn end_step(&mut self) {
+        let need = std::mem::take(&mut self.step_need);
         for buf in [&mut self.k, &mut self.v] {
-            if 2 * len < buf.capacity() {
-                *buf = Vec::new();
+            if 2 * need < buf.capacity() {
+                buf.truncate(need);
+                buf.shrink_to(need);
             }
-            buf.resize(len, 0);
         }
     }
 
@@ -187,17 +200,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_small_view_after_a_large_one_gives_the_memory_back() {
+    fn a_step_that_needs_less_than_half_the_view_gives_the_rest_back() {
         let bytes = |heads: usize, slots: usize| 2 * 2 * heads * slots * 64;
         let mut view = ViewBuffers::new(64);
         view.reset(3, 8000);
+        view.end_step();
         assert_eq!(view.bytes(), bytes(3, 8000));
         // A third of that (a prompt's head at a time): the rest is given back.
         view.reset(1, 8000);
+        view.end_step();
         assert_eq!(view.bytes(), bytes(1, 8000));
         // Decode steps after it (every head, a fifth of the tokens) fit in what is there.
         view.reset(3, 1600);
+        view.end_step();
         assert_eq!(view.bytes(), bytes(1, 8000));
+        // Within a step, a small view after a large one keeps the memory for the next large one.
+        for _ in 0..3 {
+            view.reset(1, 8000);
+            let k_at = view.k.as_ptr();
+            view.reset(3, 1000);
+            view.reset(1, 8000);
+            assert_eq!((view.bytes(), view.k.as_ptr()), (bytes(1, 8000), k_at));
+            view.end_step();
+        }
     }
 
     #[test]

@@ -188,6 +188,7 @@ impl LayerInputs {
     }
 
     pub fn commit(&mut self, n_tokens: usize) -> Result<()> {
+        self.view.end_step();
         self.backing.commit(n_tokens, |_, _, _, _, _| {})
     }
 

@@ -614,6 +614,7 @@ impl KvStore for TieredKvStore {
             self.tier.spare_copy_steps += u64::from(n_tokens == 1);
         }
         self.trim();
+        self.view.end_step();
         self.prefetch.clear(); // normally empty: each layer claims its read-ahead in the step
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
         let (hot, n_kv) = (&mut self.hot, self.shape.n_kv_heads);
