@@ -96,8 +96,10 @@ impl HotPool {
         }
     }
 
+    /// Whether the lane holds `token` (through the bitmap: a step asks this of thousands of
+    /// tokens per lane, and a lane's bitmap is a thirty-second of its slot table).
     pub fn contains(&self, lane: usize, token: u32) -> bool {
-        self.slot(lane, token).is_some()
+        self.lanes[lane].bits.get(token as usize / 64).is_some_and(|w| w & (1 << (token % 64)) != 0)
     }
 
     /// The lane's hot tokens as a bitmap: bit `t % 64` of word `t / 64` (words past the end
