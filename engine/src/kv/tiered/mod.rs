@@ -438,27 +438,25 @@ impl TieredKvStore {
     /// Each head's `chosen` tokens (ascending) and, past them, its `ranked` tokens that are in
     /// memory (see [`pages::hot_riders`]), ascending.
     fn with_hot_riders(&self, layer: usize, ranked: &[Vec<(f32, u32)>], chosen: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
-        let riders = pages::hot_riders(ranked, &chosen, |head, t| self.in_memory(layer, head, t));
+        let (base, hot, lane0) = (self.backing.cold_end(), &self.hot, self.lane(layer, 0));
+        let riders = pages::hot_riders(ranked, &chosen, |head, t| t as usize >= base || hot.contains(lane0 + head, t));
         joined(chosen, riders)
     }
 
     /// Each head's `take` tokens of `candidates` as whole cold-pool pages (see [`pages`]),
     /// weighted by the attention `scale` gives their `ranked` scores.
     fn whole_pages(&self, layer: usize, ranked: &[Vec<(f32, u32)>], take: usize, scale: f32, candidates: std::ops::Range<usize>) -> Vec<Vec<u32>> {
-        ranked
-            .iter()
-            .enumerate()
-            .map(|(head, ranked)| {
-                pages::whole_pages(
-                    ranked,
-                    take,
-                    scale,
-                    |t| self.backing.slot(layer, head, t as usize) / GROUP_TOKENS,
-                    |page| std::array::from_fn(|i| self.backing.token(layer, head, page * GROUP_TOKENS + i) as u32),
-                    |t| candidates.contains(&(t as usize)),
-                )
-            })
-            .collect()
+        let backing = &self.backing;
+        map_items(ranked.iter().enumerate().collect(), |(head, ranked)| {
+            pages::whole_pages(
+                ranked,
+                take,
+                scale,
+                |t| backing.slot(layer, head, t as usize) / GROUP_TOKENS,
+                |page| std::array::from_fn(|i| backing.token(layer, head, page * GROUP_TOKENS + i) as u32),
+                |t| candidates.contains(&(t as usize)),
+            )
+        })
     }
 }
 

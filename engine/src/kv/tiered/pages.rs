@@ -23,6 +23,7 @@
 
 use super::super::cold::GROUP_TOKENS;
 use crate::kernels::ops::exp_approx;
+use crate::kernels::parallel::map_items;
 use crate::score::topk::ascending;
 
 /// A set of tokens as a bitmap, for membership tests by the thousand.
@@ -69,27 +70,20 @@ pub(super) fn free_riders(
 /// Each head's ranked tokens (`ranked`: (score, token) pairs in any order) that `chosen`
 /// (ascending, per head) left out but whose rows are `held(head, token)` in memory, as many for
 /// every head, the best where a head has more: attended for no I/O.
-pub(super) fn hot_riders(ranked: &[Vec<(f32, u32)>], chosen: &[Vec<u32>], held: impl Fn(usize, u32) -> bool) -> Vec<Vec<u32>> {
-    let mut riders: Vec<Vec<(f32, u32)>> = ranked
-        .iter()
-        .zip(chosen)
-        .enumerate()
-        .map(|(head, (ranked, chosen))| {
-            let chosen = TokenSet::new(chosen);
-            ranked.iter().filter(|r| !chosen.contains(r.1) && held(head, r.1)).copied().collect()
-        })
-        .collect();
+/// (The heads are filtered, and cut, on the compute threads.)
+pub(super) fn hot_riders(ranked: &[Vec<(f32, u32)>], chosen: &[Vec<u32>], held: impl Fn(usize, u32) -> bool + Sync) -> Vec<Vec<u32>> {
+    let riders: Vec<Vec<(f32, u32)>> = map_items(ranked.iter().zip(chosen).enumerate().collect(), |(head, (ranked, chosen))| {
+        let chosen = TokenSet::new(chosen);
+        ranked.iter().filter(|r| !chosen.contains(r.1) && held(head, r.1)).copied().collect()
+    });
     let fewest = riders.iter().map(Vec::len).min().unwrap_or(0);
-    riders
-        .iter_mut()
-        .map(|r| {
-            if r.len() > fewest {
-                r.select_nth_unstable_by(fewest, best_first);
-                r.truncate(fewest);
-            }
-            r.iter().map(|r| r.1).collect()
-        })
-        .collect()
+    map_items(riders, |mut r| {
+        if r.len() > fewest {
+            r.select_nth_unstable_by(fewest, best_first);
+            r.truncate(fewest);
+        }
+        r.iter().map(|r| r.1).collect()
+    })
 }
 
 /// The ranking's order: higher score first, then the lower token.
