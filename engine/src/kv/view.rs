@@ -82,6 +82,15 @@ impl ViewBuffers {
         runs
     }
 
+    /// Each head in `heads`, all of its slots as one run, so that heads can be filled in
+    /// parallel.
+    pub fn heads_mut(&mut self, heads: std::ops::Range<usize>) -> Vec<SlotRun<'_>> {
+        match self.stride_tokens {
+            0 => Vec::new(),
+            all => self.runs_mut(heads, all, all),
+        }
+    }
+
     /// Puts `rows` in their slots of `head`'s tile `tile`.
     pub fn put_tile(&mut self, head: usize, tile: usize, rows: &TileRows<'_>) {
         let head_words = self.stride_tokens * self.head_dim;
@@ -138,6 +147,11 @@ impl SlotRun<'_> {
         self.v.is_empty()
     }
 
+    /// Puts `rows` in their slots of the run's tile `tile` (counted from the run's start).
+    pub fn put_tile(&mut self, tile: usize, rows: &TileRows<'_>) {
+        rows.write(self.k, self.v, self.head_dim, tile);
+    }
+
     /// Fills the run's slots a tile at a time: slot `i` gets `row(i)`'s K and V rows (f16
     /// bits), or keeps what it holds where that is `None`.
     pub fn fill<'r>(&mut self, mut row: impl FnMut(usize) -> Option<(&'r [u16], &'r [u16])>) {
@@ -149,7 +163,7 @@ impl SlotRun<'_> {
                     rows.put(lane, k, v);
                 }
             }
-            rows.write(self.k, self.v, self.head_dim, tile);
+            self.put_tile(tile, &rows);
         }
     }
 }

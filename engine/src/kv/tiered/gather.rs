@@ -27,7 +27,7 @@ pub(super) struct ColdRow {
 impl TieredKvStore {
     /// Starts reading the cold groups that each head's `tokens(head)` need and that the
     /// read-ahead is not already reading for the layer; `None` when there are none.
-    pub(super) fn start_cold_read<'t>(&mut self, layer: usize, tokens: &impl Fn(usize) -> &'t [u32]) -> Option<PendingRead> {
+    pub(super) fn start_cold_read<'t>(&mut self, layer: usize, tokens: &(impl Fn(usize) -> &'t [u32] + Sync)) -> Option<PendingRead> {
         let mut groups = self.cold_groups(layer, tokens);
         if let Some(ahead) = self.prefetch.issued_groups(layer) {
             let mut used = 0;
@@ -104,36 +104,75 @@ impl TieredKvStore {
         Ok(())
     }
 
-    /// Fills the cold slots (`rows`, of the view holding `heads`) whose groups `staged` holds in
-    /// `buf`, and keeps in `rows` those it could not. `decode` counts cold hits and offers the
-    /// rows for promotion.
+    /// Fills the cold slots (`rows`, of the view holding `heads`, in slot order head by head)
+    /// whose groups `staged` holds in `buf`, a head per task on the compute threads, and keeps
+    /// in `rows` those it could not. `decode` counts cold hits and offers the rows for
+    /// promotion.
     pub(super) fn copy_cold_rows(&mut self, layer: usize, rows: &mut Vec<ColdRow>, staged: &Staged, buf: &AlignedBuf, heads: Range<usize>, decode: bool) {
-        let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
+        if rows.is_empty() {
+            return;
+        }
+        let (hd, lane0) = (self.shape.head_dim, self.lane(layer, 0));
         let gb_words = self.backing.cold().layout().group_bytes() / 2;
-        let (view, backing, tier, hits, candidates) = (&mut self.view, &self.backing, &mut self.tier, &self.hits, &mut self.candidates);
-        // The rows come in slot order, head by head: those of one tile are written together.
-        let (mut tile, mut tile_rows) = ((0, 0), TileRows::default());
-        rows.retain(|&ColdRow { slot, head, token }| {
-            let (head, tu) = (head as usize, token as usize);
-            let cold_slot = backing.slot(layer, head, tu);
-            let Some(page) = staged.group(buf, head, cold_slot / GROUP_TOKENS, gb_words) else { return true };
-            let row = cold_slot % GROUP_TOKENS;
-            let (k, v) = (&page[row * hd..][..hd], &page[GROUP_TOKENS * hd + row * hd..][..hd]);
-            let at = (head - heads.start, slot as usize / KV_TILE);
-            if at != tile {
-                view.put_tile(tile.0, tile.1, &std::mem::take(&mut tile_rows));
-                tile = at;
+        let (backing, hits) = (&self.backing, &self.hits);
+        let tasks: Vec<_> = self
+            .view
+            .heads_mut(0..heads.len())
+            .into_iter()
+            .map(|run| {
+                let head = (heads.start + run.head) as u32;
+                let (first, end) = (rows.partition_point(|r| r.head < head), rows.partition_point(|r| r.head <= head));
+                (run, &rows[first..end])
+            })
+            .collect();
+        let copied: Vec<HeadCopy<'_>> = map_items(tasks, |(mut run, rows)| {
+            let head = heads.start + run.head;
+            let lane = lane0 + head;
+            let pages = staged.head_pages(buf, head, gb_words);
+            let mut copy = HeadCopy { lane, missing: Vec::new(), offers: Vec::new() };
+            // The rows come in slot order: those of one tile are written together.
+            let (mut tile, mut tile_rows) = (0, TileRows::default());
+            for &row in rows {
+                let token = row.token as usize;
+                let cold_slot = backing.lane_slot(lane, token);
+                let Some(page) = pages.get(cold_slot / GROUP_TOKENS) else {
+                    copy.missing.push(row);
+                    continue;
+                };
+                let within = cold_slot % GROUP_TOKENS;
+                let (k, v) = (&page[within * hd..][..hd], &page[GROUP_TOKENS * hd + within * hd..][..hd]);
+                let slot = row.slot as usize;
+                if slot / KV_TILE != tile {
+                    run.put_tile(tile, &std::mem::take(&mut tile_rows));
+                    tile = slot / KV_TILE;
+                }
+                tile_rows.put(slot % KV_TILE, k, v);
+                if decode {
+                    // With this step's hit, which `observe` counts after attention.
+                    let hits = hits[lane].get(token).map_or(1, |&h| u32::from(h) + 1);
+                    copy.offers.push((row.token, rank_key(hits, false, cold_slot as u32), k, v));
+                }
             }
-            tile_rows.put(slot as usize % KV_TILE, k, v);
-            if decode {
-                tier.cold_hits += 1;
-                let lane = layer * n_kv + head;
-                // With this step's hit, which `observe` counts after attention.
-                let hits = hits[lane].get(tu).map_or(1, |&h| u32::from(h) + 1);
-                candidates.offer(lane, token, rank_key(hits, false, cold_slot as u32), k, v);
-            }
-            false
+            run.put_tile(tile, &tile_rows);
+            copy
         });
-        view.put_tile(tile.0, tile.1, &tile_rows);
+        rows.clear();
+        for copy in copied {
+            if decode {
+                self.tier.cold_hits += copy.offers.len() as u64;
+                for (token, key, k, v) in copy.offers {
+                    self.candidates.offer(copy.lane, token, key, k, v);
+                }
+            }
+            rows.extend(copy.missing);
+        }
     }
+}
+
+/// What one head's task of [`TieredKvStore::copy_cold_rows`] did: the rows it found no group
+/// for, and the rows it copied, ranked for promotion (token, rank key, K, V).
+struct HeadCopy<'a> {
+    lane: usize,
+    missing: Vec<ColdRow>,
+    offers: Vec<(u32, u64, &'a [u16], &'a [u16])>,
 }

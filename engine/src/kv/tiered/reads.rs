@@ -34,6 +34,30 @@ impl Staged {
         let i = h.groups.binary_search(&group).ok()?;
         Some(&buf.as_u16()[h.offset_words + i * group_words..][..group_words])
     }
+
+    /// `head`'s groups in `buf`, indexed for lookups by the thousand.
+    pub fn head_pages<'a>(&self, buf: &'a AlignedBuf, head: usize, group_words: usize) -> HeadPages<'a> {
+        let Some(h) = self.heads.get(head) else { return HeadPages { words: &[], group_words, at: Vec::new() } };
+        let mut at = vec![0u32; h.groups.last().map_or(0, |&g| g + 1)];
+        h.groups.iter().enumerate().for_each(|(i, &g)| at[g] = i as u32 + 1);
+        HeadPages { words: &buf.as_u16()[h.offset_words..][..h.groups.len() * group_words], group_words, at }
+    }
+}
+
+/// One head's staged groups, by group number (see [`Staged::head_pages`]).
+pub(in crate::kv) struct HeadPages<'a> {
+    words: &'a [u16],
+    group_words: usize,
+    /// `[group]`: 1 + its place among the staged groups, or 0 where it was not read.
+    at: Vec<u32>,
+}
+
+impl<'a> HeadPages<'a> {
+    /// Group `group` (K then V, f16 bits), if it was read.
+    pub fn get(&self, group: usize) -> Option<&'a [u16]> {
+        let i = (*self.at.get(group)?).checked_sub(1)? as usize;
+        Some(&self.words[i * self.group_words..][..self.group_words])
+    }
 }
 
 /// Reads each head's `groups` (ascending) of `layer` into `buf` (grown if too small), head after
