@@ -260,14 +260,25 @@ mod tests {
             // Every third slot is left as it is, for a tile of its own below.
             run.fill(|i| ((first + i) % 3 != 0).then(|| (&rows[i].0[..], &rows[i].1[..])));
         }
-        for h in 1..3 {
-            for tile in 0..n.div_ceil(KV_TILE) {
-                let rows: Vec<(usize, Vec<u16>, Vec<u16>)> = (tile * KV_TILE..n.min(tile * KV_TILE + KV_TILE)).filter(|t| t % 3 == 0).map(|t| (t, row(h, t, 0), row(h, t, 5))).collect();
-                let mut tile_rows = TileRows::default();
-                rows.iter().for_each(|(t, k, v)| tile_rows.put(t % KV_TILE, k, v));
-                by_runs.put_tile(h, tile, &tile_rows);
-            }
+        // Head 1's through the buffers, head 2's through its run of `heads_mut`.
+        let tile_of = |h: usize, tile: usize| -> Vec<(usize, Vec<u16>, Vec<u16>)> {
+            (tile * KV_TILE..n.min(tile * KV_TILE + KV_TILE)).filter(|t| t % 3 == 0).map(|t| (t, row(h, t, 0), row(h, t, 5))).collect()
+        };
+        for tile in 0..n.div_ceil(KV_TILE) {
+            let rows = tile_of(1, tile);
+            let mut put = TileRows::default();
+            rows.iter().for_each(|(t, k, v)| put.put(t % KV_TILE, k, v));
+            by_runs.put_tile(1, tile, &put);
         }
+        let mut whole_heads = by_runs.heads_mut(2..3);
+        assert_eq!((whole_heads.len(), whole_heads[0].head, whole_heads[0].len()), (1, 2, 112));
+        for tile in 0..n.div_ceil(KV_TILE) {
+            let rows = tile_of(2, tile);
+            let mut put = TileRows::default();
+            rows.iter().for_each(|(t, k, v)| put.put(t % KV_TILE, k, v));
+            whole_heads[0].put_tile(tile, &put);
+        }
+        drop(whole_heads);
         // Head 0 as cold-pool groups, the first one straddling two tiles.
         for first in [6, 22, 38, 54] {
             let mut page: Vec<u16> = (first..first + GROUP_TOKENS).flat_map(|t| row(0, t, 0)).collect();

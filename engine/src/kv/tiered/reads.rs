@@ -288,6 +288,13 @@ mod tests {
             assert!(page.iter().all(|&w| w as usize == 100 + head * 10 + group), "layer 1 head {head} group {group}");
         }
         assert!(got.staged.group(&got.buf, 0, 2, words).is_none() && got.staged.group(&got.buf, 1, 0, words).is_none());
+        // The dense index finds the same groups, and none that were not read.
+        for head in 0..3 {
+            let pages = got.staged.head_pages(&got.buf, head, words);
+            for group in 0..8 {
+                assert_eq!(pages.get(group), got.staged.group(&got.buf, head, group, words), "head {head} group {group}");
+            }
+        }
         prefetch.recycle(got.buf);
 
         // A read for a later layer waits for its turn; clear forgets it.
