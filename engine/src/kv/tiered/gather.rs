@@ -114,7 +114,7 @@ impl TieredKvStore {
         }
         let (hd, lane0) = (self.shape.head_dim, self.lane(layer, 0));
         let gb_words = self.backing.cold().layout().group_bytes() / 2;
-        let (backing, hits) = (&self.backing, &self.hits);
+        let (backing, hits, candidates) = (&self.backing, &self.hits, &self.candidates);
         let tasks: Vec<_> = self
             .view
             .heads_mut(0..heads.len())
@@ -129,7 +129,7 @@ impl TieredKvStore {
             let head = heads.start + run.head;
             let lane = lane0 + head;
             let pages = staged.head_pages(buf, head, gb_words);
-            let mut copy = HeadCopy { lane, missing: Vec::new(), offers: Vec::new() };
+            let mut copy = HeadCopy { lane, copied: 0, missing: Vec::new(), offers: Vec::new() };
             // The rows come in slot order: those of one tile are written together.
             let (mut tile, mut tile_rows) = (0, TileRows::default());
             for &row in rows {
@@ -147,10 +147,14 @@ impl TieredKvStore {
                     tile = slot / KV_TILE;
                 }
                 tile_rows.put(slot % KV_TILE, k, v);
+                copy.copied += 1;
                 if decode {
                     // With this step's hit, which `observe` counts after attention.
                     let hits = hits[lane].get(token).map_or(1, |&h| u32::from(h) + 1);
-                    copy.offers.push((row.token, rank_key(hits, false, cold_slot as u32), k, v));
+                    let key = rank_key(hits, false, cold_slot as u32);
+                    if candidates.may_take(key) {
+                        copy.offers.push((row.token, key, k, v));
+                    }
                 }
             }
             run.put_tile(tile, &tile_rows);
@@ -159,7 +163,7 @@ impl TieredKvStore {
         rows.clear();
         for copy in copied {
             if decode {
-                self.tier.cold_hits += copy.offers.len() as u64;
+                self.tier.cold_hits += copy.copied;
                 for (token, key, k, v) in copy.offers {
                     self.candidates.offer(copy.lane, token, key, k, v);
                 }
@@ -169,10 +173,12 @@ impl TieredKvStore {
     }
 }
 
-/// What one head's task of [`TieredKvStore::copy_cold_rows`] did: the rows it found no group
-/// for, and the rows it copied, ranked for promotion (token, rank key, K, V).
+/// What one head's task of [`TieredKvStore::copy_cold_rows`] did: the rows it copied, those
+/// it found no group for, and the copied rows that may be promoted, ranked (token, rank key,
+/// K, V).
 struct HeadCopy<'a> {
     lane: usize,
+    copied: u64,
     missing: Vec<ColdRow>,
     offers: Vec<(u32, u64, &'a [u16], &'a [u16])>,
 }

@@ -53,9 +53,15 @@ impl Candidates {
         Self { row_words, max_rows, ..Self::default() }
     }
 
+    /// Whether a row ranked `key` could be taken: [`Candidates::offer`] turns away the rest
+    /// at once, so they need not be offered.
+    pub fn may_take(&self, key: u64) -> bool {
+        self.max_rows > 0 && level_hits(key) >= self.cutoff
+    }
+
     /// A cold row the step read, ranked `key` ([`rank_key`], with its hits counting this step).
     pub fn offer(&mut self, lane: usize, token: u32, key: u64, k: &[u16], v: &[u16]) {
-        if level_hits(key) < self.cutoff || self.max_rows == 0 {
+        if !self.may_take(key) {
             return;
         }
         let rw = self.row_words;
