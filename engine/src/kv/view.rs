@@ -4,7 +4,7 @@
 //!
 //! The buffers are laid out afresh for each gather, sized to its heads and slots: a prompt's
 //! view holds every token of one head, a decode step's the selected fifth of every head, and
-//! memory follows what is asked now rather than the longest prompt so far.
+//! memory follows what the last step asked rather than the longest prompt so far.
 
 use super::cold::GROUP_TOKENS;
 use super::{KvView, KV_TILE};

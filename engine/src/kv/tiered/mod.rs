@@ -243,9 +243,11 @@ impl TieredKvStore {
         layer * self.shape.n_kv_heads + head
     }
 
-    /// Whether a token's K/V row of one head is in memory: hot, or still in the write-back window.
-    fn in_memory(&self, layer: usize, head: usize, t: u32) -> bool {
-        t as usize >= self.backing.cold_end() || self.hot.contains(self.lane(layer, head), t)
+    /// Whether a token's K/V row of one of `layer`'s heads (`(head, token)`) is in memory: hot,
+    /// or still in the write-back window. The compute threads may share it.
+    fn in_memory(&self, layer: usize) -> impl Fn(usize, u32) -> bool + Sync + '_ {
+        let (base, hot, lane0) = (self.backing.cold_end(), &self.hot, self.lane(layer, 0));
+        move |head, t| t as usize >= base || hot.contains(lane0 + head, t)
     }
 
     fn is_dense(&self, layer: usize) -> bool {
@@ -428,7 +430,7 @@ impl TieredKvStore {
     /// Each head's best `take` of its `ranked` tokens and its free riders (see [`pages`]),
     /// ascending.
     fn with_free_riders(&self, layer: usize, ranked: &[Vec<(f32, u32)>], take: usize) -> Vec<Vec<u32>> {
-        let held = |head: usize, t: u32| self.in_memory(layer, head, t);
+        let held = self.in_memory(layer);
         let page_of = |head: usize, t: u32| self.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
         let riders = pages::free_riders(ranked, take, held, page_of);
         let chosen = ranked.iter().map(|head| head[..take.min(head.len())].iter().map(|r| r.1).collect()).collect();
@@ -438,8 +440,7 @@ impl TieredKvStore {
     /// Each head's `chosen` tokens (ascending) and, past them, its `ranked` tokens that are in
     /// memory (see [`pages::hot_riders`]), ascending.
     fn with_hot_riders(&self, layer: usize, ranked: &[Vec<(f32, u32)>], chosen: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
-        let (base, hot, lane0) = (self.backing.cold_end(), &self.hot, self.lane(layer, 0));
-        let riders = pages::hot_riders(ranked, &chosen, |head, t| t as usize >= base || hot.contains(lane0 + head, t));
+        let riders = pages::hot_riders(ranked, &chosen, self.in_memory(layer));
         joined(chosen, riders)
     }
 
