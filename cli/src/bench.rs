@@ -61,8 +61,10 @@ struct DecodeResult {
     bytes_read_per_token: usize,
     /// bytes_read_per_token / (step time × measured bandwidth).
     roofline_efficiency: f64,
-    /// Cold-pool bytes read per decoded token (offload and tiered stores).
+    /// Cold-pool bytes read per decoded token (offload and tiered stores), and the read
+    /// requests they took.
     cold_bytes_read_per_token: f64,
+    cold_reads_per_token: f64,
     /// The share of `cold_bytes_read_per_token` each cold-pool directory served (one entry per
     /// directory; with one per SSD, each device's part of the traffic).
     cold_read_share_per_dir: Vec<f64>,
@@ -249,6 +251,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             hot_budget_bytes: after.tier.as_ref().map(|t| t.hot_budget_bytes),
             spare_copy_share: per_step(|t| t.spare_copy_steps),
             cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
+            cold_reads_per_token: (after.cold_reads - before.cold_reads) as f64 / n as f64,
             cold_read_share_per_dir: {
                 let read = |i: usize| after.cold_bytes_read_per_dir[i] - before.cold_bytes_read_per_dir.get(i).copied().unwrap_or(0);
                 let total = (after.cold_bytes_read - before.cold_bytes_read).max(1) as f64;

@@ -96,8 +96,8 @@ pub fn kv(args: &KvArgs) -> Result<()> {
     let sweep = if args.beta_sweep { Some(beta_sweep(args)?) } else { None };
     println!("hillside bench kv · α {} · decode tok/s ({} tokens at each context)", args.model.kv_config().alpha, args.decode_tokens);
     println!(
-        "{:<12} {:>8} {:>9} {:>14} {:>15} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>14} {:>6}",
-        "store", "context", "tok/s", "cold MB/token", "to host MB/tok", "cached", "hot hit", "pages/sel", "promo/step", "demo/step", "block wait", "scan/step", "read wait", "DRAM/budget", "peak RSS", "spare"
+        "{:<12} {:>8} {:>9} {:>14} {:>10} {:>15} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>14} {:>6}",
+        "store", "context", "tok/s", "cold MB/token", "reads/tok", "to host MB/tok", "cached", "hot hit", "pages/sel", "promo/step", "demo/step", "block wait", "scan/step", "read wait", "DRAM/budget", "peak RSS", "spare"
     );
     for (store, report) in &reports {
         for d in report["decode"].as_array().into_iter().flatten() {
@@ -115,11 +115,12 @@ pub fn kv(args: &KvArgs) -> Result<()> {
                 _ => format!("{rss:.0}MB"),
             };
             println!(
-                "{:<12} {:>8} {:>9.1} {:>14.2} {:>15.3} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>14} {:>6}",
+                "{:<12} {:>8} {:>9.1} {:>14.2} {:>10.0} {:>15.3} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>14} {:>6}",
                 store.to_string(),
                 d["context_tokens"],
                 d["tokens_per_s"].as_f64().unwrap_or(0.0),
                 d["cold_bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e6,
+                d["cold_reads_per_token"].as_f64().unwrap_or(0.0),
                 d["to_host_bytes_per_token"].as_f64().unwrap_or(0.0) / 1e6,
                 opt("cold_read_cached_share", 100.0, "%"),
                 opt("hot_hit_rate", 100.0, "%"),

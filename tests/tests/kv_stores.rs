@@ -30,10 +30,15 @@ fn offload_store_reproduces_the_full_cache_exactly_and_cleans_up() {
         let b = engine.model().forward(chunk, cold.kv.as_mut(), Logits::Last).unwrap();
         assert_eq!(a, b, "prefill logits differ");
     }
+    // Each decode step reads every (layer, KV head)'s cold groups, which lie one after another
+    // in the file: one request each.
+    let lanes = (cold.kv.shape().n_layers * cold.kv.shape().n_kv_heads) as u64;
     for &t in &tokens[500..] {
+        let reads_before = cold.kv.stats().cold_reads;
         let a = engine.model().forward(&[t], full.kv.as_mut(), Logits::Last).unwrap();
         let b = engine.model().forward(&[t], cold.kv.as_mut(), Logits::Last).unwrap();
         assert_eq!(a, b, "decode logits differ");
+        assert_eq!(cold.kv.stats().cold_reads - reads_before, lanes, "read requests of a decode step");
     }
     let stats = cold.kv.stats();
     assert_eq!(stats.tokens, 600);

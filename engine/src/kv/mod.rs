@@ -113,6 +113,9 @@ pub struct KvStats {
     pub cold_bytes: usize,
     /// Bytes read from the cold pool so far.
     pub cold_bytes_read: u64,
+    /// Read requests those bytes took (groups that lie one after another in the file are one
+    /// request): on an SSD, random requests cost more than their bytes.
+    pub cold_reads: u64,
     /// The same, per cold-pool directory (one per SSD); empty for stores without a pool.
     pub cold_bytes_read_per_dir: Vec<u64>,
     /// The part of `cold_bytes_read` that went through the page cache (the dual path).

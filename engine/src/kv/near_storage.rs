@@ -184,6 +184,7 @@ impl KvStore for NearStorageKvStore {
             stats.resident_bytes += inputs.resident_bytes();
             stats.cold_bytes += inputs.cold_bytes();
             stats.cold_bytes_read += inputs.bytes_read();
+            stats.cold_reads += inputs.reads();
             stats.cold_bytes_read_per_dir[0] += inputs.bytes_read();
             stats.bytes_to_host += inputs.bytes_read();
             let (lanes_cached, lanes, bytes_cached) = inputs.cached_reads();

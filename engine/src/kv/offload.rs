@@ -96,6 +96,7 @@ impl KvStore for OffloadKvStore {
             resident_bytes: self.view.bytes() + self.read_buf.len(),
             cold_bytes: self.backing.cold_bytes(),
             cold_bytes_read,
+            cold_reads: self.backing.cold().stats.reads.load(Ordering::Relaxed),
             cold_bytes_read_per_dir: self.backing.cold().bytes_read_per_dir(),
             cold_bytes_read_cached,
             cold_lanes_cached,

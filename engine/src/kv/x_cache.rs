@@ -206,6 +206,11 @@ impl LayerInputs {
         self.backing.cold().stats.bytes_read.load(Ordering::Relaxed)
     }
 
+    /// Read requests the X pool took.
+    pub fn reads(&self) -> u64 {
+        self.backing.cold().stats.reads.load(Ordering::Relaxed)
+    }
+
     /// Regions of the X pool read through the page cache, of all, and the bytes read that way.
     pub fn cached_reads(&self) -> (usize, usize, u64) {
         self.backing.cached_reads()
