@@ -113,13 +113,18 @@ impl KvStore for DropKvStore {
         self.positions.clear();
         let slots = selection.head(heads.start).map_or(0, <[u32]>::len);
         self.view.reset(heads.len(), slots);
-        for (at, head) in heads.enumerate() {
+        let kept = &self.kept;
+        // A tile of rows at a time (see `SlotRun::fill`), not a token at a time.
+        for mut run in self.view.heads_mut(0..heads.len()) {
+            let head = heads.start + run.head;
             let tokens = selection.head(head).expect("a token selection");
-            for (slot, &t) in tokens.iter().enumerate() {
-                let (k, v) = self.kept.get(layer, t).expect("selected tokens are kept");
-                self.view.set_token(slot, at, &k[head * hd..][..hd], &v[head * hd..][..hd]);
-            }
-            self.positions.extend_from_slice(tokens);
+            run.fill(|slot| {
+                let (k, v) = kept.get(layer, *tokens.get(slot)?).expect("selected tokens are kept");
+                Some((&k[head * hd..][..hd], &v[head * hd..][..hd]))
+            });
+        }
+        for head in heads {
+            self.positions.extend_from_slice(selection.head(head).expect("a token selection"));
         }
         Ok(self.view.view(slots, Some(&self.positions)))
     }
