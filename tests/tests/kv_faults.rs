@@ -1,7 +1,7 @@
 //! The disk-backed KV stores when their cold pool fails: a write error at a chosen layer and
-//! group, a short read, a failed read-ahead, a damaged block under a truncation. Each step either fails with a
-//! clear error and leaves the sequence as it was, or gives exactly the logits a healthy store
-//! gives; never other text.
+//! group, a short read, a failed read-ahead, a damaged block under a truncation. Each step
+//! either fails with a clear error and leaves the sequence as it was, or gives exactly the
+//! logits a healthy store gives; never other text.
 
 mod common;
 

@@ -259,13 +259,13 @@ impl TieredKvStore {
     /// three times a step, over thousands of tokens per head: the groups are marked in a
     /// bitmap, not sorted, and the heads go to the compute threads.)
     fn cold_groups<'t>(&self, layer: usize, tokens: impl Fn(usize) -> &'t [u32] + Sync) -> Vec<Vec<usize>> {
-        let (base, hot, backing, lane0) = (self.backing.cold_end(), &self.hot, &self.backing, self.lane(layer, 0));
-        let words = base.div_ceil(GROUP_TOKENS).div_ceil(64);
+        let (held, backing, lane0) = (self.in_memory(layer), &self.backing, self.lane(layer, 0));
+        let words = self.backing.cold_end().div_ceil(GROUP_TOKENS).div_ceil(64);
         map_items((0..self.shape.n_kv_heads).collect(), |head| {
             let lane = lane0 + head;
             let mut marked = vec![0u64; words];
             for &t in tokens(head) {
-                if (t as usize) < base && !hot.contains(lane, t) {
+                if !held(head, t) {
                     let g = backing.lane_slot(lane, t as usize) / GROUP_TOKENS;
                     marked[g / 64] |= 1 << (g % 64);
                 }
