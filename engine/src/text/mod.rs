@@ -1,5 +1,6 @@
 //! Text in and out of the model: tokenizer, chat template, streamed detokenization.
 
+mod bpe;
 pub mod chat;
 pub mod stop;
 pub mod stream;

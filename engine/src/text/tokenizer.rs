@@ -1,6 +1,8 @@
 //! Tokenizers built from GGUF metadata (BPE vocabulary, merges and pre-tokenizer name) or from a
-//! `tokenizer.json`, both through the `tokenizers` crate.
+//! `tokenizer.json`, both through the `tokenizers` crate; a GGUF's BPE runs on our packed model
+//! (`bpe.rs`), which holds a large vocabulary in a fraction of the crate's memory.
 
+use super::bpe::PackedBpe;
 use crate::error::{Error, Result};
 use crate::model::gguf::Metadata;
 use candle_core::quantized::gguf_file::Value;
@@ -11,7 +13,7 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+use tokenizers::{AddedToken, DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, TokenizerImpl};
 
 /// Llama 3's pre-tokenizer split (three-digit number groups, no leading space on letters).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -22,8 +24,26 @@ const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
+type PackedTokenizer = TokenizerImpl<PackedBpe, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>;
+
+enum Inner {
+    Gguf(PackedTokenizer),
+    File(tokenizers::Tokenizer),
+}
+
+/// `$body` with `$t` bound to whichever pipeline the tokenizer has (their types differ only in
+/// the model).
+macro_rules! with_inner {
+    ($inner:expr, $t:ident => $body:expr) => {
+        match $inner {
+            Inner::Gguf($t) => $body,
+            Inner::File($t) => $body,
+        }
+    };
+}
+
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Inner,
     bos: Option<u32>,
     add_bos: bool,
     /// Tokens that end a generation (end-of-sequence and end-of-turn).
@@ -34,13 +54,13 @@ fn tok_err(e: impl std::fmt::Display) -> Error {
     Error::Tokenizer(e.to_string())
 }
 
-fn strings(metadata: &Metadata, key: &str) -> Result<Vec<String>> {
+fn strings<'a>(metadata: &'a Metadata, key: &str) -> Result<Vec<&'a str>> {
     let values = metadata
         .get(key)
         .ok_or_else(|| Error::Tokenizer(format!("GGUF has no '{key}'")))?
         .to_vec()
         .map_err(tok_err)?;
-    values.iter().map(|v| v.to_string().cloned().map_err(tok_err)).collect()
+    values.iter().map(|v| v.to_string().map(String::as_str).map_err(tok_err)).collect()
 }
 
 fn token_id(metadata: &Metadata, key: &str) -> Option<u32> {
@@ -75,13 +95,8 @@ impl Tokenizer {
             )));
         }
         let tokens = strings(metadata, "tokenizer.ggml.tokens")?;
-        let merges: Vec<(String, String)> = strings(metadata, "tokenizer.ggml.merges")?
-            .into_iter()
-            .map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| Error::Tokenizer(format!("bad merge '{m}'"))))
-            .collect::<Result<_>>()?;
-        let vocab: ahash::AHashMap<String, u32> = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tok_err)?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let merges = strings(metadata, "tokenizer.ggml.merges")?;
+        let mut inner = PackedTokenizer::new(PackedBpe::new(tokens.iter().copied(), merges.into_iter())?);
         let pre = metadata.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok()).map_or("default", String::as_str);
         inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
         inner.with_decoder(Some(ByteLevel::default()));
@@ -94,7 +109,7 @@ impl Tokenizer {
             .iter()
             .enumerate()
             .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
-            .map(|(i, &t)| AddedToken::from(tokens[i].clone(), t == TOKEN_TYPE_CONTROL))
+            .map(|(i, &t)| AddedToken::from(tokens[i], t == TOKEN_TYPE_CONTROL))
             .collect();
         inner.add_special_tokens(special).map_err(tok_err)?;
 
@@ -106,7 +121,7 @@ impl Tokenizer {
             }
         }
         let add_bos = matches!(metadata.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true)));
-        Ok(Self { inner, bos: token_id(metadata, "tokenizer.ggml.bos_token_id"), add_bos, stop_ids })
+        Ok(Self { inner: Inner::Gguf(inner), bos: token_id(metadata, "tokenizer.ggml.bos_token_id"), add_bos, stop_ids })
     }
 
     /// Loads `tokenizer.json`; stop tokens come from the checkpoint's `config.json`/`generation_config.json`
@@ -119,13 +134,13 @@ impl Tokenizer {
                 stop_ids.insert(id);
             }
         }
-        Ok(Self { inner, bos, add_bos, stop_ids })
+        Ok(Self { inner: Inner::File(inner), bos, add_bos, stop_ids })
     }
 
     /// Token ids of `text`; special-token text (like `<|im_start|>`) becomes the special token.
     /// A BOS token is prepended where the model asks for one.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self.inner.encode(text, false).map_err(tok_err)?;
+        let encoding = with_inner!(&self.inner, t => t.encode(text, false)).map_err(tok_err)?;
         let mut ids = Vec::with_capacity(encoding.len() + 1);
         if self.add_bos {
             ids.extend(self.bos);
@@ -136,7 +151,7 @@ impl Tokenizer {
 
     /// Text of `ids`, special tokens left out.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, true).map_err(tok_err)
+        with_inner!(&self.inner, t => t.decode(ids, true)).map_err(tok_err)
     }
 
     pub fn is_stop(&self, id: u32) -> bool {
@@ -144,11 +159,25 @@ impl Tokenizer {
     }
 
     pub fn token_text(&self, id: u32) -> Option<String> {
-        self.inner.id_to_token(id)
+        with_inner!(&self.inner, t => t.id_to_token(id))
     }
 
-    /// The tokenizer as a `tokenizer.json` document (to export a GGUF model's tokenizer).
+    /// The tokenizer as a `tokenizer.json` document (to export a GGUF model's tokenizer): a GGUF's
+    /// packed BPE is written as the crate's `BPE`, which reads it back.
     pub fn to_json(&self) -> Result<String> {
-        self.inner.to_string(true).map_err(tok_err)
+        let packed = match &self.inner {
+            Inner::File(t) => return t.to_string(true).map_err(tok_err),
+            Inner::Gguf(packed) => packed,
+        };
+        let model = packed.get_model();
+        let merges = model.merge_texts().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        let bpe = BPE::builder().vocab_and_merges(model.get_vocab().into_iter().collect::<ahash::AHashMap<_, _>>(), merges).build().map_err(tok_err)?;
+        let mut exported = tokenizers::Tokenizer::new(bpe);
+        exported.with_pre_tokenizer(packed.get_pre_tokenizer().cloned());
+        exported.with_decoder(packed.get_decoder().cloned());
+        let mut added: Vec<(u32, AddedToken)> = packed.get_added_tokens_decoder().into_iter().collect();
+        added.sort_by_key(|(id, _)| *id);
+        exported.add_special_tokens(added.into_iter().map(|(_, token)| token)).map_err(tok_err)?;
+        exported.to_string(true).map_err(tok_err)
     }
 }
