@@ -143,6 +143,7 @@ impl PackedBpe {
         for (start, c) in word.char_indices() {
             if let Some(id) = self.char_id(c, &word[start..start + c.len_utf8()]) {
                 let at = symbols.len() as u32;
+                // The first symbol's `prev` wraps to NONE; the last one's `next` is set below.
                 symbols.push(Symbol { id, len: c.len_utf8() as u32, prev: at.wrapping_sub(1), next: at + 1 });
             }
         }
