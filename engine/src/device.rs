@@ -8,7 +8,7 @@
 //! the fused kernel.
 
 use crate::error::{Error, Result};
-use crate::kernels::attention::{attend, KvView, KV_TILE};
+use crate::kernels::attention::{attend, attend_partial, KvView, KV_TILE};
 use candle_core::{DType, Device, Tensor, D};
 
 /// Where a layer's attention runs.
@@ -46,12 +46,37 @@ impl Attention {
                 attend(q, q_positions, n_heads, view, out);
                 Ok(())
             }
-            Self::Device(device) => attend_on(device, q, q_positions, n_heads, view, out).map_err(|e| Error::Device(format!("attention on {device:?}: {e}"))),
+            Self::Device(device) => attend_on(device, q, q_positions, n_heads, view, out, None).map_err(|e| Error::Device(format!("attention on {device:?}: {e}"))),
+        }
+    }
+
+    /// [`Attention::attend`] over part of the cache, with each row's softmax statistics
+    /// (`n × n_heads`) in `max` and `sum`, as [`attend_partial`] gives them: partials over
+    /// disjoint tokens merge into the attention over all of them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend_partial(&self, q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32], max: &mut [f32], sum: &mut [f32]) -> Result<()> {
+        match self {
+            Self::Host => {
+                attend_partial(q, q_positions, n_heads, view, out, max, sum);
+                Ok(())
+            }
+            Self::Device(device) => {
+                attend_on(device, q, q_positions, n_heads, view, out, Some((max, sum))).map_err(|e| Error::Device(format!("attention on {device:?}: {e}")))
+            }
         }
     }
 }
 
-fn attend_on(device: &Device, q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32]) -> candle_core::Result<()> {
+#[allow(clippy::too_many_arguments)]
+fn attend_on(
+    device: &Device,
+    q: &[f32],
+    q_positions: &[usize],
+    n_heads: usize,
+    view: &KvView<'_>,
+    out: &mut [f32],
+    stats: Option<(&mut [f32], &mut [f32])>,
+) -> candle_core::Result<()> {
     let (n_kv, hd, stride, n_tokens) = (view.n_kv_heads, view.head_dim, view.head_stride_tokens, view.n_tokens);
     let (group, n) = (n_heads / n_kv, q_positions.len());
     // The working set goes up once per layer: K in the view's tiles ([head][tile][dim][lane]),
@@ -80,10 +105,20 @@ fn attend_on(device: &Device, q: &[f32], q_positions: &[usize], n_heads: usize, 
     } else {
         scores
     };
-    let shifted = scores.broadcast_sub(&scores.max_keepdim(D::Minus1)?)?.exp()?;
-    let probs = shifted.broadcast_div(&shifted.sum_keepdim(D::Minus1)?)?;
+    // A row that sees no key of a part (its max −∞) gets a finite max, so that its weights
+    // are 0 rather than NaN, and a sum of 0, which a merge of partials passes over.
+    let max = scores.max_keepdim(D::Minus1)?.maximum(f32::MIN)?;
+    let shifted = scores.broadcast_sub(&max)?.exp()?;
+    let sum = shifted.sum_keepdim(D::Minus1)?;
+    let probs = shifted.broadcast_div(&sum.maximum(f32::MIN_POSITIVE)?)?;
     let o = probs.matmul(&v)?.reshape((n_kv, n, group, hd))?.permute((1, 0, 2, 3))?.flatten_all()?;
     out.copy_from_slice(&o.to_vec1::<f32>()?);
+    if let Some((max_out, sum_out)) = stats {
+        // [kv_head][token·group] → [token][kv_head·group], the rows of `out`.
+        let by_row = |t: Tensor| t.reshape((n_kv, n, group))?.permute((1, 0, 2))?.flatten_all()?.to_vec1::<f32>();
+        max_out.copy_from_slice(&by_row(max)?);
+        sum_out.copy_from_slice(&by_row(sum)?);
+    }
     Ok(())
 }
 
@@ -135,6 +170,36 @@ mod tests {
             let worst = host.iter().zip(&dev).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(worst < 1e-4, "queries {queries}, positions {positions:?}: max |Δ| {worst}");
         }
+    }
+
+    #[test]
+    fn device_partials_match_the_fused_kernels_even_where_a_row_sees_no_key() {
+        let (n_kv, hd, group, n) = (2, 64, 7, 200);
+        let (stride, k, v) = view_data(n_kv, hd, n);
+        // A span of a prompt's cache at positions 100..300: the chunk's queries at 90..120 see
+        // none of it, part of it, or all of it.
+        let span: Vec<u32> = (0..n_kv).flat_map(|_| 100..100 + n as u32).collect();
+        let view = KvView { n_tokens: n, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: Some(&span) };
+        let n_heads = n_kv * group;
+        let q_positions: Vec<usize> = (90..120).chain([400]).collect();
+        let q: Vec<f32> = (0..q_positions.len() * n_heads * hd).map(|i| ((i * 13) % 17) as f32 / 8.0 - 1.0).collect();
+        let rows = q_positions.len() * n_heads;
+        let mut got = Vec::new();
+        for attention in [Attention::Host, Attention::Device(Device::Cpu)] {
+            let (mut out, mut max, mut sum) = (vec![0f32; q.len()], vec![0f32; rows], vec![0f32; rows]);
+            attention.attend_partial(&q, &q_positions, n_heads, &view, &mut out, &mut max, &mut sum).unwrap();
+            assert!(out.iter().all(|x| x.is_finite()), "{}: a row that sees no key is 0, not NaN", attention.name());
+            got.push((out, max, sum));
+        }
+        let ((host, host_max, host_sum), (dev, dev_max, dev_sum)) = (&got[0], &got[1]);
+        let unseen = 10 * n_heads; // queries 90..99
+        assert!(host_sum[..unseen].iter().chain(&dev_sum[..unseen]).all(|&s| s == 0.0));
+        assert!(host_sum[unseen..].iter().all(|&s| s >= 1.0));
+        for r in unseen..rows {
+            assert!((host_max[r] - dev_max[r]).abs() < 1e-4 && (host_sum[r] - dev_sum[r]).abs() < 1e-3 * host_sum[r], "row {r}");
+        }
+        let worst = host.iter().zip(dev).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(worst < 1e-4, "max |Δ| {worst}");
     }
 
     #[test]

@@ -116,19 +116,50 @@ impl Partial<'_> {
 /// Attention over the union of disjoint token sets, from each set's [`attend_partial`]
 /// (`parts`), into `out`: each part weighs by the share of the softmax mass its tokens hold.
 pub fn merge_partials(parts: &[Partial<'_>], head_dim: usize, out: &mut [f32]) {
-    for (row, dst) in out.chunks_exact_mut(head_dim).enumerate() {
-        let max = parts.iter().filter(|p| p.sum[row] > 0.0).map(|p| p.max[row]).fold(f32::NEG_INFINITY, f32::max);
-        dst.fill(0.0);
-        let mut total = 0f32;
-        for part in parts.iter().filter(|p| p.sum[row] > 0.0) {
-            let w = (part.max[row] - max).exp() * part.sum[row];
-            total += w;
-            for (d, x) in dst.iter_mut().zip(&part.out[row * head_dim..][..head_dim]) {
-                *d += w * x;
+    let mut merged = RunningPartials::new(out.len() / head_dim, head_dim);
+    parts.iter().for_each(|part| merged.add(part));
+    merged.finish(out);
+}
+
+/// Partials over disjoint token sets merged as they come, one after another (what
+/// [`merge_partials`] does for parts that are all at hand): a long cache is attended to in
+/// spans without ever being gathered whole.
+pub struct RunningPartials {
+    head_dim: usize,
+    /// Per row: the largest score seen, and the softmax mass relative to it.
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    /// Per row: the parts' outputs, each weighed by its mass relative to `max`.
+    acc: Vec<f32>,
+}
+
+impl RunningPartials {
+    pub fn new(rows: usize, head_dim: usize) -> Self {
+        Self { head_dim, max: vec![f32::NEG_INFINITY; rows], sum: vec![0.0; rows], acc: vec![0.0; rows * head_dim] }
+    }
+
+    pub fn add(&mut self, part: &Partial<'_>) {
+        let hd = self.head_dim;
+        for (row, acc) in self.acc.chunks_exact_mut(hd).enumerate() {
+            if part.sum[row] <= 0.0 {
+                continue; // the part held no key this row may see
             }
+            let max = self.max[row].max(part.max[row]);
+            // exp(−∞) = 0: a row's first part starts it afresh.
+            let (kept, added) = ((self.max[row] - max).exp(), (part.max[row] - max).exp() * part.sum[row]);
+            for (a, x) in acc.iter_mut().zip(&part.out[row * hd..][..hd]) {
+                *a = *a * kept + added * x;
+            }
+            self.sum[row] = self.sum[row] * kept + added;
+            self.max[row] = max;
         }
-        if total > 0.0 {
-            dst.iter_mut().for_each(|d| *d /= total);
+    }
+
+    /// The merged attention output (0 for a row that no part had a key for).
+    pub fn finish(&self, out: &mut [f32]) {
+        for ((dst, acc), &sum) in out.chunks_exact_mut(self.head_dim).zip(self.acc.chunks_exact(self.head_dim)).zip(&self.sum) {
+            let scale = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            dst.iter_mut().zip(acc).for_each(|(d, a)| *d = a * scale);
         }
     }
 }
@@ -382,8 +413,6 @@ mod tests {
         (0..hd).map(|d| e.iter().zip(v).map(|(w, vj)| w * vj[d]).sum::<f32>() / z).collect()
     }
 
-    /// Checks every level's attention for queries at `positions` against [`reference`], over a
-    /// cache of `n_tokens` tokens at their own positions.
     /// A cache element: head h, token t, dimension d (`salt` 1 for K, 2 for V).
     fn val(h: usize, t: usize, d: usize, salt: usize) -> f32 {
         (((h * 31 + t * 17 + d * 7 + salt) % 97) as f32 / 48.0 - 1.0) * 0.8
@@ -410,6 +439,8 @@ mod tests {
         (k, v, stride)
     }
 
+    /// Checks every level's attention for queries at `positions` against [`reference`], over a
+    /// cache of `n_tokens` tokens at their own positions.
     fn check_against_reference(hd: usize, n_heads: usize, n_kv: usize, n_tokens: usize, positions: &[usize]) {
         let (k, v, stride) = cache(hd, n_kv, n_tokens);
         let as_f32 = |h: usize, salt: usize| -> Vec<Vec<f32>> { (0..n_tokens).map(|j| (0..hd).map(|d| f16::from_f32(val(h, j, d, salt)).to_f32()).collect()).collect() };
@@ -498,6 +529,37 @@ mod tests {
             for (a, b) in merged.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "positions {positions:?}: {a} vs {b}");
             }
+        }
+    }
+
+    #[test]
+    fn spans_merged_as_they_come_give_attention_over_all() {
+        // A long cache in spans, one after another (a tiered store's prompt chunk): the first
+        // at its own positions, the later ones with theirs named; the chunk's first queries
+        // see nothing of the last span.
+        let (hd, n_heads, n_kv, n_tokens, span) = (64, 14, 2, 700, 256);
+        let (k, v, stride) = cache(hd, n_kv, n_tokens);
+        let whole = KvView { n_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: None };
+        let positions: Vec<usize> = (480..n_tokens).step_by(7).collect();
+        let q: Vec<f32> = (0..positions.len() * n_heads * hd).map(|i| ((i * 11) % 31) as f32 / 15.0 - 1.0).collect();
+        let mut want = vec![0f32; q.len()];
+        attend(&q, &positions, n_heads, &whole, &mut want);
+        let rows = positions.len() * n_heads;
+        let mut merged = RunningPartials::new(rows, hd);
+        for start in (0..n_tokens).step_by(span) {
+            let tokens = start..(start + span).min(n_tokens);
+            let (k, v, stride) = cache_of(hd, n_kv, tokens.clone());
+            let named: Vec<u32> = (0..n_kv).flat_map(|_| tokens.clone().map(|p| p as u32)).collect();
+            let positions_of = (start > 0).then_some(&named[..]);
+            let view = KvView { n_tokens: tokens.len(), n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: positions_of };
+            let (mut out, mut max, mut sum) = (vec![0f32; q.len()], vec![0f32; rows], vec![0f32; rows]);
+            attend_partial(&q, &positions, n_heads, &view, &mut out, &mut max, &mut sum);
+            merged.add(&Partial { out: &out, max: &max, sum: &sum });
+        }
+        let mut got = vec![0f32; q.len()];
+        merged.finish(&mut got);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! A decode step, per layer: `append` the new tokens' K/V, `select` the cached tokens the
 //! queries should attend to, `gather` them into a [`KvView`] (all KV heads at once, or a few at
-//! a time where the store says so) and attend, then `observe` what was used. Once every layer
+//! a time, and a long cache in spans of tokens, where the store says so) and attend, then
+//! `observe` what was used. Once every layer
 //! is done the step is `commit`ted. The model never knows where a token lives: a store that
 //! keeps everything in memory, one that offloads to disk and one that keeps only the important
 //! tokens all look the same from here.
@@ -76,6 +77,10 @@ impl KvShape {
 pub enum Selection {
     /// Every cached token (causally masked).
     All,
+    /// The cached tokens at these positions (causally masked): a part of [`Selection::All`]
+    /// that the model asks for when the store attends to the whole cache in spans (see
+    /// [`KvStore::span_tokens`]).
+    Span(Range<usize>),
     /// `per_head` tokens for each KV head, ascending: head h attends to
     /// `tokens[h * per_head..][..per_head]`.
     Tokens { per_head: usize, tokens: Vec<u32> },
@@ -94,10 +99,10 @@ impl Selection {
         Self::Tokens { per_head, tokens: sets.concat() }
     }
 
-    /// Head `h`'s tokens (`None` for [`Selection::All`]).
+    /// Head `h`'s tokens (`None` for [`Selection::All`] and [`Selection::Span`]).
     pub fn head(&self, h: usize) -> Option<&[u32]> {
         match self {
-            Self::All => None,
+            Self::All | Self::Span(_) => None,
             Self::Tokens { per_head, tokens } => Some(&tokens[h * per_head..][..*per_head]),
         }
     }
@@ -215,6 +220,14 @@ pub trait KvStore: Send {
     /// lend their own memory) gather a prompt's whole-cache selection one head at a time, so
     /// the view holds one head's tokens instead of the layer's.
     fn heads_per_gather(&self, selection: &Selection) -> usize;
+
+    /// Tokens one gather of a whole-cache selection covers, for stores that assemble a view:
+    /// the model then gathers [`Selection::Span`]s of this many positions in turn and merges
+    /// their attentions by their softmax statistics, so that the view never holds a long
+    /// cache whole. `None` (the default): the whole cache at once.
+    fn span_tokens(&self, _selection: &Selection) -> Option<usize> {
+        None
+    }
 
     /// Makes the selected tokens' K/V of the KV heads `heads` readable (including the tokens
     /// appended this step). `heads` is one of the ranges `heads_per_gather` cuts the layer into.

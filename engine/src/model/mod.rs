@@ -11,7 +11,8 @@ use crate::device::Attention;
 use crate::kernels::ops::{add_bias, add_in_place, rms_norm, swiglu_in_place, Rope};
 use crate::kernels::quant::QuantizedActivations;
 use crate::kv::x_cache::KvFromInput;
-use crate::kv::{KvShape, KvStore, KvView};
+use crate::kernels::attention::{Partial, RunningPartials};
+use crate::kv::{KvShape, KvStore, Selection};
 use std::ops::Range;
 use std::sync::Arc;
 use config::ModelConfig;
@@ -190,8 +191,7 @@ impl Model {
                 let per_gather = kv.heads_per_gather(&selection).clamp(1, c.n_kv_heads);
                 for first in (0..c.n_kv_heads).step_by(per_gather) {
                     let heads = first..(first + per_gather).min(c.n_kv_heads);
-                    let view = kv.gather(l, &selection, heads.clone())?;
-                    self.attend_heads(&q[qs.clone()], &positions[rows.clone()], heads, &view, &mut attn[qs.clone()])?;
+                    self.attend_heads(kv, l, &selection, &q[qs.clone()], &positions[rows.clone()], heads, &mut attn[qs.clone()])?;
                 }
                 kv.observe(l, &selection);
             }
@@ -209,18 +209,49 @@ impl Model {
     }
 
     /// Attention of the query heads that share the KV heads `heads` (all of them, or the ones
-    /// a [`KvView`] of part of the layer holds) over `view`, into their columns of `out`.
-    fn attend_heads(&self, q: &[f32], q_positions: &[usize], heads: Range<usize>, view: &KvView<'_>, out: &mut [f32]) -> Result<()> {
+    /// a gather of part of the layer holds) over what `selection` chose, into their columns of
+    /// `out`: over one view, or over spans of a long cache gathered in turn and merged.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_heads(
+        &self,
+        kv: &mut dyn KvStore,
+        layer: usize,
+        selection: &Selection,
+        q: &[f32],
+        q_positions: &[usize],
+        heads: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
         let c = &self.config;
-        if heads.len() == c.n_kv_heads {
-            return self.attention.attend(q, q_positions, c.n_heads, view, out);
+        let span = kv.span_tokens(selection).filter(|_| *selection == Selection::All);
+        let cached = q_positions.iter().max().map_or(0, |&p| p + 1);
+        if heads.len() == c.n_kv_heads && span.is_none_or(|span| span >= cached) {
+            let view = kv.gather(layer, selection, heads)?;
+            return self.attention.attend(q, q_positions, c.n_heads, &view, out);
         }
         // The heads' columns of each row, gathered into rows of their own and scattered back.
         let group_width = c.n_heads / c.n_kv_heads * c.head_dim;
         let columns = heads.start * group_width..heads.end * group_width;
         let part_q: Vec<f32> = q.chunks_exact(c.q_dim()).flat_map(|row| &row[columns.clone()]).copied().collect();
+        let part_heads = columns.len() / c.head_dim;
         let mut part_out = vec![0f32; part_q.len()];
-        self.attention.attend(&part_q, q_positions, columns.len() / c.head_dim, view, &mut part_out)?;
+        match span {
+            Some(span) if span < cached => {
+                let rows = q_positions.len() * part_heads;
+                let (mut max, mut sum) = (vec![0f32; rows], vec![0f32; rows]);
+                let mut merged = RunningPartials::new(rows, c.head_dim);
+                for start in (0..cached).step_by(span) {
+                    let view = kv.gather(layer, &Selection::Span(start..(start + span).min(cached)), heads.clone())?;
+                    self.attention.attend_partial(&part_q, q_positions, part_heads, &view, &mut part_out, &mut max, &mut sum)?;
+                    merged.add(&Partial { out: &part_out, max: &max, sum: &sum });
+                }
+                merged.finish(&mut part_out);
+            }
+            _ => {
+                let view = kv.gather(layer, selection, heads)?;
+                self.attention.attend(&part_q, q_positions, part_heads, &view, &mut part_out)?;
+            }
+        }
         for (row, part) in out.chunks_exact_mut(c.q_dim()).zip(part_out.chunks_exact(columns.len())) {
             row[columns.clone()].copy_from_slice(part);
         }
