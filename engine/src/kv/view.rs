@@ -34,8 +34,15 @@ impl ViewBuffers {
         self.stride_tokens = n_slots.next_multiple_of(KV_TILE);
         let len = self.n_kv_heads * self.stride_tokens * self.head_dim;
         self.step_need = self.step_need.max(len);
-        self.k.resize(len, 0);
-        self.v.resize(len, 0);
+        for buf in [&mut self.k, &mut self.v] {
+            // Grown by a sixteenth past the need, not doubled as `resize` would: a decode
+            // step's view grows a little with the cache, and doubling left half of it unused
+            // (3.4 MB at 32K tokens).
+            if len > buf.capacity() {
+                buf.reserve_exact(len + len / 16 - buf.len());
+            }
+            buf.resize(len, 0);
+        }
     }
 
     /// The step is over (the store commits it): memory beyond twice the most any of its views
@@ -219,7 +226,15 @@ mod tests {
         let mut view = ViewBuffers::new(64);
         view.reset(3, 8000);
         view.end_step();
-        assert_eq!(view.bytes(), bytes(3, 8000));
+        // Grown by a sixteenth past the need (a decode step's view grows with the cache), so
+        // the next tiles fit where they are; not doubled.
+        assert_eq!(view.bytes(), bytes(3, 8000) + bytes(3, 8000) / 16);
+        let k_at = view.k.as_ptr();
+        view.reset(3, 8400);
+        assert_eq!(view.k.as_ptr(), k_at);
+        view.reset(3, 8608);
+        assert_eq!(view.bytes(), bytes(3, 8608) + bytes(3, 8608) / 16);
+        view.end_step();
         // A third of that (a prompt's head at a time): the rest is given back.
         view.reset(1, 8000);
         view.end_step();

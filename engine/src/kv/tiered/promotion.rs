@@ -10,10 +10,11 @@ use super::TieredKvStore;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-/// Candidates may hold this share of the hot budget (a sixteenth: at 8K tokens 11.5K rows,
-/// while a steady step promotes ~2.6K). Candidates are kept best first in the rebalance's own
-/// order, so the cap changes nothing as long as a step promotes fewer rows than it holds.
-const CANDIDATE_BUDGET_DIVISOR: usize = 16;
+/// Candidates may hold this share of the hot budget (a thirty-second: at 8K tokens 5.7K rows
+/// and at 32K 12.3K, while a steady step promotes ~2.6K at either). Candidates are kept best
+/// first in the rebalance's own order, so the cap changes nothing as long as a step promotes
+/// fewer rows than it holds.
+const CANDIDATE_BUDGET_DIVISOR: usize = 32;
 
 /// Freed hot slots worth more than this are given back to the allocator after a rebalance
 /// (fewer are simply reused by the next step's promotions).
@@ -204,8 +205,8 @@ mod tests {
 
     #[test]
     fn candidates_keep_the_best_within_their_share_and_skip_hopeless_rows() {
-        // One f16 word per K/V row: 4 bytes a row; a 128-byte budget allows 2 candidates.
-        let mut c = Candidates::new(1, 128);
+        // One f16 word per K/V row: 4 bytes a row; a 256-byte budget allows 2 candidates.
+        let mut c = Candidates::new(1, 256);
         let key = |hits: u32, token: u32| rank_key(hits, false, token);
         c.offer(0, 10, key(3, 10), &[10], &[110]);
         c.offer(1, 11, key(5, 11), &[11], &[111]);
