@@ -3,10 +3,9 @@
 //! A decode step, per layer: `append` the new tokens' K/V, `select` the cached tokens the
 //! queries should attend to, `gather` them into a [`KvView`] (all KV heads at once, or a few at
 //! a time, and a long cache in spans of tokens, where the store says so) and attend, then
-//! `observe` what was used. Once every layer
-//! is done the step is `commit`ted. The model never knows where a token lives: a store that
-//! keeps everything in memory, one that offloads to disk and one that keeps only the important
-//! tokens all look the same from here.
+//! `observe` what was used. Once every layer is done the step is `commit`ted. The model never
+//! knows where a token lives: a store that keeps everything in memory, one that offloads to
+//! disk and one that keeps only the important tokens all look the same from here.
 
 pub mod aligned;
 pub mod backing;

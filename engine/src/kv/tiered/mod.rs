@@ -725,8 +725,8 @@ impl ColdFeed {
 const FALLBACK: &str = "the storage evaluator scores the cold pool instead";
 
 /// Tokens of one head that a gather of the whole cache (a prompt chunk, a dense layer) holds at
-/// a time: a 32K prompt is attended to in eight spans. Below a few thousand tokens the spans'
-/// merges and hand-offs would cost more than the memory they save.
+/// a time: 1 MB of view for a 64-dimension head, and a 32K prompt in eight spans (at 32K the
+/// spans did not change the prompt's or the decode steps' speed; docs/BENCHMARKS.md).
 const SPAN_TOKENS: usize = 4096;
 
 /// How far ahead of the row being copied into the view the next hot rows are prefetched.
