@@ -9,6 +9,39 @@ use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::{KvConfig, KvShape, KvStore, KvView, Selection, SelectorKind, StoreKind, TierStats};
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Logits, SamplingParams};
 
+/// The `KvStore` methods that a test's wrapper of a store (its `inner`) passes on unchanged.
+macro_rules! forward_to_inner {
+    () => {
+        fn shape(&self) -> KvShape {
+            self.inner.shape()
+        }
+        fn len_tokens(&self) -> usize {
+            self.inner.len_tokens()
+        }
+        fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> hillside_engine::error::Result<()> {
+            self.inner.append(layer, k, v)
+        }
+        fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> hillside_engine::error::Result<Selection> {
+            self.inner.select(layer, q, q_positions)
+        }
+        fn heads_per_gather(&self, selection: &Selection) -> usize {
+            self.inner.heads_per_gather(selection)
+        }
+        fn observe(&mut self, layer: usize, selection: &Selection) {
+            self.inner.observe(layer, selection)
+        }
+        fn commit(&mut self, n_tokens: usize) -> hillside_engine::error::Result<()> {
+            self.inner.commit(n_tokens)
+        }
+        fn truncate(&mut self, n_tokens: usize) -> usize {
+            self.inner.truncate(n_tokens)
+        }
+        fn stats(&self) -> hillside_engine::kv::KvStats {
+            self.inner.stats()
+        }
+    };
+}
+
 fn cold_dir(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("hillside-kv-test-{name}-{}", std::process::id()))
 }
@@ -170,15 +203,7 @@ impl CheckedAttention {
 }
 
 impl KvStore for CheckedAttention {
-    fn shape(&self) -> KvShape {
-        self.inner.shape()
-    }
-    fn len_tokens(&self) -> usize {
-        self.inner.len_tokens()
-    }
-    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> hillside_engine::error::Result<()> {
-        self.inner.append(layer, k, v)
-    }
+    forward_to_inner!();
     fn attend(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Option<hillside_engine::error::Result<()>> {
         if let Err(e) = self.inner.attend(layer, q, q_positions, n_heads, out)? {
             return Some(Err(e));
@@ -191,26 +216,8 @@ impl KvStore for CheckedAttention {
         seen.calls += 1;
         Some(Ok(()))
     }
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> hillside_engine::error::Result<Selection> {
-        self.inner.select(layer, q, q_positions)
-    }
-    fn heads_per_gather(&self, selection: &Selection) -> usize {
-        self.inner.heads_per_gather(selection)
-    }
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> hillside_engine::error::Result<hillside_engine::kv::KvView<'_>> {
         self.inner.gather(layer, selection, heads)
-    }
-    fn observe(&mut self, layer: usize, selection: &Selection) {
-        self.inner.observe(layer, selection)
-    }
-    fn commit(&mut self, n_tokens: usize) -> hillside_engine::error::Result<()> {
-        self.inner.commit(n_tokens)
-    }
-    fn truncate(&mut self, n_tokens: usize) -> usize {
-        self.inner.truncate(n_tokens)
-    }
-    fn stats(&self) -> hillside_engine::kv::KvStats {
-        self.inner.stats()
     }
 }
 
@@ -325,21 +332,7 @@ struct InSpans {
 }
 
 impl KvStore for InSpans {
-    fn shape(&self) -> KvShape {
-        self.inner.shape()
-    }
-    fn len_tokens(&self) -> usize {
-        self.inner.len_tokens()
-    }
-    fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> hillside_engine::error::Result<()> {
-        self.inner.append(layer, k, v)
-    }
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> hillside_engine::error::Result<Selection> {
-        self.inner.select(layer, q, q_positions)
-    }
-    fn heads_per_gather(&self, selection: &Selection) -> usize {
-        self.inner.heads_per_gather(selection)
-    }
+    forward_to_inner!();
     fn span_tokens(&self, _selection: &Selection) -> Option<usize> {
         Some(self.span)
     }
@@ -348,18 +341,6 @@ impl KvStore for InSpans {
             self.gathered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.inner.gather(layer, selection, heads)
-    }
-    fn observe(&mut self, layer: usize, selection: &Selection) {
-        self.inner.observe(layer, selection)
-    }
-    fn commit(&mut self, n_tokens: usize) -> hillside_engine::error::Result<()> {
-        self.inner.commit(n_tokens)
-    }
-    fn truncate(&mut self, n_tokens: usize) -> usize {
-        self.inner.truncate(n_tokens)
-    }
-    fn stats(&self) -> hillside_engine::kv::KvStats {
-        self.inner.stats()
     }
 }
 
