@@ -52,15 +52,7 @@ pub struct HotPool {
     lanes: Vec<Lane>,
     /// `[slot]`: the K row then the V row (f16 bits), side by side so one read brings both.
     slots: RowSlab,
-    /// `[slot]`: the lane and token holding the slot.
-    owner: Vec<SlotOwner>,
     free: Vec<u32>,
-}
-
-#[derive(Clone, Copy, Default)]
-struct SlotOwner {
-    lane: u32,
-    token: u32,
 }
 
 impl HotPool {
@@ -71,7 +63,6 @@ impl HotPool {
             row_words,
             lanes: (0..n_lanes).map(|_| Lane::default()).collect(),
             slots: RowSlab::new(2 * row_words, expected_rows),
-            owner: Vec::new(),
             free: Vec::new(),
         }
     }
@@ -87,14 +78,14 @@ impl HotPool {
 
     /// Bytes held for rows across all lanes (freed slots are reused, not counted).
     pub fn bytes(&self) -> usize {
-        (self.owner.len() - self.free.len()) * self.row_bytes()
+        (self.slots.len() - self.free.len()) * self.row_bytes()
     }
 
-    /// Bytes of the index beside the rows: each lane's slot map and bitmap, and the slots'
-    /// owners. It grows with the rows held, and by a bit per token the lanes have seen.
+    /// Bytes of the index beside the rows: each lane's slot map and bitmap, and the free
+    /// slots. It grows with the rows held, and by a bit per token the lanes have seen.
     pub fn index_bytes(&self) -> usize {
         let lanes: usize = self.lanes.iter().map(|l| l.map_bytes() + 8 * l.bits.capacity()).sum();
-        lanes + self.owner.capacity() * std::mem::size_of::<SlotOwner>() + 4 * self.free.capacity()
+        lanes + 4 * self.free.capacity()
     }
 
     fn slot(&self, lane: usize, token: u32) -> Option<usize> {
@@ -141,15 +132,11 @@ impl HotPool {
             None => {
                 let s = match self.free.pop() {
                     Some(s) => s as usize,
-                    None => {
-                        self.owner.push(SlotOwner::default());
-                        self.slots.push()
-                    }
+                    None => self.slots.push(),
                 };
                 let l = &mut self.lanes[lane];
                 l.slot_of.insert(token, s as u32);
                 l.set_bit(token, true);
-                self.owner[s] = SlotOwner { lane: lane as u32, token };
                 s
             }
         };
@@ -170,22 +157,20 @@ impl HotPool {
     /// that shrinks for good (a long prompt fills it before the scoring keys grow into their
     /// share of the budget) would otherwise keep its high-water mark in memory.
     pub fn compact(&mut self) {
-        let held = self.owner.len() - self.free.len();
-        let mut is_free = vec![false; self.owner.len()];
-        self.free.iter().for_each(|&s| is_free[s as usize] = true);
-        let holes = (0..held).filter(|&s| is_free[s]);
-        let movers = (held..self.owner.len()).filter(|&s| !is_free[s]);
-        for (to, from) in holes.zip(movers) {
-            self.slots.copy_row(from, to);
-            let owner = self.owner[from];
-            self.lanes[owner.lane as usize].slot_of.insert(owner.token, to as u32);
-            self.owner[to] = owner;
+        let Self { lanes, slots, free, .. } = self;
+        let held = slots.len() - free.len();
+        // As many slots below `held` are free as rows lie at or above it.
+        let mut holes: Vec<u32> = free.iter().copied().filter(|&s| (s as usize) < held).collect();
+        for lane in lanes.iter_mut() {
+            for slot in lane.slot_of.values_mut().filter(|s| **s as usize >= held) {
+                let to = holes.pop().expect("a free slot below the rows held for each row above them");
+                slots.copy_row(*slot as usize, to as usize);
+                *slot = to;
+            }
+            lane.slot_of.shrink_to_fit();
         }
-        self.owner.truncate(held);
-        self.slots.truncate(held);
-        self.free.clear();
-        self.owner.shrink_to_fit();
-        self.lanes.iter_mut().for_each(|l| l.slot_of.shrink_to_fit());
+        slots.truncate(held);
+        free.clear();
     }
 
     /// Bytes of freed slots not yet reused.
@@ -228,7 +213,7 @@ mod tests {
         for t in 20..30 {
             pool.insert(2, t, &row(t), &row(t + 100));
         }
-        assert_eq!(pool.owner.len(), 10);
+        assert_eq!(pool.slots.len(), 10);
         assert_eq!(pool.bytes(), 10 * pool.row_bytes());
         pool.remove(2, 22);
         pool.remove(2, 29);
@@ -251,16 +236,17 @@ mod tests {
         let mut pool = HotPool::new(2, 2, 4);
         let empty = pool.index_bytes();
         pool.insert(1, 9_999, &[1, 2], &[3, 4]);
-        // One row: a map entry and an owner, and a bit for each token up to it.
+        // One row: a map entry, and a bit for each token up to it.
         let one = pool.index_bytes() - empty;
         assert!((10_000 / 8..10_000 / 8 + 200).contains(&one), "{one}");
         assert_eq!(pool.bytes(), pool.row_bytes());
         for t in 0..1_000 {
             pool.insert(0, t, &[1, 2], &[3, 4]);
         }
-        // A thousand more rows: at most 2 × (9 + 8) bytes each (a half-full map).
+        // A thousand more rows: 9 bytes each in a map between half and seven-eighths full, and
+        // their bits.
         let more = pool.index_bytes() - empty - one;
-        assert!((17_000..34_000).contains(&more), "{more}");
+        assert!((9_000..19_000).contains(&more), "{more}");
     }
 
     #[test]
@@ -275,8 +261,7 @@ mod tests {
         }
         assert_eq!(pool.free_bytes(), 26 * pool.row_bytes());
         pool.compact();
-        assert_eq!((pool.owner.len(), pool.free_bytes()), (14, 0));
-        assert_eq!(pool.slots.len(), 14);
+        assert_eq!((pool.slots.len(), pool.free_bytes()), (14, 0));
         for t in 0..40 {
             let lane = (t % 2) as usize;
             let expect = (t % 3 == 0).then(|| (row(t, lane as u16), row(t + 1000, 9)));

@@ -67,7 +67,6 @@ impl RowSlab {
         (row_words * 2 * capacity_rows).next_multiple_of(HUGE_PAGE_BYTES).max(HUGE_PAGE_BYTES)
     }
 
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len_rows
     }
