@@ -71,6 +71,18 @@ pub fn dequantize(qs: &[u8], cols: usize, axis: ScaleAxis, scales: &[u8], out: &
     let rows = qs.len() / cols;
     assert!(qs.len() == rows * cols && out.len() >= qs.len() && scales.len() >= 2 * axis.scales(rows, cols));
     let scale = |i: usize| f16::from_bits(u16::from_le_bytes([scales[2 * i], scales[2 * i + 1]])).to_f32();
+    let row_scale = |r: usize| if axis == ScaleAxis::Rows { scale(r) } else { 1.0 };
+    #[cfg(target_arch = "x86_64")]
+    if super::simd_level() != super::SimdLevel::Portable && cols.is_multiple_of(8) {
+        // The column scales are widened in the kernel: a cold read decodes single rows too,
+        // and converting them apart would cost more than the row.
+        let column_scales = (axis == ScaleAxis::Columns).then(|| &scales[..2 * cols]);
+        for (r, (q, out)) in qs.chunks_exact(cols).zip(out.chunks_exact_mut(cols)).enumerate() {
+            // SAFETY: every level but Portable has avx2, fma and f16c, checked when chosen.
+            unsafe { super::x86::avx2::dequantize_q8_row(q, column_scales, row_scale(r), out) };
+        }
+        return;
+    }
     // Each row's factors: the column scales, or its own scale in every column.
     assert!(cols <= MAX_COLS, "rows of {cols} values");
     let mut columns = [1f32; MAX_COLS];
@@ -78,15 +90,6 @@ pub fn dequantize(qs: &[u8], cols: usize, axis: ScaleAxis, scales: &[u8], out: &
         columns[..cols].iter_mut().enumerate().for_each(|(c, f)| *f = scale(c));
     }
     let columns = &columns[..cols];
-    let row_scale = |r: usize| if axis == ScaleAxis::Rows { scale(r) } else { 1.0 };
-    #[cfg(target_arch = "x86_64")]
-    if super::simd_level() != super::SimdLevel::Portable && cols.is_multiple_of(8) {
-        for (r, (q, out)) in qs.chunks_exact(cols).zip(out.chunks_exact_mut(cols)).enumerate() {
-            // SAFETY: every level but Portable has avx2, fma and f16c, checked when chosen.
-            unsafe { super::x86::avx2::dequantize_q8_row(q, columns, row_scale(r), out) };
-        }
-        return;
-    }
     let mut values = [0f32; MAX_COLS];
     for (r, (q, out)) in qs.chunks_exact(cols).zip(out.chunks_exact_mut(cols)).enumerate() {
         dequantize_row(q, columns, row_scale(r), &mut values[..cols]);

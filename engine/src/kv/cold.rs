@@ -4,7 +4,8 @@
 //! contiguous and a whole-head read is one large sequential request. Which token
 //! sits in which slot of a head's groups is the placement's business ([`super::placement`]):
 //! the pool reads and writes whole groups. It keeps them as f16 or in 8 bits
-//! ([`super::cold_format`]), which callers never see: they write and read f16 rows.
+//! ([`super::cold_format`]): callers write f16 rows, and read them back as f16 rows or, to
+//! stage fewer bytes, as the file keeps them ([`Staging::AsKept`]), decoding the rows they use.
 //!
 //! A head's groups come in blocks of [`BLOCK_GROUPS`], and each head's region has one spare
 //! block: [`ColdPool::relocate_block`] writes a block's new contents into the spare and only
@@ -75,6 +76,14 @@ impl ColdLayout {
     /// Bytes a group occupies in the file, as its [`ColdType`] keeps it.
     pub fn disk_group_bytes(&self) -> usize {
         self.cold_type.disk_bytes(2 * self.group_values(), self.head_dim)
+    }
+
+    /// Bytes a read leaves per group in its buffer.
+    pub fn staged_group_bytes(&self, staging: Staging) -> usize {
+        match staging {
+            Staging::F16 => self.group_bytes(),
+            Staging::AsKept => self.disk_group_bytes(),
+        }
     }
 
     /// Blocks of a (layer, KV head) that hold its groups, the spare not counted.
@@ -411,21 +420,27 @@ impl ColdPool {
         }
     }
 
-    /// Reads groups `first .. first + count` of one (layer, head) into the start of `dst` with
-    /// one request, checking each group's checksum. `dst` must start on a page boundary (a
-    /// page-aligned slice of an [`AlignedBuf`]).
+    /// Reads groups `first .. first + count` of one (layer, head) into the start of `dst` as f16
+    /// rows, with one request, checking each group's checksum. `dst` must start on a page
+    /// boundary (a page-aligned slice of an [`AlignedBuf`]).
     pub fn read_groups(&self, layer: usize, head: usize, first: usize, count: usize, dst: &mut [u8]) -> Result<()> {
-        let mut run = GroupRun { head, first, count, dst };
-        let (file, pieces) = self.plan_read(layer, &mut run);
-        for (offset, bytes) in pieces {
-            file.read_exact_at(&mut run.dst[bytes], offset).map_err(|e| io_error("read failed", &self.file_of(head).path, e))?;
-        }
-        self.finish_read(layer, &mut run)
+        self.read_run(layer, &mut GroupRun { head, first, count, dst, staging: Staging::F16 })
     }
 
-    /// Reads every run of groups of `layer`, as [`ColdPool::read_groups`] would one by one,
-    /// with all of their requests in flight at once from this thread (io_uring). `None` where
-    /// this thread cannot use io_uring: nothing was read, and the caller reads another way.
+    /// Reads one run of groups of `layer` as it asks to be staged, checking each group's
+    /// checksum.
+    pub fn read_run(&self, layer: usize, run: &mut GroupRun<'_>) -> Result<()> {
+        let (file, pieces) = self.plan_read(layer, run);
+        for (offset, bytes) in pieces {
+            file.read_exact_at(&mut run.dst[bytes], offset).map_err(|e| io_error("read failed", &self.file_of(run.head).path, e))?;
+        }
+        self.finish_read(layer, run)
+    }
+
+    /// Reads every run of groups of `layer`, each staged as it asks, with all of their requests
+    /// in flight at once from this thread (io_uring). `None` where this thread cannot use
+    /// io_uring: nothing was read, and the caller reads another way
+    /// ([`ColdPool::read_run`], one by one).
     pub fn read_runs(&self, layer: usize, runs: &mut [GroupRun<'_>]) -> Option<Result<()>> {
         use std::os::fd::AsRawFd;
         if !super::uring::available() {
@@ -476,10 +491,10 @@ impl ColdPool {
     /// unless blocks were relocated. The requests fill [`ColdPool::encoded_range`] of the buffer.
     fn plan_read(&self, layer: usize, run: &mut GroupRun<'_>) -> (&File, Vec<(u64, Range<usize>)>) {
         let GroupRun { head, first, count, .. } = *run;
-        let (gb, dgb) = (self.layout.group_bytes(), self.layout.disk_group_bytes());
-        let at = self.encoded_range(count).start;
-        assert!(first + count <= self.layout.max_groups && run.dst.len() >= count * gb);
-        assert_eq!(run.dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
+        let dgb = self.layout.disk_group_bytes();
+        let at = self.encoded_range(run).start;
+        assert!(first + count <= self.layout.max_groups && run.dst.len() >= count * self.layout.staged_group_bytes(run.staging));
+        assert_eq!(run.dst.as_ptr() as usize % self.layout.cold_type.alignment(), 0, "direct I/O needs aligned buffers");
         if let Some(faults) = &self.faults {
             faults.on_read(layer, head, first);
         }
@@ -497,23 +512,24 @@ impl ColdPool {
         (if cached { &file.cached } else { &file.file }, pieces)
     }
 
-    /// Where a run of `count` groups is read into its buffer, as the file keeps them: the whole
-    /// of it for f16; its end for q8, so that each group, decoded in order, lands before the
-    /// bytes of the next ones.
-    fn encoded_range(&self, count: usize) -> Range<usize> {
-        let (gb, dgb) = (self.layout.group_bytes(), self.layout.disk_group_bytes());
-        count * (gb - dgb)..count * gb
+    /// Where a run's groups are read into its buffer, as the file keeps them: the whole of its
+    /// staged bytes, unless a q8 run is staged as f16: then their end, so that each group,
+    /// decoded in order, lands before the bytes of the next ones.
+    fn encoded_range(&self, run: &GroupRun<'_>) -> Range<usize> {
+        let (staged, dgb) = (self.layout.staged_group_bytes(run.staging), self.layout.disk_group_bytes());
+        run.count * (staged - dgb)..run.count * staged
     }
 
-    /// Checks each group a run read against its checksum, then decodes it in place (q8).
+    /// Checks each group a run read against its checksum, then decodes it in place (a q8 run
+    /// staged as f16).
     fn finish_read(&self, layer: usize, run: &mut GroupRun<'_>) -> Result<()> {
         if let Some(e) = self.faults.as_ref().and_then(|f| f.on_read_done(layer)) {
             return Err(io_error("read failed", &self.file_of(run.head).path, e));
         }
         self.check_read(layer, run)?;
-        if self.layout.cold_type == ColdType::Q8 {
+        if self.layout.cold_type == ColdType::Q8 && run.staging == Staging::F16 {
             let (gb, dgb, values) = (self.layout.group_bytes(), self.layout.disk_group_bytes(), 2 * self.layout.group_values());
-            let at = self.encoded_range(run.count).start;
+            let at = self.encoded_range(run).start;
             let mut group = vec![0u8; dgb];
             for i in 0..run.count {
                 // Copied out first: the last groups' f16 rows overlap their own encoded bytes.
@@ -527,7 +543,7 @@ impl ColdPool {
     /// Checks each group a run read against its checksum.
     fn check_read(&self, layer: usize, run: &GroupRun<'_>) -> Result<()> {
         let dgb = self.layout.disk_group_bytes();
-        for (i, chunk) in run.dst[self.encoded_range(run.count)].chunks_exact(dgb).enumerate() {
+        for (i, chunk) in run.dst[self.encoded_range(run)].chunks_exact(dgb).enumerate() {
             let (head, group) = (run.head, run.first + i);
             match self.checksums[self.locate(layer, head, group).1].load(Ordering::Acquire) {
                 0 => return Err(Error::Internal(format!("cold pool: layer {layer} head {head} group {group} was read but never written"))),
@@ -544,12 +560,24 @@ impl ColdPool {
 }
 
 /// Groups `first .. first + count` of one KV head, to be read into the start of `dst` (which
-/// must start on a page boundary).
+/// must start at the pool's [`ColdType::alignment`]) as `staging` says.
 pub struct GroupRun<'a> {
     pub head: usize,
     pub first: usize,
     pub count: usize,
     pub dst: &'a mut [u8],
+    pub staging: Staging,
+}
+
+/// How a read leaves each group in its buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Staging {
+    /// As f16 rows (K then V), [`ColdLayout::group_bytes`] each: decoded, for a q8 pool.
+    F16,
+    /// As the file keeps it, [`ColdLayout::disk_group_bytes`] each: checked, not decoded (see
+    /// [`super::cold_format::decode_row`]). A q8 pool's reads then take five-eighths of the
+    /// memory.
+    AsKept,
 }
 
 /// A page-aligned group's bytes as the f16 words (bits) they hold.
@@ -702,7 +730,7 @@ mod tests {
         let mut runs = Vec::new();
         for head in 0..3 {
             let (dst, tail) = std::mem::take(&mut rest).split_at_mut(8 * 4096);
-            runs.push(GroupRun { head, first: 0, count: 8, dst });
+            runs.push(GroupRun { head, first: 0, count: 8, dst, staging: Staging::F16 });
             rest = tail;
         }
         if let Some(read) = pool.read_runs(1, &mut runs) {
@@ -819,7 +847,7 @@ mod tests {
         pool.write_group(0, 0, 0, &filled(&pool, 1)).unwrap();
         let mut two = pool.buffer(2);
         let (a, b) = two.as_bytes_mut().split_at_mut(4096);
-        let mut runs = [GroupRun { head: 0, first: 0, count: 1, dst: a }, GroupRun { head: 1, first: 3, count: 1, dst: b }];
+        let mut runs = [GroupRun { head: 0, first: 0, count: 1, dst: a, staging: Staging::F16 }, GroupRun { head: 1, first: 3, count: 1, dst: b, staging: Staging::F16 }];
         if let Some(read) = pool.read_runs(0, &mut runs) {
             let err = read.unwrap_err().to_string();
             assert!(err.contains("checksum") && err.contains("tokens 48..64"), "{err}");
@@ -878,7 +906,7 @@ mod tests {
         let mut runs = Vec::new();
         for &(head, first, count) in &wanted {
             let (dst, tail) = std::mem::take(&mut rest).split_at_mut(count * layout.group_bytes());
-            runs.push(GroupRun { head, first, count, dst });
+            runs.push(GroupRun { head, first, count, dst, staging: Staging::F16 });
             rest = tail;
         }
         let Some(read) = pool.read_runs(1, &mut runs) else {
@@ -949,12 +977,28 @@ mod tests {
         if let Some(read) = {
             let mut batch = pool.buffer(3);
             let (a, b) = batch.as_bytes_mut().split_at_mut(gb);
-            let mut runs = [GroupRun { head: 2, first: 39, count: 1, dst: a }, GroupRun { head: 2, first: 20, count: 2, dst: b }];
+            let mut runs = [GroupRun { head: 2, first: 39, count: 1, dst: a, staging: Staging::F16 }, GroupRun { head: 2, first: 20, count: 2, dst: b, staging: Staging::F16 }];
             pool.read_runs(1, &mut runs).map(|r| r.map(|()| batch))
         } {
             let batch = read.unwrap();
             assert_eq!(&batch.as_bytes()[..gb], &buf.as_bytes()[39 * gb..40 * gb]);
             assert_eq!(&batch.as_bytes()[gb..3 * gb], &buf.as_bytes()[20 * gb..22 * gb]);
+        }
+        // Staged as kept: five-eighths of the bytes, and the same rows once decoded; the second
+        // run starts at a sector boundary that is no page boundary.
+        let mut kept = AlignedBuf::zeroed(3 * dgb);
+        let (single, batched) = kept.as_bytes_mut().split_at_mut(dgb);
+        pool.read_run(1, &mut GroupRun { head: 2, first: 39, count: 1, dst: single, staging: Staging::AsKept }).unwrap();
+        let mut runs = [GroupRun { head: 2, first: 20, count: 2, dst: batched, staging: Staging::AsKept }];
+        if let Some(read) = pool.read_runs(1, &mut runs) {
+            read.unwrap();
+        } else {
+            pool.read_run(1, &mut runs[0]).unwrap();
+        }
+        let mut rows = vec![0u16; gb / 2];
+        for (group, at) in [(39, 0), (20, dgb), (21, 2 * dgb)] {
+            layout.cold_type.decode_group(&kept.as_bytes()[at..][..dgb], 64, &mut rows);
+            assert_eq!(f16_words(&buf.as_bytes()[group * gb..][..gb]), &rows[..], "group {group}");
         }
         // A flipped byte in a q8 group is caught before it is decoded.
         let offset = pool.locate(1, 2, 30).0 + 100;

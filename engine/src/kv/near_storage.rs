@@ -218,12 +218,14 @@ impl StorageAttention {
     fn attend(&mut self, cold: &ColdPool, layer: usize, cold_groups: usize, q: &[f32], q_positions: &[usize], n_heads: usize) -> Result<Partial<'_>> {
         let every_group = vec![(0..cold_groups).collect(); self.shape.n_kv_heads];
         let staged = read_heads(cold, layer, every_group, &mut self.buf)?;
-        let group_words = cold.layout().group_bytes() / 2;
+        let layout = cold.layout();
+        let mut page = vec![0u16; 2 * layout.group_values()];
         self.view.reset(self.shape.n_kv_heads, cold_groups * GROUP_TOKENS);
         for head in 0..self.shape.n_kv_heads {
             for g in 0..cold_groups {
-                let page = staged.group(&self.buf, head, g, group_words).expect("every group of the layer was read");
-                self.view.set_group(g * GROUP_TOKENS, head, page);
+                let group = staged.group(&self.buf, head, g, layout.disk_group_bytes()).expect("every group of the layer was read");
+                layout.cold_type.decode_group(group, layout.head_dim, &mut page);
+                self.view.set_group(g * GROUP_TOKENS, head, &page);
             }
         }
         // Every cold token precedes every query: nothing to mask.

@@ -593,21 +593,24 @@ unsafe fn score_keys_int_with<const VNNI: bool>(data: &[u8], scales: &[f32], n_k
 }
 
 /// `kv_q8::dequantize_row`, narrowed to f16: eight values at a time, widened to f32, times
-/// their columns' factors and the row's, narrowed with F16C (round to nearest even, as the
-/// portable conversion).
+/// their columns' scales (f16, little-endian bytes, widened with F16C; none: 1) and the row's,
+/// narrowed with F16C (round to nearest even, as the portable conversion).
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dequantize_q8_row(q: &[u8], columns: &[f32], row: f32, out: &mut [u16]) {
+pub unsafe fn dequantize_q8_row(q: &[u8], column_scales: Option<&[u8]>, row: f32, out: &mut [u16]) {
     let cols = q.len();
-    assert!(cols.is_multiple_of(8) && columns.len() >= cols && out.len() >= cols);
+    assert!(cols.is_multiple_of(8) && column_scales.is_none_or(|s| s.len() >= 2 * cols) && out.len() >= cols);
     let row = _mm256_set1_ps(row);
     for c in (0..cols).step_by(8) {
-        // SAFETY: the 8 bytes and 8 factors read and the 16 bytes written lie inside the
+        // SAFETY: the 8 bytes, 8 scales (16 bytes) read and the 16 bytes written lie inside the
         // asserted lengths.
         unsafe {
-            let factors = _mm256_mul_ps(_mm256_loadu_ps(columns.as_ptr().add(c)), row);
+            let factors = match column_scales {
+                Some(scales) => _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(scales.as_ptr().add(2 * c).cast())), row),
+                None => row,
+            };
             let values = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(c).cast())));
             _mm_storeu_si128(out.as_mut_ptr().add(c).cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(values, factors)));
         }

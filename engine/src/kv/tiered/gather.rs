@@ -9,7 +9,7 @@ use crate::kv::aligned::AlignedBuf;
 use super::{TieredKvStore, PREFETCH_ROWS_AHEAD};
 use crate::kernels::attention::KV_TILE;
 use crate::kv::cold::GROUP_TOKENS;
-use crate::kv::view::TileRows;
+use crate::kv::view::{SlotRun, TileRows};
 use crate::kernels::parallel::map_items;
 use std::ops::Range;
 
@@ -105,15 +105,16 @@ impl TieredKvStore {
     }
 
     /// Fills the cold slots (`rows`, of the view holding `heads`, in slot order head by head)
-    /// whose groups `staged` holds in `buf`, a head per task on the compute threads, and keeps
-    /// in `rows` those it could not. `decode` counts cold hits and offers the rows for
-    /// promotion.
+    /// whose groups `staged` holds in `buf`, decoding each row as it is copied, a head per task
+    /// on the compute threads, and keeps in `rows` those it could not. `decode` counts cold hits
+    /// and offers the rows for promotion.
     pub(super) fn copy_cold_rows(&mut self, layer: usize, rows: &mut Vec<ColdRow>, staged: &Staged, buf: &AlignedBuf, heads: Range<usize>, decode: bool) {
         if rows.is_empty() {
             return;
         }
         let (hd, lane0) = (self.shape.head_dim, self.lane(layer, 0));
-        let gb_words = self.backing.cold().layout().group_bytes() / 2;
+        let layout = self.backing.cold().layout();
+        let (cold_type, group_bytes) = (layout.cold_type, layout.disk_group_bytes());
         let (backing, hits, candidates) = (&self.backing, &self.hits, &self.candidates);
         let tasks: Vec<_> = self
             .view
@@ -128,10 +129,12 @@ impl TieredKvStore {
         let copied: Vec<HeadCopy<'_>> = map_items(tasks, |(mut run, rows)| {
             let head = heads.start + run.head;
             let lane = lane0 + head;
-            let pages = staged.head_pages(buf, head, gb_words);
+            let pages = staged.head_pages(buf, head, group_bytes);
             let mut copy = HeadCopy { lane, copied: 0, missing: Vec::new(), offers: Vec::new() };
-            // The rows come in slot order: those of one tile are written together.
-            let (mut tile, mut tile_rows) = (0, TileRows::default());
+            // The rows come in slot order: those of one tile are decoded side by side, K then
+            // V per slot of the tile, and written together.
+            let mut tile_rows = vec![0u16; KV_TILE * 2 * hd];
+            let (mut tile, mut filled) = (0, 0u32);
             for &row in rows {
                 let token = row.token as usize;
                 let cold_slot = backing.lane_slot(lane, token);
@@ -140,32 +143,36 @@ impl TieredKvStore {
                     continue;
                 };
                 let within = cold_slot % GROUP_TOKENS;
-                let (k, v) = (&page[within * hd..][..hd], &page[GROUP_TOKENS * hd + within * hd..][..hd]);
                 let slot = row.slot as usize;
                 if slot / KV_TILE != tile {
-                    run.put_tile(tile, &std::mem::take(&mut tile_rows));
+                    put_tile(&mut run, tile, &tile_rows, std::mem::take(&mut filled), hd);
                     tile = slot / KV_TILE;
                 }
-                tile_rows.put(slot % KV_TILE, k, v);
+                let (k, v) = tile_rows[slot % KV_TILE * 2 * hd..][..2 * hd].split_at_mut(hd);
+                cold_type.decode_row(page, hd, within, k, v);
+                filled |= 1 << (slot % KV_TILE);
                 copy.copied += 1;
                 if decode {
                     // With this step's hit, which `observe` counts after attention.
                     let hits = hits[lane].get(token).map_or(1, |&h| u32::from(h) + 1);
                     let key = rank_key(hits, false, cold_slot as u32);
                     if candidates.may_take(key) {
-                        copy.offers.push((row.token, key, k, v));
+                        copy.offers.push(Offer { token: row.token, key, page, within });
                     }
                 }
             }
-            run.put_tile(tile, &tile_rows);
+            put_tile(&mut run, tile, &tile_rows, filled, hd);
             copy
         });
         rows.clear();
+        let mut row = vec![0u16; 2 * hd];
         for copy in copied {
             if decode {
                 self.tier.cold_hits += copy.copied;
-                for (token, key, k, v) in copy.offers {
-                    self.candidates.offer(copy.lane, token, key, k, v);
+                for offer in copy.offers {
+                    let (k, v) = row.split_at_mut(hd);
+                    cold_type.decode_row(offer.page, hd, offer.within, k, v);
+                    self.candidates.offer(copy.lane, offer.token, offer.key, k, v);
                 }
             }
             rows.extend(copy.missing);
@@ -173,12 +180,32 @@ impl TieredKvStore {
     }
 }
 
+/// Writes the rows decoded into `tile_rows` (K then V per slot of the tile) for the slots set
+/// in `filled` into tile `tile` of a head's run.
+fn put_tile(run: &mut SlotRun<'_>, tile: usize, tile_rows: &[u16], filled: u32, hd: usize) {
+    let mut rows = TileRows::default();
+    for lane in (0..KV_TILE).filter(|l| filled >> l & 1 == 1) {
+        let (k, v) = tile_rows[lane * 2 * hd..][..2 * hd].split_at(hd);
+        rows.put(lane, k, v);
+    }
+    run.put_tile(tile, &rows);
+}
+
+/// A copied cold row that may be promoted: decoded again from its staged group once the
+/// copying tasks are done, rather than kept decoded meanwhile.
+struct Offer<'a> {
+    token: u32,
+    /// Its rank key.
+    key: u64,
+    page: &'a [u8],
+    within: usize,
+}
+
 /// What one head's task of [`TieredKvStore::copy_cold_rows`] did: the rows it copied, those
-/// it found no group for, and the copied rows that may be promoted, ranked (token, rank key,
-/// K, V).
+/// it found no group for, and the copied rows that may be promoted.
 struct HeadCopy<'a> {
     lane: usize,
     copied: u64,
     missing: Vec<ColdRow>,
-    offers: Vec<(u32, u64, &'a [u16], &'a [u16])>,
+    offers: Vec<Offer<'a>>,
 }

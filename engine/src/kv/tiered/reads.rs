@@ -6,9 +6,12 @@
 //! groups that layers l+1.. selected last step and that are still cold; at their turn only the
 //! groups the prediction missed are read. Groups read for nothing cost bandwidth, and count in
 //! the pool's read statistics like any other read.
+//!
+//! Groups are staged as the pool keeps them ([`Staging::AsKept`]): a q8 group takes 2,560 bytes
+//! instead of its 4,096 decoded, and the rows a view uses are decoded as they are copied in.
 
 use super::super::aligned::AlignedBuf;
-use super::super::cold::{ColdPool, GroupRun};
+use super::super::cold::{ColdPool, GroupRun, Staging};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc};
@@ -23,59 +26,60 @@ pub(in crate::kv) struct Staged {
 struct StagedHead {
     /// Groups read (ascending).
     groups: Vec<usize>,
-    /// Where the first one starts in the buffer, in f16 words.
-    offset_words: usize,
+    /// Where the first one starts in the buffer, in bytes.
+    offset: usize,
 }
 
 impl Staged {
-    /// Group `group` of `head` (K then V, f16 bits), if it was read into `buf`.
-    pub fn group<'a>(&self, buf: &'a AlignedBuf, head: usize, group: usize, group_words: usize) -> Option<&'a [u16]> {
+    /// Group `group` of `head` as the pool keeps it (`group_bytes` long), if it was read into
+    /// `buf`.
+    pub fn group<'a>(&self, buf: &'a AlignedBuf, head: usize, group: usize, group_bytes: usize) -> Option<&'a [u8]> {
         let h = self.heads.get(head)?;
         let i = h.groups.binary_search(&group).ok()?;
-        Some(&buf.as_u16()[h.offset_words + i * group_words..][..group_words])
+        Some(&buf.as_bytes()[h.offset + i * group_bytes..][..group_bytes])
     }
 
     /// `head`'s groups in `buf`, indexed for lookups by the thousand.
-    pub fn head_pages<'a>(&self, buf: &'a AlignedBuf, head: usize, group_words: usize) -> HeadPages<'a> {
-        let Some(h) = self.heads.get(head) else { return HeadPages { words: &[], group_words, at: Vec::new() } };
+    pub fn head_pages<'a>(&self, buf: &'a AlignedBuf, head: usize, group_bytes: usize) -> HeadPages<'a> {
+        let Some(h) = self.heads.get(head) else { return HeadPages { bytes: &[], group_bytes, at: Vec::new() } };
         let mut at = vec![0u32; h.groups.last().map_or(0, |&g| g + 1)];
         h.groups.iter().enumerate().for_each(|(i, &g)| at[g] = i as u32 + 1);
-        HeadPages { words: &buf.as_u16()[h.offset_words..][..h.groups.len() * group_words], group_words, at }
+        HeadPages { bytes: &buf.as_bytes()[h.offset..][..h.groups.len() * group_bytes], group_bytes, at }
     }
 }
 
 /// One head's staged groups, by group number (see [`Staged::head_pages`]).
 pub(in crate::kv) struct HeadPages<'a> {
-    words: &'a [u16],
-    group_words: usize,
+    bytes: &'a [u8],
+    group_bytes: usize,
     /// `[group]`: 1 + its place among the staged groups, or 0 where it was not read.
     at: Vec<u32>,
 }
 
 impl<'a> HeadPages<'a> {
-    /// Group `group` (K then V, f16 bits), if it was read.
-    pub fn get(&self, group: usize) -> Option<&'a [u16]> {
+    /// Group `group` as the pool keeps it, if it was read.
+    pub fn get(&self, group: usize) -> Option<&'a [u8]> {
         let i = (*self.at.get(group)?).checked_sub(1)? as usize;
-        Some(&self.words[i * self.group_words..][..self.group_words])
+        Some(&self.bytes[i * self.group_bytes..][..self.group_bytes])
     }
 }
 
 /// Reads each head's `groups` (ascending) of `layer` into `buf` (grown if too small), head after
-/// head: one request per run of consecutive groups, many in flight at once (an SSD needs a deep
-/// queue for its random-read rate): through this thread's io_uring, or where there is none
-/// from the I/O threads.
+/// head, as the pool keeps them: one request per run of consecutive groups, many in flight at
+/// once (an SSD needs a deep queue for its random-read rate): through this thread's io_uring,
+/// or where there is none from the I/O threads.
 pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf) -> Result<Staged> {
-    let gb = cold.layout().group_bytes();
+    let gb = cold.layout().disk_group_bytes();
     let total: usize = groups.iter().map(Vec::len).sum();
     if buf.len() < total * gb {
         *buf = AlignedBuf::zeroed(total * gb);
     }
     let mut staged = Staged { heads: Vec::with_capacity(groups.len()) };
-    let mut offset_words = 0;
+    let mut offset = 0;
     for g in groups {
         let n = g.len();
-        staged.heads.push(StagedHead { groups: g, offset_words });
-        offset_words += n * gb / 2;
+        staged.heads.push(StagedHead { groups: g, offset });
+        offset += n * gb;
     }
     if total == 0 {
         return Ok(staged); // nothing cold: no hand-off to the I/O threads
@@ -90,7 +94,7 @@ pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<u
                 j += 1;
             }
             let (dst, tail) = rest.split_at_mut((j - i) * gb);
-            runs.push(GroupRun { head, first: s.groups[i], count: j - i, dst });
+            runs.push(GroupRun { head, first: s.groups[i], count: j - i, dst, staging: Staging::AsKept });
             rest = tail;
             i = j;
         }
@@ -99,7 +103,7 @@ pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<u
         Some(read) => read?,
         None => io_pool().install(|| {
             use rayon::prelude::*;
-            runs.into_par_iter().try_for_each(|run| cold.read_groups(layer, run.head, run.first, run.count, run.dst))
+            runs.into_par_iter().try_for_each(|mut run| cold.read_run(layer, &mut run))
         })?,
     }
     Ok(staged)
@@ -113,7 +117,7 @@ impl PendingRead {
     /// small: buffers allocated on the I/O threads would land in their own malloc arenas and
     /// keep the process's memory up.
     pub fn start(cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>, mut buf: AlignedBuf) -> Self {
-        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().group_bytes();
+        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().disk_group_bytes();
         if buf.len() < need {
             buf = AlignedBuf::zeroed(need);
         }
@@ -176,7 +180,7 @@ impl Prefetcher {
     /// new one with some room to grow. A decode step's reads use two at a time (the layer's
     /// reads, and the read-ahead they overlap), so two circulate.
     pub fn buffer(&mut self, cold: &ColdPool, groups: &[Vec<usize>]) -> AlignedBuf {
-        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().group_bytes();
+        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().disk_group_bytes();
         let by_size = |(_, b): &(usize, &AlignedBuf)| b.len();
         let fitting = self.spare.iter().enumerate().filter(|(_, b)| b.len() >= need).min_by_key(by_size);
         if let Some((i, _)) = fitting {
@@ -275,7 +279,9 @@ mod tests {
     fn read_ahead_brings_the_groups_asked_for_and_drops_what_is_not_claimed() {
         let dir = std::env::temp_dir().join(format!("hillside-read-ahead-{}", std::process::id()));
         let cold = pool(&dir);
-        let words = cold.layout().group_bytes() / 2;
+        let gb = cold.layout().disk_group_bytes();
+        // An f16 group's `i`th word.
+        let word = |page: &[u8], i: usize| u16::from_le_bytes([page[2 * i], page[2 * i + 1]]) as usize;
         let mut prefetch = Prefetcher::default();
         prefetch.issue(&cold, 1, vec![vec![0, 1, 4], vec![5]]);
         prefetch.issue(&cold, 2, vec![vec![2], vec![]]);
@@ -284,15 +290,15 @@ mod tests {
 
         let got = prefetch.take(1).expect("layer 1 was read ahead");
         for (head, group) in [(0, 0), (0, 1), (0, 4), (1, 5)] {
-            let page = got.staged.group(&got.buf, head, group, words).unwrap();
-            assert!(page.iter().all(|&w| w as usize == 100 + head * 10 + group), "layer 1 head {head} group {group}");
+            let page = got.staged.group(&got.buf, head, group, gb).unwrap();
+            assert!((0..gb / 2).all(|i| word(page, i) == 100 + head * 10 + group), "layer 1 head {head} group {group}");
         }
-        assert!(got.staged.group(&got.buf, 0, 2, words).is_none() && got.staged.group(&got.buf, 1, 0, words).is_none());
+        assert!(got.staged.group(&got.buf, 0, 2, gb).is_none() && got.staged.group(&got.buf, 1, 0, gb).is_none());
         // The dense index finds the same groups, and none that were not read.
         for head in 0..3 {
-            let pages = got.staged.head_pages(&got.buf, head, words);
+            let pages = got.staged.head_pages(&got.buf, head, gb);
             for group in 0..8 {
-                assert_eq!(pages.get(group), got.staged.group(&got.buf, head, group, words), "head {head} group {group}");
+                assert_eq!(pages.get(group), got.staged.group(&got.buf, head, group, gb), "head {head} group {group}");
             }
         }
         prefetch.recycle(got.buf);
@@ -305,14 +311,14 @@ mod tests {
         prefetch.issue(&cold, 0, vec![vec![3], vec![3]]);
         prefetch.issue(&cold, 2, vec![vec![3], vec![]]);
         let got = prefetch.take(2).expect("layer 2 was read ahead");
-        assert_eq!(got.staged.group(&got.buf, 0, 3, words).unwrap()[0], 203);
+        assert_eq!(word(got.staged.group(&got.buf, 0, 3, gb).unwrap(), 0), 203);
         assert!(!prefetch.is_issued(0));
 
         // The same reads at the layer's turn.
         let mut buf = AlignedBuf::zeroed(0);
         let staged = read_heads(&cold, 2, vec![vec![1, 2], vec![0]], &mut buf).unwrap();
-        assert_eq!(staged.group(&buf, 1, 0, words).unwrap()[0] as usize, 210);
-        assert_eq!(staged.group(&buf, 0, 2, words).unwrap()[GROUP_TOKENS] as usize, 202);
+        assert_eq!(word(staged.group(&buf, 1, 0, gb).unwrap(), 0), 210);
+        assert_eq!(word(staged.group(&buf, 0, 2, gb).unwrap(), GROUP_TOKENS), 202);
         drop(cold);
         let _ = std::fs::remove_dir_all(&dir);
     }
