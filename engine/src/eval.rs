@@ -163,8 +163,8 @@ impl<W: SelectionWatch> KvStore for Watched<W> {
         self.inner.heads_per_gather(selection)
     }
 
-    fn span_tokens(&self, selection: &Selection) -> Option<usize> {
-        self.inner.span_tokens(selection)
+    fn span_tokens(&self) -> Option<usize> {
+        self.inner.span_tokens()
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {

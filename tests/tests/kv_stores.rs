@@ -356,7 +356,7 @@ struct InSpans {
 
 impl KvStore for InSpans {
     forward_to_inner!();
-    fn span_tokens(&self, _selection: &Selection) -> Option<usize> {
+    fn span_tokens(&self) -> Option<usize> {
         Some(self.span)
     }
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> hillside_engine::error::Result<hillside_engine::kv::KvView<'_>> {

@@ -224,7 +224,7 @@ pub trait KvStore: Send {
     /// the model then gathers [`Selection::Span`]s of this many positions in turn and merges
     /// their attentions by their softmax statistics, so that the view never holds a long
     /// cache whole. `None` (the default): the whole cache at once.
-    fn span_tokens(&self, _selection: &Selection) -> Option<usize> {
+    fn span_tokens(&self) -> Option<usize> {
         None
     }
 

@@ -223,7 +223,7 @@ impl Model {
         out: &mut [f32],
     ) -> Result<()> {
         let c = &self.config;
-        let span = kv.span_tokens(selection).filter(|_| *selection == Selection::All);
+        let span = kv.span_tokens().filter(|_| *selection == Selection::All);
         let cached = q_positions.iter().max().map_or(0, |&p| p + 1);
         if heads.len() == c.n_kv_heads && span.is_none_or(|span| span >= cached) {
             let view = kv.gather(layer, selection, heads)?;

@@ -534,7 +534,7 @@ impl KvStore for TieredKvStore {
         }
     }
 
-    fn span_tokens(&self, _selection: &Selection) -> Option<usize> {
+    fn span_tokens(&self) -> Option<usize> {
         // The view and the read staging then hold a span of one head, not the whole head
         // (1 MB each instead of 8.4 at 32K tokens of a 64-dimension head).
         self.spare.is_none().then_some(SPAN_TOKENS)
