@@ -1,6 +1,7 @@
-//! How the cold pool keeps a group's K and V on disk. Readers and writers always see a group
-//! as f16 rows (K then V, as [`super::cold::ColdPool::buffer`] lays them out); a q8 pool
-//! encodes them on the way to the disk and decodes them on the way back.
+//! How the cold pool keeps a group's K and V on disk. Writers hand it f16 rows (K then V, as
+//! [`super::cold::ColdPool::buffer`] lays them out), which a q8 pool encodes on the way to the
+//! disk; readers get them back as f16 rows, or staged as kept and decoded a row at a time
+//! ([`ColdType::decode_row`]).
 //!
 //! `q8` ([`crate::kernels::kv_q8`]) keeps a byte per value, with K's scales per channel and
 //! V's per token: a group of 16 tokens of a 64-dimension head takes 2,048 bytes of values and
