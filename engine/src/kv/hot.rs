@@ -6,7 +6,7 @@
 //! this token hot?" from a bitmap of every token it has seen: the tiered store asks that of
 //! every candidate of every lane each step, and reads slots only for the rows it selected. A
 //! dense slot table (four bytes per token and lane) would cost more than the map wherever
-//! fewer than about a third of a lane's tokens are hot, which is the tiered store's case at
+//! fewer than about 30% of a lane's tokens are hot, which is the tiered store's case at
 //! long contexts (6 MB against 3 at 32K on Qwen2.5-0.5B).
 
 use super::slab::RowSlab;
