@@ -575,7 +575,7 @@ pub enum Staging {
     /// As f16 rows (K then V), [`ColdLayout::group_bytes`] each: decoded, for a q8 pool.
     F16,
     /// As the file keeps it, [`ColdLayout::disk_group_bytes`] each: checked, not decoded (see
-    /// [`super::cold_format::decode_row`]). A q8 pool's reads then take five-eighths of the
+    /// [`ColdType::decode_row`]). A q8 pool's reads then take five-eighths of the
     /// memory.
     AsKept,
 }
