@@ -1007,6 +1007,9 @@ mod tests {
         other.sync_all().unwrap();
         let err = pool.read_groups(1, 2, 30, 1, one.as_bytes_mut()).unwrap_err().to_string();
         assert!(err.contains("checksum") && err.contains("tokens 480..496"), "{err}");
+        // Staged as kept, too: nothing decodes it later, so the read itself must refuse it.
+        let err = pool.read_run(1, &mut GroupRun { head: 2, first: 29, count: 2, dst: kept.as_bytes_mut(), staging: Staging::AsKept }).unwrap_err();
+        assert!(err.to_string().contains("tokens 480..496"), "{err}");
     }
 
     #[test]
