@@ -22,7 +22,7 @@
 //! of the read pages stay; docs/BENCHMARKS.md).
 
 use super::super::cold::GROUP_TOKENS;
-use crate::kernels::ops::exp_approx;
+use crate::kernels::ops::exp_shifted;
 use crate::kernels::parallel::map_items;
 use crate::score::topk::ascending;
 
@@ -113,16 +113,17 @@ pub(super) fn whole_pages(
     // tokens per head and layer: no sort, and a fast exp). Summed in fixed point, every token
     // at least one unit, so that the sums, and the pages' order, do not depend on the order the
     // pairs come in.
-    let votes: Vec<(usize, u64)> = ranked.iter().map(|&(s, t)| (page_of(t), ((exp_approx(scale * (s - best)) * VOTE_UNIT) as u64).max(1))).collect();
-    let mut weights = vec![0u64; votes.iter().map(|v| v.0 + 1).max().unwrap_or(0)];
-    let mut pages: Vec<(usize, u64)> = Vec::new();
-    for &(page, weight) in &votes {
-        if weights[page] == 0 {
-            pages.push((page, 0));
+    let mut attention: Vec<f32> = ranked.iter().map(|r| scale * r.0).collect();
+    exp_shifted(&mut attention, scale * best);
+    let mut weights: Vec<u64> = Vec::new();
+    for (&(_, t), &a) in ranked.iter().zip(&attention) {
+        let page = page_of(t);
+        if page >= weights.len() {
+            weights.resize(page + 1 + page / 4, 0);
         }
-        weights[page] += weight;
+        weights[page] += ((a * VOTE_UNIT) as u64).max(1);
     }
-    pages.iter_mut().for_each(|p| p.1 = weights[p.0]);
+    let mut pages: Vec<(usize, u64)> = weights.iter().enumerate().filter(|w| *w.1 > 0).map(|(page, &w)| (page, w)).collect();
     pages.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut chosen: Vec<u32> = Vec::with_capacity(take + GROUP_TOKENS);
     for &(page, _) in &pages {
