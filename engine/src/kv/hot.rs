@@ -89,6 +89,10 @@ impl HotPool {
     }
 
     fn slot(&self, lane: usize, token: u32) -> Option<usize> {
+        // Most tokens a step asks about are cold: a bit test answers those without hashing.
+        if !self.contains(lane, token) {
+            return None;
+        }
         self.lanes[lane].slot_of.get(&token).map(|&s| s as usize)
     }
 
@@ -109,19 +113,19 @@ impl HotPool {
         Some(self.slots.row(self.slot(lane, token)?).split_at(self.row_words))
     }
 
-    /// Asks the CPU to start loading a hot token's rows: a step reads thousands of rows from
-    /// scattered slots, and each read otherwise waits out a cache miss of its own.
-    pub fn prefetch(&self, lane: usize, token: u32) {
+    /// [`HotPool::get`], with the CPU asked to start loading the rows: a step looks a run of
+    /// rows up first and copies them after, so that each copy finds its row on its way in
+    /// instead of waiting out a cache miss of its own.
+    pub fn get_prefetched(&self, lane: usize, token: u32) -> Option<(&[u16], &[u16])> {
+        let slot = self.slot(lane, token)?;
+        let row = self.slots.row(slot);
         #[cfg(target_arch = "x86_64")]
-        if let Some(slot) = self.slot(lane, token) {
+        for line in row.chunks(32) {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            for line in self.slots.row(slot).chunks(32) {
-                // SAFETY: a prefetch is a hint; it never faults, and the address is in bounds.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
-            }
+            // SAFETY: a prefetch is a hint; it never faults, and the address is in bounds.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (lane, token);
+        Some(row.split_at(self.row_words))
     }
 
     /// Stores (or overwrites) a token's rows.

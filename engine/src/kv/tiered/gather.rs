@@ -6,7 +6,7 @@ use super::promotion::rank_key;
 use super::reads::{read_heads, PendingRead, Staged};
 use crate::error::Result;
 use crate::kv::aligned::AlignedBuf;
-use super::{TieredKvStore, PREFETCH_ROWS_AHEAD};
+use super::TieredKvStore;
 use crate::kernels::attention::KV_TILE;
 use crate::kv::cold::GROUP_TOKENS;
 use crate::kv::view::{SlotRun, TileRows};
@@ -58,22 +58,21 @@ impl TieredKvStore {
             let lane = lane0 + head;
             let tokens = &tokens(head)[run.first_slot..][..run.len()];
             let (mut hot_hits, mut cold) = (0, Vec::new());
-            let first_slot = run.first_slot;
-            run.fill(|i| {
-                let t = tokens[i];
-                if let Some(&ahead) = tokens.get(i + PREFETCH_ROWS_AHEAD) {
-                    hot.prefetch(lane, ahead);
-                }
-                if t as usize >= window.cold_end() {
-                    return Some((window.row(layer, head, t as usize, false), window.row(layer, head, t as usize, true)));
-                }
-                let rows = hot.get(lane, t);
-                match rows {
-                    Some(_) => hot_hits += 1,
-                    None => cold.push(ColdRow { slot: (first_slot + i) as u32, head: head as u32, token: t }),
-                }
-                rows
-            });
+            // The run's rows are looked up (and their loads started) before any is copied.
+            let mut rows = [None; RUN_SLOTS];
+            for (i, (&t, rows)) in tokens.iter().zip(&mut rows).enumerate() {
+                *rows = if t as usize >= window.cold_end() {
+                    Some((window.row(layer, head, t as usize, false), window.row(layer, head, t as usize, true)))
+                } else {
+                    let hot_rows = hot.get_prefetched(lane, t);
+                    match hot_rows {
+                        Some(_) => hot_hits += 1,
+                        None => cold.push(ColdRow { slot: (run.first_slot + i) as u32, head: head as u32, token: t }),
+                    }
+                    hot_rows
+                };
+            }
+            run.fill(|i| rows[i]);
             (hot_hits, cold)
         });
         if decode {

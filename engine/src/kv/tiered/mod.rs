@@ -729,9 +729,6 @@ const FALLBACK: &str = "the storage evaluator scores the cold pool instead";
 /// spans did not change the prompt's or the decode steps' speed; docs/BENCHMARKS.md).
 const SPAN_TOKENS: usize = 4096;
 
-/// How far ahead of the row being copied into the view the next hot rows are prefetched.
-const PREFETCH_ROWS_AHEAD: usize = 8;
-
 /// Layers whose likely cold groups are read ahead of their turn.
 const READ_AHEAD_LAYERS: usize = 1;
 
