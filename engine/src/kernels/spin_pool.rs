@@ -148,8 +148,16 @@ impl Pool {
         }
         take_tasks(shared, generation);
         // `take_tasks` catches panics, so every claimed task counts itself done.
+        // Waiting for the workers' last tasks, the caller yields its core between polls too: a
+        // worker the OS took off its core mid-task (for an I/O thread, on 2 cores) then gets
+        // this one back sooner (tiered 8K: 14.5 → 16.0 tok/s; the full cache unchanged).
+        let mut polls = 0u32;
         while shared.done.load(SeqCst) < tasks {
-            std::hint::spin_loop();
+            polls += 1;
+            match polls.is_multiple_of(64) {
+                true => std::thread::yield_now(),
+                false => std::hint::spin_loop(),
+            }
         }
         drop(guard);
         if let Some(payload) = shared.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
