@@ -89,8 +89,8 @@ impl DeviceQuery {
     /// scoring copy.
     pub fn score(&self, keys: &ScoringKeys, tokens: &[u32], out: &mut [f32]) {
         keys.score_int(&self.rows, tokens, out);
-        for (h, head) in out.chunks_exact_mut(tokens.len().max(1)).enumerate().take(self.n_heads()) {
-            head.iter_mut().for_each(|s| *s = self.rescale(h, *s));
+        for (head, &scale) in out.chunks_exact_mut(tokens.len().max(1)).zip(&self.scales) {
+            head.iter_mut().for_each(|s| *s *= scale); // `rescale`, as one loop that vectorizes
         }
     }
 
