@@ -57,7 +57,7 @@ impl TieredKvStore {
             let head = first_head + run.head;
             let lane = lane0 + head;
             let tokens = &tokens(head)[run.first_slot..][..run.len()];
-            let (mut hot_hits, mut cold) = (0, Vec::new());
+            let (mut hot_hits, mut cold) = (0, Vec::with_capacity(tokens.len()));
             // The run's rows are looked up (and their loads started) before any is copied.
             let mut rows = [None; RUN_SLOTS];
             for (i, (&t, rows)) in tokens.iter().zip(&mut rows).enumerate() {
