@@ -335,9 +335,9 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
         reference.perplexity(), sparse.perplexity(), 100.0 * (ppl_ratio - 1.0), 100.0 * agree, stats.cold_bytes_read / 1_000_000);
     assert_eq!(checked, 256);
     assert!(tier.cold_hits > 0 && tier.promotions > 0 && tier.demotions > 0, "all tiers in play: {tier:?}");
-    // Each layer's cold groups were read ahead from the groups its last two selections both
-    // needed, nearly all rightly (87.5% here; 84.2% reading ahead all the last step needed).
-    assert!(tier.read_ahead_used > 0 && tier.read_ahead_used * 100 > tier.read_ahead_groups * 86, "read-ahead: {tier:?}");
+    // Each layer's cold groups were read ahead from the groups its last selection needed, most
+    // of them rightly (84.2% here; 87.5% reading ahead only what the last two both needed).
+    assert!(tier.read_ahead_used > 0 && tier.read_ahead_used * 100 > tier.read_ahead_groups * 80, "read-ahead: {tier:?}");
     // Measured here (α 0.2, INT4 keys, per-KV-head selection, 2K context): +0.55% perplexity,
     // 94% top-1 agreement. These bounds guard against regressions; `hillside eval` tracks the targets.
     assert!(ppl_ratio < 1.02, "tiered perplexity {:+.2}% above full", 100.0 * (ppl_ratio - 1.0));

@@ -121,9 +121,9 @@ pub struct TieredKvStore {
     unpinned_end: usize,
     view: ViewBuffers,
     positions: Vec<u32>,
-    /// `[layer]`: what the layer selected in the last two steps, which predicts what it reads
-    /// next.
-    recent_selections: Vec<RecentSelections>,
+    /// `[layer]`: what the layer selected in the last decode step, which predicts what it
+    /// reads next.
+    last_selections: Vec<Option<Selection>>,
     prefetch: Prefetcher,
     /// Two bits per cold-pool group, for counting the groups a selection touches and reads.
     group_bits: Vec<u64>,
@@ -170,7 +170,7 @@ impl TieredKvStore {
             unpinned_end: 0,
             view: ViewBuffers::new(shape.head_dim),
             positions: Vec::new(),
-            recent_selections: vec![RecentSelections::default(); shape.n_layers],
+            last_selections: vec![None; shape.n_layers],
             prefetch: Prefetcher::default(),
             group_bits: Vec::new(),
             decode_steps: 0,
@@ -275,21 +275,17 @@ impl TieredKvStore {
     }
 
     /// Starts reading, for the next [`READ_AHEAD_LAYERS`] layers after `layer`, the still-cold
-    /// groups that both of their last two selections needed (the last one's alone after a
-    /// single step), so the reads run while this layer computes. Groups only the last step
-    /// needed are as often the margin of the top α moving on as what comes back, and a group
-    /// read ahead for nothing costs a read like any other; those the layer does select are read
-    /// at its turn.
+    /// groups that their last selection needed, so the reads run while this layer computes;
+    /// those the layer selects that were not read ahead are read at its turn. (Reading ahead
+    /// only what the last two selections both needed read 8% fewer bytes at 8K, but left more
+    /// requests for the step to wait on: 10% slower at 8K and at 32K; docs/BENCHMARKS.md.)
     fn read_ahead(&mut self, layer: usize) {
         for next in layer + 1..(layer + 1 + READ_AHEAD_LAYERS).min(self.shape.n_layers) {
             if self.is_dense(next) || self.prefetch.is_issued(next) {
                 continue;
             }
-            let RecentSelections { last: Some(last), before } = &self.recent_selections[next] else { continue };
-            let mut groups = self.cold_groups(next, |head| last.head(head).unwrap_or(&[]));
-            if let Some(before) = before {
-                keep_common(&mut groups, &self.cold_groups(next, |head| before.head(head).unwrap_or(&[])));
-            }
+            let Some(last) = &self.last_selections[next] else { continue };
+            let groups = self.cold_groups(next, |head| last.head(head).unwrap_or(&[]));
             let count: usize = groups.iter().map(Vec::len).sum();
             if count > 0 {
                 self.tier.read_ahead_groups += count as u64;
@@ -612,7 +608,7 @@ impl KvStore for TieredKvStore {
     fn observe(&mut self, layer: usize, selection: &Selection) {
         let n = self.backing.held(layer);
         if matches!(selection, Selection::Tokens { .. }) {
-            self.recent_selections[layer].push(selection.clone());
+            self.last_selections[layer] = Some(selection.clone());
             self.count_selected_groups(layer, selection);
         }
         for head in 0..self.shape.n_kv_heads {
@@ -664,7 +660,7 @@ impl KvStore for TieredKvStore {
 
     fn truncate(&mut self, n_tokens: usize) -> usize {
         self.prefetch.clear();
-        self.recent_selections.fill(RecentSelections::default());
+        self.last_selections.fill(None);
         self.candidates.reset();
         self.weakest.reset();
         let kept = self.backing.truncate(n_tokens);
@@ -806,26 +802,6 @@ fn joined(chosen: Vec<Vec<u32>>, riders: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// A layer's selections in the last two decode steps.
-#[derive(Clone, Default)]
-struct RecentSelections {
-    last: Option<Selection>,
-    before: Option<Selection>,
-}
-
-impl RecentSelections {
-    fn push(&mut self, selection: Selection) {
-        self.before = self.last.replace(selection);
-    }
-}
-
-/// Keeps in each head's `groups` those that head's `others` hold too (both ascending).
-fn keep_common(groups: &mut [Vec<usize>], others: &[Vec<usize>]) {
-    for (g, o) in groups.iter_mut().zip(others) {
-        g.retain(|x| o.binary_search(x).is_ok());
-    }
-}
-
 /// The groups marked in `marked` (bit `g % 64` of word `g / 64`), ascending, with every gap
 /// of at most `max_gap` groups between two of them filled in.
 fn bridged_groups(marked: &[u64], max_gap: usize) -> Vec<usize> {
@@ -958,17 +934,6 @@ mod tests {
         let mut all = [1.0, -1.0];
         keep_largest_dims(&mut all, 8);
         assert_eq!(all, [1.0, -1.0]);
-    }
-
-    #[test]
-    fn read_ahead_keeps_the_groups_both_steps_needed_head_by_head() {
-        let mut groups = vec![vec![1, 2, 5, 9], vec![4, 6], vec![]];
-        keep_common(&mut groups, &[vec![2, 3, 9], vec![], vec![7]]);
-        assert_eq!(groups, vec![vec![2, 9], vec![], vec![]]);
-        let mut selections = RecentSelections::default();
-        selections.push(Selection::shared(&[1], 1));
-        selections.push(Selection::shared(&[2], 1));
-        assert_eq!((selections.before.unwrap().head(0), selections.last.unwrap().head(0)), (Some(&[1u32][..]), Some(&[2u32][..])));
     }
 
     #[test]
