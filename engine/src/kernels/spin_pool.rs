@@ -147,10 +147,10 @@ impl Pool {
             shared.wake.notify_all();
         }
         take_tasks(shared, generation);
-        // `take_tasks` catches panics, so every claimed task counts itself done.
-        // Waiting for the workers' last tasks, the caller yields its core between polls too: a
-        // worker the OS took off its core mid-task (for an I/O thread, on 2 cores) then gets
-        // this one back sooner (tiered 8K: 14.5 → 16.0 tok/s; the full cache unchanged).
+        // `take_tasks` catches panics, so every claimed task counts itself done. Waiting for the
+        // workers' last tasks, the caller yields its core between polls too: a worker the OS
+        // took off its core mid-task (for an I/O thread, on 2 cores) then gets this one back
+        // sooner (tiered 8K: 14.5 → 16.0 tok/s; the full cache unchanged).
         let mut polls = 0u32;
         while shared.done.load(SeqCst) < tasks {
             polls += 1;
