@@ -4,23 +4,27 @@
 
 import { expect, test, type Page } from "@playwright/test";
 import { execFileSync } from "node:child_process";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { folders, Server } from "./server";
+import { folders, Server, type Folders } from "./server";
 
 const GPL = fileURLToPath(new URL("../../../shared/data/gpl-3.0.txt", import.meta.url));
 
 test.describe.configure({ mode: "serial" });
 
-const f = folders();
+// Made in `beforeAll`, not when the file loads: Playwright loads it more than once.
+let f: Folders;
 let server: Server;
 
 test.beforeAll(async () => {
+  f = folders();
   server = await Server.start(f);
 });
 test.afterAll(async () => {
   await server?.stop();
+  // The server's data folder holds the conversations' saved K/V (~170 MB).
+  if (f) rmSync(f.root, { recursive: true, force: true });
 });
 
 async function send(page: Page, text: string) {
