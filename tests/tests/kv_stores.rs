@@ -42,8 +42,8 @@ macro_rules! forward_to_inner {
     };
 }
 
-fn cold_dir(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("hillside-kv-test-{name}-{}", std::process::id()))
+fn cold_dir(name: &str) -> common::Scratch {
+    common::Scratch::new(&format!("kv-test-{name}"))
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn offload_store_reproduces_the_full_cache_exactly_and_cleans_up() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[..30_000]).unwrap()[..600];
     let dir = cold_dir("offload");
-    let offload = KvConfig { store: StoreKind::Offload, cold_dir: dir.clone(), ..KvConfig::default() };
+    let offload = KvConfig { store: StoreKind::Offload, cold_dir: dir.to_path_buf(), ..KvConfig::default() };
 
     let mut full = engine.new_sequence(Some(1024));
     let mut cold = engine.new_sequence_with(&offload, Some(1024)).unwrap();
@@ -89,8 +89,8 @@ fn a_cold_pool_over_two_directories_gives_the_logits_of_one() {
     let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..700];
     let (one, a, b) = (cold_dir("one-dir"), cold_dir("two-dirs-a"), cold_dir("two-dirs-b"));
     for store in [StoreKind::Tiered, StoreKind::Offload] {
-        let single = KvConfig { store, cold_dir: one.clone(), spare_copy: false, ..KvConfig::default() };
-        let split = KvConfig { cold_dir: a.clone(), extra_cold_dirs: vec![b.clone()], ..single.clone() };
+        let single = KvConfig { store, cold_dir: one.to_path_buf(), spare_copy: false, ..KvConfig::default() };
+        let split = KvConfig { cold_dir: a.to_path_buf(), extra_cold_dirs: vec![b.to_path_buf()], ..single.clone() };
         let mut seq_one = engine.new_sequence_with(&single, Some(1024)).unwrap();
         let mut seq_two = engine.new_sequence_with(&split, Some(1024)).unwrap();
         assert_eq!((common::cold_files(&a), common::cold_files(&b)), (1, 1), "a file in each directory");
@@ -118,7 +118,7 @@ fn a_q8_cold_pool_reads_five_eighths_of_the_bytes_and_stays_close_to_full() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[60_000..90_000]).unwrap()[..640];
     let dir = cold_dir("q8");
-    let offload = |cold_type| KvConfig { store: StoreKind::Offload, cold_dir: dir.clone(), cold_type, ..KvConfig::default() };
+    let offload = |cold_type| KvConfig { store: StoreKind::Offload, cold_dir: dir.to_path_buf(), cold_type, ..KvConfig::default() };
     let mut full = engine.new_sequence(Some(1024));
     let reference = teacher_forced(&engine, &mut full, tokens, 512, 256, |_| {}).unwrap();
     let mut read = Vec::new();
@@ -143,7 +143,7 @@ fn a_q8_cold_pool_reads_five_eighths_of_the_bytes_and_stays_close_to_full() {
     // copies. Its selections come from the scoring keys, not the pool, so both types read
     // nearly the same groups (q8's rounding moves later queries a little); what differs is
     // the rounding of the rows read and of those promoted.
-    let tiered = |cold_type| KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), cold_type, spare_copy: false, ..KvConfig::default() };
+    let tiered = |cold_type| KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), cold_type, spare_copy: false, ..KvConfig::default() };
     let mut runs = Vec::new();
     for cold_type in [ColdType::F16, ColdType::Q8] {
         let mut seq = engine.new_sequence_with(&tiered(cold_type), Some(1024)).unwrap();
@@ -168,7 +168,7 @@ fn a_q8_cold_pool_reads_five_eighths_of_the_bytes_and_stays_close_to_full() {
 fn offload_store_reuses_and_truncates_prefixes_like_the_full_cache() {
     let engine = Engine::load(&common::model_path()).unwrap();
     let dir = cold_dir("reuse");
-    let offload = KvConfig { store: StoreKind::Offload, cold_dir: dir.clone(), ..KvConfig::default() };
+    let offload = KvConfig { store: StoreKind::Offload, cold_dir: dir.to_path_buf(), ..KvConfig::default() };
     let params = GenerateParams { max_tokens: 24, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
     let run = |seq: &mut hillside_engine::Sequence, question: &str| {
         let prompt = engine.chat_prompt(&[ChatMessage::new("user", question)]).unwrap();
@@ -250,7 +250,7 @@ fn near_storage_attention_is_exact_and_hands_up_only_partials() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[90_000..120_000]).unwrap()[..700];
     let dir = cold_dir("near-storage");
-    let config = |store| KvConfig { store, cold_dir: dir.clone(), ..KvConfig::default() };
+    let config = |store| KvConfig { store, cold_dir: dir.to_path_buf(), ..KvConfig::default() };
     let shape = engine.model().kv_shape(1024);
     let seen = std::sync::Arc::default();
     let near = CheckedAttention { inner: config(StoreKind::NearStorage).build(shape, None).unwrap(), seen: std::sync::Arc::clone(&seen) };
@@ -290,7 +290,7 @@ fn with_memory_to_spare_the_tiered_store_attends_through_a_dense_copy_exactly_as
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[30_000..60_000]).unwrap()[..700];
     let dir = cold_dir("spare");
-    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), ..KvConfig::default() };
+    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), ..KvConfig::default() };
     let mut full = engine.new_sequence(Some(1024));
     let mut spare = engine.new_sequence_with(&tiered, Some(1024)).unwrap();
     for step in std::iter::once(&tokens[..600]).chain(tokens[600..].chunks(1)) {
@@ -315,7 +315,7 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[50_000..90_000]).unwrap()[..1536];
     let dir = cold_dir("tiered");
-    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), spare_copy: false, ..KvConfig::default() };
+    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
 
     let mut full = engine.new_sequence(Some(2048));
     let reference = teacher_forced(&engine, &mut full, tokens, 1280, 256, |_| {}).unwrap();
@@ -376,7 +376,7 @@ fn a_tiered_store_attends_to_a_long_cache_in_spans_as_to_one_view() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..664];
     let dir = cold_dir("spans");
-    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), spare_copy: false, ..KvConfig::default() };
+    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
     let shape = engine.model().kv_shape(1024);
     let mut whole = engine.new_sequence_with(&tiered, Some(1024)).unwrap();
     let gathered = std::sync::Arc::default();
@@ -453,7 +453,7 @@ fn page_wise_and_sparf_selections_stay_close_to_full_and_pages_read_only_their_b
     let alpha = 0.3;
     let run = |selector: SelectorKind| {
         let dir = cold_dir(&format!("selector-{selector}"));
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), alpha, selector, spare_copy: false, ..KvConfig::default() };
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), alpha, selector, spare_copy: false, ..KvConfig::default() };
         let mut seq = engine.new_sequence_with(&config, Some(2048)).unwrap();
         let result = teacher_forced(&engine, &mut seq, tokens, 1280, 256, |_| {}).unwrap();
         let stats = seq.kv.stats();
@@ -506,7 +506,7 @@ fn re_placing_the_cold_pool_by_hits_changes_no_logit() {
     let tokens = &engine.tokenizer().encode(&text[50_000..80_000]).unwrap()[..824];
     let run = |placement: PlacementKind| {
         let dir = cold_dir(&format!("placement-{placement}"));
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: Some(12_000_000), placement, spare_copy: false, ..KvConfig::default() };
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), hot_budget_bytes: Some(12_000_000), placement, spare_copy: false, ..KvConfig::default() };
         let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
         let mut logits = Vec::new();
         for chunk in tokens[..800].chunks(256) {
@@ -518,7 +518,6 @@ fn re_placing_the_cold_pool_by_hits_changes_no_logit() {
         }
         let stats = seq.kv.stats();
         drop(seq);
-        let _ = std::fs::remove_dir_all(dir);
         (steps, stats)
     };
     let (by_key, key_stats) = run(PlacementKind::Keys);
@@ -565,7 +564,7 @@ fn the_fidelity_guard_widens_selections_that_hold_too_little_attention() {
     let tokens = &engine.tokenizer().encode(&text[300_000..330_000]).unwrap()[..800];
     let dir = cold_dir("guard");
     let run = |guard_mass: f32| {
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), guard_mass, spare_copy: false, ..KvConfig::default() };
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), guard_mass, spare_copy: false, ..KvConfig::default() };
         let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
         teacher_forced(&engine, &mut seq, tokens, 768, 256, |_| {}).unwrap();
         seq.kv.stats().tier.unwrap()
@@ -576,7 +575,6 @@ fn the_fidelity_guard_widens_selections_that_hold_too_little_attention() {
     // No top α can hold all of a softmax's mass, so a threshold of 1 widens every check.
     assert!(always.guard_widened == always.guard_checks && always.guard_checks == never.guard_checks, "{always:?}");
     assert!(always.hot_hits + always.cold_hits > never.hot_hits + never.cold_hits, "widened selections attend to more rows");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -588,7 +586,7 @@ fn the_ideal_selector_captures_more_attention_than_the_scored_selection() {
     let dir = cold_dir("ideal");
     let mass = |ideal: bool| {
         let budget = ideal.then_some(1 << 40); // every row hot: the ideal picks any token
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: budget, spare_copy: false, ..KvConfig::default() };
+        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), hot_budget_bytes: budget, spare_copy: false, ..KvConfig::default() };
         let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
         if ideal {
             seq.kv = Box::new(IdealSelector::wrap(seq.kv, config.sink_tokens, config.recent_tokens));
@@ -604,7 +602,6 @@ fn the_ideal_selector_captures_more_attention_than_the_scored_selection() {
     assert_eq!((steps, ideal_steps), (132, 132), "every decode step is measured");
     // Same number of tokens per head, chosen by exact attention: more mass, short of all of it.
     assert!(ideal > scored && ideal < 1.0, "ideal {ideal} vs scored {scored}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -617,7 +614,7 @@ fn attention_on_a_candle_device_gives_the_cpu_kernels_logits() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &host.tokenizer().encode(&text[120_000..140_000]).unwrap()[..800];
     let dir = cold_dir("device");
-    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), spare_copy: false, ..KvConfig::default() };
+    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
     let mut a = host.new_sequence_with(&tiered, Some(1024)).unwrap();
     let mut b = device.new_sequence_with(&tiered, Some(1024)).unwrap();
     let (mut worst_kl, mut widest_flip) = (0f64, 0f32);

@@ -7,6 +7,7 @@ use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use common::rng::SplitMix64;
+use common::Scratch;
 use hillside_engine::model::{gguf, safetensors, Model};
 use hillside_engine::{Engine, Error, Logits};
 use std::collections::HashMap;
@@ -171,33 +172,11 @@ fn check_consistent(model: &Model) {
     assert!(matches!(model.forward(&tokens, &mut kv, Logits::Last), Err(Error::ContextOverflow { .. })));
 }
 
+/// A scratch folder, created (the model files these tests write are up to 48 MB a run).
 fn tempdir(name: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("hillside-test-{name}-{}", std::process::id()));
+    let dir = Scratch::new(&format!("test-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir)
-}
-
-/// A test's scratch folder, removed with what it holds when the test ends, passed or failed
-/// (the model files these tests write are up to 48 MB a run).
-struct Scratch(std::path::PathBuf);
-
-impl std::ops::Deref for Scratch {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl AsRef<Path> for Scratch {
-    fn as_ref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    dir
 }
 
 /// A 2-layer model's metadata: hidden 64, 4 heads of 16 over `kv_heads` KV heads, FFN 96.

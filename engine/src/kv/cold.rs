@@ -656,10 +656,26 @@ mod tests {
         ColdLayout::f16(2, 3, 64, 8)
     }
 
-    fn temp_dir(name: &str) -> PathBuf {
+    fn temp_dir(name: &str) -> TempDir {
         let dir = std::env::temp_dir().join(format!("hillside-cold-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        dir
+        TempDir(dir)
+    }
+
+    /// A test's directory, removed when the test ends (the pools remove their files, not it).
+    struct TempDir(PathBuf);
+
+    impl std::ops::Deref for TempDir {
+        type Target = PathBuf;
+        fn deref(&self) -> &PathBuf {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     fn filled(pool: &ColdPool, seed: u16) -> AlignedBuf {
@@ -709,7 +725,8 @@ mod tests {
 
     #[test]
     fn kv_heads_are_dealt_across_directories_and_each_file_holds_only_its_share() {
-        let dirs = [temp_dir("devices-a"), temp_dir("devices-b")];
+        let (a, b) = (temp_dir("devices-a"), temp_dir("devices-b"));
+        let dirs = [a.to_path_buf(), b.to_path_buf()];
         let pool = ColdPool::create_in(&dirs, layout(), 0).unwrap();
         let files: Vec<PathBuf> = pool.files.iter().map(|f| f.path.clone()).collect();
         // Heads 0 and 2 in the first directory, head 1 in the second: their regions only.

@@ -6,7 +6,7 @@ pub mod mha;
 pub mod rng;
 pub mod server;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The default model, fetched by `make test` (`python3 models/fetch.py`).
 pub fn model_path() -> PathBuf {
@@ -44,4 +44,34 @@ pub fn cold_files(dir: &std::path::Path) -> usize {
 pub fn shared_document(name: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data").join(name);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A test's scratch folder under the system's temporary directory (named for the test and this
+/// process), removed with what it holds when the guard drops: when the test ends, passed or
+/// failed. It is not created here; the code under test may create it.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        Self(std::env::temp_dir().join(format!("hillside-{name}-{}", std::process::id())))
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
