@@ -132,7 +132,7 @@ impl PendingRead {
 
     /// Waits for the read: what it staged (or its error), and the buffer back.
     pub fn wait(self) -> (Result<Staged>, AlignedBuf) {
-        self.0.recv().unwrap_or_else(|_| (Err(Error::Internal("a cold-pool read thread stopped".into())), AlignedBuf::zeroed(0)))
+        self.0.recv().unwrap_or_else(|_| (Err(Error::Internal("a cold-pool read panicked".into())), AlignedBuf::zeroed(0)))
     }
 }
 
