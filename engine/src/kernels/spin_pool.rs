@@ -5,7 +5,7 @@
 //! small model's step on a 2-core VM, measured. Here idle workers spin for a short while
 //! ([`SPIN`]) before they sleep, so within a step (and between close steps) a loop starts as
 //! soon as it is published; a pool left idle longer costs nothing. While they spin they yield
-//! their core between polls: the tiered store's I/O threads and storage worker need it during
+//! their core between polls: the tiered store's reader threads and storage worker need it during
 //! the host's serial work, and on 2 cores a worker that only spun kept it from them (cached
 //! tiered 8K, 20.5 → 25.5 tok/s).
 //!
@@ -149,7 +149,7 @@ impl Pool {
         take_tasks(shared, generation);
         // `take_tasks` catches panics, so every claimed task counts itself done. Waiting for the
         // workers' last tasks, the caller yields its core between polls too: a worker the OS
-        // took off its core mid-task (for an I/O thread, on 2 cores) then gets this one back
+        // took off its core mid-task (for a reader thread, on 2 cores) then gets this one back
         // sooner (tiered 8K: 14.5 → 16.0 tok/s; the full cache unchanged).
         let mut polls = 0u32;
         while shared.done.load(SeqCst) < tasks {

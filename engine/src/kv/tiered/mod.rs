@@ -553,7 +553,7 @@ impl KvStore for TieredKvStore {
         if let Selection::Tokens { .. } = selection {
             debug_assert_eq!(heads, 0..self.shape.n_kv_heads, "a decode step gathers every head at once");
             // A decode step: the cold groups the read-ahead is not already reading, every
-            // head's at once for more requests in flight, start at once on the I/O threads;
+            // head's at once for more requests in flight, start at once on a reader thread;
             // the resident rows are copied while both reads run, then each read's rows as it
             // lands. The next layer's read-ahead starts only once the reads land: sharing the
             // disk with it delays this layer's reads, which the step waits for (8K: 6.3 vs 5.3

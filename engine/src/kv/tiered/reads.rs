@@ -114,7 +114,7 @@ pub(super) struct PendingRead(mpsc::Receiver<(Result<Staged>, AlignedBuf)>);
 
 impl PendingRead {
     /// Starts reading each head's `groups` (ascending) of `layer` into `buf`, grown here if too
-    /// small: buffers allocated on the I/O threads would land in their own malloc arenas and
+    /// small: buffers allocated on the reader threads would land in their own malloc arenas and
     /// keep the process's memory up.
     pub fn start(cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>, mut buf: AlignedBuf) -> Self {
         let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().disk_group_bytes();
@@ -169,7 +169,7 @@ impl Prefetcher {
         self.in_flight.iter().find(|f| f.layer == layer).map(|f| &f.groups[..])
     }
 
-    /// Starts reading `groups` (per head, ascending) of `layer` on the I/O threads.
+    /// Starts reading `groups` (per head, ascending) of `layer` on a reader thread.
     pub fn issue(&mut self, cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>) {
         let buf = self.buffer(cold, &groups);
         let read = PendingRead::start(cold, layer, groups.clone(), buf);
