@@ -142,7 +142,7 @@ fn add(library: &Library, engine: &Engine, path: &Path, limits: &Limits) -> Resu
     let doc = read_file(path, limits)?;
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let tokens = engine.tokenizer().encode(&doc.text)?.len();
-    let entry = library.add(&doc, &bytes)?;
+    let entry = library.add(&doc, &bytes)?.entry;
     library.update(&entry.id, |e| e.tokens = Some(tokens))?;
     Ok((entry.id, doc))
 }
@@ -150,7 +150,7 @@ fn add(library: &Library, engine: &Engine, path: &Path, limits: &Limits) -> Resu
 pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
     let model_path = models::resolve(args.model.model())?;
     let (config, library, kv) = open(&args.documents, &model_path)?;
-    let limits = Limits { max_file_bytes: config.max_file_bytes };
+    let limits = Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() };
     let files = expand(&args.files)?;
     if files.is_empty() {
         bail!("no files to summarize");
@@ -271,7 +271,7 @@ pub fn ask(args: &AskArgs) -> Result<()> {
     let (config, library, kv) = open(&args.documents, &model_path)?;
     let engine = Arc::new(load_engine(&args.model)?);
     let (id, doc) = if Path::new(&args.document).exists() {
-        add(&library, &engine, Path::new(&args.document), &Limits { max_file_bytes: config.max_file_bytes })?
+        add(&library, &engine, Path::new(&args.document), &Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() })?
     } else {
         let (entry, doc) = library.document(&args.document)?.with_context(|| format!("{} is neither a file nor a document id (see `hillside docs list`)", args.document))?;
         (entry.id, doc)

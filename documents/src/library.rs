@@ -62,6 +62,14 @@ pub struct Library {
     db: Database,
 }
 
+/// What [`Library::add`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Added {
+    pub entry: Entry,
+    /// Whether the bytes were new (else the entry was there already).
+    pub created: bool,
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -87,33 +95,40 @@ impl Library {
     }
 
     /// Adds a document read from `bytes`, or finds the entry the same bytes already have (its
-    /// name and use time refreshed). Entry and text are written in one transaction.
-    pub fn add(&self, doc: &Document, bytes: &[u8]) -> Result<Entry, LibraryError> {
+    /// name and use time refreshed). The entry is read, and entry and text are written, in one
+    /// transaction: a summary stored meanwhile by another request is kept, not overwritten.
+    pub fn add(&self, doc: &Document, bytes: &[u8]) -> Result<Added, LibraryError> {
         let sha256 = sha256_hex(bytes);
         let id = sha256[..16].to_string();
         let now = now_s();
-        let entry = match self.get(&id)? {
-            Some(known) => Entry { name: doc.name.clone(), used_s: now, ..known },
-            None => Entry {
-                id: id.clone(),
-                name: doc.name.clone(),
-                size_bytes: bytes.len() as u64,
-                format: doc.format,
-                sha256,
-                tokens: None,
-                parts: doc.parts.clone(),
-                summary: None,
-                created_s: now,
-                used_s: now,
-            },
-        };
         let txn = self.db.begin_write().map_err(err)?;
-        {
-            txn.open_table(ENTRIES).map_err(err)?.insert(id.as_str(), serde_json::to_vec(&entry).map_err(err)?.as_slice()).map_err(err)?;
-            txn.open_table(TEXTS).map_err(err)?.insert(id.as_str(), doc.text.as_str()).map_err(err)?;
-        }
+        let added = {
+            let mut entries = txn.open_table(ENTRIES).map_err(err)?;
+            let known = entries.get(id.as_str()).map_err(err)?.map(|v| serde_json::from_slice::<Entry>(v.value())).transpose().map_err(err)?;
+            let created = known.is_none();
+            let entry = match known {
+                Some(known) => Entry { name: doc.name.clone(), used_s: now, ..known },
+                None => Entry {
+                    id: id.clone(),
+                    name: doc.name.clone(),
+                    size_bytes: bytes.len() as u64,
+                    format: doc.format,
+                    sha256,
+                    tokens: None,
+                    parts: doc.parts.clone(),
+                    summary: None,
+                    created_s: now,
+                    used_s: now,
+                },
+            };
+            entries.insert(id.as_str(), serde_json::to_vec(&entry).map_err(err)?.as_slice()).map_err(err)?;
+            if created {
+                txn.open_table(TEXTS).map_err(err)?.insert(id.as_str(), doc.text.as_str()).map_err(err)?;
+            }
+            Added { entry, created }
+        };
         txn.commit().map_err(err)?;
-        Ok(entry)
+        Ok(added)
     }
 
     /// The id the document read from `bytes` has (or would have) here.

@@ -1,8 +1,11 @@
 //! Every format read from files built here (no documents written by others are committed),
 //! and every way a file can be refused.
 
+mod common;
+
+use common::{docx, docx_xml, epub, epub_chapters, nested_html, pdf, zip};
+use hillside_documents::ingest::Bound;
 use hillside_documents::{read_bytes, read_file, Format, IngestError, Limits, Locator};
-use std::io::Write;
 use std::path::PathBuf;
 
 fn read(name: &str, bytes: &[u8]) -> Result<hillside_documents::Document, IngestError> {
@@ -13,85 +16,6 @@ fn read(name: &str, bytes: &[u8]) -> Result<hillside_documents::Document, Ingest
 fn part_text<'a>(doc: &'a hillside_documents::Document, locator: &Locator) -> &'a str {
     let part = doc.parts.iter().find(|p| &p.locator == locator).unwrap_or_else(|| panic!("no part {locator:?} in {:?}", doc.parts));
     &doc.text[part.bytes.clone()]
-}
-
-/// A PDF whose pages show these lines of text (Helvetica), written object by object with a
-/// correct cross-reference table.
-fn pdf(pages: &[&[&str]]) -> Vec<u8> {
-    let n = pages.len();
-    // Objects: 1 catalog, 2 page tree, 3 font, then a page and its content stream per page.
-    let mut objects: Vec<String> = vec![
-        "<< /Type /Catalog /Pages 2 0 R >>".into(),
-        format!("<< /Type /Pages /Kids [{}] /Count {n} >>", (0..n).map(|i| format!("{} 0 R", 4 + 2 * i)).collect::<Vec<_>>().join(" ")),
-        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".into(),
-    ];
-    for (i, lines) in pages.iter().enumerate() {
-        let mut content = String::from("BT /F1 12 Tf 72 720 Td 14 TL\n");
-        for line in *lines {
-            content.push_str(&format!("({}) Tj T*\n", line.replace('(', "\\(").replace(')', "\\)")));
-        }
-        content.push_str("ET");
-        objects.push(format!("<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents {} 0 R >>", 5 + 2 * i));
-        objects.push(format!("<< /Length {} >>\nstream\n{content}\nendstream", content.len()));
-    }
-    let mut out = b"%PDF-1.4\n".to_vec();
-    let mut offsets = Vec::new();
-    for (i, body) in objects.iter().enumerate() {
-        offsets.push(out.len());
-        write!(out, "{} 0 obj\n{body}\nendobj\n", i + 1).unwrap();
-    }
-    let xref = out.len();
-    write!(out, "xref\n0 {}\n0000000000 65535 f \n", objects.len() + 1).unwrap();
-    for o in offsets {
-        write!(out, "{o:010} 00000 n \n").unwrap();
-    }
-    write!(out, "trailer\n<< /Size {} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", objects.len() + 1).unwrap();
-    out
-}
-
-/// A ZIP archive of these (path, contents) entries.
-fn zip(entries: &[(&str, &str)]) -> Vec<u8> {
-    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-    for (path, contents) in entries {
-        let stored = *path == "mimetype"; // EPUB's first entry is stored, uncompressed
-        let method = if stored { zip::CompressionMethod::Stored } else { zip::CompressionMethod::Deflated };
-        writer.start_file(*path, zip::write::SimpleFileOptions::default().compression_method(method)).unwrap();
-        writer.write_all(contents.as_bytes()).unwrap();
-    }
-    writer.finish().unwrap().into_inner()
-}
-
-fn docx() -> Vec<u8> {
-    let paragraph = |style: Option<&str>, text: &str| {
-        let style = style.map_or(String::new(), |s| format!("<w:pPr><w:pStyle w:val=\"{s}\"/></w:pPr>"));
-        format!("<w:p>{style}<w:r><w:t xml:space=\"preserve\">{text}</w:t></w:r></w:p>")
-    };
-    let body = [
-        paragraph(Some("Title"), "Tenancy &amp; Terms"),
-        paragraph(None, "The tenant pays rent monthly."),
-        paragraph(Some("Heading1"), "Deposits"),
-        paragraph(None, "A deposit of two months is held."),
-    ]
-    .concat();
-    let document = format!("<?xml version=\"1.0\"?><w:document xmlns:w=\"http://schemas.openxmlformats.org/wordprocessingml/2006/main\"><w:body>{body}</w:body></w:document>");
-    zip(&[("[Content_Types].xml", "<?xml version=\"1.0\"?><Types/>"), ("word/document.xml", &document)])
-}
-
-fn epub() -> Vec<u8> {
-    let chapter = |title: &str, body: &str| format!("<?xml version=\"1.0\"?><html xmlns=\"http://www.w3.org/1999/xhtml\"><head><title>{title}</title></head><body><h1>{title}</h1><p>{body}</p></body></html>");
-    let container = "<?xml version=\"1.0\"?><container version=\"1.0\" xmlns=\"urn:oasis:names:tc:opendocument:xmlns:container\"><rootfiles><rootfile full-path=\"OEBPS/content.opf\" media-type=\"application/oebps-package+xml\"/></rootfiles></container>";
-    // The manifest lists chapter two first; the spine reads chapter one first.
-    let opf = "<?xml version=\"1.0\"?><package xmlns=\"http://www.idpf.org/2007/opf\" version=\"3.0\"><manifest>\
-        <item id=\"c2\" href=\"text/chapter%202.xhtml\" media-type=\"application/xhtml+xml\"/>\
-        <item id=\"c1\" href=\"text/one.xhtml\" media-type=\"application/xhtml+xml\"/></manifest>\
-        <spine><itemref idref=\"c1\"/><itemref idref=\"c2\"/></spine></package>";
-    zip(&[
-        ("mimetype", "application/epub+zip"),
-        ("META-INF/container.xml", container),
-        ("OEBPS/content.opf", opf),
-        ("OEBPS/text/one.xhtml", &chapter("The Harbour", "Ships came in at dawn.")),
-        ("OEBPS/text/chapter 2.xhtml", &chapter("The Storm", "By noon the sky was black.")),
-    ])
 }
 
 #[test]
@@ -152,7 +76,7 @@ fn refused_files_say_why() {
     assert!(matches!(err("blank.txt", b" \n\n\t"), IngestError::Empty { .. }));
     let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01";
     assert!(matches!(err("photo.txt", png), IngestError::Unsupported { what, .. } if what == "an image"));
-    let big = read_bytes("big.txt", &vec![b'a'; 2_000_000], &Limits { max_file_bytes: 1_000_000 }).unwrap_err();
+    let big = read_bytes("big.txt", &vec![b'a'; 2_000_000], &Limits { max_file_bytes: 1_000_000, ..Limits::default() }).unwrap_err();
     assert_eq!(big.to_string(), "big.txt is 2.0 MB, over the limit of 1.0 MB for a document");
     // Pages with no text: a scan.
     let scanned = err("scan.pdf", &pdf(&[&[], &[], &[]]));
@@ -181,4 +105,58 @@ fn refused_files_say_why() {
     let docx = docx();
     assert!(matches!(err("cut.docx", &docx[..docx.len() / 2]), IngestError::Damaged { .. }));
     assert!(matches!(err("photos.zip", &zip(&[("a.jpg", "jpeg")])), IngestError::Unsupported { .. }));
+}
+
+fn over_limit(e: IngestError) -> (Bound, String) {
+    match e {
+        IngestError::OverLimit { bound, .. } => (bound, e.to_string()),
+        other => panic!("expected a bound, got: {other}"),
+    }
+}
+
+#[test]
+fn archives_are_read_within_their_budget() {
+    let small = Limits { max_unpacked_bytes: 1_000_000, max_archive_entries: 8, ..Limits::default() };
+    // Two megabytes of paragraphs compress to a few kilobytes.
+    let paragraphs = "<w:p><w:r><w:t>All work and no play.</w:t></w:r></w:p>".repeat(40_000);
+    let doc = format!("<?xml version=\"1.0\"?><w:document xmlns:w=\"http://schemas.openxmlformats.org/wordprocessingml/2006/main\"><w:body>{paragraphs}</w:body></w:document>");
+    let bomb = docx_xml(&doc);
+    assert!(bomb.len() < 100_000, "{}", bomb.len());
+    let (bound, message) = over_limit(read_bytes("bomb.docx", &bomb, &small).unwrap_err());
+    assert_eq!(bound, Bound::UnpackedBytes);
+    assert!(message.contains("unpacks to more than 1.0 MB") && message.contains("word/document.xml"), "{message}");
+    assert!(read_bytes("bomb.docx", &bomb, &Limits::default()).is_ok(), "within the default budget");
+    // The budget is the archive's, not each entry's: chapters add up.
+    let chapter = format!("<html><body><p>{}</p></body></html>", "Rain on the harbour. ".repeat(20_000));
+    let (bound, _) = over_limit(read_bytes("long.epub", &epub_chapters(&[&chapter, &chapter, &chapter]), &small).unwrap_err());
+    assert_eq!(bound, Bound::UnpackedBytes);
+    let many: Vec<String> = (0..20).map(|i| format!("<p>chapter {i}</p>")).collect();
+    let (bound, message) = over_limit(read_bytes("many.epub", &epub_chapters(&many.iter().map(String::as_str).collect::<Vec<_>>()), &small).unwrap_err());
+    assert_eq!(bound, Bound::ArchiveEntries);
+    assert!(message.contains("over the limit of 8"), "{message}");
+}
+
+#[test]
+fn deep_nesting_is_refused_in_every_markup() {
+    let (bound, message) = over_limit(read("deep.html", nested_html("blockquote", 50_000).as_bytes()).unwrap_err());
+    assert_eq!(bound, Bound::NestingDepth);
+    assert!(message.contains("over the limit of 512"), "{message}");
+    assert!(read("fine.html", nested_html("blockquote", 100).as_bytes()).unwrap().text.contains("Deep inside the page."));
+    let deep_docx = format!("<?xml version=\"1.0\"?><w:document xmlns:w=\"w\"><w:body>{}</w:body></w:document>", "<w:sdt>".repeat(10_000) + &"</w:sdt>".repeat(10_000));
+    assert_eq!(over_limit(read("deep.docx", &docx_xml(&deep_docx)).unwrap_err()).0, Bound::NestingDepth);
+    let deep_chapter = nested_html("div", 100_000);
+    let (bound, message) = over_limit(read("deep.epub", &epub_chapters(&["<html><body><p>Fine.</p></body></html>", &deep_chapter])).unwrap_err());
+    assert_eq!(bound, Bound::NestingDepth);
+    assert!(message.contains("c1.xhtml"), "{message}");
+}
+
+#[test]
+fn text_and_pages_are_bounded() {
+    let few_pages = Limits { max_pdf_pages: 2, ..Limits::default() };
+    let (bound, message) = over_limit(read_bytes("long.pdf", &pdf(&[&["One."], &["Two."], &["Three."]]), &few_pages).unwrap_err());
+    assert_eq!(bound, Bound::PdfPages);
+    assert!(message.contains("3 pages"), "{message}");
+    let little_text = Limits { max_text_bytes: 1_000, ..Limits::default() };
+    let (bound, _) = over_limit(read_bytes("long.txt", "word ".repeat(1_000).as_bytes(), &little_text).unwrap_err());
+    assert_eq!(bound, Bound::TextBytes);
 }

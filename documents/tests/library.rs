@@ -24,11 +24,15 @@ fn entries_round_trip_and_the_same_bytes_are_one_document() {
     let lib = Library::open(&dir.join("library.redb")).unwrap();
     let (name, bytes) = note(1);
     let doc = read_bytes(&name, &bytes, &Limits::default()).unwrap();
-    let entry = lib.add(&doc, &bytes).unwrap();
+    let added = lib.add(&doc, &bytes).unwrap();
+    assert!(added.created);
+    let entry = added.entry;
     assert_eq!((entry.id.len(), entry.size_bytes, entry.parts.len()), (16, bytes.len() as u64, 1));
     assert_eq!(lib.text(&entry.id).unwrap().as_deref(), Some(doc.text.as_str()));
     let renamed = read_bytes("copy.md", &bytes, &Limits::default()).unwrap();
     let again = lib.add(&renamed, &bytes).unwrap();
+    assert!(!again.created);
+    let again = again.entry;
     assert_eq!((again.id.as_str(), again.name.as_str(), again.created_s), (entry.id.as_str(), "copy.md", entry.created_s));
     assert_eq!(lib.list().unwrap().len(), 1);
     let points = vec![Point { text: "About milk.".into(), sources: Vec::new() }];
@@ -40,6 +44,33 @@ fn entries_round_trip_and_the_same_bytes_are_one_document() {
     assert_eq!(lib.get(&entry.id).unwrap().unwrap().summary, Some(points));
     assert!(lib.remove(&entry.id).unwrap() && !lib.remove(&entry.id).unwrap());
     assert!(lib.list().unwrap().is_empty() && lib.text(&entry.id).unwrap().is_none());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn adding_a_known_document_keeps_what_was_stored_meanwhile() {
+    let dir = temp("add-race");
+    let lib = Library::open(&dir.join("library.redb")).unwrap();
+    let (name, bytes) = note(3);
+    let doc = read_bytes(&name, &bytes, &Limits::default()).unwrap();
+    let id = lib.add(&doc, &bytes).unwrap().entry.id;
+    lib.update(&id, |e| e.tokens = Some(0)).unwrap();
+    let rounds = 1000;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..rounds {
+                lib.add(&doc, &bytes).unwrap();
+            }
+        });
+        // Each change made while the file is added again (a summary stored, the token count
+        // set) must survive: an add that read the entry before a change and wrote after it
+        // would undo it, and the count would come up short.
+        for _ in 0..rounds {
+            lib.update(&id, |e| e.tokens = Some(e.tokens.unwrap_or(0) + 1)).unwrap();
+        }
+    });
+    assert_eq!(lib.get(&id).unwrap().unwrap().tokens, Some(rounds));
+    drop(lib);
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -8,6 +8,7 @@
 
 mod archive;
 mod html;
+pub mod isolated;
 mod pdf;
 mod pdftotext;
 mod text;
@@ -44,7 +45,7 @@ pub struct Part {
     pub bytes: Range<usize>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Document {
     /// The file's name, as the user gave it.
     pub name: String,
@@ -61,19 +62,68 @@ impl Document {
     }
 }
 
-/// What a file may be.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a file may be, and what reading it may cost: every bound a hostile file could push
+/// (a ZIP that inflates a thousandfold, markup nested a hundred thousand deep, a PDF of a
+/// million empty pages) is one of these, and a file over one is refused naming it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     pub max_file_bytes: u64,
+    /// The text a document may hold once read.
+    pub max_text_bytes: usize,
+    /// What a DOCX or EPUB may inflate to, all entries read together.
+    pub max_unpacked_bytes: u64,
+    /// Entries a DOCX or EPUB may hold.
+    pub max_archive_entries: usize,
+    /// How deep elements may nest in HTML and XML (real pages stay under a hundred).
+    pub max_nesting_depth: usize,
+    pub max_pdf_pages: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_file_bytes: 256 << 20 }
+        Self {
+            max_file_bytes: 256 << 20,
+            max_text_bytes: 64 << 20,
+            max_unpacked_bytes: 256 << 20,
+            max_archive_entries: 10_000,
+            max_nesting_depth: 512,
+            max_pdf_pages: 10_000,
+        }
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+/// Which bound a document went over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    TextBytes,
+    UnpackedBytes,
+    ArchiveEntries,
+    NestingDepth,
+    PdfPages,
+    /// The reader's memory (an isolated read only).
+    Memory,
+    /// The reader's time (an isolated read only).
+    Time,
+}
+
+impl Bound {
+    /// The bound as an API's error names it (`param`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TextBytes => "max_text_bytes",
+            Self::UnpackedBytes => "max_unpacked_bytes",
+            Self::ArchiveEntries => "max_archive_entries",
+            Self::NestingDepth => "max_nesting_depth",
+            Self::PdfPages => "max_pdf_pages",
+            Self::Memory => "reader_memory",
+            Self::Time => "reader_time",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum IngestError {
     #[error("{name} is empty")]
     Empty { name: String },
@@ -89,7 +139,15 @@ pub enum IngestError {
     Damaged { name: String, reason: String },
     #[error("{name} has no text")]
     NoText { name: String },
+    /// `what` says the bound's value and what went past it.
+    #[error("{name} is over a limit on what a document may be: {what}")]
+    OverLimit { name: String, bound: Bound, what: String },
+    /// The isolated reader stopped without an answer (it crashed, or could not start).
+    #[error("{name} could not be read: {why}")]
+    ReaderFailed { name: String, why: String },
+    /// Never crosses a process: the isolated reader has the bytes already.
     #[error("cannot read {name}: {source}")]
+    #[serde(skip)]
     Io { name: String, source: std::io::Error },
 }
 
@@ -109,13 +167,14 @@ pub fn read_bytes(name: &str, bytes: &[u8], limits: &Limits) -> Result<Document,
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(IngestError::Empty { name: name.into() });
     }
+    let over = |bound: Bound, what: String| IngestError::OverLimit { name: name.into(), bound, what };
     let (format, text, parts) = match sniff(name, bytes) {
-        Sniffed::Pdf => pdf::read(name, bytes)?,
-        Sniffed::Zip => archive::read(name, bytes)?,
+        Sniffed::Pdf => pdf::read(name, bytes, limits)?,
+        Sniffed::Zip => archive::read(name, bytes, limits)?,
         Sniffed::Text => {
             let text = text::decode(name, bytes)?;
             if html::looks_like_html(&text) {
-                let text = html::to_text(&text);
+                let text = html::to_text(&text, limits.max_nesting_depth).map_err(|what| over(Bound::NestingDepth, what))?;
                 let parts = text::heading_parts(&text);
                 (Format::Html, text, parts)
             } else {
@@ -125,13 +184,17 @@ pub fn read_bytes(name: &str, bytes: &[u8], limits: &Limits) -> Result<Document,
             }
         }
     };
+    if text.len() > limits.max_text_bytes {
+        return Err(over(Bound::TextBytes, format!("its text is {:.1} MB, over the limit of {:.1} MB", text.len() as f64 / 1e6, limits.max_text_bytes as f64 / 1e6)));
+    }
     if text.trim().is_empty() {
         return Err(IngestError::NoText { name: name.into() });
     }
     Ok(Document { name: name.into(), format, text, parts })
 }
 
-fn check_size(name: &str, size: u64, limits: &Limits) -> Result<(), IngestError> {
+/// Refuses an empty file, or one over [`Limits::max_file_bytes`].
+pub fn check_size(name: &str, size: u64, limits: &Limits) -> Result<(), IngestError> {
     if size == 0 {
         return Err(IngestError::Empty { name: name.into() });
     }

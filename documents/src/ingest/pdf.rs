@@ -3,20 +3,21 @@
 //! left empty, not the end of the document; a document with almost no readable text is a scan,
 //! and says so.
 
-use super::{pdftotext, Format, IngestError, Locator, Part};
+use super::{pdftotext, Bound, Format, IngestError, Limits, Locator, Part};
 use pdf_oxide::document::PdfDocument;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Readable characters a page must average for the document to count as having a text layer.
 const MIN_CHARS_PER_PAGE: usize = 16;
 
-pub fn read(name: &str, bytes: &[u8]) -> Result<(Format, String, Vec<Part>), IngestError> {
-    combine(name, builtin_pages(name, bytes), || pdftotext::pages(bytes))
+pub fn read(name: &str, bytes: &[u8], limits: &Limits) -> Result<(Format, String, Vec<Part>), IngestError> {
+    // pdftotext's text is cut just past the limit, which the caller's check then refuses.
+    combine(name, builtin_pages(name, bytes, limits), || pdftotext::pages(bytes, limits.max_text_bytes + 1))
 }
 
 /// The document from the built-in reader's pages, with poppler's (`fallback`, asked only when
 /// needed) where the built-in reader failed on the file or on pages, or found almost no text.
-/// An encrypted file stays refused.
+/// An encrypted file, or one over a limit, stays refused.
 fn combine(name: &str, builtin: Result<Vec<Option<String>>, IngestError>, fallback: impl FnOnce() -> Option<Vec<String>>) -> Result<(Format, String, Vec<Part>), IngestError> {
     if let Ok(pages) = &builtin {
         if pages.iter().all(Option::is_some) && readable(pages.iter().flatten()) >= MIN_CHARS_PER_PAGE * pages.len() {
@@ -24,7 +25,7 @@ fn combine(name: &str, builtin: Result<Vec<Option<String>>, IngestError>, fallba
         }
     }
     let poppler = match &builtin {
-        Err(IngestError::Encrypted { .. }) => None,
+        Err(IngestError::Encrypted { .. } | IngestError::OverLimit { .. }) => None,
         _ => fallback(),
     };
     match (builtin, poppler) {
@@ -42,7 +43,7 @@ fn combine(name: &str, builtin: Result<Vec<Option<String>>, IngestError>, fallba
 }
 
 /// Each page's text by the built-in reader; `None` for a page it failed on.
-fn builtin_pages(name: &str, bytes: &[u8]) -> Result<Vec<Option<String>>, IngestError> {
+fn builtin_pages(name: &str, bytes: &[u8], limits: &Limits) -> Result<Vec<Option<String>>, IngestError> {
     let damaged = |reason: String| IngestError::Damaged { name: name.into(), reason };
     let doc = guarded(|| PdfDocument::from_bytes(bytes.to_vec()))
         .map_err(damaged)?
@@ -55,10 +56,21 @@ fn builtin_pages(name: &str, bytes: &[u8]) -> Result<Vec<Option<String>>, Ingest
     if pages == 0 {
         return Err(damaged("it has no pages".into()));
     }
+    let over = |bound, what| IngestError::OverLimit { name: name.into(), bound, what };
+    if pages > limits.max_pdf_pages {
+        return Err(over(Bound::PdfPages, format!("it has {pages} pages, over the limit of {}", limits.max_pdf_pages)));
+    }
     let mut texts = Vec::with_capacity(pages);
+    let mut text_bytes = 0;
     for page in 0..pages {
         texts.push(match guarded(|| doc.extract_text(page)) {
-            Ok(Ok(t)) => Some(t),
+            Ok(Ok(t)) => {
+                text_bytes += t.len();
+                if text_bytes > limits.max_text_bytes {
+                    return Err(over(Bound::TextBytes, format!("its text is over the limit of {:.1} MB (at page {})", limits.max_text_bytes as f64 / 1e6, page + 1)));
+                }
+                Some(t)
+            }
             Ok(Err(e)) if is_encryption(&e.to_string()) => return Err(IngestError::Encrypted { name: name.into() }),
             Ok(Err(e)) => {
                 tracing::warn!(name, page = page + 1, error = %e, "a PDF page's text could not be read");
@@ -142,7 +154,7 @@ mod tests {
     fn pdftotext_reads_what_the_built_in_reader_could_not() {
         let bytes = one_page(&["Minutes of the harbour board meeting,", "held on the first of May."]);
         let poppler = || {
-            let pages = pdftotext::pages(&bytes);
+            let pages = pdftotext::pages(&bytes, 1 << 20);
             assert!(pages.is_some(), "pdftotext is installed and reads the file");
             pages
         };
