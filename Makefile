@@ -22,17 +22,20 @@ ui:
 
 # The UI in Chromium (headless) against a real `hillside serve`.
 ui-test: ui
-	cargo build -p hillside
+	cargo build -p hillside -p hillside-documents --bin hillside --bin hillside-ingest
 	cd ui && HILLSIDE_BIN=$(CARGO_TARGET_DIR)/debug/hillside npx playwright test
 
 # The desktop app on a virtual display (Xvfb): its window, its endpoint, a clean exit; and a
 # dropped file reaching the documents API.
 desktop-test: ui
+	cargo build -p hillside-documents --bin hillside-ingest
 	cargo test -p hillside-desktop
 
 run: setup ui
-	# hillside-xrt-probe looks for a SmartSSD in a process of its own, beside `hillside`.
+	# hillside-xrt-probe looks for a SmartSSD, and hillside-ingest reads each document, in a
+	# process of its own, beside `hillside`.
 	cargo build --release -p hillside-engine --bin hillside-xrt-probe
+	cargo build --release -p hillside-documents --bin hillside-ingest
 	if [ -n "$${DISPLAY:-}$${WAYLAND_DISPLAY:-}" ]; then \
 	  cargo run --release -p hillside-desktop; \
 	else \

@@ -188,7 +188,7 @@ pub(crate) fn stream_one(url: &str, model: &str, prompt: &str, max_tokens: usize
         "seed": seed, "stream": true, "stream_options": {"include_usage": true},
     });
     let sent = Instant::now();
-    let response = ureq::post(url).send(body.to_string()).context("sending a request to the bench server")?;
+    let response = ureq::post(url).header("Content-Type", "application/json").send(body.to_string()).context("sending a request to the bench server")?;
     let (mut first, mut last, mut gaps, mut tokens) = (None, sent, Vec::new(), 0);
     for line in BufReader::new(response.into_body().into_reader()).lines() {
         let line = line?;

@@ -30,7 +30,8 @@ pub struct ServeArgs {
     /// Largest request body accepted, in MB [default: 4].
     #[arg(long)]
     pub max_body_mb: Option<usize>,
-    /// Allow browsers on this origin (repeatable; CORS is off without one).
+    /// Let web pages on this origin call the server (repeatable; '*' for any). Without one,
+    /// only the server's own web UI may: requests from other sites get 403.
     #[arg(long = "cors-origin")]
     pub cors_origins: Vec<String>,
     /// Sequences generating at once, batched together [default: 4].
@@ -98,6 +99,10 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
     if max_live == 0 {
         anyhow::bail!("max_live must be at least 1");
     }
+    let cors_origins = if args.cors_origins.is_empty() { file.cors_origins.clone().unwrap_or_default() } else { args.cors_origins.clone() };
+    if hillside_server::AllowedOrigins::parse(&cors_origins).map_err(anyhow::Error::msg).context("--cors-origin")? == hillside_server::AllowedOrigins::Any {
+        eprintln!("warning: --cors-origin '*' lets every web page the user opens call this server");
+    }
     let path = models::resolve(args.model.model())?;
     let engine = Arc::new(load_engine(&args.model)?);
     let (model_id, model_aliases) = model_names(args.model.model(), &path);
@@ -109,7 +114,7 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
         model_aliases,
         api_key: args.api_key.clone().or_else(|| file.api_key.clone()).filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body_mb.or(file.max_body_mb).unwrap_or(4) * 1_000_000,
-        cors_origins: if args.cors_origins.is_empty() { file.cors_origins.clone().unwrap_or_default() } else { args.cors_origins.clone() },
+        cors_origins,
         shutdown_grace_s: args.shutdown_grace_s.or(file.shutdown_grace_s).unwrap_or(10),
         scheduler: SchedulerConfig {
             max_live,

@@ -91,6 +91,24 @@ impl ApiError {
         )
     }
 
+    pub fn cross_site(from: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            Some("cross_site_request"),
+            format!("Requests from web pages on other sites are refused (this one came from {from}); start the server with --cors-origin to allow a site."),
+        )
+    }
+
+    pub fn unsupported_media_type(given: &str) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request_error",
+            Some("unsupported_media_type"),
+            format!("This route takes a JSON body sent as 'Content-Type: application/json', not '{given}'."),
+        )
+    }
+
     pub fn model_not_found(model: &str, served: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found"), format!("The model '{model}' does not exist here; this server runs '{served}' (see GET /v1/models)."))
             .with_param("model")

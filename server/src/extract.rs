@@ -1,6 +1,8 @@
-//! The JSON body extractor: a body over the limit is a 413, anything that is not the request
-//! type (bad JSON, a wrong type) a 400 naming the field, both in OpenAI's error shape. Unknown
-//! fields are ignored, as OpenAI's clients send fields a local server may not know.
+//! The JSON body extractor: a body not sent as `application/json` is a 415 (a browser sends
+//! `text/plain` to any site without asking, so a JSON route that took it would be writable by
+//! every web page), a body over the limit a 413, anything that is not the request type (bad
+//! JSON, a wrong type) a 400 naming the field, all in OpenAI's error shape. Unknown fields are
+//! ignored, as OpenAI's clients send fields a local server may not know.
 
 use crate::error::ApiError;
 use crate::types::SamplingFields;
@@ -16,6 +18,7 @@ impl<T: DeserializeOwned> FromRequest<Arc<App>> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &Arc<App>) -> Result<Self, ApiError> {
+        require_json(req.headers())?;
         let limit = state.config.max_body_bytes;
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
@@ -25,6 +28,18 @@ impl<T: DeserializeOwned> FromRequest<Arc<App>> for JsonBody<T> {
             }
         })?;
         parse(&bytes).map(JsonBody)
+    }
+}
+
+/// `Ok` when the body is declared JSON (`application/json`, with parameters or not, or a
+/// `+json` type).
+pub fn require_json(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let given = headers.get(axum::http::header::CONTENT_TYPE).map_or("", |v| v.to_str().unwrap_or("(not text)"));
+    let essence = given.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json")) {
+        Ok(())
+    } else {
+        Err(ApiError::unsupported_media_type(if given.is_empty() { "none" } else { given }))
     }
 }
 

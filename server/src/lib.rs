@@ -10,6 +10,7 @@
 
 mod auth;
 mod conversations;
+mod cross_site;
 mod documents;
 mod error;
 mod extract;
@@ -21,6 +22,7 @@ pub mod settings;
 pub mod types;
 mod web_ui;
 
+pub use cross_site::AllowedOrigins;
 pub use documents::{ChosenPaths, DocumentsConfig};
 pub use web_ui::is_built as web_ui_is_built;
 pub use error::{ApiError, ErrorBody};
@@ -71,6 +73,7 @@ pub struct App {
     pub config: ServerConfig,
     documents: Option<Documents>,
     conversations: Option<Conversations>,
+    allowed_origins: cross_site::AllowedOrigins,
     /// Response ids: a random per-process prefix and a counter.
     id_prefix: String,
     next_id: AtomicU64,
@@ -78,13 +81,15 @@ pub struct App {
 
 impl App {
     /// Opens the document library (if configured) and starts the scheduler; `Err` says why
-    /// the library cannot be opened (another Hillside holds it, say).
+    /// the library cannot be opened (another Hillside holds it, say), or which CORS origin is
+    /// not one.
     pub fn new(engine: Arc<Engine>, config: ServerConfig) -> Result<Arc<Self>, String> {
+        let allowed_origins = cross_site::AllowedOrigins::parse(&config.cors_origins)?;
         let documents = config.documents.as_ref().map(Documents::open).transpose()?;
         let conversations = config.documents.as_ref().map(|d| Conversations::open(&d.dir.join("conversations.redb"))).transpose()?;
         let scheduler = Scheduler::start(engine.clone(), config.scheduler.clone());
         let id_prefix = format!("{:08x}", rand::random::<u32>());
-        Ok(Arc::new(Self { engine, scheduler, config, documents, conversations, id_prefix, next_id: AtomicU64::new(1) }))
+        Ok(Arc::new(Self { engine, scheduler, config, documents, conversations, allowed_origins, id_prefix, next_id: AtomicU64::new(1) }))
     }
 
     fn documents(&self) -> Result<&Documents, ApiError> {
@@ -119,7 +124,8 @@ pub fn unix_now_s() -> u64 {
 }
 
 /// Every route, with the key check, the body limit, (when origins are configured) CORS, and
-/// outermost the check that requests from this machine are addressed to it.
+/// outermost the checks that requests from this machine are addressed to it and that no page
+/// on another site made them.
 pub fn router(app: Arc<App>) -> Router {
     // An upload carries a whole document (and the multipart framing around it).
     let upload_limit = app.config.documents.as_ref().map_or(0, |d| d.max_file_bytes as usize + 64 * 1024).max(app.config.max_body_bytes);
@@ -148,16 +154,21 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(routes::info::not_found)
         .method_not_allowed_fallback(routes::info::method_not_allowed)
         .layer(DefaultBodyLimit::max(app.config.max_body_bytes));
-    if !app.config.cors_origins.is_empty() {
-        let origins: Vec<HeaderValue> = app.config.cors_origins.iter().filter_map(|o| o.parse().ok()).collect();
-        router = router.layer(
-            tower_http::cors::CorsLayer::new()
-                .allow_origin(origins)
-                .allow_methods([Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE])
-                .allow_headers([axum::http::header::AUTHORIZATION, axum::http::header::CONTENT_TYPE]),
-        );
+    let cors = tower_http::cors::CorsLayer::new()
+        .allow_methods([Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE])
+        .allow_headers([axum::http::header::AUTHORIZATION, axum::http::header::CONTENT_TYPE]);
+    match &app.allowed_origins {
+        cross_site::AllowedOrigins::Own => {}
+        cross_site::AllowedOrigins::List(origins) => {
+            let origins: Vec<HeaderValue> = origins.iter().filter_map(|o| o.parse().ok()).collect();
+            router = router.layer(cors.allow_origin(origins));
+        }
+        cross_site::AllowedOrigins::Any => router = router.layer(cors.allow_origin(tower_http::cors::Any)),
     }
-    router.layer(axum::middleware::from_fn(local_host::require_local_host)).with_state(app)
+    router
+        .layer(axum::middleware::from_fn_with_state(app.clone(), cross_site::refuse_cross_site))
+        .layer(axum::middleware::from_fn(local_host::require_local_host))
+        .with_state(app)
 }
 
 /// Serves on `listener` until `shutdown` resolves; then stops accepting, gives in-flight

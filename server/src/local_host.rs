@@ -13,12 +13,18 @@ use axum::response::Response;
 use std::net::{IpAddr, SocketAddr};
 
 pub async fn require_local_host(req: Request, next: Next) -> Result<Response, ApiError> {
-    let from_loopback = req.extensions().get::<ConnectInfo<SocketAddr>>().is_some_and(|peer| peer.0.ip().is_loopback());
+    let from_loopback = req.extensions().get::<ConnectInfo<SocketAddr>>().is_some_and(|peer| is_loopback(peer.0.ip()));
     let named = req.headers().get(HOST).map(|h| h.to_str().unwrap_or("")).or_else(|| req.uri().authority().map(|a| a.as_str()));
     match named {
         Some(host) if from_loopback && !names_loopback(host) => Err(ApiError::foreign_host(host)),
         _ => Ok(next.run(req).await),
     }
+}
+
+/// Whether a peer is this machine. A server bound to `::` sees IPv4 clients as IPv4-mapped IPv6
+/// addresses (`::ffff:127.0.0.1`), which `is_loopback` alone does not count.
+fn is_loopback(peer: IpAddr) -> bool {
+    peer.to_canonical().is_loopback()
 }
 
 /// Whether `host` (a `Host` header: a name or address, perhaps with a port) names this machine
@@ -34,7 +40,18 @@ fn names_loopback(host: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::names_loopback;
+    use super::{is_loopback, names_loopback};
+    use std::net::IpAddr;
+
+    #[test]
+    fn ipv4_clients_of_a_dual_stack_server_are_loopback_peers() {
+        for peer in ["127.0.0.1", "::1", "::ffff:127.0.0.1", "::ffff:127.8.0.1"] {
+            assert!(is_loopback(peer.parse::<IpAddr>().unwrap()), "{peer}");
+        }
+        for peer in ["192.168.1.5", "::ffff:192.168.1.5", "fe80::1"] {
+            assert!(!is_loopback(peer.parse::<IpAddr>().unwrap()), "{peer}");
+        }
+    }
 
     #[test]
     fn loopback_names_and_addresses_pass_and_others_do_not() {

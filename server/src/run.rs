@@ -15,6 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// The most stop strings a request may give (OpenAI takes 4), and the longest.
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 256;
+
 /// Engine parameters from the request's fields; `max_tokens` is the one the request named
 /// (chat has two names for it), `prompt_tokens` the prompt's length.
 pub fn params(app: &App, f: &SamplingFields, max_tokens: Option<usize>, prompt_tokens: usize, logprobs: Option<usize>) -> Result<GenerateParams, ApiError> {
@@ -26,7 +30,8 @@ pub fn params(app: &App, f: &SamplingFields, max_tokens: Option<usize>, prompt_t
     if prompt_tokens == 0 {
         return Err(ApiError::bad_request("the prompt is empty").with_param("messages"));
     }
-    if prompt_tokens >= context || max_tokens.is_some_and(|m| prompt_tokens + m > context) {
+    // `max_tokens` is the client's number: compared without a sum that could wrap.
+    if prompt_tokens >= context || max_tokens.is_some_and(|m| m > context - prompt_tokens) {
         return Err(ApiError::context_exceeded(prompt_tokens, max_tokens, context));
     }
     if max_tokens == Some(0) {
@@ -52,6 +57,10 @@ pub fn params(app: &App, f: &SamplingFields, max_tokens: Option<usize>, prompt_t
     };
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::bad_request("stop strings must not be empty").with_param("stop"));
+    }
+    // Each generated token is matched against every stop string.
+    if stop.len() > MAX_STOP_STRINGS || stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::bad_request(format!("at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_BYTES} bytes each")).with_param("stop"));
     }
     Ok(GenerateParams {
         // Unbounded requests stop at the context's end (finish_reason "length").

@@ -31,6 +31,12 @@ pub fn is_built() -> bool {
     built::FILES.iter().any(|(name, _)| *name == "index.html")
 }
 
+/// Whether `path` is one of the UI's own routes (the page and its files), which the router
+/// sends to [`file`].
+pub fn serves(path: &str) -> bool {
+    path == "/" || path == "/favicon.svg" || path.starts_with("/assets/")
+}
+
 /// `GET /` and the UI's own files.
 pub async fn file(uri: Uri) -> Response {
     let name = match uri.path().trim_start_matches('/') {

@@ -265,10 +265,10 @@ fn models_and_openapi_describe_the_server() {
 fn a_full_queue_is_a_429_with_retry_after() {
     let s = Server::start(ServerConfig { scheduler: SchedulerConfig { max_live: 1, max_queued: 0, ..config().scheduler }, ..config() });
     // Hold the only slot with a long stream, read until it is generating.
-    let r = agent().post(&s.url("/v1/completions")).send(json!({"prompt": "Once upon a time", "max_tokens": 1500, "stream": true}).to_string()).unwrap();
+    let r = agent().post(&s.url("/v1/completions")).header("Content-Type", "application/json").send(json!({"prompt": "Once upon a time", "max_tokens": 1500, "stream": true}).to_string()).unwrap();
     let mut lines = BufReader::new(r.into_body().into_reader()).lines();
     while !lines.next().unwrap().unwrap().starts_with("data: ") {}
-    let r = agent().post(&s.url("/v1/chat/completions")).send(chat("hi", json!({})).to_string()).unwrap();
+    let r = agent().post(&s.url("/v1/chat/completions")).header("Content-Type", "application/json").send(chat("hi", json!({})).to_string()).unwrap();
     assert_eq!(r.status().as_u16(), 429);
     assert_eq!(r.headers()["retry-after"], "1");
     drop(lines);
@@ -298,7 +298,7 @@ fn sixteen_concurrent_streams_get_their_own_answers() {
         .map(|i| {
             let (url, body) = (s.url("/v1/chat/completions"), chat(prompts[i % 4], json!({"stream": true})));
             std::thread::spawn(move || {
-                let r = agent().post(&url).send(body.to_string()).unwrap();
+                let r = agent().post(&url).header("Content-Type", "application/json").send(body.to_string()).unwrap();
                 assert_eq!(r.status().as_u16(), 200);
                 let events: Vec<String> = BufReader::new(r.into_body().into_reader()).lines().map(Result::unwrap).filter_map(|l| l.strip_prefix("data: ").map(str::to_string)).collect();
                 chunks(&events).1

@@ -27,19 +27,8 @@ fn with_documents(dir: &Path) -> ServerConfig {
     ServerConfig { documents: Some(documents), ..config() }
 }
 
-/// Uploads `bytes` as `name` to the server at `base`: the status and the body.
 fn upload_to(base: &str, name: &str, bytes: &[u8]) -> (u16, Value) {
-    let boundary = "hillside-test-boundary-7d1f";
-    let mut body = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
-    body.extend_from_slice(bytes);
-    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    let mut r = agent()
-        .post(&format!("{base}/v1/hillside/documents"))
-        .header("Content-Type", &format!("multipart/form-data; boundary={boundary}"))
-        .send(&body[..])
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap())
+    common::server::upload(base, name, bytes, &[])
 }
 
 fn upload(s: &Server, name: &str, bytes: &[u8]) -> (u16, Value) {

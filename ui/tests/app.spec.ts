@@ -4,6 +4,8 @@
 
 import { expect, test, type Page } from "@playwright/test";
 import { execFileSync } from "node:child_process";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -166,4 +168,43 @@ test("settings are checked field by field and saved to the config file", async (
   expect(saved).toMatch(/store = "tiered"/);
   expect(saved).toMatch(/port = 8181/);
   expect(existsSync(join(f.root, "config.toml.partial"))).toBe(false);
+});
+
+test("a page on another site cannot write to the app through the browser", async ({ page }) => {
+  // The other site: a page served from this machine under another name (Chromium sends
+  // *.localhost to loopback), so that nothing but Hillside's own check stands in the way.
+  const target = new URL(server.url).origin;
+  const forged = JSON.stringify({ title: "x", messages: [{ role: "assistant", content: "[update](https://evil.example)" }] });
+  const attack = `<!doctype html><html><body>
+    <form id="form" method="POST" enctype="text/plain" target="sink" action="${target}/v1/hillside/conversations">
+      <input name='{"title":"form","messages":[],"x":"' value='"}'>
+    </form><iframe name="sink"></iframe>
+    <script>
+      const data = new FormData();
+      data.append("file", new Blob(["Planted by another site."], { type: "text/plain" }), "planted.txt");
+      Promise.allSettled([
+        fetch("${target}/v1/hillside/conversations", { method: "POST", mode: "no-cors", headers: { "Content-Type": "text/plain" }, body: ${JSON.stringify(forged)} }),
+        fetch("${target}/v1/hillside/documents", { method: "POST", mode: "no-cors", body: data }),
+        fetch("${target}/v1/chat/completions", { method: "POST", mode: "no-cors", headers: { "Content-Type": "text/plain" }, body: '{"messages":[{"role":"user","content":"Hi"}]}' }),
+      ]).then(() => { document.getElementById("form").submit(); });
+    </script></body></html>`;
+  const site = createServer((_req, res) => res.writeHead(200, { "Content-Type": "text/html" }).end(attack));
+  await new Promise<void>((resolve) => site.listen(0, "127.0.0.1", resolve));
+  const port = (site.address() as AddressInfo).port;
+  const before = await server.api("/v1/hillside/conversations");
+  const documentsBefore = await server.api("/v1/hillside/documents");
+  const answered: number[] = [];
+  page.on("response", (r) => {
+    if (r.url().startsWith(target) && r.request().method() === "POST") answered.push(r.status());
+  });
+  try {
+    await page.goto(`http://evil.localhost:${port}/`);
+    // All four requests reached Hillside, and each was refused.
+    await expect.poll(() => answered.length).toBe(4);
+    expect(answered).toEqual([403, 403, 403, 403]);
+  } finally {
+    site.close();
+  }
+  expect((await server.api("/v1/hillside/conversations")).data).toEqual(before.data);
+  expect((await server.api("/v1/hillside/documents")).data.length).toBe(documentsBefore.data.length);
 });

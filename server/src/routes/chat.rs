@@ -34,6 +34,7 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
         (false, None) => None,
     };
     let documents = req.hillside.as_ref().map(|h| h.documents.clone()).unwrap_or_default();
+    documents::check_ids(&documents)?;
     let (prompt, prefix, read) = if documents.is_empty() {
         (run::blocking(&app, move |app| app.engine.chat_prompt(&messages).map_err(ApiError::from)).await?, None, None)
     } else {

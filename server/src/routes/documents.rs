@@ -4,7 +4,7 @@
 //! `hillside.documents` extension field ([`crate::types::ChatExtension`]).
 
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::parse;
+use crate::extract::{parse, require_json};
 use crate::{unix_now_s, App};
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
@@ -17,7 +17,10 @@ use crate::types::{ChatExtensionReply, DocumentExcerpt};
 use hillside_documents::prompt::PromptError;
 use hillside_documents::questions;
 use hillside_documents::summarize::{fits_whole, summarize, Point, Progress, Request as DocumentRequest, Runner, SummaryError};
-use hillside_documents::{read_bytes, read_file, IngestError, Library};
+use hillside_documents::ingest::check_size;
+use hillside_documents::library::Added;
+use hillside_documents::{IngestError, Limits};
+use std::io::Read;
 use hillside_engine::{CancelFlag, ChatMessage};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -110,6 +113,10 @@ fn ingest_error(e: IngestError) -> ApiError {
         IngestError::Scanned { .. } => "scanned_document",
         IngestError::Damaged { .. } => "damaged_document",
         IngestError::Io { .. } => "unreadable_document",
+        IngestError::OverLimit { bound, .. } => {
+            return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("document_over_limit"), e.to_string()).with_param(bound.name());
+        }
+        IngestError::ReaderFailed { .. } => "unreadable_document",
     };
     ApiError::bad_request(e.to_string()).with_code(code)
 }
@@ -128,8 +135,11 @@ fn unknown(id: &str) -> ApiError {
         (status = 413, description = "Over the size limit", body = ErrorBody)))]
 pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Response, ApiError> {
     let docs = app.documents()?;
-    let is_json = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"));
-    let source = if is_json {
+    let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
+    if !content_type.starts_with("multipart/form-data") {
+        require_json(request.headers())?;
+    }
+    let source = if !content_type.starts_with("multipart/form-data") {
         let body = Bytes::from_request(request, &app).await.map_err(|e| ApiError::bad_request(e.to_string()))?;
         let AddByPath { path } = parse(&body)?;
         let Some(chosen) = &docs.chosen_paths else {
@@ -155,17 +165,16 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
     let task_app = app.clone();
     let (entry, created) = tokio::task::spawn_blocking(move || -> Result<(Entry, bool), ApiError> {
         let (app, docs) = (&task_app, task_app.documents()?);
-        let (doc, bytes) = match source {
+        let (name, bytes) = match source {
             Source::Path(path) => {
-                let doc = read_file(&path, &docs.limits).map_err(ingest_error)?;
-                let bytes = std::fs::read(&path).map_err(|e| ingest_error(IngestError::Io { name: doc.name.clone(), source: e }))?;
-                (doc, Bytes::from(bytes))
+                let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+                (name.clone(), Bytes::from(read_chosen(&path, &name, &docs.limits).map_err(ingest_error)?))
             }
-            Source::Upload { name, bytes } => (read_bytes(&name, &bytes, &docs.limits).map_err(ingest_error)?, bytes),
+            Source::Upload { name, bytes } => (name, bytes),
         };
-        let created = docs.library.get(&Library::id_of(&bytes)).map_err(library_error)?.is_none();
+        let doc = docs.reader()?.read(&name, &bytes, &docs.limits).map_err(ingest_error)?;
         let tokens = app.engine.tokenizer().encode(&doc.text).map_err(ApiError::from)?.len();
-        let entry = docs.library.add(&doc, &bytes).map_err(library_error)?;
+        let Added { entry, created } = docs.library.add(&doc, &bytes).map_err(library_error)?;
         let entry = docs.library.update(&entry.id, |e| e.tokens = Some(tokens)).map_err(library_error)?.unwrap_or(entry);
         Ok((entry, created))
     })
@@ -173,6 +182,18 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
     .map_err(|e| ApiError::internal(format!("document task failed: {e}")))??;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(info(&app, entry))).into_response())
+}
+
+/// A chosen file's bytes, its size checked before it is read.
+fn read_chosen(path: &std::path::Path, name: &str, limits: &Limits) -> Result<Vec<u8>, IngestError> {
+    let io = |source| IngestError::Io { name: name.into(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    check_size(name, size, limits)?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(limits.max_file_bytes + 1).read_to_end(&mut bytes).map_err(io)?;
+    check_size(name, bytes.len() as u64, limits)?;
+    Ok(bytes)
 }
 
 fn upload_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiError {
@@ -331,6 +352,23 @@ fn summary_error(e: SummaryError) -> ApiError {
         SummaryError::Prompt(e) => ApiError::internal(e.to_string()),
         SummaryError::Cancelled => ApiError::internal("cancelled"),
     }
+}
+
+/// The most documents one question may name: each is loaded and read into the prompt.
+pub const MAX_DOCUMENTS_PER_QUESTION: usize = 8;
+
+/// Refuses, before any document is loaded, a list of more than
+/// [`MAX_DOCUMENTS_PER_QUESTION`] ids or one that names a document twice.
+pub fn check_ids(ids: &[String]) -> Result<(), ApiError> {
+    if ids.len() > MAX_DOCUMENTS_PER_QUESTION {
+        return Err(ApiError::bad_request(format!("a question may name at most {MAX_DOCUMENTS_PER_QUESTION} documents, not {}", ids.len())).with_param("hillside.documents"));
+    }
+    for (i, id) in ids.iter().enumerate() {
+        if ids[..i].contains(id) {
+            return Err(ApiError::bad_request(format!("document '{id}' is named twice")).with_param(format!("hillside.documents[{i}]")));
+        }
+    }
+    Ok(())
 }
 
 /// The request for a chat about the library's documents `ids`, and what of each it reads.

@@ -42,6 +42,9 @@ pub struct Server {
 
 impl Server {
     pub fn start(config: ServerConfig) -> Self {
+        if config.documents.is_some() {
+            ensure_reader();
+        }
         let app = App::new(engine(), config).unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -102,6 +105,40 @@ impl Drop for Server {
         let _ = self.stop.take().unwrap().send(());
         let _ = self.thread.take().unwrap().join();
     }
+}
+
+/// Uploads `bytes` as the document `name` to the server at `base` (multipart/form-data, as a
+/// browser's form sends it), with these headers too: the status and the JSON answer.
+pub fn upload(base: &str, name: &str, bytes: &[u8], headers: &[(&str, &str)]) -> (u16, Value) {
+    let boundary = "hillside-test-boundary-7d1f";
+    let mut body = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
+    body.extend_from_slice(bytes);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let mut request = agent().post(&format!("{base}/v1/hillside/documents")).header("Content-Type", &format!("multipart/form-data; boundary={boundary}"));
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let mut r = request.send(&body[..]).unwrap();
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+}
+
+/// The document reader (`hillside-ingest`) the server runs for each file, built if this test
+/// binary's `cargo test` did not build it (`cargo test --workspace` does).
+pub fn ensure_reader() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+        if !deps.parent().unwrap().join("hillside-ingest").is_file() {
+            let mut cargo = std::process::Command::new(env!("CARGO"));
+            cargo.args(["build", "-p", "hillside-documents", "--bin", "hillside-ingest"]);
+            if !cfg!(debug_assertions) {
+                cargo.arg("--release");
+            }
+            assert!(cargo.status().unwrap().success(), "building hillside-ingest failed");
+        }
+    });
 }
 
 pub fn agent() -> ureq::Agent {
