@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_docs;
+mod bench_ingest;
 mod bench_kv;
 mod bench_recall;
 mod bench_serve;
@@ -105,6 +106,9 @@ enum BenchCommand {
     /// Documents: time to a summary, the chunk phase batched against one after another, and a
     /// follow-up question's time to first token with and without K/V reuse.
     Docs(bench_docs::DocsBenchArgs),
+    /// Reading documents: each file in this process against the isolated reader, which reads
+    /// every upload in a child process.
+    Ingest(bench_ingest::IngestBenchArgs),
     /// What the UI waits on: the page's files, and a chat's time to first token alone and while
     /// a document is summarized in the background.
     Ui(bench_ui::UiBenchArgs),
@@ -436,6 +440,7 @@ fn run(cli: Cli) -> Result<()> {
             BenchCommand::Recall(args) => bench_recall::recall(&args),
             BenchCommand::Serve(args) => bench_serve::serve(&args),
             BenchCommand::Docs(args) => bench_docs::docs(&args),
+            BenchCommand::Ingest(args) => bench_ingest::ingest(&args),
             BenchCommand::Ui(args) => bench_ui::ui(&args),
         },
     }

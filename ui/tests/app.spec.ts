@@ -1,6 +1,7 @@
 // The web UI in Chromium against `hillside serve` on the real model: a streamed reply, stopping
 // one, a document's summary with progress and sources, a follow-up that reuses the document's
-// K/V, the history after a restart, a bad file's error, and the settings page's checks.
+// K/V, the history after a restart, a bad file's error, the settings page's checks, and a page on
+// another origin that tries to write to the app.
 
 import { expect, test, type Page } from "@playwright/test";
 import { execFileSync } from "node:child_process";

@@ -6,7 +6,7 @@
 //! entry is read through a budget of [`Limits::max_unpacked_bytes`] for the whole archive, and
 //! XML nests no deeper than [`Limits::max_nesting_depth`].
 
-use super::{html, text, Bound, Format, IngestError, Limits, Locator, Part};
+use super::{html, size, text, Bound, Format, IngestError, Limits, Locator, Part};
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::Reader;
 use std::io::{Cursor, Read};
@@ -65,10 +65,7 @@ impl Unpacking<'_> {
 
     fn entry(&mut self, path: &str) -> Result<String, Failure> {
         let budget = self.budget();
-        let over = |path: &str| {
-            let limit_mb = self.limits.max_unpacked_bytes as f64 / 1e6;
-            Failure::Over(Bound::UnpackedBytes, format!("it unpacks to more than {limit_mb:.1} MB (reading {path})"))
-        };
+        let over = |path: &str| Failure::Over(Bound::UnpackedBytes, format!("it unpacks to more than {} (reading {path})", size(self.limits.max_unpacked_bytes)));
         let file = self.zip.by_name(path).map_err(|e| format!("{path}: {e}"))?;
         if file.size() > budget {
             return Err(over(path));
@@ -210,8 +207,7 @@ fn epub_text(archive: &mut Unpacking<'_>) -> Result<(String, Vec<Part>), Failure
         declared_bytes = declared_bytes.saturating_add(archive.zip.by_name(path).map_err(|e| format!("{path}: {e}"))?.size());
     }
     if declared_bytes > archive.budget() {
-        let mb = |b: u64| b as f64 / 1e6;
-        let what = format!("the chapters its spine reads unpack to {:.1} MB, over the limit of {:.1} MB", mb(declared_bytes), mb(archive.limits.max_unpacked_bytes));
+        let what = format!("the chapters its spine reads unpack to {}, over the limit of {}", size(declared_bytes), size(archive.limits.max_unpacked_bytes));
         return Err(Failure::Over(Bound::UnpackedBytes, what));
     }
     let mut text = String::new();
@@ -220,7 +216,7 @@ fn epub_text(archive: &mut Unpacking<'_>) -> Result<(String, Vec<Part>), Failure
         text.push_str(chapter.trim());
         text.push_str("\n\n");
         if text.len() > archive.limits.max_text_bytes {
-            return Err(Failure::Over(Bound::TextBytes, format!("its text is over the limit of {:.1} MB", archive.limits.max_text_bytes as f64 / 1e6)));
+            return Err(Failure::Over(Bound::TextBytes, format!("its text is over the limit of {}", size(archive.limits.max_text_bytes as u64))));
         }
     }
     let parts = text::heading_parts(&text);

@@ -185,12 +185,22 @@ pub fn read_bytes(name: &str, bytes: &[u8], limits: &Limits) -> Result<Document,
         }
     };
     if text.len() > limits.max_text_bytes {
-        return Err(over(Bound::TextBytes, format!("its text is {:.1} MB, over the limit of {:.1} MB", text.len() as f64 / 1e6, limits.max_text_bytes as f64 / 1e6)));
+        return Err(over(Bound::TextBytes, format!("its text is {}, over the limit of {}", size(text.len() as u64), size(limits.max_text_bytes as u64))));
     }
     if text.trim().is_empty() {
         return Err(IngestError::NoText { name: name.into() });
     }
     Ok(Document { name: name.into(), format, text, parts })
+}
+
+/// A size as a message says it: "268.4 MB", "17.2 GB".
+fn size(bytes: u64) -> String {
+    let (value, unit) = match bytes {
+        b if b >= 1_000_000_000_000 => (b as f64 / 1e12, "TB"),
+        b if b >= 1_000_000_000 => (b as f64 / 1e9, "GB"),
+        b => (b as f64 / 1e6, "MB"),
+    };
+    format!("{value:.1} {unit}")
 }
 
 /// Refuses an empty file, or one over [`Limits::max_file_bytes`].

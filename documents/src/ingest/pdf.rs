@@ -3,7 +3,7 @@
 //! left empty, not the end of the document; a document with almost no readable text is a scan,
 //! and says so.
 
-use super::{pdftotext, Bound, Format, IngestError, Limits, Locator, Part};
+use super::{pdftotext, size, Bound, Format, IngestError, Limits, Locator, Part};
 use pdf_oxide::document::PdfDocument;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -67,7 +67,7 @@ fn builtin_pages(name: &str, bytes: &[u8], limits: &Limits) -> Result<Vec<Option
             Ok(Ok(t)) => {
                 text_bytes += t.len();
                 if text_bytes > limits.max_text_bytes {
-                    return Err(over(Bound::TextBytes, format!("its text is over the limit of {:.1} MB (at page {})", limits.max_text_bytes as f64 / 1e6, page + 1)));
+                    return Err(over(Bound::TextBytes, format!("its text is over the limit of {} (at page {})", size(limits.max_text_bytes as u64), page + 1)));
                 }
                 Some(t)
             }

@@ -130,16 +130,16 @@ fn unknown(id: &str) -> ApiError {
     responses(
         (status = 201, description = "Added", body = DocumentInfo),
         (status = 200, description = "The same bytes were added before: that document", body = DocumentInfo),
-        (status = 400, description = "Empty, unsupported, encrypted, scanned or damaged: the message says which, and nothing is stored", body = ErrorBody),
+        (status = 400, description = "Empty, unsupported, encrypted, scanned or damaged, or the reader crashed on it: the message says which, and nothing is stored", body = ErrorBody),
         (status = 403, description = "A local path, from a client other than the desktop app", body = ErrorBody),
-        (status = 413, description = "Over the size limit", body = ErrorBody)))]
+        (status = 413, description = "Over the size limit, or over a bound on what reading it may cost (`param` names it: `max_unpacked_bytes`, `max_nesting_depth`, `reader_memory`, …); nothing is stored", body = ErrorBody),
+        (status = 415, description = "Neither multipart/form-data nor JSON", body = ErrorBody),
+        (status = 503, description = "The document reader (hillside-ingest) is not installed beside the server", body = ErrorBody)))]
 pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Response, ApiError> {
     let docs = app.documents()?;
-    let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
-    if !content_type.starts_with("multipart/form-data") {
+    let is_form = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.to_ascii_lowercase().starts_with("multipart/form-data"));
+    let source = if !is_form {
         require_json(request.headers())?;
-    }
-    let source = if !content_type.starts_with("multipart/form-data") {
         let body = Bytes::from_request(request, &app).await.map_err(|e| ApiError::bad_request(e.to_string()))?;
         let AddByPath { path } = parse(&body)?;
         let Some(chosen) = &docs.chosen_paths else {
@@ -168,7 +168,8 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
         let (name, bytes) = match source {
             Source::Path(path) => {
                 let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-                (name.clone(), Bytes::from(read_chosen(&path, &name, &docs.limits).map_err(ingest_error)?))
+                let bytes = read_chosen(&path, &name, &docs.limits).map_err(ingest_error)?;
+                (name, Bytes::from(bytes))
             }
             Source::Upload { name, bytes } => (name, bytes),
         };
