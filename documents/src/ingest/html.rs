@@ -9,6 +9,7 @@
 //! elements no tag opened.
 
 use html2text::Handle;
+use std::collections::HashMap;
 
 /// Whether decoded text is an HTML page rather than text that mentions a tag.
 pub fn looks_like_html(text: &str) -> bool {
@@ -53,11 +54,11 @@ const RAW_TEXT: &[&str] = &["script", "style", "textarea", "title", "xmp", "ifra
 const SIBLING_GROUPS: &[&[&str]] = &[&["p"], &["li"], &["dt", "dd"], &["option"], &["optgroup"], &["tr"], &["td", "th"], &["thead", "tbody", "tfoot"], &["rb", "rt", "rp", "rtc"]];
 
 /// How deep the page's tags nest, once that is over `max`: an estimate from the tags alone (end
-/// tags close what they name and everything inside it, as the tree builder does), in one pass
-/// whose work is bounded by the text's length times `max`.
+/// tags close what they name and everything inside it, as the tree builder does), in one pass.
 fn estimated_depth_over(html: &str, max: usize) -> Option<usize> {
     let bytes = html.as_bytes();
     let mut open: Vec<String> = Vec::new();
+    let mut open_names: HashMap<String, usize> = HashMap::new();
     let mut foreign = 0usize; // open <svg> and <math>, inside which `<x/>` closes itself
     let mut at = 0;
     while let Some(offset) = memchr(b'<', &bytes[at..]) {
@@ -82,9 +83,14 @@ fn estimated_depth_over(html: &str, max: usize) -> Option<usize> {
         let self_closing = tag_len >= 2 && rest[tag_len - 2] == b'/';
         at += tag_len;
         if closing {
-            if let Some(i) = open.iter().rposition(|n| *n == name) {
-                foreign -= open[i..].iter().filter(|n| matches!(n.as_str(), "svg" | "math")).count();
-                open.truncate(i);
+            // Only a name that is open is looked for, so each element is passed over once
+            // when it closes, not once per stray end tag.
+            if open_names.get(&name).is_some_and(|&n| n > 0) {
+                let i = open.iter().rposition(|n| *n == name).expect("counted open");
+                for closed in open.drain(i..) {
+                    foreign -= usize::from(matches!(closed.as_str(), "svg" | "math"));
+                    *open_names.entry(closed).or_default() -= 1;
+                }
             }
             continue;
         }
@@ -98,10 +104,12 @@ fn estimated_depth_over(html: &str, max: usize) -> Option<usize> {
         }
         if let Some(group) = SIBLING_GROUPS.iter().find(|g| g.contains(&name.as_str())) {
             if open.last().is_some_and(|top| group.contains(&top.as_str())) {
-                open.pop();
+                let closed = open.pop().expect("a top");
+                *open_names.entry(closed).or_default() -= 1;
             }
         }
         foreign += usize::from(matches!(name.as_str(), "svg" | "math"));
+        *open_names.entry(name.clone()).or_default() += 1;
         open.push(name);
         if open.len() > max {
             return Some(open.len());
