@@ -233,8 +233,10 @@ fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
     // end-of-text within the grace period (sampled, it sometimes did after ~70 tokens; greedy
     // runs all 1800).
     let mut socket = std::net::TcpStream::connect(&addr).unwrap();
+    // Only a hang's catch: an answer that is not the stream must not leave the test waiting.
+    socket.set_read_timeout(Some(std::time::Duration::from_secs(300))).unwrap();
     let body = r#"{"prompt": "Once upon a time", "max_tokens": 1800, "temperature": 0, "stream": true}"#;
-    write!(socket, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    write!(socket, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut seen = String::new();
     let mut buf = [0u8; 4096];
     while seen.matches("data: ").count() < 2 {

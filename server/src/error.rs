@@ -22,12 +22,19 @@ pub enum GenerationErrors {
     /// Missing or wrong API key
     #[response(status = 401)]
     Unauthorized(ErrorBody),
+    /// A web page on another site sent it through the user's browser (`Origin` or
+    /// `Sec-Fetch-Site`), or a request from this machine addressed to another host
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
     /// Unknown model
     #[response(status = 404)]
     UnknownModel(ErrorBody),
     /// Body over the limit
     #[response(status = 413)]
     TooLarge(ErrorBody),
+    /// The body is not sent as `Content-Type: application/json`
+    #[response(status = 415)]
+    NotJson(ErrorBody),
     /// Queue full (see Retry-After)
     #[response(status = 429)]
     QueueFull(ErrorBody),

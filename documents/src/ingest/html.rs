@@ -85,11 +85,11 @@ fn estimated_depth_over(html: &str, max: usize) -> Option<usize> {
         if closing {
             // Only a name that is open is looked for, so each element is passed over once
             // when it closes, not once per stray end tag.
-            if open_names.get(&name).is_some_and(|&n| n > 0) {
-                let i = open.iter().rposition(|n| *n == name).expect("counted open");
+            let is_open = open_names.get(&name).is_some_and(|&n| n > 0);
+            if let Some(i) = is_open.then(|| open.iter().rposition(|n| *n == name)).flatten() {
                 for closed in open.drain(i..) {
-                    foreign -= usize::from(matches!(closed.as_str(), "svg" | "math"));
-                    *open_names.entry(closed).or_default() -= 1;
+                    foreign = foreign.saturating_sub(usize::from(matches!(closed.as_str(), "svg" | "math")));
+                    open_names.entry(closed).and_modify(|n| *n = n.saturating_sub(1));
                 }
             }
             continue;
@@ -103,9 +103,8 @@ fn estimated_depth_over(html: &str, max: usize) -> Option<usize> {
             continue;
         }
         if let Some(group) = SIBLING_GROUPS.iter().find(|g| g.contains(&name.as_str())) {
-            if open.last().is_some_and(|top| group.contains(&top.as_str())) {
-                let closed = open.pop().expect("a top");
-                *open_names.entry(closed).or_default() -= 1;
+            if let Some(closed) = open.pop_if(|top| group.contains(&top.as_str())) {
+                open_names.entry(closed).and_modify(|n| *n = n.saturating_sub(1));
             }
         }
         foreign += usize::from(matches!(name.as_str(), "svg" | "math"));

@@ -1,14 +1,15 @@
 //! Reading an untrusted file in a process of its own, so that nothing a file does to a parser —
 //! present or future, ours or a library's — can take the app down. The child
-//! (`hillside-ingest`, installed beside the program that reads documents) gets the file on
-//! stdin, reads it with the same [`read_bytes`] under an address-space limit, a CPU-time limit
-//! and a fixed stack, and answers one JSON line: the document, or why not. An abort, a stack
-//! overflow, an allocation it cannot have or a hang ends only the child, and the caller gets an
-//! [`IngestError`] that says which.
+//! (`hillside-ingest`, installed beside the program that reads documents) gets a line of JSON
+//! that says what to do, then the file, on stdin; it reads the file with the same
+//! [`read_bytes`] under an address-space limit, a CPU-time limit and a fixed stack, and answers
+//! in JSON on stdout: the document, or why not. An abort, a stack overflow, an allocation it
+//! cannot have or a hang ends only the child, and the caller gets an [`IngestError`] that says
+//! which.
 
 use super::{read_bytes, Bound, Document, IngestError, Limits};
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -46,7 +47,7 @@ impl Default for ProcessLimits {
     }
 }
 
-/// What the caller sends the child as its one argument (the file's bytes go on stdin).
+/// What the caller sends the child first on stdin, as one line of JSON; the file's bytes follow.
 #[derive(Serialize, Deserialize)]
 struct Job {
     name: String,
@@ -99,7 +100,6 @@ impl IsolatedReader {
         let failed = |why: String| IngestError::ReaderFailed { name: name.into(), why };
         let job = serde_json::to_string(&job).map_err(|e| failed(e.to_string()))?;
         let mut child = Command::new(&self.exe)
-            .arg(job)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -112,7 +112,8 @@ impl IsolatedReader {
         let answer_limit = 6 * limits.max_text_bytes as u64 + (1 << 20);
         let answer = std::thread::scope(|scope| {
             let mut stdin = child.stdin.take().expect("piped");
-            scope.spawn(move || stdin.write_all(bytes)); // fails only if the child died first
+            // Fails only if the child died first.
+            scope.spawn(move || stdin.write_all(job.as_bytes()).and_then(|()| stdin.write_all(b"\n")).and_then(|()| stdin.write_all(bytes)));
             let mut stderr = child.stderr.take().expect("piped");
             let said = scope.spawn(move || last_bytes(&mut stderr, 4096));
             let mut stdout = child.stdout.take().expect("piped");
@@ -208,17 +209,23 @@ fn explain(name: &str, status: Option<ExitStatus>, said: &str, process: &Process
     IngestError::ReaderFailed { name: name.into(), why: format!("the document reader crashed on it ({how}); the file is damaged or was made to break readers") }
 }
 
-/// The child's side (`hillside-ingest JOB`, the file on stdin): limits first, then the file,
-/// then one answer on stdout.
+/// The longest job line the child reads (a file name is most of it).
+const MAX_JOB_BYTES: u64 = 1 << 20;
+
+/// The child's side (`hillside-ingest`, the job and then the file on stdin): limits first, then
+/// the file, then one answer on stdout.
 pub fn child_main() -> std::process::ExitCode {
-    let Some(job) = std::env::args().nth(1).and_then(|a| serde_json::from_str::<Job>(&a).ok()) else {
+    let mut stdin = std::io::BufReader::new(std::io::stdin().lock());
+    let mut line = Vec::new();
+    let read = (&mut stdin).take(MAX_JOB_BYTES).read_until(b'\n', &mut line);
+    let Some(job) = read.ok().and_then(|_| serde_json::from_slice::<Job>(&line).ok()) else {
         eprintln!("{READER_EXE} is started by Hillside to read one document; it is not a command to run");
         return std::process::ExitCode::from(2);
     };
     set_limit(libc::RLIMIT_CPU, job.cpu_s);
     set_limit(libc::RLIMIT_AS, job.memory_bytes);
     let mut bytes = Vec::new();
-    if let Err(e) = std::io::stdin().take(job.limits.max_file_bytes + 1).read_to_end(&mut bytes) {
+    if let Err(e) = stdin.take(job.limits.max_file_bytes + 1).read_to_end(&mut bytes) {
         eprintln!("cannot read the file from stdin: {e}");
         return std::process::ExitCode::from(1);
     }
