@@ -28,18 +28,21 @@ ui-test: ui
 # The desktop app on a virtual display (Xvfb): its window, its endpoint, a clean exit; and a
 # dropped file reaching the documents API.
 desktop-test: ui
-	cargo build -p hillside-documents --bin hillside-ingest
+	# The document reader beside the app (`make test` built it already; built alone, its
+	# dependencies would build again with fewer features).
+	[ -x $(CARGO_TARGET_DIR)/debug/hillside-ingest ] || cargo build -p hillside -p hillside-documents --bin hillside-ingest
 	cargo test -p hillside-desktop
 
 run: setup ui
 	# hillside-xrt-probe looks for a SmartSSD, and hillside-ingest reads each document, in a
-	# process of its own, beside `hillside`.
+	# process of its own, beside the program (built with it, so that they share its build).
 	cargo build --release -p hillside-engine --bin hillside-xrt-probe
-	cargo build --release -p hillside-documents --bin hillside-ingest
 	if [ -n "$${DISPLAY:-}$${WAYLAND_DISPLAY:-}" ]; then \
+	  cargo build --release -p hillside-desktop -p hillside-documents --bin hillside-desktop --bin hillside-ingest && \
 	  cargo run --release -p hillside-desktop; \
 	else \
 	  echo "no display: serving the web UI instead of opening the window"; \
+	  cargo build --release -p hillside -p hillside-documents --bin hillside --bin hillside-ingest && \
 	  cargo run --release -p hillside -- serve; \
 	fi
 
