@@ -26,18 +26,8 @@ fn emulator() -> &'static Emulator {
         let fpga = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fpga");
         let status = std::process::Command::new("make").arg("-C").arg(&fpga).arg("emu").arg(format!("BUILD={}", build.display())).status().unwrap();
         assert!(status.success(), "building the XRT emulator failed");
-        // The probe looks for a card from its own process, `hillside-xrt-probe`, found one
-        // folder above this test binary (cargo's deps/). `cargo test --workspace` builds it for
-        // the engine's tests; `cargo test -p hillside-tests` alone does not.
-        let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
-        if !deps.parent().unwrap().join("hillside-xrt-probe").is_file() {
-            let mut cargo = std::process::Command::new(env!("CARGO"));
-            cargo.args(["build", "-p", "hillside-engine", "--bin", "hillside-xrt-probe"]);
-            if !cfg!(debug_assertions) {
-                cargo.arg("--release");
-            }
-            assert!(cargo.status().unwrap().success(), "building hillside-xrt-probe failed");
-        }
+        // The probe looks for a card from its own process, `hillside-xrt-probe`.
+        common::ensure_bin("hillside-engine", "hillside-xrt-probe");
         Emulator {
             library: build.join("emu/libxrt_coreutil.so"),
             library_without_wait: build.join("emu-no-wait/libxrt_coreutil.so"),

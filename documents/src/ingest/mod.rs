@@ -153,12 +153,22 @@ pub enum IngestError {
 
 /// Reads the file at `path` (named by its file name in messages).
 pub fn read_file(path: &Path, limits: &Limits) -> Result<Document, IngestError> {
+    let (name, bytes) = file_bytes(path, limits)?;
+    read_bytes(&name, &bytes, limits)
+}
+
+/// The file's name and its bytes, its size checked before (and while) it is read.
+pub fn file_bytes(path: &Path, limits: &Limits) -> Result<(String, Vec<u8>), IngestError> {
+    use std::io::Read;
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let io = |source| IngestError::Io { name: name.clone(), source };
-    let size = std::fs::metadata(path).map_err(io)?.len();
+    let file = std::fs::File::open(path).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
     check_size(&name, size, limits)?;
-    let bytes = std::fs::read(path).map_err(io)?;
-    read_bytes(&name, &bytes, limits)
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(limits.max_file_bytes + 1).read_to_end(&mut bytes).map_err(io)?;
+    check_size(&name, bytes.len() as u64, limits)?;
+    Ok((name, bytes))
 }
 
 /// Reads a document held in memory (an upload), named `name`.
@@ -204,7 +214,7 @@ fn size(bytes: u64) -> String {
 }
 
 /// Refuses an empty file, or one over [`Limits::max_file_bytes`].
-pub fn check_size(name: &str, size: u64, limits: &Limits) -> Result<(), IngestError> {
+fn check_size(name: &str, size: u64, limits: &Limits) -> Result<(), IngestError> {
     if size == 0 {
         return Err(IngestError::Empty { name: name.into() });
     }

@@ -17,10 +17,9 @@ use crate::types::{ChatExtensionReply, DocumentExcerpt};
 use hillside_documents::prompt::PromptError;
 use hillside_documents::questions;
 use hillside_documents::summarize::{fits_whole, summarize, Point, Progress, Request as DocumentRequest, Runner, SummaryError};
-use hillside_documents::ingest::check_size;
+use hillside_documents::ingest::file_bytes;
 use hillside_documents::library::Added;
-use hillside_documents::{IngestError, Limits};
-use std::io::Read;
+use hillside_documents::IngestError;
 use hillside_engine::{CancelFlag, ChatMessage};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -167,8 +166,7 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
         let (app, docs) = (&task_app, task_app.documents()?);
         let (name, bytes) = match source {
             Source::Path(path) => {
-                let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-                let bytes = read_chosen(&path, &name, &docs.limits).map_err(ingest_error)?;
+                let (name, bytes) = file_bytes(&path, &docs.limits).map_err(ingest_error)?;
                 (name, Bytes::from(bytes))
             }
             Source::Upload { name, bytes } => (name, bytes),
@@ -183,18 +181,6 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
     .map_err(|e| ApiError::internal(format!("document task failed: {e}")))??;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(info(&app, entry))).into_response())
-}
-
-/// A chosen file's bytes, its size checked before it is read.
-fn read_chosen(path: &std::path::Path, name: &str, limits: &Limits) -> Result<Vec<u8>, IngestError> {
-    let io = |source| IngestError::Io { name: name.into(), source };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let size = file.metadata().map_err(io)?.len();
-    check_size(name, size, limits)?;
-    let mut bytes = Vec::with_capacity(size as usize);
-    file.take(limits.max_file_bytes + 1).read_to_end(&mut bytes).map_err(io)?;
-    check_size(name, bytes.len() as u64, limits)?;
-    Ok(bytes)
 }
 
 fn upload_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiError {

@@ -76,3 +76,18 @@ impl Drop for Scratch {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Builds `bin` of `package` unless it sits one folder above this test binary (cargo's `deps/`),
+/// where the code under test looks for it: `cargo test --workspace` builds it, `cargo test -p
+/// hillside-tests` alone does not.
+pub fn ensure_bin(package: &str, bin: &str) {
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    if !deps.parent().unwrap().join(bin).is_file() {
+        let mut cargo = std::process::Command::new(env!("CARGO"));
+        cargo.args(["build", "-p", package, "--bin", bin]);
+        if !cfg!(debug_assertions) {
+            cargo.arg("--release");
+        }
+        assert!(cargo.status().unwrap().success(), "building {bin} failed");
+    }
+}

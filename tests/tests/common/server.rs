@@ -124,21 +124,10 @@ pub fn upload(base: &str, name: &str, bytes: &[u8], headers: &[(&str, &str)]) ->
     (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
 }
 
-/// The document reader (`hillside-ingest`) the server runs for each file, built if this test
-/// binary's `cargo test` did not build it (`cargo test --workspace` does).
+/// The document reader (`hillside-ingest`) the server runs for each file.
 pub fn ensure_reader() {
     static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
-        if !deps.parent().unwrap().join("hillside-ingest").is_file() {
-            let mut cargo = std::process::Command::new(env!("CARGO"));
-            cargo.args(["build", "-p", "hillside-documents", "--bin", "hillside-ingest"]);
-            if !cfg!(debug_assertions) {
-                cargo.arg("--release");
-            }
-            assert!(cargo.status().unwrap().success(), "building hillside-ingest failed");
-        }
-    });
+    BUILT.get_or_init(|| super::ensure_bin("hillside-documents", "hillside-ingest"));
 }
 
 pub fn agent() -> ureq::Agent {
