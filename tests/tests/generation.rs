@@ -171,3 +171,33 @@ fn a_long_prompt_beside_a_decoding_chat_reads_a_slice_a_round() {
         assert_eq!(done[0].0 == "chat", chat_first, "shared_prefill_tokens {shared_prefill_tokens}: finished in the order {done:?}");
     }
 }
+
+#[test]
+fn a_finished_request_is_counted_before_its_owner_hears_it_is_done() {
+    use hillside_engine::scheduler::{Phase, Scheduler, SchedulerConfig, Update};
+    use hillside_engine::kv::KvConfig;
+    use std::sync::mpsc;
+    use std::time::Duration;
+    let engine = engine();
+    let prompt = engine.tokenizer().encode("Once upon a time, in a valley between two rivers,").unwrap();
+    let config = SchedulerConfig { max_live: 1, max_queued: 1, kv: KvConfig::default(), context_tokens: Some(512), cached_sequences: 1, shared_prefill_tokens: 64 };
+    let scheduler = Scheduler::start(engine, config);
+    let (done_tx, done_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    // The owner reads the scheduler while the worker still waits in its callback: what it
+    // sees must already hold the finished request.
+    let sink = Box::new(move |u: Update| {
+        if let Update::Done(done) = u {
+            done_tx.send(done.map(|s| s.completion_tokens)).unwrap();
+            let _ = release_rx.recv_timeout(Duration::from_secs(300));
+        }
+        true
+    });
+    scheduler.submit(prompt.clone(), greedy(8), sink).unwrap();
+    let generated = done_rx.recv_timeout(Duration::from_secs(300)).unwrap().unwrap();
+    let (totals, stats) = (scheduler.totals(), scheduler.stats());
+    release_tx.send(()).unwrap();
+    assert_eq!(totals.generated_tokens, generated as u64, "every generated token is counted, the last one too");
+    assert!(stats.iter().all(|s| s.phase == Phase::Cached), "the finished request is no longer live: {stats:?}");
+    assert!(stats.iter().any(|s| s.prompt_tokens >= prompt.len()), "the cached sequence holds its tokens: {stats:?}");
+}

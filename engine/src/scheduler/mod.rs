@@ -313,7 +313,7 @@ fn run(engine: &Engine, shared: &Shared) {
                 live.push(l);
             }
         }
-        run_round(engine, &mut live, &mut cache, &mut totals, shared.config.shared_prefill_tokens);
+        run_round(engine, shared, &mut live, &mut cache, &mut totals);
         cache.trim();
         let cached = cache.sequences().iter().map(|seq| SequenceStats {
             id: 0,
@@ -380,7 +380,8 @@ fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut
 /// its next token, whose text goes out now), all of it runs in one forward pass, and each
 /// takes its logits. Sequences that ended, were cancelled or failed leave the batch; those that
 /// finished go to the prefix cache (a cancelled one is freed at once: its client left).
-fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache, totals: &mut Totals, shared_prefill_tokens: usize) {
+fn run_round(engine: &Engine, shared: &Shared, live: &mut Vec<Live>, cache: &mut PrefixCache, totals: &mut Totals) {
+    let shared_prefill_tokens = shared.config.shared_prefill_tokens;
     let mut finished = |mut l: Live, outcome: Result<Summary>| {
         totals.add_growth(l.counted, Totals::of(&live_stats(&l)));
         let keep = matches!(&outcome, Ok(s) if s.finish_reason != FinishReason::Cancelled);
@@ -390,6 +391,9 @@ fn run_round(engine: &Engine, live: &mut Vec<Live>, cache: &mut PrefixCache, tot
                 let _ = guarded(|| Ok(prefix.save(&mut l.seq)));
             }
         }
+        // Before the owner hears it is done, so that what it reads next counts this sequence
+        // as finished, its last token included.
+        publish_finished(shared, &l, keep, *totals);
         (l.job.sink)(Update::Done(outcome));
         if keep {
             cache.put(l.seq);
@@ -480,6 +484,20 @@ fn forward(sink: &mut Sink, cancel: &CancelFlag, event: Event) {
 fn finish_cancelled(mut job: Job) {
     let summary = finished(&job.prompt, 0, Vec::new(), FinishReason::Cancelled, 0.0, 0.0);
     (job.sink)(Update::Done(Ok(summary)));
+}
+
+/// Shows a sequence that just left the batch as cached (or gone) and the totals with its last
+/// growth, ahead of the round's full refresh.
+fn publish_finished(shared: &Shared, l: &Live, kept: bool, totals: Totals) {
+    let mut state = shared.lock();
+    state.totals = totals;
+    if kept {
+        if let Some(seen) = state.live.iter_mut().find(|s| s.id == l.job.id) {
+            *seen = SequenceStats { id: 0, phase: Phase::Cached, prompt_tokens: l.seq.tokens.len(), generated_tokens: 0, kv: Some(l.seq.kv.stats()) };
+        }
+    } else {
+        state.live.retain(|s| s.id != l.job.id);
+    }
 }
 
 fn live_stats(l: &Live) -> SequenceStats {
