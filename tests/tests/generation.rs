@@ -201,3 +201,47 @@ fn a_finished_request_is_counted_before_its_owner_hears_it_is_done() {
     assert!(stats.iter().all(|s| s.phase == Phase::Cached), "the finished request is no longer live: {stats:?}");
     assert!(stats.iter().any(|s| s.prompt_tokens >= prompt.len()), "the cached sequence holds its tokens: {stats:?}");
 }
+
+/// A group of eight requests counts as one against a queue of one: it is taken whole, its
+/// members start as slots free, and a request that arrives behind it gets the next free slot
+/// rather than waiting for all of them.
+#[test]
+fn a_group_counts_as_one_queued_request_and_takes_turns_with_the_others() {
+    use hillside_engine::kv::KvConfig;
+    use hillside_engine::scheduler::{Scheduler, SchedulerConfig, SubmitError, Update};
+    use std::sync::mpsc;
+    let engine = engine();
+    let config = SchedulerConfig { max_live: 2, max_queued: 1, kv: KvConfig::default(), context_tokens: Some(512), cached_sequences: 0, shared_prefill_tokens: 64 };
+    let scheduler = Scheduler::start(engine.clone(), config);
+    let prompt = |i: usize| engine.tokenizer().encode(&format!("Write a line about the number {i}.")).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let sink = |name: String| {
+        let tx = tx.clone();
+        Box::new(move |u: Update| match u {
+            Update::Done(done) => tx.send((name.clone(), done.map(|s| s.completion_tokens))).is_ok(),
+            Update::Event(_) => true,
+        })
+    };
+    let group = scheduler.open_group().unwrap();
+    for i in 0..8 {
+        group.submit_with_prefix(prompt(i), None, greedy(16), sink(format!("member {i}"))).unwrap();
+    }
+    scheduler.submit(prompt(100), greedy(16), sink("chat".into())).unwrap();
+    // The group, the chat and a third: that is over one waiting beyond the two free slots.
+    scheduler.submit(prompt(101), greedy(16), sink("other".into())).unwrap();
+    assert!(matches!(scheduler.submit(prompt(102), greedy(1), sink("refused".into())), Err(SubmitError::QueueFull { .. })));
+    let done: Vec<String> = rx.iter().take(10).map(|(name, tokens)| {
+        assert!(tokens.is_ok(), "{name}: {tokens:?}");
+        name
+    }).collect();
+    let at = |name: &str| done.iter().position(|n| n == name).unwrap();
+    assert!(at("chat") < at("member 7") && at("other") < at("member 7"), "the others did not wait for the whole group: {done:?}");
+    // A group dropped with members waiting ends them as cancelled.
+    let group = scheduler.open_group().unwrap();
+    for i in 0..6 {
+        group.submit_with_prefix(prompt(i), None, greedy(64), sink(format!("dropped {i}"))).unwrap();
+    }
+    drop(group);
+    let ended: Vec<usize> = rx.iter().take(6).map(|(_, tokens)| tokens.unwrap()).collect();
+    assert!(ended.iter().filter(|&&t| t == 0).count() >= 4, "the waiting members ended unstarted: {ended:?}");
+}

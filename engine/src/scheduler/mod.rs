@@ -5,6 +5,8 @@
 //! joins the batch the round after it arrives and leaves it when it ends). A long prompt
 //! delays the others by one chunk per round, not by its whole prefill, and by a shorter one
 //! while another sequence waits on its next token ([`SchedulerConfig::shared_prefill_tokens`]).
+//! Many requests of one task (a summary's chunks) form a [`Group`], which counts as one
+//! request against the queue's limit and starts its members one at a time ([`wait_queue`]).
 //!
 //! A sequence ends when its generation does, when its owner cancels it, or the moment its owner
 //! stops listening (a client that disconnects); a cancelled one's store, with any cold-pool
@@ -19,6 +21,7 @@
 mod kept_prefix;
 mod prefix_cache;
 mod totals;
+mod wait_queue;
 
 pub use kept_prefix::KeptPrefix;
 pub use totals::Totals;
@@ -30,11 +33,11 @@ use crate::{Engine, FinishReason};
 use kept_prefix::shared_prefix;
 use prefix_cache::PrefixCache;
 use serde::Serialize;
-use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use wait_queue::WaitQueue;
 
 /// How often an idle worker lets cached sequences check whether memory has grown short.
 const IDLE_TRIM_EVERY: Duration = crate::kv::headroom::REMEASURE_AFTER;
@@ -138,7 +141,7 @@ struct Live {
 }
 
 struct State {
-    queue: VecDeque<Job>,
+    queue: WaitQueue,
     /// Live and cached sequences, as of the last round.
     live: Vec<SequenceStats>,
     totals: Totals,
@@ -148,6 +151,51 @@ struct State {
     /// Ends the worker: every sequence still there is cancelled.
     stop: bool,
     next_id: u64,
+}
+
+impl State {
+    fn accepts(&self) -> Result<(), SubmitError> {
+        if let Some(why) = &self.failed {
+            return Err(SubmitError::EngineFailed(why.clone()));
+        }
+        if !self.accepting {
+            return Err(SubmitError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    fn job(&mut self, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams, sink: Sink) -> (Job, Ticket) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let cancel = CancelFlag::default();
+        (Job { id, prompt, params, sink, cancel: cancel.clone(), prefix }, Ticket { id, cancel })
+    }
+}
+
+/// Requests that count as one for the queue's limit (see [`Scheduler::open_group`]).
+pub struct Group {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Group {
+    /// Queues a member; refused only when the scheduler stops taking requests.
+    pub fn submit_with_prefix(&self, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams, sink: Sink) -> Result<Ticket, SubmitError> {
+        let mut state = self.shared.lock();
+        state.accepts()?;
+        let (job, ticket) = state.job(prompt, prefix, params, sink);
+        state.queue.push_member(self.id, job);
+        self.shared.changed.notify_all();
+        Ok(ticket)
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let waiting = self.shared.lock().queue.close_group(self.id);
+        waiting.into_iter().for_each(finish_cancelled);
+        self.shared.changed.notify_all();
+    }
 }
 
 struct Shared {
@@ -177,7 +225,7 @@ impl Scheduler {
         }
         let shared = Arc::new(Shared {
             config,
-            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), totals: Totals::default(), accepting: true, failed: None, stop: false, next_id: 1 }),
+            state: Mutex::new(State { queue: WaitQueue::default(), live: Vec::new(), totals: Totals::default(), accepting: true, failed: None, stop: false, next_id: 1 }),
             changed: Condvar::new(),
         });
         let worker = {
@@ -206,24 +254,36 @@ impl Scheduler {
     /// [`Scheduler::submit`] for a prompt whose first tokens' K/V may be kept elsewhere.
     pub fn submit_with_prefix(&self, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams, sink: Sink) -> Result<Ticket, SubmitError> {
         let mut state = self.shared.lock();
-        if let Some(why) = &state.failed {
-            return Err(SubmitError::EngineFailed(why.clone()));
-        }
-        if !state.accepting {
-            return Err(SubmitError::ShuttingDown);
-        }
-        // A request may wait while every live slot is taken, up to `max_queued` of them.
-        let live = state.live.iter().filter(|s| s.phase != Phase::Cached).count();
-        let free_slots = self.shared.config.max_live.saturating_sub(live);
-        if state.queue.len() >= self.shared.config.max_queued + free_slots {
-            return Err(SubmitError::QueueFull { queued: state.queue.len() });
-        }
+        self.admit_one_more(&state)?;
+        let (job, ticket) = state.job(prompt, prefix, params, sink);
+        state.queue.push(job);
+        self.shared.changed.notify_all();
+        Ok(ticket)
+    }
+
+    /// Opens a group of requests that counts as one request for the queue's limit however many
+    /// it holds (a summary's chunks): its members start one at a time as slots free, taking
+    /// turns with the other requests. Dropping the group ends its members still waiting.
+    pub fn open_group(&self) -> Result<Group, SubmitError> {
+        let mut state = self.shared.lock();
+        self.admit_one_more(&state)?;
         let id = state.next_id;
         state.next_id += 1;
-        let cancel = CancelFlag::default();
-        state.queue.push_back(Job { id, prompt, params, sink, cancel: cancel.clone(), prefix });
-        self.shared.changed.notify_all();
-        Ok(Ticket { id, cancel })
+        state.queue.open_group(id);
+        Ok(Group { shared: self.shared.clone(), id })
+    }
+
+    /// Whether one more request may wait: a request may wait while every live slot is taken,
+    /// up to `max_queued` of them.
+    fn admit_one_more(&self, state: &State) -> Result<(), SubmitError> {
+        state.accepts()?;
+        let live = state.live.iter().filter(|s| s.phase != Phase::Cached).count();
+        let free_slots = self.shared.config.max_live.saturating_sub(live);
+        let queued = state.queue.counted();
+        if queued >= self.shared.config.max_queued + free_slots {
+            return Err(SubmitError::QueueFull { queued });
+        }
+        Ok(())
     }
 
     /// `Err` with the reason once the worker has stopped after an internal error.
@@ -234,7 +294,7 @@ impl Scheduler {
     /// Every request, live or queued, and every cached sequence, as of the last round.
     pub fn stats(&self) -> Vec<SequenceStats> {
         let state = self.shared.lock();
-        let queued = state.queue.iter().map(|j| SequenceStats {
+        let queued = state.queue.heads().map(|j| SequenceStats {
             id: j.id,
             phase: Phase::Queued,
             prompt_tokens: j.prompt.len(),
@@ -292,7 +352,7 @@ fn run(engine: &Engine, shared: &Shared) {
                 state = shared.changed.wait_timeout(state, IDLE_TRIM_EVERY).unwrap_or_else(|p| p.into_inner()).0;
             }
             if state.stop {
-                let queued: Vec<Job> = state.queue.drain(..).collect();
+                let queued = state.queue.drain();
                 drop(state);
                 for job in queued {
                     finish_cancelled(job);
@@ -306,7 +366,7 @@ fn run(engine: &Engine, shared: &Shared) {
             }
             let free = shared.config.max_live.saturating_sub(live.len());
             let n = free.min(state.queue.len());
-            state.queue.drain(..n).collect()
+            (0..n).map_while(|_| state.queue.next()).collect()
         };
         for job in admitted {
             if let Some(l) = admit(engine, &shared.config, &mut cache, job) {
@@ -466,7 +526,7 @@ fn fail_worker(shared: &Shared, why: String) {
         state.failed = Some(why.clone());
         state.accepting = false;
         state.live.clear();
-        state.queue.drain(..).collect()
+        state.queue.drain()
     };
     for mut job in queued {
         (job.sink)(Update::Done(Err(Error::Internal(why.clone()))));
@@ -520,7 +580,7 @@ mod tests {
         let config = SchedulerConfig { max_live: 1, max_queued: 4, kv: KvConfig::default(), context_tokens: None, cached_sequences: 0, shared_prefill_tokens: SHARED_PREFILL_TOKENS };
         let shared = Arc::new(Shared {
             config,
-            state: Mutex::new(State { queue: VecDeque::new(), live: Vec::new(), totals: Totals::default(), accepting: true, failed: None, stop: false, next_id: 1 }),
+            state: Mutex::new(State { queue: WaitQueue::default(), live: Vec::new(), totals: Totals::default(), accepting: true, failed: None, stop: false, next_id: 1 }),
             changed: Condvar::new(),
         });
         // No worker thread: the queued request stays queued until the failure ends it.
