@@ -12,7 +12,7 @@ use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::prompt::best_chunk;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{chunk_notes, count_tokens, fits_whole, summarize, Runner, RESERVE_TOKENS};
+use hillside_documents::summarize::{chunk_notes, count_tokens, fits_whole, summarize, NoCheckpoints, Runner, RESERVE_TOKENS};
 use hillside_documents::{read_file, Document, Library, Limits};
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
@@ -138,7 +138,7 @@ impl Bench<'_> {
 
     fn summary(&self, runner: &Runner<'_>, doc: &Document) -> Result<SummaryRun> {
         let start = Instant::now();
-        let summary = summarize(runner, doc, "bench", &CancelFlag::default(), &mut |_| {})?;
+        let summary = summarize(runner, doc, "bench", &mut NoCheckpoints, &CancelFlag::default(), &mut |_| {})?;
         let chunks = match &summary.plan.mode {
             Mode::Whole => 1,
             Mode::Hierarchical { chunks, .. } => chunks.len(),

@@ -8,7 +8,7 @@ use hillside_documents::chunks::Mode;
 use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::questions::question;
 use hillside_documents::sources::Source;
-use hillside_documents::summarize::{summarize, DocumentSummary, Progress, Runner};
+use hillside_documents::summarize::{summarize, DocumentSummary, LibraryCheckpoints, Progress, Runner};
 use hillside_documents::{read_file, Document, Library, Limits, Locator};
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event};
@@ -178,10 +178,11 @@ pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
             .iter()
             .map(|(id, doc)| {
                 let bar = bars.add(ProgressBar::new(100).with_style(style.clone()).with_prefix(doc.name.clone()));
-                let runner = &runner;
+                let (runner, library, model_key) = (&runner, &*library, config.model_key.as_str());
                 scope.spawn(move || {
                     let mut prefilled: Vec<usize> = Vec::new();
-                    let summary = summarize(runner, doc, id, &CancelFlag::default(), &mut |p| show(&bar, &mut prefilled, p));
+                    let mut checkpoints = LibraryCheckpoints { library, id, model_key };
+                    let summary = summarize(runner, doc, id, &mut checkpoints, &CancelFlag::default(), &mut |p| show(&bar, &mut prefilled, p));
                     bar.finish();
                     summary.map_err(anyhow::Error::from)
                 })
@@ -194,7 +195,7 @@ pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
     for ((id, doc), result) in docs.iter().zip(results) {
         match result {
             Ok(summary) => {
-                library.update(id, |e| e.summary = Some(summary.points.clone()))?;
+                library.finish_summary(id, summary.points.clone(), summary.plan.tokens)?;
                 if args.json {
                     all_json.push(serde_json::json!({"id": id, "name": doc.name, "plan": summary.plan, "points": summary.points}));
                     continue;
@@ -249,20 +250,31 @@ fn show(bar: &ProgressBar, prefilled: &mut Vec<usize>, progress: Progress) {
             bar.set_length(plan.tokens.max(1) as u64);
             bar.set_message("reading");
         }
+        Progress::Resumed { chunks_done, merges_done } => bar.println(format!("{}: resumed, {chunks_done} chunks and {merges_done} merges kept", bar.prefix())),
         Progress::Prefill { chunk, chunks, done_tokens, .. } => {
             prefilled.resize(chunks, 0);
             prefilled[chunk - 1] = done_tokens;
-            bar.set_position(prefilled.iter().sum::<usize>() as u64);
+            bar.set_position(bar.position().max(prefilled.iter().sum::<usize>() as u64));
             bar.set_message(if chunks > 1 { format!("reading {chunks} chunks") } else { "reading".into() });
         }
-        Progress::ChunkSummarized { done, chunks } => {
-            bar.set_position(bar.length().unwrap_or(0));
-            bar.set_message(if chunks > 1 { format!("summarized chunk {done}/{chunks}") } else { "summarizing".into() });
+        Progress::ChunkSummarized { done, chunks, tokens_read, eta_s, .. } => {
+            bar.set_position(tokens_read as u64);
+            bar.set_message(format!("summarized chunk {done}/{chunks}{}", left(eta_s)));
         }
         Progress::Merging { level, groups } => bar.set_message(format!("merging (level {level}, {groups} groups)")),
+        Progress::Merged { level, done, groups, eta_s, .. } => bar.set_message(format!("merged {done}/{groups} at level {level}{}", left(eta_s))),
         // The points are printed, with their sources, once the summary is done.
         Progress::Writing { .. } => bar.set_message("writing the summary"),
         Progress::Done => bar.set_message("done"),
+    }
+}
+
+/// ", about 3 min left", from an estimate in seconds.
+fn left(eta_s: Option<f64>) -> String {
+    match eta_s {
+        Some(s) if s >= 90.0 => format!(", about {:.0} min left", s / 60.0),
+        Some(s) => format!(", about {s:.0} s left"),
+        None => String::new(),
     }
 }
 

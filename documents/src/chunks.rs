@@ -58,16 +58,24 @@ pub fn plan(doc: &Document, context_tokens: usize, reserve_tokens: usize, count:
         return Ok(Plan { tokens, mode: Mode::Whole });
     }
     let chunks = cut(doc, context_tokens / 2, count);
-    let per_merge = (context_tokens.saturating_sub(reserve_tokens) / SUMMARY_WITH_EVIDENCE_TOKENS).max(2);
-    let (mut levels, mut left) = (0, chunks.len());
-    while left > 1 {
-        left = left.div_ceil(per_merge);
-        levels += 1;
-    }
+    let levels = merge_groups(chunks.len(), context_tokens, reserve_tokens).len();
     if levels > MAX_LEVELS {
         return Err(TooLong { name: doc.name.clone(), tokens, levels });
     }
     Ok(Plan { tokens, mode: Mode::Hierarchical { chunks, levels: levels.max(1) } })
+}
+
+/// The merge groups each level takes at most, from the first, for `notes` chunk notes: as many
+/// notes as fit a prompt at [`SUMMARY_WITH_EVIDENCE_TOKENS`] each (two at least) make a group.
+pub fn merge_groups(notes: usize, context_tokens: usize, reserve_tokens: usize) -> Vec<usize> {
+    let per_merge = (context_tokens.saturating_sub(reserve_tokens) / SUMMARY_WITH_EVIDENCE_TOKENS).max(2);
+    let mut groups = Vec::new();
+    let mut left = notes;
+    while left > 1 {
+        left = left.div_ceil(per_merge);
+        groups.push(left);
+    }
+    groups
 }
 
 /// The text cut into chunks of at most `budget` tokens: whole paragraphs (a blank line ends

@@ -16,6 +16,8 @@ const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("documents");
 const TEXTS: TableDefinition<&str, &str> = TableDefinition::new("texts");
 /// key → a [`KeptKv`], as JSON: the catalogue of documents' K/V files.
 const KEPT_KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kept_kv");
+/// id → a [`SummaryCheckpoint`], as JSON: the finished steps of a summary under way.
+const CHECKPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("summary_checkpoints");
 
 /// What the library knows of a document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +50,26 @@ pub struct KeptKv {
     pub tokens: usize,
     pub bytes: u64,
     pub used_s: u64,
+}
+
+/// The steps of a summary that finished, kept as each one does, so that a summary stopped by a
+/// crash, a kill or the user resumes where it stopped (see [`crate::summarize::Checkpoints`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SummaryCheckpoint {
+    /// What the notes were written for (the model, the plan, the prompts): another plan's
+    /// notes are never reused.
+    pub plan_key: String,
+    /// Chunks of the plan.
+    pub chunks: usize,
+    /// Step ("chunk 3", "merge 1.0") → its note.
+    pub notes: std::collections::BTreeMap<String, String>,
+}
+
+impl SummaryCheckpoint {
+    /// Chunk notes kept.
+    pub fn chunks_done(&self) -> usize {
+        self.notes.keys().filter(|k| k.starts_with("chunk ")).count()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +112,7 @@ impl Library {
         txn.open_table(ENTRIES).map_err(err)?;
         txn.open_table(TEXTS).map_err(err)?;
         txn.open_table(KEPT_KV).map_err(err)?;
+        txn.open_table(CHECKPOINTS).map_err(err)?;
         txn.commit().map_err(err)?;
         Ok(Self { db })
     }
@@ -196,6 +219,7 @@ impl Library {
         let removed = {
             let removed = txn.open_table(ENTRIES).map_err(err)?.remove(id).map_err(err)?.is_some();
             txn.open_table(TEXTS).map_err(err)?.remove(id).map_err(err)?;
+            txn.open_table(CHECKPOINTS).map_err(err)?.remove(id).map_err(err)?;
             removed
         };
         txn.commit().map_err(err)?;
@@ -231,5 +255,44 @@ impl Library {
         let removed = txn.open_table(KEPT_KV).map_err(err)?.remove(key).map_err(err)?.is_some();
         txn.commit().map_err(err)?;
         Ok(removed)
+    }
+
+    /// The summary under way for document `id`, if any step of one has finished.
+    pub fn checkpoint(&self, id: &str) -> Result<Option<SummaryCheckpoint>, LibraryError> {
+        self.read_json(CHECKPOINTS, id)
+    }
+
+    /// Keeps a finished step's `note` of the summary of `id` planned as `plan_key` (of
+    /// `chunks` chunks), in one transaction; notes kept for another plan are dropped.
+    pub fn keep_step(&self, id: &str, plan_key: &str, chunks: usize, step: &str, note: &str) -> Result<(), LibraryError> {
+        let txn = self.db.begin_write().map_err(err)?;
+        {
+            let mut table = txn.open_table(CHECKPOINTS).map_err(err)?;
+            let known = table.get(id).map_err(err)?.map(|v| serde_json::from_slice::<SummaryCheckpoint>(v.value())).transpose().map_err(err)?;
+            let mut checkpoint = known.filter(|c| c.plan_key == plan_key).unwrap_or_else(|| SummaryCheckpoint { plan_key: plan_key.to_string(), chunks, ..Default::default() });
+            checkpoint.notes.insert(step.to_string(), note.to_string());
+            table.insert(id, serde_json::to_vec(&checkpoint).map_err(err)?.as_slice()).map_err(err)?;
+        }
+        txn.commit().map_err(err)
+    }
+
+    /// Stores a finished summary's points (and the document's tokens) and forgets its
+    /// checkpoint, in one transaction; `None` if there is no document `id`.
+    pub fn finish_summary(&self, id: &str, points: Vec<Point>, tokens: usize) -> Result<Option<Entry>, LibraryError> {
+        let txn = self.db.begin_write().map_err(err)?;
+        let entry = {
+            let mut table = txn.open_table(ENTRIES).map_err(err)?;
+            let Some(mut entry) = table.get(id).map_err(err)?.map(|v| serde_json::from_slice::<Entry>(v.value())).transpose().map_err(err)? else {
+                return Ok(None);
+            };
+            entry.summary = Some(points);
+            entry.tokens = Some(tokens);
+            entry.used_s = now_s();
+            table.insert(id, serde_json::to_vec(&entry).map_err(err)?.as_slice()).map_err(err)?;
+            txn.open_table(CHECKPOINTS).map_err(err)?.remove(id).map_err(err)?;
+            entry
+        };
+        txn.commit().map_err(err)?;
+        Ok(Some(entry))
     }
 }

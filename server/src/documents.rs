@@ -50,6 +50,8 @@ pub struct Documents {
     pub kv: Arc<DocumentKvCache>,
     pub limits: Limits,
     pub chosen_paths: Option<Arc<ChosenPaths>>,
+    /// The loaded model's key: a summary's kept steps are reused only with the same model.
+    pub model_key: String,
     /// Every file is read in a child process; `Err`: the reader is not installed, and documents
     /// cannot be added (said at start and on each upload).
     reader: Result<IsolatedReader, String>,
@@ -70,6 +72,6 @@ impl Documents {
             tracing::error!(%why, "documents cannot be added");
         }
         let limits = Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() };
-        Ok(Self { library, kv, limits, chosen_paths: config.chosen_paths.clone(), reader })
+        Ok(Self { library, kv, limits, chosen_paths: config.chosen_paths.clone(), model_key: config.model_key.clone(), reader })
     }
 }

@@ -7,7 +7,7 @@ mod common;
 use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::library::Library;
 use hillside_documents::questions::question;
-use hillside_documents::summarize::{summarize, Runner};
+use hillside_documents::summarize::{summarize, NoCheckpoints, Runner};
 use hillside_documents::{read_bytes, Document, Limits};
 use hillside_engine::kv::KvConfig;
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
@@ -72,7 +72,7 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
         let cache = open_cache(&dir, 1 << 30);
         let sched = scheduler(&engine, 4);
         let runner = Runner { engine: &engine, scheduler: &sched, context_tokens: CONTEXT, kv_cache: Some(&cache) };
-        summarize(&runner, &doc, "doc", &CancelFlag::default(), &mut |_| {}).unwrap();
+        summarize(&runner, &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |_| {}).unwrap();
         assert_eq!(cache.stats.saved.load(Ordering::Relaxed), 1);
         assert_eq!(kv_files(&dir).len(), 1, "{:?}", kv_files(&dir));
         let (answer, reused) = ask(&runner, &doc, q);

@@ -8,7 +8,7 @@ use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::library::Library;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{summarize, Progress, Runner};
+use hillside_documents::summarize::{summarize, NoCheckpoints, Progress, Runner};
 use hillside_documents::{read_file, read_bytes, Limits};
 use hillside_engine::kv::KvConfig;
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
@@ -34,7 +34,7 @@ fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
     let doc = read_file(&path, &Limits::default()).unwrap();
     let scheduler = scheduler(&engine, 8192);
     let mut progress = Vec::new();
-    let summary = summarize(&runner(&engine, &scheduler, 8192), &doc, "doc", &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
+    let summary = summarize(&runner(&engine, &scheduler, 8192), &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
     eprintln!("{} tokens; points:", summary.plan.tokens);
     for p in &summary.points {
         eprintln!("- {} ({} sources)", p.text, p.sources.len());
@@ -75,14 +75,14 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     let cache = DocumentKvCache::open(library, &dir.join("kv"), 1 << 30, "smollm2-test").unwrap();
     let runner = Runner { kv_cache: Some(&cache), ..runner(&engine, &scheduler, 2048) };
     let mut progress = Vec::new();
-    let summary = summarize(&runner, &doc, "doc", &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
+    let summary = summarize(&runner, &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
     let Mode::Hierarchical { chunks, levels } = &summary.plan.mode else { panic!("{:?}", summary.plan) };
     assert!(chunks.len() >= 4 && *levels >= 2, "{} chunks, {levels} levels planned", chunks.len());
     // Planned, then every chunk's prefill and summary, then the merges, then done.
     let stage = |p: &Progress| match p {
         Progress::Planned { .. } => 0,
-        Progress::Prefill { .. } | Progress::ChunkSummarized { .. } => 1,
-        Progress::Merging { .. } | Progress::Writing { .. } => 2,
+        Progress::Resumed { .. } | Progress::Prefill { .. } | Progress::ChunkSummarized { .. } => 1,
+        Progress::Merging { .. } | Progress::Merged { .. } | Progress::Writing { .. } => 2,
         Progress::Done => 3,
     };
     assert!(progress.windows(2).all(|w| stage(&w[0]) <= stage(&w[1])), "{progress:?}");
@@ -125,7 +125,7 @@ fn a_cancelled_summary_ends_at_once_and_leaves_no_sequence_behind() {
     let scheduler = scheduler(&engine, 2048);
     let cancel = CancelFlag::default();
     let mut seen = Vec::new();
-    let result = summarize(&runner(&engine, &scheduler, 2048), &doc, "doc", &cancel, &mut |p| {
+    let result = summarize(&runner(&engine, &scheduler, 2048), &doc, "doc", &mut NoCheckpoints, &cancel, &mut |p| {
         if matches!(p, Progress::Prefill { done_tokens, .. } if done_tokens > 0) {
             cancel.cancel(); // mid-prefill of the batched chunks
         }

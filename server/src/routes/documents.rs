@@ -16,7 +16,7 @@ use hillside_documents::library::Entry;
 use crate::types::{ChatExtensionReply, DocumentExcerpt};
 use hillside_documents::prompt::PromptError;
 use hillside_documents::questions;
-use hillside_documents::summarize::{fits_whole, summarize, Point, Progress, Request as DocumentRequest, Runner, SummaryError};
+use hillside_documents::summarize::{count_tokens, fits_whole, plan_summary, summarize, LibraryCheckpoints, Point, Progress, Request as DocumentRequest, Runner, SummaryError};
 use hillside_documents::ingest::file_bytes;
 use hillside_documents::library::Added;
 use hillside_documents::IngestError;
@@ -50,6 +50,15 @@ pub struct DocumentInfo {
     /// page or section); absent until summarized.
     #[schema(value_type = Option<Vec<Object>>)]
     pub summary: Option<Vec<Point>>,
+    /// A summary that was stopped (by the user, a crash or a restart) before it finished: what
+    /// of it is kept. Asking for the summary again resumes it.
+    pub unfinished_summary: Option<UnfinishedSummary>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UnfinishedSummary {
+    pub chunks_done: usize,
+    pub chunks: usize,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -83,6 +92,7 @@ enum Source {
 
 fn info(app: &App, entry: Entry) -> DocumentInfo {
     let whole = entry.tokens.is_none_or(|t| fits_whole(t, app.context_tokens()));
+    let checkpoint = app.documents().ok().and_then(|docs| docs.library.checkpoint(&entry.id).ok().flatten());
     DocumentInfo {
         id: entry.id,
         object: "hillside.document",
@@ -95,6 +105,7 @@ fn info(app: &App, entry: Entry) -> DocumentInfo {
         created: entry.created_s,
         used: entry.used_s,
         summary: entry.summary,
+        unfinished_summary: checkpoint.map(|c| UnfinishedSummary { chunks_done: c.chunks_done(), chunks: c.chunks }),
     }
 }
 
@@ -131,7 +142,7 @@ fn unknown(id: &str) -> ApiError {
         (status = 200, description = "The same bytes were added before: that document", body = DocumentInfo),
         (status = 400, description = "Empty, unsupported, encrypted, scanned or damaged, or the reader crashed on it: the message says which, and nothing is stored", body = ErrorBody),
         (status = 403, description = "A local path, from a client other than the desktop app", body = ErrorBody),
-        (status = 413, description = "Over the size limit, or over a bound on what reading it may cost (`param` names it: `max_unpacked_bytes`, `max_nesting_depth`, `reader_memory`, …); nothing is stored", body = ErrorBody),
+        (status = 413, description = "Over the size limit, or over a bound on what reading it may cost (`param` names it: `max_unpacked_bytes`, `max_nesting_depth`, `reader_memory`, …), or too long to summarize with the server's context (`document_too_long`: it would take more merge levels than allowed); nothing is stored", body = ErrorBody),
         (status = 415, description = "Neither multipart/form-data nor JSON", body = ErrorBody),
         (status = 503, description = "The document reader (hillside-ingest) is not installed beside the server", body = ErrorBody)))]
 pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Response, ApiError> {
@@ -173,6 +184,10 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
         };
         let doc = docs.reader()?.read(&name, &bytes, &docs.limits).map_err(ingest_error)?;
         let tokens = app.engine.tokenizer().encode(&doc.text).map_err(ApiError::from)?.len();
+        // Said now, not after minutes of work: a document whose summary cannot be done.
+        plan_summary(&doc, app.context_tokens(), &|s| count_tokens(&app.engine, s)).map_err(|e| {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("document_too_long"), e.to_string()).with_param("tokens")
+        })?;
         let Added { entry, created } = docs.library.add(&doc, &bytes).map_err(library_error)?;
         let entry = docs.library.update(&entry.id, |e| e.tokens = Some(tokens)).map_err(library_error)?.unwrap_or(entry);
         Ok((entry, created))
@@ -257,8 +272,10 @@ pub async fn delete(State(app): State<Arc<App>>, Path(id): Path<String>) -> Resu
 #[serde(tag = "object")]
 pub enum SummaryEvent {
     /// `stage` is `planned` (with `tokens`, `mode` and, when hierarchical, `chunks` as byte
-    /// ranges), `prefill` (`chunk`, `chunks`, `done_tokens`, `total_tokens`),
-    /// `chunk_summarized` (`done`, `chunks`), `merging` (`level`, `groups`) or `done`.
+    /// ranges), `resumed` (`chunks_done`, `merges_done`: kept from a summary stopped before),
+    /// `prefill` (`chunk`, `chunks`, `done_tokens`, `total_tokens`), `chunk_summarized`
+    /// (`done`, `chunks`, `tokens_read`, `elapsed_s`, `eta_s`), `merging` (`level`, `groups`),
+    /// `merged` (`level`, `done`, `groups`, `elapsed_s`, `eta_s`), `writing` (`text`) or `done`.
     #[serde(rename = "hillside.summary.progress")]
     Progress {
         #[serde(flatten)]
@@ -277,7 +294,7 @@ pub enum SummaryEvent {
 
 #[utoipa::path(post, path = "/v1/hillside/documents/{id}/summary", params(("id" = String, Path, description = "Document id")),
     responses(
-        (status = 200, description = "Server-sent `SummaryEvent`s — progress, then the summary (or an error body) — ending in `[DONE]`. Closing the stream cancels the summary.", body = SummaryEvent),
+        (status = 200, description = "Server-sent `SummaryEvent`s — progress, then the summary (or an error body) — ending in `[DONE]`. Each finished step is kept: closing the stream stops the summary, and asking again resumes it where it stopped (also after a crash or a restart).", body = SummaryEvent),
         (status = 404, description = "No such document", body = ErrorBody)))]
 pub async fn summary(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let docs = app.documents()?;
@@ -289,19 +306,15 @@ pub async fn summary(State(app): State<Arc<App>>, Path(id): Path<String>) -> Res
         let docs = app.documents().expect("checked above");
         let runner = Runner { engine: &app.engine, scheduler: &app.scheduler, context_tokens: app.context_tokens(), kv_cache: Some(&docs.kv) };
         let send = |event: SummaryEvent| serde_json::to_value(event).is_ok_and(|v| out.blocking_send(v).is_ok());
-        let result = summarize(&runner, &doc, &id, &flag, &mut |progress| {
+        let mut checkpoints = LibraryCheckpoints { library: &docs.library, id: &id, model_key: &docs.model_key };
+        let result = summarize(&runner, &doc, &id, &mut checkpoints, &flag, &mut |progress| {
             if !send(SummaryEvent::Progress { progress }) {
                 flag.cancel(); // nobody listens
             }
         });
         match result {
             Ok(summary) => {
-                let points = summary.points.clone();
-                if let Err(e) = docs.library.update(&id, |e| {
-                    e.summary = Some(points);
-                    e.tokens = Some(summary.plan.tokens);
-                    e.used_s = unix_now_s();
-                }) {
+                if let Err(e) = docs.library.finish_summary(&id, summary.points.clone(), summary.plan.tokens) {
                     tracing::error!(error = %e, "cannot store a summary in the library");
                 }
                 send(SummaryEvent::Summary { id, tokens: summary.plan.tokens, mode: summary.plan.mode.name(), points: summary.points });
