@@ -191,3 +191,131 @@ fn a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summari
     drop(s);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A two-slot server with room for two waiting requests, at a 2,048-token context.
+fn small_queue(dir: &Path) -> ServerConfig {
+    let base = with_documents(dir);
+    ServerConfig { scheduler: SchedulerConfig { max_live: 2, max_queued: 2, context_tokens: Some(2048), ..base.scheduler.clone() }, ..base }
+}
+
+/// About 8,000 tokens of Pride and Prejudice: eight chunks at 2,048, twice the requests the
+/// small queue's slots and waiting places hold.
+fn long_text() -> String {
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let start = text.find("It is a truth universally acknowledged").unwrap();
+    text[start..start + 34_000].to_string()
+}
+
+/// Reads a summary's events from `reader` until `stop` says so or the stream ends.
+fn events_until(reader: &mut impl BufRead, mut stop: impl FnMut(&Value) -> bool) -> Vec<Value> {
+    let mut events = Vec::new();
+    for line in reader.lines().map_while(Result::ok) {
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            break;
+        }
+        let event: Value = serde_json::from_str(data).unwrap();
+        let done = stop(&event);
+        events.push(event);
+        if done {
+            break;
+        }
+    }
+    events
+}
+
+fn summary_stream(base: &str, id: &str) -> BufReader<impl std::io::Read> {
+    let r = agent().post(&format!("{base}/v1/hillside/documents/{id}/summary")).send("").unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    BufReader::new(r.into_body().into_reader())
+}
+
+fn points_of(events: &[Value]) -> Vec<String> {
+    let summary = events.last().unwrap();
+    assert_eq!(summary["object"], "hillside.summary", "{summary}");
+    summary["points"].as_array().unwrap().iter().map(|p| p["text"].as_str().unwrap().to_string()).collect()
+}
+
+/// A summary of more chunks than the server's slots and queue hold runs as one request, beside
+/// which a chat is answered; killed with SIGKILL halfway, it resumes after the restart from the
+/// chunks it kept, and ends with the summary a run without the kill writes.
+#[test]
+fn a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result() {
+    if let Some(dir) = std::env::var_os(CHILD) {
+        let s = Server::start(small_queue(Path::new(&dir)));
+        println!("{}", s.base);
+        std::thread::park();
+    }
+    let text = long_text();
+    // The server that is killed once two chunks are summarized.
+    let dir = temp("resume");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result", "--exact", "--nocapture"])
+        .env(CHILD, &dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let base = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok).find(|l| l.starts_with("http://")).expect("the child serves");
+    let (status, doc) = upload_to(&base, "pride.txt", text.as_bytes());
+    assert_eq!((status, doc["mode"].as_str()), (201, Some("hierarchical")), "{doc}");
+    let id = doc["id"].as_str().unwrap().to_string();
+    let before = events_until(&mut summary_stream(&base, &id), |e| e["stage"] == "chunk_summarized" && e["done"] == 2);
+    let planned = &before[0];
+    let chunks = planned["chunks"].as_array().unwrap().len();
+    assert!(chunks > 4, "more chunks than 2 slots and 2 waiting places: {planned}");
+    assert!(before.iter().all(|e| e["object"] == "hillside.summary.progress"), "no refusal: {before:?}");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    // After the restart: the document says how far its summary came, which resumes from there,
+    // and a chat beside it is answered before it ends.
+    let s = Server::start(small_queue(&dir));
+    let (_, doc) = s.get(&format!("/v1/hillside/documents/{id}"));
+    let unfinished = &doc["unfinished_summary"];
+    assert!(unfinished["chunks_done"].as_u64().unwrap() >= 2 && unfinished["chunks"] == chunks, "{doc}");
+    let mut stream = summary_stream(&s.base, &id);
+    let started = events_until(&mut stream, |e| e["stage"] == "chunk_summarized");
+    let resumed = started.iter().find(|e| e["stage"] == "resumed").expect("a resumed summary says so");
+    assert!(resumed["chunks_done"].as_u64().unwrap() >= 2, "{resumed}");
+    assert!(started.last().unwrap()["done"].as_u64().unwrap() > 2, "the kept chunks count as done: {started:?}");
+    let chat = json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0});
+    let (status, reply) = s.post("/v1/chat/completions", &chat);
+    assert_eq!(status, 200, "{reply}");
+    let rest = events_until(&mut stream, |_| false);
+    assert!(rest.iter().any(|e| e["stage"] == "chunk_summarized"), "the chat came back while chunks were still being summarized: {rest:?}");
+    let last_chunk = rest.iter().rev().find(|e| e["stage"] == "chunk_summarized").unwrap();
+    assert_eq!((last_chunk["done"].as_u64(), last_chunk["tokens_read"].as_u64()), (Some(chunks as u64), doc["tokens"].as_u64()), "{last_chunk}");
+    assert!(last_chunk["elapsed_s"].as_f64().unwrap() > 0.0 && last_chunk["eta_s"].as_f64().is_some(), "{last_chunk}");
+    let resumed_points = points_of(&rest);
+    let (_, doc) = s.get(&format!("/v1/hillside/documents/{id}"));
+    assert!(doc["unfinished_summary"].is_null() && doc["summary"].as_array().is_some(), "a finished summary leaves no checkpoint: {doc}");
+    drop(s);
+
+    // The same document summarized without a kill, on a server of its own.
+    let fresh = temp("resume-reference");
+    let s = Server::start(small_queue(&fresh));
+    upload(&s, "pride.txt", text.as_bytes());
+    let events = events_until(&mut summary_stream(&s.base, &id), |_| false);
+    assert!(!events.iter().any(|e| e["stage"] == "resumed"), "{events:?}");
+    assert_eq!(resumed_points, points_of(&events), "the resumed summary is the uninterrupted one");
+    drop(s);
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&fresh).unwrap();
+}
+
+/// A document whose summary would need more merge levels than allowed is refused at upload,
+/// with the reason, and nothing is stored.
+#[test]
+fn a_document_too_long_to_summarize_is_refused_at_upload() {
+    let dir = temp("too-long");
+    let base = small_queue(&dir);
+    let documents = DocumentsConfig { max_file_bytes: 2_000_000, ..base.documents.clone().unwrap() };
+    let s = Server::start(ServerConfig { documents: Some(documents), ..base });
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let (status, refused) = upload(&s, "pride.txt", text.as_bytes());
+    assert_eq!((status, refused["error"]["code"].as_str()), (413, Some("document_too_long")), "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("levels of merges"), "{refused}");
+    assert_eq!(s.get("/v1/hillside/documents").1["data"], json!([]), "nothing stored");
+    drop(s);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -4,7 +4,7 @@
 
 import { useEffect, useRef, useState } from "preact/hooks";
 import { ApiError, call, stream, type Conversation, type DocumentInfo, type Message, type MessageMeta } from "./api";
-import { DocumentCard, type SummaryProgress } from "./DocumentCard";
+import { DocumentCard, type SummaryPace, type SummaryProgress } from "./DocumentCard";
 import { desktop } from "./desktop";
 import { renderMarkdown } from "./markdown";
 
@@ -20,6 +20,8 @@ export function Chat({ id, onSaved }: { id: number | null; onSaved: (id: number)
   const current = useRef<{ id: number | null; messages: Message[]; documents: string[] }>({ id, messages: [], documents: [] });
   const saving = useRef<Promise<void>>(Promise.resolve());
   const summaries = useRef<Map<number, AbortController>>(new Map());
+  // Summaries run one after another, each card waiting its turn.
+  const summaryQueue = useRef<Promise<void>>(Promise.resolve());
   const list = useRef<HTMLDivElement>(null);
   const input = useRef<HTMLTextAreaElement>(null);
 
@@ -30,6 +32,11 @@ export function Chat({ id, onSaved }: { id: number | null; onSaved: (id: number)
       .then((c) => {
         current.current = { id: c.id, messages: c.messages, documents: c.documents };
         setMessages(c.messages);
+        // A summary stopped by closing the app: the server says what of it is kept.
+        c.messages.forEach((m, index) => {
+          const doc = m.meta?.kind === "document" && !m.meta.points ? m.meta.document : undefined;
+          if (doc) call<DocumentInfo>("GET", `/v1/hillside/documents/${doc.id}`).then((fresh) => current.current.id === c.id && withMeta(index, { document: fresh }), () => {});
+        });
       })
       .catch((e) => setProblem(e.message));
   }, [id]);
@@ -181,25 +188,38 @@ export function Chat({ id, onSaved }: { id: number | null; onSaved: (id: number)
       withMeta(index, { document: info });
       if (!current.current.documents.includes(info.id)) current.current.documents = [...current.current.documents, info.id];
       await save(info.name);
-      await summarize(index, info);
+      enqueueSummary(index, info);
     }
   };
 
-  const summarize = async (index: number, info: DocumentInfo) => {
+  /** Queues the summary of the document shown at `index` (a stopped one resumes where it stopped). */
+  const enqueueSummary = (index: number, info: DocumentInfo) => {
     const controller = new AbortController();
     summaries.current.set(index, controller);
+    withMeta(index, { stopped: undefined, error: undefined, kept: undefined });
     setProgress((p) => ({ ...p, [index]: { stage: "queued", name: info.name } }));
+    summaryQueue.current = summaryQueue.current.then(() => summarize(index, info, controller));
+  };
+
+  const summarize = async (index: number, info: DocumentInfo, controller: AbortController) => {
+    let pace: SummaryPace | undefined;
     try {
+      if (controller.signal.aborted) throw new DOMException("stopped while queued", "AbortError");
       await stream(
         `/v1/hillside/documents/${info.id}/summary`,
         {},
         (event) => {
           if (event.object === "hillside.summary.progress") {
+            const now = performance.now();
+            if (event.stage === "planned" && event.mode === "hierarchical") pace = { chunksDone: 0, chunks: event.chunks.length, tokens: event.tokens, startedAt: now };
+            if (pace && event.stage === "resumed") pace = { ...pace, chunksDone: event.chunks_done };
+            if (pace && event.stage === "chunk_summarized") pace = { ...pace, chunksDone: event.done, tokensRead: event.tokens_read, etaS: event.eta_s, etaAt: now };
+            if (pace && event.stage === "merged") pace = { ...pace, etaS: event.eta_s, etaAt: now };
             // The summary's text arrives piece by piece: it is kept whole until the points come.
             setProgress((p) => {
               const before = p[index];
               const text = event.stage === "writing" ? (before?.stage === "writing" ? before.text : "") + event.text : undefined;
-              return { ...p, [index]: text === undefined ? { ...event, name: info.name } : { stage: "writing", name: info.name, text } };
+              return { ...p, [index]: text === undefined ? { ...event, name: info.name, pace } : { stage: "writing", name: info.name, text, pace } };
             });
           }
           if (event.object === "hillside.summary") {
@@ -210,7 +230,8 @@ export function Chat({ id, onSaved }: { id: number | null; onSaved: (id: number)
         controller.signal,
       );
     } catch (e) {
-      withMeta(index, (e as Error).name === "AbortError" ? { stopped: true } : { error: (e as Error).message });
+      const kept = pace && pace.chunksDone > 0 ? { chunksDone: pace.chunksDone, chunks: pace.chunks } : undefined;
+      withMeta(index, (e as Error).name === "AbortError" ? { stopped: true, kept } : { error: (e as Error).message, kept });
     } finally {
       summaries.current.delete(index);
       setProgress(({ [index]: _, ...rest }) => rest);
@@ -258,7 +279,7 @@ export function Chat({ id, onSaved }: { id: number | null; onSaved: (id: number)
               message={m}
               progress={progress[i]}
               onStop={() => summaries.current.get(i)?.abort()}
-              onRetry={m.meta.document && !progress[i] ? () => summarize(i, m.meta!.document!) : undefined}
+              onRetry={m.meta.document && !progress[i] ? () => enqueueSummary(i, m.meta!.document!) : undefined}
             />
           ) : editing?.index === i ? (
             <div key={i} class="message user editing">

@@ -121,6 +121,8 @@ export interface MessageMeta {
   points?: Point[];
   error?: string;
   stopped?: boolean;
+  /** A stopped summary's chunks kept by the server: asking again resumes from them. */
+  kept?: { chunksDone: number; chunks: number };
 }
 
 export interface Message {
@@ -169,6 +171,8 @@ export interface DocumentInfo {
   tokens: number | null;
   mode: "whole" | "hierarchical";
   parts: number;
+  /** A summary stopped before it finished, resumed when asked again. */
+  unfinished_summary?: { chunks_done: number; chunks: number } | null;
 }
 
 export interface ServerConfig {

@@ -1,7 +1,8 @@
 // The web UI in Chromium against `hillside serve` on the real model: a streamed reply, stopping
 // one, a document's summary with progress and sources, a follow-up that reuses the document's
-// K/V, the history after a restart, a bad file's error, the settings page's checks, and a page on
-// another origin that tries to write to the app.
+// K/V, the history after a restart, documents dropped together summarized in turn with a long
+// one's pace shown, stopped and resumed, a bad file's error, the settings page's checks, and a
+// page on another origin that tries to write to the app.
 
 import { expect, test, type Page } from "@playwright/test";
 import { execFileSync } from "node:child_process";
@@ -13,6 +14,7 @@ import { fileURLToPath } from "node:url";
 import { folders, Server, type Folders } from "./server";
 
 const GPL = fileURLToPath(new URL("../../../shared/data/gpl-3.0.txt", import.meta.url));
+const PRIDE = fileURLToPath(new URL("../../../shared/data/pride-and-prejudice.txt", import.meta.url));
 
 test.describe.configure({ mode: "serial" });
 
@@ -72,7 +74,7 @@ test("a dropped document is summarized with progress and sources, and a follow-u
   await page.locator("input[type=file]").setInputFiles(GPL);
   const card = page.locator(".message.document").last();
   await expect(card.locator(".document-plan")).toContainText(/whole text · 7,\d{3} tokens/);
-  await expect(card.locator(".progress")).toContainText(/Prefill \d+%|Waiting|Whole text/);
+  await expect(card.locator(".progress")).toContainText(/Prefill \d+%|Queued|Whole text/);
   await expect(card.locator("progress")).toBeVisible();
   // The summary's text streams in, then becomes its points.
   await expect(card.locator(".summary-draft")).toContainText(/\w+/);
@@ -106,6 +108,32 @@ test("the conversations are still there after a restart", async ({ page }) => {
   await page.getByLabel("Search conversations").fill("dragon");
   await expect(items).toHaveCount(1);
   await expect(items.first()).toContainText("Write a very long story");
+});
+
+test("documents dropped together are summarized in turn, and a long one is stopped and resumed", async ({ page }) => {
+  await page.goto(server.url);
+  await page.getByRole("button", { name: "New chat" }).click();
+  const pride = readFileSync(PRIDE, "utf8");
+  const start = pride.indexOf("It is a truth universally acknowledged");
+  // About 9,500 tokens: three chunks at the tests' 8,192-token context.
+  const long = { name: "pride.txt", mimeType: "text/plain", buffer: Buffer.from(pride.slice(start, start + 40_000)) };
+  const short = { name: "note.txt", mimeType: "text/plain", buffer: Buffer.from(pride.slice(start, start + 1_500)) };
+  await page.locator("input[type=file]").setInputFiles([long, short]);
+  const cards = page.locator(".message.document");
+  await expect(cards).toHaveCount(2);
+  const [first, second] = [cards.nth(0), cards.nth(1)];
+  await expect(first.locator(".document-plan")).toContainText("hierarchical");
+  await expect(second.locator(".progress")).toContainText("Queued");
+  // The long summary's pace, then Stop: what it did is kept, and the next document's turn comes.
+  await expect(first.locator(".pace")).toContainText(/\d of 3 chunks · [\d,]+ of [\d,]+ tokens read · \d+:\d\d elapsed · (about|almost)/, { timeout: 10 * 60_000 });
+  await first.getByRole("button", { name: "Stop" }).click();
+  await expect(first.locator(".stat").first()).toContainText(/The summary was stopped; \d of 3 chunks are kept/);
+  await expect(second.locator(".points li").first()).toBeVisible({ timeout: 10 * 60_000 });
+  await first.getByRole("button", { name: "Resume the summary" }).click();
+  // It goes on from what it kept.
+  await expect(first.locator(".pace")).toContainText(/[1-3] of 3 chunks/);
+  await expect(first.locator(".points li").first()).toBeVisible({ timeout: 10 * 60_000 });
+  await expect(first.locator(".progress")).toHaveCount(0);
 });
 
 /** A PDF of `pages` empty pages: what a scan without a text layer looks like to a reader. */

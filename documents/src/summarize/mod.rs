@@ -224,9 +224,11 @@ struct Job<'r, 'a> {
     chunks: usize,
     kept: BTreeMap<String, String>,
     pace: Pace,
-    /// Each chunk's tokens, and how many of them the chunks done so far hold.
+    /// The document's tokens, each chunk's (their sum may differ by a few: a text tokenized in
+    /// pieces) and how many of them the chunks done so far hold.
+    tokens: usize,
     chunk_tokens: Vec<usize>,
-    tokens_read: usize,
+    chunk_tokens_read: usize,
 }
 
 impl<'r, 'a> Job<'r, 'a> {
@@ -238,7 +240,7 @@ impl<'r, 'a> Job<'r, 'a> {
             Mode::Whole => (1, 1),
             Mode::Hierarchical { chunks, .. } => (chunks.len(), chunks.len() + merge_groups(chunks.len(), runner.context_tokens, RESERVE_TOKENS).iter().sum::<usize>()),
         };
-        Ok(Self { runner, group, checkpoints, cancel, plan_key, chunks, kept, pace: Pace::new(steps), chunk_tokens: Vec::new(), tokens_read: 0 })
+        Ok(Self { runner, group, checkpoints, cancel, plan_key, chunks, kept, pace: Pace::new(steps), tokens: plan.tokens, chunk_tokens: Vec::new(), chunk_tokens_read: 0 })
     }
 
     fn chunk_notes(&mut self, doc: &Document, id: &str, chunks: &[Range<usize>], on_progress: &mut dyn FnMut(Progress)) -> Result<Vec<String>, SummaryError> {
@@ -260,7 +262,7 @@ impl<'r, 'a> Job<'r, 'a> {
         for i in (0..n).filter(|&i| notes[i].is_some()) {
             done += 1;
             self.pace.step_kept();
-            self.tokens_read += self.chunk_tokens.get(i).copied().filter(|_| matches!(step, Step::Chunk)).unwrap_or(0);
+            self.chunk_tokens_read += self.chunk_tokens.get(i).copied().filter(|_| matches!(step, Step::Chunk)).unwrap_or(0);
         }
         // Greedy, so a summary is reproducible (and a resumed one the same); with llama.cpp's
         // repeat penalty, without which a small model over a long prompt says its first point
@@ -310,8 +312,8 @@ impl<'r, 'a> Job<'r, 'a> {
                     let (elapsed_s, eta_s) = (self.pace.elapsed_s(), self.pace.eta_s());
                     match step {
                         Step::Chunk => {
-                            self.tokens_read += self.chunk_tokens.get(i).copied().unwrap_or(0);
-                            on_progress(Progress::ChunkSummarized { done, chunks: n, tokens_read: self.tokens_read, elapsed_s, eta_s })
+                            self.chunk_tokens_read += self.chunk_tokens.get(i).copied().unwrap_or(0);
+                            on_progress(Progress::ChunkSummarized { done, chunks: n, tokens_read: self.tokens_read(), elapsed_s, eta_s })
                         }
                         Step::Merge { level, .. } => on_progress(Progress::Merged { level, done, groups: n, elapsed_s, eta_s }),
                         Step::Whole => {}
@@ -324,6 +326,14 @@ impl<'r, 'a> Job<'r, 'a> {
             tickets.iter().for_each(|t| t.cancel());
         }
         result.map(|()| notes.into_iter().map(|n| n.expect("every step done")).collect())
+    }
+}
+
+impl Job<'_, '_> {
+    /// The document's tokens the chunks done so far hold, in the document's own count.
+    fn tokens_read(&self) -> usize {
+        let all: usize = self.chunk_tokens.iter().sum();
+        (self.tokens as u128 * self.chunk_tokens_read as u128 / all.max(1) as u128) as usize
     }
 }
 
