@@ -1,7 +1,8 @@
 //! `hillside bench docs`: documents end to end — time to a summary (a document that fits the
-//! context, and one that does not), the chunk phase batched against the same chunks one after
-//! another, and a follow-up question's time to first token without K/V reuse, with it (in
-//! memory, as in the same run), and after a restart (from the kept file).
+//! context, and a book, with each KV store: its tokens read per second and peak RSS against a
+//! bound that does not grow with the book), the chunk phase batched against the same chunks one
+//! after another, and a follow-up question's time to first token without K/V reuse, with it
+//! (in memory, as in the same run), and after a restart (from the kept file).
 
 use crate::bench::{cpu_name, peak_rss_mb};
 use crate::{load_engine, models, ModelArgs};
@@ -14,6 +15,7 @@ use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
 use hillside_documents::summarize::{chunk_notes, count_tokens, fits_whole, summarize, NoCheckpoints, Runner, RESERVE_TOKENS};
 use hillside_documents::{read_file, Document, Library, Limits};
+use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
 use serde::Serialize;
@@ -29,10 +31,13 @@ pub struct DocsBenchArgs {
     /// (default: ../shared/data/gpl-3.0.txt).
     #[arg(long)]
     pub whole: Option<PathBuf>,
-    /// A document longer than the context, summarized hierarchically
+    /// A book, far longer than the context, summarized hierarchically
     /// (default: ../shared/data/pride-and-prejudice.txt).
     #[arg(long)]
     pub long: Option<PathBuf>,
+    /// The KV stores the book is summarized with, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "full,tiered")]
+    pub book_stores: Vec<StoreKind>,
     /// Chunks of the long document run batched, then one after another.
     #[arg(long, default_value_t = 8)]
     pub chunks: usize,
@@ -43,7 +48,7 @@ pub struct DocsBenchArgs {
     /// Sequences batched at once.
     #[arg(long, default_value_t = 4)]
     pub max_live: usize,
-    /// Skip the long document's whole summary (it takes minutes).
+    /// Skip the book's summaries (they take many minutes).
     #[arg(long)]
     pub skip_long_summary: bool,
     /// Where the JSON report goes.
@@ -60,6 +65,24 @@ struct SummaryRun {
     seconds: f64,
     points: usize,
 }
+
+/// The book summarized with one KV store.
+#[derive(Serialize)]
+struct BookRun {
+    store: StoreKind,
+    #[serde(flatten)]
+    summary: SummaryRun,
+    /// The book's tokens over the time to its summary.
+    tokens_read_per_s: f64,
+    /// Peak RSS during this run alone.
+    peak_rss_mb: f64,
+    /// What it should stay within whatever the book's length: the model file, one batch of
+    /// chunk sequences' full K/V, and a fixed margin.
+    rss_bound_mb: f64,
+}
+
+/// Peak RSS may exceed the model and one batch of K/V by this much (runtime, tokenizer, text).
+const RSS_MARGIN_MB: f64 = 512.0;
 
 #[derive(Serialize)]
 struct ChunkPhase {
@@ -115,7 +138,7 @@ struct Report {
     follow_up: FollowUp,
     chunk_phase: Vec<ChunkPhase>,
     routing: Routing,
-    long: Option<SummaryRun>,
+    book: Vec<BookRun>,
     peak_rss_mb: f64,
 }
 
@@ -127,9 +150,12 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
+    fn config(&self, max_live: usize, cached_sequences: usize) -> SchedulerConfig {
+        SchedulerConfig { max_live, max_queued: 4096, kv: self.model.kv_config(), context_tokens: Some(self.context), cached_sequences, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS }
+    }
+
     fn scheduler(&self, max_live: usize, cached_sequences: usize) -> Scheduler {
-        let config = SchedulerConfig { max_live, max_queued: 4096, kv: self.model.kv_config(), context_tokens: Some(self.context), cached_sequences, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS };
-        Scheduler::start(self.engine.clone(), config)
+        Scheduler::start(self.engine.clone(), self.config(max_live, cached_sequences))
     }
 
     fn runner<'s>(&'s self, scheduler: &'s Scheduler, kv_cache: Option<&'s Arc<DocumentKvCache>>) -> Runner<'s> {
@@ -145,6 +171,14 @@ impl Bench<'_> {
         };
         let mode = summary.plan.mode.name();
         Ok(SummaryRun { name: doc.name.clone(), tokens: summary.plan.tokens, mode, chunks, seconds: start.elapsed().as_secs_f64(), points: summary.points.len() })
+    }
+}
+
+/// Starts this process's peak RSS afresh (Linux: `5` to `/proc/self/clear_refs`), so that each
+/// run's own peak is read.
+fn reset_peak_rss() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        eprintln!("cannot reset the peak RSS ({e}): the figures below include the runs before");
     }
 }
 
@@ -252,13 +286,19 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
             speedup: sequential_s / batched_s,
         });
     }
-    let long = if args.skip_long_summary {
-        None
-    } else {
-        eprintln!("summarizing all of {} …", long_doc.name);
-        let scheduler = bench.scheduler(args.max_live, 0);
-        Some(bench.summary(&bench.runner(&scheduler, None), &long_doc)?)
-    };
+    let peak_so_far_mb = peak_rss_mb();
+    let mut book = Vec::new();
+    for &store in if args.skip_long_summary { &[][..] } else { &args.book_stores[..] } {
+        eprintln!("summarizing all of {} with the {store:?} store …", long_doc.name);
+        reset_peak_rss();
+        let kv = KvConfig { store, ..args.model.kv_config() };
+        let scheduler = Scheduler::start(engine.clone(), SchedulerConfig { kv, ..bench.config(args.max_live, 0) });
+        let summary = bench.summary(&bench.runner(&scheduler, None), &long_doc)?;
+        drop(scheduler);
+        let batch_kv_mb = (args.max_live * engine.model().kv_shape(context).bytes_per_token() * context) as f64 / 1e6;
+        let model_mb = std::fs::metadata(&model_path).map_or(0, |m| m.len()) as f64 / 1e6;
+        book.push(BookRun { store, tokens_read_per_s: summary.tokens as f64 / summary.seconds, peak_rss_mb: peak_rss_mb(), rss_bound_mb: model_mb + batch_kv_mb + RSS_MARGIN_MB, summary });
+    }
 
     let report = Report {
         date: crate::bench::utc_now(),
@@ -271,8 +311,8 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
         follow_up,
         chunk_phase,
         routing: routing(&long_doc, context, &count)?,
-        long,
-        peak_rss_mb: peak_rss_mb(),
+        book,
+        peak_rss_mb: peak_so_far_mb.max(peak_rss_mb()),
     };
     print_table(&report);
     crate::bench::write_json(&args.json, &report)?;
@@ -314,9 +354,16 @@ fn routing(doc: &Document, context: usize, count: &dyn Fn(&str) -> usize) -> Res
 fn print_table(r: &Report) {
     println!("{} on {}, context {}, {} store, {} sequences batched", r.model, r.cpu, r.context, serde_json::to_value(r.kv_store).unwrap_or_default().as_str().unwrap_or("?"), r.max_live);
     println!("{:<28} {:>9} {:>14} {:>9} {:>7}", "summary", "tokens", "mode", "seconds", "points");
-    for s in std::iter::once(&r.whole).chain(&r.long) {
+    for s in std::iter::once(&r.whole).chain(r.book.iter().map(|b| &b.summary)) {
         let mode = if s.chunks > 1 { format!("{} ({})", s.mode, s.chunks) } else { s.mode.to_string() };
         println!("{:<28} {:>9} {:>14} {:>9.1} {:>7}", s.name, s.tokens, mode, s.seconds, s.points);
+    }
+    if !r.book.is_empty() {
+        println!("{:<10} {:>12} {:>12} {:>14} {:>14}", "book store", "seconds", "tokens/s", "peak RSS MB", "bound MB");
+        for b in &r.book {
+            let store = serde_json::to_value(b.store).unwrap_or_default().as_str().unwrap_or("?").to_string();
+            println!("{:<10} {:>12.1} {:>12.0} {:>14.0} {:>14.0}", store, b.summary.seconds, b.tokens_read_per_s, b.peak_rss_mb, b.rss_bound_mb);
+        }
     }
     println!("{:<22} {:>7} {:>9} {:>10} {:>15} {:>15} {:>8}", "chunk phase", "chunks", "prompt", "generated", "batched", "one by one", "speedup");
     for c in &r.chunk_phase {
