@@ -263,9 +263,13 @@ impl Library {
     }
 
     /// Keeps a finished step's `note` of the summary of `id` planned as `plan_key` (of
-    /// `chunks` chunks), in one transaction; notes kept for another plan are dropped.
+    /// `chunks` chunks), in one transaction; notes kept for another plan are dropped, and
+    /// nothing is kept for a document removed meanwhile.
     pub fn keep_step(&self, id: &str, plan_key: &str, chunks: usize, step: &str, note: &str) -> Result<(), LibraryError> {
         let txn = self.db.begin_write().map_err(err)?;
+        if txn.open_table(ENTRIES).map_err(err)?.get(id).map_err(err)?.is_none() {
+            return Ok(());
+        }
         {
             let mut table = txn.open_table(CHECKPOINTS).map_err(err)?;
             let known = table.get(id).map_err(err)?.map(|v| serde_json::from_slice::<SummaryCheckpoint>(v.value())).transpose().map_err(err)?;

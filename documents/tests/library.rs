@@ -1,5 +1,5 @@
 //! The document library on a real file: entries round-trip, the same bytes are one document,
-//! and a process killed with SIGKILL in the middle of adding leaves every committed document
+//! a summary's steps are kept until it finishes, and a process killed with SIGKILL in the middle of adding leaves every committed document
 //! whole.
 
 use hillside_documents::summarize::Point;
@@ -44,6 +44,34 @@ fn entries_round_trip_and_the_same_bytes_are_one_document() {
     assert_eq!(lib.get(&entry.id).unwrap().unwrap().summary, Some(points));
     assert!(lib.remove(&entry.id).unwrap() && !lib.remove(&entry.id).unwrap());
     assert!(lib.list().unwrap().is_empty() && lib.text(&entry.id).unwrap().is_none());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A summary's kept steps: added one by one, replaced by another plan's, gone with the
+/// finished summary (in the same transaction) or with the document, never kept for a removed one.
+#[test]
+fn a_summarys_steps_are_kept_until_it_finishes_or_the_document_goes() {
+    let dir = temp("checkpoints");
+    let lib = Library::open(&dir.join("library.redb")).unwrap();
+    let (name, bytes) = note(2);
+    let id = lib.add(&read_bytes(&name, &bytes, &Limits::default()).unwrap(), &bytes).unwrap().entry.id;
+    assert_eq!(lib.checkpoint(&id).unwrap(), None);
+    lib.keep_step(&id, "plan-a", 3, "chunk 0", "- one").unwrap();
+    lib.keep_step(&id, "plan-a", 3, "chunk 2", "- three").unwrap();
+    let kept = lib.checkpoint(&id).unwrap().unwrap();
+    assert_eq!((kept.plan_key.as_str(), kept.chunks, kept.chunks_done(), kept.notes["chunk 2"].as_str()), ("plan-a", 3, 2, "- three"));
+    lib.keep_step(&id, "plan-b", 5, "chunk 1", "- two").unwrap();
+    let kept = lib.checkpoint(&id).unwrap().unwrap();
+    assert_eq!((kept.plan_key.as_str(), kept.chunks, kept.notes.len()), ("plan-b", 5, 1), "another plan's notes are dropped");
+    let points = vec![Point { text: "About milk.".into(), sources: Vec::new() }];
+    let entry = lib.finish_summary(&id, points.clone(), 1234).unwrap().unwrap();
+    assert_eq!((entry.summary, entry.tokens), (Some(points), Some(1234)));
+    assert_eq!(lib.checkpoint(&id).unwrap(), None);
+    lib.keep_step(&id, "plan-b", 5, "chunk 1", "- two").unwrap();
+    assert!(lib.remove(&id).unwrap());
+    assert_eq!(lib.checkpoint(&id).unwrap(), None, "removed with its document");
+    lib.keep_step(&id, "plan-b", 5, "chunk 3", "- four").unwrap();
+    assert_eq!(lib.checkpoint(&id).unwrap(), None, "nothing is kept for a removed document");
     let _ = std::fs::remove_dir_all(dir);
 }
 
