@@ -454,10 +454,14 @@ fn run_round(engine: &Engine, shared: &Shared, live: &mut Vec<Live>, cache: &mut
         // Before the owner hears it is done, so that what it reads next counts this sequence
         // as finished, its last token included.
         publish_finished(shared, &l, keep, *totals);
-        (l.job.sink)(Update::Done(outcome));
+        // The store is cached or dropped (its cold-pool file with it) before the owner hears.
+        let Live { mut job, seq, .. } = l;
         if keep {
-            cache.put(l.seq);
+            cache.put(seq);
+        } else {
+            drop(seq);
         }
+        (job.sink)(Update::Done(outcome));
     };
     let mut batched = Vec::with_capacity(live.len());
     for mut l in live.drain(..) {
