@@ -48,6 +48,14 @@ fn files_in(dir: &Path) -> Vec<String> {
     names
 }
 
+/// Runs the test `name` of this binary in a child process, which serves documents in `dir`
+/// (it sees [`CHILD`]) until it is killed: the child and its server's base URL.
+fn child_server(name: &str, dir: &Path) -> (std::process::Child, String) {
+    let mut child = Command::new(std::env::current_exe().unwrap()).args([name, "--exact", "--nocapture"]).env(CHILD, dir).stdout(Stdio::piped()).spawn().unwrap();
+    let base = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok).find(|l| l.starts_with("http://")).expect("the child serves");
+    (child, base)
+}
+
 fn gpl_start() -> String {
     common::shared_document("gpl-3.0.txt")[..6000].to_string()
 }
@@ -158,13 +166,7 @@ fn a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summari
         std::thread::park();
     }
     let dir = temp("kill");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summarizes_with_the_tiered_store", "--exact", "--nocapture"])
-        .env(CHILD, &dir)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let base = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok).find(|l| l.starts_with("http://")).expect("the child serves");
+    let (mut child, base) = child_server("a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summarizes_with_the_tiered_store", &dir);
     let gpl = gpl_start();
     let (_, doc) = upload_to(&base, "gpl-start.txt", gpl.as_bytes());
     let id = doc["id"].as_str().unwrap().to_string();
@@ -249,13 +251,7 @@ fn a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result()
     let text = long_text();
     // The server that is killed once two chunks are summarized.
     let dir = temp("resume");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result", "--exact", "--nocapture"])
-        .env(CHILD, &dir)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let base = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok).find(|l| l.starts_with("http://")).expect("the child serves");
+    let (mut child, base) = child_server("a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result", &dir);
     let (status, doc) = upload_to(&base, "pride.txt", text.as_bytes());
     assert_eq!((status, doc["mode"].as_str()), (201, Some("hierarchical")), "{doc}");
     let id = doc["id"].as_str().unwrap().to_string();
