@@ -7,6 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_engine::kv::cold::GROUP_TOKENS;
 use hillside_engine::sampling::argmax;
+use hillside_engine::trace;
 use hillside_engine::{Engine, Logits};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -39,6 +40,20 @@ pub struct DecodeArgs {
     /// takes minutes per store.
     #[arg(long)]
     pub prompt_cache: Option<PathBuf>,
+    /// Times each phase of the decode steps (as `HILLSIDE_TRACE=step` does) and reports where a
+    /// step's time goes.
+    #[arg(long)]
+    pub trace: bool,
+}
+
+/// One phase's share of a decode step (see `hillside_engine::trace`).
+#[derive(Serialize)]
+struct PhaseResult {
+    phase: &'static str,
+    /// The phase it runs inside (`None` for the whole pass).
+    within: Option<&'static str>,
+    ms_per_step: f64,
+    share_of_step: f64,
 }
 
 #[derive(Serialize)]
@@ -109,6 +124,9 @@ struct DecodeResult {
     /// Tiered: share of the decode steps that attended through the dense copy kept while
     /// memory is spare (the rest ranked and read from the tiers).
     spare_copy_share: Option<f64>,
+    /// With `--trace`: where a decode step's time went.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    phases: Vec<PhaseResult>,
 }
 
 #[derive(Serialize)]
@@ -181,6 +199,9 @@ fn prefill(engine: &Engine, model: &ModelArgs, tokens: &[u32], chunk: usize, cac
 }
 
 pub fn decode(args: &DecodeArgs) -> Result<()> {
+    if args.trace {
+        trace::set_enabled(true);
+    }
     let engine = load_engine(&args.model)?;
     let text_path = args.text.clone().unwrap_or_else(|| PathBuf::from("../shared/data/pride-and-prejudice.txt"));
     let text = std::fs::read_to_string(&text_path).with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
@@ -212,12 +233,14 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
         eprintln!("context {context}: prefill {} tokens, then decode {n} ...", context - n);
         let (mut seq, mut logits, prompt) = prefill(&engine, &args.model, &tokens[..context - n], chunk, args.prompt_cache.as_deref())?;
         let before = seq.kv.stats();
+        trace::take();
         let start = Instant::now();
         for _ in 0..n {
             let next = argmax(&logits);
             logits = engine.model().forward(&[next], seq.kv.as_mut(), Logits::Last)?;
         }
         let s_per_token = start.elapsed().as_secs_f64() / n as f64;
+        let phases = phase_results(trace::take(), n, s_per_token);
         let after = seq.kv.stats();
         let tier = before.tier.as_ref().zip(after.tier.as_ref());
         let per_step = |f: fn(&hillside_engine::kv::TierStats) -> u64| tier.map(|(b, a)| (f(a) - f(b)) as f64 / n as f64);
@@ -269,6 +292,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             tokens_per_s: 1.0 / s_per_token,
             bytes_read_per_token: weight_bytes + (context - n / 2) * kv_per_token,
             roofline_efficiency: 0.0,
+            phases,
         });
     }
     // Peak RSS is read before the bandwidth probe, whose 512 MiB buffer is not the engine's.
@@ -299,6 +323,17 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
     Ok(())
 }
 
+/// The traced phases of `steps` decode steps of `s_per_step` each.
+fn phase_results(totals: Vec<trace::PhaseTotal>, steps: usize, s_per_step: f64) -> Vec<PhaseResult> {
+    totals
+        .into_iter()
+        .map(|t| {
+            let ms = t.ns as f64 / 1e6 / steps as f64;
+            PhaseResult { phase: t.phase.name(), within: t.phase.parent().map(trace::Phase::name), ms_per_step: ms, share_of_step: ms / (s_per_step * 1e3) }
+        })
+        .collect()
+}
+
 /// Writes a benchmark's or evaluation's report as pretty JSON, ending in a newline.
 pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
     std::fs::write(path, serde_json::to_string_pretty(report)? + "\n").with_context(|| format!("writing {}", path.display()))
@@ -319,6 +354,10 @@ fn print_table(r: &Report) {
         println!("{:<28} {:>10.1} {:>12.2} {:>9.0}%", format!("decode at {} context", d.context_tokens), d.tokens_per_s, d.ms_per_token, 100.0 * d.roofline_efficiency);
         if let Some(share) = d.spare_copy_share.filter(|&s| s > 0.0) {
             println!("  {:.0}% of its steps attended through the spare copy", 100.0 * share);
+        }
+        for p in &d.phases {
+            let depth = std::iter::successors(p.within, |w| d.phases.iter().find(|q| q.phase == *w).and_then(|q| q.within)).count();
+            println!("{:<28} {:>10} {:>12.3} {:>9.0}%", format!("  {}{}", "  ".repeat(depth), p.phase), "", p.ms_per_step, 100.0 * p.share_of_step);
         }
     }
     println!("\npeak RSS {:.0} MB", r.peak_rss_mb);

@@ -16,6 +16,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod score;
 pub mod text;
+pub mod trace;
 
 pub use error::{Error, Result};
 pub use generate::{feed_batch, generate, CancelFlag, Event, FinishReason, GenerateParams, Generation, GenerationStream, Next, Sequence, Summary, TokenLogprob};

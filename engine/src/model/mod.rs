@@ -13,6 +13,7 @@ use crate::kernels::quant::QuantizedActivations;
 use crate::kv::x_cache::KvFromInput;
 use crate::kernels::attention::{Partial, RunningPartials};
 use crate::kv::{KvShape, KvStore, Selection};
+use crate::trace::{span, timed, Phase};
 use std::ops::Range;
 use std::sync::Arc;
 use config::ModelConfig;
@@ -95,6 +96,7 @@ impl Model {
     /// item's logits as asked. On an error the caches may hold part of the step: callers roll
     /// them back (`KvStore::truncate`).
     pub fn forward_batch(&self, items: &mut [BatchItem<'_>], want: Logits) -> Result<Vec<Vec<f32>>> {
+        let _forward = span(Phase::Forward);
         let c = &self.config;
         // Row ranges of each item in the batch, and every row's position in its sequence.
         let mut rows_of = Vec::with_capacity(items.len());
@@ -122,8 +124,9 @@ impl Model {
         }
         self.blocks(items, &rows_of, &positions, &mut x)?;
         for (item, rows) in items.iter_mut().zip(&rows_of) {
-            item.kv.commit(rows.len())?;
+            timed(Phase::Commit, || item.kv.commit(rows.len()))?;
         }
+        let _output = span(Phase::Output);
 
         // The rows whose logits were asked for, all items together through the output head.
         let wanted: Vec<std::ops::Range<usize>> = match want {
@@ -165,6 +168,7 @@ impl Model {
         let mut scratch = QuantizedActivations::default();
 
         for (l, layer) in self.weights.layers.iter().enumerate() {
+            let projections = span(Phase::Projections);
             rms_norm(x, &layer.attn_norm, c.rms_norm_eps, &mut h);
             layer.qkv.matmul(&h, n, &mut scratch, &mut qkv);
             if let Some(bias) = &layer.qkv_bias {
@@ -177,25 +181,30 @@ impl Model {
             }
             self.rope.apply(&mut q, c.n_heads, &cos, &sin);
             self.rope.apply(&mut k, c.n_kv_heads, &cos, &sin);
+            drop(projections);
 
             for (item, rows) in items.iter_mut().zip(rows_of) {
                 let (qs, kvs) = (rows.start * q_dim..rows.end * q_dim, rows.start * kv_dim..rows.end * kv_dim);
                 let kv = &mut *item.kv;
-                kv.append_input(l, &h[rows.start * hidden..rows.end * hidden])?;
-                kv.append(l, &k[kvs.clone()], &v[kvs])?;
-                if let Some(attended) = kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()]) {
+                timed(Phase::Append, || -> Result<()> {
+                    kv.append_input(l, &h[rows.start * hidden..rows.end * hidden])?;
+                    kv.append(l, &k[kvs.clone()], &v[kvs])
+                })?;
+                // Stores that attend next to the data (near-storage) do it here, in one call.
+                if let Some(attended) = timed(Phase::Attention, || kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()])) {
                     attended?;
                     continue;
                 }
-                let selection = kv.select(l, &q[qs.clone()], &positions[rows.clone()])?;
+                let selection = timed(Phase::Select, || kv.select(l, &q[qs.clone()], &positions[rows.clone()]))?;
                 let per_gather = kv.heads_per_gather(&selection).clamp(1, c.n_kv_heads);
                 for first in (0..c.n_kv_heads).step_by(per_gather) {
                     let heads = first..(first + per_gather).min(c.n_kv_heads);
                     self.attend_heads(kv, l, &selection, &q[qs.clone()], &positions[rows.clone()], heads, &mut attn[qs.clone()])?;
                 }
-                kv.observe(l, &selection);
+                timed(Phase::Observe, || kv.observe(l, &selection));
             }
 
+            let _mlp = span(Phase::Mlp);
             layer.attn_output.matmul(&attn, n, &mut scratch, &mut h);
             add_in_place(x, &h);
 
@@ -226,8 +235,8 @@ impl Model {
         let span = kv.span_tokens().filter(|_| *selection == Selection::All);
         let cached = q_positions.iter().max().map_or(0, |&p| p + 1);
         if heads.len() == c.n_kv_heads && span.is_none_or(|span| span >= cached) {
-            let view = kv.gather(layer, selection, heads)?;
-            return self.attention.attend(q, q_positions, c.n_heads, &view, out);
+            let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?;
+            return timed(Phase::Attention, || self.attention.attend(q, q_positions, c.n_heads, &view, out));
         }
         // The heads' columns of each row, gathered into rows of their own and scattered back.
         let group_width = c.n_heads / c.n_kv_heads * c.head_dim;
@@ -241,15 +250,15 @@ impl Model {
                 let (mut max, mut sum) = (vec![0f32; rows], vec![0f32; rows]);
                 let mut merged = RunningPartials::new(rows, c.head_dim);
                 for start in (0..cached).step_by(span) {
-                    let view = kv.gather(layer, &Selection::Span(start..(start + span).min(cached)), heads.clone())?;
-                    self.attention.attend_partial(&part_q, q_positions, part_heads, &view, &mut part_out, &mut max, &mut sum)?;
+                    let view = timed(Phase::Gather, || kv.gather(layer, &Selection::Span(start..(start + span).min(cached)), heads.clone()))?;
+                    timed(Phase::Attention, || self.attention.attend_partial(&part_q, q_positions, part_heads, &view, &mut part_out, &mut max, &mut sum))?;
                     merged.add(&Partial { out: &part_out, max: &max, sum: &sum });
                 }
                 merged.finish(&mut part_out);
             }
             _ => {
-                let view = kv.gather(layer, selection, heads)?;
-                self.attention.attend(&part_q, q_positions, part_heads, &view, &mut part_out)?;
+                let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?;
+                timed(Phase::Attention, || self.attention.attend(&part_q, q_positions, part_heads, &view, &mut part_out))?;
             }
         }
         for (row, part) in out.chunks_exact_mut(c.q_dim()).zip(part_out.chunks_exact(columns.len())) {

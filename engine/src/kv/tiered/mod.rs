@@ -37,6 +37,7 @@ use crate::score::topk::ascending;
 use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use crate::kernels::parallel::map_items;
 use crate::kernels::spin_pool::pool;
+use crate::trace::{self, timed, Phase};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use demotion::WeakestRows;
@@ -314,6 +315,7 @@ impl TieredKvStore {
         let started = Instant::now();
         // Every candidate is ranked with the storage side's arithmetic, hot or cold, so where a
         // token lives never changes its rank.
+        let scoring = trace::span(Phase::RankScore);
         let query = Arc::new(DeviceQuery::new(query, self.shape.head_dim));
         let cold_blocks = self.evaluator.as_ref().filter(|_| !cold.is_empty()).map(|e| e.score(layer, self.keys[layer].clone(), query.clone(), cold));
         // Scaled, a summed query's scores have the softmax of the group's mean logit.
@@ -359,7 +361,9 @@ impl TieredKvStore {
             })
             .unwrap_or_else(new_merge);
         drop(keys);
+        drop(scoring);
         if let Some(feed) = cold_feed {
+            let _waiting = trace::span(Phase::RankColdWait);
             let mut feed = feed.into_inner().unwrap_or_else(|p| p.into_inner());
             while let Ok(block) = feed.blocks.recv() {
                 feed.tally(&block);
@@ -369,6 +373,7 @@ impl TieredKvStore {
             self.tier.score_block_wait_ns += feed.wait_ns;
             self.tier.cold_scan_ns += started.elapsed().as_nanos() as u64;
         }
+        let _picking = trace::span(Phase::RankPick);
         let chosen = if merged.mass.is_none() && selector.by_rank_alone() {
             merged.top.into_tokens()
         } else {
@@ -558,25 +563,25 @@ impl KvStore for TieredKvStore {
             // lands. The next layer's read-ahead starts only once the reads land: sharing the
             // disk with it delays this layer's reads, which the step waits for (8K: 6.3 vs 5.3
             // tok/s).
-            let reading = self.start_cold_read(layer, &tokens);
-            let mut cold_rows = self.copy_resident_rows(layer, &tokens, heads.clone(), true);
+            let reading = timed(Phase::ReadIssue, || self.start_cold_read(layer, &tokens));
+            let mut cold_rows = timed(Phase::CopyResident, || self.copy_resident_rows(layer, &tokens, heads.clone(), true));
             let waiting = Instant::now();
-            let ahead = self.prefetch.take(layer);
+            let ahead = timed(Phase::ReadWait, || self.prefetch.take(layer));
             self.tier.cold_read_wait_ns += waiting.elapsed().as_nanos() as u64;
             if let Some(ahead) = ahead {
-                self.copy_cold_rows(layer, &mut cold_rows, &ahead.staged, &ahead.buf, heads.clone(), true);
+                timed(Phase::CopyCold, || self.copy_cold_rows(layer, &mut cold_rows, &ahead.staged, &ahead.buf, heads.clone(), true));
                 self.prefetch.recycle(ahead.buf); // for the next layer's read-ahead
             }
             if let Some(reading) = reading {
                 let waiting = Instant::now();
-                let (staged, buf) = reading.wait();
+                let (staged, buf) = timed(Phase::ReadWait, || reading.wait());
                 self.tier.cold_read_wait_ns += waiting.elapsed().as_nanos() as u64;
                 let staged = staged?;
-                self.read_ahead(layer);
-                self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads.clone(), true);
+                timed(Phase::ReadAhead, || self.read_ahead(layer));
+                timed(Phase::CopyCold, || self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads.clone(), true));
                 self.prefetch.recycle(buf);
             } else {
-                self.read_ahead(layer);
+                timed(Phase::ReadAhead, || self.read_ahead(layer));
             }
             // Rows still missing are the read-ahead's, which failed (and said so).
             self.read_missing_rows(layer, &mut cold_rows, heads)?;
@@ -633,7 +638,7 @@ impl KvStore for TieredKvStore {
         self.prefetch.clear(); // normally empty: each layer claims its read-ahead in the step
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
         let (hot, n_kv) = (&mut self.hot, self.shape.n_kv_heads);
-        let spilled = self.backing.commit(n_tokens, |layer, head, t, k, v| hot.insert(layer * n_kv + head, t as u32, k, v));
+        let spilled = timed(Phase::Spill, || self.backing.commit(n_tokens, |layer, head, t, k, v| hot.insert(layer * n_kv + head, t as u32, k, v)));
         for hits in &mut self.hits {
             hits.resize(self.backing.len(), 0);
         }
@@ -645,7 +650,7 @@ impl KvStore for TieredKvStore {
                 tracing::error!(error = %e, "writing scoring keys for the SmartSSD failed");
             }
         }
-        self.rebalance();
+        timed(Phase::Rebalance, || self.rebalance());
         self.tier.steps += 1;
         self.decode_steps = if n_tokens == 1 { self.decode_steps + 1 } else { 0 };
         if self.settings.placement == PlacementKind::Hits {
