@@ -2,7 +2,6 @@
 //! and cold rows read ahead of the layer's turn, are copied while the cold groups the read-ahead
 //! missed are still being read; their rows are filled in once the reads land.
 
-use super::promotion::rank_key;
 use super::reads::{read_heads, PendingRead, Staged};
 use crate::error::Result;
 use crate::kv::aligned::AlignedBuf;
@@ -50,7 +49,7 @@ impl TieredKvStore {
     /// `decode` counts hot hits.
     pub(super) fn copy_resident_rows<'t>(&mut self, layer: usize, tokens: &(impl Fn(usize) -> &'t [u32] + Sync), heads: Range<usize>, decode: bool) -> Vec<ColdRow> {
         let n_slots = tokens(heads.start).len();
-        let (hot, window, lane0) = (&self.hot, &self.backing, self.lane(layer, 0));
+        let (hot, window, lane0) = (self.hot.pool(), &self.backing, self.lane(layer, 0));
         let first_head = heads.start;
         let runs = self.view.runs_mut(0..heads.len(), n_slots, RUN_SLOTS);
         let copied: Vec<(u64, Vec<ColdRow>)> = map_items(runs, |mut run| {
@@ -114,7 +113,7 @@ impl TieredKvStore {
         let (hd, lane0) = (self.shape.head_dim, self.lane(layer, 0));
         let layout = self.backing.cold().layout();
         let (cold_type, group_bytes) = (layout.cold_type, layout.disk_group_bytes());
-        let (backing, hits, candidates) = (&self.backing, &self.hits, &self.candidates);
+        let (backing, hot) = (&self.backing, &self.hot);
         let tasks: Vec<_> = self
             .view
             .heads_mut(0..heads.len())
@@ -152,10 +151,7 @@ impl TieredKvStore {
                 filled |= 1 << (slot % KV_TILE);
                 copy.copied += 1;
                 if decode {
-                    // With this step's hit, which `observe` counts after attention.
-                    let hits = hits[lane].get(token).map_or(1, |&h| u32::from(h) + 1);
-                    let key = rank_key(hits, false, cold_slot as u32);
-                    if candidates.may_take(key) {
+                    if let Some(key) = hot.candidate_key(lane, row.token, cold_slot as u32) {
                         copy.offers.push(Offer { token: row.token, key, page, within });
                     }
                 }
@@ -171,7 +167,7 @@ impl TieredKvStore {
                 for offer in copy.offers {
                     let (k, v) = row.split_at_mut(hd);
                     cold_type.decode_row(offer.page, hd, offer.within, k, v);
-                    self.candidates.offer(copy.lane, offer.token, offer.key, k, v);
+                    self.hot.offer(copy.lane, offer.token, offer.key, k, v);
                 }
             }
             rows.extend(copy.missing);

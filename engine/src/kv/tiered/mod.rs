@@ -15,18 +15,16 @@
 //! While the machine has memory to spare, the store also keeps a dense copy of every token and
 //! decode steps attend to all of it instead ([`spare`]); the copy is let go under pressure.
 
-mod demotion;
 mod gather;
+mod hot_tier;
 mod pages;
 pub mod planner;
-mod promotion;
 pub(super) mod reads;
 mod spare;
 
 use super::backing::DiskBacking;
 use super::cold::GROUP_TOKENS;
 use super::cold_format::ColdType;
-use super::hot::HotPool;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
 use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, SelectorKind, Selection, TierStats};
@@ -40,8 +38,7 @@ use crate::kernels::spin_pool::pool;
 use crate::trace::{self, timed, Phase};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use demotion::WeakestRows;
-use promotion::Candidates;
+use hot_tier::{HotTier, Standing};
 use reads::{read_heads, Prefetcher};
 use spare::SpareCopy;
 use std::sync::mpsc::Receiver;
@@ -107,19 +104,8 @@ pub struct TieredKvStore {
     /// Per layer; shared with the storage evaluator's worker while it scans.
     keys: Vec<Arc<RwLock<ScoringKeys>>>,
     evaluator: Option<ColdEvaluator>,
-    /// Hot rows per lane (a layer's KV head: `layer * n_kv_heads + head`): heads select
-    /// their own tokens, so each keeps its own.
-    hot: HotPool,
-    /// `[lane][token]`: how many decode steps selected the token (saturating: past 65,535
-    /// steps a token's rank no longer needs the exact count).
-    hits: Vec<Vec<u16>>,
-    /// Cold rows read this step that may enter the hot pool.
-    candidates: Candidates,
-    /// The weakest unpinned hot rows, where demotions come from.
-    weakest: WeakestRows,
-    /// Tokens below this had left the recent window (and the write-back window) at the last
-    /// rebalance: their hot rows have been offered to `weakest`.
-    unpinned_end: usize,
+    /// The rows kept in DRAM, their hits, and promotion and demotion between the tiers.
+    hot: HotTier,
     view: ViewBuffers,
     positions: Vec<u32>,
     /// `[layer]`: what the layer selected in the last decode step, which predicts what it
@@ -164,11 +150,7 @@ impl TieredKvStore {
         let key_chunks = KeyChunkLayout { bits: settings.key_bits, n_heads: shape.n_kv_heads, head_dim: shape.head_dim };
         let key_chunk_bytes = if evaluator == EvaluatorKind::Xrt { key_chunks.chunk_bytes() } else { 0 };
         let mut store = Self {
-            hot: HotPool::new(lanes, shape.head_dim, (settings.hot_budget_bytes / (4 * shape.head_dim)).min(lanes * shape.max_tokens)),
-            hits: vec![Vec::new(); lanes],
-            candidates: Candidates::new(shape.head_dim, settings.hot_budget_bytes),
-            weakest: WeakestRows::default(),
-            unpinned_end: 0,
+            hot: HotTier::new(lanes, settings.dense_layers.min(shape.n_layers) * shape.n_kv_heads..lanes, shape.head_dim, settings.hot_budget_bytes, shape.max_tokens),
             view: ViewBuffers::new(shape.head_dim),
             positions: Vec::new(),
             last_selections: vec![None; shape.n_layers],
@@ -211,8 +193,11 @@ impl TieredKvStore {
     }
 
     fn tier_stats(&self) -> TierStats {
+        let moves = self.hot.moves();
         let mut tier = TierStats {
             hot_bytes: self.hot_bytes(),
+            promotions: moves.promotions,
+            demotions: moves.demotions,
             hot_budget_bytes: self.settings.hot_budget_bytes,
             spare_copy_bytes: self.spare.as_ref().map_or(0, SpareCopy::bytes),
             ..self.tier.clone()
@@ -230,14 +215,26 @@ impl TieredKvStore {
     pub fn hot_bytes(&self) -> usize {
         let window_tokens = self.backing.window_tokens();
         let key_bytes: usize = self.keys.iter().map(|k| k.read().unwrap_or_else(|p| p.into_inner()).bytes()).sum();
-        self.hot.bytes() + key_bytes + window_tokens * self.hot.row_bytes() * self.shape.n_kv_heads
+        self.hot.bytes() + key_bytes + window_tokens * self.hot.pool().row_bytes() * self.shape.n_kv_heads
     }
 
-    /// Per-token bookkeeping beside the budget: hits, the placement maps, the hot pool's
-    /// index and the page bits (about 9 bytes per token and lane).
+    /// Bookkeeping beside the budget: the hot tier's (hits, the pool's index, candidates, the
+    /// demotion reserve), the placement maps and the page bits (about 9 bytes per token and lane).
     fn bookkeeping_bytes(&self) -> usize {
-        let hits: usize = self.hits.iter().chain(&self.prompt_hits).map(|h| 2 * h.capacity()).sum();
-        hits + self.backing.placement_bytes() + self.hot.index_bytes() + 8 * self.group_bits.capacity()
+        let seeds: usize = self.prompt_hits.iter().map(|h| 2 * h.capacity()).sum();
+        self.hot.bookkeeping_bytes() + seeds + self.backing.placement_bytes() + 8 * self.group_bits.capacity()
+    }
+
+    /// Lets the hot tier decide which rows stay in DRAM after a step.
+    fn rebalance(&mut self) {
+        // Scoring keys and the write-back window: what the rows share the budget with.
+        let fixed = self.hot_bytes() - self.hot.bytes();
+        let (slot, unpinned, cold_end) = {
+            let backing = &self.backing;
+            let unpinned = self.settings.sink_tokens as u32..backing.len().saturating_sub(self.settings.recent_tokens) as u32;
+            (|lane: usize, t: u32| backing.lane_slot(lane, t as usize) as u32, unpinned, backing.cold_end() as u32)
+        };
+        self.hot.rebalance(&Standing { slot: &slot, unpinned, cold_end }, self.settings.hot_budget_bytes, fixed);
     }
 
     fn lane(&self, layer: usize, head: usize) -> usize {
@@ -247,7 +244,7 @@ impl TieredKvStore {
     /// Whether a token's K/V row of one of `layer`'s heads (`(head, token)`) is in memory: hot,
     /// or still in the write-back window. The compute threads may share it.
     fn in_memory(&self, layer: usize) -> impl Fn(usize, u32) -> bool + Sync + '_ {
-        let (base, hot, lane0) = (self.backing.cold_end(), &self.hot, self.lane(layer, 0));
+        let (base, hot, lane0) = (self.backing.cold_end(), self.hot.pool(), self.lane(layer, 0));
         move |head, t| t as usize >= base || hot.contains(lane0 + head, t)
     }
 
@@ -309,7 +306,7 @@ impl TieredKvStore {
         let selector = self.settings.selector;
         let keep = if guard || !selector.by_rank_alone() { (2 * budget).min(candidates.len()) } else { budget };
         let (hot, cold) = match self.evaluator {
-            Some(_) => split_by_residence(&lanes.iter().map(|&l| self.hot.bitmap(l)).collect::<Vec<_>>(), candidates.clone(), base),
+            Some(_) => split_by_residence(&lanes.iter().map(|&l| self.hot.pool().bitmap(l)).collect::<Vec<_>>(), candidates.clone(), base),
             None => (candidates.clone().map(|t| t as u32).collect(), Vec::new()),
         };
         let started = Instant::now();
@@ -618,13 +615,7 @@ impl KvStore for TieredKvStore {
         }
         for head in 0..self.shape.n_kv_heads {
             let Some(tokens) = selection.head(head) else { return };
-            let hits = &mut self.hits[layer * self.shape.n_kv_heads + head];
-            if hits.len() < n {
-                hits.resize(n, 0);
-            }
-            for &t in tokens {
-                hits[t as usize] = hits[t as usize].saturating_add(1);
-            }
+            self.hot.count_hits(self.lane(layer, head), tokens, n);
         }
     }
 
@@ -638,10 +629,8 @@ impl KvStore for TieredKvStore {
         self.prefetch.clear(); // normally empty: each layer claims its read-ahead in the step
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
         let (hot, n_kv) = (&mut self.hot, self.shape.n_kv_heads);
-        let spilled = timed(Phase::Spill, || self.backing.commit(n_tokens, |layer, head, t, k, v| hot.insert(layer * n_kv + head, t as u32, k, v)));
-        for hits in &mut self.hits {
-            hits.resize(self.backing.len(), 0);
-        }
+        let spilled = timed(Phase::Spill, || self.backing.commit(n_tokens, |layer, head, t, k, v| hot.keep_pinned(layer * n_kv + head, t as u32, k, v)));
+        self.hot.grow_hits(self.backing.len());
         spilled?;
         let (sparse, cold_tokens) = (self.settings.dense_layers.min(self.shape.n_layers)..self.shape.n_layers, self.backing.cold_end());
         if let Some(ColdEvaluator::Xrt(xrt)) = &mut self.evaluator {
@@ -655,7 +644,7 @@ impl KvStore for TieredKvStore {
         self.decode_steps = if n_tokens == 1 { self.decode_steps + 1 } else { 0 };
         if self.settings.placement == PlacementKind::Hits {
             if self.decode_steps == 0 {
-                self.prompt_hits.clone_from(&self.hits);
+                self.prompt_hits = self.hot.hits().to_vec();
             } else if relayout_due(self.decode_steps) {
                 self.relayout_by_hits();
             }
@@ -666,8 +655,6 @@ impl KvStore for TieredKvStore {
     fn truncate(&mut self, n_tokens: usize) -> usize {
         self.prefetch.clear();
         self.last_selections.fill(None);
-        self.candidates.reset();
-        self.weakest.reset();
         let kept = self.backing.truncate(n_tokens);
         if let Some(spare) = &mut self.spare {
             spare.dense.truncate(kept);
@@ -690,8 +677,6 @@ impl KvStore for TieredKvStore {
             resident_bytes: self.hot_bytes()
                 + self.view.bytes()
                 + self.prefetch.bytes()
-                + self.candidates.bytes()
-                + self.weakest.bytes()
                 + self.bookkeeping_bytes()
                 + self.spare.as_ref().map_or(0, SpareCopy::bytes),
             cold_bytes: self.backing.cold_bytes(),
@@ -845,11 +830,7 @@ impl TieredKvStore {
         };
         let n = self.backing.held(layer);
         for (head, chosen) in seeds.into_iter().enumerate() {
-            let hits = &mut self.hits[layer * n_kv + head];
-            hits.resize(hits.len().max(n), 0);
-            for t in chosen {
-                hits[t as usize] = hits[t as usize].saturating_add(1);
-            }
+            self.hot.count_hits(layer * n_kv + head, &chosen, n);
         }
     }
 
@@ -866,7 +847,7 @@ impl TieredKvStore {
             for &t in selection.head(head).unwrap_or(&[]).iter().take_while(|&&t| (t as usize) < base) {
                 let g = self.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
                 self.group_bits[g / 64] |= 1 << (g % 64);
-                if !self.hot.contains(lane, t) {
+                if !self.hot.pool().contains(lane, t) {
                     self.group_bits[words + g / 64] |= 1 << (g % 64);
                 }
             }
@@ -892,14 +873,13 @@ impl TieredKvStore {
         let lanes = self.settings.dense_layers.min(self.shape.n_layers) * n_kv..self.shape.n_layers * n_kv;
         let started = Instant::now();
         let read_before = self.backing.cold().stats.bytes_read.load(Ordering::Relaxed);
-        let (hits, seeds) = (&self.hits, &self.prompt_hits);
+        let (hits, seeds) = (self.hot.hits(), &self.prompt_hits);
         let rank = |lane: usize, t: usize| {
             let (all, seed) = (hits[lane].get(t).copied().unwrap_or(0), seeds.get(lane).and_then(|s| s.get(t)).copied().unwrap_or(0));
             (u32::from(all.saturating_sub(seed)) << 16) | u32::from(seed)
         };
         let result = self.backing.relayout(lanes, rank);
-        // Rows moved to other slots, which order equal ranks: the reserve is ranked anew.
-        self.weakest.reset();
+        self.hot.slots_moved();
         self.tier.relayout_ns += started.elapsed().as_nanos() as u64;
         self.tier.relayout_bytes_read += self.backing.cold().stats.bytes_read.load(Ordering::Relaxed) - read_before;
         match result {
@@ -919,17 +899,14 @@ impl TieredKvStore {
         for keys in &self.keys {
             keys.write().unwrap_or_else(|p| p.into_inner()).truncate(n_tokens);
         }
-        for hits in &mut self.hits {
-            hits.truncate(n_tokens);
-        }
         self.hot.truncate(n_tokens);
-        self.hot.compact();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::hot::HotPool;
 
     #[test]
     fn sparf_keeps_the_largest_query_dimensions_by_magnitude() {

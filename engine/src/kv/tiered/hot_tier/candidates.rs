@@ -1,12 +1,9 @@
-//! Promotion and demotion: after each decode step the hot pool keeps the most-selected of its
-//! unpinned rows and of the cold rows the step read, within the byte budget.
+//! Promotion candidates: the cold rows a step read that may enter the hot pool.
 //!
-//! The cold rows read in a step are the promotion candidates; their K/V must be kept until the
-//! step ends, because the read buffers are reused layer by layer. At 8K tokens a step reads
-//! ~90K cold rows (23 MB), so [`Candidates`] keeps only those that can still win a place, and
-//! at most a fixed share of the budget of them, best first.
+//! Their K/V must be kept until the step ends, because the read buffers are reused layer by
+//! layer. At 8K tokens a step reads ~90K cold rows (23 MB), so [`Candidates`] keeps only those
+//! that can still win a place, and at most a fixed share of the budget of them, best first.
 
-use super::TieredKvStore;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -16,19 +13,15 @@ use std::collections::BinaryHeap;
 /// fewer rows than it holds.
 const CANDIDATE_BUDGET_DIVISOR: usize = 32;
 
-/// Freed hot slots worth more than this are given back to the allocator after a rebalance
-/// (fewer are simply reused by the next step's promotions).
-const COMPACT_FREE_BYTES: usize = 1 << 20;
-
 /// A row's place in the rebalance's ranking, best highest: most hits, then already hot (a hot
 /// row wins a tie, so equals do not swap places), then the later cold-pool slot (see
-/// [`TieredKvStore::hot_rank`]).
+/// [`super::HotTier::hot_rank`]).
 pub(super) fn rank_key(hits: u32, hot: bool, slot: u32) -> u64 {
     (u64::from(hits) << 33) | (u64::from(hot) << 32) | u64::from(slot)
 }
 
 /// The hits a rank key was made with.
-fn level_hits(key: u64) -> u32 {
+pub(super) fn level_hits(key: u64) -> u32 {
     (key >> 33) as u32
 }
 
@@ -99,7 +92,15 @@ impl Candidates {
         2 * (self.k.capacity() + self.v.capacity()) + self.rows.capacity() * row + self.weakest.capacity() * heap_entry
     }
 
-    fn row(&self, slot: usize) -> (usize, u32, &[u16], &[u16]) {
+    /// The candidates' slots, best first, with their rank keys.
+    pub fn best_first(&self) -> Vec<(u64, usize)> {
+        let mut slots: Vec<(u64, usize)> = self.rows.iter().enumerate().map(|(slot, &(.., key))| (key, slot)).collect();
+        slots.sort_unstable_by(|a, b| b.cmp(a));
+        slots
+    }
+
+    /// The lane, token, K and V of the candidate in `slot`.
+    pub fn row(&self, slot: usize) -> (usize, u32, &[u16], &[u16]) {
         let rw = self.row_words;
         let (lane, token, _) = self.rows[slot];
         (lane as usize, token, &self.k[slot * rw..][..rw], &self.v[slot * rw..][..rw])
@@ -111,91 +112,16 @@ impl Candidates {
         self.cutoff = 0;
     }
 
+    /// Rows with fewer hits than `cutoff` cannot win a place next step (see `cutoff`).
+    pub fn set_cutoff(&mut self, cutoff: u32) {
+        self.cutoff = cutoff;
+    }
+
     pub fn clear(&mut self) {
         self.rows.clear();
         self.k.clear();
         self.v.clear();
         self.weakest.clear();
-    }
-}
-
-impl TieredKvStore {
-    /// The rank key of hot `token`'s row in `lane` ([`rank_key`]). Equals are ordered by
-    /// cold-pool slot, not by token: tokens that share a page then rise and fall together, so
-    /// the hot pool holds whole pages rather than some rows of each, and a page whose rows are
-    /// all hot is never read (slots keep the order of the 256-token blocks, so newer blocks
-    /// still win).
-    pub(super) fn hot_rank(&self, lane: usize, token: u32) -> u64 {
-        rank_key(self.hits_of(lane, token), true, self.backing.lane_slot(lane, token as usize) as u32)
-    }
-
-    /// Decides which rows the hot pool keeps after a step: of the unpinned hot rows and the
-    /// candidates, the most-selected ones that fit the budget (a hot row wins a tie, so equals
-    /// do not swap places). Candidates go best first into free room, then into the places of
-    /// weaker hot rows, which are demoted (the weakest first, from the reserve in
-    /// [`super::demotion`]); demotion needs no I/O, as every row is already on the SSD.
-    /// Ranking promotions against the hot rows, instead of promoting every fetched row and
-    /// evicting others for it, is what keeps the pools from ping-ponging.
-    pub(super) fn rebalance(&mut self) {
-        let (row_bytes, budget) = (self.hot.row_bytes(), self.settings.hot_budget_bytes);
-        self.offer_newly_unpinned_rows();
-        // Scoring keys and the write-back window: what the rows share the budget with.
-        let fixed = self.hot_bytes() - self.hot.bytes();
-        // The pinned rows grew (this step's tokens): make room for them first.
-        while fixed + self.hot.bytes() > budget && self.demote_weakest_below(u64::MAX) {}
-        let candidates = std::mem::take(&mut self.candidates);
-        let mut best_first: Vec<(u64, usize)> = candidates.rows.iter().enumerate().map(|(slot, &(.., key))| (key, slot)).collect();
-        best_first.sort_unstable_by(|a, b| b.cmp(a));
-        for (key, slot) in best_first {
-            if fixed + self.hot.bytes() + row_bytes > budget && !self.demote_weakest_below(key) {
-                break; // every hot row outranks this candidate, and so the ones after it
-            }
-            self.promote(&candidates, slot);
-        }
-        // No row with fewer hits than the weakest hot row can win a place next step.
-        let full = fixed + self.hot.bytes() + row_bytes > budget;
-        let cutoff = if full { self.weakest_hot_row().map_or(0, |(key, ..)| level_hits(key)) } else { 0 };
-        if self.hot.free_bytes() > COMPACT_FREE_BYTES {
-            self.hot.compact();
-        }
-        self.candidates = Candidates { cutoff, ..candidates };
-        self.candidates.clear();
-    }
-
-    /// Offers the demotion reserve the hot rows that left the recent window since the last
-    /// rebalance (rows in the write-back window are not hot yet: they are offered once spilled).
-    fn offer_newly_unpinned_rows(&mut self) {
-        let unpinned = self.unpinned_tokens();
-        let end = unpinned.end.min(self.backing.cold_end() as u32);
-        let start = (self.unpinned_end as u32).max(unpinned.start).min(end);
-        for lane in self.sparse_lanes() {
-            for t in start..end {
-                if self.hot.contains(lane, t) {
-                    self.weakest.offer(self.hot_rank(lane, t), lane, t);
-                }
-            }
-        }
-        self.unpinned_end = end as usize;
-    }
-
-    /// Demotes the weakest unpinned hot row if it ranks below `key`; false when none does.
-    fn demote_weakest_below(&mut self, key: u64) -> bool {
-        match self.weakest_hot_row() {
-            Some((weakest, lane, token)) if weakest < key => {
-                self.weakest.take_weakest();
-                self.hot.remove(lane, token);
-                self.tier.demotions += 1;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    fn promote(&mut self, candidates: &Candidates, slot: usize) {
-        let (lane, token, k, v) = candidates.row(slot);
-        self.hot.insert(lane, token, k, v);
-        self.weakest.offer(self.hot_rank(lane, token), lane, token);
-        self.tier.promotions += 1;
     }
 }
 

@@ -14,8 +14,6 @@
 //! rank rose past the bar leaves it. Every row outside ranks at least as high as the bar, so the
 //! reserve's weakest row is the pool's.
 
-use super::promotion::rank_key;
-use super::TieredKvStore;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -73,36 +71,18 @@ impl WeakestRows {
     }
 }
 
-impl TieredKvStore {
-    /// The weakest unpinned hot row (key, lane, token), refilling the reserve if it ran out.
-    pub(super) fn weakest_hot_row(&mut self) -> Option<(u64, usize, u32)> {
-        for refill in [false, true] {
-            if refill {
-                self.refill_weakest();
-            }
-            let (hot, hits, backing) = (&self.hot, &self.hits, &self.backing);
-            let rank_now = |lane: usize, t: u32| hot.contains(lane, t).then(|| rank_key(hits_at(&hits[lane], t), true, backing.lane_slot(lane, t as usize) as u32));
-            if let Some(row) = self.weakest.weakest(rank_now) {
-                return Some(row);
-            }
-        }
-        None
-    }
-
-    pub(super) fn hits_of(&self, lane: usize, token: u32) -> u32 {
-        hits_at(&self.hits[lane], token)
-    }
-
+impl WeakestRows {
     /// Sets aside the weakest few percent of the unpinned hot rows, found by counting (three
-    /// walks over them) rather than sorting.
-    fn refill_weakest(&mut self) {
+    /// walks over them) rather than sorting. `for_each_row(f)` calls `f(lane, token, rank key)`
+    /// for every unpinned hot row, always in the same order.
+    pub fn refill(&mut self, for_each_row: impl Fn(&mut dyn FnMut(usize, u32, u64))) {
         let mut levels = Vec::new();
-        self.for_each_unpinned_hot_row(|_, _, key| count(&mut levels, level_of(key)));
+        for_each_row(&mut |_, _, key| count(&mut levels, level_of(key)));
         let unpinned: usize = levels.iter().sum();
         let reserve = (unpinned / RESERVE_DIVISOR).max(MIN_RESERVE_ROWS);
         let slots_at = |level: usize| {
             let mut slots = Vec::new();
-            self.for_each_unpinned_hot_row(|_, _, key| {
+            for_each_row(&mut |_, _, key| {
                 if level_of(key) == level {
                     count(&mut slots, key as u32 as usize);
                 }
@@ -112,43 +92,14 @@ impl TieredKvStore {
         // The rows the cut does not keep among the best `unpinned - reserve` are the reserve.
         let Some(mut cut) = Cut::find(&levels, slots_at, unpinned.saturating_sub(reserve)) else { return };
         let mut set_aside = Vec::new();
-        self.for_each_unpinned_hot_row(|lane, token, key| {
+        for_each_row(&mut |lane, token, key| {
             if !cut.keeps(key) {
                 set_aside.push(Reverse((key, lane as u32, token)));
             }
         });
-        self.weakest.bar = set_aside.iter().map(|r| r.0 .0).max();
-        self.weakest.heap = BinaryHeap::from(set_aside);
+        self.bar = set_aside.iter().map(|r| r.0 .0).max();
+        self.heap = BinaryHeap::from(set_aside);
     }
-
-    /// Calls `f(lane, token, rank key)` for each unpinned hot row of the sparse layers, lane by
-    /// lane, always in the same order. A plain loop: with a large pool a refill walks ~700K rows
-    /// three times.
-    fn for_each_unpinned_hot_row(&self, mut f: impl FnMut(usize, u32, u64)) {
-        let unpinned = self.unpinned_tokens();
-        for lane in self.sparse_lanes() {
-            for t in self.hot.tokens(lane).filter(|t| unpinned.contains(t)) {
-                f(lane, t, self.hot_rank(lane, t));
-            }
-        }
-    }
-}
-
-impl TieredKvStore {
-    /// Lanes of the layers that select tokens (the dense ones keep every row hot).
-    pub(super) fn sparse_lanes(&self) -> std::ops::Range<usize> {
-        self.settings.dense_layers * self.shape.n_kv_heads..self.hits.len()
-    }
-
-    /// Tokens whose rows are not pinned: past the sinks, before the recent window.
-    pub(super) fn unpinned_tokens(&self) -> std::ops::Range<u32> {
-        self.settings.sink_tokens as u32..self.backing.len().saturating_sub(self.settings.recent_tokens) as u32
-    }
-}
-
-/// A token's hits in one lane's hit table (tokens past its end have none yet).
-fn hits_at(hits: &[u16], token: u32) -> u32 {
-    hits.get(token as usize).map_or(0, |&h| u32::from(h))
 }
 
 /// Where a ranking is cut to keep the best `capacity` rows: every row ranked above `key`, and
@@ -210,6 +161,7 @@ fn nth_from_top(counts: &[usize], n: usize) -> Option<(usize, usize)> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::candidates::rank_key;
     use super::*;
 
     fn xorshift(seed: u64) -> impl FnMut(u64) -> u64 {

@@ -1,0 +1,253 @@
+//! The tiered store's hot tier: the rows kept in DRAM, how often each token was selected, and
+//! the decisions that move rows in and out.
+//!
+//! After each decode step the hot pool keeps the most-selected of its unpinned rows and of the
+//! cold rows the step read ([`candidates`]), within the byte budget; demotions come from a
+//! reserve of the weakest rows ([`reserve`]). Pinned rows (dense layers, sinks, the recent
+//! window) enter as they leave the write-back window and are never demoted while pinned.
+//!
+//! The tier owns no file: what it needs to know of the cold pool (a row's slot there, which
+//! orders equal ranks; where the pool ends; which tokens are pinned) comes in a [`Standing`].
+
+mod candidates;
+mod reserve;
+
+use super::super::hot::HotPool;
+use candidates::{level_hits, rank_key, Candidates};
+use reserve::WeakestRows;
+use std::ops::Range;
+
+/// Freed hot slots worth more than this are given back to the allocator after a rebalance
+/// (fewer are simply reused by the next step's promotions).
+const COMPACT_FREE_BYTES: usize = 1 << 20;
+
+/// Where the rest of the store stands, as the tier's ranking needs it.
+pub(super) struct Standing<'a> {
+    /// A token's slot in its lane of the cold pool.
+    pub slot: &'a dyn Fn(usize, u32) -> u32,
+    /// Tokens whose rows are not pinned: past the sinks, before the recent window.
+    pub unpinned: Range<u32>,
+    /// Tokens from here on are still in the write-back window, not in the cold pool.
+    pub cold_end: u32,
+}
+
+/// Promotions and demotions so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Moves {
+    pub promotions: u64,
+    pub demotions: u64,
+}
+
+pub(super) struct HotTier {
+    /// Hot rows per lane (a layer's KV head: `layer * n_kv_heads + head`): heads select their
+    /// own tokens, so each keeps its own.
+    pool: HotPool,
+    /// `[lane][token]`: how many decode steps selected the token (saturating: past 65,535
+    /// steps a token's rank no longer needs the exact count).
+    hits: Vec<Vec<u16>>,
+    /// Cold rows read this step that may enter the hot pool.
+    candidates: Candidates,
+    /// The weakest unpinned hot rows, where demotions come from.
+    weakest: WeakestRows,
+    /// Tokens below this had left the recent window (and the write-back window) at the last
+    /// rebalance: their hot rows have been offered to `weakest`.
+    unpinned_end: u32,
+    /// Lanes of the layers that select tokens (the dense ones keep every row hot).
+    sparse_lanes: Range<usize>,
+    moves: Moves,
+}
+
+impl HotTier {
+    /// A tier for `lanes` lanes of `row_words`-word rows, of which `sparse_lanes` select tokens,
+    /// holding at most `budget_bytes` of rows.
+    pub fn new(lanes: usize, sparse_lanes: Range<usize>, row_words: usize, budget_bytes: usize, max_tokens: usize) -> Self {
+        Self {
+            pool: HotPool::new(lanes, row_words, (budget_bytes / (4 * row_words)).min(lanes * max_tokens)),
+            hits: vec![Vec::new(); lanes],
+            candidates: Candidates::new(row_words, budget_bytes),
+            weakest: WeakestRows::default(),
+            unpinned_end: 0,
+            sparse_lanes,
+            moves: Moves::default(),
+        }
+    }
+
+    /// The rows held, for reading.
+    pub fn pool(&self) -> &HotPool {
+        &self.pool
+    }
+
+    pub fn moves(&self) -> Moves {
+        self.moves
+    }
+
+    /// A pinned row leaving the write-back window for the cold pool: it stays hot.
+    pub fn keep_pinned(&mut self, lane: usize, token: u32, k: &[u16], v: &[u16]) {
+        self.pool.insert(lane, token, k, v);
+    }
+
+    /// Every lane's hit table, `[lane][token]`.
+    pub fn hits(&self) -> &[Vec<u16>] {
+        &self.hits
+    }
+
+    /// Counts a hit in `lane` for each of `tokens`, the table grown to `n_tokens` first.
+    pub fn count_hits(&mut self, lane: usize, tokens: &[u32], n_tokens: usize) {
+        let hits = &mut self.hits[lane];
+        if hits.len() < n_tokens {
+            hits.resize(n_tokens, 0);
+        }
+        for &t in tokens {
+            hits[t as usize] = hits[t as usize].saturating_add(1);
+        }
+    }
+
+    /// Every hit table holds `n_tokens` tokens (the step's new ones with none).
+    pub fn grow_hits(&mut self, n_tokens: usize) {
+        for hits in &mut self.hits {
+            hits.resize(n_tokens, 0);
+        }
+    }
+
+    /// The rank key of a cold row of `lane` just read, at cold-pool `slot`, counting this
+    /// step's hit (which is observed after attention); `None` when it cannot win a place, so
+    /// that it need not be offered. The compute threads may share it.
+    pub fn candidate_key(&self, lane: usize, token: u32, slot: u32) -> Option<u64> {
+        let hits = self.hits[lane].get(token as usize).map_or(1, |&h| u32::from(h) + 1);
+        let key = rank_key(hits, false, slot);
+        self.candidates.may_take(key).then_some(key)
+    }
+
+    /// A cold row the step read, ranked `key` by [`HotTier::candidate_key`].
+    pub fn offer(&mut self, lane: usize, token: u32, key: u64, k: &[u16], v: &[u16]) {
+        self.candidates.offer(lane, token, key, k, v);
+    }
+
+    /// Decides which rows the pool keeps after a step: of the unpinned hot rows and the
+    /// candidates, the most-selected ones that fit `budget_bytes` beside `fixed_bytes` of other
+    /// memory (a hot row wins a tie, so equals do not swap places). Candidates go best first into
+    /// free room, then into the places of weaker hot rows, which are demoted (the weakest first,
+    /// from the reserve); demotion needs no I/O, as every row is already in the cold pool.
+    /// Ranking promotions against the hot rows, instead of promoting every fetched row and
+    /// evicting others for it, is what keeps the tiers from ping-ponging.
+    pub fn rebalance(&mut self, standing: &Standing<'_>, budget_bytes: usize, fixed_bytes: usize) {
+        let row_bytes = self.pool.row_bytes();
+        self.offer_newly_unpinned_rows(standing);
+        // The pinned rows grew (this step's tokens): make room for them first.
+        while fixed_bytes + self.pool.bytes() > budget_bytes && self.demote_weakest_below(standing, u64::MAX) {}
+        let candidates = std::mem::take(&mut self.candidates);
+        for (key, slot) in candidates.best_first() {
+            if fixed_bytes + self.pool.bytes() + row_bytes > budget_bytes && !self.demote_weakest_below(standing, key) {
+                break; // every hot row outranks this candidate, and so the ones after it
+            }
+            let (lane, token, k, v) = candidates.row(slot);
+            self.pool.insert(lane, token, k, v);
+            self.weakest.offer(self.hot_rank(standing, lane, token), lane, token);
+            self.moves.promotions += 1;
+        }
+        // No row with fewer hits than the weakest hot row can win a place next step.
+        let full = fixed_bytes + self.pool.bytes() + row_bytes > budget_bytes;
+        let cutoff = if full { self.weakest_hot_row(standing).map_or(0, |(key, ..)| level_hits(key)) } else { 0 };
+        if self.pool.free_bytes() > COMPACT_FREE_BYTES {
+            self.pool.compact();
+        }
+        self.candidates = candidates;
+        self.candidates.clear();
+        self.candidates.set_cutoff(cutoff);
+    }
+
+    /// The cold pool was re-placed: rows moved to other slots, which order equal ranks, so the
+    /// reserve is ranked anew.
+    pub fn slots_moved(&mut self) {
+        self.weakest.reset();
+    }
+
+    /// Cuts the tier to `n_tokens` tokens and forgets the step's candidates.
+    pub fn truncate(&mut self, n_tokens: usize) {
+        self.candidates.reset();
+        self.weakest.reset();
+        self.unpinned_end = self.unpinned_end.min(n_tokens as u32);
+        for hits in &mut self.hits {
+            hits.truncate(n_tokens);
+        }
+        self.pool.truncate(n_tokens);
+        self.pool.compact();
+    }
+
+    /// Memory for the rows, counted against the budget.
+    pub fn bytes(&self) -> usize {
+        self.pool.bytes()
+    }
+
+    /// Memory beside the rows: the pool's index, the hit tables, the candidates and the reserve.
+    pub fn bookkeeping_bytes(&self) -> usize {
+        let hits: usize = self.hits.iter().map(|h| 2 * h.capacity()).sum();
+        self.pool.index_bytes() + hits + self.candidates.bytes() + self.weakest.bytes()
+    }
+
+    /// The rank key of hot `token`'s row in `lane` ([`rank_key`]). Equals are ordered by
+    /// cold-pool slot, not by token: tokens that share a page then rise and fall together, so
+    /// the hot pool holds whole pages rather than some rows of each, and a page whose rows are
+    /// all hot is never read (slots keep the order of the 256-token blocks, so newer blocks
+    /// still win).
+    fn hot_rank(&self, standing: &Standing<'_>, lane: usize, token: u32) -> u64 {
+        rank_key(hits_at(&self.hits[lane], token), true, (standing.slot)(lane, token))
+    }
+
+    /// Offers the demotion reserve the hot rows that left the recent window since the last
+    /// rebalance (rows in the write-back window are not hot yet: they are offered once spilled).
+    fn offer_newly_unpinned_rows(&mut self, standing: &Standing<'_>) {
+        let end = standing.unpinned.end.min(standing.cold_end);
+        let start = self.unpinned_end.max(standing.unpinned.start).min(end);
+        for lane in self.sparse_lanes.clone() {
+            for t in start..end {
+                if self.pool.contains(lane, t) {
+                    self.weakest.offer(self.hot_rank(standing, lane, t), lane, t);
+                }
+            }
+        }
+        self.unpinned_end = end;
+    }
+
+    /// Demotes the weakest unpinned hot row if it ranks below `key`; false when none does.
+    fn demote_weakest_below(&mut self, standing: &Standing<'_>, key: u64) -> bool {
+        match self.weakest_hot_row(standing) {
+            Some((weakest, lane, token)) if weakest < key => {
+                self.weakest.take_weakest();
+                self.pool.remove(lane, token);
+                self.moves.demotions += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The weakest unpinned hot row (key, lane, token), refilling the reserve if it ran out.
+    fn weakest_hot_row(&mut self, standing: &Standing<'_>) -> Option<(u64, usize, u32)> {
+        for refill in [false, true] {
+            if refill {
+                let (pool, lanes) = (&self.pool, self.sparse_lanes.clone());
+                let rank = |lane: usize, t: u32| rank_key(hits_at(&self.hits[lane], t), true, (standing.slot)(lane, t));
+                // A plain loop: with a large pool a refill walks ~700K rows three times.
+                self.weakest.refill(|f| {
+                    for lane in lanes.clone() {
+                        for t in pool.tokens(lane).filter(|t| standing.unpinned.contains(t)) {
+                            f(lane, t, rank(lane, t));
+                        }
+                    }
+                });
+            }
+            let (pool, hits) = (&self.pool, &self.hits);
+            let rank_now = |lane: usize, t: u32| pool.contains(lane, t).then(|| rank_key(hits_at(&hits[lane], t), true, (standing.slot)(lane, t)));
+            if let Some(row) = self.weakest.weakest(rank_now) {
+                return Some(row);
+            }
+        }
+        None
+    }
+}
+
+/// A token's hits in one lane's hit table (tokens past its end have none yet).
+fn hits_at(hits: &[u16], token: u32) -> u32 {
+    hits.get(token as usize).map_or(0, |&h| u32::from(h))
+}
