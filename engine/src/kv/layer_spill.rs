@@ -9,7 +9,7 @@
 
 use super::aligned::AlignedBuf;
 use super::cold::{ColdPool, GROUP_TOKENS};
-use super::tiered::reads::io_pool;
+use super::cold::staged::io_pool;
 use super::window::RecentWindow;
 use crate::error::{Error, Result};
 use std::sync::mpsc::{self, Receiver};

@@ -19,7 +19,7 @@
 use super::aligned::AlignedBuf;
 use super::cold::{ColdPool, GROUP_TOKENS};
 use super::cold_format::ColdType;
-use super::tiered::reads::read_heads;
+use super::cold::staged::read_heads;
 use super::view::ViewBuffers;
 use super::x_cache::{KvFromInput, LayerInputs};
 use super::{KvShape, KvStats, KvStore, KvView, OffloadKvStore, Selection};

@@ -2,7 +2,8 @@
 //! and cold rows read ahead of the layer's turn, are copied while the cold groups the read-ahead
 //! missed are still being read; their rows are filled in once the reads land.
 
-use super::reads::{read_heads, PendingRead, Staged};
+use super::reads::PendingRead;
+use crate::kv::cold::staged::{read_heads, Staged};
 use crate::error::Result;
 use crate::kv::aligned::AlignedBuf;
 use super::TieredKvStore;

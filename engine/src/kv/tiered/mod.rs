@@ -19,7 +19,7 @@ mod gather;
 mod hot_tier;
 mod pages;
 pub mod planner;
-pub(super) mod reads;
+mod reads;
 mod spare;
 
 use super::backing::DiskBacking;
@@ -39,7 +39,8 @@ use crate::trace::{self, timed, Phase};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use hot_tier::{HotTier, Standing};
-use reads::{read_heads, Prefetcher};
+use reads::Prefetcher;
+use super::cold::staged::read_heads;
 use spare::SpareCopy;
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, RwLock};

@@ -10,7 +10,7 @@
 
 use super::super::aligned::AlignedBuf;
 use super::super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
-use super::reads::io_pool;
+use crate::kv::cold::staged::io_pool;
 use crate::error::Result;
 use crate::score::device::DeviceQuery;
 use crate::score::{KeyBits, ScoringKeys, StorageEvaluator};

@@ -1,113 +1,18 @@
-//! Cold-pool reads for the tiered store: the groups a layer's selection needs, read with many
-//! requests in flight, and the same reads issued ahead of a layer's turn.
+//! The tiered store's cold reads: a layer's own, on a reader thread while the resident rows are
+//! copied, and the same reads issued ahead of a layer's turn.
 //!
 //! A layer's query exists only once the layer before it has run, but consecutive steps select
 //! mostly the same tokens. So while layer l computes, the [`Prefetcher`] already reads the
 //! groups that layers l+1.. selected last step and that are still cold; at their turn only the
 //! groups the prediction missed are read. Groups read for nothing cost bandwidth, and count in
 //! the pool's read statistics like any other read.
-//!
-//! Groups are staged as the pool keeps them ([`Staging::AsKept`]): a q8 group takes 2,560 bytes
-//! instead of its 4,096 decoded, and the rows a view uses are decoded as they are copied in.
 
 use super::super::aligned::AlignedBuf;
-use super::super::cold::{ColdPool, GroupRun, Staging};
+use super::super::cold::staged::{read_heads, Staged};
+use super::super::cold::ColdPool;
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
-
-/// The groups read for one layer, per head, laid out head after head in some buffer.
-#[derive(Debug, Default)]
-pub(in crate::kv) struct Staged {
-    heads: Vec<StagedHead>,
-}
-
-#[derive(Debug)]
-struct StagedHead {
-    /// Groups read (ascending).
-    groups: Vec<usize>,
-    /// Where the first one starts in the buffer, in bytes.
-    offset: usize,
-}
-
-impl Staged {
-    /// Group `group` of `head` as the pool keeps it (`group_bytes` long), if it was read into
-    /// `buf`.
-    pub fn group<'a>(&self, buf: &'a AlignedBuf, head: usize, group: usize, group_bytes: usize) -> Option<&'a [u8]> {
-        let h = self.heads.get(head)?;
-        let i = h.groups.binary_search(&group).ok()?;
-        Some(&buf.as_bytes()[h.offset + i * group_bytes..][..group_bytes])
-    }
-
-    /// `head`'s groups in `buf`, indexed for lookups by the thousand.
-    pub fn head_pages<'a>(&self, buf: &'a AlignedBuf, head: usize, group_bytes: usize) -> HeadPages<'a> {
-        let Some(h) = self.heads.get(head) else { return HeadPages { bytes: &[], group_bytes, at: Vec::new() } };
-        let mut at = vec![0u32; h.groups.last().map_or(0, |&g| g + 1)];
-        h.groups.iter().enumerate().for_each(|(i, &g)| at[g] = i as u32 + 1);
-        HeadPages { bytes: &buf.as_bytes()[h.offset..][..h.groups.len() * group_bytes], group_bytes, at }
-    }
-}
-
-/// One head's staged groups, by group number (see [`Staged::head_pages`]).
-pub(in crate::kv) struct HeadPages<'a> {
-    bytes: &'a [u8],
-    group_bytes: usize,
-    /// `[group]`: 1 + its place among the staged groups, or 0 where it was not read.
-    at: Vec<u32>,
-}
-
-impl<'a> HeadPages<'a> {
-    /// Group `group` as the pool keeps it, if it was read.
-    pub fn get(&self, group: usize) -> Option<&'a [u8]> {
-        let i = (*self.at.get(group)?).checked_sub(1)? as usize;
-        Some(&self.bytes[i * self.group_bytes..][..self.group_bytes])
-    }
-}
-
-/// Reads each head's `groups` (ascending) of `layer` into `buf` (grown if too small), head after
-/// head, as the pool keeps them: one request per run of consecutive groups, many in flight at
-/// once (an SSD needs a deep queue for its random-read rate): through this thread's io_uring,
-/// or where there is none from the I/O threads.
-pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf) -> Result<Staged> {
-    let gb = cold.layout().disk_group_bytes();
-    let total: usize = groups.iter().map(Vec::len).sum();
-    if buf.len() < total * gb {
-        *buf = AlignedBuf::zeroed(total * gb);
-    }
-    let mut staged = Staged { heads: Vec::with_capacity(groups.len()) };
-    let mut offset = 0;
-    for g in groups {
-        let n = g.len();
-        staged.heads.push(StagedHead { groups: g, offset });
-        offset += n * gb;
-    }
-    if total == 0 {
-        return Ok(staged); // nothing cold: no hand-off to the I/O threads
-    }
-    let mut rest = &mut buf.as_bytes_mut()[..total * gb];
-    let mut runs = Vec::new();
-    for (head, s) in staged.heads.iter().enumerate() {
-        let mut i = 0;
-        while i < s.groups.len() {
-            let mut j = i + 1;
-            while j < s.groups.len() && s.groups[j] == s.groups[j - 1] + 1 {
-                j += 1;
-            }
-            let (dst, tail) = rest.split_at_mut((j - i) * gb);
-            runs.push(GroupRun { head, first: s.groups[i], count: j - i, dst, staging: Staging::AsKept });
-            rest = tail;
-            i = j;
-        }
-    }
-    match cold.read_runs(layer, &mut runs) {
-        Some(read) => read?,
-        None => io_pool().install(|| {
-            use rayon::prelude::*;
-            runs.into_par_iter().try_for_each(|mut run| cold.read_run(layer, &mut run))
-        })?,
-    }
-    Ok(staged)
-}
 
 /// A read running on a reader thread, with the buffer it reads into.
 pub(super) struct PendingRead(mpsc::Receiver<(Result<Staged>, AlignedBuf)>);
@@ -242,7 +147,7 @@ impl Prefetcher {
 type ReadJob = Box<dyn FnOnce() + Send>;
 
 /// Runs `job` on one of the reader threads: plain threads that each drive one whole read at a
-/// time (all of its requests through the thread's io_uring, or handed to the [`io_pool`] where
+/// time (all of its requests through the thread's io_uring, or handed to the I/O threads where
 /// there is none) and sleep on a queue in between. A decode step issues two reads a layer (the
 /// layer's own, and the next layer's read-ahead). Spawned on the rayon I/O pool, each woke
 /// workers that spin and yield before they sleep again: on 2 cores that took CPU from the
@@ -273,22 +178,6 @@ fn run_on_reader(job: ReadJob) {
 /// Reads one process runs at once: a layer's own and its read-ahead, for two sequences
 /// decoding side by side. More wait in the queue.
 const READER_THREADS: usize = 4;
-
-/// Threads that issue cold-pool requests where there is no io_uring (and the spills' writes):
-/// blocking system calls, so more threads than cores means more requests in flight.
-pub(crate) fn io_pool() -> &'static rayon::ThreadPool {
-    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(IO_THREADS)
-            .thread_name(|i| format!("hillside-io-{i}"))
-            .build()
-            .expect("starting the cold-pool I/O threads")
-    })
-}
-
-/// Reads in flight at once against the cold pool.
-const IO_THREADS: usize = 16;
 
 #[cfg(test)]
 mod tests {

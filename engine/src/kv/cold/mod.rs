@@ -27,6 +27,8 @@
 //! straight into the card's peer-to-peer buffers. They carry no checksum: the host never sees
 //! those bytes, and a damaged one can only misrank a token, never corrupt attention.
 
+pub mod staged;
+
 use super::aligned::{AlignedBuf, IO_ALIGN};
 use super::cold_format::{decode_q8, encode_q8, ColdType};
 use super::fault::{self, PoolFaults};
