@@ -18,32 +18,30 @@
 mod gather;
 mod hot_tier;
 mod pages;
+mod ranker;
 pub mod planner;
 mod reads;
 mod spare;
 
 use super::backing::DiskBacking;
+use super::cold::staged::read_heads;
 use super::cold::GROUP_TOKENS;
 use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
 use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, SelectorKind, Selection, TierStats};
 use crate::error::{Error, Result};
-use crate::score::device::{DeviceQuery, KeyChunkLayout};
-use crate::score::xrt::{XrtEvaluator, XrtOptions};
-use crate::score::topk::ascending;
-use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, KeyBits, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use crate::kernels::parallel::map_items;
-use crate::kernels::spin_pool::pool;
+use crate::score::topk::ascending;
+use crate::score::xrt::XrtOptions;
+use crate::score::{HeadsTopK, KeyBits};
 use crate::trace::{self, timed, Phase};
+use hot_tier::{HotTier, Standing};
+use ranker::Ranker;
+use reads::Prefetcher;
+use spare::SpareCopy;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use hot_tier::{HotTier, Standing};
-use reads::Prefetcher;
-use super::cold::staged::read_heads;
-use spare::SpareCopy;
-use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 /// The tiered store's knobs (see [`super::KvConfig`]).
@@ -102,9 +100,8 @@ pub struct TieredKvStore {
     settings: TieredSettings,
     /// The cold pool, the write-back window and the token count.
     backing: DiskBacking,
-    /// Per layer; shared with the storage evaluator's worker while it scans.
-    keys: Vec<Arc<RwLock<ScoringKeys>>>,
-    evaluator: Option<ColdEvaluator>,
+    /// Scoring keys, the cold-token evaluator and the fidelity guard.
+    ranker: Ranker,
     /// The rows kept in DRAM, their hits, and promotion and demotion between the tiers.
     hot: HotTier,
     view: ViewBuffers,
@@ -136,21 +133,22 @@ impl TieredKvStore {
         if settings.recent_tokens < GROUP_TOKENS {
             return Err(Error::InvalidParameter(format!("the recent window must hold at least {GROUP_TOKENS} tokens")));
         }
-        let keys: Vec<Arc<RwLock<ScoringKeys>>> = (0..shape.n_layers)
-            .map(|_| Arc::new(RwLock::new(ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim))))
-            .collect();
         let lanes = shape.n_layers * shape.n_kv_heads;
-        // Asked for the card but there is none: say why once, and lay out no key chunks for it.
-        let mut evaluator = settings.evaluator;
-        if evaluator == EvaluatorKind::Xrt {
-            if let Some(problem) = xrt_problem {
-                tracing::warn!("{problem}; {FALLBACK}");
-                evaluator = EvaluatorKind::Storage;
-            }
+        // Without the card, no key chunks are laid out for it.
+        let evaluator = ranker::evaluator_in_use(settings.evaluator, xrt_problem);
+        let key_chunk_bytes = if evaluator == EvaluatorKind::Xrt { ranker::key_chunks(shape, &settings).chunk_bytes() } else { 0 };
+        let backing = DiskBacking::new(shape, cold_dirs, key_chunk_bytes, settings.placement, settings.cold_type)?;
+        let floor = budget_floor_bytes(shape, &settings);
+        if settings.hot_budget_bytes < floor {
+            return Err(Error::InvalidParameter(format!(
+                "hot budget {} MB is below the {} MB that scoring keys, dense layers and pinned tokens need at {} tokens",
+                settings.hot_budget_bytes / 1_000_000,
+                floor.div_ceil(1_000_000),
+                shape.max_tokens
+            )));
         }
-        let key_chunks = KeyChunkLayout { bits: settings.key_bits, n_heads: shape.n_kv_heads, head_dim: shape.head_dim };
-        let key_chunk_bytes = if evaluator == EvaluatorKind::Xrt { key_chunks.chunk_bytes() } else { 0 };
-        let mut store = Self {
+        Ok(Self {
+            ranker: Ranker::new(shape, &settings, evaluator, backing.cold()),
             hot: HotTier::new(lanes, settings.dense_layers.min(shape.n_layers) * shape.n_kv_heads..lanes, shape.head_dim, settings.hot_budget_bytes, shape.max_tokens),
             view: ViewBuffers::new(shape.head_dim),
             positions: Vec::new(),
@@ -160,37 +158,11 @@ impl TieredKvStore {
             decode_steps: 0,
             prompt_hits: Vec::new(),
             spare: if settings.spare_copy { SpareCopy::if_room(shape) } else { None },
-            backing: DiskBacking::new(shape, cold_dirs, key_chunk_bytes, settings.placement, settings.cold_type)?,
-            keys,
-            evaluator: None,
+            backing,
             shape,
             settings,
             tier: TierStats::default(),
-        };
-        let floor = budget_floor_bytes(shape, &store.settings);
-        if store.settings.hot_budget_bytes < floor {
-            return Err(Error::InvalidParameter(format!(
-                "hot budget {} MB is below the {} MB that scoring keys, dense layers and pinned tokens need at {} tokens",
-                store.settings.hot_budget_bytes / 1_000_000,
-                floor.div_ceil(1_000_000),
-                shape.max_tokens
-            )));
-        }
-        store.evaluator = match evaluator {
-            EvaluatorKind::Host => None,
-            EvaluatorKind::Storage => Some(ColdEvaluator::Storage(StorageEvaluator::new())),
-            EvaluatorKind::Xrt => Some(match XrtEvaluator::open(&store.settings.xrt, store.backing.cold().clone(), key_chunks) {
-                Ok(card) => {
-                    tracing::info!(card = card.description(), "the SmartSSD scores the cold pool");
-                    ColdEvaluator::Xrt(card)
-                }
-                Err(e) => {
-                    tracing::warn!("{e}; {FALLBACK}");
-                    ColdEvaluator::Storage(StorageEvaluator::new())
-                }
-            }),
-        };
-        Ok(store)
+        })
     }
 
     fn tier_stats(&self) -> TierStats {
@@ -203,20 +175,14 @@ impl TieredKvStore {
             spare_copy_bytes: self.spare.as_ref().map_or(0, SpareCopy::bytes),
             ..self.tier.clone()
         };
-        if let Some(ColdEvaluator::Xrt(xrt)) = &self.evaluator {
-            let c = xrt.counters();
-            tier.device_tokens = c.device_tokens.load(Ordering::Relaxed);
-            tier.device_runs = c.runs.load(Ordering::Relaxed);
-            tier.device_failed = c.failed.load(Ordering::Relaxed);
-        }
+        self.ranker.report(&mut tier);
         tier
     }
 
     /// DRAM in use now, counted against the hot budget.
     pub fn hot_bytes(&self) -> usize {
         let window_tokens = self.backing.window_tokens();
-        let key_bytes: usize = self.keys.iter().map(|k| k.read().unwrap_or_else(|p| p.into_inner()).bytes()).sum();
-        self.hot.bytes() + key_bytes + window_tokens * self.hot.pool().row_bytes() * self.shape.n_kv_heads
+        self.hot.bytes() + self.ranker.key_bytes() + window_tokens * self.hot.pool().row_bytes() * self.shape.n_kv_heads
     }
 
     /// Bookkeeping beside the budget: the hot tier's (hits, the pool's index, candidates, the
@@ -301,76 +267,19 @@ impl TieredKvStore {
         let n_kv = self.shape.n_kv_heads;
         let base = self.backing.cold_end();
         let lanes: Vec<usize> = (0..n_kv).map(|h| self.lane(layer, h)).collect();
-        let guard = self.settings.guard_mass > 0.0;
+        let guard = self.ranker.guards();
         // With the guard on, twice the budget is kept ranked, to widen into if needed; free
         // riders come from below the budget, and page-wise selection weighs pages by those too.
         let selector = self.settings.selector;
         let keep = if guard || !selector.by_rank_alone() { (2 * budget).min(candidates.len()) } else { budget };
-        let (hot, cold) = match self.evaluator {
-            Some(_) => split_by_residence(&lanes.iter().map(|&l| self.hot.pool().bitmap(l)).collect::<Vec<_>>(), candidates.clone(), base),
-            None => (candidates.clone().map(|t| t as u32).collect(), Vec::new()),
+        let (hot, cold) = match self.ranker.scores_beside_the_pool() {
+            true => split_by_residence(&lanes.iter().map(|&l| self.hot.pool().bitmap(l)).collect::<Vec<_>>(), candidates.clone(), base),
+            false => (candidates.clone().map(|t| t as u32).collect(), Vec::new()),
         };
-        let started = Instant::now();
-        // Every candidate is ranked with the storage side's arithmetic, hot or cold, so where a
-        // token lives never changes its rank.
-        let scoring = trace::span(Phase::RankScore);
-        let query = Arc::new(DeviceQuery::new(query, self.shape.head_dim));
-        let cold_blocks = self.evaluator.as_ref().filter(|_| !cold.is_empty()).map(|e| e.score(layer, self.keys[layer].clone(), query.clone(), cold));
-        // Scaled, a summed query's scores have the softmax of the group's mean logit.
         let mass_scale = self.mass_scale(group);
-        let new_merge = || BlockMerge::new(HeadsTopK::new(n_kv, keep), guard.then(|| HeadsMass::new(n_kv, mass_scale)));
         let n = candidates.end + self.settings.recent_tokens;
         let pinned: Vec<u32> = (0..candidates.start as u32).chain(candidates.end as u32..n as u32).collect();
-        let mut pinned_block = ScoreBlock::new(pinned, n_kv);
-        let keys = self.keys[layer].read().unwrap_or_else(|p| p.into_inner());
-        if guard {
-            query.score(&keys, &pinned_block.tokens, &mut pinned_block.scores);
-        }
-        // The hot tokens are scored on the compute threads, each merging its own blocks and,
-        // between them, any cold blocks that have arrived; the rest of those once they are done.
-        // (No thread waits on the storage worker while hot tokens are left to score.)
-        let cold_feed = cold_blocks.map(|blocks| Mutex::new(ColdFeed { blocks, received: 0, wait_ns: 0 }));
-        let take_arrived = |merged: &mut BlockMerge| {
-            if let Some(mut feed) = cold_feed.as_ref().and_then(|f| f.try_lock().ok()) {
-                while let Ok(block) = feed.blocks.try_recv() {
-                    feed.tally(&block);
-                    merged.merge(&block);
-                }
-            }
-        };
-        // A span of blocks per thread. Newest first: recent tokens tend to score highest, so
-        // the top-k's floor rises early and most older tokens' scores are dropped on arrival.
-        let span = hot.len().div_ceil(SCORE_BLOCK_TOKENS).div_ceil(pool().threads()).max(1) * SCORE_BLOCK_TOKENS;
-        let merges = map_items(hot.rchunks(span).collect(), |span| {
-            let mut merged = new_merge();
-            for chunk in span.rchunks(SCORE_BLOCK_TOKENS) {
-                let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
-                query.score(&keys, chunk, &mut block.scores);
-                merged.merge(&block);
-                take_arrived(&mut merged);
-            }
-            merged
-        });
-        let mut merged = merges
-            .into_iter()
-            .reduce(|mut a, b| {
-                a.absorb(b);
-                a
-            })
-            .unwrap_or_else(new_merge);
-        drop(keys);
-        drop(scoring);
-        if let Some(feed) = cold_feed {
-            let _waiting = trace::span(Phase::RankColdWait);
-            let mut feed = feed.into_inner().unwrap_or_else(|p| p.into_inner());
-            while let Ok(block) = feed.blocks.recv() {
-                feed.tally(&block);
-                merged.merge(&block);
-            }
-            self.tier.score_blocks += feed.received;
-            self.tier.score_block_wait_ns += feed.wait_ns;
-            self.tier.cold_scan_ns += started.elapsed().as_nanos() as u64;
-        }
+        let merged = self.ranker.rank(layer, query, mass_scale, hot, cold, pinned, keep);
         let _picking = trace::span(Phase::RankPick);
         let chosen = if merged.mass.is_none() && selector.by_rank_alone() {
             merged.top.into_tokens()
@@ -381,7 +290,7 @@ impl TieredKvStore {
                 false => merged.top.into_ranked(),
             };
             let take = match merged.mass {
-                Some(mass) => self.guard(&ranked, mass, &pinned_block, budget.min(keep)),
+                Some(mass) => self.ranker.guard(&ranked, mass, &merged.pinned, budget.min(keep)),
                 None => budget,
             };
             match selector {
@@ -408,22 +317,6 @@ impl TieredKvStore {
     /// query: their score over G heads is G times the mean logit·√d.
     fn mass_scale(&self, group: usize) -> f32 {
         1.0 / (group as f32 * (self.shape.head_dim as f32).sqrt())
-    }
-
-    /// The fidelity guard: how many of each head's `ranked` tokens to take — `take`, or, when
-    /// the best `take` hold too little of any head's estimated attention (`mass`, with the
-    /// pinned tokens' scores), all of them, twice as many.
-    fn guard(&mut self, ranked: &[Vec<(f32, u32)>], mut mass: HeadsMass, pinned: &ScoreBlock, take: usize) -> usize {
-        mass.merge(pinned);
-        let captured = (0..ranked.len())
-            .map(|h| mass.share(h, ranked[h][..take].iter().map(|r| r.0).chain(pinned.head(h).iter().copied())))
-            .fold(1.0, f64::min);
-        self.tier.guard_checks += 1;
-        if captured < f64::from(self.settings.guard_mass) {
-            self.tier.guard_widened += 1;
-            return usize::MAX;
-        }
-        take
     }
 
     /// Each head's best `take` of its `ranked` tokens and its free riders (see [`pages`]),
@@ -476,7 +369,7 @@ impl KvStore for TieredKvStore {
         }
         if !self.is_dense(layer) {
             // Dense layers never rank their tokens, so they need no scoring copy.
-            self.keys[layer].write().unwrap_or_else(|p| p.into_inner()).push(k);
+            self.ranker.push(layer, k);
         }
         Ok(())
     }
@@ -633,13 +526,7 @@ impl KvStore for TieredKvStore {
         let spilled = timed(Phase::Spill, || self.backing.commit(n_tokens, |layer, head, t, k, v| hot.keep_pinned(layer * n_kv + head, t as u32, k, v)));
         self.hot.grow_hits(self.backing.len());
         spilled?;
-        let (sparse, cold_tokens) = (self.settings.dense_layers.min(self.shape.n_layers)..self.shape.n_layers, self.backing.cold_end());
-        if let Some(ColdEvaluator::Xrt(xrt)) = &mut self.evaluator {
-            if let Err(e) = xrt.store_chunks(&self.keys, sparse, cold_tokens) {
-                // Unwritten chunks are scored on the host; the next spill tries again.
-                tracing::error!(error = %e, "writing scoring keys for the SmartSSD failed");
-            }
-        }
+        self.ranker.store_key_chunks(self.settings.dense_layers.min(self.shape.n_layers)..self.shape.n_layers, self.backing.cold_end());
         timed(Phase::Rebalance, || self.rebalance());
         self.tier.steps += 1;
         self.decode_steps = if n_tokens == 1 { self.decode_steps + 1 } else { 0 };
@@ -692,24 +579,6 @@ impl KvStore for TieredKvStore {
         }
     }
 }
-
-/// The storage evaluator's blocks for one layer, and a tally of those merged so far.
-struct ColdFeed {
-    blocks: Receiver<ScoreBlock>,
-    received: u64,
-    /// Summed time blocks waited between being produced and being merged.
-    wait_ns: u64,
-}
-
-impl ColdFeed {
-    fn tally(&mut self, block: &ScoreBlock) {
-        self.received += 1;
-        self.wait_ns += block.produced.elapsed().as_nanos() as u64;
-    }
-}
-
-/// What a tiered store does when the SmartSSD it was asked for cannot score.
-const FALLBACK: &str = "the storage evaluator scores the cold pool instead";
 
 /// Tokens of one head that a gather of the whole cache (a prompt chunk, a dense layer) holds at
 /// a time: 1 MB of view for a 64-dimension head, and a 32K prompt in eight spans (at 32K the
@@ -818,9 +687,7 @@ impl TieredKvStore {
     /// (as whole pages, with the pages selector).
     fn seed_hits(&mut self, layer: usize, query: &[f32], group: usize, candidates: std::ops::Range<usize>, budget: usize) {
         let n_kv = self.shape.n_kv_heads;
-        let mut block = ScoreBlock::new(candidates.clone().map(|t| t as u32).collect(), n_kv);
-        self.keys[layer].read().unwrap_or_else(|p| p.into_inner()).score(query, &block.tokens, &mut block.scores);
-        block.produced = Instant::now();
+        let block = self.ranker.scores(layer, query, candidates.clone().map(|t| t as u32).collect());
         let pages = self.settings.selector == SelectorKind::Pages;
         let mut top = HeadsTopK::new(n_kv, if pages { (2 * budget).min(candidates.len()) } else { budget });
         top.merge(&block);
@@ -894,12 +761,7 @@ impl TieredKvStore {
 
     /// Cuts the ranking and residency state to the `n_tokens` the backing kept.
     fn truncate_bookkeeping(&mut self, n_tokens: usize) {
-        if let Some(ColdEvaluator::Xrt(xrt)) = &mut self.evaluator {
-            xrt.truncate(n_tokens);
-        }
-        for keys in &self.keys {
-            keys.write().unwrap_or_else(|p| p.into_inner()).truncate(n_tokens);
-        }
+        self.ranker.truncate(n_tokens);
         self.hot.truncate(n_tokens);
     }
 }
