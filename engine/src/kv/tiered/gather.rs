@@ -2,8 +2,7 @@
 //! and cold rows read ahead of the layer's turn, are copied while the cold groups the read-ahead
 //! missed are still being read; their rows are filled in once the reads land.
 
-use super::reads::PendingRead;
-use crate::kv::cold::staged::{read_heads, Staged};
+use crate::kv::cold::staged::Staged;
 use crate::error::Result;
 use crate::kv::aligned::AlignedBuf;
 use super::TieredKvStore;
@@ -25,26 +24,6 @@ pub(super) struct ColdRow {
 }
 
 impl TieredKvStore {
-    /// Starts reading the cold groups that each head's `tokens(head)` need and that the
-    /// read-ahead is not already reading for the layer; `None` when there are none.
-    pub(super) fn start_cold_read<'t>(&mut self, layer: usize, tokens: &(impl Fn(usize) -> &'t [u32] + Sync)) -> Option<PendingRead> {
-        let mut groups = self.cold_groups(layer, tokens);
-        if let Some(ahead) = self.prefetch.issued_groups(layer) {
-            let mut used = 0;
-            for (g, ahead) in groups.iter_mut().zip(ahead) {
-                let before = g.len();
-                g.retain(|g| ahead.binary_search(g).is_err());
-                used += before - g.len();
-            }
-            self.tier.read_ahead_used += used as u64;
-        }
-        if groups.iter().all(Vec::is_empty) {
-            return None;
-        }
-        let buf = self.prefetch.buffer(self.backing.cold(), &groups);
-        Some(PendingRead::start(self.backing.cold(), layer, groups, buf))
-    }
-
     /// Copies the rows of `heads` (the view's) that are in the write-back window or the hot pool
     /// into the view, in parallel runs of slots, and returns the slots left for cold rows.
     /// `decode` counts hot hits.
@@ -95,10 +74,10 @@ impl TieredKvStore {
             g.sort_unstable();
             g.dedup();
         });
-        let mut buf = self.prefetch.buffer(self.backing.cold(), &groups);
-        let staged = read_heads(self.backing.cold(), layer, groups, &mut buf)?;
+        let (reader, at) = self.reader_at();
+        let (staged, buf) = reader.read_now(at, layer, groups)?;
         self.copy_cold_rows(layer, rows, &staged, &buf, heads, true);
-        self.prefetch.recycle(buf);
+        self.reader.recycle(buf);
         assert!(rows.is_empty(), "every cold group a selection needs is read");
         Ok(())
     }

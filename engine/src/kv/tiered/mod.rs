@@ -15,6 +15,7 @@
 //! While the machine has memory to spare, the store also keeps a dense copy of every token and
 //! decode steps attend to all of it instead ([`spare`]); the copy is let go under pressure.
 
+mod cold_reader;
 mod gather;
 mod hot_tier;
 mod pages;
@@ -24,7 +25,6 @@ mod reads;
 mod spare;
 
 use super::backing::DiskBacking;
-use super::cold::staged::read_heads;
 use super::cold::GROUP_TOKENS;
 use super::cold_format::ColdType;
 use super::placement::PlacementKind;
@@ -38,7 +38,7 @@ use crate::score::{HeadsTopK, KeyBits};
 use crate::trace::{self, timed, Phase};
 use hot_tier::{HotTier, Standing};
 use ranker::Ranker;
-use reads::Prefetcher;
+use cold_reader::{ColdReader, Residence};
 use spare::SpareCopy;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -106,12 +106,8 @@ pub struct TieredKvStore {
     hot: HotTier,
     view: ViewBuffers,
     positions: Vec<u32>,
-    /// `[layer]`: what the layer selected in the last decode step, which predicts what it
-    /// reads next.
-    last_selections: Vec<Option<Selection>>,
-    prefetch: Prefetcher,
-    /// Two bits per cold-pool group, for counting the groups a selection touches and reads.
-    group_bits: Vec<u64>,
+    /// Which cold groups a selection needs, and their reads (at a layer's turn, and ahead).
+    reader: ColdReader,
     /// Decode steps since the last prompt chunk: placement `hits` re-places the cold pool at
     /// some of them.
     decode_steps: u64,
@@ -152,9 +148,7 @@ impl TieredKvStore {
             hot: HotTier::new(lanes, settings.dense_layers.min(shape.n_layers) * shape.n_kv_heads..lanes, shape.head_dim, settings.hot_budget_bytes, shape.max_tokens),
             view: ViewBuffers::new(shape.head_dim),
             positions: Vec::new(),
-            last_selections: vec![None; shape.n_layers],
-            prefetch: Prefetcher::default(),
-            group_bits: Vec::new(),
+            reader: ColdReader::new(shape.n_layers, settings.dense_layers),
             decode_steps: 0,
             prompt_hits: Vec::new(),
             spare: if settings.spare_copy { SpareCopy::if_room(shape) } else { None },
@@ -176,6 +170,7 @@ impl TieredKvStore {
             ..self.tier.clone()
         };
         self.ranker.report(&mut tier);
+        self.reader.report(&mut tier);
         tier
     }
 
@@ -186,10 +181,10 @@ impl TieredKvStore {
     }
 
     /// Bookkeeping beside the budget: the hot tier's (hits, the pool's index, candidates, the
-    /// demotion reserve), the placement maps and the page bits (about 9 bytes per token and lane).
+    /// demotion reserve) and the placement maps (about 9 bytes per token and lane).
     fn bookkeeping_bytes(&self) -> usize {
         let seeds: usize = self.prompt_hits.iter().map(|h| 2 * h.capacity()).sum();
-        self.hot.bookkeeping_bytes() + seeds + self.backing.placement_bytes() + 8 * self.group_bits.capacity()
+        self.hot.bookkeeping_bytes() + seeds + self.backing.placement_bytes()
     }
 
     /// Lets the hot tier decide which rows stay in DRAM after a step.
@@ -208,55 +203,18 @@ impl TieredKvStore {
         layer * self.shape.n_kv_heads + head
     }
 
-    /// Whether a token's K/V row of one of `layer`'s heads (`(head, token)`) is in memory: hot,
-    /// or still in the write-back window. The compute threads may share it.
-    fn in_memory(&self, layer: usize) -> impl Fn(usize, u32) -> bool + Sync + '_ {
-        let (base, hot, lane0) = (self.backing.cold_end(), self.hot.pool(), self.lane(layer, 0));
-        move |head, t| t as usize >= base || hot.contains(lane0 + head, t)
+    /// Where each row lives.
+    fn residence(&self) -> Residence<'_> {
+        Residence { backing: &self.backing, hot: self.hot.pool(), n_kv_heads: self.shape.n_kv_heads }
+    }
+
+    /// The cold reader, and where each row lives, borrowed together.
+    fn reader_at(&mut self) -> (&mut ColdReader, Residence<'_>) {
+        (&mut self.reader, Residence { backing: &self.backing, hot: self.hot.pool(), n_kv_heads: self.shape.n_kv_heads })
     }
 
     fn is_dense(&self, layer: usize) -> bool {
         layer < self.settings.dense_layers
-    }
-
-    /// For each head of `layer`, the cold groups (ascending) holding those of `tokens(head)`
-    /// that are neither hot nor in the window, small gaps bridged. (Asked for every layer
-    /// three times a step, over thousands of tokens per head: the groups are marked in a
-    /// bitmap, not sorted, and the heads go to the compute threads.)
-    fn cold_groups<'t>(&self, layer: usize, tokens: impl Fn(usize) -> &'t [u32] + Sync) -> Vec<Vec<usize>> {
-        let (held, backing, lane0) = (self.in_memory(layer), &self.backing, self.lane(layer, 0));
-        let words = self.backing.cold_end().div_ceil(GROUP_TOKENS).div_ceil(64);
-        map_items((0..self.shape.n_kv_heads).collect(), |head| {
-            let lane = lane0 + head;
-            let mut marked = vec![0u64; words];
-            for &t in tokens(head) {
-                if !held(head, t) {
-                    let g = backing.lane_slot(lane, t as usize) / GROUP_TOKENS;
-                    marked[g / 64] |= 1 << (g % 64);
-                }
-            }
-            bridged_groups(&marked, MAX_BRIDGED_GROUPS)
-        })
-    }
-
-    /// Starts reading, for the next [`READ_AHEAD_LAYERS`] layers after `layer`, the still-cold
-    /// groups that their last selection needed, so the reads run while this layer computes;
-    /// those the layer selects that were not read ahead are read at its turn. (Reading ahead
-    /// only what the last two selections both needed read 8% fewer bytes at 8K, but left more
-    /// requests for the step to wait on: 10% slower at 8K and at 32K; docs/BENCHMARKS.md.)
-    fn read_ahead(&mut self, layer: usize) {
-        for next in layer + 1..(layer + 1 + READ_AHEAD_LAYERS).min(self.shape.n_layers) {
-            if self.is_dense(next) || self.prefetch.is_issued(next) {
-                continue;
-            }
-            let Some(last) = &self.last_selections[next] else { continue };
-            let groups = self.cold_groups(next, |head| last.head(head).unwrap_or(&[]));
-            let count: usize = groups.iter().map(Vec::len).sum();
-            if count > 0 {
-                self.tier.read_ahead_groups += count as u64;
-                self.prefetch.issue(self.backing.cold(), next, groups);
-            }
-        }
     }
 
     /// The sinks, the top `budget` of `candidates` for each head by its query, and the recent
@@ -322,7 +280,7 @@ impl TieredKvStore {
     /// Each head's best `take` of its `ranked` tokens and its free riders (see [`pages`]),
     /// ascending.
     fn with_free_riders(&self, layer: usize, ranked: &[Vec<(f32, u32)>], take: usize) -> Vec<Vec<u32>> {
-        let held = self.in_memory(layer);
+        let held = self.residence().in_memory(layer);
         let page_of = |head: usize, t: u32| self.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
         let riders = pages::free_riders(ranked, take, held, page_of);
         let chosen = ranked.iter().map(|head| head[..take.min(head.len())].iter().map(|r| r.1).collect()).collect();
@@ -332,7 +290,7 @@ impl TieredKvStore {
     /// Each head's `chosen` tokens (ascending) and, past them, its `ranked` tokens that are in
     /// memory (see [`pages::hot_riders`]), ascending.
     fn with_hot_riders(&self, layer: usize, ranked: &[Vec<(f32, u32)>], chosen: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
-        let riders = pages::hot_riders(ranked, &chosen, self.in_memory(layer));
+        let riders = pages::hot_riders(ranked, &chosen, self.residence().in_memory(layer));
         joined(chosen, riders)
     }
 
@@ -454,40 +412,42 @@ impl KvStore for TieredKvStore {
             // lands. The next layer's read-ahead starts only once the reads land: sharing the
             // disk with it delays this layer's reads, which the step waits for (8K: 6.3 vs 5.3
             // tok/s).
-            let reading = timed(Phase::ReadIssue, || self.start_cold_read(layer, &tokens));
+            let reading = timed(Phase::ReadIssue, || {
+                let (reader, at) = self.reader_at();
+                reader.start(at, layer, &tokens)
+            });
             let mut cold_rows = timed(Phase::CopyResident, || self.copy_resident_rows(layer, &tokens, heads.clone(), true));
-            let waiting = Instant::now();
-            let ahead = timed(Phase::ReadWait, || self.prefetch.take(layer));
-            self.tier.cold_read_wait_ns += waiting.elapsed().as_nanos() as u64;
-            if let Some(ahead) = ahead {
+            if let Some(ahead) = timed(Phase::ReadWait, || self.reader.claim_ahead(layer)) {
                 timed(Phase::CopyCold, || self.copy_cold_rows(layer, &mut cold_rows, &ahead.staged, &ahead.buf, heads.clone(), true));
-                self.prefetch.recycle(ahead.buf); // for the next layer's read-ahead
+                self.reader.recycle(ahead.buf); // for the next layer's read-ahead
             }
+            let read_ahead = |store: &mut Self| {
+                let (reader, at) = store.reader_at();
+                timed(Phase::ReadAhead, || reader.read_ahead(at, layer));
+            };
             if let Some(reading) = reading {
-                let waiting = Instant::now();
-                let (staged, buf) = timed(Phase::ReadWait, || reading.wait());
-                self.tier.cold_read_wait_ns += waiting.elapsed().as_nanos() as u64;
+                let (staged, buf) = timed(Phase::ReadWait, || self.reader.wait(reading));
                 let staged = staged?;
-                timed(Phase::ReadAhead, || self.read_ahead(layer));
+                read_ahead(self);
                 timed(Phase::CopyCold, || self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads.clone(), true));
-                self.prefetch.recycle(buf);
+                self.reader.recycle(buf);
             } else {
-                timed(Phase::ReadAhead, || self.read_ahead(layer));
+                read_ahead(self);
             }
             // Rows still missing are the read-ahead's, which failed (and said so).
             self.read_missing_rows(layer, &mut cold_rows, heads)?;
             (0..self.shape.n_kv_heads).for_each(|head| self.positions.extend_from_slice(tokens(head)));
         } else {
             let first_span = !matches!(selection, Selection::Span(span) if span.start > 0);
-            if self.backing.pending(layer) == 1 && heads.start == 0 && first_span {
-                self.read_ahead(layer); // a dense layer's decode step
+            let (reader, at) = self.reader_at();
+            if at.backing.pending(layer) == 1 && heads.start == 0 && first_span {
+                reader.read_ahead(at, layer); // a dense layer's decode step
             }
-            let groups = self.cold_groups(layer, |h| if heads.contains(&h) { tokens(h) } else { &[] });
-            let mut buf = self.prefetch.buffer(self.backing.cold(), &groups);
-            let staged = read_heads(self.backing.cold(), layer, groups, &mut buf)?;
+            let groups = at.cold_groups(layer, |h| if heads.contains(&h) { tokens(h) } else { &[] });
+            let (staged, buf) = reader.read_now(at, layer, groups)?;
             let mut cold_rows = self.copy_resident_rows(layer, &tokens, heads.clone(), false);
             self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, false);
-            self.prefetch.recycle(buf);
+            self.reader.recycle(buf);
         }
         let positions = match selection {
             Selection::Tokens { .. } => Some(&self.positions[..]),
@@ -504,8 +464,8 @@ impl KvStore for TieredKvStore {
     fn observe(&mut self, layer: usize, selection: &Selection) {
         let n = self.backing.held(layer);
         if matches!(selection, Selection::Tokens { .. }) {
-            self.last_selections[layer] = Some(selection.clone());
-            self.count_selected_groups(layer, selection);
+            let (reader, at) = self.reader_at();
+            reader.remember(at, layer, selection);
         }
         for head in 0..self.shape.n_kv_heads {
             let Some(tokens) = selection.head(head) else { return };
@@ -520,7 +480,7 @@ impl KvStore for TieredKvStore {
         }
         self.trim();
         self.view.end_step();
-        self.prefetch.clear(); // normally empty: each layer claims its read-ahead in the step
+        self.reader.end_step();
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
         let (hot, n_kv) = (&mut self.hot, self.shape.n_kv_heads);
         let spilled = timed(Phase::Spill, || self.backing.commit(n_tokens, |layer, head, t, k, v| hot.keep_pinned(layer * n_kv + head, t as u32, k, v)));
@@ -541,8 +501,7 @@ impl KvStore for TieredKvStore {
     }
 
     fn truncate(&mut self, n_tokens: usize) -> usize {
-        self.prefetch.clear();
-        self.last_selections.fill(None);
+        self.reader.reset();
         let kept = self.backing.truncate(n_tokens);
         if let Some(spare) = &mut self.spare {
             spare.dense.truncate(kept);
@@ -564,7 +523,7 @@ impl KvStore for TieredKvStore {
             tokens: self.backing.len(),
             resident_bytes: self.hot_bytes()
                 + self.view.bytes()
-                + self.prefetch.bytes()
+                + self.reader.bytes()
                 + self.bookkeeping_bytes()
                 + self.spare.as_ref().map_or(0, SpareCopy::bytes),
             cold_bytes: self.backing.cold_bytes(),
@@ -585,9 +544,6 @@ impl KvStore for TieredKvStore {
 /// spans did not change the prompt's or the decode steps' speed; docs/BENCHMARKS.md).
 const SPAN_TOKENS: usize = 4096;
 
-/// Layers whose likely cold groups are read ahead of their turn.
-const READ_AHEAD_LAYERS: usize = 1;
-
 /// Decode steps after a prompt at which placement `hits` first re-places the cold pool: by then
 /// the hit table holds the prompt's seeds and a few steps' selections (at 8K a head-selection
 /// then touches ~240 pages, against 257 placed by key; docs/BENCHMARKS.md).
@@ -599,11 +555,6 @@ const RELAYOUT_EVERY_STEPS: u64 = 128;
 fn relayout_due(decode_steps: u64) -> bool {
     decode_steps == RELAYOUT_AFTER_STEPS || (decode_steps > RELAYOUT_AFTER_STEPS && (decode_steps - RELAYOUT_AFTER_STEPS).is_multiple_of(RELAYOUT_EVERY_STEPS))
 }
-
-/// Unneeded groups read anyway to join two needed ones into one request: an SSD serves a few
-/// more sequential pages faster than one more random read (on the disk here, random 4 KiB
-/// reads reach a quarter to a third of the sequential rate).
-const MAX_BRIDGED_GROUPS: usize = 2;
 
 /// `candidates` split (each part ascending) into the tokens that every head holds in memory —
 /// hot in each of the heads' `hot_bitmaps` (see [`HotPool::bitmap`]), or in the write-back
@@ -662,26 +613,6 @@ fn joined(chosen: Vec<Vec<u32>>, riders: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// The groups marked in `marked` (bit `g % 64` of word `g / 64`), ascending, with every gap
-/// of at most `max_gap` groups between two of them filled in.
-fn bridged_groups(marked: &[u64], max_gap: usize) -> Vec<usize> {
-    let mut out: Vec<usize> = Vec::new();
-    for (w, &word) in marked.iter().enumerate() {
-        let mut bits = word;
-        while bits != 0 {
-            let g = w * 64 + bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            if let Some(&last) = out.last() {
-                if g - last - 1 <= max_gap {
-                    out.extend(last + 1..g);
-                }
-            }
-            out.push(g);
-        }
-    }
-    out
-}
-
 impl TieredKvStore {
     /// Counts a hit, in each head, for the `budget` best-scoring `candidates` against `query`
     /// (as whole pages, with the pages selector).
@@ -699,36 +630,6 @@ impl TieredKvStore {
         let n = self.backing.held(layer);
         for (head, chosen) in seeds.into_iter().enumerate() {
             self.hot.count_hits(layer * n_kv + head, &chosen, n);
-        }
-    }
-
-    /// Counts the cold-pool groups each head's selection touches, and those of them it had to
-    /// read (see [`TierStats::selections`]).
-    fn count_selected_groups(&mut self, layer: usize, selection: &Selection) {
-        let base = self.backing.cold_end();
-        let words = base.div_ceil(GROUP_TOKENS).div_ceil(64);
-        // Groups touched in the first half, groups with a token not hot in the second.
-        self.group_bits.clear();
-        self.group_bits.resize(2 * words, 0);
-        for head in 0..self.shape.n_kv_heads {
-            let lane = self.lane(layer, head);
-            for &t in selection.head(head).unwrap_or(&[]).iter().take_while(|&&t| (t as usize) < base) {
-                let g = self.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
-                self.group_bits[g / 64] |= 1 << (g % 64);
-                if !self.hot.pool().contains(lane, t) {
-                    self.group_bits[words + g / 64] |= 1 << (g % 64);
-                }
-            }
-            self.tier.selections += 1;
-            let (touched, read) = self.group_bits.split_at_mut(words);
-            for word in touched {
-                self.tier.selected_groups += u64::from(word.count_ones());
-                *word = 0;
-            }
-            for word in read {
-                self.tier.selected_cold_groups += u64::from(word.count_ones());
-                *word = 0;
-            }
         }
     }
 
@@ -779,19 +680,6 @@ mod tests {
         let mut all = [1.0, -1.0];
         keep_largest_dims(&mut all, 8);
         assert_eq!(all, [1.0, -1.0]);
-    }
-
-    #[test]
-    fn small_gaps_are_bridged_and_large_ones_kept() {
-        let marked = |groups: &[usize]| {
-            let mut bits = vec![0u64; 4];
-            groups.iter().for_each(|&g| bits[g / 64] |= 1 << (g % 64));
-            bits
-        };
-        assert_eq!(bridged_groups(&marked(&[0, 2, 5, 9, 10]), 2), vec![0, 1, 2, 3, 4, 5, 9, 10]);
-        assert_eq!(bridged_groups(&marked(&[3, 7]), 2), vec![3, 7]);
-        assert_eq!(bridged_groups(&marked(&[62, 65, 130, 191, 192]), 2), vec![62, 63, 64, 65, 130, 191, 192]);
-        assert_eq!(bridged_groups(&marked(&[]), 2), Vec::<usize>::new());
     }
 
     #[test]

@@ -1,0 +1,248 @@
+//! The tiered store's cold reader: which cold groups a layer's selection needs, its reads (at
+//! the layer's turn, and ahead of it from what the layer selected last step), and how well the
+//! placement packed what was selected.
+//!
+//! It owns no rows and no file: where a row lives (the hot pool, the write-back window, a slot
+//! of the cold pool) it learns from a [`Residence`], and the bytes come through the pool's
+//! staged reads ([`super::reads`]).
+
+use super::reads::{PendingRead, Prefetched, Prefetcher};
+use crate::error::Result;
+use crate::kernels::parallel::map_items;
+use crate::kv::aligned::AlignedBuf;
+use crate::kv::backing::DiskBacking;
+use crate::kv::cold::staged::{read_heads, Staged};
+use crate::kv::cold::GROUP_TOKENS;
+use crate::kv::hot::HotPool;
+use crate::kv::{Selection, TierStats};
+use std::time::Instant;
+
+/// Layers whose likely cold groups are read ahead of their turn.
+const READ_AHEAD_LAYERS: usize = 1;
+
+/// Unneeded groups read anyway to join two needed ones into one request: an SSD serves a few
+/// more sequential pages faster than one more random read (on the disk here, random 4 KiB
+/// reads reach a quarter to a third of the sequential rate).
+const MAX_BRIDGED_GROUPS: usize = 2;
+
+/// Where a layer's rows live: in the write-back window (from the cold pool's end on), in the
+/// hot pool, or in a slot of the cold pool.
+#[derive(Clone, Copy)]
+pub(super) struct Residence<'a> {
+    pub backing: &'a DiskBacking,
+    pub hot: &'a HotPool,
+    pub n_kv_heads: usize,
+}
+
+impl<'a> Residence<'a> {
+    /// Whether a token's K/V row of one of `layer`'s heads (`(head, token)`) is in memory: hot,
+    /// or still in the write-back window. The compute threads may share it.
+    pub fn in_memory(self, layer: usize) -> impl Fn(usize, u32) -> bool + Sync + 'a {
+        let (base, hot, lane0) = (self.backing.cold_end(), self.hot, layer * self.n_kv_heads);
+        move |head, t| t as usize >= base || hot.contains(lane0 + head, t)
+    }
+
+    /// For each head of `layer`, the cold groups (ascending) holding those of `tokens(head)`
+    /// that are neither hot nor in the window, small gaps bridged. (Asked for every layer
+    /// three times a step, over thousands of tokens per head: the groups are marked in a
+    /// bitmap, not sorted, and the heads go to the compute threads.)
+    pub fn cold_groups<'t>(self, layer: usize, tokens: impl Fn(usize) -> &'t [u32] + Sync) -> Vec<Vec<usize>> {
+        let (held, backing, lane0) = (self.in_memory(layer), self.backing, layer * self.n_kv_heads);
+        let words = backing.cold_end().div_ceil(GROUP_TOKENS).div_ceil(64);
+        map_items((0..self.n_kv_heads).collect(), |head| {
+            let lane = lane0 + head;
+            let mut marked = vec![0u64; words];
+            for &t in tokens(head) {
+                if !held(head, t) {
+                    let g = backing.lane_slot(lane, t as usize) / GROUP_TOKENS;
+                    marked[g / 64] |= 1 << (g % 64);
+                }
+            }
+            bridged_groups(&marked, MAX_BRIDGED_GROUPS)
+        })
+    }
+}
+
+pub(super) struct ColdReader {
+    prefetch: Prefetcher,
+    /// `[layer]`: what the layer selected in the last decode step, which predicts what it
+    /// reads next.
+    last_selections: Vec<Option<Selection>>,
+    /// Layers below this attend densely: nothing of theirs is read ahead.
+    dense_layers: usize,
+    /// Two bits per cold-pool group, for counting the groups a selection touches and reads.
+    group_bits: Vec<u64>,
+    stats: TierStats,
+}
+
+impl ColdReader {
+    pub fn new(n_layers: usize, dense_layers: usize) -> Self {
+        Self { prefetch: Prefetcher::default(), last_selections: vec![None; n_layers], dense_layers, group_bits: Vec::new(), stats: TierStats::default() }
+    }
+
+    /// Starts reading the cold groups that each head's `tokens(head)` need and that the
+    /// read-ahead is not already reading for the layer; `None` when there are none.
+    pub fn start<'t>(&mut self, at: Residence<'_>, layer: usize, tokens: &(impl Fn(usize) -> &'t [u32] + Sync)) -> Option<PendingRead> {
+        let mut groups = at.cold_groups(layer, tokens);
+        if let Some(ahead) = self.prefetch.issued_groups(layer) {
+            let mut used = 0;
+            for (g, ahead) in groups.iter_mut().zip(ahead) {
+                let before = g.len();
+                g.retain(|g| ahead.binary_search(g).is_err());
+                used += before - g.len();
+            }
+            self.stats.read_ahead_used += used as u64;
+        }
+        if groups.iter().all(Vec::is_empty) {
+            return None;
+        }
+        let cold = at.backing.cold();
+        let buf = self.prefetch.buffer(cold, &groups);
+        Some(PendingRead::start(cold, layer, groups, buf))
+    }
+
+    /// What was read ahead for `layer`, once it has landed.
+    pub fn claim_ahead(&mut self, layer: usize) -> Option<Prefetched> {
+        let waiting = Instant::now();
+        let ahead = self.prefetch.take(layer);
+        self.stats.cold_read_wait_ns += waiting.elapsed().as_nanos() as u64;
+        ahead
+    }
+
+    /// Waits for a read [`ColdReader::start`] began.
+    pub fn wait(&mut self, reading: PendingRead) -> (Result<Staged>, AlignedBuf) {
+        let waiting = Instant::now();
+        let landed = reading.wait();
+        self.stats.cold_read_wait_ns += waiting.elapsed().as_nanos() as u64;
+        landed
+    }
+
+    /// Reads `groups` (per head, ascending) of `layer` on this thread.
+    pub fn read_now(&mut self, at: Residence<'_>, layer: usize, groups: Vec<Vec<usize>>) -> Result<(Staged, AlignedBuf)> {
+        let mut buf = self.prefetch.buffer(at.backing.cold(), &groups);
+        match read_heads(at.backing.cold(), layer, groups, &mut buf) {
+            Ok(staged) => Ok((staged, buf)),
+            Err(e) => {
+                self.prefetch.recycle(buf);
+                Err(e)
+            }
+        }
+    }
+
+    /// A read's buffer, done with, for the next reads.
+    pub fn recycle(&mut self, buf: AlignedBuf) {
+        self.prefetch.recycle(buf);
+    }
+
+    /// Starts reading, for the next [`READ_AHEAD_LAYERS`] layers after `layer`, the still-cold
+    /// groups that their last selection needed, so the reads run while this layer computes;
+    /// those the layer selects that were not read ahead are read at its turn. (Reading ahead
+    /// only what the last two selections both needed read fewer bytes but left more requests
+    /// for the step to wait on; docs/BENCHMARKS.md.)
+    pub fn read_ahead(&mut self, at: Residence<'_>, layer: usize) {
+        for next in layer + 1..(layer + 1 + READ_AHEAD_LAYERS).min(self.last_selections.len()) {
+            if next < self.dense_layers || self.prefetch.is_issued(next) {
+                continue;
+            }
+            let Some(last) = &self.last_selections[next] else { continue };
+            let groups = at.cold_groups(next, |head| last.head(head).unwrap_or(&[]));
+            let count: usize = groups.iter().map(Vec::len).sum();
+            if count > 0 {
+                self.stats.read_ahead_groups += count as u64;
+                self.prefetch.issue(at.backing.cold(), next, groups);
+            }
+        }
+    }
+
+    /// A decode step's `selection` of `layer`, which predicts what the layer reads next step;
+    /// counts the cold-pool groups each head's selection touches, and those of them it had to
+    /// read (see [`TierStats::selections`]).
+    pub fn remember(&mut self, at: Residence<'_>, layer: usize, selection: &Selection) {
+        self.last_selections[layer] = Some(selection.clone());
+        let base = at.backing.cold_end();
+        let words = base.div_ceil(GROUP_TOKENS).div_ceil(64);
+        // Groups touched in the first half, groups with a token not hot in the second.
+        self.group_bits.clear();
+        self.group_bits.resize(2 * words, 0);
+        for head in 0..at.n_kv_heads {
+            let lane = layer * at.n_kv_heads + head;
+            for &t in selection.head(head).unwrap_or(&[]).iter().take_while(|&&t| (t as usize) < base) {
+                let g = at.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
+                self.group_bits[g / 64] |= 1 << (g % 64);
+                if !at.hot.contains(lane, t) {
+                    self.group_bits[words + g / 64] |= 1 << (g % 64);
+                }
+            }
+            self.stats.selections += 1;
+            let (touched, read) = self.group_bits.split_at_mut(words);
+            for word in touched {
+                self.stats.selected_groups += u64::from(word.count_ones());
+                *word = 0;
+            }
+            for word in read {
+                self.stats.selected_cold_groups += u64::from(word.count_ones());
+                *word = 0;
+            }
+        }
+    }
+
+    /// The step is over: reads ahead that no layer claimed are dropped (normally there are none).
+    pub fn end_step(&mut self) {
+        self.prefetch.clear();
+    }
+
+    /// The cache was cut: nothing read or selected before predicts what comes next.
+    pub fn reset(&mut self) {
+        self.prefetch.clear();
+        self.last_selections.fill(None);
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.prefetch.bytes() + 8 * self.group_bits.capacity()
+    }
+
+    /// Writes the reader's counters into `tier`.
+    pub fn report(&self, tier: &mut TierStats) {
+        let s = &self.stats;
+        (tier.read_ahead_groups, tier.read_ahead_used, tier.cold_read_wait_ns) = (s.read_ahead_groups, s.read_ahead_used, s.cold_read_wait_ns);
+        (tier.selections, tier.selected_groups, tier.selected_cold_groups) = (s.selections, s.selected_groups, s.selected_cold_groups);
+    }
+}
+
+/// The groups marked in `marked` (bit `g % 64` of word `g / 64`), ascending, with every gap
+/// of at most `max_gap` groups between two of them filled in.
+fn bridged_groups(marked: &[u64], max_gap: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
+    for (w, &word) in marked.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let g = w * 64 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if let Some(&last) = out.last() {
+                if g - last - 1 <= max_gap {
+                    out.extend(last + 1..g);
+                }
+            }
+            out.push(g);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_gaps_are_bridged_and_large_ones_kept() {
+        let marked = |groups: &[usize]| {
+            let mut bits = vec![0u64; 4];
+            groups.iter().for_each(|&g| bits[g / 64] |= 1 << (g % 64));
+            bits
+        };
+        assert_eq!(bridged_groups(&marked(&[0, 2, 5, 9, 10]), 2), vec![0, 1, 2, 3, 4, 5, 9, 10]);
+        assert_eq!(bridged_groups(&marked(&[3, 7]), 2), vec![3, 7]);
+        assert_eq!(bridged_groups(&marked(&[62, 65, 130, 191, 192]), 2), vec![62, 63, 64, 65, 130, 191, 192]);
+        assert_eq!(bridged_groups(&marked(&[]), 2), Vec::<usize>::new());
+    }
+}
