@@ -2,7 +2,7 @@
 //! real text, token by token, so that sparse stores select exactly as they would in generation.
 
 use crate::error::Result;
-use crate::kv::{KvShape, KvStats, KvStore, KvView, Selection};
+use crate::kv::{HeadsPart, KvShape, KvStats, KvStore, KvView, Selection};
 use crate::model::Logits;
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -159,12 +159,8 @@ impl<W: SelectionWatch> KvStore for Watched<W> {
         Ok(self.watch.select(&self.keys, layer, q, q_positions, selection))
     }
 
-    fn heads_per_gather(&self, selection: &Selection) -> usize {
-        self.inner.heads_per_gather(selection)
-    }
-
-    fn span_tokens(&self) -> Option<usize> {
-        self.inner.span_tokens()
+    fn parts(&self, selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {
+        self.inner.parts(selection, cached_tokens)
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {

@@ -20,8 +20,8 @@ pub enum Phase {
     Projections,
     /// `KvStore::append`.
     Append,
-    /// `KvStore::select`.
-    Select,
+    /// `KvStore::prepare`: choosing the tokens and planning the views.
+    Prepare,
     /// Tiered: scoring the tokens in memory and merging every score block as it comes.
     RankScore,
     /// Tiered: waiting for the storage evaluator's last cold score blocks.
@@ -61,7 +61,7 @@ impl Phase {
         Phase::Forward,
         Phase::Projections,
         Phase::Append,
-        Phase::Select,
+        Phase::Prepare,
         Phase::RankScore,
         Phase::RankColdWait,
         Phase::RankPick,
@@ -85,7 +85,7 @@ impl Phase {
             Phase::Forward => "forward",
             Phase::Projections => "projections",
             Phase::Append => "kv append",
-            Phase::Select => "kv select",
+            Phase::Prepare => "kv prepare",
             Phase::RankScore => "score in memory, merge",
             Phase::RankColdWait => "wait for cold scores",
             Phase::RankPick => "pick",
@@ -109,7 +109,7 @@ impl Phase {
     pub fn parent(self) -> Option<Phase> {
         match self {
             Phase::Forward => None,
-            Phase::RankScore | Phase::RankColdWait | Phase::RankPick => Some(Phase::Select),
+            Phase::RankScore | Phase::RankColdWait | Phase::RankPick => Some(Phase::Prepare),
             Phase::ReadIssue | Phase::CopyResident | Phase::ReadWait | Phase::CopyCold | Phase::ReadAhead => Some(Phase::Gather),
             Phase::Spill | Phase::Rebalance => Some(Phase::Commit),
             _ => Some(Phase::Forward),

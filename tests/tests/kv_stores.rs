@@ -6,7 +6,7 @@ use hillside_engine::eval::{teacher_forced, teacher_forced_from};
 use hillside_engine::kernels::attention::{attend, k_tile_index};
 use hillside_engine::kv::cold_format::ColdType;
 use hillside_engine::kv::placement::PlacementKind;
-use hillside_engine::kv::{KvConfig, KvShape, KvStore, KvView, Selection, SelectorKind, StoreKind, TierStats};
+use hillside_engine::kv::{HeadsPart, KvConfig, KvShape, KvStore, KvView, Selection, SelectorKind, StoreKind, TierStats};
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Logits, SamplingParams};
 
 /// The `KvStore` methods that a test's wrapper of a store (its `inner`) passes on unchanged.
@@ -23,9 +23,6 @@ macro_rules! forward_to_inner {
         }
         fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> hillside_engine::error::Result<Selection> {
             self.inner.select(layer, q, q_positions)
-        }
-        fn heads_per_gather(&self, selection: &Selection) -> usize {
-            self.inner.heads_per_gather(selection)
         }
         fn observe(&mut self, layer: usize, selection: &Selection) {
             self.inner.observe(layer, selection)
@@ -227,6 +224,9 @@ impl CheckedAttention {
 
 impl KvStore for CheckedAttention {
     forward_to_inner!();
+    fn parts(&self, selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {
+        self.inner.parts(selection, cached_tokens)
+    }
     fn attend(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Option<hillside_engine::error::Result<()>> {
         if let Err(e) = self.inner.attend(layer, q, q_positions, n_heads, out)? {
             return Some(Err(e));
@@ -356,8 +356,11 @@ struct InSpans {
 
 impl KvStore for InSpans {
     forward_to_inner!();
-    fn span_tokens(&self) -> Option<usize> {
-        Some(self.span)
+    fn parts(&self, selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {
+        match selection {
+            Selection::All => HeadsPart::each_head(self.inner.shape().n_kv_heads, cached_tokens, Some(self.span)),
+            tokens => self.inner.parts(tokens, cached_tokens),
+        }
     }
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> hillside_engine::error::Result<hillside_engine::kv::KvView<'_>> {
         if matches!(selection, Selection::Span(_)) {

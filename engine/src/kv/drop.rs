@@ -100,10 +100,6 @@ impl KvStore for DropKvStore {
         Ok(Selection::shared(&tokens, self.shape.n_kv_heads))
     }
 
-    fn heads_per_gather(&self, _selection: &Selection) -> usize {
-        self.shape.n_kv_heads // the kept tokens are a fifth of the cache, prompt or not
-    }
-
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
         let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
         let selection = match selection {

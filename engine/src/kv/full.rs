@@ -79,10 +79,6 @@ impl KvStore for FullKvStore {
         Ok(Selection::All)
     }
 
-    fn heads_per_gather(&self, _selection: &Selection) -> usize {
-        self.shape.n_kv_heads // the view is the cache itself: nothing to save
-    }
-
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
         if *selection != Selection::All {
             return Err(Error::Kv("the full store serves only whole-cache selections".into()));

@@ -1,11 +1,12 @@
 //! The KV cache, as the model sees it: one trait for every way of keeping keys and values.
 //!
-//! A decode step, per layer: `append` the new tokens' K/V, `select` the cached tokens the
-//! queries should attend to, `gather` them into a [`KvView`] (all KV heads at once, or a few at
-//! a time, and a long cache in spans of tokens, where the store says so) and attend, then
-//! `observe` what was used. Once every layer is done the step is `commit`ted. The model never
-//! knows where a token lives: a store that keeps everything in memory, one that offloads to
-//! disk and one that keeps only the important tokens all look the same from here.
+//! A decode step, per layer: `append` the new tokens' K/V, `prepare` the layer (the store
+//! selects the cached tokens the queries attend to, and cuts the attention into the views it
+//! will hand out: all KV heads at once, or a few at a time, and a long cache in spans), then
+//! `gather` each planned view and attend over it, and `observe` what was used. Once every layer
+//! is done the step is `commit`ted. The model follows the plan and never knows where a token
+//! lives: a store that keeps everything in memory, one that offloads to disk and one that keeps
+//! only the important tokens all look the same from here.
 
 pub mod aligned;
 pub mod backing;
@@ -77,8 +78,8 @@ pub enum Selection {
     /// Every cached token (causally masked).
     All,
     /// The cached tokens at these positions (causally masked): a part of [`Selection::All`]
-    /// that the model asks for when the store attends to the whole cache in spans (see
-    /// [`KvStore::span_tokens`]).
+    /// that the model asks for when the store's plan cuts the whole cache into spans (see
+    /// [`HeadsPart::spans`]).
     Span(Range<usize>),
     /// `per_head` tokens for each KV head, ascending: head h attends to
     /// `tokens[h * per_head..][..per_head]`.
@@ -104,6 +105,41 @@ impl Selection {
             Self::All | Self::Span(_) => None,
             Self::Tokens { per_head, tokens } => Some(&tokens[h * per_head..][..*per_head]),
         }
+    }
+}
+
+/// One range of KV heads that a layer's attention covers in one view, as the store planned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeadsPart {
+    pub heads: Range<usize>,
+    /// For a whole-cache selection, the spans of positions gathered in turn, whose attentions
+    /// the model merges by their softmax statistics (so that a view never holds a long cache
+    /// whole); empty: the whole selection in one view.
+    pub spans: Vec<Range<usize>>,
+}
+
+/// A layer prepared for attention: the tokens its queries attend to, and the views the store
+/// will hand out for them, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerPlan {
+    pub selection: Selection,
+    pub parts: Vec<HeadsPart>,
+}
+
+impl HeadsPart {
+    /// Every one of `n_kv_heads` KV heads in one view of the whole selection.
+    pub fn all(n_kv_heads: usize) -> Vec<HeadsPart> {
+        vec![HeadsPart { heads: 0..n_kv_heads, spans: Vec::new() }]
+    }
+
+    /// One KV head at a time; with `span_tokens`, the `cached_tokens` positions in spans of that
+    /// many (only where there is more than one).
+    pub fn each_head(n_kv_heads: usize, cached_tokens: usize, span_tokens: Option<usize>) -> Vec<HeadsPart> {
+        let spans: Vec<Range<usize>> = match span_tokens {
+            Some(span) if span > 0 && span < cached_tokens => (0..cached_tokens).step_by(span).map(|s| s..(s + span).min(cached_tokens)).collect(),
+            _ => Vec::new(),
+        };
+        (0..n_kv_heads).map(|h| HeadsPart { heads: h..h + 1, spans: spans.clone() }).collect()
     }
 }
 
@@ -211,25 +247,27 @@ pub trait KvStore: Send {
         None
     }
 
+    /// Prepares `layer` for queries `q` (`n × n_heads·head_dim`) at `q_positions`: the tokens
+    /// they attend to, and the views that [`KvStore::gather`] will hand out for them.
+    fn prepare(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<LayerPlan> {
+        let selection = self.select(layer, q, q_positions)?;
+        let cached_tokens = q_positions.iter().max().map_or(0, |&p| p + 1);
+        Ok(LayerPlan { parts: self.parts(&selection, cached_tokens), selection })
+    }
+
     /// Chooses the tokens that queries `q` (`n × n_heads·head_dim`) at `q_positions` attend to.
     fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection>;
 
-    /// How many KV heads one [`KvStore::gather`] of `selection` covers: the model gathers the
-    /// layer's heads in turn, in ranges of this many. Stores that assemble a view (rather than
-    /// lend their own memory) gather a prompt's whole-cache selection one head at a time, so
-    /// the view holds one head's tokens instead of the layer's.
-    fn heads_per_gather(&self, selection: &Selection) -> usize;
-
-    /// Tokens one gather of a whole-cache selection covers, for stores that assemble a view:
-    /// the model then gathers [`Selection::Span`]s of this many positions in turn and merges
-    /// their attentions by their softmax statistics, so that the view never holds a long
-    /// cache whole. `None` (the default): the whole cache at once.
-    fn span_tokens(&self) -> Option<usize> {
-        None
+    /// How the attention to `selection` over `cached_tokens` tokens is cut into views. The
+    /// default: every KV head in one view of the whole selection. Stores that assemble a view
+    /// (rather than lend their own memory) gather a prompt's whole-cache selection one head at
+    /// a time, and a long one in spans, so that the view never holds the layer's whole cache.
+    fn parts(&self, _selection: &Selection, _cached_tokens: usize) -> Vec<HeadsPart> {
+        HeadsPart::all(self.shape().n_kv_heads)
     }
 
     /// Makes the selected tokens' K/V of the KV heads `heads` readable (including the tokens
-    /// appended this step). `heads` is one of the ranges `heads_per_gather` cuts the layer into.
+    /// appended this step): one of the planned views, with [`Selection::Span`] for a span.
     fn gather(&mut self, layer: usize, selection: &Selection, heads: Range<usize>) -> Result<KvView<'_>>;
 
     /// Called after attention with the selection that was used.

@@ -22,7 +22,7 @@ use super::cold_format::ColdType;
 use super::cold::staged::read_heads;
 use super::view::ViewBuffers;
 use super::x_cache::{KvFromInput, LayerInputs};
-use super::{KvShape, KvStats, KvStore, KvView, OffloadKvStore, Selection};
+use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, OffloadKvStore, Selection};
 use crate::error::Result;
 use crate::kernels::attention::{attend_partial, merge_partials, Partial};
 use std::ops::Range;
@@ -134,11 +134,11 @@ impl KvStore for NearStorageKvStore {
         }
     }
 
-    fn heads_per_gather(&self, selection: &Selection) -> usize {
+    fn parts(&self, selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {
         // Rebuilding K/V from X costs the same for one head as for all of them.
         match self.inputs {
-            Some(_) => self.shape.n_kv_heads,
-            None => self.inner.heads_per_gather(selection),
+            Some(_) => HeadsPart::all(self.shape.n_kv_heads),
+            None => self.inner.parts(selection, cached_tokens),
         }
     }
 

@@ -8,7 +8,7 @@ use super::cold::GROUP_TOKENS;
 use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
-use super::{KvShape, KvStats, KvStore, KvView, Selection};
+use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, Selection};
 use crate::error::Result;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -52,8 +52,9 @@ impl KvStore for OffloadKvStore {
         Ok(Selection::All)
     }
 
-    fn heads_per_gather(&self, _selection: &Selection) -> usize {
-        1 // every step reads the whole cache: a head at a time holds a third as much
+    fn parts(&self, _selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {
+        // Every step reads the whole cache: a head at a time holds a third as much.
+        HeadsPart::each_head(self.shape.n_kv_heads, cached_tokens, None)
     }
 
     fn gather(&mut self, layer: usize, _selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {

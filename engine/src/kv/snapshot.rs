@@ -158,9 +158,10 @@ fn layer_rows(kv: &mut dyn KvStore, layer: usize, tokens: usize) -> Result<(Vec<
     let shape = kv.shape();
     let (hd, kv_dim) = (shape.head_dim, shape.kv_dim());
     let (mut k, mut v) = (vec![0u16; tokens * kv_dim], vec![0u16; tokens * kv_dim]);
-    let step = kv.heads_per_gather(&Selection::All).max(1);
-    for first in (0..shape.n_kv_heads).step_by(step) {
-        let heads = first..(first + step).min(shape.n_kv_heads);
+    // Each planned view of a whole-cache selection, whole (not in spans, which would each name
+    // positions of their own).
+    for part in kv.parts(&Selection::All, 0) {
+        let heads = part.heads;
         let view = kv.gather(layer, &Selection::All, heads.clone())?;
         if view.n_tokens < tokens || view.positions.is_some() || view.head_stride_tokens % KV_TILE != 0 {
             // A store that dropped tokens (`drop`) has no whole prefix to keep.

@@ -12,7 +12,7 @@ use crate::kernels::ops::{add_bias, add_in_place, rms_norm, swiglu_in_place, Rop
 use crate::kernels::quant::QuantizedActivations;
 use crate::kv::x_cache::KvFromInput;
 use crate::kernels::attention::{Partial, RunningPartials};
-use crate::kv::{KvShape, KvStore, Selection};
+use crate::kv::{HeadsPart, KvShape, KvStore, Selection};
 use crate::trace::{span, timed, Phase};
 use std::ops::Range;
 use std::sync::Arc;
@@ -195,13 +195,11 @@ impl Model {
                     attended?;
                     continue;
                 }
-                let selection = timed(Phase::Select, || kv.select(l, &q[qs.clone()], &positions[rows.clone()]))?;
-                let per_gather = kv.heads_per_gather(&selection).clamp(1, c.n_kv_heads);
-                for first in (0..c.n_kv_heads).step_by(per_gather) {
-                    let heads = first..(first + per_gather).min(c.n_kv_heads);
-                    self.attend_heads(kv, l, &selection, &q[qs.clone()], &positions[rows.clone()], heads, &mut attn[qs.clone()])?;
+                let plan = timed(Phase::Prepare, || kv.prepare(l, &q[qs.clone()], &positions[rows.clone()]))?;
+                for part in &plan.parts {
+                    self.attend_part(kv, l, &plan.selection, part, &q[qs.clone()], &positions[rows.clone()], &mut attn[qs.clone()])?;
                 }
-                timed(Phase::Observe, || kv.observe(l, &selection));
+                timed(Phase::Observe, || kv.observe(l, &plan.selection));
             }
 
             let _mlp = span(Phase::Mlp);
@@ -217,24 +215,23 @@ impl Model {
         Ok(())
     }
 
-    /// Attention of the query heads that share the KV heads `heads` (all of them, or the ones
-    /// a gather of part of the layer holds) over what `selection` chose, into their columns of
-    /// `out`: over one view, or over spans of a long cache gathered in turn and merged.
+    /// Attention of the query heads that share the KV heads of `part` (one of the views the
+    /// store planned) over what `selection` chose, into their columns of `out`: over one view,
+    /// or over the part's spans gathered in turn and merged by their softmax statistics.
     #[allow(clippy::too_many_arguments)]
-    fn attend_heads(
+    fn attend_part(
         &self,
         kv: &mut dyn KvStore,
         layer: usize,
         selection: &Selection,
+        part: &HeadsPart,
         q: &[f32],
         q_positions: &[usize],
-        heads: Range<usize>,
         out: &mut [f32],
     ) -> Result<()> {
         let c = &self.config;
-        let span = kv.span_tokens().filter(|_| *selection == Selection::All);
-        let cached = q_positions.iter().max().map_or(0, |&p| p + 1);
-        if heads.len() == c.n_kv_heads && span.is_none_or(|span| span >= cached) {
+        let heads = part.heads.start.min(c.n_kv_heads)..part.heads.end.min(c.n_kv_heads);
+        if heads.len() == c.n_kv_heads && part.spans.is_empty() {
             let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?;
             return timed(Phase::Attention, || self.attention.attend(q, q_positions, c.n_heads, &view, out));
         }
@@ -244,22 +241,19 @@ impl Model {
         let part_q: Vec<f32> = q.chunks_exact(c.q_dim()).flat_map(|row| &row[columns.clone()]).copied().collect();
         let part_heads = columns.len() / c.head_dim;
         let mut part_out = vec![0f32; part_q.len()];
-        match span {
-            Some(span) if span < cached => {
-                let rows = q_positions.len() * part_heads;
-                let (mut max, mut sum) = (vec![0f32; rows], vec![0f32; rows]);
-                let mut merged = RunningPartials::new(rows, c.head_dim);
-                for start in (0..cached).step_by(span) {
-                    let view = timed(Phase::Gather, || kv.gather(layer, &Selection::Span(start..(start + span).min(cached)), heads.clone()))?;
-                    timed(Phase::Attention, || self.attention.attend_partial(&part_q, q_positions, part_heads, &view, &mut part_out, &mut max, &mut sum))?;
-                    merged.add(&Partial { out: &part_out, max: &max, sum: &sum });
-                }
-                merged.finish(&mut part_out);
+        if part.spans.is_empty() {
+            let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?;
+            timed(Phase::Attention, || self.attention.attend(&part_q, q_positions, part_heads, &view, &mut part_out))?;
+        } else {
+            let rows = q_positions.len() * part_heads;
+            let (mut max, mut sum) = (vec![0f32; rows], vec![0f32; rows]);
+            let mut merged = RunningPartials::new(rows, c.head_dim);
+            for span in &part.spans {
+                let view = timed(Phase::Gather, || kv.gather(layer, &Selection::Span(span.clone()), heads.clone()))?;
+                timed(Phase::Attention, || self.attention.attend_partial(&part_q, q_positions, part_heads, &view, &mut part_out, &mut max, &mut sum))?;
+                merged.add(&Partial { out: &part_out, max: &max, sum: &sum });
             }
-            _ => {
-                let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?;
-                timed(Phase::Attention, || self.attention.attend(&part_q, q_positions, part_heads, &view, &mut part_out))?;
-            }
+            merged.finish(&mut part_out);
         }
         for (row, part) in out.chunks_exact_mut(c.q_dim()).zip(part_out.chunks_exact(columns.len())) {
             row[columns.clone()].copy_from_slice(part);

@@ -29,7 +29,7 @@ use super::cold::GROUP_TOKENS;
 use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
-use super::{EvaluatorKind, KvShape, KvStats, KvStore, KvView, SelectorKind, Selection, TierStats};
+use super::{EvaluatorKind, HeadsPart, KvShape, KvStats, KvStore, KvView, SelectorKind, Selection, TierStats};
 use crate::error::{Error, Result};
 use crate::kernels::parallel::map_items;
 use crate::score::topk::ascending;
@@ -371,23 +371,17 @@ impl KvStore for TieredKvStore {
         Ok(Selection::per_head(&self.rank(layer, &query, group, candidates, budget)))
     }
 
-    fn heads_per_gather(&self, selection: &Selection) -> usize {
-        if self.spare.is_some() {
-            return self.shape.n_kv_heads; // the view is the copy itself
-        }
-        match selection {
-            // A prompt (or a dense layer's step) attends to every token: one head at a time,
-            // so that the view and the read staging hold one head's K/V instead of the layer's.
-            Selection::All | Selection::Span(_) => 1,
+    fn parts(&self, selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {
+        match (&self.spare, selection) {
+            // The view is the dense copy itself.
+            (Some(_), _) => HeadsPart::all(self.shape.n_kv_heads),
             // A decode step reads every head's cold groups at once, for more requests in flight.
-            Selection::Tokens { .. } => self.shape.n_kv_heads,
+            (None, Selection::Tokens { .. }) => HeadsPart::all(self.shape.n_kv_heads),
+            // A prompt (or a dense layer's step) attends to every token: one head at a time, in
+            // spans, so that the view and the read staging hold a span of one head, never the
+            // layer's whole cache.
+            (None, Selection::All | Selection::Span(_)) => HeadsPart::each_head(self.shape.n_kv_heads, cached_tokens, Some(SPAN_TOKENS)),
         }
-    }
-
-    fn span_tokens(&self) -> Option<usize> {
-        // The view and the read staging then hold a span of one head, not the whole head
-        // (1 MB each instead of 8.4 at 32K tokens of a 64-dimension head).
-        self.spare.is_none().then_some(SPAN_TOKENS)
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
