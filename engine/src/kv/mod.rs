@@ -19,7 +19,6 @@ pub mod fault;
 pub mod full;
 pub mod headroom;
 pub mod hot;
-mod layer_spill;
 pub mod near_storage;
 pub mod offload;
 pub mod placement;

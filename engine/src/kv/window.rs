@@ -1,10 +1,11 @@
 //! The write-back window: the most recent tokens' K/V in host memory, per layer and KV head,
 //! until a whole group of [`GROUP_TOKENS`] can go to the cold pool in one page-sized write
-//! (HILOS' delayed write-back). Queries against these tokens read them from here.
+//! (HILOS' delayed write-back). Queries against these tokens read them from here. It holds
+//! memory only: the disk backing packs its groups into the pool's pages and writes them, and
+//! reads them back when a truncation cuts into the pool.
 
-use super::cold::{ColdPool, GROUP_TOKENS};
+use super::cold::GROUP_TOKENS;
 use super::placement::SpillOrder;
-use crate::error::Result;
 use half::f16;
 
 pub struct RecentWindow {
@@ -93,24 +94,6 @@ impl RecentWindow {
         self.lens.iter().copied().min().unwrap_or(0) / GROUP_TOKENS
     }
 
-    /// Writes the first `groups` groups of every (layer, head) to `cold`, each slot holding the
-    /// token `order` puts there (text order without one), changing nothing here: if a write
-    /// fails, the window still holds every token and the groups already written lie past the
-    /// cold pool's end (`base`), where nothing reads them, until a later spill overwrites them.
-    pub fn write_groups(&self, cold: &ColdPool, groups: usize, order: Option<&SpillOrder>) -> Result<()> {
-        // A lane's groups at once: a prompt chunk's spill is a few large writes per lane, not
-        // one per 4 KiB group.
-        let mut pages = cold.buffer(groups);
-        let group_words = cold.layout().group_bytes() / 2;
-        for layer in 0..self.n_layers {
-            for head in 0..self.n_kv_heads {
-                self.pack_groups(layer, head, groups, order, pages.as_u16_mut(), group_words);
-                cold.write_groups(layer, head, self.base / GROUP_TOKENS, groups, pages.as_bytes())?;
-            }
-        }
-        Ok(())
-    }
-
     /// Lays the first `groups` groups of (layer, head) out as the cold pool keeps them (each
     /// `group_words` long: K rows, then V rows), each slot holding the token `order` puts there
     /// (text order without one).
@@ -128,8 +111,8 @@ impl RecentWindow {
         }
     }
 
-    /// Drops the first `groups` groups, written by [`RecentWindow::write_groups`]: the cold
-    /// pool now ends where the window starts.
+    /// Drops the first `groups` groups, once they are written to the cold pool: the pool now
+    /// ends where the window starts.
     pub fn drop_groups(&mut self, groups: usize) {
         let spilled = groups * GROUP_TOKENS * self.head_dim;
         for layer in 0..self.n_layers {
@@ -153,53 +136,39 @@ impl RecentWindow {
         }
     }
 
-    /// Keeps tokens `..n_tokens`. When that cuts into the cold pool, the window restarts at
-    /// `restart` (a group boundary at or before the cut) and the tokens from there to the cut
-    /// are read back from their slots (`slot(layer, head, token)`), every page that may hold
-    /// them in one request per (layer, head). All or nothing: if a read fails, the window is as
-    /// it was.
-    pub fn truncate(&mut self, n_tokens: usize, restart: usize, cold: &ColdPool, slot: impl Fn(usize, usize, usize) -> usize) -> Result<()> {
+    /// Keeps the tokens before `n_tokens` of those it holds; false (and nothing changed) when
+    /// some of them lie before the window, in the cold pool: see [`RecentWindow::refill`].
+    pub fn keep_up_to(&mut self, n_tokens: usize) -> bool {
+        if n_tokens < self.base {
+            return false;
+        }
+        self.lens.iter_mut().for_each(|len| *len = (*len).min(n_tokens - self.base));
+        true
+    }
+
+    /// Empties the window, which now starts at `restart` (a group boundary, at or before its
+    /// base), and fills it with the `keep` tokens from there: `rows(layer, head, token)` gives
+    /// each one's K and V rows (read back from the cold pool).
+    pub fn refill<'a>(&mut self, restart: usize, keep: usize, rows: impl Fn(usize, usize, usize) -> (&'a [u16], &'a [u16])) {
         let hd = self.head_dim;
-        if n_tokens >= self.base {
-            self.lens.iter_mut().for_each(|len| *len = (*len).min(n_tokens - self.base));
-            return Ok(());
-        }
-        debug_assert!(restart.is_multiple_of(GROUP_TOKENS) && restart <= n_tokens);
-        let keep = n_tokens - restart;
-        let lanes = self.n_layers * self.n_kv_heads;
-        let first_group = restart / GROUP_TOKENS;
-        // Pages from the restart to the last one holding a kept token, the same for every lane.
-        let pages_per_lane = (0..lanes)
-            .flat_map(|lane| (restart..n_tokens).map(move |t| (lane, t)))
-            .map(|(lane, t)| slot(lane / self.n_kv_heads, lane % self.n_kv_heads, t) / GROUP_TOKENS + 1 - first_group)
-            .max()
-            .unwrap_or(0);
-        let page_bytes = cold.layout().group_bytes();
-        let mut pages = cold.buffer(lanes * pages_per_lane);
-        if keep > 0 {
-            for (lane, dst) in pages.as_bytes_mut().chunks_exact_mut(pages_per_lane * page_bytes).enumerate() {
-                cold.read_groups(lane / self.n_kv_heads, lane % self.n_kv_heads, first_group, pages_per_lane, dst)?;
-            }
-        }
         self.restart_at(restart);
-        if keep > 0 {
-            if self.slots < keep {
-                self.relayout(keep.next_multiple_of(GROUP_TOKENS));
-            }
-            let page_words = page_bytes / 2;
-            for (lane, lane_pages) in pages.as_u16().chunks_exact(pages_per_lane * page_words).enumerate() {
-                let (layer, head) = (lane / self.n_kv_heads, lane % self.n_kv_heads);
-                for t in restart..n_tokens {
-                    let s = slot(layer, head, t) - restart;
-                    let page = &lane_pages[s / GROUP_TOKENS * page_words..][..page_words];
-                    let (row, at) = (s % GROUP_TOKENS, self.at(layer, head, t - restart));
-                    self.k[at..][..hd].copy_from_slice(&page[row * hd..][..hd]);
-                    self.v[at..][..hd].copy_from_slice(&page[GROUP_TOKENS * hd + row * hd..][..hd]);
+        if keep == 0 {
+            return;
+        }
+        if self.slots < keep {
+            self.relayout(keep.next_multiple_of(GROUP_TOKENS));
+        }
+        for layer in 0..self.n_layers {
+            for head in 0..self.n_kv_heads {
+                for t in restart..restart + keep {
+                    let (k, v) = rows(layer, head, t);
+                    let at = self.at(layer, head, t - restart);
+                    self.k[at..][..hd].copy_from_slice(k);
+                    self.v[at..][..hd].copy_from_slice(v);
                 }
             }
-            self.lens.fill(keep);
         }
-        Ok(())
+        self.lens.fill(keep);
     }
 
     /// Empties the window, which now starts at `token` (a group boundary): the cold pool holds
@@ -213,42 +182,41 @@ impl RecentWindow {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cold::ColdLayout;
     use super::*;
 
     #[test]
-    fn rows_survive_spills_relayouts_and_truncation_into_the_cold_pool() {
+    fn rows_survive_spills_relayouts_and_refills() {
         let (layers, heads, hd) = (2, 2, 4);
-        let dir = std::env::temp_dir().join(format!("hillside-window-{}", std::process::id()));
-        let cold = ColdPool::create(&dir, ColdLayout::f16(layers, heads, hd, 40)).unwrap();
         // Token t's K in (layer, head) is all t + 1000·layer + 100·head (f16-exact); V is its negation.
         let value = |layer: usize, head: usize, t: usize| (t + 1000 * layer + 100 * head) as f32;
         let rows = |layer: usize, tokens: std::ops::Range<usize>, sign: f32| -> Vec<f32> {
             tokens.flat_map(|t| (0..heads).flat_map(move |h| std::iter::repeat_n(sign * value(layer, h, t), hd))).collect()
         };
+        let bits = |x: f32| vec![f16::from_f32(x).to_bits(); hd];
         let check = |w: &RecentWindow, tokens: std::ops::Range<usize>| {
             for t in tokens {
                 for (layer, head) in (0..layers).flat_map(|l| (0..heads).map(move |h| (l, h))) {
-                    let (k, v) = (w.row(layer, head, t, false), w.row(layer, head, t, true));
-                    assert!(k.iter().all(|&x| f16::from_bits(x).to_f32() == value(layer, head, t)), "K of token {t}");
-                    assert!(v.iter().all(|&x| f16::from_bits(x).to_f32() == -value(layer, head, t)), "V of token {t}");
+                    assert_eq!(w.row(layer, head, t, false), &bits(value(layer, head, t))[..], "K of token {t}");
+                    assert_eq!(w.row(layer, head, t, true), &bits(-value(layer, head, t))[..], "V of token {t}");
                 }
             }
         };
         let mut w = RecentWindow::new(layers, heads, hd);
-        // A prompt chunk, then single tokens: the window grows, spills whole groups and shrinks.
+        // A prompt chunk, then single tokens: the window grows, lets whole groups go and shrinks.
         for layer in 0..layers {
             w.push(layer, &rows(layer, 0..300, 1.0), &rows(layer, 0..300, -1.0));
         }
         assert!(w.slots >= 300);
         check(&w, 0..300);
-        let spill = |w: &mut RecentWindow| {
-            let groups = w.spillable_groups();
-            w.write_groups(&cold, groups, None).unwrap();
-            w.drop_groups(groups);
-            groups
-        };
-        assert_eq!(spill(&mut w), 300 / GROUP_TOKENS);
+        // Packed as the pool keeps them: K rows, then V rows, per group.
+        let group_words = 2 * GROUP_TOKENS * hd;
+        let mut page = vec![0u16; group_words];
+        w.pack_groups(1, 1, 1, None, &mut page, group_words);
+        assert_eq!(&page[5 * hd..][..hd], &bits(value(1, 1, 5))[..]);
+        assert_eq!(&page[GROUP_TOKENS * hd + 5 * hd..][..hd], &bits(-value(1, 1, 5))[..]);
+        let groups = w.spillable_groups();
+        w.drop_groups(groups);
+        assert_eq!(groups, 300 / GROUP_TOKENS);
         assert_eq!((w.base(), w.len(0)), (288, 12));
         assert!(w.slots <= 2 * GROUP_TOKENS, "the chunk's room is given back: {} slots", w.slots);
         check(&w, 288..300);
@@ -258,13 +226,16 @@ mod tests {
             }
         }
         check(&w, 288..310);
-        spill(&mut w);
-        assert_eq!((w.base(), w.len(1)), (304, 6));
-        // Back into the spilled part: the partial group is read back from the cold pool.
-        w.truncate(250, 240, &cold, |_, _, t| t).unwrap();
+        // Cut within the window: kept in place.
+        assert!(w.keep_up_to(305));
+        assert_eq!(w.len(0), 17);
+        // Cut before it: nothing changes until the caller refills from the pool's rows.
+        assert!(!w.keep_up_to(250));
+        assert_eq!(w.base(), 288);
+        let row_bits: Vec<Vec<Vec<(Vec<u16>, Vec<u16>)>>> =
+            (0..layers).map(|l| (0..heads).map(|h| (240..250).map(|t| (bits(value(l, h, t)), bits(-value(l, h, t)))).collect()).collect()).collect();
+        w.refill(240, 10, |l, h, t| (&row_bits[l][h][t - 240].0[..], &row_bits[l][h][t - 240].1[..]));
         assert_eq!((w.base(), w.len(0)), (240, 10));
         check(&w, 240..250);
-        drop(cold);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -8,14 +8,16 @@
 //! - a spill writes every group first and moves the window only once all writes succeeded, so a
 //!   failed write loses nothing and never shifts one layer's rows against another's (in text
 //!   order, each layer's groups are written as it appends them, while the next layers compute:
-//!   [`super::layer_spill`]);
+//!   [`layer_spill`]);
 //! - a truncation keeps what it can read back and says how much that is.
 
+mod layer_spill;
+
+use layer_spill::LayerSpills;
 use super::cold::{ColdLayout, ColdPool, BLOCK_GROUPS, GROUP_TOKENS};
 use super::cold_format::ColdType;
 use super::headroom::{Headroom, HEADROOM_RESERVE_BYTES, PRESSURE_LIMIT_BP, REMEASURE_AFTER};
-use super::layer_spill::LayerSpills;
-use super::placement::{Placement, PlacementKind, BLOCK_TOKENS};
+use super::placement::{Placement, PlacementKind, SpillOrder, BLOCK_TOKENS};
 use super::window::RecentWindow;
 use super::KvShape;
 use crate::error::Result;
@@ -167,7 +169,7 @@ impl DiskBacking {
         let window = &self.window;
         let order = self.placement.plan(base..end, self.shape.head_dim, |lane, t| window.row(lane / n_kv, lane % n_kv, t, false));
         if !written_ahead {
-            self.window.write_groups(&self.cold, groups, order.as_ref())?;
+            self.write_window_groups(groups, order.as_ref())?;
         }
         if let Some(order) = &order {
             self.placement.apply(order);
@@ -254,8 +256,11 @@ impl DiskBacking {
         self.pending.fill(0);
         let keep = n_tokens.min(self.len);
         let restart = self.placement.restart(keep);
-        let (placement, n_kv) = (&self.placement, self.shape.n_kv_heads);
-        match self.window.truncate(keep, restart, &self.cold, |layer, head, t| placement.slot(layer * n_kv + head, t)) {
+        let kept = match self.window.keep_up_to(keep) {
+            true => Ok(()),
+            false => self.read_back(restart, keep),
+        };
+        match kept {
             Ok(()) => self.len = keep,
             Err(e) => {
                 self.len = restart;
@@ -266,6 +271,56 @@ impl DiskBacking {
         // Tokens past the cold pool's end will be placed again when they spill.
         self.placement.truncate(self.window.base());
         self.len
+    }
+
+    /// Writes the window's first `groups` groups of every (layer, head) to the cold pool, each
+    /// slot holding the token `order` puts there (text order without one), changing nothing in
+    /// the window: if a write fails, the window still holds every token and the groups already
+    /// written lie past the pool's end, where nothing reads them, until a later spill overwrites
+    /// them.
+    fn write_window_groups(&self, groups: usize, order: Option<&SpillOrder>) -> Result<()> {
+        // A lane's groups at once: a prompt chunk's spill is a few large writes per lane, not
+        // one per 4 KiB group.
+        let mut pages = self.cold.buffer(groups);
+        let group_words = self.cold.layout().group_bytes() / 2;
+        let first = self.window.base() / GROUP_TOKENS;
+        for layer in 0..self.shape.n_layers {
+            for head in 0..self.shape.n_kv_heads {
+                self.window.pack_groups(layer, head, groups, order, pages.as_u16_mut(), group_words);
+                self.cold.write_groups(layer, head, first, groups, pages.as_bytes())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties the window and refills it from `restart` (a group boundary in the cold pool) up
+    /// to `keep` with the tokens read back from the pool's pages: the same pages for every lane,
+    /// from the restart's to the last one holding a kept token.
+    fn read_back(&mut self, restart: usize, keep: usize) -> Result<()> {
+        let (n_kv, hd) = (self.shape.n_kv_heads, self.shape.head_dim);
+        let lanes = self.shape.n_layers * n_kv;
+        let first_group = restart / GROUP_TOKENS;
+        let placement = &self.placement;
+        let pages_per_lane = (0..lanes)
+            .flat_map(|lane| (restart..keep).map(move |t| placement.slot(lane, t) / GROUP_TOKENS + 1 - first_group))
+            .max()
+            .unwrap_or(0);
+        let page_bytes = self.cold.layout().group_bytes();
+        let mut pages = self.cold.buffer(lanes * pages_per_lane);
+        if keep > restart {
+            for (lane, dst) in pages.as_bytes_mut().chunks_exact_mut(pages_per_lane * page_bytes).enumerate() {
+                self.cold.read_groups(lane / n_kv, lane % n_kv, first_group, pages_per_lane, dst)?;
+            }
+        }
+        let (page_words, pages) = (page_bytes / 2, pages.as_u16());
+        self.window.refill(restart, keep - restart, |layer, head, t| {
+            let lane = layer * n_kv + head;
+            let s = placement.slot(lane, t) - restart;
+            let page = &pages[(lane * pages_per_lane + s / GROUP_TOKENS) * page_words..][..page_words];
+            let row = s % GROUP_TOKENS;
+            (&page[row * hd..][..hd], &page[GROUP_TOKENS * hd + row * hd..][..hd])
+        });
+        Ok(())
     }
 
     /// Regions read through the page cache, of all, and the bytes read that way so far.
