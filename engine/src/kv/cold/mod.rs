@@ -40,7 +40,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Tokens per cold-pool group (one page of K and V for a 64-dim head).
 pub const GROUP_TOKENS: usize = 16;
@@ -283,8 +283,14 @@ impl ColdPool {
         self.key_section_offset() + ((layer * self.max_key_chunks() + chunk) * self.key_chunk_bytes) as u64
     }
 
+    /// The pool's section of scoring-key chunks, the only part of the file a SmartSSD's
+    /// evaluator touches.
+    pub fn key_chunks(self: &Arc<Self>) -> KeyChunkSection {
+        KeyChunkSection(Arc::clone(self))
+    }
+
     /// Writes one layer's scoring-key chunk (`key_chunk_bytes` from the start of `buf`).
-    pub fn write_key_chunk(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()> {
+    fn write_key_chunk(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()> {
         let bytes = &buf.as_bytes()[..self.key_chunk_bytes];
         let file = &self.files[0];
         file.file.write_all_at(bytes, self.key_chunk_offset(layer, chunk)).map_err(|e| io_error("write failed", &file.path, e))?;
@@ -295,7 +301,7 @@ impl ColdPool {
     /// Reads `dst.len()` bytes from `offset` into one layer's key chunk, into `dst`: a
     /// page-aligned buffer, normally a card's peer-to-peer mapping, so the bytes go from the SSD
     /// to the FPGA without passing through DRAM. Not counted as cold bytes read by the host.
-    pub fn read_key_chunk(&self, layer: usize, chunk: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
+    fn read_key_chunk(&self, layer: usize, chunk: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
         assert!(offset + dst.len() <= self.key_chunk_bytes, "read past the key chunk");
         assert_eq!(dst.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
         let at = self.key_chunk_offset(layer, chunk) + offset as u64;
@@ -647,6 +653,26 @@ pub fn sweep_stale(dir: &Path) -> usize {
         }
     }
     removed
+}
+
+/// A handle on a cold pool's scoring-key chunks and nothing else: what the XRT evaluator
+/// writes as the sequence grows and its card reads peer to peer. The pool stays the file's one
+/// owner.
+#[derive(Clone)]
+pub struct KeyChunkSection(Arc<ColdPool>);
+
+impl KeyChunkSection {
+    /// Writes one layer's chunk (the section's chunk size from the start of `buf`).
+    pub fn write(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()> {
+        self.0.write_key_chunk(layer, chunk, buf)
+    }
+
+    /// Reads `dst.len()` bytes from `offset` into one layer's chunk, into `dst`: a page-aligned
+    /// buffer, normally a card's peer-to-peer mapping, so the bytes go from the SSD to the FPGA
+    /// without passing through DRAM. Not counted as cold bytes read by the host.
+    pub fn read(&self, layer: usize, chunk: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.0.read_key_chunk(layer, chunk, offset, dst)
+    }
 }
 
 #[cfg(test)]

@@ -54,14 +54,14 @@ pub(super) struct Ranker {
 }
 
 impl Ranker {
-    /// A ranker whose evaluator is `evaluator` ([`evaluator_in_use`]); the SmartSSD's reads the
-    /// `cold` pool through its own handle.
+    /// A ranker whose evaluator is `evaluator` ([`evaluator_in_use`]); a SmartSSD's reaches only
+    /// the `cold` pool's scoring-key chunks.
     pub fn new(shape: KvShape, settings: &TieredSettings, evaluator: EvaluatorKind, cold: &Arc<ColdPool>) -> Self {
         let keys = (0..shape.n_layers).map(|_| Arc::new(RwLock::new(ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim)))).collect();
         let evaluator = match evaluator {
             EvaluatorKind::Host => None,
             EvaluatorKind::Storage => Some(ColdEvaluator::Storage(StorageEvaluator::new())),
-            EvaluatorKind::Xrt => Some(match XrtEvaluator::open(&settings.xrt, cold.clone(), key_chunks(shape, settings)) {
+            EvaluatorKind::Xrt => Some(match XrtEvaluator::open(&settings.xrt, cold.key_chunks(), key_chunks(shape, settings)) {
                 Ok(card) => {
                     tracing::info!(card = card.description(), "the SmartSSD scores the cold pool");
                     ColdEvaluator::Xrt(card)

@@ -24,7 +24,7 @@ use super::worker::Worker;
 use super::{KeyBits, ScoreBlock, ScoringKeys, SCORE_BLOCK_TOKENS};
 use crate::error::{Error, Result};
 use crate::kv::aligned::AlignedBuf;
-use crate::kv::cold::ColdPool;
+use crate::kv::cold::KeyChunkSection;
 use api::{Arg, Buffer, Device, Kernel, Run, Xrt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -100,7 +100,7 @@ struct Request {
 
 pub struct XrtEvaluator {
     worker: Worker<Request>,
-    cold: Arc<ColdPool>,
+    keys: KeyChunkSection,
     layout: KeyChunkLayout,
     /// Chunks written to the SSD, for every sparse layer.
     chunks: usize,
@@ -111,8 +111,8 @@ pub struct XrtEvaluator {
 
 impl XrtEvaluator {
     /// Opens the card `options` name and prepares the kernel for keys of this shape, or says in
-    /// one line why it cannot. `cold` must have a key section of `layout`'s chunks.
-    pub fn open(options: &XrtOptions, cold: Arc<ColdPool>, layout: KeyChunkLayout) -> Result<Self> {
+    /// one line why it cannot. `keys` must hold chunks of `layout`'s size.
+    pub fn open(options: &XrtOptions, keys: KeyChunkSection, layout: KeyChunkLayout) -> Result<Self> {
         if !super::device::supports(layout.bits, layout.head_dim) {
             return Err(Error::Xrt(format!("the kernel does not take head_dim {} at {}", layout.head_dim, layout.bits)));
         }
@@ -129,14 +129,14 @@ impl XrtEvaluator {
         let description = format!("{} via {}, {}", xclbin.display(), found.library.display(), found.version.unwrap_or_default());
         let counters = Arc::new(XrtCounters::default());
         let worker = {
-            let (cold, counters) = (cold.clone(), counters.clone());
-            Worker::spawn("hillside-xrt-eval", move |inbox| serve(Some(session), &cold, inbox, &counters))
+            let (keys, counters) = (keys.clone(), counters.clone());
+            Worker::spawn("hillside-xrt-eval", move |inbox| serve(Some(session), &keys, inbox, &counters))
                 .map_err(|e| Error::Xrt(format!("cannot start the XRT worker: {e}")))?
         };
         Ok(Self {
             worker,
             staging: AlignedBuf::zeroed(layout.chunk_bytes()),
-            cold,
+            keys,
             layout,
             chunks: 0,
             counters,
@@ -160,7 +160,7 @@ impl XrtEvaluator {
             for layer in layers.clone() {
                 let keys = keys[layer].read().unwrap_or_else(|p| p.into_inner());
                 self.layout.fill(&keys, self.chunks, self.staging.as_bytes_mut());
-                self.cold.write_key_chunk(layer, self.chunks, &self.staging)?;
+                self.keys.write(layer, self.chunks, &self.staging)?;
             }
             self.chunks += 1;
         }
@@ -221,10 +221,10 @@ impl Session {
     }
 
     /// SSD → card: the chunk's keys and scales into a slot's P2P buffers.
-    fn read(&mut self, cold: &ColdPool, layer: usize, chunk: usize, slot: usize) -> Result<()> {
+    fn read(&mut self, keys: &KeyChunkSection, layer: usize, chunk: usize, slot: usize) -> Result<()> {
         let (l, s) = (self.layout, &mut self.slots[slot]);
-        cold.read_key_chunk(layer, chunk, 0, &mut s.keys.as_mut_slice()[..l.keys_bytes()])?;
-        cold.read_key_chunk(layer, chunk, l.keys_bytes(), &mut s.scales.as_mut_slice()[..l.scales_bytes()])
+        keys.read(layer, chunk, 0, &mut s.keys.as_mut_slice()[..l.keys_bytes()])?;
+        keys.read(layer, chunk, l.keys_bytes(), &mut s.scales.as_mut_slice()[..l.scales_bytes()])
     }
 
     fn start(&self, chunk: usize, slot: usize) -> Result<Run> {
@@ -272,7 +272,7 @@ impl Session {
     /// Scores `tokens` (ascending, all on the SSD) chunk by chunk, handing each block to `emit`
     /// as soon as it is collected; stops early when `emit` returns false. While the card scores
     /// one chunk, the next is already on its way from the SSD.
-    fn score(&mut self, cold: &ColdPool, layer: usize, query: &DeviceQuery, tokens: &[u32], mut emit: impl FnMut(ScoreBlock) -> bool) -> Result<()> {
+    fn score(&mut self, keys: &KeyChunkSection, layer: usize, query: &DeviceQuery, tokens: &[u32], mut emit: impl FnMut(ScoreBlock) -> bool) -> Result<()> {
         let mut chunks = Vec::new(); // (chunk, its tokens)
         let mut rest = tokens;
         while let Some(&t) = rest.first() {
@@ -283,10 +283,10 @@ impl Session {
         }
         let Some(&(first, _)) = chunks.first() else { return Ok(()) };
         self.load_query(query)?;
-        self.read(cold, layer, first, 0)?;
+        self.read(keys, layer, first, 0)?;
         let mut running = Some(self.start(first, 0)?);
         if let Some(&(second, _)) = chunks.get(1) {
-            self.read(cold, layer, second, 1)?;
+            self.read(keys, layer, second, 1)?;
         }
         for (i, &(chunk, chunk_tokens)) in chunks.iter().enumerate() {
             running.take().expect("a run per chunk").wait()?;
@@ -298,7 +298,7 @@ impl Session {
                 return Ok(());
             }
             if let Some(&(after, _)) = chunks.get(i + 2) {
-                self.read(cold, layer, after, i % 2)?;
+                self.read(keys, layer, after, i % 2)?;
             }
         }
         Ok(())
@@ -306,7 +306,7 @@ impl Session {
 }
 
 /// The worker: one request at a time, the card's chunks first, then what only the host has.
-fn serve(mut session: Option<Session>, cold: &ColdPool, inbox: Receiver<Request>, counters: &XrtCounters) {
+fn serve(mut session: Option<Session>, on_ssd_keys: &KeyChunkSection, inbox: Receiver<Request>, counters: &XrtCounters) {
     for req in inbox {
         let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
         let on_ssd = req.tokens.partition_point(|&t| (t as usize) < req.chunks * CHUNK_TOKENS);
@@ -314,7 +314,7 @@ fn serve(mut session: Option<Session>, cold: &ColdPool, inbox: Receiver<Request>
         let mut rest = &req.tokens[..];
         let mut listening = true;
         if let Some(card) = session.as_mut() {
-            let sent = card.score(cold, req.layer, &req.query, &req.tokens[..on_ssd], |block| {
+            let sent = card.score(on_ssd_keys, req.layer, &req.query, &req.tokens[..on_ssd], |block| {
                 counters.runs.fetch_add(1, Ordering::Relaxed);
                 counters.device_tokens.fetch_add(block.tokens.len() as u64, Ordering::Relaxed);
                 rest = &rest[block.tokens.len()..];
