@@ -4,6 +4,7 @@
 
 use super::device::DeviceQuery;
 use super::xrt::XrtEvaluator;
+use super::storage::ColdScan;
 use super::{ScoreBlock, ScoringKeys, StorageEvaluator};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, RwLock};
@@ -14,11 +15,16 @@ pub enum ColdEvaluator {
 }
 
 impl ColdEvaluator {
-    /// Starts scoring `tokens` (ascending) of `layer`; see [`StorageEvaluator::score`].
-    pub fn score(&self, layer: usize, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> Receiver<ScoreBlock> {
+    /// Starts scoring `tokens` (ascending) of `layer`; see [`StorageEvaluator::score`]. The scan
+    /// comes back where the host may share it (a storage worker is a host thread; a card's
+    /// blocks are its own).
+    pub fn score(&self, layer: usize, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> (Receiver<ScoreBlock>, Option<Arc<ColdScan>>) {
         match self {
-            Self::Storage(e) => e.score(keys, query, tokens),
-            Self::Xrt(e) => e.score(layer, keys, query, tokens),
+            Self::Storage(e) => {
+                let (blocks, scan) = e.score(keys, query, tokens);
+                (blocks, Some(scan))
+            }
+            Self::Xrt(e) => (e.score(layer, keys, query, tokens), None),
         }
     }
 }

@@ -3,6 +3,10 @@
 //! bounded channel, so the host merges blocks while the scan is still running. Without a
 //! SmartSSD it scores the DRAM scoring copy of the cold keys, with the device's arithmetic
 //! ([`DeviceQuery`]); the XRT evaluator runs the same protocol on the drive's FPGA.
+//!
+//! Here the worker is a host thread like any other, so the scan is shared ([`ColdScan`]): the
+//! worker and, once their own tokens are scored, the compute threads each claim the next block,
+//! instead of the compute threads waiting for one thread to finish the scan.
 
 use super::device::DeviceQuery;
 use super::keys::ScoringKeys;
@@ -16,8 +20,26 @@ use std::sync::{Arc, RwLock};
 struct Request {
     keys: Arc<RwLock<ScoringKeys>>,
     query: Arc<DeviceQuery>,
-    tokens: Vec<u32>,
+    scan: Arc<ColdScan>,
     reply: SyncSender<ScoreBlock>,
+}
+
+/// One layer's cold tokens, cut into score blocks that whoever is free claims in turn.
+pub struct ColdScan {
+    tokens: Vec<u32>,
+    next_block: AtomicUsize,
+}
+
+impl ColdScan {
+    fn new(tokens: Vec<u32>) -> Self {
+        Self { tokens, next_block: AtomicUsize::new(0) }
+    }
+
+    /// The tokens of the next block nobody has claimed yet.
+    pub fn claim(&self) -> Option<&[u32]> {
+        let i = self.next_block.fetch_add(1, Ordering::Relaxed);
+        self.tokens.chunks(SCORE_BLOCK_TOKENS).nth(i)
+    }
 }
 
 pub struct StorageEvaluator {
@@ -39,7 +61,7 @@ impl StorageEvaluator {
         let worker = Worker::spawn("hillside-storage-eval", move |inbox: Receiver<Request>| {
             for req in inbox {
                 let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
-                for chunk in req.tokens.chunks(SCORE_BLOCK_TOKENS) {
+                while let Some(chunk) = req.scan.claim() {
                     counter.fetch_add(chunk.len(), Ordering::Relaxed);
                     if req.reply.send(score_on_host(&keys, &req.query, chunk)).is_err() {
                         break; // the host stopped listening
@@ -51,12 +73,14 @@ impl StorageEvaluator {
         Self { worker, scored }
     }
 
-    /// Starts scoring `tokens` against `query`; blocks arrive on the returned channel in order,
-    /// and it closes when the scan is done.
-    pub fn score(&self, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> Receiver<ScoreBlock> {
+    /// Starts scoring `tokens` against `query`: the blocks the worker scores arrive on the
+    /// returned channel, which closes when no block is left to claim; the caller may claim
+    /// blocks from the returned scan and score them itself.
+    pub fn score(&self, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> (Receiver<ScoreBlock>, Arc<ColdScan>) {
         let (reply, blocks) = Worker::<Request>::reply_channel();
-        self.worker.send(Request { keys, query, tokens, reply });
-        blocks
+        let scan = Arc::new(ColdScan::new(tokens));
+        self.worker.send(Request { keys, query, scan: Arc::clone(&scan), reply });
+        (blocks, scan)
     }
 
     pub fn tokens_scored(&self) -> usize {
@@ -89,7 +113,7 @@ mod tests {
 
         let evaluator = StorageEvaluator::new();
         let query = Arc::new(DeviceQuery::new(&query, hd));
-        let blocks = evaluator.score(keys.clone(), query.clone(), tokens.clone());
+        let (blocks, _) = evaluator.score(keys.clone(), query.clone(), tokens.clone());
         let mut top = HeadsTopK::new(heads, 100);
         let mut scored_at_first_merge = None;
         let mut received = 0;

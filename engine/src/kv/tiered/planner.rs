@@ -104,7 +104,7 @@ pub fn measure(cold_dir: &Path, key_bits: KeyBits) -> Result<Profile> {
     let keys = Arc::new(RwLock::new(keys));
     let evaluator = StorageEvaluator::new();
     let storage = rate(window, || {
-        evaluator.score(keys.clone(), query.clone(), tokens.clone()).into_iter().map(|b| b.tokens.len()).sum::<usize>() * row_bytes
+        evaluator.score(keys.clone(), query.clone(), tokens.clone()).0.into_iter().map(|b| b.tokens.len()).sum::<usize>() * row_bytes
     });
 
     // Hot fetch: gather a fifth of the rows, scattered, from a row store into a dense buffer.

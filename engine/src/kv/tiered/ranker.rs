@@ -15,7 +15,7 @@ use crate::score::device::{DeviceQuery, KeyChunkLayout};
 use crate::score::xrt::XrtEvaluator;
 use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
 use crate::trace::{self, Phase};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -98,7 +98,13 @@ impl Ranker {
         let started = Instant::now();
         let scoring = trace::span(Phase::RankScore);
         let query = Arc::new(DeviceQuery::new(query, self.head_dim));
-        let cold_blocks = self.evaluator.as_ref().filter(|_| !cold.is_empty()).map(|e| e.score(layer, self.keys[layer].clone(), query.clone(), cold));
+        let (cold_blocks, shared_scan) = match self.evaluator.as_ref().filter(|_| !cold.is_empty()) {
+            Some(e) => {
+                let (blocks, scan) = e.score(layer, self.keys[layer].clone(), query.clone(), cold);
+                (Some(blocks), scan)
+            }
+            None => (None, None),
+        };
         let new_merge = || BlockMerge::new(HeadsTopK::new(n_kv, keep), guard.then(|| HeadsMass::new(n_kv, mass_scale)));
         let mut pinned = ScoreBlock::new(pinned, n_kv);
         let keys = self.keys[layer].read().unwrap_or_else(|p| p.into_inner());
@@ -106,8 +112,9 @@ impl Ranker {
             query.score(&keys, &pinned.tokens, &mut pinned.scores);
         }
         // The hot tokens are scored on the compute threads, each merging its own blocks and,
-        // between them, any cold blocks that have arrived; the rest of those once they are done.
-        // (No thread waits on the storage worker while hot tokens are left to score.)
+        // between them, any cold blocks that have arrived; then each claims cold blocks the
+        // storage worker has not (when it is a host thread), and the rest of the worker's blocks
+        // are merged once they are done. (No thread waits on the worker while there is work.)
         let cold_feed = cold_blocks.map(|blocks| Mutex::new(ColdFeed { blocks, received: 0, wait_ns: 0 }));
         let take_arrived = |merged: &mut BlockMerge| {
             if let Some(mut feed) = cold_feed.as_ref().and_then(|f| f.try_lock().ok()) {
@@ -119,14 +126,25 @@ impl Ranker {
         };
         // A span of blocks per thread. Newest first: recent tokens tend to score highest, so
         // the top-k's floor rises early and most older tokens' scores are dropped on arrival.
-        let span = hot.len().div_ceil(SCORE_BLOCK_TOKENS).div_ceil(pool().threads()).max(1) * SCORE_BLOCK_TOKENS;
-        let merges = map_items(hot.rchunks(span).collect(), |span| {
+        let threads = pool().threads();
+        let span = hot.len().div_ceil(SCORE_BLOCK_TOKENS).div_ceil(threads).max(1) * SCORE_BLOCK_TOKENS;
+        let mut spans: Vec<&[u32]> = hot.rchunks(span).collect();
+        if shared_scan.is_some() {
+            spans.resize(spans.len().max(threads), &[]); // a task per thread to share the scan
+        }
+        let host_cold_blocks = AtomicU64::new(0);
+        let merges = map_items(spans, |span| {
             let mut merged = new_merge();
-            for chunk in span.rchunks(SCORE_BLOCK_TOKENS) {
+            let mut score = |chunk: &[u32]| {
                 let mut block = ScoreBlock::new(chunk.to_vec(), n_kv);
                 query.score(&keys, chunk, &mut block.scores);
                 merged.merge(&block);
                 take_arrived(&mut merged);
+            };
+            span.rchunks(SCORE_BLOCK_TOKENS).for_each(&mut score);
+            while let Some(chunk) = shared_scan.as_ref().and_then(|scan| scan.claim()) {
+                score(chunk);
+                host_cold_blocks.fetch_add(1, Ordering::Relaxed);
             }
             merged
         });
@@ -146,7 +164,7 @@ impl Ranker {
                 feed.tally(&block);
                 merged.merge(&block);
             }
-            self.stats.score_blocks += feed.received;
+            self.stats.score_blocks += feed.received + host_cold_blocks.into_inner();
             self.stats.score_block_wait_ns += feed.wait_ns;
             self.stats.cold_scan_ns += started.elapsed().as_nanos() as u64;
         }
