@@ -133,4 +133,24 @@ mod tests {
         all.merge(&exact);
         assert_eq!(top.into_tokens(), all.into_tokens());
     }
+
+    #[test]
+    fn a_shared_scan_gives_each_block_once_to_the_worker_or_the_host() {
+        let (heads, hd, n) = (3, 64, 40 * SCORE_BLOCK_TOKENS + 17);
+        let mut keys = ScoringKeys::new(KeyBits::Int8, heads, hd);
+        keys.push(&(0..n * heads * hd).map(|i| ((i * 7919) % 997) as f32 / 500.0 - 1.0).collect::<Vec<_>>());
+        let keys = Arc::new(RwLock::new(keys));
+        let query = Arc::new(DeviceQuery::new(&(0..heads * hd).map(|i| (i % 5) as f32 - 2.0).collect::<Vec<_>>(), hd));
+        let evaluator = StorageEvaluator::new();
+        let (blocks, scan) = evaluator.score(keys, query, (0..n as u32).collect());
+        let mut by_host = Vec::new();
+        while let Some(chunk) = scan.claim() {
+            by_host.extend_from_slice(chunk);
+        }
+        let mut seen: Vec<u32> = blocks.into_iter().flat_map(|b| b.tokens).collect();
+        let by_worker = seen.len();
+        seen.extend(by_host);
+        seen.sort_unstable();
+        assert_eq!(seen, (0..n as u32).collect::<Vec<_>>(), "every token once ({by_worker} by the worker)");
+    }
 }
