@@ -15,7 +15,7 @@ const CANDIDATE_BUDGET_DIVISOR: usize = 32;
 
 /// A row's place in the rebalance's ranking, best highest: most hits, then already hot (a hot
 /// row wins a tie, so equals do not swap places), then the later cold-pool slot (see
-/// [`super::HotTier::hot_rank`]).
+/// `hot_rank` in [`super`]).
 pub(super) fn rank_key(hits: u32, hot: bool, slot: u32) -> u64 {
     (u64::from(hits) << 33) | (u64::from(hot) << 32) | u64::from(slot)
 }

@@ -142,7 +142,7 @@ impl HotTier {
             }
             let (lane, token, k, v) = candidates.row(slot);
             self.pool.insert(lane, token, k, v);
-            self.weakest.offer(self.hot_rank(standing, lane, token), lane, token);
+            self.weakest.offer(hot_rank(&self.hits, standing, lane, token), lane, token);
             self.moves.promotions += 1;
         }
         // No row with fewer hits than the weakest hot row can win a place next step.
@@ -185,15 +185,6 @@ impl HotTier {
         self.pool.index_bytes() + hits + self.candidates.bytes() + self.weakest.bytes()
     }
 
-    /// The rank key of hot `token`'s row in `lane` ([`rank_key`]). Equals are ordered by
-    /// cold-pool slot, not by token: tokens that share a page then rise and fall together, so
-    /// the hot pool holds whole pages rather than some rows of each, and a page whose rows are
-    /// all hot is never read (slots keep the order of the 256-token blocks, so newer blocks
-    /// still win).
-    fn hot_rank(&self, standing: &Standing<'_>, lane: usize, token: u32) -> u64 {
-        rank_key(hits_at(&self.hits[lane], token), true, (standing.slot)(lane, token))
-    }
-
     /// Offers the demotion reserve the hot rows that left the recent window since the last
     /// rebalance (rows in the write-back window are not hot yet: they are offered once spilled).
     fn offer_newly_unpinned_rows(&mut self, standing: &Standing<'_>) {
@@ -202,7 +193,7 @@ impl HotTier {
         for lane in self.sparse_lanes.clone() {
             for t in start..end {
                 if self.pool.contains(lane, t) {
-                    self.weakest.offer(self.hot_rank(standing, lane, t), lane, t);
+                    self.weakest.offer(hot_rank(&self.hits, standing, lane, t), lane, t);
                 }
             }
         }
@@ -226,25 +217,33 @@ impl HotTier {
     fn weakest_hot_row(&mut self, standing: &Standing<'_>) -> Option<(u64, usize, u32)> {
         for refill in [false, true] {
             if refill {
-                let (pool, lanes) = (&self.pool, self.sparse_lanes.clone());
-                let rank = |lane: usize, t: u32| rank_key(hits_at(&self.hits[lane], t), true, (standing.slot)(lane, t));
+                let (pool, hits, lanes) = (&self.pool, &self.hits, self.sparse_lanes.clone());
                 // A plain loop: with a large pool a refill walks ~700K rows three times.
                 self.weakest.refill(|f| {
                     for lane in lanes.clone() {
                         for t in pool.tokens(lane).filter(|t| standing.unpinned.contains(t)) {
-                            f(lane, t, rank(lane, t));
+                            f(lane, t, hot_rank(hits, standing, lane, t));
                         }
                     }
                 });
             }
             let (pool, hits) = (&self.pool, &self.hits);
-            let rank_now = |lane: usize, t: u32| pool.contains(lane, t).then(|| rank_key(hits_at(&hits[lane], t), true, (standing.slot)(lane, t)));
+            let rank_now = |lane: usize, t: u32| pool.contains(lane, t).then(|| hot_rank(hits, standing, lane, t));
             if let Some(row) = self.weakest.weakest(rank_now) {
                 return Some(row);
             }
         }
         None
     }
+}
+
+/// The rank key of hot `token`'s row in `lane` ([`rank_key`]), from the `hits` tables. Equals
+/// are ordered by cold-pool slot, not by token: tokens that share a page then rise and fall
+/// together, so the hot pool holds whole pages rather than some rows of each, and a page whose
+/// rows are all hot is never read (slots keep the order of the 256-token blocks, so newer blocks
+/// still win).
+fn hot_rank(hits: &[Vec<u16>], standing: &Standing<'_>, lane: usize, token: u32) -> u64 {
+    rank_key(hits_at(&hits[lane], token), true, (standing.slot)(lane, token))
 }
 
 /// A token's hits in one lane's hit table (tokens past its end have none yet).
