@@ -456,14 +456,13 @@ impl KvStore for TieredKvStore {
     }
 
     fn observe(&mut self, layer: usize, selection: &Selection) {
-        let n = self.backing.held(layer);
         if matches!(selection, Selection::Tokens { .. }) {
             let (reader, at) = self.reader_at();
             reader.remember(at, layer, selection);
         }
         for head in 0..self.shape.n_kv_heads {
             let Some(tokens) = selection.head(head) else { return };
-            self.hot.count_hits(self.lane(layer, head), tokens, n);
+            self.hot.count_hits(self.lane(layer, head), tokens);
         }
     }
 
@@ -478,8 +477,8 @@ impl KvStore for TieredKvStore {
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
         let (hot, n_kv) = (&mut self.hot, self.shape.n_kv_heads);
         let spilled = timed(Phase::Spill, || self.backing.commit(n_tokens, |layer, head, t, k, v| hot.keep_pinned(layer * n_kv + head, t as u32, k, v)));
-        self.hot.grow_hits(self.backing.len());
         spilled?;
+        self.hot.commit_hits(self.backing.len());
         self.ranker.store_key_chunks(self.settings.dense_layers.min(self.shape.n_layers)..self.shape.n_layers, self.backing.cold_end());
         timed(Phase::Rebalance, || self.rebalance());
         self.tier.steps += 1;
@@ -621,9 +620,8 @@ impl TieredKvStore {
             true => self.whole_pages(layer, &top.into_unordered(), budget, self.mass_scale(group), candidates),
             false => top.into_tokens(),
         };
-        let n = self.backing.held(layer);
         for (head, chosen) in seeds.into_iter().enumerate() {
-            self.hot.count_hits(layer * n_kv + head, &chosen, n);
+            self.hot.count_hits(layer * n_kv + head, &chosen);
         }
     }
 

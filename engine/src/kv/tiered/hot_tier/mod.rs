@@ -45,6 +45,9 @@ pub(super) struct HotTier {
     /// `[lane][token]`: how many decode steps selected the token (saturating: past 65,535
     /// steps a token's rank no longer needs the exact count).
     hits: Vec<Vec<u16>>,
+    /// The hits of the step under way, `(lane, tokens)`, counted once it commits: a step that
+    /// fails leaves the tables, and so every later ranking, as they were.
+    step_hits: Vec<(usize, Vec<u32>)>,
     /// Cold rows read this step that may enter the hot pool.
     candidates: Candidates,
     /// The weakest unpinned hot rows, where demotions come from.
@@ -64,6 +67,7 @@ impl HotTier {
         Self {
             pool: HotPool::new(lanes, row_words, (budget_bytes / (4 * row_words)).min(lanes * max_tokens)),
             hits: vec![Vec::new(); lanes],
+            step_hits: Vec::new(),
             candidates: Candidates::new(row_words, budget_bytes),
             weakest: WeakestRows::default(),
             unpinned_end: 0,
@@ -91,21 +95,22 @@ impl HotTier {
         &self.hits
     }
 
-    /// Counts a hit in `lane` for each of `tokens`, the table grown to `n_tokens` first.
-    pub fn count_hits(&mut self, lane: usize, tokens: &[u32], n_tokens: usize) {
-        let hits = &mut self.hits[lane];
-        if hits.len() < n_tokens {
-            hits.resize(n_tokens, 0);
-        }
-        for &t in tokens {
-            hits[t as usize] = hits[t as usize].saturating_add(1);
-        }
+    /// A hit in `lane` for each of `tokens`, counted when the step commits.
+    pub fn count_hits(&mut self, lane: usize, tokens: &[u32]) {
+        self.step_hits.push((lane, tokens.to_vec()));
     }
 
-    /// Every hit table holds `n_tokens` tokens (the step's new ones with none).
-    pub fn grow_hits(&mut self, n_tokens: usize) {
+    /// The step committed: its hits count, and every hit table holds `n_tokens` tokens (the
+    /// step's new ones with none).
+    pub fn commit_hits(&mut self, n_tokens: usize) {
         for hits in &mut self.hits {
             hits.resize(n_tokens, 0);
+        }
+        for (lane, tokens) in self.step_hits.drain(..) {
+            let hits = &mut self.hits[lane];
+            for t in tokens {
+                hits[t as usize] = hits[t as usize].saturating_add(1);
+            }
         }
     }
 
@@ -162,8 +167,14 @@ impl HotTier {
         self.weakest.reset();
     }
 
-    /// Cuts the tier to `n_tokens` tokens and forgets the step's candidates.
+    /// Cuts the tier to `n_tokens` tokens and forgets the step's hits and candidates. A failed
+    /// step cuts nothing it had committed: then the tier is exactly as that step found it.
     pub fn truncate(&mut self, n_tokens: usize) {
+        self.step_hits.clear();
+        if self.hits.first().is_none_or(|hits| n_tokens >= hits.len()) {
+            self.candidates.clear();
+            return;
+        }
         self.candidates.reset();
         self.weakest.reset();
         self.unpinned_end = self.unpinned_end.min(n_tokens as u32);
@@ -249,4 +260,46 @@ fn hot_rank(hits: &[Vec<u16>], standing: &Standing<'_>, lane: usize, token: u32)
 /// A token's hits in one lane's hit table (tokens past its end have none yet).
 fn hits_at(hits: &[u16], token: u32) -> u32 {
     hits.get(token as usize).map_or(0, |&h| u32::from(h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_step_leaves_the_hits_and_the_cutoff_as_they_were() {
+        let standing = |n: u32| (move |_: usize, t: u32| t, 0..n, n);
+        // Two lanes of one-word rows (4 bytes each); room for eight candidates, and the
+        // rebalance's budget holds two hot rows.
+        let mut tier = HotTier::new(2, 0..2, 1, 8 * 32 * 4, 64);
+        let rebalance = |tier: &mut HotTier, n: u32| {
+            let (slot, unpinned, cold_end) = standing(n);
+            tier.rebalance(&Standing { slot: &slot, unpinned, cold_end }, 2 * 4, 0);
+        };
+        for token in 0..3u32 {
+            tier.count_hits(0, &[token, token, token][..token as usize + 1]);
+        }
+        tier.commit_hits(8);
+        for token in 0..3u32 {
+            tier.offer(0, token, rank_key(token + 1, false, token), &[token as u16], &[0]);
+        }
+        rebalance(&mut tier, 8);
+        let (hits, cutoff) = (tier.hits().to_vec(), tier.candidates.cutoff());
+        assert!(cutoff > 0, "the pool is full, so weaker rows cannot win a place");
+
+        // A step counts hits and offers rows, then fails: nothing it did may remain.
+        tier.count_hits(0, &[1, 2]);
+        tier.count_hits(1, &[5]);
+        tier.offer(1, 5, rank_key(9, false, 5), &[5], &[0]);
+        tier.truncate(8);
+        tier.commit_hits(8);
+        assert_eq!(tier.hits(), &hits[..], "the failed step's hits were counted");
+        assert_eq!(tier.candidates.cutoff(), cutoff, "the failed step reset the cutoff");
+        assert!(tier.candidates.best_first().is_empty(), "the failed step's candidates stayed");
+
+        // Cutting committed tokens is a different matter: the tier starts that part afresh.
+        tier.truncate(2);
+        assert_eq!(tier.candidates.cutoff(), 0);
+        assert!(tier.hits().iter().all(|h| h.len() <= 2));
+    }
 }
