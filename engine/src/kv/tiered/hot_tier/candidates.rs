@@ -47,10 +47,13 @@ impl Candidates {
         Self { row_words, max_rows, ..Self::default() }
     }
 
-    /// Whether a row ranked `key` could be taken: [`Candidates::offer`] turns away the rest
-    /// at once, so they need not be offered.
+    /// Whether a row ranked `key` could be taken now: [`Candidates::offer`] turns away the
+    /// rest at once, so they need not be offered. Once the candidates are full the bar only
+    /// rises, so a row that fails it now would fail it later too: the step's readers ask this
+    /// in parallel, and only the rows that pass reach the serial offers.
     pub fn may_take(&self, key: u64) -> bool {
-        self.max_rows > 0 && level_hits(key) >= self.cutoff
+        let room = self.rows.len() < self.max_rows || self.weakest.peek().is_some_and(|&Reverse((weakest, _))| key > weakest);
+        self.max_rows > 0 && level_hits(key) >= self.cutoff && room
     }
 
     /// A cold row the step read, ranked `key` ([`rank_key`], with its hits counting this step).
@@ -112,6 +115,10 @@ impl Candidates {
         self.cutoff = 0;
     }
 
+    pub fn cutoff(&self) -> u32 {
+        self.cutoff
+    }
+
     /// Rows with fewer hits than `cutoff` cannot win a place next step (see `cutoff`).
     pub fn set_cutoff(&mut self, cutoff: u32) {
         self.cutoff = cutoff;
@@ -153,5 +160,18 @@ mod tests {
         assert_eq!(c.rows.len(), 0, "below the cutoff a row cannot win a place");
         c.offer(0, 31, key(4, 31), &[31], &[131]);
         assert_eq!(c.rows.len(), 1);
+    }
+
+    #[test]
+    fn a_row_may_be_taken_exactly_when_an_offer_would_keep_it() {
+        let mut c = Candidates::new(1, 256); // room for 2
+        let key = |hits: u32, token: u32| rank_key(hits, false, token);
+        for (hits, token) in [(3, 1), (5, 2), (1, 3), (4, 4), (4, 5), (6, 6), (2, 7)] {
+            let before: Vec<u64> = c.rows.iter().map(|r| r.2).collect();
+            let may = c.may_take(key(hits, token));
+            c.offer(0, token, key(hits, token), &[0], &[0]);
+            let kept = c.rows.iter().any(|r| r.1 == token);
+            assert_eq!(may, kept, "token {token} with {hits} hits, candidates ranked {before:?}");
+        }
     }
 }
