@@ -92,9 +92,15 @@ impl ViewBuffers {
     /// Each head in `heads`, all of its slots as one run, so that heads can be filled in
     /// parallel.
     pub fn heads_mut(&mut self, heads: std::ops::Range<usize>) -> Vec<SlotRun<'_>> {
+        self.slot_runs_mut(heads, usize::MAX)
+    }
+
+    /// Each head in `heads`, all of its slots cut into runs of at most `run_slots` (a multiple
+    /// of [`KV_TILE`]), so that heads and runs can be filled in parallel.
+    pub fn slot_runs_mut(&mut self, heads: std::ops::Range<usize>, run_slots: usize) -> Vec<SlotRun<'_>> {
         match self.stride_tokens {
             0 => Vec::new(),
-            all => self.runs_mut(heads, all, all),
+            all => self.runs_mut(heads, all, run_slots.min(all)),
         }
     }
 

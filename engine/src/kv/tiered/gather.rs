@@ -2,7 +2,7 @@
 //! and cold rows read ahead of the layer's turn, are copied while the cold groups the read-ahead
 //! missed are still being read; their rows are filled in once the reads land.
 
-use crate::kv::cold::staged::Staged;
+use crate::kv::cold::staged::{HeadPages, Staged};
 use crate::error::Result;
 use crate::kv::aligned::AlignedBuf;
 use super::TieredKvStore;
@@ -83,9 +83,9 @@ impl TieredKvStore {
     }
 
     /// Fills the cold slots (`rows`, of the view holding `heads`, in slot order head by head)
-    /// whose groups `staged` holds in `buf`, decoding each row as it is copied, a head per task
-    /// on the compute threads, and keeps in `rows` those it could not. `decode` counts cold hits
-    /// and offers the rows for promotion.
+    /// whose groups `staged` holds in `buf`, decoding each row as it is copied, in parallel runs
+    /// of slots on the compute threads (a head per task left most of 16 cores idle), and keeps
+    /// in `rows` those it could not. `decode` counts cold hits and offers the rows for promotion.
     pub(super) fn copy_cold_rows(&mut self, layer: usize, rows: &mut Vec<ColdRow>, staged: &Staged, buf: &AlignedBuf, heads: Range<usize>, decode: bool) {
         if rows.is_empty() {
             return;
@@ -94,21 +94,24 @@ impl TieredKvStore {
         let layout = self.backing.cold().layout();
         let (cold_type, group_bytes) = (layout.cold_type, layout.disk_group_bytes());
         let (backing, hot) = (&self.backing, &self.hot);
+        let pages: Vec<HeadPages<'_>> = heads.clone().map(|head| staged.head_pages(buf, head, group_bytes)).collect();
         let tasks: Vec<_> = self
             .view
-            .heads_mut(0..heads.len())
+            .slot_runs_mut(0..heads.len(), RUN_SLOTS)
             .into_iter()
             .map(|run| {
-                let head = (heads.start + run.head) as u32;
-                let (first, end) = (rows.partition_point(|r| r.head < head), rows.partition_point(|r| r.head <= head));
-                (run, &rows[first..end])
+                let (head, slots) = ((heads.start + run.head) as u32, run.first_slot as u32..(run.first_slot + run.len()) as u32);
+                let in_run = |r: &ColdRow| (r.head, r.slot) < (head, slots.end);
+                let first = rows.partition_point(|r| (r.head, r.slot) < (head, slots.start));
+                (run, &rows[first..first + rows[first..].partition_point(in_run)])
             })
+            .filter(|(_, rows)| !rows.is_empty())
             .collect();
-        let copied: Vec<HeadCopy<'_>> = map_items(tasks, |(mut run, rows)| {
+        let copied: Vec<RunCopy<'_>> = map_items(tasks, |(mut run, rows)| {
             let head = heads.start + run.head;
             let lane = lane0 + head;
-            let pages = staged.head_pages(buf, head, group_bytes);
-            let mut copy = HeadCopy { lane, copied: 0, missing: Vec::new(), offers: Vec::new() };
+            let pages = &pages[run.head];
+            let mut copy = RunCopy { lane, copied: 0, missing: Vec::new(), offers: Vec::new() };
             // The rows come in slot order: those of one tile are decoded side by side, K then
             // V per slot of the tile, and written together.
             let mut tile_rows = vec![0u16; KV_TILE * 2 * hd];
@@ -121,7 +124,7 @@ impl TieredKvStore {
                     continue;
                 };
                 let within = cold_slot % GROUP_TOKENS;
-                let slot = row.slot as usize;
+                let slot = row.slot as usize - run.first_slot;
                 if slot / KV_TILE != tile {
                     put_tile(&mut run, tile, &tile_rows, std::mem::take(&mut filled), hd);
                     tile = slot / KV_TILE;
@@ -176,9 +179,9 @@ struct Offer<'a> {
     within: usize,
 }
 
-/// What one head's task of [`TieredKvStore::copy_cold_rows`] did: the rows it copied, those
+/// What one run's task of [`TieredKvStore::copy_cold_rows`] did: the rows it copied, those
 /// it found no group for, and the copied rows that may be promoted.
-struct HeadCopy<'a> {
+struct RunCopy<'a> {
     lane: usize,
     copied: u64,
     missing: Vec<ColdRow>,
