@@ -174,7 +174,7 @@ pub struct ModelArgs {
     /// attention, every token in them attended: the step reads only as many pages as its
     /// budget; with them, the best-ranked tokens already in memory), or sparf (tokens one by
     /// one, scored on only the query's --sparf-dims largest dimensions, as InstInfer's SparF)
-    /// [default: pages].
+    /// [default: tokens].
     #[arg(long)]
     pub selector: Option<SelectorKind>,
     /// Selector sparf: how many of the query's dimensions tokens are scored on [default: 8].

@@ -503,13 +503,22 @@ fn re_placing_the_cold_pool_by_hits_changes_no_logit() {
     // The same teacher-forced pass with the spilled tokens laid out by key, and laid out by key
     // then rewritten block by block in the order of their hits (8 decode steps in): the layout
     // is only where rows lie, so every logit must have the same bits. A row read from a wrong
-    // slot after the rewrite would change them.
+    // slot after the rewrite would change them. Tokens are selected one by one here: page-wise
+    // selection takes pages as the layout forms them, so it attends other tokens by design.
     let engine = Engine::load(&common::model_path()).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[50_000..80_000]).unwrap()[..824];
     let run = |placement: PlacementKind| {
         let dir = cold_dir(&format!("placement-{placement}"));
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), hot_budget_bytes: Some(12_000_000), placement, spare_copy: false, ..KvConfig::default() };
+        let config = KvConfig {
+            store: StoreKind::Tiered,
+            cold_dir: dir.to_path_buf(),
+            hot_budget_bytes: Some(12_000_000),
+            placement,
+            selector: SelectorKind::Tokens,
+            spare_copy: false,
+            ..KvConfig::default()
+        };
         let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
         let mut logits = Vec::new();
         for chunk in tokens[..800].chunks(256) {

@@ -65,6 +65,7 @@ named_choices!(EvaluatorKind, "evaluator", { Host => "host", Storage => "storage
 #[serde(rename_all = "snake_case")]
 pub enum SelectorKind {
     /// The best-scoring tokens, one by one (a page is read for each cold one).
+    #[default]
     Tokens,
     /// The best-scoring tokens, one by one, and with them the tokens ranked just below the
     /// budget whose rows the step holds anyway, in a page it reads or in memory ("free
@@ -73,9 +74,6 @@ pub enum SelectorKind {
     /// Whole cold-pool pages, the ones holding the most estimated attention, and every token
     /// in them: the budget buys pages, so a step reads as many pages as it attends to
     /// (after Quest and ClusterKV); the best-ranked tokens already in memory come along.
-    /// The default: it reads well under half the bytes `Tokens` does, at the same fidelity
-    /// (docs/decisions/page-wise-selection-by-default.md).
-    #[default]
     Pages,
     /// InstInfer's SparF: the best-scoring tokens one by one, each scored on only the query's
     /// [`KvConfig::sparf_dims`] largest dimensions (by magnitude) of the scoring copy, as a
