@@ -103,22 +103,33 @@ for model in "${model_list[@]}"; do
   done
 done
 
-cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+cpuinfo() { grep -m1 "^$1[[:space:]]*:" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
+cpu=$(cpuinfo 'model name')
+cpu_id="$(cpuinfo vendor_id) family $(cpuinfo 'cpu family') model $(cpuinfo model) stepping $(cpuinfo stepping)"
 flags=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|avx512f|avx512_vnni|avx_vnni' | sort -u | tr '\n' ' ')
+# The level each side ran at: Hillside says which kernels it chose; llama.cpp's is what its
+# build enabled (for native, what the compiler's -march=native turns on here).
+ours_simd=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["simd"])' "$work/h.json")
+case "$level" in
+  native) theirs_simd=$(cc -march=native -dM -E - </dev/null | grep -o -E '__(AVX2|AVX512F|AVX512VNNI|AVXVNNI)__' | tr -d _ | sort -u | tr '\n' ' ') ;;
+  avx2) theirs_simd="AVX2 FMA F16C (GGML_AVX512=OFF)" ;;
+esac
 printf '%s\n' "${rows[@]}" | python3 -c '
 import json, sys, datetime
-level, threads, cpu, flags, out = sys.argv[1:6]
+level, threads, cpu, cpu_id, flags, ours_simd, theirs_simd, out = sys.argv[1:9]
 rows = []
 for line in sys.stdin:
     model, kind, tokens, ours, theirs = line.split()
     rows.append(dict(model=model, figure=kind, tokens=int(tokens), hillside_tokens_per_s=float(ours),
                      llama_cpp_tokens_per_s=float(theirs), ratio=float(ours) / float(theirs)))
-print(f"# {cpu} ({flags.strip()}), {threads} threads, level {level}")
+print(f"# {cpu} ({cpu_id}; {flags.strip()}), {threads} threads, level {level}")
+print(f"# SIMD: Hillside {ours_simd}, llama.cpp {theirs_simd.strip()}")
 print(f"| model | figure | tokens | Hillside tok/s | llama.cpp tok/s | ratio |")
 print(f"| --- | --- | ---: | ---: | ---: | ---: |")
 for r in rows:
     print("| {model} | {figure} | {tokens} | {hillside_tokens_per_s:.1f} | {llama_cpp_tokens_per_s:.1f} | {ratio:.2f}x |".format(**r))
-json.dump(dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), cpu=cpu, flags=flags.split(),
-               threads=int(threads), level=level, llama_cpp="llama-cpp-python 0.3.36 sdist", rows=rows), open(out, "w"), indent=2)
+json.dump(dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), cpu=cpu, cpu_id=cpu_id, flags=flags.split(),
+               threads=int(threads), level=level, simd=dict(hillside=ours_simd, llama_cpp=theirs_simd.strip()),
+               llama_cpp="llama-cpp-python 0.3.36 sdist", rows=rows), open(out, "w"), indent=2)
 print(f"wrote {out}")
-' "$level" "$threads" "$cpu" "$flags" "bench-vs-llama-$level.json"
+' "$level" "$threads" "$cpu" "$cpu_id" "$flags" "$ours_simd" "$theirs_simd" "bench-vs-llama-$level.json"
