@@ -63,6 +63,12 @@ impl<'a> HeadPages<'a> {
 /// once (an SSD needs a deep queue for its random-read rate): through this thread's io_uring,
 /// or where there is none from the I/O threads.
 pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf) -> Result<Staged> {
+    let total: usize = groups.iter().map(Vec::len).sum();
+    read_heads_in_parts(cold, layer, groups, buf, read_parts(total * cold.layout().disk_group_bytes()))
+}
+
+/// [`read_heads`], its requests shared by `parts` I/O threads.
+fn read_heads_in_parts(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf, parts: usize) -> Result<Staged> {
     let gb = cold.layout().disk_group_bytes();
     let total: usize = groups.iter().map(Vec::len).sum();
     if buf.len() < total * gb {
@@ -93,15 +99,42 @@ pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<u
             i = j;
         }
     }
+    use rayon::prelude::*;
+    if parts > 1 {
+        let per_part = runs.len().div_ceil(parts);
+        io_pool().install(|| runs.par_chunks_mut(per_part).try_for_each(|part| read_all(cold, layer, part)))?;
+        return Ok(staged);
+    }
     match cold.read_runs(layer, &mut runs) {
         Some(read) => read?,
-        None => io_pool().install(|| {
-            use rayon::prelude::*;
-            runs.into_par_iter().try_for_each(|mut run| cold.read_run(layer, &mut run))
-        })?,
+        None => io_pool().install(|| runs.into_par_iter().try_for_each(|mut run| cold.read_run(layer, &mut run)))?,
     }
     Ok(staged)
 }
+
+/// Reads `runs` from this thread: through its io_uring, or one by one where it has none.
+fn read_all(cold: &ColdPool, layer: usize, runs: &mut [GroupRun<'_>]) -> Result<()> {
+    cold.read_runs(layer, runs).unwrap_or_else(|| runs.iter_mut().try_for_each(|run| cold.read_run(layer, run)))
+}
+
+/// How many I/O threads share a read of `bytes`. Through the page cache, io_uring copies the
+/// whole read (and the checksums are checked) on the one thread that submits it, which on a
+/// machine with many cores leaves the step waiting on one of them. On a few cores the copies
+/// would only take turns with the step's own work, so a read stays whole there.
+fn read_parts(bytes: usize) -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, usize::from));
+    if bytes < SPLIT_READ_BYTES || cores < SPLIT_MIN_CORES {
+        return 1;
+    }
+    (cores / 4).min(MAX_READ_PARTS)
+}
+
+/// Reads smaller than this are not split.
+const SPLIT_READ_BYTES: usize = 1 << 20;
+/// Cores from which reads are split ([`read_parts`]).
+const SPLIT_MIN_CORES: usize = 8;
+const MAX_READ_PARTS: usize = 4;
 
 /// Threads that issue cold-pool requests where there is no io_uring (and the spills' writes):
 /// blocking system calls, so more threads than cores means more requests in flight.
@@ -118,3 +151,49 @@ pub(crate) fn io_pool() -> &'static rayon::ThreadPool {
 
 /// Reads in flight at once against the cold pool.
 const IO_THREADS: usize = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::cold::ColdLayout;
+    use crate::kv::fault::{self, ColdFaults, FailingRead};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_read_shared_by_threads_stages_what_one_thread_would_and_fails_as_one() {
+        let dir = std::env::temp_dir().join(format!("hillside-staged-parts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Armed below, once the pool is written: a pool takes its faults when it is created.
+        let plan = fault::inject(&dir, ColdFaults { failing_read: Some(FailingRead { layer: 1, errno: libc::EIO, times: AtomicUsize::new(0) }), ..ColdFaults::default() });
+        let layout = ColdLayout::f16(2, 3, 16, 40);
+        let cold = ColdPool::create(&dir, layout).unwrap();
+        let mut page = cold.buffer(1);
+        for (layer, head, group) in (0..2).flat_map(|l| (0..3).flat_map(move |h| (0..40).map(move |g| (l, h, g)))) {
+            page.as_u16_mut().iter_mut().enumerate().for_each(|(i, w)| *w = (layer * 10_000 + head * 1000 + group * 10 + i % 7) as u16);
+            cold.write_group(layer, head, group, &page).unwrap();
+        }
+        // Runs of every length, and heads with none.
+        let groups = vec![vec![0, 1, 2, 5, 9, 10, 30], vec![], vec![3, 4, 7, 8, 11, 12, 13, 14, 39]];
+        let staged_bytes = |parts: usize| {
+            let mut buf = AlignedBuf::zeroed(0);
+            let staged = read_heads_in_parts(&cold, 1, groups.clone(), &mut buf, parts).unwrap();
+            let gb = layout.disk_group_bytes();
+            let bytes: Vec<Vec<u8>> = (0..3).flat_map(|h| (0..40).map(move |g| (h, g))).filter_map(|(h, g)| staged.group(&buf, h, g, gb).map(<[u8]>::to_vec)).collect();
+            assert_eq!(bytes.len(), 16, "{parts} parts: every group asked for is staged");
+            bytes
+        };
+        let whole = staged_bytes(1);
+        assert_eq!(u16::from_le_bytes([whole[0][2], whole[0][3]]), 10_001, "layer 1, head 0, group 0, word 1");
+        for parts in [2, 3, 4] {
+            assert_eq!(staged_bytes(parts), whole, "{parts} parts");
+        }
+        // A failure in any part fails the read, with the pool's error.
+        plan.failing_read.as_ref().unwrap().times.store(1, Ordering::Relaxed);
+        let error = read_heads_in_parts(&cold, 1, groups.clone(), &mut AlignedBuf::zeroed(0), 3).unwrap_err();
+        assert!(error.to_string().contains("read failed"), "{error}");
+        assert!(read_heads_in_parts(&cold, 1, groups, &mut AlignedBuf::zeroed(0), 3).is_ok(), "the fault was used up");
+        fault::clear(&dir);
+        drop(cold);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
