@@ -115,6 +115,7 @@ impl Candidates {
         self.cutoff = 0;
     }
 
+    #[cfg(test)]
     pub fn cutoff(&self) -> u32 {
         self.cutoff
     }

@@ -173,6 +173,8 @@ impl HotTier {
         self.step_hits.clear();
         if self.hits.first().is_none_or(|hits| n_tokens >= hits.len()) {
             self.candidates.clear();
+            // Rows a failed commit kept as they left the window, if its spill failed late.
+            self.pool.truncate(n_tokens);
             return;
         }
         self.candidates.reset();
