@@ -76,15 +76,11 @@ impl Candidates {
             self.v.extend_from_slice(v);
             self.rows.len() - 1
         } else {
-            match self.weakest.peek() {
-                Some(&Reverse((weakest, slot))) if key > weakest => {
-                    self.weakest.pop();
-                    self.k[slot as usize * rw..][..rw].copy_from_slice(k);
-                    self.v[slot as usize * rw..][..rw].copy_from_slice(v);
-                    slot as usize
-                }
-                _ => return,
-            }
+            // Full, and `may_take` found the weakest candidate below `key`: it makes room.
+            let Reverse((_, slot)) = self.weakest.pop().expect("full candidates have a weakest");
+            self.k[slot as usize * rw..][..rw].copy_from_slice(k);
+            self.v[slot as usize * rw..][..rw].copy_from_slice(v);
+            slot as usize
         };
         self.rows[slot] = (lane as u32, token, key);
         self.weakest.push(Reverse((key, slot as u32)));
