@@ -4,11 +4,9 @@
 #   scripts/bench-vs-llama.sh [--level avx2|native] [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct]
 #                             [--contexts 512,4096,8192] [--prefill 512,8192] [--threads 2] [--decode-tokens 32]
 #
-# llama.cpp's `llama-bench` is built once from the llama-cpp-python 0.3.36 sdist on PyPI (the
-# package registry is all this machine reaches) into ~/.cache/hillside/llama.cpp/<level>:
-#   native  GGML_NATIVE=ON, against Hillside at the CPU's best level;
-#   avx2    GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF, against HILLSIDE_SIMD=avx2, so an
-#           AVX-512 machine can time the AVX2-only path of both.
+# llama.cpp's `llama-bench` is built once by `llama-cpp-build.sh` (from the PyPI sdist):
+#   native  against Hillside at the CPU's best level;
+#   avx2    against HILLSIDE_SIMD=avx2, so an AVX-512 machine can time the AVX2-only path of both.
 # Prints one table of tokens/s and Hillside/llama.cpp ratios and writes it as JSON
 # (bench-vs-llama-<level>.json). Ratios from one run only: both sides run back to back.
 set -euo pipefail
@@ -31,39 +29,15 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$level" in
-  native) cmake_simd=(-DGGML_NATIVE=ON); hillside_simd="" ;;
-  avx2) cmake_simd=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF); hillside_simd=avx2 ;;
+  native) hillside_simd="" ;;
+  avx2) hillside_simd=avx2 ;;
   *) echo "--level is native or avx2" >&2; exit 2 ;;
 esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/hillside-target}
-cache=$HOME/.cache/hillside/llama.cpp
-sdist_url=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-0.3.36.tar.gz
-sdist_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-bench_bin=$cache/$level/bin/llama-bench
-
-if [ ! -x "$bench_bin" ]; then
-  command -v cmake >/dev/null || { echo "installing cmake ..." >&2; ${SUDO:-$( [ "$(id -u)" = 0 ] || echo sudo)} apt-get install -y cmake >&2; }
-  mkdir -p "$cache"
-  if [ ! -d "$cache/src" ]; then
-    tarball=$cache/llama_cpp_python-0.3.36.tar.gz
-    if [ ! -f "$tarball" ]; then
-      curl -sSLf -o "$tarball.part" "$sdist_url"
-      mv "$tarball.part" "$tarball"
-    fi
-    echo "$sdist_sha256  $tarball" | sha256sum -c --quiet - || { rm -f "$tarball"; echo "llama-cpp-python sdist: hash mismatch" >&2; exit 1; }
-    rm -rf "$cache/src.part" && mkdir "$cache/src.part"
-    tar xzf "$tarball" -C "$cache/src.part" --strip-components=3 llama_cpp_python-0.3.36/vendor/llama.cpp
-    mv "$cache/src.part" "$cache/src"
-  fi
-  echo "building llama-bench ($level) ..." >&2
-  cmake -S "$cache/src" -B "$cache/$level" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DGGML_OPENMP=ON "${cmake_simd[@]}" >&2
-  cmake --build "$cache/$level" --target llama-bench -j "$(nproc)" >&2
-fi
+bench_bin=$("$root/scripts/llama-cpp-build.sh" "$level" llama-bench)
 
 cargo build --release -q -p hillside --manifest-path "$root/Cargo.toml"
 hillside=$CARGO_TARGET_DIR/release/hillside
