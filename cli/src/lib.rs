@@ -12,6 +12,7 @@ mod chat;
 pub mod config;
 mod devices;
 mod docs;
+mod engine_choice;
 mod eval;
 pub mod models;
 mod prompt_cache;

@@ -42,12 +42,10 @@ pub enum PromptError {
     TooLong(String),
 }
 
-/// `messages` with `documents` (name and text) at the start of the first user message.
+/// `messages` with `documents` (name and text) at the start of the first user message,
+/// tokenized for `engine`.
 pub fn document_prompt(engine: &Engine, documents: &[(&str, &str)], messages: &[ChatMessage]) -> Result<DocumentPrompt, PromptError> {
-    let first_user = messages.iter().position(|m| m.role == "user").ok_or(PromptError::NoQuestion)?;
-    let mut messages = messages.to_vec();
-    let block: String = documents.iter().map(|(name, text)| format!("Document \"{name}\":\n---\n{}\n---\n\n", text.trim())).collect();
-    messages[first_user].content = format!("{block}{CUT}{}", messages[first_user].content);
+    let messages = with_documents(documents, messages, CUT)?;
     let rendered = engine.chat_text(&messages)?;
     let at = rendered.find(CUT).ok_or_else(|| hillside_engine::Error::ChatTemplate("the template dropped part of a message".into()))?;
     let tokenizer = engine.tokenizer();
@@ -57,6 +55,21 @@ pub fn document_prompt(engine: &Engine, documents: &[(&str, &str)], messages: &[
     let prefix = tokenizer.encode(&rendered[..at])?;
     let prefix_tokens = prefix.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
     Ok(DocumentPrompt { tokens, prefix_tokens })
+}
+
+/// `messages` with `documents` (name and text) at the start of the first user message, for
+/// an engine that applies its own chat template.
+pub fn document_messages(documents: &[(&str, &str)], messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, PromptError> {
+    with_documents(documents, messages, "")
+}
+
+/// `messages` with the documents' block, then `cut`, at the start of the first user message.
+fn with_documents(documents: &[(&str, &str)], messages: &[ChatMessage], cut: &str) -> Result<Vec<ChatMessage>, PromptError> {
+    let first_user = messages.iter().position(|m| m.role == "user").ok_or(PromptError::NoQuestion)?;
+    let mut messages = messages.to_vec();
+    let block: String = documents.iter().map(|(name, text)| format!("Document \"{name}\":\n---\n{}\n---\n\n", text.trim())).collect();
+    messages[first_user].content = format!("{block}{cut}{}", messages[first_user].content);
+    Ok(messages)
 }
 
 /// The part of `doc` a prompt of `context_tokens` (keeping `reserve_tokens` for the rest) can

@@ -41,6 +41,26 @@ pub struct FileConfig {
     pub sampling: SamplingFile,
     pub server: ServerFile,
     pub documents: DocumentsFile,
+    pub remote: RemoteFile,
+}
+
+/// `[remote]`: an OpenAI-compatible engine elsewhere that runs the model (`--engine
+/// openai:URL` and the `--remote-…` flags win over these keys).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemoteFile {
+    /// `local` (Hillside's own engine) or `openai:URL`.
+    pub engine: Option<String>,
+    /// The remote's API key (`HILLSIDE_REMOTE_API_KEY` wins).
+    pub api_key: Option<String>,
+    /// Which of the remote's models (default: the first it lists).
+    pub model: Option<String>,
+    /// Allow plain HTTP to a remote engine on another machine.
+    pub allow_insecure: Option<bool>,
+    /// Each request's context, where the remote does not say.
+    pub context: Option<usize>,
+    /// Requests a summary keeps in flight at once [default: 4].
+    pub concurrency: Option<usize>,
 }
 
 /// `[sampling]`: defaults for requests (and `hillside chat`) that do not set their own.

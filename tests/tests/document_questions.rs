@@ -7,7 +7,7 @@ mod common;
 use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::library::Library;
 use hillside_documents::questions::question;
-use hillside_documents::summarize::{summarize, NoCheckpoints, Runner};
+use hillside_documents::summarize::{summarize, Backend, NoCheckpoints, Runner};
 use hillside_documents::{read_bytes, Document, Limits};
 use hillside_engine::kv::KvConfig;
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
@@ -35,7 +35,8 @@ fn ask(runner: &Runner<'_>, doc: &Document, q: &str) -> (String, Summary) {
     let asked = question(runner, &[("doc".to_string(), doc.clone())], &messages).unwrap();
     let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
     let (tx, rx) = mpsc::channel();
-    runner.scheduler.submit_with_prefix(asked.request.tokens, asked.request.prefix, params, Box::new(move |u| tx.send(u).is_ok())).unwrap();
+    let (tokens, prefix) = asked.request.into_local().expect("a local runner's request");
+    runner.scheduler().expect("a local runner").submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok())).unwrap();
     let mut text = String::new();
     loop {
         match rx.recv().unwrap() {
@@ -63,7 +64,7 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
 
     // Without any reuse: the answer every other run must give.
     let fresh = scheduler(&engine, 0);
-    let (expected, plain) = ask(&Runner { engine: &engine, scheduler: &fresh, context_tokens: CONTEXT, kv_cache: None }, &doc, q);
+    let (expected, plain) = ask(&Runner { backend: Backend::Local { engine: &engine, scheduler: &fresh }, context_tokens: CONTEXT, kv_cache: None }, &doc, q);
     assert_eq!(plain.reused_tokens, 0);
     drop(fresh);
 
@@ -71,7 +72,7 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     {
         let cache = open_cache(&dir, 1 << 30);
         let sched = scheduler(&engine, 4);
-        let runner = Runner { engine: &engine, scheduler: &sched, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         summarize(&runner, &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |_| {}).unwrap();
         assert_eq!(cache.stats.saved.load(Ordering::Relaxed), 1);
         assert_eq!(kv_files(&dir).len(), 1, "{:?}", kv_files(&dir));
@@ -86,7 +87,7 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     let reused_after_restart = {
         let cache = open_cache(&dir, 1 << 30);
         let sched = scheduler(&engine, 4);
-        let runner = Runner { engine: &engine, scheduler: &sched, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         let (answer, reused) = ask(&runner, &doc, q);
         assert_eq!(answer, expected);
         assert_eq!(cache.stats.loaded.load(Ordering::Relaxed), 1);
@@ -104,7 +105,7 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     {
         let cache = open_cache(&dir, 1 << 30);
         let sched = scheduler(&engine, 0);
-        let runner = Runner { engine: &engine, scheduler: &sched, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         let (answer, rebuilt) = ask(&runner, &doc, q);
         assert_eq!(answer, expected);
         assert_eq!(rebuilt.reused_tokens, 0);
@@ -118,7 +119,7 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
         let library = Arc::new(Library::open(&dir.join("library.redb")).unwrap());
         let cache = DocumentKvCache::open(library, &dir.join("kv"), 1 << 30, "another-model").unwrap();
         let sched = scheduler(&engine, 0);
-        let runner = Runner { engine: &engine, scheduler: &sched, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         let (_, other) = ask(&runner, &doc, q);
         assert_eq!((other.reused_tokens, cache.stats.loaded.load(Ordering::Relaxed)), (0, 0));
         assert_eq!(cache.forget_document("doc"), 2, "both models' files go with the document");
@@ -138,7 +139,7 @@ fn the_quota_keeps_the_most_recently_used_files_and_a_killed_save_leaves_nothing
     {
         let cache = open_cache(&dir, 20 << 20);
         let sched = scheduler(&engine, 0);
-        let runner = Runner { engine: &engine, scheduler: &sched, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         for doc in &docs {
             ask(&runner, doc, "What is this about?");
         }

@@ -8,7 +8,7 @@ use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::library::Library;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{summarize, NoCheckpoints, Progress, Runner};
+use hillside_documents::summarize::{summarize, NoCheckpoints, Backend, Progress, Runner};
 use hillside_documents::{read_file, read_bytes, Limits};
 use hillside_engine::kv::KvConfig;
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
@@ -24,7 +24,7 @@ fn scheduler(engine: &Arc<Engine>, context: usize) -> Scheduler {
 }
 
 fn runner<'a>(engine: &'a Engine, scheduler: &'a Scheduler, context_tokens: usize) -> Runner<'a> {
-    Runner { engine, scheduler, context_tokens, kv_cache: None }
+    Runner { backend: Backend::Local { engine, scheduler }, context_tokens, kv_cache: None }
 }
 
 #[test]
@@ -105,7 +105,8 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     assert!(doc.text[chunks[chunk - 1].clone()].contains(name), "{asked} went to chunk {chunk}");
     let (tx, rx) = std::sync::mpsc::channel();
     let params = GenerateParams { max_tokens: 8, ..GenerateParams::default() };
-    scheduler.submit_with_prefix(q.request.tokens, q.request.prefix, params, Box::new(move |u| tx.send(u).is_ok())).unwrap();
+    let (tokens, prefix) = q.request.into_local().expect("a local runner's request");
+    scheduler.submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok())).unwrap();
     let done = loop {
         if let Update::Done(done) = rx.recv().unwrap() {
             break done.unwrap();

@@ -10,17 +10,20 @@
 
 mod checkpoints;
 mod pace;
+mod remote_pool;
 
 pub use checkpoints::{Checkpoints, LibraryCheckpoints, NoCheckpoints};
 
 use crate::chunks::{merge_groups, plan, Mode, Plan, TooLong, SUMMARY_WITH_EVIDENCE_TOKENS};
 use crate::ingest::Document;
 use crate::kv_cache::DocumentKvCache;
-use crate::prompt::{document_prompt, PromptError};
+use crate::prompt::{document_messages, document_prompt, PromptError};
 use crate::sources::{Source, SourceIndex};
-use hillside_engine::scheduler::{Group, KeptPrefix, Scheduler, Update};
+use hillside_engine::scheduler::{Group, KeptPrefix, Scheduler, Ticket, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
+use hillside_remote::{RemoteEngine, RemoteError};
 use pace::Pace;
+use remote_pool::{RemotePool, Reply};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -110,6 +113,8 @@ pub enum SummaryError {
     Cancelled,
     #[error(transparent)]
     Engine(#[from] hillside_engine::Error),
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
     #[error("the engine refused the summary: {0}")]
     Refused(String),
     #[error(transparent)]
@@ -118,34 +123,80 @@ pub enum SummaryError {
     ContextTooSmall(usize),
 }
 
+/// The engine summaries and questions run on.
+#[derive(Clone, Copy)]
+pub enum Backend<'a> {
+    /// Hillside's own, through its scheduler.
+    Local { engine: &'a Engine, scheduler: &'a Scheduler },
+    /// An OpenAI-compatible engine elsewhere.
+    Remote(&'a Arc<RemoteEngine>),
+}
+
 /// What summaries and questions run on.
 pub struct Runner<'a> {
-    pub engine: &'a Engine,
-    pub scheduler: &'a Scheduler,
-    /// Tokens of each sequence's context (the scheduler's).
+    pub backend: Backend<'a>,
+    /// Tokens of each sequence's context (the scheduler's, or the remote's).
     pub context_tokens: usize,
-    /// Where documents' K/V is kept for the questions that follow; `None` keeps nothing.
+    /// Where documents' K/V is kept for the questions that follow (local engine only); `None`
+    /// keeps nothing.
     pub kv_cache: Option<&'a Arc<DocumentKvCache>>,
 }
 
-impl Runner<'_> {
-    pub(crate) fn count_tokens(&self, text: &str) -> usize {
-        count_tokens(self.engine, text)
+impl<'a> Runner<'a> {
+    /// The local engine's scheduler; `None` on a remote engine.
+    pub fn scheduler(&self) -> Option<&'a Scheduler> {
+        match self.backend {
+            Backend::Local { scheduler, .. } => Some(scheduler),
+            Backend::Remote(_) => None,
+        }
+    }
+
+    pub fn count_tokens(&self, text: &str) -> usize {
+        match self.backend {
+            Backend::Local { engine, .. } => count_tokens(engine, text),
+            Backend::Remote(remote) => remote.count_tokens(text),
+        }
     }
 
     /// A prompt on `excerpts` ((name, text) pairs, from the library's document `ids`), with its
     /// document prefix kept if the runner keeps any.
     pub(crate) fn document_request(&self, ids: &[String], excerpts: &[(&str, &str)], messages: &[ChatMessage]) -> Result<Request, PromptError> {
-        let prompt = document_prompt(self.engine, excerpts, messages)?;
-        let prefix = self.kv_cache.map(|cache| cache.prefix(ids, &prompt.tokens[..prompt.prefix_tokens]));
-        Ok(Request { tokens: prompt.tokens, prefix })
+        match self.backend {
+            Backend::Local { engine, .. } => {
+                let prompt = document_prompt(engine, excerpts, messages)?;
+                let prefix = self.kv_cache.map(|cache| cache.prefix(ids, &prompt.tokens[..prompt.prefix_tokens]));
+                Ok(Request::Local { tokens: prompt.tokens, prefix })
+            }
+            // The documents come first here too: a remote that caches prefixes (vLLM,
+            // llama.cpp) reads a document once for its summary and the questions after.
+            Backend::Remote(_) => Ok(Request::Remote(document_messages(excerpts, messages)?)),
+        }
+    }
+
+    fn chat_request(&self, messages: Vec<ChatMessage>) -> Result<Request, SummaryError> {
+        match self.backend {
+            Backend::Local { engine, .. } => Ok(Request::Local { tokens: engine.chat_prompt(&messages)?, prefix: None }),
+            Backend::Remote(_) => Ok(Request::Remote(messages)),
+        }
     }
 }
 
-/// A prompt for the scheduler, with the K/V of its document prefix where it is kept.
-pub struct Request {
-    pub tokens: Vec<u32>,
-    pub prefix: Option<Box<dyn KeptPrefix>>,
+/// A prompt as the runner's engine takes it.
+pub enum Request {
+    /// The prompt's tokens, with the K/V of its document prefix where it is kept.
+    Local { tokens: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>> },
+    /// The messages, for the remote's chat template.
+    Remote(Vec<ChatMessage>),
+}
+
+impl Request {
+    /// The tokens and kept prefix of a request for the local engine.
+    pub fn into_local(self) -> Option<(Vec<u32>, Option<Box<dyn KeptPrefix>>)> {
+        match self {
+            Request::Local { tokens, prefix } => Some((tokens, prefix)),
+            Request::Remote(_) => None,
+        }
+    }
 }
 
 /// Summarizes `doc` (the library's document `id`) through `runner`, reporting `on_progress`;
@@ -187,7 +238,7 @@ pub fn summarize(
                 on_progress(Progress::Merging { level, groups: groups.len() });
                 job.pace.steps_left(groups.len() + merge_groups(groups.len(), context_tokens, RESERVE_TOKENS).iter().sum::<usize>());
                 let keys: Vec<String> = (0..groups.len()).map(|g| format!("merge {level}.{g}")).collect();
-                let request = |g: usize| Ok(Request { tokens: runner.engine.chat_prompt(&merge_prompt(&groups[g]))?, prefix: None });
+                let request = |g: usize| runner.chat_request(merge_prompt(&groups[g]));
                 notes = job.run(&keys, Step::Merge { level, last: groups.len() == 1 }, &request, on_progress)?;
             }
             notes.remove(0)
@@ -214,10 +265,10 @@ enum Step {
     Merge { level: usize, last: bool },
 }
 
-/// One summary's requests: one scheduler group, its kept steps, its pace.
+/// One summary's requests: one scheduler group (on the local engine), its kept steps, its pace.
 struct Job<'r, 'a> {
     runner: &'r Runner<'a>,
-    group: Group,
+    group: Option<Group>,
     checkpoints: &'r mut dyn Checkpoints,
     cancel: &'r CancelFlag,
     plan_key: String,
@@ -233,7 +284,10 @@ struct Job<'r, 'a> {
 
 impl<'r, 'a> Job<'r, 'a> {
     fn open(runner: &'r Runner<'a>, plan: &Plan, checkpoints: &'r mut dyn Checkpoints, cancel: &'r CancelFlag) -> Result<Self, SummaryError> {
-        let group = runner.scheduler.open_group().map_err(|e| SummaryError::Refused(e.to_string()))?;
+        let group = match runner.backend {
+            Backend::Local { scheduler, .. } => Some(scheduler.open_group().map_err(|e| SummaryError::Refused(e.to_string()))?),
+            Backend::Remote(_) => None,
+        };
         let plan_key = plan_key(plan, runner.context_tokens);
         let kept = checkpoints.resume(&plan_key);
         let (chunks, steps) = match &plan.mode {
@@ -269,13 +323,22 @@ impl<'r, 'a> Job<'r, 'a> {
         // again and again.
         let sampling = SamplingParams { repeat_penalty: 1.1, ..SamplingParams::greedy() };
         let params = GenerateParams { max_tokens: SUMMARY_TOKENS, sampling, ..GenerateParams::default() };
-        let (tx, rx) = mpsc::channel::<(usize, Update)>();
-        let mut tickets = Vec::new();
+        let (tx, rx) = mpsc::channel::<(usize, Reply)>();
+        let mut running = Running::default();
+        let mut remote_requests = Vec::new();
         for i in (0..n).filter(|&i| notes[i].is_none()) {
-            let Request { tokens, prefix } = request(i)?;
-            let tx = tx.clone();
-            let sink = Box::new(move |u| tx.send((i, u)).is_ok());
-            tickets.push(self.group.submit_with_prefix(tokens, prefix, params.clone(), sink).map_err(|e| SummaryError::Refused(e.to_string()))?);
+            match request(i)? {
+                Request::Local { tokens, prefix } => {
+                    let tx = tx.clone();
+                    let sink = Box::new(move |u| tx.send((i, Reply::Update(u))).is_ok());
+                    let group = self.group.as_ref().expect("a local request runs in a group");
+                    running.tickets.push(group.submit_with_prefix(tokens, prefix, params.clone(), sink).map_err(|e| SummaryError::Refused(e.to_string()))?);
+                }
+                Request::Remote(messages) => remote_requests.push((i, messages)),
+            }
+        }
+        if let Backend::Remote(remote) = self.runner.backend {
+            running.pool = Some(RemotePool::start(remote, remote_requests, params.clone(), tx.clone()));
         }
         drop(tx);
         let mut replies = vec![String::new(); n];
@@ -288,7 +351,8 @@ impl<'r, 'a> Job<'r, 'a> {
                 break Err(SummaryError::Cancelled);
             }
             let (i, update) = match rx.recv_timeout(std::time::Duration::from_millis(100)) {
-                Ok(received) => received,
+                Ok((i, Reply::Update(update))) => (i, update),
+                Ok((_, Reply::Failed(e))) => break Err(e.into()),
                 Err(mpsc::RecvTimeoutError::Timeout) => continue,
                 Err(mpsc::RecvTimeoutError::Disconnected) => break Err(SummaryError::Refused("the engine stopped".into())),
             };
@@ -323,9 +387,23 @@ impl<'r, 'a> Job<'r, 'a> {
             }
         };
         if result.is_err() {
-            tickets.iter().for_each(|t| t.cancel());
+            running.stop();
         }
         result.map(|()| notes.into_iter().map(|n| n.expect("every step done")).collect())
+    }
+}
+
+/// A step's requests in flight: the local scheduler's tickets, or the remote's workers.
+#[derive(Default)]
+struct Running {
+    tickets: Vec<Ticket>,
+    pool: Option<RemotePool>,
+}
+
+impl Running {
+    fn stop(&mut self) {
+        self.tickets.iter().for_each(Ticket::cancel);
+        self.pool = None;
     }
 }
 

@@ -39,7 +39,8 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
         (run::blocking(&app, move |app| app.engine.chat_prompt(&messages).map_err(ApiError::from)).await?, None, None)
     } else {
         let (request, read) = run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
-        (request.tokens, request.prefix, Some(read))
+        let (tokens, prefix) = request.into_local().ok_or_else(|| ApiError::internal("a question for the local engine came out for another"))?;
+        (tokens, prefix, Some(read))
     };
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
     let params = run::params(&app, &req.sampling, max_tokens, prompt.len(), top_logprobs)?;

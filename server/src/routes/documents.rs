@@ -16,7 +16,7 @@ use hillside_documents::library::Entry;
 use crate::types::{ChatExtensionReply, DocumentExcerpt};
 use hillside_documents::prompt::PromptError;
 use hillside_documents::questions;
-use hillside_documents::summarize::{count_tokens, fits_whole, plan_summary, summarize, LibraryCheckpoints, Point, Progress, Request as DocumentRequest, Runner, SummaryError};
+use hillside_documents::summarize::{count_tokens, fits_whole, plan_summary, summarize, LibraryCheckpoints, Point, Progress, Backend, Request as DocumentRequest, Runner, SummaryError};
 use hillside_documents::ingest::file_bytes;
 use hillside_documents::library::Added;
 use hillside_documents::IngestError;
@@ -304,7 +304,7 @@ pub async fn summary(State(app): State<Arc<App>>, Path(id): Path<String>) -> Res
     let flag = cancel.clone();
     tokio::task::spawn_blocking(move || {
         let docs = app.documents().expect("checked above");
-        let runner = Runner { engine: &app.engine, scheduler: &app.scheduler, context_tokens: app.context_tokens(), kv_cache: Some(&docs.kv) };
+        let runner = Runner { backend: Backend::Local { engine: &app.engine, scheduler: &app.scheduler }, context_tokens: app.context_tokens(), kv_cache: Some(&docs.kv) };
         let send = |event: SummaryEvent| serde_json::to_value(event).is_ok_and(|v| out.blocking_send(v).is_ok());
         let mut checkpoints = LibraryCheckpoints { library: &docs.library, id: &id, model_key: &docs.model_key };
         let result = summarize(&runner, &doc, &id, &mut checkpoints, &flag, &mut |progress| {
@@ -349,6 +349,7 @@ fn summary_error(e: SummaryError) -> ApiError {
         SummaryError::TooLong(_) | SummaryError::ContextTooSmall(_) => ApiError::bad_request(e.to_string()).with_code("document_too_long"),
         SummaryError::Engine(e) => e.into(),
         SummaryError::Refused(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("engine_refused"), m),
+        SummaryError::Remote(e) => ApiError::new(StatusCode::BAD_GATEWAY, "server_error", Some("remote_engine_failed"), e.to_string()),
         SummaryError::Prompt(e) => ApiError::internal(e.to_string()),
         SummaryError::Cancelled => ApiError::internal("cancelled"),
     }
@@ -381,7 +382,7 @@ pub fn question(app: &App, ids: &[String], messages: &[ChatMessage]) -> Result<(
         })?;
         documents.push((id.clone(), doc));
     }
-    let runner = Runner { engine: &app.engine, scheduler: &app.scheduler, context_tokens: app.context_tokens(), kv_cache: Some(&docs.kv) };
+    let runner = Runner { backend: Backend::Local { engine: &app.engine, scheduler: &app.scheduler }, context_tokens: app.context_tokens(), kv_cache: Some(&docs.kv) };
     let asked = questions::question(&runner, &documents, messages).map_err(|e| match e {
         PromptError::Engine(e) => e.into(),
         PromptError::NoQuestion => ApiError::bad_request(e.to_string()).with_param("messages"),
@@ -395,6 +396,9 @@ pub fn question(app: &App, ids: &[String], messages: &[ChatMessage]) -> Result<(
         .zip(&asked.excerpts)
         .map(|(id, e)| DocumentExcerpt { id: id.clone(), start: e.bytes.start, end: e.bytes.end, chunk: e.chunk, chunks: e.chunks })
         .collect();
-    let document_tokens = asked.request.prefix.as_ref().map_or(0, |p| p.tokens());
+    let document_tokens = match &asked.request {
+        DocumentRequest::Local { prefix, .. } => prefix.as_ref().map_or(0, |p| p.tokens()),
+        DocumentRequest::Remote(_) => 0,
+    };
     Ok((asked.request, ChatExtensionReply { documents: read, document_tokens }))
 }

@@ -1,0 +1,61 @@
+//! `--engine`: Hillside's own engine, or an OpenAI-compatible one elsewhere (vLLM, llama.cpp's
+//! `llama-server`, Ollama) for when one machine is not enough.
+
+use crate::config;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hillside_remote::{RemoteConfig, RemoteEngine};
+use std::sync::Arc;
+
+/// Requests a summary keeps in flight on a remote engine unless told otherwise.
+const DEFAULT_CONCURRENCY: usize = 4;
+
+#[derive(Args, Clone, Default)]
+pub struct EngineArgs {
+    /// Which engine runs the model: `local` (Hillside's own) or `openai:URL`, an
+    /// OpenAI-compatible server such as vLLM, llama.cpp's llama-server or Ollama
+    /// (`openai:http://127.0.0.1:8000/v1`) [default: local].
+    #[arg(long)]
+    pub engine: Option<String>,
+    /// The remote engine's API key.
+    #[arg(long, env = "HILLSIDE_REMOTE_API_KEY", hide_env_values = true)]
+    pub remote_api_key: Option<String>,
+    /// Which of the remote engine's models to use [default: the first it lists].
+    #[arg(long)]
+    pub remote_model: Option<String>,
+    /// Allow plain HTTP to a remote engine on another machine (documents and the key then
+    /// cross the network unencrypted).
+    #[arg(long)]
+    pub allow_insecure_remote: bool,
+}
+
+impl EngineArgs {
+    /// The remote engine these flags (over the config file's `[remote]`) name; `None` for the
+    /// local one.
+    pub fn remote_config(&self) -> Result<Option<RemoteConfig>> {
+        let file = &config::get().remote;
+        let engine = self.engine.clone().or_else(|| file.engine.clone()).unwrap_or_else(|| "local".into());
+        let url = match engine.as_str() {
+            "local" => return Ok(None),
+            other => match other.strip_prefix("openai:") {
+                Some(url) => url.to_string(),
+                None => bail!("--engine is `local` or `openai:URL`, not '{other}'"),
+            },
+        };
+        Ok(Some(RemoteConfig {
+            url,
+            api_key: self.remote_api_key.clone().or_else(|| file.api_key.clone()),
+            model: self.remote_model.clone().or_else(|| file.model.clone()),
+            allow_insecure: self.allow_insecure_remote || file.allow_insecure.unwrap_or(false),
+            context_tokens: file.context,
+            concurrency: file.concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+        }))
+    }
+
+    /// Connects to the remote engine, if one is chosen.
+    pub fn connect(&self) -> Result<Option<Arc<RemoteEngine>>> {
+        let Some(config) = self.remote_config()? else { return Ok(None) };
+        let remote = RemoteEngine::connect(&config).with_context(|| "connecting to the remote engine")?;
+        Ok(Some(Arc::new(remote)))
+    }
+}

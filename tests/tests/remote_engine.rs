@@ -1,0 +1,248 @@
+//! Hillside on a remote OpenAI-compatible engine: llama.cpp's own `llama-server` (built from the
+//! PyPI sdist by scripts/llama-cpp-build.sh, cached outside the clone) serving the default model
+//! on 127.0.0.1. A chat, a hierarchical summary with sources and a follow-up question that the
+//! remote's prefix cache serves; the remote killed mid-summary; 429s and garbage from a proxy.
+
+mod common;
+
+use hillside_documents::chunks::Mode;
+use hillside_documents::questions::question;
+use hillside_documents::summarize::{summarize, Backend, Checkpoints, Progress, Request, Runner, SummaryError};
+use hillside_documents::{read_file, Limits};
+use hillside_engine::{CancelFlag, ChatMessage, FinishReason, GenerateParams, SamplingParams};
+use hillside_remote::{RemoteConfig, RemoteEngine, RemoteError};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Each of llama-server's slots gets this context (its `-c` is shared by its slots).
+const SLOT_CONTEXT: usize = 2048;
+const SLOTS: usize = 4;
+
+/// `llama-server` on a free port, killed when dropped.
+struct LlamaServer {
+    child: Child,
+    port: u16,
+}
+
+impl LlamaServer {
+    fn start() -> Self {
+        let bin = match std::env::var_os("HILLSIDE_LLAMA_SERVER") {
+            Some(bin) => PathBuf::from(bin),
+            None => {
+                let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama-cpp-build.sh");
+                let out = Command::new(script).args(["native", "llama-server"]).stderr(Stdio::inherit()).output().unwrap();
+                assert!(out.status.success(), "building llama-server failed");
+                PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+            }
+        };
+        let port = free_port();
+        let child = Command::new(bin)
+            .args(["-m", common::model_path().to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string(), "--alias", "smollm2"])
+            .args(["-c", &(SLOT_CONTEXT * SLOTS).to_string(), "-np", &SLOTS.to_string(), "-t", "2", "--no-webui"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let server = Self { child, port };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while ureq::get(&format!("{}/health", server.url())).call().map_or(true, |r| r.status() != 200) {
+            assert!(Instant::now() < deadline, "llama-server did not become ready");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn connect(url: &str) -> Arc<RemoteEngine> {
+    Arc::new(RemoteEngine::connect(&RemoteConfig { url: url.into(), concurrency: SLOTS, ..RemoteConfig::default() }).unwrap())
+}
+
+fn greedy(max_tokens: usize) -> GenerateParams {
+    GenerateParams { max_tokens, sampling: SamplingParams::greedy(), ..GenerateParams::default() }
+}
+
+fn runner(remote: &Arc<RemoteEngine>) -> Runner<'_> {
+    Runner { backend: Backend::Remote(remote), context_tokens: remote.context_tokens(), kv_cache: None }
+}
+
+/// Keeps every finished step's note in memory.
+#[derive(Default, Clone)]
+struct Kept(Arc<Mutex<BTreeMap<String, String>>>);
+
+impl Checkpoints for Kept {
+    fn resume(&mut self, _: &str) -> BTreeMap<String, String> {
+        self.0.lock().unwrap().clone()
+    }
+    fn keep(&mut self, _: &str, _: usize, step: &str, note: &str) {
+        self.0.lock().unwrap().insert(step.to_string(), note.to_string());
+    }
+}
+
+#[test]
+fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
+    let server = LlamaServer::start();
+    let remote = connect(&server.url());
+    assert_eq!(remote.model(), "smollm2");
+    assert_eq!(remote.models().iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["smollm2"]);
+    assert_eq!(remote.context_tokens(), SLOT_CONTEXT, "the slot's context, from /props");
+    assert_eq!(remote.count_tokens("Hello world, this is a test."), 8, "counted by the remote's tokenizer");
+
+    // A chat: the streamed pieces make the reply the remote gives whole, with its counts.
+    let mut text = String::new();
+    let asked = [ChatMessage::new("user", "What is the capital of France?")];
+    let done = remote.chat(&asked, &greedy(24), &mut |t: &str| { text.push_str(t); true }).unwrap();
+    let whole: serde_json::Value = ureq::post(&format!("{}/v1/chat/completions", server.url()))
+        .send_json(serde_json::json!({"model": "smollm2", "messages": asked, "max_tokens": 24, "temperature": 0.0, "top_p": 1.0}))
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
+    assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    assert_eq!((done.prompt_tokens, done.completion_tokens), (whole["usage"]["prompt_tokens"].as_u64().unwrap() as usize, whole["usage"]["completion_tokens"].as_u64().unwrap() as usize));
+
+    // A hierarchical summary of the GPL: chunk notes and merges on the remote, sources local.
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/gpl-3.0.txt");
+    let doc = read_file(&path, &Limits::default()).unwrap();
+    let mut progress = Vec::new();
+    let summary = summarize(&runner(&remote), &doc, "gpl", &mut Kept::default(), &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
+    let Mode::Hierarchical { chunks, .. } = &summary.plan.mode else { panic!("the GPL is longer than a slot: {:?}", summary.plan) };
+    assert!(chunks.len() >= 4, "{chunks:?}");
+    assert_eq!(progress.iter().filter(|p| matches!(p, Progress::ChunkSummarized { .. })).count(), chunks.len());
+    assert!(summary.points.len() >= 2, "{:?}", summary.points);
+    assert!(summary.points.iter().any(|p| !p.sources.is_empty()), "points come with their sources: {:?}", summary.points);
+    for source in summary.points.iter().flat_map(|p| &p.sources) {
+        assert!(source.bytes.end <= doc.text.len() && source.bytes.start < source.bytes.end);
+    }
+
+    // A follow-up question: the document's chunk first, so a second question on it finds the
+    // remote's prefix cache warm.
+    let ask = |q: &str| {
+        let asked = question(&runner(&remote), &[("gpl".into(), doc.clone())], &[ChatMessage::new("user", q)]).unwrap();
+        let Request::Remote(messages) = asked.request else { panic!("a remote runner's request is messages") };
+        remote.chat(&messages, &greedy(16), &mut |_: &str| true).unwrap()
+    };
+    ask("What does the license say about patents?");
+    let again = ask("What does the license say about patent licenses?");
+    assert!(again.reused_tokens * 10 > again.prompt_tokens * 8, "the document prefix is reused: {again:?}");
+}
+
+#[test]
+fn a_remote_killed_mid_summary_gives_a_clear_error_and_keeps_only_finished_steps() {
+    let mut server = LlamaServer::start();
+    let remote = Arc::new(RemoteEngine::connect(&RemoteConfig { url: server.url(), concurrency: 1, ..RemoteConfig::default() }).unwrap());
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let doc = hillside_documents::read_bytes("pride.txt", text[..60_000].as_bytes(), &Limits::default()).unwrap();
+    let kept = Kept::default();
+    let mut checkpoints = kept.clone();
+    let mut killed = false;
+    let result = summarize(&runner(&remote), &doc, "pride", &mut checkpoints, &CancelFlag::default(), &mut |p| {
+        if matches!(p, Progress::ChunkSummarized { done: 1, .. }) && !killed {
+            killed = true;
+            server.child.kill().unwrap();
+            server.child.wait().unwrap();
+        }
+    });
+    assert!(killed, "the summary never finished a chunk");
+    let e = result.unwrap_err();
+    assert!(matches!(e, SummaryError::Remote(RemoteError::Unreachable { .. } | RemoteError::Garbage { .. })), "{e:?}");
+    assert!(e.to_string().contains(&server.url()), "the error names the remote: {e}");
+    // The chunk that finished is kept whole (a resume starts after it); no half-written note.
+    let kept = kept.0.lock().unwrap().clone();
+    assert!(!kept.is_empty() && kept.keys().all(|k| k.starts_with("chunk ")), "{kept:?}");
+    assert!(kept.values().all(|note| !note.is_empty()));
+}
+
+/// A proxy in front of `upstream` that answers the first `busy` chat completions 429 (with
+/// `Retry-After`) and, with `garbage`, every one after with a page of HTML; the rest pass.
+fn proxy(upstream: u16, busy: usize, garbage: bool) -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let count = refused.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let count = count.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(client.try_clone().unwrap());
+                let mut head = String::new();
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap();
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if !line.to_ascii_lowercase().starts_with("connection:") {
+                        head.push_str(&line);
+                    }
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).unwrap();
+                let mut client = client;
+                if head.contains("/chat/completions") {
+                    if count.fetch_add(1, Ordering::SeqCst) < busy {
+                        let _ = client.write_all(b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 0.2\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                        return;
+                    }
+                    if garbage {
+                        let page = "<html><body>502 Bad Gateway</body></html>";
+                        let _ = write!(client, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\ndata: {page}\n\n", page.len() + 8);
+                        return;
+                    }
+                }
+                let mut up = TcpStream::connect(("127.0.0.1", upstream)).unwrap();
+                up.write_all(head.as_bytes()).unwrap();
+                up.write_all(b"Connection: close\r\n\r\n").unwrap();
+                up.write_all(&body).unwrap();
+                let _ = std::io::copy(&mut up, &mut client);
+            });
+        }
+    });
+    (port, refused)
+}
+
+#[test]
+fn busy_answers_are_retried_as_the_remote_asks_and_garbage_is_a_clear_error() {
+    let server = LlamaServer::start();
+    let (port, seen) = proxy(server.port, 3, false);
+    let remote = connect(&format!("http://127.0.0.1:{port}/v1"));
+    let mut text = String::new();
+    let done = remote.chat(&[ChatMessage::new("user", "Say hello.")], &greedy(8), &mut |t: &str| { text.push_str(t); true }).unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 4, "three 429s, then the answer");
+    assert!(!text.is_empty() && done.finish_reason != FinishReason::Cancelled, "{done:?}");
+
+    // Busy for good: the retries end, and the error says so.
+    let (port, _) = proxy(server.port, usize::MAX, false);
+    let e = connect(&format!("http://127.0.0.1:{port}")).chat(&[ChatMessage::new("user", "Hi")], &greedy(4), &mut |_: &str| true).unwrap_err();
+    assert!(matches!(e, RemoteError::Busy { status: 429, .. }), "{e:?}");
+
+    let (port, _) = proxy(server.port, 0, true);
+    let e = connect(&format!("http://127.0.0.1:{port}")).chat(&[ChatMessage::new("user", "Hi")], &greedy(4), &mut |_: &str| true).unwrap_err();
+    assert!(matches!(&e, RemoteError::Garbage { why, .. } if why.contains("502 Bad Gateway")), "{e:?}");
+}
