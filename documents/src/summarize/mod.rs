@@ -5,7 +5,8 @@
 //!
 //! A summary is one job for the scheduler however long the document: its requests form one
 //! [`Group`], which counts as one queued request and starts them as slots free, batched with
-//! whatever else runs. Each step's note is kept as it finishes ([`Checkpoints`]), so that a
+//! whatever else runs. On a remote engine ([`Backend::Remote`]) a few workers keep that many
+//! requests in flight instead, for the remote to batch. Each step's note is kept as it finishes ([`Checkpoints`]), so that a
 //! summary stopped by a crash, a kill or the user resumes where it stopped.
 
 mod checkpoints;
