@@ -5,7 +5,8 @@
 //! (in memory, as in the same run), and after a restart (from the kept file).
 
 use crate::bench::{cpu_name, peak_rss_mb};
-use crate::{load_engine, models, ModelArgs};
+use crate::engine_choice::EngineArgs;
+use crate::{bench_engines, load_engine, models, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_documents::chunks::{cut, plan, Mode};
@@ -14,7 +15,7 @@ use hillside_documents::prompt::best_chunk;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
 use hillside_documents::summarize::{chunk_notes, count_tokens, fits_whole, summarize, Backend, NoCheckpoints, Runner, RESERVE_TOKENS};
-use hillside_documents::{read_file, Document, Library, Limits};
+use hillside_documents::{read_bytes, read_file, Document, Library, Limits};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
@@ -27,6 +28,14 @@ use std::time::Instant;
 pub struct DocsBenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// With `openai:URL`: only time to a summary of each document, here and on that engine
+    /// (the same context and requests in flight), side by side.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// With --engine: the book's first this many bytes (a slice, so that both engines finish
+    /// in minutes).
+    #[arg(long, default_value_t = 60_000)]
+    pub long_slice_bytes: usize,
     /// A document that fits the context, summarized in one pass and then asked about
     /// (default: ../shared/data/gpl-3.0.txt).
     #[arg(long)]
@@ -209,6 +218,11 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
     let long_path = args.long.clone().unwrap_or_else(|| shared("pride-and-prejudice.txt"));
     let whole_doc = read_file(&whole_path, &Limits::default()).with_context(|| whole_path.display().to_string())?;
     let long_doc = read_file(&long_path, &Limits::default()).with_context(|| long_path.display().to_string())?;
+    if let Some(remote) = args.engine.connect()? {
+        let cut = long_doc.text.floor_char_boundary(args.long_slice_bytes.min(long_doc.text.len()));
+        let slice = read_bytes(&format!("{} (first {cut} bytes)", long_doc.name), long_doc.text[..cut].as_bytes(), &Limits::default())?;
+        return bench_engines::compare(&args.model, &remote, &[whole_doc, slice], &args.json);
+    }
     let model_path = models::resolve(args.model.model())?;
     let engine = Arc::new(load_engine(&args.model)?);
     let context = engine.model().kv_shape(args.model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;

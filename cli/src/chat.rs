@@ -4,8 +4,9 @@ use crate::{load_engine, ChatArgs, GenerateArgs};
 use anyhow::Result;
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Sequence, Summary};
 use indicatif::{ProgressBar, ProgressStyle};
+use hillside_remote::RemoteEngine;
 use std::io::{BufRead, Write};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The generation Ctrl-C should stop; with none running, Ctrl-C quits.
 static INTERRUPTIBLE: Mutex<Option<CancelFlag>> = Mutex::new(None);
@@ -81,14 +82,63 @@ pub fn generate_once(args: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+/// Where `hillside chat` sends each turn.
+enum Chatting {
+    /// The local engine, with the conversation's sequence (its cached prefix is reused, so each
+    /// turn reads only the new message).
+    Local { engine: Engine, seq: Sequence },
+    Remote(Arc<RemoteEngine>),
+}
+
+impl Chatting {
+    fn name(&self) -> String {
+        match self {
+            Chatting::Local { engine, .. } => engine.model().config.architecture.name().to_string(),
+            Chatting::Remote(remote) => format!("{} on {}", remote.model(), remote.url()),
+        }
+    }
+
+    /// Streams the reply to `messages` into stdout.
+    fn reply(&mut self, messages: &[ChatMessage], params: &GenerateParams) -> Result<String> {
+        match self {
+            Chatting::Local { engine, seq } => {
+                let prompt = engine.chat_prompt(messages)?;
+                Ok(stream_reply(engine, seq, &prompt, params)?.0)
+            }
+            Chatting::Remote(remote) => {
+                let (mut reply, mut stdout) = (String::new(), std::io::stdout());
+                let cancel = CancelFlag::default();
+                *INTERRUPTIBLE.lock().expect("interrupt slot") = Some(cancel.clone());
+                let mut sink = |text: &str| {
+                    reply.push_str(text);
+                    let _ = stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush());
+                    !cancel.is_cancelled()
+                };
+                let summary = remote.chat(messages, params, &mut sink);
+                *INTERRUPTIBLE.lock().expect("interrupt slot") = None;
+                let summary = summary?;
+                println!();
+                eprintln!("[{} prompt tokens ({} cached), first token after {:.0} ms · {} tokens · {:?}]", summary.prompt_tokens, summary.reused_tokens, summary.prefill_ms, summary.completion_tokens, summary.finish_reason);
+                Ok(reply)
+            }
+        }
+    }
+}
+
 pub fn chat(args: &ChatArgs) -> Result<()> {
-    let engine = load_engine(&args.model)?;
+    let mut chatting = match args.engine.connect()? {
+        Some(remote) => Chatting::Remote(remote),
+        None => {
+            let engine = load_engine(&args.model)?;
+            let seq = args.model.new_sequence(&engine)?;
+            Chatting::Local { engine, seq }
+        }
+    };
     install_interrupt_handler()?;
     let params = args.sampling.params();
-    let mut seq = args.model.new_sequence(&engine)?;
     let system: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
     let mut messages = system.clone();
-    eprintln!("Hillside chat · {} · Ctrl-C stops a reply, /reset starts over, /exit quits", engine.model().config.architecture.name());
+    eprintln!("Hillside chat · {} · Ctrl-C stops a reply, /reset starts over, /exit quits", chatting.name());
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -111,11 +161,8 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
             _ => {}
         }
         messages.push(ChatMessage::new("user", input));
-        // The whole conversation is rendered each turn; the cached prefix is reused, so only
-        // the new message is read.
-        let result = engine.chat_prompt(&messages).map_err(anyhow::Error::from).and_then(|prompt| stream_reply(&engine, &mut seq, &prompt, &params));
-        match result {
-            Ok((reply, _)) => messages.push(ChatMessage::new("assistant", reply)),
+        match chatting.reply(&messages, &params) {
+            Ok(reply) => messages.push(ChatMessage::new("assistant", reply)),
             Err(e) => {
                 messages.pop();
                 eprintln!("error: {e:#}\n(type /reset to start a new conversation)");

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_docs;
+mod bench_engines;
 mod bench_ingest;
 mod bench_kv;
 mod bench_recall;
@@ -320,6 +321,8 @@ impl SamplingArgs {
 pub struct ChatArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: engine_choice::EngineArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// A system prompt.

@@ -1,12 +1,12 @@
 //! `hillside serve`: the local OpenAI-compatible endpoint over the loaded model.
 
 use crate::docs::DocumentsArgs;
+use crate::engine_choice::EngineArgs;
 use crate::{config, load_engine, models, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use hillside_engine::scheduler::SchedulerConfig;
-use hillside_engine::Engine;
-use hillside_server::{App, ChosenPaths, ServerConfig};
+use hillside_server::{App, ChosenPaths, EngineChoice, ServerConfig};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +15,8 @@ use std::sync::Arc;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     #[command(flatten)]
     pub documents: DocumentsArgs,
     /// Address to listen on; anything but loopback exposes the model to the network
@@ -91,9 +93,10 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")
 }
 
-/// Loads the model and makes the server's configuration, as `hillside serve` runs it: each flag
-/// over its `[server]` key over the default. `chosen_paths`: the desktop app's files.
-pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Result<(Arc<Engine>, ServerConfig)> {
+/// Loads the model (or connects to the remote engine) and makes the server's configuration, as
+/// `hillside serve` runs it: each flag over its `[server]` key over the default.
+/// `chosen_paths`: the desktop app's files.
+pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Result<(EngineChoice, ServerConfig)> {
     let file = &config::get().server;
     let max_live = args.max_live.or(file.max_live).unwrap_or(4);
     if max_live == 0 {
@@ -103,13 +106,23 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
     if hillside_server::AllowedOrigins::parse(&cors_origins).map_err(anyhow::Error::msg).context("--cors-origin")? == hillside_server::AllowedOrigins::Any {
         eprintln!("warning: --cors-origin '*' lets every web page the user opens call this server");
     }
-    let path = models::resolve(args.model.model())?;
-    let engine = Arc::new(load_engine(&args.model)?);
-    let (model_id, model_aliases) = model_names(args.model.model(), &path);
-    let mut documents = args.documents.config(&path)?;
+    let (engine, model_id, model_aliases, installed_models, mut documents) = match args.engine.connect()? {
+        Some(remote) => {
+            // Requests name the remote's model; `/v1/models` lists what the remote serves.
+            let documents = args.documents.config_for(format!("remote {} {}", remote.url(), remote.model()))?;
+            let installed = remote.models().iter().map(|m| m.id.clone()).collect();
+            (EngineChoice::Remote(remote.clone()), remote.model().to_string(), Vec::new(), installed, documents)
+        }
+        None => {
+            let path = models::resolve(args.model.model())?;
+            let engine = Arc::new(load_engine(&args.model)?);
+            let (model_id, model_aliases) = model_names(args.model.model(), &path);
+            (EngineChoice::Local(engine), model_id, model_aliases, models::installed_names(), args.documents.config(&path)?)
+        }
+    };
     documents.chosen_paths = chosen_paths;
     let config = ServerConfig {
-        installed_models: models::installed_names(),
+        installed_models,
         model_id,
         model_aliases,
         api_key: args.api_key.clone().or_else(|| file.api_key.clone()).filter(|k| !k.is_empty()),

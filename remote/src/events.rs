@@ -55,8 +55,12 @@ struct Payload {
 
 #[derive(Deserialize)]
 struct Choice {
+    /// A chat completion's piece.
     #[serde(default)]
     delta: Option<Delta>,
+    /// A text completion's piece.
+    #[serde(default)]
+    text: Option<String>,
     #[serde(default)]
     finish_reason: Option<String>,
 }
@@ -97,7 +101,7 @@ fn parse(data: &str) -> Result<Vec<Chunk>, String> {
     }
     let mut chunks = Vec::new();
     for choice in payload.choices {
-        if let Some(text) = choice.delta.and_then(|d| d.content).filter(|t| !t.is_empty()) {
+        if let Some(text) = choice.delta.and_then(|d| d.content).or(choice.text).filter(|t| !t.is_empty()) {
             chunks.push(Chunk::Text(text));
         }
         if let Some(reason) = choice.finish_reason {
@@ -132,6 +136,8 @@ mod tests {
         }
         let usage = Usage { prompt_tokens: 9, completion_tokens: 1, prompt_tokens_details: Some(PromptDetails { cached_tokens: Some(4) }) };
         assert_eq!(got, [Chunk::Nothing, Chunk::Text("Hi".into()), Chunk::Finished("stop".into()), Chunk::Usage(usage), Chunk::Done]);
+        let text_completion = "data: {\"choices\":[{\"text\":\" there\",\"finish_reason\":\"length\"}]}\n";
+        assert_eq!(next(&mut text_completion.as_bytes()).unwrap().unwrap(), [Chunk::Text(" there".into()), Chunk::Finished("length".into())]);
     }
 
     #[test]

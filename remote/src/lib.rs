@@ -3,7 +3,7 @@
 //!
 //! [`RemoteEngine`] is a blocking client, like the worker threads that call it: it lists the
 //! remote's models, learns its context, counts tokens with the remote's own tokenizer where it
-//! offers one, and streams chat completions, retrying 429 and 503 as `Retry-After` asks. The
+//! offers one, and streams chat and text completions, retrying 429 and 503 as `Retry-After` asks. The
 //! API key goes in the `Authorization` header and nowhere else (no log, no `Debug`).
 
 mod endpoint;
@@ -186,9 +186,26 @@ impl RemoteEngine {
     /// token counts (and its cached prompt tokens, where it reports them) and the time to the
     /// first token as `prefill_ms`. 429s and 503s before the reply starts are retried.
     pub fn chat(&self, messages: &[ChatMessage], params: &GenerateParams, sink: &mut dyn ReplySink) -> Result<Summary, RemoteError> {
+        let mut body = self.body(params);
+        body["messages"] = serde_json::to_value(messages).expect("messages serialize");
+        self.stream("chat/completions", &body, sink)
+    }
+
+    /// The same for a raw `prompt` continued without a chat template (`/v1/completions`).
+    pub fn complete(&self, prompt: &str, params: &GenerateParams, sink: &mut dyn ReplySink) -> Result<Summary, RemoteError> {
+        let mut body = self.body(params);
+        body["prompt"] = prompt.into();
+        self.stream("completions", &body, sink)
+    }
+
+    /// Whether the remote answers now (it lists its models).
+    pub fn reachable(&self) -> Result<(), RemoteError> {
+        self.list_models().map(|_| ())
+    }
+
+    fn stream(&self, path: &str, body: &serde_json::Value, sink: &mut dyn ReplySink) -> Result<Summary, RemoteError> {
         let started = Instant::now();
-        let body = self.chat_body(messages, params);
-        let response = self.post("chat/completions", &body)?;
+        let response = self.post(path, body)?;
         let mut reader = BufReader::new(response.into_body().into_reader());
         let (mut usage, mut finish, mut first_text) = (None, None, None);
         let mut pieces = 0;
@@ -216,11 +233,11 @@ impl RemoteEngine {
         }
     }
 
-    fn chat_body(&self, messages: &[ChatMessage], params: &GenerateParams) -> serde_json::Value {
+    /// A streamed request's fields for `params`, without the prompt.
+    fn body(&self, params: &GenerateParams) -> serde_json::Value {
         let s = &params.sampling;
         let mut body = serde_json::json!({
             "model": self.model,
-            "messages": messages,
             "stream": true,
             "stream_options": {"include_usage": true},
             "max_tokens": params.max_tokens,

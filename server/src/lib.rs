@@ -9,6 +9,7 @@
 //! limit, CORS only for origins the user names.
 
 mod auth;
+mod backend;
 mod conversations;
 mod cross_site;
 mod documents;
@@ -22,6 +23,7 @@ pub mod settings;
 pub mod types;
 mod web_ui;
 
+pub use backend::{Backend, EngineChoice};
 pub use cross_site::AllowedOrigins;
 pub use documents::{ChosenPaths, DocumentsConfig};
 pub use web_ui::is_built as web_ui_is_built;
@@ -34,6 +36,8 @@ use axum::Router;
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
 use conversations::Conversations;
 use documents::Documents;
+use hillside_documents::kv_cache::DocumentKvCache;
+use hillside_documents::summarize::{self, Runner};
 use hillside_engine::{Engine, SamplingParams};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,8 +72,7 @@ pub struct ServerConfig {
 
 /// Shared by every request.
 pub struct App {
-    pub engine: Arc<Engine>,
-    pub scheduler: Scheduler,
+    pub backend: Backend,
     pub config: ServerConfig,
     documents: Option<Documents>,
     conversations: Option<Conversations>,
@@ -77,19 +80,49 @@ pub struct App {
     /// Response ids: a random per-process prefix and a counter.
     id_prefix: String,
     next_id: AtomicU64,
+    /// Set once the shutdown's grace period is over: replies streaming from a remote engine
+    /// end (the local scheduler cancels its own).
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl App {
-    /// Opens the document library (if configured) and starts the scheduler; `Err` says why
-    /// the library cannot be opened (another Hillside holds it, say), or which CORS origin is
-    /// not one.
-    pub fn new(engine: Arc<Engine>, config: ServerConfig) -> Result<Arc<Self>, String> {
+    /// Opens the document library (if configured) and starts the scheduler (on the local
+    /// engine); `Err` says why the library cannot be opened (another Hillside holds it, say),
+    /// or which CORS origin is not one.
+    pub fn new(engine: impl Into<EngineChoice>, config: ServerConfig) -> Result<Arc<Self>, String> {
         let allowed_origins = cross_site::AllowedOrigins::parse(&config.cors_origins)?;
         let documents = config.documents.as_ref().map(Documents::open).transpose()?;
         let conversations = config.documents.as_ref().map(|d| Conversations::open(&d.dir.join("conversations.redb"))).transpose()?;
-        let scheduler = Scheduler::start(engine.clone(), config.scheduler.clone());
+        let backend = match engine.into() {
+            EngineChoice::Local(engine) => Backend::Local { scheduler: Scheduler::start(engine.clone(), config.scheduler.clone()), engine },
+            EngineChoice::Remote(remote) => Backend::Remote(remote),
+        };
         let id_prefix = format!("{:08x}", rand::random::<u32>());
-        Ok(Arc::new(Self { engine, scheduler, config, documents, conversations, allowed_origins, id_prefix, next_id: AtomicU64::new(1) }))
+        Ok(Arc::new(Self { backend, config, documents, conversations, allowed_origins, id_prefix, next_id: AtomicU64::new(1), stopping: Arc::default() }))
+    }
+
+    /// The local engine and its scheduler; on a remote engine, the error for a route that
+    /// needs them.
+    pub fn local(&self) -> Result<(&Arc<Engine>, &Scheduler), ApiError> {
+        match &self.backend {
+            Backend::Local { engine, scheduler } => Ok((engine, scheduler)),
+            Backend::Remote(remote) => Err(backend::needs_local_engine(remote)),
+        }
+    }
+
+    /// The local engine's scheduler; `None` on a remote engine.
+    pub fn scheduler(&self) -> Option<&Scheduler> {
+        self.local().ok().map(|(_, scheduler)| scheduler)
+    }
+
+    /// What summaries and questions run on, with documents' K/V kept in `kv_cache` (local
+    /// engine only).
+    fn runner<'a>(&'a self, kv_cache: Option<&'a Arc<DocumentKvCache>>) -> Runner<'a> {
+        let backend = match &self.backend {
+            Backend::Local { engine, scheduler } => summarize::Backend::Local { engine, scheduler },
+            Backend::Remote(remote) => summarize::Backend::Remote(remote),
+        };
+        Runner { backend, context_tokens: self.context_tokens(), kv_cache: kv_cache.filter(|_| matches!(self.backend, Backend::Local { .. })) }
     }
 
     fn documents(&self) -> Result<&Documents, ApiError> {
@@ -103,10 +136,15 @@ impl App {
         format!("{kind}-{}-{}", self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Each sequence's context in tokens.
+    /// Each sequence's context in tokens (on a remote engine, each request's).
     fn context_tokens(&self) -> usize {
-        let model = self.engine.model();
-        model.kv_shape(self.config.scheduler.context_tokens.unwrap_or(model.config.context_tokens)).max_tokens
+        match &self.backend {
+            Backend::Local { engine, .. } => {
+                let model = engine.model();
+                model.kv_shape(self.config.scheduler.context_tokens.unwrap_or(model.config.context_tokens)).max_tokens
+            }
+            Backend::Remote(remote) => remote.context_tokens(),
+        }
     }
 
     /// A request may name the loaded model (any of its names) or none.
@@ -182,11 +220,17 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Arc<App>, shutdown: i
         tracing::info!(grace_s = grace.as_secs(), "shutting down: finishing in-flight requests");
         // Ends the streams of whatever is still running once the grace period is over, which
         // lets the connections (and so `axum::serve`) finish.
-        tokio::task::spawn_blocking(move || draining.scheduler.shutdown(grace));
+        match draining.scheduler().is_some() {
+            true => drop(tokio::task::spawn_blocking(move || draining.scheduler().map(|s| s.shutdown(grace)))),
+            false => drop(tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                draining.stopping.store(true, Ordering::Relaxed);
+            })),
+        }
     };
     let service = router(app.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, service).with_graceful_shutdown(signal).await?;
     // The connections are closed; make sure the worker is gone too (a no-op if it is).
-    tokio::task::spawn_blocking(move || app.scheduler.shutdown(Duration::ZERO)).await.ok();
+    tokio::task::spawn_blocking(move || app.scheduler().map(|s| s.shutdown(Duration::ZERO))).await.ok();
     Ok(())
 }

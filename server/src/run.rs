@@ -1,16 +1,20 @@
-//! Between HTTP and the scheduler: request fields become engine parameters (checked, with 400s
-//! that name the field), a generation is submitted, and its updates come back either collected
-//! (a plain reply) or as server-sent events. A request that goes away cancels its sequence: the
-//! [`Running`] guard cancels on drop, and a stream whose client left stops at once.
+//! Between HTTP and the engine: request fields become engine parameters (checked, with 400s
+//! that name the field), a generation is submitted (to the scheduler, or to the remote engine),
+//! and its updates come back either collected (a plain reply) or as server-sent events. A
+//! request that goes away cancels its sequence: the [`Running`] guard cancels on drop, and a
+//! stream whose client left stops at once.
 
+use crate::backend::remote_error;
 use crate::error::ApiError;
-use crate::types::{SamplingFields, Stop};
+use crate::types::{SamplingFields, Stop as StopStrings};
 use crate::App;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use hillside_engine::scheduler::{KeptPrefix, Ticket, Update};
-use hillside_engine::{Event, FinishReason, GenerateParams, SamplingParams, Summary, TokenLogprob};
+use hillside_engine::{ChatMessage, Event, FinishReason, GenerateParams, SamplingParams, Summary, TokenLogprob};
+use hillside_remote::RemoteEngine;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -52,8 +56,8 @@ pub fn params(app: &App, f: &SamplingFields, max_tokens: Option<usize>, prompt_t
     sampling.validate().map_err(ApiError::from)?;
     let stop = match &f.stop {
         None => Vec::new(),
-        Some(Stop::One(s)) => vec![s.clone()],
-        Some(Stop::Many(v)) => v.clone(),
+        Some(StopStrings::One(s)) => vec![s.clone()],
+        Some(StopStrings::Many(v)) => v.clone(),
     };
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::bad_request("stop strings must not be empty").with_param("stop"));
@@ -72,25 +76,59 @@ pub fn params(app: &App, f: &SamplingFields, max_tokens: Option<usize>, prompt_t
     })
 }
 
-/// A submitted generation; dropping it cancels the sequence.
+/// A submitted generation; dropping it cancels the sequence (or the remote's reply).
 pub struct Running {
-    updates: mpsc::UnboundedReceiver<Update>,
-    ticket: Ticket,
+    updates: mpsc::UnboundedReceiver<Result<Update, ApiError>>,
+    stop: Stop,
+}
+
+/// How a generation is stopped.
+enum Stop {
+    Ticket(Ticket),
+    Flag(Arc<AtomicBool>),
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.ticket.cancel();
+        match &self.stop {
+            Stop::Ticket(ticket) => ticket.cancel(),
+            Stop::Flag(flag) => flag.store(true, Ordering::Relaxed),
+        }
     }
 }
 
-/// Submits `prompt`, whose first tokens' K/V may be kept elsewhere (`prefix`: a document's).
+/// Submits `prompt` to the local engine; its first tokens' K/V may be kept elsewhere
+/// (`prefix`: a document's).
 pub fn submit(app: &App, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams) -> Result<Running, ApiError> {
+    let (_, scheduler) = app.local()?;
     let (tx, updates) = mpsc::unbounded_channel();
     // Unbounded, so the scheduler never waits on a slow client; a generation is bounded by
     // its max_tokens anyway.
-    let ticket = app.scheduler.submit_with_prefix(prompt, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
-    Ok(Running { updates, ticket })
+    let ticket = scheduler.submit_with_prefix(prompt, prefix, params, Box::new(move |u| tx.send(Ok(u)).is_ok()))?;
+    Ok(Running { updates, stop: Stop::Ticket(ticket) })
+}
+
+/// What a remote engine is asked.
+pub enum RemotePrompt {
+    Chat(Vec<ChatMessage>),
+    Text(String),
+}
+
+/// Submits `prompt` to the remote engine: its reply streams in on a blocking thread, and ends
+/// at its next piece once the client leaves or the shutdown's grace period is over.
+pub fn submit_remote(app: &App, remote: &Arc<RemoteEngine>, prompt: RemotePrompt, params: GenerateParams) -> Running {
+    let (tx, updates) = mpsc::unbounded_channel();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (remote, flag, stopping) = (remote.clone(), stop.clone(), app.stopping.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut sink = |text: &str| !flag.load(Ordering::Relaxed) && !stopping.load(Ordering::Relaxed) && tx.send(Ok(Update::Event(Event::Text(text.to_string())))).is_ok();
+        let reply = match prompt {
+            RemotePrompt::Chat(messages) => remote.chat(&messages, &params, &mut sink),
+            RemotePrompt::Text(text) => remote.complete(&text, &params, &mut sink),
+        };
+        let _ = tx.send(reply.map(|summary| Update::Done(Ok(summary))).map_err(remote_error));
+    });
+    Running { updates, stop: Stop::Flag(stop) }
 }
 
 /// A generation as its consumers see it: text with the log-probabilities of the tokens that
@@ -104,7 +142,11 @@ impl Running {
     /// The next piece; `None` after the end. A generation ended by shutdown is an error.
     async fn next(&mut self, pending: &mut Vec<TokenLogprob>) -> Option<Result<Piece, ApiError>> {
         loop {
-            match self.updates.recv().await? {
+            let update = match self.updates.recv().await? {
+                Ok(update) => update,
+                Err(e) => return Some(Err(e)),
+            };
+            match update {
                 Update::Event(Event::Prefill { .. }) => {}
                 Update::Event(Event::Logprob(lp)) => pending.push(lp),
                 Update::Event(Event::Text(text)) => return Some(Ok(Piece::Text { text, logprobs: std::mem::take(pending) })),

@@ -1,9 +1,14 @@
 //! Hillside on a remote OpenAI-compatible engine: llama.cpp's own `llama-server` (built from the
 //! PyPI sdist by scripts/llama-cpp-build.sh, cached outside the clone) serving the default model
 //! on 127.0.0.1. A chat, a hierarchical summary with sources and a follow-up question that the
-//! remote's prefix cache serves; the remote killed mid-summary; 429s and garbage from a proxy.
+//! remote's prefix cache serves; the remote killed mid-summary; 429s and garbage from a proxy;
+//! `hillside serve` on the remote: the API, the documents routes, the tier view refused.
 
 mod common;
+
+use common::server::Server;
+use hillside_server::{DocumentsConfig, ServerConfig};
+use serde_json::{json, Value};
 
 use hillside_documents::chunks::Mode;
 use hillside_documents::questions::question;
@@ -245,4 +250,73 @@ fn busy_answers_are_retried_as_the_remote_asks_and_garbage_is_a_clear_error() {
     let (port, _) = proxy(server.port, 0, true);
     let e = connect(&format!("http://127.0.0.1:{port}")).chat(&[ChatMessage::new("user", "Hi")], &greedy(4), &mut |_: &str| true).unwrap_err();
     assert!(matches!(&e, RemoteError::Garbage { why, .. } if why.contains("502 Bad Gateway")), "{e:?}");
+}
+
+#[test]
+fn the_server_on_a_remote_engine_serves_the_api_and_documents_and_refuses_the_tier_view() {
+    let mut llama = LlamaServer::start();
+    let remote = connect(&llama.url());
+    let dir = common::Scratch::new("remote-server");
+    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 200_000, model_key: "remote-test".into(), chosen_paths: None };
+    let config = ServerConfig { model_id: remote.model().into(), model_aliases: Vec::new(), installed_models: vec![remote.model().into()], documents: Some(documents), ..common::server::config() };
+    let s = Server::start_on(remote.clone(), config);
+
+    assert_eq!(s.get("/v1/models").1["data"][0]["id"], "smollm2");
+    let (status, health) = s.get("/health");
+    assert_eq!((status, health["status"].as_str()), (200, Some("ok")), "{health}");
+    let config = s.get("/v1/hillside/config").1;
+    assert_eq!((config["engine"].as_str(), config["context_tokens"].as_u64()), (Some(format!("openai:{}/v1", llama.url()).as_str()), Some(SLOT_CONTEXT as u64)), "{config}");
+    for path in ["/v1/hillside/tiers", "/v1/hillside/sequences"] {
+        let (status, refused) = s.get(path);
+        assert_eq!((status, refused["error"]["code"].as_str()), (409, Some("engine_is_remote")), "{path}: {refused}");
+    }
+
+    // Chat, whole and streamed, is the remote's own reply.
+    // Greedy, and no repeat penalty: the server's own default sampling would otherwise apply.
+    let asked = json!({"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 12, "temperature": 0, "repeat_penalty": 1.0});
+    let (status, whole) = s.post("/v1/chat/completions", &asked);
+    assert_eq!(status, 200, "{whole}");
+    let direct: Value = ureq::post(&format!("{}/v1/chat/completions", llama.url())).send_json(&asked).unwrap().body_mut().read_json().unwrap();
+    assert_eq!(whole["choices"][0]["message"]["content"], direct["choices"][0]["message"]["content"]);
+    assert_eq!(whole["usage"]["completion_tokens"], direct["usage"]["completion_tokens"]);
+    let streamed: String = s
+        .stream("/v1/chat/completions", &json!({"stream": true, "messages": asked["messages"], "max_tokens": 12, "temperature": 0, "repeat_penalty": 1.0}))
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(streamed, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    let (status, completion) = s.post("/v1/completions", &json!({"prompt": "The sky is", "max_tokens": 4, "temperature": 0}));
+    assert_eq!(status, 200, "{completion}");
+    assert!(!completion["choices"][0]["text"].as_str().unwrap().is_empty(), "{completion}");
+    let (status, refused) = s.post("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 4}));
+    assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("prompt")), "token ids need the local vocabulary: {refused}");
+
+    // A document: added (tokens counted by the remote), summarized there, asked about.
+    let gpl = common::shared_document("gpl-3.0.txt");
+    let (status, added) = common::server::upload(&s.base, "gpl.txt", gpl.as_bytes(), &[]);
+    assert_eq!(status, 201, "{added}");
+    let id = added["id"].as_str().unwrap().to_string();
+    let (tokens, counted) = (added["tokens"].as_u64().unwrap() as f64, remote.count_tokens(&gpl) as f64);
+    assert!((tokens - counted).abs() < counted * 0.02, "the remote's tokenizer counted the document: {tokens} against {counted}");
+    let events: Vec<Value> = s.stream(&format!("/v1/hillside/documents/{id}/summary"), &json!({})).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+    let summary = events.last().unwrap();
+    assert_eq!(summary["object"], "hillside.summary", "{summary}");
+    assert!(summary["points"].as_array().is_some_and(|p| !p.is_empty()), "{summary}");
+    let ask = |q: &str| s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": q}], "max_tokens": 8, "temperature": 0, "hillside": {"documents": [id]}}));
+    assert_eq!(ask("What does it say about patents?").0, 200);
+    let (status, again) = ask("What does it say about patent licenses?");
+    assert_eq!(status, 200, "{again}");
+    let (prompt, cached) = (again["usage"]["prompt_tokens"].as_u64().unwrap(), again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+    assert!(cached * 10 > prompt * 8, "the remote's prefix cache served the document: {again}");
+
+    // The remote gone: health and chat say so, and the server stays up.
+    llama.child.kill().unwrap();
+    llama.child.wait().unwrap();
+    let (status, down) = s.get("/health");
+    assert_eq!((status, down["error"]["code"].as_str()), (502, Some("remote_engine_failed")), "{down}");
+    let (status, failed) = s.post("/v1/chat/completions", &asked);
+    assert_eq!(status, 502, "{failed}");
+    assert!(failed["error"]["message"].as_str().unwrap().contains(&llama.url()), "{failed}");
+    assert_eq!(s.get("/v1/models").0, 200);
 }

@@ -4,9 +4,10 @@
 use crate::error::{ApiError, GenerationErrors};
 use crate::extract::JsonBody;
 use crate::routes::documents;
-use crate::run::{self, Piece};
+use crate::run::{self, Piece, RemotePrompt};
 use crate::types::*;
-use crate::{unix_now_s, App};
+use crate::{unix_now_s, App, Backend};
+use hillside_documents::summarize::Request as DocumentRequest;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -35,16 +36,40 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
     };
     let documents = req.hillside.as_ref().map(|h| h.documents.clone()).unwrap_or_default();
     documents::check_ids(&documents)?;
-    let (prompt, prefix, read) = if documents.is_empty() {
-        (run::blocking(&app, move |app| app.engine.chat_prompt(&messages).map_err(ApiError::from)).await?, None, None)
-    } else {
-        let (request, read) = run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
-        let (tokens, prefix) = request.into_local().ok_or_else(|| ApiError::internal("a question for the local engine came out for another"))?;
-        (tokens, prefix, Some(read))
-    };
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
-    let params = run::params(&app, &req.sampling, max_tokens, prompt.len(), top_logprobs)?;
-    let running = run::submit(&app, prompt, prefix, params)?;
+    let (running, read) = match &app.backend {
+        Backend::Local { .. } => {
+            let (prompt, prefix, read) = if documents.is_empty() {
+                (run::blocking(&app, move |app| app.local()?.0.chat_prompt(&messages).map_err(ApiError::from)).await?, None, None)
+            } else {
+                let (request, read) = run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
+                let (tokens, prefix) = request.into_local().ok_or_else(|| ApiError::internal("a question for the local engine came out for another"))?;
+                (tokens, prefix, Some(read))
+            };
+            let params = run::params(&app, &req.sampling, max_tokens, prompt.len(), top_logprobs)?;
+            (run::submit(&app, prompt, prefix, params)?, read)
+        }
+        Backend::Remote(remote) => {
+            if top_logprobs.is_some() {
+                return Err(ApiError::bad_request("log-probabilities are not available from the remote engine this server runs on").with_param("logprobs"));
+            }
+            let (messages, read) = if documents.is_empty() {
+                (messages, None)
+            } else {
+                let (request, read) = run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
+                match request {
+                    DocumentRequest::Remote(messages) => (messages, Some(read)),
+                    DocumentRequest::Local { .. } => return Err(ApiError::internal("a question for the remote engine came out for the local one")),
+                }
+            };
+            // The remote applies its own template; its tokenizer counts the messages' text,
+            // which is what the context check needs within a few tokens.
+            let text: String = messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
+            let prompt_tokens = run::blocking(&app, move |app| Ok(app.runner(None).count_tokens(&text).max(1))).await?;
+            let params = run::params(&app, &req.sampling, max_tokens, prompt_tokens, None)?;
+            (run::submit_remote(&app, remote, RemotePrompt::Chat(messages), params), read)
+        }
+    };
     let head = Head { id: app.response_id("chatcmpl"), created: unix_now_s(), model: app.config.model_id.clone() };
     let with_logprobs = top_logprobs.is_some();
     if !req.sampling.stream.unwrap_or(false) {

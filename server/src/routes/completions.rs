@@ -3,9 +3,9 @@
 
 use crate::error::{ApiError, GenerationErrors};
 use crate::extract::JsonBody;
-use crate::run::{self, Piece};
+use crate::run::{self, Piece, RemotePrompt};
 use crate::types::*;
-use crate::{unix_now_s, App};
+use crate::{unix_now_s, App, Backend};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -28,23 +28,40 @@ pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<Co
     if let Some(n) = req.logprobs.filter(|&n| n > MAX_LOGPROBS) {
         return Err(ApiError::bad_request(format!("logprobs must be at most {MAX_LOGPROBS} (got {n})")).with_param("logprobs"));
     }
-    let prompt = match req.prompt {
-        Prompt::Text(text) => run::blocking(&app, move |app| app.engine.tokenizer().encode(&text).map_err(ApiError::from)).await?,
-        Prompt::Texts(mut texts) if texts.len() == 1 => {
-            let text = texts.remove(0);
-            run::blocking(&app, move |app| app.engine.tokenizer().encode(&text).map_err(ApiError::from)).await?
-        }
+    let text = match req.prompt {
+        Prompt::Text(text) => Ok(text),
+        Prompt::Texts(mut texts) if texts.len() == 1 => Ok(texts.remove(0)),
         Prompt::Texts(_) => return Err(ApiError::bad_request("give one prompt per request (a list of several is not supported)").with_param("prompt")),
-        Prompt::Tokens(ids) => {
-            let vocab = app.engine.model().config.vocab_size;
-            if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ApiError::bad_request(format!("token id {bad} is outside the vocabulary ({vocab})")).with_param("prompt"));
+        Prompt::Tokens(ids) => Err(ids),
+    };
+    let running = match &app.backend {
+        Backend::Local { engine, .. } => {
+            let prompt = match text {
+                Ok(text) => run::blocking(&app, move |app| app.local()?.0.tokenizer().encode(&text).map_err(ApiError::from)).await?,
+                Err(ids) => {
+                    let vocab = engine.model().config.vocab_size;
+                    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                        return Err(ApiError::bad_request(format!("token id {bad} is outside the vocabulary ({vocab})")).with_param("prompt"));
+                    }
+                    ids
+                }
+            };
+            let params = run::params(&app, &req.sampling, req.sampling.max_tokens, prompt.len(), req.logprobs)?;
+            run::submit(&app, prompt, None, params)?
+        }
+        Backend::Remote(remote) => {
+            let Ok(text) = text else {
+                return Err(ApiError::bad_request("token ids are not accepted: this server runs on a remote engine, whose vocabulary it does not hold").with_param("prompt"));
+            };
+            if req.logprobs.is_some() {
+                return Err(ApiError::bad_request("log-probabilities are not available from the remote engine this server runs on").with_param("logprobs"));
             }
-            ids
+            let counted = text.clone();
+            let prompt_tokens = run::blocking(&app, move |app| Ok(app.runner(None).count_tokens(&counted))).await?;
+            let params = run::params(&app, &req.sampling, req.sampling.max_tokens, prompt_tokens, None)?;
+            run::submit_remote(&app, remote, RemotePrompt::Text(text), params)
         }
     };
-    let params = run::params(&app, &req.sampling, req.sampling.max_tokens, prompt.len(), req.logprobs)?;
-    let running = run::submit(&app, prompt, None, params)?;
     let (id, created, model) = (app.response_id("cmpl"), unix_now_s(), app.config.model_id.clone());
     let with_logprobs = req.logprobs.is_some();
     let response = move |text: String, logprobs: Option<CompletionLogprobs>, finish_reason: Option<&'static str>, usage: Option<Option<Usage>>| Completion {

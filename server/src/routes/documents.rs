@@ -3,6 +3,7 @@
 //! forget one with its kept K/V. Questions go through `/v1/chat/completions` with the
 //! `hillside.documents` extension field ([`crate::types::ChatExtension`]).
 
+use crate::backend::remote_error;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{parse, require_json};
 use crate::{unix_now_s, App};
@@ -16,7 +17,7 @@ use hillside_documents::library::Entry;
 use crate::types::{ChatExtensionReply, DocumentExcerpt};
 use hillside_documents::prompt::PromptError;
 use hillside_documents::questions;
-use hillside_documents::summarize::{count_tokens, fits_whole, plan_summary, summarize, LibraryCheckpoints, Point, Progress, Backend, Request as DocumentRequest, Runner, SummaryError};
+use hillside_documents::summarize::{fits_whole, plan_summary, summarize, LibraryCheckpoints, Point, Progress, Request as DocumentRequest, SummaryError};
 use hillside_documents::ingest::file_bytes;
 use hillside_documents::library::Added;
 use hillside_documents::IngestError;
@@ -183,9 +184,10 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
             Source::Upload { name, bytes } => (name, bytes),
         };
         let doc = docs.reader()?.read(&name, &bytes, &docs.limits).map_err(ingest_error)?;
-        let tokens = app.engine.tokenizer().encode(&doc.text).map_err(ApiError::from)?.len();
+        let runner = app.runner(None);
+        let tokens = runner.count_tokens(&doc.text);
         // Said now, not after minutes of work: a document whose summary cannot be done.
-        plan_summary(&doc, app.context_tokens(), &|s| count_tokens(&app.engine, s)).map_err(|e| {
+        plan_summary(&doc, app.context_tokens(), &|s| runner.count_tokens(s)).map_err(|e| {
             ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("document_too_long"), e.to_string()).with_param("tokens")
         })?;
         let Added { entry, created } = docs.library.add(&doc, &bytes).map_err(library_error)?;
@@ -304,7 +306,7 @@ pub async fn summary(State(app): State<Arc<App>>, Path(id): Path<String>) -> Res
     let flag = cancel.clone();
     tokio::task::spawn_blocking(move || {
         let docs = app.documents().expect("checked above");
-        let runner = Runner { backend: Backend::Local { engine: &app.engine, scheduler: &app.scheduler }, context_tokens: app.context_tokens(), kv_cache: Some(&docs.kv) };
+        let runner = app.runner(Some(&docs.kv));
         let send = |event: SummaryEvent| serde_json::to_value(event).is_ok_and(|v| out.blocking_send(v).is_ok());
         let mut checkpoints = LibraryCheckpoints { library: &docs.library, id: &id, model_key: &docs.model_key };
         let result = summarize(&runner, &doc, &id, &mut checkpoints, &flag, &mut |progress| {
@@ -349,7 +351,7 @@ fn summary_error(e: SummaryError) -> ApiError {
         SummaryError::TooLong(_) | SummaryError::ContextTooSmall(_) => ApiError::bad_request(e.to_string()).with_code("document_too_long"),
         SummaryError::Engine(e) => e.into(),
         SummaryError::Refused(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("engine_refused"), m),
-        SummaryError::Remote(e) => ApiError::new(StatusCode::BAD_GATEWAY, "server_error", Some("remote_engine_failed"), e.to_string()),
+        SummaryError::Remote(e) => remote_error(e),
         SummaryError::Prompt(e) => ApiError::internal(e.to_string()),
         SummaryError::Cancelled => ApiError::internal("cancelled"),
     }
@@ -382,7 +384,7 @@ pub fn question(app: &App, ids: &[String], messages: &[ChatMessage]) -> Result<(
         })?;
         documents.push((id.clone(), doc));
     }
-    let runner = Runner { backend: Backend::Local { engine: &app.engine, scheduler: &app.scheduler }, context_tokens: app.context_tokens(), kv_cache: Some(&docs.kv) };
+    let runner = app.runner(Some(&docs.kv));
     let asked = questions::question(&runner, &documents, messages).map_err(|e| match e {
         PromptError::Engine(e) => e.into(),
         PromptError::NoQuestion => ApiError::bad_request(e.to_string()).with_param("messages"),

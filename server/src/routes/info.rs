@@ -1,9 +1,11 @@
 //! What the server holds: `/health`, `/v1/models`, and Hillside's own `/v1/hillside/…` routes
 //! (KV tier stats per live sequence, the configuration).
 
+use crate::backend::remote_error;
 use crate::error::{ApiError, ErrorBody};
+use crate::run;
 use crate::types::{Health, ModelCard, ModelList};
-use crate::{unix_now_s, App, ServerConfig};
+use crate::{unix_now_s, App, Backend, ServerConfig};
 use axum::extract::{Path, State};
 use axum::http::{Method, Uri};
 use axum::Json;
@@ -15,10 +17,20 @@ use utoipa::ToSchema;
 
 #[utoipa::path(get, path = "/health", responses(
     (status = 200, description = "The server is up", body = Health),
+    (status = 502, description = "The remote engine this server runs on does not answer", body = ErrorBody),
     (status = 503, description = "The engine stopped after an internal error; requests are refused", body = ErrorBody)))]
 pub async fn health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiError> {
-    app.scheduler.health().map_err(|why| ApiError::from(SubmitError::EngineFailed(why)))?;
-    let stats = app.scheduler.stats();
+    let Some(scheduler) = app.scheduler() else {
+        // On a remote engine, healthy is the remote answering.
+        run::blocking(&app, |app| match &app.backend {
+            Backend::Remote(remote) => remote.reachable().map_err(remote_error),
+            Backend::Local { .. } => Ok(()),
+        })
+        .await?;
+        return Ok(Json(Health { status: "ok", model: app.config.model_id.clone(), live_sequences: 0, queued_requests: 0 }));
+    };
+    scheduler.health().map_err(|why| ApiError::from(SubmitError::EngineFailed(why)))?;
+    let stats = scheduler.stats();
     let count = |phase: Phase| stats.iter().filter(|s| s.phase == phase).count();
     let queued = count(Phase::Queued);
     let live = stats.len() - queued - count(Phase::Cached);
@@ -63,10 +75,13 @@ pub struct SequencesReport {
     pub sequences: Vec<SequenceReport>,
 }
 
-#[utoipa::path(get, path = "/v1/hillside/sequences", responses((status = 200, description = "Every live or queued sequence with its KV tier stats", body = SequencesReport)))]
-pub async fn sequences(State(app): State<Arc<App>>) -> Json<SequencesReport> {
+#[utoipa::path(get, path = "/v1/hillside/sequences", responses(
+    (status = 200, description = "Every live or queued sequence with its KV tier stats", body = SequencesReport),
+    (status = 409, description = "The server runs on a remote engine, which has no sequences to show", body = ErrorBody)))]
+pub async fn sequences(State(app): State<Arc<App>>) -> Result<Json<SequencesReport>, ApiError> {
     let sequences = app
-        .scheduler
+        .local()?
+        .1
         .stats()
         .into_iter()
         .map(|s| {
@@ -78,7 +93,7 @@ pub async fn sequences(State(app): State<Arc<App>>) -> Json<SequencesReport> {
             SequenceReport { cold_bytes_read_per_token: read as f64 / s.generated_tokens.max(1) as f64, hot_hit_rate, sequence: s }
         })
         .collect();
-    Json(SequencesReport { sequences })
+    Ok(Json(SequencesReport { sequences }))
 }
 
 /// The KV tiers of every sequence together, now, and counters since the server started: a
@@ -106,13 +121,16 @@ pub struct TiersReport {
     pub totals: Totals,
 }
 
-#[utoipa::path(get, path = "/v1/hillside/tiers", responses((status = 200, description = "KV tier occupancy and counters, summed over the sequences", body = TiersReport)))]
-pub async fn tiers(State(app): State<Arc<App>>) -> Json<TiersReport> {
-    let stats = app.scheduler.stats();
+#[utoipa::path(get, path = "/v1/hillside/tiers", responses(
+    (status = 200, description = "KV tier occupancy and counters, summed over the sequences", body = TiersReport),
+    (status = 409, description = "The server runs on a remote engine, which has no KV tiers to show", body = ErrorBody)))]
+pub async fn tiers(State(app): State<Arc<App>>) -> Result<Json<TiersReport>, ApiError> {
+    let scheduler = app.local()?.1;
+    let stats = scheduler.stats();
     let kvs = || stats.iter().filter_map(|s| s.kv.as_ref());
     let tiers = || kvs().filter_map(|kv| kv.tier.as_ref());
     let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    Json(TiersReport {
+    Ok(Json(TiersReport {
         unix_ms,
         store: app.config.scheduler.kv.store.to_string(),
         live_sequences: stats.iter().filter(|s| matches!(s.phase, Phase::Prefill | Phase::Decode)).count(),
@@ -122,8 +140,8 @@ pub async fn tiers(State(app): State<Arc<App>>) -> Json<TiersReport> {
         hot_budget_bytes: tiers().map(|t| t.hot_budget_bytes).sum(),
         spare_copy_bytes: tiers().map(|t| t.spare_copy_bytes).sum(),
         cold_bytes: kvs().map(|kv| kv.cold_bytes).sum(),
-        totals: app.scheduler.totals(),
-    })
+        totals: scheduler.totals(),
+    }))
 }
 
 /// The configuration in force (never the API key).
@@ -133,6 +151,8 @@ pub struct ConfigReport {
     #[schema(value_type = Object)]
     pub server: ServerConfig,
     pub api_key_required: bool,
+    /// `local` (Hillside's own engine) or `openai:URL` (a remote one; `model_id` is its model).
+    pub engine: String,
     pub context_tokens: usize,
     pub max_live_sequences: usize,
     pub max_queued_requests: usize,
@@ -147,6 +167,7 @@ pub async fn config(State(app): State<Arc<App>>) -> Json<ConfigReport> {
     Json(ConfigReport {
         server: app.config.clone(),
         api_key_required: app.config.api_key.is_some(),
+        engine: app.backend.name(),
         context_tokens: app.context_tokens(),
         max_live_sequences: s.max_live,
         max_queued_requests: s.max_queued,

@@ -3,7 +3,7 @@
 use hillside_engine::kv::KvConfig;
 use hillside_engine::scheduler::SchedulerConfig;
 use hillside_engine::Engine;
-use hillside_server::{App, ServerConfig};
+use hillside_server::{App, EngineChoice, ServerConfig};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::sync::{Arc, OnceLock};
@@ -42,10 +42,15 @@ pub struct Server {
 
 impl Server {
     pub fn start(config: ServerConfig) -> Self {
+        Self::start_on(engine(), config)
+    }
+
+    /// The same on `engine`: the local one, or a remote one.
+    pub fn start_on(engine: impl Into<EngineChoice>, config: ServerConfig) -> Self {
         if config.documents.is_some() {
             ensure_reader();
         }
-        let app = App::new(engine(), config).unwrap();
+        let app = App::new(engine, config).unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
