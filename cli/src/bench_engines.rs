@@ -3,7 +3,7 @@
 //! documents with the same context and requests in flight, one engine after the other.
 
 use crate::bench::{cpu_name, utc_now, write_json};
-use crate::{load_engine, ModelArgs};
+use crate::{load_engine, models, ModelArgs};
 use anyhow::{Context, Result};
 use hillside_documents::chunks::Mode;
 use hillside_documents::summarize::{summarize, Backend, NoCheckpoints, Runner};
@@ -70,7 +70,7 @@ pub fn compare(model: &ModelArgs, remote: &Arc<RemoteEngine>, docs: &[Document],
     let report = Report {
         date: utc_now(),
         cpu: cpu_name(),
-        local_model: engine.model().config.architecture.name().to_string(),
+        local_model: models::resolve(model.model())?.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
         remote: remote.url().to_string(),
         remote_model: remote.model().to_string(),
         context,
@@ -78,9 +78,9 @@ pub fn compare(model: &ModelArgs, remote: &Arc<RemoteEngine>, docs: &[Document],
         runs,
     };
     println!("time to summary · context {context} · {in_flight} requests in flight · {}", report.cpu);
-    println!("{:<28} {:>7} {:>13} {:>9} {:>9} {:>8}", "document", "tokens", "mode", "local s", "remote s", "ratio");
+    println!("{:<32} {:>7} {:>17} {:>9} {:>9} {:>8}", "document", "tokens", "mode", "local s", "remote s", "ratio");
     for r in &report.runs {
-        println!("{:<28} {:>7} {:>13} {:>9.1} {:>9.1} {:>7.2}×", r.document, r.tokens, format!("{} ({})", r.mode, r.chunks), r.local_s, r.remote_s, r.remote_speedup);
+        println!("{:<32} {:>7} {:>17} {:>9.1} {:>9.1} {:>7.2}×", r.document, r.tokens, format!("{} ({})", r.mode, r.chunks), r.local_s, r.remote_s, r.remote_speedup);
     }
     write_json(json, &report)
 }
