@@ -149,6 +149,12 @@ pub struct Settings {
     pub repeat_penalty: f32,
     pub port: u16,
     pub require_api_key: bool,
+    /// `local`, or `openai:URL` for a remote OpenAI-compatible engine.
+    pub engine: String,
+    /// The remote's model (`None`: the first it lists).
+    pub remote_model: Option<String>,
+    /// Plain HTTP to a remote engine on another machine.
+    pub allow_insecure_remote: bool,
 }
 
 impl Settings {
@@ -168,6 +174,9 @@ impl Settings {
             repeat_penalty: sampling.repeat_penalty,
             port: file.server.port.unwrap_or(8080),
             require_api_key: file.server.api_key.as_deref().is_some_and(|k| !k.is_empty()),
+            engine: file.remote.engine.clone().unwrap_or_else(|| "local".into()),
+            remote_model: file.remote.model.clone(),
+            allow_insecure_remote: file.remote.allow_insecure.unwrap_or(false),
         }
     }
 
@@ -218,6 +227,15 @@ impl Settings {
         if self.port < 1024 {
             return Err(("port", "use a port from 1024 to 65535 (lower ones need root)".into()));
         }
+        if self.engine != "local" {
+            let Some(url) = self.engine.strip_prefix("openai:") else {
+                return Err(("engine", "local, or openai: followed by the remote engine's URL (openai:https://host/v1)".into()));
+            };
+            hillside_remote::Endpoint::parse(url, self.allow_insecure_remote).map_err(|e| ("engine", e.to_string()))?;
+        }
+        if self.remote_model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+            return Err(("remote_model", "name one of the remote's models, or leave it empty for the first it lists".into()));
+        }
         Ok(())
     }
 }
@@ -266,6 +284,22 @@ pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, String>
         }
         (true, true) => None,
     };
+    let remote = table(&mut doc, "remote");
+    match settings.engine.as_str() {
+        "local" => drop(remote.remove("engine")),
+        engine => remote["engine"] = value(engine),
+    }
+    match &settings.remote_model {
+        Some(m) => remote["model"] = value(m.as_str()),
+        None => drop(remote.remove("model")),
+    }
+    match settings.allow_insecure_remote {
+        true => remote["allow_insecure"] = value(true),
+        false => drop(remote.remove("allow_insecure")),
+    }
+    if remote.is_empty() {
+        doc.remove("remote");
+    }
     let text = doc.to_string();
     // What is written must read back: a key this code writes wrongly would stop every start.
     toml::from_str::<FileConfig>(&text).map_err(|e| format!("the edited config would not parse (a bug): {e}"))?;
@@ -323,6 +357,8 @@ mod tests {
         let c: FileConfig = toml::from_str(example).unwrap();
         assert_eq!(c.kv.store, StoreKind::Tiered);
         assert_eq!(c.kv.hot_budget_bytes, Some(50_000_000));
+        assert_eq!((c.remote.engine.as_deref(), c.remote.concurrency), (Some("openai:https://gpu.example/v1"), Some(4)));
+        assert_eq!(Settings::of(&c).check(&[c.model.clone().unwrap()]), Ok(()), "the example is a valid config");
     }
 
     #[test]
@@ -337,6 +373,8 @@ mod tests {
         s.hot_budget_mb = Some(50.0);
         s.temperature = 0.3;
         s.require_api_key = true;
+        s.engine = "openai:https://gpu.example/v1".into();
+        s.remote_model = Some("qwen".into());
         let key = write(&path, &s).unwrap().expect("a new key");
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("# my laptop") && text.contains("# the fast disk"), "{text}");
@@ -350,6 +388,10 @@ mod tests {
         s.require_api_key = false;
         write(&path, &s).unwrap();
         assert_eq!(read(&path).unwrap().server.api_key, None);
+        // Back to the local engine: the remote keys go, and so does the empty table.
+        (s.engine, s.remote_model) = ("local".into(), None);
+        write(&path, &s).unwrap();
+        assert!(!std::fs::read_to_string(&path).unwrap().contains("[remote]"));
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         std::fs::remove_dir_all(&dir).unwrap();
@@ -377,5 +419,11 @@ mod tests {
         assert_eq!(field(&|s| s.port = 80), "port");
         assert_eq!(field(&|s| s.model = Some("llama-70b".into())), "model");
         assert_eq!(field(&|s| s.model = Some("/nowhere/m.gguf".into())), "model");
+        assert_eq!(field(&|s| s.engine = "vllm".into()), "engine");
+        assert_eq!(field(&|s| s.engine = "openai:http://10.0.0.5:8000/v1".into()), "engine", "plain HTTP to another machine");
+        assert_eq!(field(&|s| s.remote_model = Some(" ".into())), "remote_model");
+        let mut remote = good.clone();
+        (remote.engine, remote.allow_insecure_remote) = ("openai:http://10.0.0.5:8000/v1".into(), true);
+        assert_eq!(remote.check(&installed), Ok(()), "allowed explicitly");
     }
 }

@@ -1,5 +1,5 @@
-// The settings page: the config file the CLI reads (model, KV store and tiers, sampling
-// defaults, port, API key). The server checks each field; its message shows beside the field.
+// The settings page: the config file the CLI reads (model or remote engine, KV store and tiers,
+// sampling defaults, port, API key). The server checks each field; its message shows beside the field.
 // Changes apply when Hillside next starts.
 
 import { useEffect, useState } from "preact/hooks";
@@ -102,6 +102,12 @@ export function SettingsView() {
         <fieldset>
           <legend>Model</legend>
           {field("model", "Model", text("model", form.model ?? "", (v) => set("model", v.trim() ? v : null)), "A name from hillside models list, or a .gguf path; empty for the default")}
+          {field("engine", "Engine", text("engine", form.engine, (v) => set("engine", v.trim() || "local")), "local, or openai: and the URL of an OpenAI-compatible server (vLLM, llama.cpp, Ollama) that runs the model instead")}
+          {field("remote_model", "Remote model", text("remote_model", form.remote_model ?? "", (v) => set("remote_model", v.trim() ? v : null)), "Which of the remote's models; empty for the first it lists")}
+          <div class="field checkbox">
+            <input id="setting-allow_insecure_remote" type="checkbox" checked={form.allow_insecure_remote} onChange={(e) => set("allow_insecure_remote", e.currentTarget.checked)} />
+            <label for="setting-allow_insecure_remote">Allow plain HTTP to a remote engine on another machine (documents cross the network unencrypted)</label>
+          </div>
         </fieldset>
         <fieldset>
           <legend>KV cache</legend>

@@ -196,6 +196,9 @@ export interface Settings {
   repeat_penalty: number;
   port: number;
   require_api_key: boolean;
+  engine: string;
+  remote_model: string | null;
+  allow_insecure_remote: boolean;
 }
 
 export interface Tiers {

@@ -189,6 +189,10 @@ test("settings are checked field by field and saved to the config file", async (
   await page.getByRole("button", { name: "Save" }).click();
   await expect(page.locator("#error-port")).toContainText("1024");
   await page.getByLabel("Port").fill("8181");
+  await page.getByLabel("Engine", { exact: true }).fill("openai:http://10.0.0.5:8000/v1");
+  await page.getByRole("button", { name: "Save" }).click();
+  await expect(page.locator("#error-engine")).toContainText("plain HTTP");
+  await page.getByLabel("Engine", { exact: true }).fill("openai:https://gpu.example/v1");
   await page.getByLabel("Store").selectOption("tiered");
   await page.getByRole("button", { name: "Save" }).click();
   await expect(page.getByRole("status")).toContainText("Restart Hillside to apply");
@@ -196,6 +200,12 @@ test("settings are checked field by field and saved to the config file", async (
   expect(saved).toContain("# the UI tests' config");
   expect(saved).toMatch(/store = "tiered"/);
   expect(saved).toMatch(/port = 8181/);
+  expect(saved).toMatch(/\[remote\]\s+engine = "openai:https:\/\/gpu.example\/v1"/);
+  // Back to the local engine (a restart of this server reads the file): the table goes.
+  await page.getByLabel("Engine", { exact: true }).fill("local");
+  await page.getByRole("button", { name: "Save" }).click();
+  await expect(page.getByRole("status")).toContainText("Restart Hillside to apply");
+  expect(readFileSync(f.config, "utf8")).not.toContain("[remote]");
   expect(existsSync(join(f.root, "config.toml.partial"))).toBe(false);
 });
 
