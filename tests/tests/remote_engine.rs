@@ -33,10 +33,16 @@ const SLOTS: usize = 4;
 struct LlamaServer {
     child: Child,
     port: u16,
+    /// One server at a time: four of them and Hillside's own work on two cores would make a
+    /// test's requests wait out the client's hang timeout.
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 impl LlamaServer {
     fn start() -> Self {
+        let one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let bin = match std::env::var_os("HILLSIDE_LLAMA_SERVER") {
             Some(bin) => PathBuf::from(bin),
             None => {
@@ -54,7 +60,7 @@ impl LlamaServer {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let server = Self { child, port };
+        let server = Self { child, port, _one_at_a_time: one_at_a_time };
         let deadline = Instant::now() + Duration::from_secs(120);
         while ureq::get(&format!("{}/health", server.url())).call().map_or(true, |r| r.status() != 200) {
             assert!(Instant::now() < deadline, "llama-server did not become ready");
