@@ -64,6 +64,8 @@ pub enum RemoteError {
 pub struct RemoteModel {
     pub id: String,
     pub owned_by: Option<String>,
+    /// The context vLLM lists for it.
+    pub max_model_len: Option<usize>,
 }
 
 /// One chat completion's text as it streams, with a way to stop it.
@@ -282,15 +284,17 @@ impl RemoteEngine {
             id: String,
             #[serde(default)]
             owned_by: Option<String>,
+            #[serde(default)]
+            max_model_len: Option<usize>,
         }
         let url = format!("{}/models", self.endpoint.api);
         let response = self.send(&url, None)?;
         let list: List = self.read_json(response)?;
-        Ok(list.data.into_iter().map(|e| RemoteModel { id: e.id, owned_by: e.owned_by }).collect())
+        Ok(list.data.into_iter().map(|e| RemoteModel { id: e.id, owned_by: e.owned_by, max_model_len: e.max_model_len }).collect())
     }
 
     /// The context the remote gives each request: llama.cpp's `/props` (its slots' `n_ctx`),
-    /// else vLLM's `max_model_len` in the model list.
+    /// else vLLM's `max_model_len` in the model list read at connect.
     fn discover_context(&self) -> Option<usize> {
         let props = format!("{}/props", self.endpoint.root);
         if let Ok(response) = self.send(&props, None) {
@@ -300,10 +304,7 @@ impl RemoteEngine {
                 }
             }
         }
-        let models = format!("{}/models", self.endpoint.api);
-        let list: serde_json::Value = self.read_json(self.send(&models, None).ok()?).ok()?;
-        let entry = list["data"].as_array()?.iter().find(|m| m["id"] == self.model.as_str())?;
-        entry["max_model_len"].as_u64().map(|n| n as usize)
+        self.models.iter().find(|m| m.id == self.model)?.max_model_len
     }
 
     /// The remote's count of `text`'s tokens, or `None` where it has no `/tokenize`.
