@@ -147,20 +147,31 @@ struct Report {
 
 /// Now, as the reports write it (`2026-11-24 18:30 UTC`).
 pub(crate) fn utc_now() -> String {
-    std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default()
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 pub(crate) fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
 pub(crate) fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
         .map_or(0.0, |kib| kib * 1024.0 / 1e6)
 }
 
@@ -191,11 +202,22 @@ fn memory_read_gb_per_s() -> f64 {
     best
 }
 
-fn prefill(engine: &Engine, model: &ModelArgs, tokens: &[u32], chunk: usize, cache: Option<&Path>) -> Result<(hillside_engine::Sequence, Vec<f32>, PrefillResult)> {
+fn prefill(
+    engine: &Engine,
+    model: &ModelArgs,
+    tokens: &[u32],
+    chunk: usize,
+    cache: Option<&Path>,
+) -> Result<(hillside_engine::Sequence, Vec<f32>, PrefillResult)> {
     let start = Instant::now();
-    let (seq, logits, replayed_tokens) = feed_prompt(engine, model, || model.new_sequence(engine), tokens, chunk, cache)?;
+    let (seq, logits, replayed_tokens) =
+        feed_prompt(engine, model, || model.new_sequence(engine), tokens, chunk, cache)?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    Ok((seq, logits, PrefillResult { tokens: tokens.len(), ms, tokens_per_s: tokens.len() as f64 / (ms / 1e3), replayed_tokens }))
+    Ok((
+        seq,
+        logits,
+        PrefillResult { tokens: tokens.len(), ms, tokens_per_s: tokens.len() as f64 / (ms / 1e3), replayed_tokens },
+    ))
 }
 
 pub fn decode(args: &DecodeArgs) -> Result<()> {
@@ -204,7 +226,8 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
     }
     let engine = load_engine(&args.model)?;
     let text_path = args.text.clone().unwrap_or_else(|| PathBuf::from("../shared/data/pride-and-prejudice.txt"));
-    let text = std::fs::read_to_string(&text_path).with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
+    let text = std::fs::read_to_string(&text_path)
+        .with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
     let config = &engine.model().config;
     let longest = args.contexts.iter().copied().max().unwrap_or(0).max(args.prefill_tokens);
     // Encoding a whole book would set the process's peak memory itself: a prefix of ~8 bytes
@@ -231,7 +254,8 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
     for &context in &args.contexts {
         let n = args.decode_tokens.min(context - 1);
         eprintln!("context {context}: prefill {} tokens, then decode {n} ...", context - n);
-        let (mut seq, mut logits, prompt) = prefill(&engine, &args.model, &tokens[..context - n], chunk, args.prompt_cache.as_deref())?;
+        let (mut seq, mut logits, prompt) =
+            prefill(&engine, &args.model, &tokens[..context - n], chunk, args.prompt_cache.as_deref())?;
         let before = seq.kv.stats();
         trace::take();
         let start = Instant::now();
@@ -243,8 +267,11 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
         let phases = phase_results(trace::take(), n, s_per_token);
         let after = seq.kv.stats();
         let tier = before.tier.as_ref().zip(after.tier.as_ref());
-        let per_step = |f: fn(&hillside_engine::kv::TierStats) -> u64| tier.map(|(b, a)| (f(a) - f(b)) as f64 / n as f64);
-        let per_selection = |f: fn(&hillside_engine::kv::TierStats) -> u64| per_step(f).zip(per_step(|t| t.selections)).map(|(x, s)| x / s.max(1e-9));
+        let per_step =
+            |f: fn(&hillside_engine::kv::TierStats) -> u64| tier.map(|(b, a)| (f(a) - f(b)) as f64 / n as f64);
+        let per_selection = |f: fn(&hillside_engine::kv::TierStats) -> u64| {
+            per_step(f).zip(per_step(|t| t.selections)).map(|(x, s)| x / s.max(1e-9))
+        };
         let hot_hits = per_step(|t| t.hot_hits);
         let cold_hits = per_step(|t| t.cold_hits);
         let blocks = per_step(|t| t.score_blocks);
@@ -256,7 +283,9 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             score_block_wait_us: per_step(|t| t.score_block_wait_ns).zip(blocks).map(|(ns, b)| ns / b.max(1e-9) / 1e3),
             cold_scan_ms_per_step: per_step(|t| t.cold_scan_ns).map(|ns| ns / 1e6),
             cold_read_wait_ms_per_step: per_step(|t| t.cold_read_wait_ns).map(|ns| ns / 1e6),
-            read_ahead_used_share: per_step(|t| t.read_ahead_used).zip(per_step(|t| t.read_ahead_groups)).map(|(u, g)| u / g.max(1e-9)),
+            read_ahead_used_share: per_step(|t| t.read_ahead_used)
+                .zip(per_step(|t| t.read_ahead_groups))
+                .map(|(u, g)| u / g.max(1e-9)),
             relaid_blocks: tier.map(|(b, a)| a.relaid_blocks - b.relaid_blocks),
             relayout_ms: tier.map(|(b, a)| (a.relayout_ns - b.relayout_ns) as f64 / 1e6),
             relayout_bytes_read_per_token: per_step(|t| t.relayout_bytes_read),
@@ -266,7 +295,8 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
                 // The pool's bytes over a token's there (f16, or fewer in 8 bits).
                 let values = 2 * GROUP_TOKENS * config.head_dim;
                 let cold_type = args.model.kv_config().cold_type;
-                let kv_per_token_there = kv_per_token as f64 * cold_type.bytes(values, config.head_dim) as f64 / (2 * values) as f64;
+                let kv_per_token_there =
+                    kv_per_token as f64 * cold_type.bytes(values, config.head_dim) as f64 / (2 * values) as f64;
                 let cold_groups = after.cold_bytes as f64 / kv_per_token_there / GROUP_TOKENS as f64;
                 g / cold_groups.max(1.0)
             }),
@@ -276,13 +306,16 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
             cold_bytes_read_per_token: (after.cold_bytes_read - before.cold_bytes_read) as f64 / n as f64,
             cold_reads_per_token: (after.cold_reads - before.cold_reads) as f64 / n as f64,
             cold_read_share_per_dir: {
-                let read = |i: usize| after.cold_bytes_read_per_dir[i] - before.cold_bytes_read_per_dir.get(i).copied().unwrap_or(0);
+                let read = |i: usize| {
+                    after.cold_bytes_read_per_dir[i] - before.cold_bytes_read_per_dir.get(i).copied().unwrap_or(0)
+                };
                 let total = (after.cold_bytes_read - before.cold_bytes_read).max(1) as f64;
                 (0..after.cold_bytes_read_per_dir.len()).map(|i| read(i) as f64 / total).collect()
             },
             to_host_bytes_per_token: (after.bytes_to_host - before.bytes_to_host) as f64 / n as f64,
             cold_read_cached_share: (after.cold_lanes > 0).then(|| {
-                (after.cold_bytes_read_cached - before.cold_bytes_read_cached) as f64 / ((after.cold_bytes_read - before.cold_bytes_read) as f64).max(1.0)
+                (after.cold_bytes_read_cached - before.cold_bytes_read_cached) as f64
+                    / ((after.cold_bytes_read - before.cold_bytes_read) as f64).max(1.0)
             }),
             cold_lanes_cached: (after.cold_lanes > 0).then_some((after.cold_lanes_cached, after.cold_lanes)),
             context_tokens: context,
@@ -329,35 +362,72 @@ fn phase_results(totals: Vec<trace::PhaseTotal>, steps: usize, s_per_step: f64) 
         .into_iter()
         .map(|t| {
             let ms = t.ns as f64 / 1e6 / steps as f64;
-            PhaseResult { phase: t.phase.name(), within: t.phase.parent().map(trace::Phase::name), ms_per_step: ms, share_of_step: ms / (s_per_step * 1e3) }
+            PhaseResult {
+                phase: t.phase.name(),
+                within: t.phase.parent().map(trace::Phase::name),
+                ms_per_step: ms,
+                share_of_step: ms / (s_per_step * 1e3),
+            }
         })
         .collect()
 }
 
 /// Writes a benchmark's or evaluation's report as pretty JSON, ending in a newline.
 pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
-    std::fs::write(path, serde_json::to_string_pretty(report)? + "\n").with_context(|| format!("writing {}", path.display()))
+    std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn print_table(r: &Report) {
     println!("hillside bench decode · {} · {} threads · {} · {}", r.cpu, r.threads, r.simd, r.model);
-    println!("memory read bandwidth {:.1} GB/s · weights {:.1} MB · KV {} B/token", r.memory_read_gb_per_s, r.weight_bytes as f64 / 1e6, r.kv_bytes_per_token);
+    println!(
+        "memory read bandwidth {:.1} GB/s · weights {:.1} MB · KV {} B/token",
+        r.memory_read_gb_per_s,
+        r.weight_bytes as f64 / 1e6,
+        r.kv_bytes_per_token
+    );
     println!();
     println!("{:<28} {:>10} {:>12} {:>10}", "figure", "tok/s", "ms/token", "roofline");
-    println!("{:<28} {:>10.1} {:>12.2} {:>10}", format!("prefill {} tokens", r.prefill.tokens), r.prefill.tokens_per_s, r.prefill.ms / r.prefill.tokens as f64, "-");
+    println!(
+        "{:<28} {:>10.1} {:>12.2} {:>10}",
+        format!("prefill {} tokens", r.prefill.tokens),
+        r.prefill.tokens_per_s,
+        r.prefill.ms / r.prefill.tokens as f64,
+        "-"
+    );
     for d in &r.decode {
         let figure = match d.prompt.replayed_tokens {
             0 => format!("prefill {} tokens", d.prompt.tokens),
             replayed => format!("prefill {} ({replayed} replayed)", d.prompt.tokens),
         };
-        println!("{:<28} {:>10.1} {:>12.2} {:>10}", figure, d.prompt.tokens_per_s, d.prompt.ms / d.prompt.tokens as f64, "-");
-        println!("{:<28} {:>10.1} {:>12.2} {:>9.0}%", format!("decode at {} context", d.context_tokens), d.tokens_per_s, d.ms_per_token, 100.0 * d.roofline_efficiency);
+        println!(
+            "{:<28} {:>10.1} {:>12.2} {:>10}",
+            figure,
+            d.prompt.tokens_per_s,
+            d.prompt.ms / d.prompt.tokens as f64,
+            "-"
+        );
+        println!(
+            "{:<28} {:>10.1} {:>12.2} {:>9.0}%",
+            format!("decode at {} context", d.context_tokens),
+            d.tokens_per_s,
+            d.ms_per_token,
+            100.0 * d.roofline_efficiency
+        );
         if let Some(share) = d.spare_copy_share.filter(|&s| s > 0.0) {
             println!("  {:.0}% of its steps attended through the spare copy", 100.0 * share);
         }
         for p in &d.phases {
-            let depth = std::iter::successors(p.within, |w| d.phases.iter().find(|q| q.phase == *w).and_then(|q| q.within)).count();
-            println!("{:<28} {:>10} {:>12.3} {:>9.0}%", format!("  {}{}", "  ".repeat(depth), p.phase), "", p.ms_per_step, 100.0 * p.share_of_step);
+            let depth =
+                std::iter::successors(p.within, |w| d.phases.iter().find(|q| q.phase == *w).and_then(|q| q.within))
+                    .count();
+            println!(
+                "{:<28} {:>10} {:>12.3} {:>9.0}%",
+                format!("  {}{}", "  ".repeat(depth), p.phase),
+                "",
+                p.ms_per_step,
+                100.0 * p.share_of_step
+            );
         }
     }
     println!("\npeak RSS {:.0} MB", r.peak_rss_mb);
@@ -365,7 +435,8 @@ fn print_table(r: &Report) {
 
 /// Today's date (UTC) as YYYY-MM-DD, from the system clock.
 fn chrono_free_date() -> String {
-    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
+    let days =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
     // Civil-from-days (Howard Hinnant's algorithm).
     let z = days + 719_468;
     let era = z.div_euclid(146_097);

@@ -14,7 +14,9 @@ use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::prompt::best_chunk;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{chunk_notes, count_tokens, fits_whole, summarize, Backend, NoCheckpoints, Runner, RESERVE_TOKENS};
+use hillside_documents::summarize::{
+    chunk_notes, count_tokens, fits_whole, summarize, Backend, NoCheckpoints, Runner, RESERVE_TOKENS,
+};
 use hillside_documents::{read_bytes, read_file, Document, Library, Limits};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
@@ -160,7 +162,14 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     fn config(&self, max_live: usize, cached_sequences: usize) -> SchedulerConfig {
-        SchedulerConfig { max_live, max_queued: 4096, kv: self.model.kv_config(), context_tokens: Some(self.context), cached_sequences, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS }
+        SchedulerConfig {
+            max_live,
+            max_queued: 4096,
+            kv: self.model.kv_config(),
+            context_tokens: Some(self.context),
+            cached_sequences,
+            shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
+        }
     }
 
     fn scheduler(&self, max_live: usize, cached_sequences: usize) -> Scheduler {
@@ -179,7 +188,14 @@ impl Bench<'_> {
             Mode::Hierarchical { chunks, .. } => chunks.len(),
         };
         let mode = summary.plan.mode.name();
-        Ok(SummaryRun { name: doc.name.clone(), tokens: summary.plan.tokens, mode, chunks, seconds: start.elapsed().as_secs_f64(), points: summary.points.len() })
+        Ok(SummaryRun {
+            name: doc.name.clone(),
+            tokens: summary.plan.tokens,
+            mode,
+            chunks,
+            seconds: start.elapsed().as_secs_f64(),
+            points: summary.points.len(),
+        })
     }
 }
 
@@ -198,7 +214,12 @@ fn first_token(runner: &Runner<'_>, doc: &Document, q: &str) -> Result<(f64, usi
     let params = GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
     let (tx, rx) = std::sync::mpsc::channel();
     let (tokens, prefix) = asked.request.into_local().expect("a local runner's request");
-    runner.scheduler().expect("a local runner").submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
+    runner.scheduler().expect("a local runner").submit_with_prefix(
+        tokens,
+        prefix,
+        params,
+        Box::new(move |u| tx.send(u).is_ok()),
+    )?;
     let mut ttft = None;
     loop {
         match rx.recv().context("the engine stopped")? {
@@ -220,19 +241,24 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
     let long_doc = read_file(&long_path, &Limits::default()).with_context(|| long_path.display().to_string())?;
     if let Some(remote) = args.engine.connect()? {
         let cut = long_doc.text.floor_char_boundary(args.long_slice_bytes.min(long_doc.text.len()));
-        let slice = read_bytes(&format!("{}[..{cut}]", long_doc.name), long_doc.text[..cut].as_bytes(), &Limits::default())?;
+        let slice =
+            read_bytes(&format!("{}[..{cut}]", long_doc.name), long_doc.text[..cut].as_bytes(), &Limits::default())?;
         return bench_engines::compare(&args.model, &remote, &[whole_doc, slice], &args.json);
     }
     let model_path = models::resolve(args.model.model())?;
     let engine = Arc::new(load_engine(&args.model)?);
-    let context = engine.model().kv_shape(args.model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;
+    let context =
+        engine.model().kv_shape(args.model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;
     let bench = Bench { engine: &engine, model: &args.model, context };
     let count = |s: &str| count_tokens(&engine, s);
     if !fits_whole(count(&whole_doc.text), context) {
         bail!("{} does not fit a context of {context} tokens in one pass; pass a shorter --whole", whole_doc.name);
     }
     // Kept K/V on the disk the cold pool would use, not in a tmpfs.
-    let dir = dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("hillside").join(format!("bench-docs-{}", std::process::id()));
+    let dir = dirs::cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("hillside")
+        .join(format!("bench-docs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let open_cache = |dir: &Path| -> Result<Arc<DocumentKvCache>> {
         let library = Arc::new(Library::open(&dir.join("library.redb"))?);
@@ -270,19 +296,31 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
         speedup_after_restart: plain.0 / restarted.0,
     };
 
-    let contexts = if args.chunk_contexts.is_empty() { vec![2048.min(context), context] } else { args.chunk_contexts.clone() };
+    let contexts =
+        if args.chunk_contexts.is_empty() { vec![2048.min(context), context] } else { args.chunk_contexts.clone() };
     let mut chunk_phase = Vec::new();
     for chunk_context in contexts {
         let bench = Bench { context: chunk_context, ..bench };
         // The chunks a summary at this context reads (whether or not the whole would fit its levels).
         let chunks = cut(&long_doc, chunk_context / 2, &count);
         let some = &chunks[..args.chunks.min(chunks.len())];
-        eprintln!("the chunk phase at context {chunk_context}: {} chunks batched ({} at once), then one after another …", some.len(), args.max_live);
+        eprintln!(
+            "the chunk phase at context {chunk_context}: {} chunks batched ({} at once), then one after another …",
+            some.len(),
+            args.max_live
+        );
         let prompt_tokens: usize = some.iter().map(|c| count(&long_doc.text[c.clone()])).sum();
         let timed = |max_live: usize| -> Result<(f64, usize)> {
             let scheduler = bench.scheduler(max_live, 0);
             let start = Instant::now();
-            let notes = chunk_notes(&bench.runner(&scheduler, None), &long_doc, "bench", some, &CancelFlag::default(), &mut |_| {})?;
+            let notes = chunk_notes(
+                &bench.runner(&scheduler, None),
+                &long_doc,
+                "bench",
+                some,
+                &CancelFlag::default(),
+                &mut |_| {},
+            )?;
             Ok((start.elapsed().as_secs_f64(), notes.iter().map(|n| count(n)).sum::<usize>()))
         };
         let (batched_s, generated_tokens) = timed(args.max_live)?;
@@ -312,7 +350,13 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
         drop(scheduler);
         let batch_kv_mb = (args.max_live * engine.model().kv_shape(context).bytes_per_token() * context) as f64 / 1e6;
         let model_mb = std::fs::metadata(&model_path).map_or(0, |m| m.len()) as f64 / 1e6;
-        book.push(BookRun { store, tokens_read_per_s: summary.tokens as f64 / summary.seconds, peak_rss_mb: peak_rss_mb(), rss_bound_mb: model_mb + batch_kv_mb + RSS_MARGIN_MB, summary });
+        book.push(BookRun {
+            store,
+            tokens_read_per_s: summary.tokens as f64 / summary.seconds,
+            peak_rss_mb: peak_rss_mb(),
+            rss_bound_mb: model_mb + batch_kv_mb + RSS_MARGIN_MB,
+            summary,
+        });
     }
 
     let report = Report {
@@ -367,7 +411,14 @@ fn routing(doc: &Document, context: usize, count: &dyn Fn(&str) -> usize) -> Res
 }
 
 fn print_table(r: &Report) {
-    println!("{} on {}, context {}, {} store, {} sequences batched", r.model, r.cpu, r.context, serde_json::to_value(r.kv_store).unwrap_or_default().as_str().unwrap_or("?"), r.max_live);
+    println!(
+        "{} on {}, context {}, {} store, {} sequences batched",
+        r.model,
+        r.cpu,
+        r.context,
+        serde_json::to_value(r.kv_store).unwrap_or_default().as_str().unwrap_or("?"),
+        r.max_live
+    );
     println!("{:<28} {:>9} {:>14} {:>9} {:>7}", "summary", "tokens", "mode", "seconds", "points");
     for s in std::iter::once(&r.whole).chain(r.book.iter().map(|b| &b.summary)) {
         let mode = if s.chunks > 1 { format!("{} ({})", s.mode, s.chunks) } else { s.mode.to_string() };
@@ -377,14 +428,28 @@ fn print_table(r: &Report) {
         println!("{:<10} {:>12} {:>12} {:>14} {:>14}", "book store", "seconds", "tokens/s", "peak RSS MB", "bound MB");
         for b in &r.book {
             let store = serde_json::to_value(b.store).unwrap_or_default().as_str().unwrap_or("?").to_string();
-            println!("{:<10} {:>12.1} {:>12.0} {:>14.0} {:>14.0}", store, b.summary.seconds, b.tokens_read_per_s, b.peak_rss_mb, b.rss_bound_mb);
+            println!(
+                "{:<10} {:>12.1} {:>12.0} {:>14.0} {:>14.0}",
+                store, b.summary.seconds, b.tokens_read_per_s, b.peak_rss_mb, b.rss_bound_mb
+            );
         }
     }
-    println!("{:<22} {:>7} {:>9} {:>10} {:>15} {:>15} {:>8}", "chunk phase", "chunks", "prompt", "generated", "batched", "one by one", "speedup");
+    println!(
+        "{:<22} {:>7} {:>9} {:>10} {:>15} {:>15} {:>8}",
+        "chunk phase", "chunks", "prompt", "generated", "batched", "one by one", "speedup"
+    );
     for c in &r.chunk_phase {
         println!(
             "{:<22} {:>7} {:>9} {:>10} {:>6.1} s {:>4.0}/s {:>6.1} s {:>4.0}/s {:>7.2}x",
-            format!("context {}", c.context), c.chunks, c.prompt_tokens, c.generated_tokens, c.batched_s, c.batched_tokens_per_s, c.sequential_s, c.sequential_tokens_per_s, c.speedup
+            format!("context {}", c.context),
+            c.chunks,
+            c.prompt_tokens,
+            c.generated_tokens,
+            c.batched_s,
+            c.batched_tokens_per_s,
+            c.sequential_s,
+            c.sequential_tokens_per_s,
+            c.speedup
         );
     }
     let g = &r.routing;
@@ -395,7 +460,13 @@ fn print_table(r: &Report) {
     let f = &r.follow_up;
     println!("follow-up question ({} prompt tokens), time to first token:", f.prompt_tokens);
     println!("  without reuse          {:>8.0} ms", f.without_reuse_ms);
-    println!("  reused, in memory      {:>8.0} ms  ({:.0}x; {} tokens reused)", f.in_memory_ms, f.speedup_in_memory, f.reused_tokens_in_memory);
-    println!("  reused, after restart  {:>8.0} ms  ({:.0}x; {} tokens from a {:.0} MB file)", f.after_restart_ms, f.speedup_after_restart, f.reused_tokens_after_restart, f.kept_file_mb);
+    println!(
+        "  reused, in memory      {:>8.0} ms  ({:.0}x; {} tokens reused)",
+        f.in_memory_ms, f.speedup_in_memory, f.reused_tokens_in_memory
+    );
+    println!(
+        "  reused, after restart  {:>8.0} ms  ({:.0}x; {} tokens from a {:.0} MB file)",
+        f.after_restart_ms, f.speedup_after_restart, f.reused_tokens_after_restart, f.kept_file_mb
+    );
     println!("peak RSS {:.0} MB", r.peak_rss_mb);
 }

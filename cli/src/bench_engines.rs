@@ -47,13 +47,25 @@ pub fn compare(model: &ModelArgs, remote: &Arc<RemoteEngine>, docs: &[Document],
     let engine = Arc::new(load_engine(model)?);
     let context = remote.context_tokens();
     let in_flight = remote.concurrency();
-    let config = SchedulerConfig { max_live: in_flight, max_queued: 4096, kv: KvConfig::default(), context_tokens: Some(context), cached_sequences: 0, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS };
+    let config = SchedulerConfig {
+        max_live: in_flight,
+        max_queued: 4096,
+        kv: KvConfig::default(),
+        context_tokens: Some(context),
+        cached_sequences: 0,
+        shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
+    };
     let scheduler = Scheduler::start(engine.clone(), config);
-    let local = Runner { backend: Backend::Local { engine: &engine, scheduler: &scheduler }, context_tokens: context, kv_cache: None };
+    let local = Runner {
+        backend: Backend::Local { engine: &engine, scheduler: &scheduler },
+        context_tokens: context,
+        kv_cache: None,
+    };
     let remote_runner = Runner { backend: Backend::Remote(remote), context_tokens: context, kv_cache: None };
     let time = |runner: &Runner<'_>, doc: &Document| -> Result<(f64, Mode, usize)> {
         let start = Instant::now();
-        let summary = summarize(runner, doc, "bench", &mut NoCheckpoints, &CancelFlag::default(), &mut |_| {}).with_context(|| doc.name.clone())?;
+        let summary = summarize(runner, doc, "bench", &mut NoCheckpoints, &CancelFlag::default(), &mut |_| {})
+            .with_context(|| doc.name.clone())?;
         Ok((start.elapsed().as_secs_f64(), summary.plan.mode, summary.plan.tokens))
     };
     let mut runs = Vec::new();
@@ -65,12 +77,22 @@ pub fn compare(model: &ModelArgs, remote: &Arc<RemoteEngine>, docs: &[Document],
             Mode::Whole => 1,
             Mode::Hierarchical { chunks, .. } => chunks.len(),
         };
-        runs.push(EngineRun { document: doc.name.clone(), tokens, mode: mode.name(), chunks, local_s, remote_s, remote_speedup: local_s / remote_s });
+        runs.push(EngineRun {
+            document: doc.name.clone(),
+            tokens,
+            mode: mode.name(),
+            chunks,
+            local_s,
+            remote_s,
+            remote_speedup: local_s / remote_s,
+        });
     }
     let report = Report {
         date: utc_now(),
         cpu: cpu_name(),
-        local_model: models::resolve(model.model())?.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        local_model: models::resolve(model.model())?
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
         remote: remote.url().to_string(),
         remote_model: remote.model().to_string(),
         context,
@@ -80,7 +102,15 @@ pub fn compare(model: &ModelArgs, remote: &Arc<RemoteEngine>, docs: &[Document],
     println!("time to summary · context {context} · {in_flight} requests in flight · {}", report.cpu);
     println!("{:<32} {:>7} {:>17} {:>9} {:>9} {:>8}", "document", "tokens", "mode", "local s", "remote s", "ratio");
     for r in &report.runs {
-        println!("{:<32} {:>7} {:>17} {:>9.1} {:>9.1} {:>7.2}×", r.document, r.tokens, format!("{} ({})", r.mode, r.chunks), r.local_s, r.remote_s, r.remote_speedup);
+        println!(
+            "{:<32} {:>7} {:>17} {:>9.1} {:>9.1} {:>7.2}×",
+            r.document,
+            r.tokens,
+            format!("{} ({})", r.mode, r.chunks),
+            r.local_s,
+            r.remote_s,
+            r.remote_speedup
+        );
     }
     write_json(json, &report)
 }

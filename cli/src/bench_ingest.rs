@@ -73,7 +73,14 @@ pub fn ingest(args: &IngestBenchArgs) -> Result<()> {
             isolated.push(started.elapsed().as_secs_f64() * 1e3);
         }
         let (in_process_ms, isolated_ms) = (median(here), median(isolated));
-        rows.push(Row { name: name.clone(), size_bytes: bytes.len(), text_bytes, in_process_ms, isolated_ms, overhead_ms: isolated_ms - in_process_ms });
+        rows.push(Row {
+            name: name.clone(),
+            size_bytes: bytes.len(),
+            text_bytes,
+            in_process_ms,
+            isolated_ms,
+            overhead_ms: isolated_ms - in_process_ms,
+        });
     }
     let report = Report { cpu: cpu_name(), rounds, rows };
     println!("hillside bench ingest · {} · median of {} reads each way", report.cpu, report.rounds);
@@ -81,7 +88,14 @@ pub fn ingest(args: &IngestBenchArgs) -> Result<()> {
     println!("| file | size | in this process | in a child | cost of the child |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     for r in &report.rows {
-        println!("| {} | {:.1} KB | {:.2} ms | {:.2} ms | {:+.2} ms |", r.name, r.size_bytes as f64 / 1e3, r.in_process_ms, r.isolated_ms, r.overhead_ms);
+        println!(
+            "| {} | {:.1} KB | {:.2} ms | {:.2} ms | {:+.2} ms |",
+            r.name,
+            r.size_bytes as f64 / 1e3,
+            r.in_process_ms,
+            r.isolated_ms,
+            r.overhead_ms
+        );
     }
     write_json(&args.json, &report)?;
     eprintln!("wrote {}", args.json.display());

@@ -56,7 +56,9 @@ fn run_store(args: &KvArgs, store: StoreKind, contexts: &[usize], hot_budget_mb:
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["bench", "decode", "--kv", &store.to_string(), "--prefill-tokens", "16"])
         .args(["--contexts", &contexts.join(","), "--decode-tokens", &args.decode_tokens.to_string()])
-        .args(args.model.to_flags().into_iter().filter(|f| hot_budget_mb.is_none() || !f.starts_with("--hot-budget-mb")))
+        .args(
+            args.model.to_flags().into_iter().filter(|f| hot_budget_mb.is_none() || !f.starts_with("--hot-budget-mb")),
+        )
         .arg("--json")
         .arg(&out);
     if let Some(mb) = hot_budget_mb {
@@ -69,7 +71,11 @@ fn run_store(args: &KvArgs, store: StoreKind, contexts: &[usize], hot_budget_mb:
         cmd.arg("--prompt-cache").arg(dir);
     }
     eprintln!("{store}: decoding at {} ...", contexts.join(", "));
-    let cap = args.memory_cap_mb.map(|mb| MemoryCap::create("hillside-bench-kv", mb << 20)).transpose().context("making the memory cgroup for --memory-cap-mb")?;
+    let cap = args
+        .memory_cap_mb
+        .map(|mb| MemoryCap::create("hillside-bench-kv", mb << 20))
+        .transpose()
+        .context("making the memory cgroup for --memory-cap-mb")?;
     let mut child = cmd.spawn().context("starting the benchmark child process")?;
     if let Some(cap) = &cap {
         cap.add(child.id()).context("moving the benchmark child into its memory cgroup")?;
@@ -89,19 +95,29 @@ const RSS_ALLOWANCE_MB: f64 = 64.0;
 pub fn kv(args: &KvArgs) -> Result<()> {
     let mut reports = Vec::new();
     for &store in &args.stores {
-        let runs = args.contexts.iter().map(|&context| run_store(args, store, &[context], None)).collect::<Result<Vec<_>>>()?;
+        let runs = args
+            .contexts
+            .iter()
+            .map(|&context| run_store(args, store, &[context], None))
+            .collect::<Result<Vec<_>>>()?;
         let report = merge_contexts(runs);
         reports.push((store, report));
     }
     let sweep = if args.beta_sweep { Some(beta_sweep(args)?) } else { None };
-    println!("hillside bench kv · α {} · decode tok/s ({} tokens at each context)", args.model.kv_config().alpha, args.decode_tokens);
+    println!(
+        "hillside bench kv · α {} · decode tok/s ({} tokens at each context)",
+        args.model.kv_config().alpha,
+        args.decode_tokens
+    );
     println!(
         "{:<12} {:>8} {:>9} {:>14} {:>10} {:>15} {:>8} {:>9} {:>10} {:>10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>14} {:>6}",
         "store", "context", "tok/s", "cold MB/token", "reads/tok", "to host MB/tok", "cached", "hot hit", "pages/sel", "promo/step", "demo/step", "block wait", "scan/step", "read wait", "DRAM/budget", "peak RSS", "spare"
     );
     for (store, report) in &reports {
         for d in report["decode"].as_array().into_iter().flatten() {
-            let opt = |key: &str, scale: f64, unit: &str| d[key].as_f64().map_or("-".to_string(), |v| format!("{:.1}{unit}", v * scale));
+            let opt = |key: &str, scale: f64, unit: &str| {
+                d[key].as_f64().map_or("-".to_string(), |v| format!("{:.1}{unit}", v * scale))
+            };
             let dram = match (d["hot_bytes"].as_f64(), d["hot_budget_bytes"].as_f64()) {
                 (Some(used), Some(budget)) => format!("{:.0}/{:.0}MB", used / 1e6, budget / 1e6),
                 _ => "-".to_string(),
@@ -111,7 +127,9 @@ pub fn kv(args: &KvArgs) -> Result<()> {
             let rss = d["peak_rss_mb"].as_f64().unwrap_or(0.0);
             let held_spare_copy = d["spare_copy_share"].as_f64().is_some_and(|s| s > 0.0);
             let rss = match (d["hot_budget_bytes"].as_f64(), report["weight_bytes"].as_f64()) {
-                (Some(budget), Some(weights)) if !held_spare_copy => format!("{rss:.0}MB (≤{:.0})", (weights + budget) / 1e6 + RSS_ALLOWANCE_MB),
+                (Some(budget), Some(weights)) if !held_spare_copy => {
+                    format!("{rss:.0}MB (≤{:.0})", (weights + budget) / 1e6 + RSS_ALLOWANCE_MB)
+                }
                 _ => format!("{rss:.0}MB"),
             };
             println!(
@@ -211,11 +229,16 @@ fn plot(reports: &[(StoreKind, Value)]) -> String {
     for (i, (name, points)) in series.iter().enumerate() {
         let color = colors[i % colors.len()];
         let path: Vec<String> = points.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
-        svg += &format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n", path.join(" "));
+        svg +=
+            &format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n", path.join(" "));
         for &(x, y) in points {
             svg += &format!("<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>\n", px(x), py(y));
         }
-        svg += &format!("<text x=\"{}\" y=\"{}\" fill=\"{color}\">{name}</text>\n", w - right + 10.0, top + 20.0 + 18.0 * i as f64);
+        svg += &format!(
+            "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{name}</text>\n",
+            w - right + 10.0,
+            top + 20.0 + 18.0 * i as f64
+        );
     }
     svg + "</svg>\n"
 }
@@ -270,7 +293,13 @@ fn beta_sweep(args: &KvArgs) -> Result<Sweep> {
             cold_bytes_read_per_token: d["cold_bytes_read_per_token"].as_f64().unwrap_or(0.0),
         });
     }
-    Ok(Sweep { context_tokens: context, profile, predicted_beta: predicted, planned_beta: planned_share / (1.0 - planned_share), points })
+    Ok(Sweep {
+        context_tokens: context,
+        profile,
+        predicted_beta: predicted,
+        planned_beta: planned_share / (1.0 - planned_share),
+        points,
+    })
 }
 
 fn print_sweep(s: &Sweep) {
@@ -285,7 +314,10 @@ fn print_sweep(s: &Sweep) {
         s.predicted_beta,
         s.planned_beta
     );
-    println!("{:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>14}", "×β", "β", "hot share", "budget", "tok/s", "hot hit", "cold MB/token");
+    println!(
+        "{:>8} {:>8} {:>10} {:>10} {:>9} {:>9} {:>14}",
+        "×β", "β", "hot share", "budget", "tok/s", "hot hit", "cold MB/token"
+    );
     let best = s.points.iter().map(|p| p.tokens_per_s).fold(0.0, f64::max);
     for pt in &s.points {
         println!(

@@ -110,7 +110,14 @@ impl Capture {
 }
 
 impl SelectionWatch for Capture {
-    fn select(&mut self, keys: &ExactKeys, layer: usize, q: &[f32], q_positions: &[usize], selection: Selection) -> Selection {
+    fn select(
+        &mut self,
+        keys: &ExactKeys,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        selection: Selection,
+    ) -> Selection {
         let summed = self.summed(q, q_positions.len());
         let mut queries = self.queries.lock().unwrap_or_else(|p| p.into_inner());
         if q_positions.len() == 1 {
@@ -150,18 +157,29 @@ pub fn recall(args: &RecallArgs) -> Result<()> {
         bail!("--ranks must be even and at most the head's {} dimensions", config.head_dim);
     }
     let text_path = args.text.clone().unwrap_or_else(|| PathBuf::from("../shared/data/pride-and-prejudice.txt"));
-    let text = std::fs::read_to_string(&text_path).with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
+    let text = std::fs::read_to_string(&text_path)
+        .with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
     let need = args.tokens + args.queries;
     let tokens = engine.tokenizer().encode(&text[..text.floor_char_boundary(need.saturating_mul(8))])?;
     if tokens.len() < need || need > config.context_tokens {
-        bail!("{need} tokens needed: {} has {}, the model's context is {}", text_path.display(), tokens.len(), config.context_tokens);
+        bail!(
+            "{need} tokens needed: {} has {}, the model's context is {}",
+            text_path.display(),
+            tokens.len(),
+            config.context_tokens
+        );
     }
     if args.fit_tokens == 0 || args.fit_tokens > args.tokens {
         bail!("--fit-tokens must be between 1 and --tokens");
     }
 
     let queries = Arc::new(Mutex::new(Queries::default()));
-    let capture = Capture { queries: queries.clone(), fit_tokens: args.fit_tokens, n_kv: config.n_kv_heads, head_dim: config.head_dim };
+    let capture = Capture {
+        queries: queries.clone(),
+        fit_tokens: args.fit_tokens,
+        n_kv: config.n_kv_heads,
+        head_dim: config.head_dim,
+    };
     let store = Watched::new(Box::new(FullKvStore::new(engine.model().kv_shape(need))), capture);
     let mut seq = Sequence { kv: Box::new(store), tokens: Vec::new() };
     eprintln!("prefill of {} tokens, then {} queries ...", args.tokens, args.queries);
@@ -174,17 +192,36 @@ pub fn recall(args: &RecallArgs) -> Result<()> {
     let sparse: Vec<usize> = (kv.dense_layers.min(config.n_layers)..config.n_layers).collect();
     let layers: Vec<LayerData> = sparse
         .iter()
-        .map(|&l| LayerData { keys: &queries.keys[l], fit_queries: &queries.fit[l], queries: queries.decode.iter().map(|s| &s[l][..]).collect() })
+        .map(|&l| LayerData {
+            keys: &queries.keys[l],
+            fit_queries: &queries.fit[l],
+            queries: queries.decode.iter().map(|s| &s[l][..]).collect(),
+        })
         .collect();
     let copies = measure(shape, setup, &layers, &args.ranks);
 
     let model = args.model.model().map_or_else(|| crate::models::registry().default, str::to_string);
-    println!("hillside bench recall · {model} · {} tokens · recall of the exact top {:.0}% over {} queries", args.tokens, kv.alpha * 100.0, queries.decode.len());
-    println!("{:<11} {:>4} {:>11} {:>11} {:>8} {:>8} {:>8} {:>12}", "copy", "r", "INT8 B/tok", "INT4 B/tok", "f32", "INT8", "INT4", "INT4 worst");
+    println!(
+        "hillside bench recall · {model} · {} tokens · recall of the exact top {:.0}% over {} queries",
+        args.tokens,
+        kv.alpha * 100.0,
+        queries.decode.len()
+    );
+    println!(
+        "{:<11} {:>4} {:>11} {:>11} {:>8} {:>8} {:>8} {:>12}",
+        "copy", "r", "INT8 B/tok", "INT4 B/tok", "f32", "INT8", "INT4", "INT4 worst"
+    );
     for c in &copies {
         println!(
             "{:<11} {:>4} {:>11} {:>11} {:>8.3} {:>8.3} {:>8.3} {:>12.3}",
-            c.method, c.rank, c.bytes_per_token_int8, c.bytes_per_token_int4, c.recall_f32, c.recall_int8, c.recall_int4, c.worst_layer_recall_int4
+            c.method,
+            c.rank,
+            c.bytes_per_token_int8,
+            c.bytes_per_token_int4,
+            c.recall_f32,
+            c.recall_int8,
+            c.recall_int4,
+            c.worst_layer_recall_int4
         );
     }
     let report = Report {
@@ -258,14 +295,23 @@ impl Projection {
 
 /// The `rank`/2 rotary pairs of a head with the largest query × key RMS product over the fitting
 /// tokens (`fit_keys`, `fit_queries`: that head's rows, `head_dim` each).
-fn rope_pairs(layout: RopeLayout, head_dim: usize, fit_keys: &[&[f32]], fit_queries: &[&[f32]], rank: usize) -> Projection {
+fn rope_pairs(
+    layout: RopeLayout,
+    head_dim: usize,
+    fit_keys: &[&[f32]],
+    fit_queries: &[&[f32]],
+    rank: usize,
+) -> Projection {
     let half = head_dim / 2;
     let pair = |i: usize| match layout {
         RopeLayout::Interleaved => (2 * i, 2 * i + 1),
         RopeLayout::Halves => (i, i + half),
     };
-    let energy = |rows: &[&[f32]], (a, b): (usize, usize)| rows.iter().map(|r| r[a] * r[a] + r[b] * r[b]).sum::<f32>() / rows.len().max(1) as f32;
-    let mut pairs: Vec<(f32, usize)> = (0..half).map(|i| (energy(fit_keys, pair(i)).sqrt() * energy(fit_queries, pair(i)).sqrt(), i)).collect();
+    let energy = |rows: &[&[f32]], (a, b): (usize, usize)| {
+        rows.iter().map(|r| r[a] * r[a] + r[b] * r[b]).sum::<f32>() / rows.len().max(1) as f32
+    };
+    let mut pairs: Vec<(f32, usize)> =
+        (0..half).map(|i| (energy(fit_keys, pair(i)).sqrt() * energy(fit_queries, pair(i)).sqrt(), i)).collect();
     pairs.sort_by(|a, b| b.0.total_cmp(&a.0));
     let mut dims: Vec<usize> = pairs[..rank / 2].iter().flat_map(|&(_, i)| [pair(i).0, pair(i).1]).collect();
     dims.sort_unstable();
@@ -291,7 +337,11 @@ fn pca(head_dim: usize, fit_keys: &[&[f32]], rank: usize) -> Projection {
     let (values, vectors) = symmetric_eigen(head_dim, cov);
     let mut order: Vec<usize> = (0..head_dim).collect();
     order.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
-    let directions = order[..rank].iter().flat_map(|&c| (0..head_dim).map(move |i| (c, i))).map(|(c, i)| vectors[i * head_dim + c] as f32).collect();
+    let directions = order[..rank]
+        .iter()
+        .flat_map(|&c| (0..head_dim).map(move |i| (c, i)))
+        .map(|(c, i)| vectors[i * head_dim + c] as f32)
+        .collect();
     Projection::Basis { directions, mean: mean.iter().map(|&m| m as f32).collect() }
 }
 
@@ -300,7 +350,10 @@ fn pca(head_dim: usize, fit_keys: &[&[f32]], rank: usize) -> Projection {
 fn symmetric_eigen(n: usize, mut a: Vec<f64>) -> (Vec<f64>, Vec<f64>) {
     let mut v: Vec<f64> = (0..n * n).map(|i| if i / n == i % n { 1.0 } else { 0.0 }).collect();
     for _ in 0..JACOBI_SWEEPS {
-        let off: f64 = (0..n).flat_map(|i| (0..n).filter(move |&j| j != i).map(move |j| (i, j))).map(|(i, j)| a[i * n + j].powi(2)).sum();
+        let off: f64 = (0..n)
+            .flat_map(|i| (0..n).filter(move |&j| j != i).map(move |j| (i, j)))
+            .map(|(i, j)| a[i * n + j].powi(2))
+            .sum();
         if off < 1e-22 {
             break;
         }
@@ -369,7 +422,12 @@ struct LayerRecall {
     int4: f64,
 }
 
-fn layer_recall(shape: Shape, setup: Setup, data: &LayerData, project: &dyn Fn(usize) -> Option<Projection>) -> LayerRecall {
+fn layer_recall(
+    shape: Shape,
+    setup: Setup,
+    data: &LayerData,
+    project: &dyn Fn(usize) -> Option<Projection>,
+) -> LayerRecall {
     let (n_kv, hd) = (shape.n_kv, shape.head_dim);
     let kv_dim = n_kv * hd;
     let total = data.keys.len() / kv_dim;
@@ -407,14 +465,18 @@ fn layer_recall(shape: Shape, setup: Setup, data: &LayerData, project: &dyn Fn(u
             let candidates: Vec<u32> = (setup.sinks as u32..(n - setup.recent) as u32).collect();
             let k = ((setup.alpha * n as f32).ceil() as usize).min(candidates.len());
             let qh = &q[h * hd..][..hd];
-            let exact: Vec<f32> = candidates.iter().map(|&t| key(t as usize, h).iter().zip(qh).map(|(a, b)| a * b).sum()).collect();
+            let exact: Vec<f32> =
+                candidates.iter().map(|&t| key(t as usize, h).iter().zip(qh).map(|(a, b)| a * b).sum()).collect();
             let want = top(&candidates, &exact, k);
             let recalls: [f64; 3] = match (&projection, &projected) {
                 (Some(p), Some(copies)) => {
                     p.apply(qh, false, &mut buf);
                     let r = buf.len();
                     copies.each_ref().map(|copy| {
-                        let scores: Vec<f32> = candidates.iter().map(|&t| copy[t as usize * r..][..r].iter().zip(&buf).map(|(a, b)| a * b).sum()).collect();
+                        let scores: Vec<f32> = candidates
+                            .iter()
+                            .map(|&t| copy[t as usize * r..][..r].iter().zip(&buf).map(|(a, b)| a * b).sum())
+                            .collect();
                         overlap(&want, &top(&candidates, &scores, k))
                     })
                 }
@@ -445,8 +507,11 @@ fn measure(shape: Shape, setup: Setup, layers: &[LayerData], ranks: &[usize]) ->
         rows.chunks_exact(n_kv * hd).take(limit).map(|r| r[h * hd..][..hd].to_vec()).collect()
     };
     let bytes = |row_bytes: usize| layers.len() * n_kv * (row_bytes + 4);
-    let run = |method: &'static str, rank: usize, project: &(dyn Fn(&LayerData, usize) -> Option<Projection> + Sync)| {
-        let per_layer: Vec<LayerRecall> = layers.par_iter().map(|d| layer_recall(shape, setup, d, &|h| project(d, h))).collect();
+    let run = |method: &'static str,
+               rank: usize,
+               project: &(dyn Fn(&LayerData, usize) -> Option<Projection> + Sync)| {
+        let per_layer: Vec<LayerRecall> =
+            layers.par_iter().map(|d| layer_recall(shape, setup, d, &|h| project(d, h))).collect();
         let mean = |f: fn(&LayerRecall) -> f64| per_layer.iter().map(f).sum::<f64>() / per_layer.len().max(1) as f64;
         CopyRecall {
             method,
@@ -467,7 +532,8 @@ fn measure(shape: Shape, setup: Setup, layers: &[LayerData], ranks: &[usize]) ->
         }));
         copies.push(run("rope_pairs", rank, &|d, h| {
             let (keys, queries) = (head_rows(d.keys, h, setup.fit_tokens), head_rows(d.fit_queries, h, usize::MAX));
-            let (keys, queries): (Vec<&[f32]>, Vec<&[f32]>) = (keys.iter().map(Vec::as_slice).collect(), queries.iter().map(Vec::as_slice).collect());
+            let (keys, queries): (Vec<&[f32]>, Vec<&[f32]>) =
+                (keys.iter().map(Vec::as_slice).collect(), queries.iter().map(Vec::as_slice).collect());
             Some(rope_pairs(shape.layout, hd, &keys, &queries, rank))
         }));
     }

@@ -83,7 +83,13 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
         bail!("--clients needs positive counts and --requests-per-client at least 1");
     }
     let max_clients = args.clients.iter().copied().max().unwrap_or(1);
-    let server = BenchServer::start(&args.model, None, args.max_live, max_clients, hillside_engine::scheduler::SHARED_PREFILL_TOKENS)?;
+    let server = BenchServer::start(
+        &args.model,
+        None,
+        args.max_live,
+        max_clients,
+        hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
+    )?;
     let (url, model_id) = (format!("{}/v1/chat/completions", server.base), server.model_id.clone());
 
     // One short request first, so that no level pays for warming up.
@@ -94,9 +100,14 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
         let started = Instant::now();
         let workers: Vec<_> = (0..clients)
             .map(|c| {
-                let (url, model, n, max_tokens) = (url.clone(), model_id.clone(), args.requests_per_client, args.max_tokens);
+                let (url, model, n, max_tokens) =
+                    (url.clone(), model_id.clone(), args.requests_per_client, args.max_tokens);
                 std::thread::spawn(move || -> Result<Vec<Timing>> {
-                    (0..n).map(|i| stream_one(&url, &model, PROMPTS[(c + i) % PROMPTS.len()], max_tokens, (c * n + i) as u64)).collect()
+                    (0..n)
+                        .map(|i| {
+                            stream_one(&url, &model, PROMPTS[(c + i) % PROMPTS.len()], max_tokens, (c * n + i) as u64)
+                        })
+                        .collect()
                 })
             })
             .collect();
@@ -149,7 +160,13 @@ pub(crate) struct BenchServer {
 
 impl BenchServer {
     /// Each request is a new conversation (nothing cached to reuse); up to `max_queued` wait.
-    pub fn start(model: &ModelArgs, documents: Option<DocumentsConfig>, max_live: usize, max_queued: usize, shared_prefill_tokens: usize) -> Result<Self> {
+    pub fn start(
+        model: &ModelArgs,
+        documents: Option<DocumentsConfig>,
+        max_live: usize,
+        max_queued: usize,
+        shared_prefill_tokens: usize,
+    ) -> Result<Self> {
         let path = models::resolve(model.model())?;
         let engine = Arc::new(load_engine(model)?);
         let (model_id, model_aliases) = model_names(model.model(), &path);
@@ -161,7 +178,14 @@ impl BenchServer {
             max_body_bytes: 1_000_000,
             cors_origins: Vec::new(),
             shutdown_grace_s: 0,
-            scheduler: SchedulerConfig { max_live, max_queued, kv: model.kv_config(), context_tokens: model.context(), cached_sequences: 0, shared_prefill_tokens },
+            scheduler: SchedulerConfig {
+                max_live,
+                max_queued,
+                kv: model.kv_config(),
+                context_tokens: model.context(),
+                cached_sequences: 0,
+                shared_prefill_tokens,
+            },
             documents,
             sampling: hillside_engine::SamplingParams::default(),
             settings_file: None,
@@ -171,7 +195,11 @@ impl BenchServer {
         let base = format!("http://{}", listener.local_addr()?);
         let app = App::new(engine, config).map_err(anyhow::Error::msg)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || runtime.block_on(hillside_server::serve(listener, app, async { stopped.await.ok(); })));
+        let thread = std::thread::spawn(move || {
+            runtime.block_on(hillside_server::serve(listener, app, async {
+                stopped.await.ok();
+            }))
+        });
         Ok(Self { base, model_id, stop, thread })
     }
 
@@ -188,7 +216,10 @@ pub(crate) fn stream_one(url: &str, model: &str, prompt: &str, max_tokens: usize
         "seed": seed, "stream": true, "stream_options": {"include_usage": true},
     });
     let sent = Instant::now();
-    let response = ureq::post(url).header("Content-Type", "application/json").send(body.to_string()).context("sending a request to the bench server")?;
+    let response = ureq::post(url)
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .context("sending a request to the bench server")?;
     let (mut first, mut last, mut gaps, mut tokens) = (None, sent, Vec::new(), 0);
     for line in BufReader::new(response.into_body().into_reader()).lines() {
         let line = line?;
@@ -221,12 +252,29 @@ pub(crate) fn percentile(values: &mut [f64], q: f64) -> f64 {
 }
 
 fn print_table(r: &Report) {
-    println!("{} on {}, {} store, {} live sequences at most, {} tokens per request", r.model, r.cpu, serde_json::to_value(r.kv_store).unwrap_or_default().as_str().unwrap_or("?"), r.max_live, r.max_tokens);
-    println!("{:>8} {:>9} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10}", "clients", "requests", "req/s", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99");
+    println!(
+        "{} on {}, {} store, {} live sequences at most, {} tokens per request",
+        r.model,
+        r.cpu,
+        serde_json::to_value(r.kv_store).unwrap_or_default().as_str().unwrap_or("?"),
+        r.max_live,
+        r.max_tokens
+    );
+    println!(
+        "{:>8} {:>9} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "clients", "requests", "req/s", "tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99"
+    );
     for l in &r.levels {
         println!(
             "{:>8} {:>9} {:>8.2} {:>9.1} {:>8.0}ms {:>8.0}ms {:>8.1}ms {:>8.1}ms",
-            l.clients, l.requests, l.requests_per_s, l.tokens_per_s, l.ttft_ms_p50, l.ttft_ms_p99, l.inter_token_ms_p50, l.inter_token_ms_p99
+            l.clients,
+            l.requests,
+            l.requests_per_s,
+            l.tokens_per_s,
+            l.ttft_ms_p50,
+            l.ttft_ms_p99,
+            l.inter_token_ms_p50,
+            l.inter_token_ms_p99
         );
     }
     println!("peak RSS {:.0} MB", r.peak_rss_mb);

@@ -45,7 +45,12 @@ impl Chats {
     fn of(timings: &[Timing]) -> Self {
         let mut ttft: Vec<f64> = timings.iter().map(|t| t.ttft.as_secs_f64() * 1e3).collect();
         let mut gaps: Vec<f64> = timings.iter().flat_map(|t| t.gaps.iter().map(|g| g.as_secs_f64() * 1e3)).collect();
-        Self { requests: timings.len(), ttft_ms_p50: percentile(&mut ttft, 0.5), ttft_ms_p99: percentile(&mut ttft, 0.99), inter_token_ms_p50: percentile(&mut gaps, 0.5) }
+        Self {
+            requests: timings.len(),
+            ttft_ms_p50: percentile(&mut ttft, 0.5),
+            ttft_ms_p99: percentile(&mut ttft, 0.99),
+            inter_token_ms_p50: percentile(&mut gaps, 0.5),
+        }
     }
 }
 
@@ -94,7 +99,9 @@ pub fn ui(args: &UiBenchArgs) -> Result<()> {
     let chat_url = format!("{base}/v1/chat/completions");
     // One short request first, so that nothing timed pays for warming up.
     stream_one(&chat_url, &model_id, QUESTION, 4, 0)?;
-    let alone: Vec<Timing> = (0..args.requests).map(|i| stream_one(&chat_url, &model_id, QUESTION, CHAT_TOKENS, i as u64)).collect::<Result<_>>()?;
+    let alone: Vec<Timing> = (0..args.requests)
+        .map(|i| stream_one(&chat_url, &model_id, QUESTION, CHAT_TOKENS, i as u64))
+        .collect::<Result<_>>()?;
     server.stop()?;
 
     let mut background = Vec::new();
@@ -129,14 +136,25 @@ pub fn ui(args: &UiBenchArgs) -> Result<()> {
 /// A server with a fresh documents folder in `dir`.
 fn start(args: &UiBenchArgs, dir: &Path, shared_prefill_tokens: usize) -> Result<BenchServer> {
     let _ = std::fs::remove_dir_all(dir);
-    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 64 << 20, model_key: "bench-ui".into(), chosen_paths: None };
+    let documents = DocumentsConfig {
+        dir: dir.to_path_buf(),
+        kv_quota_bytes: 1 << 30,
+        max_file_bytes: 64 << 20,
+        model_key: "bench-ui".into(),
+        chosen_paths: None,
+    };
     BenchServer::start(&args.model, Some(documents), 4, 64, shared_prefill_tokens)
 }
 
 /// Uploads the document, summarizes it in the background, and sends chats one after another
 /// (each after a different pause, so they meet the summary's rounds at different points) until
 /// it is done; each is filed under the phase the summary was in when it was sent.
-fn chats_during_summary(server: &BenchServer, name: &str, bytes: &[u8], shared_prefill_tokens: usize) -> Result<(Background, usize)> {
+fn chats_during_summary(
+    server: &BenchServer,
+    name: &str,
+    bytes: &[u8],
+    shared_prefill_tokens: usize,
+) -> Result<(Background, usize)> {
     let base = &server.base;
     let chat_url = format!("{base}/v1/chat/completions");
     let added = upload(base, name, bytes)?;
@@ -175,19 +193,37 @@ fn chats_during_summary(server: &BenchServer, name: &str, bytes: &[u8], shared_p
     if reading.is_empty() {
         bail!("no chat was sent while the summary read the document; use a longer --document");
     }
-    Ok((Background { shared_prefill_tokens, summary_s, while_reading: Chats::of(&reading), while_writing: Chats::of(&writing) }, tokens))
+    Ok((
+        Background {
+            shared_prefill_tokens,
+            summary_s,
+            while_reading: Chats::of(&reading),
+            while_writing: Chats::of(&writing),
+        },
+        tokens,
+    ))
 }
 
 fn print_table(r: &Report) {
     println!("{} on {}; {} ({} tokens) summarized in the background", r.model, r.cpu, r.document, r.document_tokens);
     println!("the page and its files: {:.1} ms ({} kB), p50 of 5", r.page_ms_p50, r.page_bytes / 1000);
-    println!("{:<36} {:>9} {:>10} {:>10} {:>10} {:>10}", "chats", "requests", "TTFT p50", "TTFT p99", "ITL p50", "summary");
+    println!(
+        "{:<36} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "chats", "requests", "TTFT p50", "TTFT p99", "ITL p50", "summary"
+    );
     let row = |label: String, c: &Chats, summary: String| {
-        println!("{:<36} {:>9} {:>8.0}ms {:>8.0}ms {:>8.1}ms {:>10}", label, c.requests, c.ttft_ms_p50, c.ttft_ms_p99, c.inter_token_ms_p50, summary)
+        println!(
+            "{:<36} {:>9} {:>8.0}ms {:>8.0}ms {:>8.1}ms {:>10}",
+            label, c.requests, c.ttft_ms_p50, c.ttft_ms_p99, c.inter_token_ms_p50, summary
+        )
     };
     row("alone".into(), &r.alone, String::new());
     for b in &r.background {
-        let setting = if b.shared_prefill_tokens == 0 { "whole chunks".to_string() } else { format!("{}-token chunks", b.shared_prefill_tokens) };
+        let setting = if b.shared_prefill_tokens == 0 {
+            "whole chunks".to_string()
+        } else {
+            format!("{}-token chunks", b.shared_prefill_tokens)
+        };
         row(format!("while it reads ({setting})"), &b.while_reading, format!("{:.1}s", b.summary_s));
         row(format!("while it writes ({setting})"), &b.while_writing, String::new());
     }
@@ -195,9 +231,11 @@ fn print_table(r: &Report) {
 
 /// `GET /` and the scripts and styles it names, five times: the median time and the bytes.
 fn time_page(base: &str) -> Result<(f64, usize)> {
-    let get = |path: &str| -> Result<String> { Ok(ureq::get(&format!("{base}{path}")).call()?.body_mut().read_to_string()?) };
+    let get =
+        |path: &str| -> Result<String> { Ok(ureq::get(&format!("{base}{path}")).call()?.body_mut().read_to_string()?) };
     let index = get("/").context("the web UI is not built into this binary (make ui)")?;
-    let assets: Vec<String> = index.split(['"', '\'']).filter(|s| s.starts_with("/assets/")).map(str::to_string).collect();
+    let assets: Vec<String> =
+        index.split(['"', '\'']).filter(|s| s.starts_with("/assets/")).map(str::to_string).collect();
     let mut times = Vec::new();
     let mut bytes = 0;
     for _ in 0..5 {

@@ -3,8 +3,8 @@
 use crate::{load_engine, ChatArgs, GenerateArgs};
 use anyhow::Result;
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Sequence, Summary};
-use indicatif::{ProgressBar, ProgressStyle};
 use hillside_remote::RemoteEngine;
+use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufRead, Write};
 use std::sync::{Arc, Mutex};
 
@@ -24,7 +24,12 @@ fn install_interrupt_handler() -> Result<()> {
 const PREFILL_BAR_MIN_TOKENS: usize = 256;
 
 /// Generates into stdout, with a prefill progress bar and a speed line on stderr.
-fn stream_reply(engine: &Engine, seq: &mut Sequence, prompt: &[u32], params: &GenerateParams) -> Result<(String, Summary)> {
+fn stream_reply(
+    engine: &Engine,
+    seq: &mut Sequence,
+    prompt: &[u32],
+    params: &GenerateParams,
+) -> Result<(String, Summary)> {
     let mut reply = String::new();
     let mut bar: Option<ProgressBar> = None;
     let mut stdout = std::io::stdout();
@@ -32,7 +37,10 @@ fn stream_reply(engine: &Engine, seq: &mut Sequence, prompt: &[u32], params: &Ge
         Event::Prefill { done_tokens, total_tokens } => {
             if total_tokens - done_tokens >= PREFILL_BAR_MIN_TOKENS && bar.is_none() {
                 let b = ProgressBar::new(total_tokens as u64).with_message("reading prompt");
-                b.set_style(ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} tokens ({per_sec})").expect("valid template"));
+                b.set_style(
+                    ProgressStyle::with_template("{msg} {bar:30} {pos}/{len} tokens ({per_sec})")
+                        .expect("valid template"),
+                );
                 bar = Some(b);
             }
             if let Some(b) = &bar {
@@ -86,7 +94,10 @@ pub fn generate_once(args: &GenerateArgs) -> Result<()> {
 enum Chatting {
     /// The local engine, with the conversation's sequence (its cached prefix is reused, so each
     /// turn reads only the new message).
-    Local { engine: Engine, seq: Sequence },
+    Local {
+        engine: Engine,
+        seq: Sequence,
+    },
     Remote(Arc<RemoteEngine>),
 }
 
@@ -118,7 +129,14 @@ impl Chatting {
                 *INTERRUPTIBLE.lock().expect("interrupt slot") = None;
                 let summary = summary?;
                 println!();
-                eprintln!("[{} prompt tokens ({} cached), first token after {:.0} ms · {} tokens · {:?}]", summary.prompt_tokens, summary.reused_tokens, summary.prefill_ms, summary.completion_tokens, summary.finish_reason);
+                eprintln!(
+                    "[{} prompt tokens ({} cached), first token after {:.0} ms · {} tokens · {:?}]",
+                    summary.prompt_tokens,
+                    summary.reused_tokens,
+                    summary.prefill_ms,
+                    summary.completion_tokens,
+                    summary.finish_reason
+                );
                 Ok(reply)
             }
         }

@@ -3,8 +3,8 @@
 //! keys are described in [`hillside_server::settings`], which the UI's settings page also edits.
 
 use anyhow::Result;
-pub use hillside_server::settings::FileConfig;
 use hillside_server::settings;
+pub use hillside_server::settings::FileConfig;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

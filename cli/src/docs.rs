@@ -9,7 +9,9 @@ use hillside_documents::chunks::Mode;
 use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::questions::question;
 use hillside_documents::sources::Source;
-use hillside_documents::summarize::{summarize, Backend, DocumentSummary, LibraryCheckpoints, Progress, Request, Runner};
+use hillside_documents::summarize::{
+    summarize, Backend, DocumentSummary, LibraryCheckpoints, Progress, Request, Runner,
+};
 use hillside_documents::{read_file, Document, Library, Limits, Locator};
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event};
@@ -42,7 +44,9 @@ impl DocumentsArgs {
     /// The same for the model `model_key` names (summaries are kept per model).
     pub fn config_for(&self, model_key: String) -> Result<DocumentsConfig> {
         let file = &config::get().documents;
-        let dir = self.documents_dir.clone().or_else(|| file.dir.clone()).unwrap_or_else(|| dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("hillside").join("documents"));
+        let dir = self.documents_dir.clone().or_else(|| file.dir.clone()).unwrap_or_else(|| {
+            dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("hillside").join("documents")
+        });
         let quota_gb = self.kv_quota_gb.or(file.kv_quota_gb).unwrap_or(4.0);
         if !(quota_gb >= 0.0) {
             bail!("kv_quota_gb must be 0 or more");
@@ -65,7 +69,8 @@ fn local_model_key(model: &Path) -> Result<String> {
 /// The library and the kept K/V for the model `model_key` names.
 fn open(args: &DocumentsArgs, model_key: String) -> Result<(DocumentsConfig, Arc<Library>, Arc<DocumentKvCache>)> {
     let config = args.config_for(model_key)?;
-    let library = Library::open(&config.dir.join("library.redb")).map_err(|e| anyhow::anyhow!("{e} (is another Hillside, such as `hillside serve`, using it?)"))?;
+    let library = Library::open(&config.dir.join("library.redb"))
+        .map_err(|e| anyhow::anyhow!("{e} (is another Hillside, such as `hillside serve`, using it?)"))?;
     let library = Arc::new(library);
     let kv = DocumentKvCache::open(library.clone(), &config.dir.join("kv"), config.kv_quota_bytes, &config.model_key)
         .with_context(|| format!("opening {}", config.dir.join("kv").display()))?;
@@ -129,7 +134,14 @@ pub enum DocsCommand {
 /// Starts the scheduler the documents run through, and the context it gives each sequence.
 fn start(engine: &Arc<Engine>, model: &ModelArgs) -> (Scheduler, usize) {
     let context = engine.model().kv_shape(model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;
-    let config = SchedulerConfig { max_live: 4, max_queued: 1024, kv: model.kv_config(), context_tokens: model.context(), cached_sequences: 0, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS };
+    let config = SchedulerConfig {
+        max_live: 4,
+        max_queued: 1024,
+        kv: model.kv_config(),
+        context_tokens: model.context(),
+        cached_sequences: 0,
+        shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
+    };
     (Scheduler::start(engine.clone(), config), context)
 }
 
@@ -168,16 +180,24 @@ pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
     if files.is_empty() {
         bail!("no files to summarize");
     }
-    with_runner(&args.model, &args.engine, &args.documents, |runner, config, library| summarize_with(args, &files, runner, config, library))
+    with_runner(&args.model, &args.engine, &args.documents, |runner, config, library| {
+        summarize_with(args, &files, runner, config, library)
+    })
 }
 
 /// Runs `work` with a runner on the engine `engine` chooses (the local one loads `model`), the
 /// library, and its config.
-fn with_runner<T>(model: &ModelArgs, engine: &EngineArgs, documents: &DocumentsArgs, work: impl FnOnce(&Runner<'_>, &DocumentsConfig, &Library) -> Result<T>) -> Result<T> {
+fn with_runner<T>(
+    model: &ModelArgs,
+    engine: &EngineArgs,
+    documents: &DocumentsArgs,
+    work: impl FnOnce(&Runner<'_>, &DocumentsConfig, &Library) -> Result<T>,
+) -> Result<T> {
     match engine.connect()? {
         Some(remote) => {
             let (config, library, _) = open(documents, format!("remote {} {}", remote.url(), remote.model()))?;
-            let runner = Runner { backend: Backend::Remote(&remote), context_tokens: remote.context_tokens(), kv_cache: None };
+            let runner =
+                Runner { backend: Backend::Remote(&remote), context_tokens: remote.context_tokens(), kv_cache: None };
             work(&runner, &config, &library)
         }
         None => {
@@ -185,13 +205,23 @@ fn with_runner<T>(model: &ModelArgs, engine: &EngineArgs, documents: &DocumentsA
             let (config, library, kv) = open(documents, local_model_key(&model_path)?)?;
             let engine = Arc::new(load_engine(model)?);
             let (scheduler, context) = start(&engine, model);
-            let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &scheduler }, context_tokens: context, kv_cache: Some(&kv) };
+            let runner = Runner {
+                backend: Backend::Local { engine: &engine, scheduler: &scheduler },
+                context_tokens: context,
+                kv_cache: Some(&kv),
+            };
             work(&runner, &config, &library)
         }
     }
 }
 
-fn summarize_with(args: &SummarizeArgs, files: &[PathBuf], runner: &Runner<'_>, config: &DocumentsConfig, library: &Library) -> Result<()> {
+fn summarize_with(
+    args: &SummarizeArgs,
+    files: &[PathBuf],
+    runner: &Runner<'_>,
+    config: &DocumentsConfig,
+    library: &Library,
+) -> Result<()> {
     let limits = Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() };
     // Unreadable files are reported and skipped; the others go on.
     let mut docs = Vec::new();
@@ -217,13 +247,18 @@ fn summarize_with(args: &SummarizeArgs, files: &[PathBuf], runner: &Runner<'_>, 
                 scope.spawn(move || {
                     let mut prefilled: Vec<usize> = Vec::new();
                     let mut checkpoints = LibraryCheckpoints { library, id, model_key };
-                    let summary = summarize(runner, doc, id, &mut checkpoints, &CancelFlag::default(), &mut |p| show(&bar, &mut prefilled, p));
+                    let summary = summarize(runner, doc, id, &mut checkpoints, &CancelFlag::default(), &mut |p| {
+                        show(&bar, &mut prefilled, p)
+                    });
                     bar.finish();
                     summary.map_err(anyhow::Error::from)
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the summary thread panicked")))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the summary thread panicked"))))
+            .collect()
     });
     let mut out = std::io::stdout().lock();
     let mut all_json = Vec::new();
@@ -232,7 +267,9 @@ fn summarize_with(args: &SummarizeArgs, files: &[PathBuf], runner: &Runner<'_>, 
             Ok(summary) => {
                 library.finish_summary(id, summary.points.clone(), summary.plan.tokens)?;
                 if args.json {
-                    all_json.push(serde_json::json!({"id": id, "name": doc.name, "plan": summary.plan, "points": summary.points}));
+                    all_json.push(
+                        serde_json::json!({"id": id, "name": doc.name, "plan": summary.plan, "points": summary.points}),
+                    );
                     continue;
                 }
                 writeln!(out, "\n{} ({id})", doc.name)?;
@@ -272,7 +309,9 @@ fn show(bar: &ProgressBar, prefilled: &mut Vec<usize>, progress: Progress) {
         Progress::Planned { plan } => {
             let mode = match &plan.mode {
                 Mode::Whole => "whole text".to_string(),
-                Mode::Hierarchical { chunks, levels } => format!("hierarchical: {} chunks, up to {levels} merge levels", chunks.len()),
+                Mode::Hierarchical { chunks, levels } => {
+                    format!("hierarchical: {} chunks, up to {levels} merge levels", chunks.len())
+                }
             };
             // Said before any work, also where the bars are hidden (stderr is not a terminal).
             let line = format!("{}: {} tokens, {mode}", bar.prefix(), plan.tokens);
@@ -284,7 +323,9 @@ fn show(bar: &ProgressBar, prefilled: &mut Vec<usize>, progress: Progress) {
             bar.set_length(plan.tokens.max(1) as u64);
             bar.set_message("reading");
         }
-        Progress::Resumed { chunks_done, merges_done } => bar.println(format!("{}: resumed, {chunks_done} chunks and {merges_done} merges kept", bar.prefix())),
+        Progress::Resumed { chunks_done, merges_done } => {
+            bar.println(format!("{}: resumed, {chunks_done} chunks and {merges_done} merges kept", bar.prefix()))
+        }
         Progress::Prefill { chunk, chunks, done_tokens, .. } => {
             prefilled.resize(chunks, 0);
             prefilled[chunk - 1] = done_tokens;
@@ -296,7 +337,9 @@ fn show(bar: &ProgressBar, prefilled: &mut Vec<usize>, progress: Progress) {
             bar.set_message(format!("summarized chunk {done}/{chunks}{}", left(eta_s)));
         }
         Progress::Merging { level, groups } => bar.set_message(format!("merging (level {level}, {groups} groups)")),
-        Progress::Merged { level, done, groups, eta_s, .. } => bar.set_message(format!("merged {done}/{groups} at level {level}{}", left(eta_s))),
+        Progress::Merged { level, done, groups, eta_s, .. } => {
+            bar.set_message(format!("merged {done}/{groups} at level {level}{}", left(eta_s)))
+        }
         // The points are printed, with their sources, once the summary is done.
         Progress::Writing { .. } => bar.set_message("writing the summary"),
         Progress::Done => bar.set_message("done"),
@@ -315,16 +358,27 @@ fn left(eta_s: Option<f64>) -> String {
 pub fn ask(args: &AskArgs) -> Result<()> {
     with_runner(&args.model, &args.engine, &args.documents, |runner, config, library| {
         let (id, doc) = if Path::new(&args.document).exists() {
-            add(library, runner, Path::new(&args.document), &Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() })?
+            add(
+                library,
+                runner,
+                Path::new(&args.document),
+                &Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() },
+            )?
         } else {
-            let (entry, doc) = library.document(&args.document)?.with_context(|| format!("{} is neither a file nor a document id (see `hillside docs list`)", args.document))?;
+            let (entry, doc) = library.document(&args.document)?.with_context(|| {
+                format!("{} is neither a file nor a document id (see `hillside docs list`)", args.document)
+            })?;
             (entry.id, doc)
         };
         let asked = question(runner, &[(id, doc)], &[ChatMessage::new("user", &args.question)])?;
         if let Some(chunk) = asked.excerpts[0].chunk {
             eprintln!("(asking chunk {chunk} of {}: the one that best matches the question)", asked.excerpts[0].chunks);
         }
-        let params = hillside_engine::GenerateParams { max_tokens: args.max_tokens, sampling: hillside_engine::SamplingParams { temperature: 0.0, ..Default::default() }, ..Default::default() };
+        let params = hillside_engine::GenerateParams {
+            max_tokens: args.max_tokens,
+            sampling: hillside_engine::SamplingParams { temperature: 0.0, ..Default::default() },
+            ..Default::default()
+        };
         let mut out = std::io::stdout().lock();
         let done = match (asked.request, runner.backend) {
             (Request::Remote(messages), Backend::Remote(remote)) => {
@@ -334,7 +388,12 @@ pub fn ask(args: &AskArgs) -> Result<()> {
             (request, _) => {
                 let (tokens, prefix) = request.into_local().context("a remote request for the local engine")?;
                 let (tx, rx) = std::sync::mpsc::channel();
-                runner.scheduler().context("no scheduler")?.submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
+                runner.scheduler().context("no scheduler")?.submit_with_prefix(
+                    tokens,
+                    prefix,
+                    params,
+                    Box::new(move |u| tx.send(u).is_ok()),
+                )?;
                 loop {
                     match rx.recv().context("the engine stopped")? {
                         Update::Event(Event::Text(t)) => {
@@ -352,7 +411,10 @@ pub fn ask(args: &AskArgs) -> Result<()> {
             Backend::Local { .. } => "from the document's kept K/V",
             Backend::Remote(_) => "from the remote engine's prefix cache",
         };
-        eprintln!("({} prompt tokens, {} of them reused {reused}; first token after {:.0} ms)", done.prompt_tokens, done.reused_tokens, done.prefill_ms);
+        eprintln!(
+            "({} prompt tokens, {} of them reused {reused}; first token after {:.0} ms)",
+            done.prompt_tokens, done.reused_tokens, done.prefill_ms
+        );
         Ok(())
     })
 }
@@ -375,7 +437,14 @@ pub fn docs(command: &DocsCommand) -> Result<()> {
                 let format = serde_json::to_value(e.format)?.as_str().unwrap_or_default().to_string();
                 let tokens = e.tokens.map_or("-".into(), |t| t.to_string());
                 let summary = e.summary.as_ref().map_or("no".to_string(), |p| format!("{} points", p.len()));
-                println!("{:<16}  {:<32}  {:<8}  {:>9}  {:>8}kB  {summary}", e.id, e.name, format, tokens, e.size_bytes / 1000);
+                println!(
+                    "{:<16}  {:<32}  {:<8}  {:>9}  {:>8}kB  {summary}",
+                    e.id,
+                    e.name,
+                    format,
+                    tokens,
+                    e.size_bytes / 1000
+                );
             }
             let (files, bytes) = kv.usage();
             println!("kept K/V: {files} files, {:.1} MB", bytes as f64 / 1e6);

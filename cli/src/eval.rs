@@ -1,10 +1,10 @@
 //! `hillside eval`: how faithful each KV store is to the full cache, teacher-forced over a real
 //! text. Prints a table and writes JSON.
 
+use crate::prompt_cache::feed_prompt;
 use crate::{load_engine, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use crate::prompt_cache::feed_prompt;
 use hillside_engine::eval::{teacher_forced_from, AttentionMass, AttentionMassProbe, IdealSelector, TeacherForced};
 use hillside_engine::kv::{KvStats, KvStore, StoreKind};
 use hillside_engine::Engine;
@@ -90,7 +90,8 @@ impl EvalArgs {
             Ok(seq)
         };
         let prompt = &window[..self.prompt_tokens];
-        let (mut seq, logits, _) = feed_prompt(engine, &self.model, new_sequence, prompt, 256, self.prompt_cache.as_deref())?;
+        let (mut seq, logits, _) =
+            feed_prompt(engine, &self.model, new_sequence, prompt, 256, self.prompt_cache.as_deref())?;
         let run = teacher_forced_from(engine, &mut seq, logits, &window[self.prompt_tokens..], |_| {})?;
         Ok((run, seq.kv.stats()))
     }
@@ -115,7 +116,8 @@ impl Lcg {
 }
 
 const PASSKEY_INTRO: &str = "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about it.\n";
-const PASSKEY_FILLER: &str = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+const PASSKEY_FILLER: &str =
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
 
 /// The landmark-attention passkey prompt: filler of about `context` tokens with the key at `depth` (0..1).
 fn passkey_prompt(engine: &hillside_engine::Engine, context: usize, key: u64, depth: f64) -> Result<Vec<u32>> {
@@ -135,7 +137,8 @@ fn passkey(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKin
     let contexts = if args.no_passkey { &[][..] } else { &args.passkey_contexts[..] };
     for &context in contexts {
         let mut rng = Lcg(context as u64);
-        let trials: Vec<(u64, f64)> = (0..args.passkey_trials).map(|_| (10_000 + rng.next(90_000), rng.next(1000) as f64 / 1000.0)).collect();
+        let trials: Vec<(u64, f64)> =
+            (0..args.passkey_trials).map(|_| (10_000 + rng.next(90_000), rng.next(1000) as f64 / 1000.0)).collect();
         for &store in stores {
             let config = args.kv_config(store);
             let mut correct = 0;
@@ -144,7 +147,14 @@ fn passkey(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKin
                 // All but the question's last token, replayed from `--prompt-cache` where it
                 // holds it; `generate` then runs that token and answers.
                 let new_sequence = || Ok(engine.new_sequence_with(&config, Some(context))?);
-                let (mut seq, _, _) = feed_prompt(engine, &args.model, new_sequence, &prompt[..prompt.len() - 1], 256, args.prompt_cache.as_deref())?;
+                let (mut seq, _, _) = feed_prompt(
+                    engine,
+                    &args.model,
+                    new_sequence,
+                    &prompt[..prompt.len() - 1],
+                    256,
+                    args.prompt_cache.as_deref(),
+                )?;
                 let params = hillside_engine::GenerateParams {
                     max_tokens: 8,
                     sampling: hillside_engine::SamplingParams::greedy(),
@@ -193,7 +203,9 @@ fn ideal(engine: &Engine, args: &EvalArgs, window: &[u32], reference: &TeacherFo
     eprintln!("ideal selector: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
     let kv = args.model.kv_config();
     let config = hillside_engine::kv::KvConfig { hot_budget_bytes: Some(1 << 40), ..args.kv_config(StoreKind::Tiered) };
-    let (run, _) = args.teacher_force(engine, &config, window, |kv_store| Box::new(IdealSelector::wrap(kv_store, kv.sink_tokens, kv.recent_tokens)))?;
+    let (run, _) = args.teacher_force(engine, &config, window, |kv_store| {
+        Box::new(IdealSelector::wrap(kv_store, kv.sink_tokens, kv.recent_tokens))
+    })?;
     Ok(IdealResult {
         perplexity: run.perplexity(),
         perplexity_change_pct: 100.0 * (run.perplexity() / reference.perplexity() - 1.0),
@@ -213,7 +225,12 @@ struct GreedyResult {
 }
 
 /// Greedy continuations of `prompts` windows of the shared documents, each store against `full`.
-fn greedy(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKind], documents: &[Vec<u32>]) -> Result<Vec<GreedyResult>> {
+fn greedy(
+    engine: &hillside_engine::Engine,
+    args: &EvalArgs,
+    stores: &[StoreKind],
+    documents: &[Vec<u32>],
+) -> Result<Vec<GreedyResult>> {
     if args.greedy_prompts == 0 {
         return Ok(Vec::new());
     }
@@ -239,7 +256,8 @@ fn greedy(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKind
         let mut out = Vec::new();
         for prompt in &prompts {
             let mut seq = engine.new_sequence_with(&config, Some(len + args.greedy_tokens))?;
-            let summary = hillside_engine::generate(engine, &mut seq, prompt, &params, &Default::default(), &mut |_| {})?;
+            let summary =
+                hillside_engine::generate(engine, &mut seq, prompt, &params, &Default::default(), &mut |_| {})?;
             out.push(summary.completion_ids);
         }
         outputs.push(out);
@@ -282,10 +300,17 @@ fn gpl_path(text: &std::path::Path) -> PathBuf {
 pub fn eval(args: &EvalArgs) -> Result<()> {
     let engine = load_engine(&args.model)?;
     let text_path = args.text.clone().unwrap_or_else(|| PathBuf::from("../shared/data/pride-and-prejudice.txt"));
-    let text = std::fs::read_to_string(&text_path).with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
+    let text = std::fs::read_to_string(&text_path)
+        .with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
     let all = engine.tokenizer().encode(&text)?;
     if all.len() < args.skip_tokens + args.tokens || args.prompt_tokens >= args.tokens {
-        bail!("{} has {} tokens; the window needs {} after skipping {}", text_path.display(), all.len(), args.tokens, args.skip_tokens);
+        bail!(
+            "{} has {} tokens; the window needs {} after skipping {}",
+            text_path.display(),
+            all.len(),
+            args.tokens,
+            args.skip_tokens
+        );
     }
     let window = &all[args.skip_tokens..args.skip_tokens + args.tokens];
 
@@ -375,13 +400,27 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         );
     }
     if let Some(i) = &report.ideal {
-        println!("{:<12} {:>11.3} {:>8.2}% {:>7.1}%", "ideal", i.perplexity, i.perplexity_change_pct, 100.0 * i.top1_agreement);
+        println!(
+            "{:<12} {:>11.3} {:>8.2}% {:>7.1}%",
+            "ideal",
+            i.perplexity,
+            i.perplexity_change_pct,
+            100.0 * i.top1_agreement
+        );
     }
     if !report.greedy.is_empty() {
-        println!("\ngreedy continuations ({} tokens after {}-token prompts) vs full", args.greedy_tokens, args.greedy_prompt_tokens);
+        println!(
+            "\ngreedy continuations ({} tokens after {}-token prompts) vs full",
+            args.greedy_tokens, args.greedy_prompt_tokens
+        );
         println!("{:<12} {:>10} {:>16}", "store", "identical", "matching prefix");
         for g in &report.greedy {
-            println!("{:<12} {:>10} {:>16.1}", g.store.to_string(), format!("{}/{}", g.identical, g.prompts), g.mean_matching_prefix);
+            println!(
+                "{:<12} {:>10} {:>16.1}",
+                g.store.to_string(),
+                format!("{}/{}", g.identical, g.prompts),
+                g.mean_matching_prefix
+            );
         }
     }
     if !report.passkey.is_empty() {

@@ -250,7 +250,10 @@ impl ModelArgs {
             format!("--sparf-dims={}", c.sparf_dims),
             format!("--spare-copy={}", c.spare_copy),
             format!("--x-cache-share={}", c.x_cache_share),
-            format!("--cold-dir={}", c.cold_dirs().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(",")),
+            format!(
+                "--cold-dir={}",
+                c.cold_dirs().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(",")
+            ),
         ];
         if let Some(m) = self.model() {
             flags.push(format!("--model={m}"));
@@ -364,8 +367,12 @@ pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
     }
     let c = &engine.model().config;
     tracing::info!(
-        arch = c.architecture.name(), layers = c.n_layers, hidden = c.hidden_size, context = c.context_tokens,
-        weights_mb = engine.model().weight_bytes() / 1_000_000, simd = hillside_engine::kernels::simd_level().name(),
+        arch = c.architecture.name(),
+        layers = c.n_layers,
+        hidden = c.hidden_size,
+        context = c.context_tokens,
+        weights_mb = engine.model().weight_bytes() / 1_000_000,
+        simd = hillside_engine::kernels::simd_level().name(),
         attention = engine.model().attention().name(),
         "model loaded"
     );

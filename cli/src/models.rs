@@ -104,7 +104,10 @@ fn pull_hf(repo: &str, file: &str) -> Result<PathBuf> {
     if let Some(path) = hf_hub::Cache::from_env().model(repo.to_string()).get(file) {
         return Ok(path);
     }
-    let api = hf_hub::api::sync::ApiBuilder::from_env().with_progress(true).build().context("setting up the Hugging Face client")?;
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(true)
+        .build()
+        .context("setting up the Hugging Face client")?;
     api.model(repo.to_string())
         .get(file)
         .with_context(|| format!("downloading {file} from {repo} (needs internet access to huggingface.co)"))
@@ -120,7 +123,8 @@ pub fn pull(what: &str, file: Option<&str>) -> Result<PathBuf> {
             None => bail!("registry entry {what} names no source"),
         }
     } else if what.contains('/') {
-        let file = file.context("give the file to fetch from the repository with --file, e.g. --file model-q4_0.gguf")?;
+        let file =
+            file.context("give the file to fetch from the repository with --file, e.g. --file model-q4_0.gguf")?;
         pull_hf(what, file)?
     } else {
         bail!("unknown model {what}: give a registry name (see `hillside models list`) or a Hugging Face repo with --file");
@@ -153,8 +157,14 @@ pub fn list() {
 /// Names of the installed models: registry names, then the stems of other GGUF files.
 pub fn installed_names() -> Vec<String> {
     let registry = registry();
-    let mut names: Vec<String> = registry.models.iter().filter(|e| e.installed_path().is_some()).map(|e| e.name.clone()).collect();
-    names.extend(other_files(&models_dir(), &registry).iter().filter_map(|p| p.file_stem()).map(|s| s.to_string_lossy().into_owned()));
+    let mut names: Vec<String> =
+        registry.models.iter().filter(|e| e.installed_path().is_some()).map(|e| e.name.clone()).collect();
+    names.extend(
+        other_files(&models_dir(), &registry)
+            .iter()
+            .filter_map(|p| p.file_stem())
+            .map(|s| s.to_string_lossy().into_owned()),
+    );
     names
 }
 

@@ -65,8 +65,10 @@ impl PromptSnapshot {
     }
 
     fn save(&self, kv: &mut dyn KvStore, tokens: usize) -> Result<()> {
-        std::fs::create_dir_all(self.path.parent().unwrap_or(Path::new("."))).with_context(|| format!("creating {}", self.path.display()))?;
-        let bytes = snapshot::save(kv, tokens, &self.tag, &self.path).with_context(|| format!("saving the prompt's K/V to {}", self.path.display()))?;
+        std::fs::create_dir_all(self.path.parent().unwrap_or(Path::new(".")))
+            .with_context(|| format!("creating {}", self.path.display()))?;
+        let bytes = snapshot::save(kv, tokens, &self.tag, &self.path)
+            .with_context(|| format!("saving the prompt's K/V to {}", self.path.display()))?;
         eprintln!("kept the prompt's K/V ({tokens} tokens, {} MB) in {}", bytes / 1_000_000, self.path.display());
         Ok(())
     }

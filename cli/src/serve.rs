@@ -56,8 +56,11 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let addr = address(args);
     if !addr.ip().is_loopback() {
         tracing::warn!(host = %addr.ip(), "listening beyond this machine: anyone who can reach it can use the model");
-        eprintln!("warning: {} is not a loopback address; anyone who can reach this machine can use the model{}",
-            addr.ip(), if config.api_key.is_none() { " (no API key set)" } else { "" });
+        eprintln!(
+            "warning: {} is not a loopback address; anyone who can reach this machine can use the model{}",
+            addr.ip(),
+            if config.api_key.is_none() { " (no API key set)" } else { "" }
+        );
     }
     let runtime = runtime()?;
     runtime.block_on(async move {
@@ -85,12 +88,19 @@ fn announce(line: std::fmt::Arguments) {
 /// The address to listen on: each flag over its `[server]` key over 127.0.0.1:8080.
 pub fn address(args: &ServeArgs) -> SocketAddr {
     let file = &config::get().server;
-    SocketAddr::new(args.host.or(file.host).unwrap_or(IpAddr::from([127, 0, 0, 1])), args.port.or(file.port).unwrap_or(8080))
+    SocketAddr::new(
+        args.host.or(file.host).unwrap_or(IpAddr::from([127, 0, 0, 1])),
+        args.port.or(file.port).unwrap_or(8080),
+    )
 }
 
 /// The runtime the server runs on (two workers: the model has the other cores).
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 /// Loads the model (or connects to the remote engine) and makes the server's configuration, as
@@ -102,8 +112,14 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
     if max_live == 0 {
         anyhow::bail!("max_live must be at least 1");
     }
-    let cors_origins = if args.cors_origins.is_empty() { file.cors_origins.clone().unwrap_or_default() } else { args.cors_origins.clone() };
-    if hillside_server::AllowedOrigins::parse(&cors_origins).map_err(anyhow::Error::msg).context("--cors-origin")? == hillside_server::AllowedOrigins::Any {
+    let cors_origins = if args.cors_origins.is_empty() {
+        file.cors_origins.clone().unwrap_or_default()
+    } else {
+        args.cors_origins.clone()
+    };
+    if hillside_server::AllowedOrigins::parse(&cors_origins).map_err(anyhow::Error::msg).context("--cors-origin")?
+        == hillside_server::AllowedOrigins::Any
+    {
         eprintln!("warning: --cors-origin '*' lets every web page the user opens call this server");
     }
     let (engine, model_id, model_aliases, installed_models, mut documents) = match args.engine.connect()? {
@@ -117,7 +133,13 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
             let path = models::resolve(args.model.model())?;
             let engine = Arc::new(load_engine(&args.model)?);
             let (model_id, model_aliases) = model_names(args.model.model(), &path);
-            (EngineChoice::Local(engine), model_id, model_aliases, models::installed_names(), args.documents.config(&path)?)
+            (
+                EngineChoice::Local(engine),
+                model_id,
+                model_aliases,
+                models::installed_names(),
+                args.documents.config(&path)?,
+            )
         }
     };
     documents.chosen_paths = chosen_paths;

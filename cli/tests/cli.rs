@@ -9,7 +9,9 @@ fn hillside() -> Command {
 
 /// Cold-pool files in `dir`.
 fn cold_files(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count())
+    std::fs::read_dir(dir).map_or(0, |d| {
+        d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count()
+    })
 }
 
 #[test]
@@ -45,10 +47,8 @@ fn chat_keeps_the_conversation_and_resets() {
     assert!(stdout.contains("Berlin") && stdout.contains("Rome"), "{stdout}");
     assert!(stderr.contains("conversation cleared"), "{stderr}");
     // The second turn reuses the first turn's cache; after /reset nothing matches but the system prompt.
-    let cached: Vec<usize> = stderr
-        .lines()
-        .filter_map(|l| l.split('(').nth(1)?.split(" cached").next()?.parse().ok())
-        .collect();
+    let cached: Vec<usize> =
+        stderr.lines().filter_map(|l| l.split('(').nth(1)?.split(" cached").next()?.parse().ok()).collect();
     assert_eq!(cached.len(), 3, "{stderr}");
     assert!(cached[1] > cached[0] + 20, "second turn should reuse the first: {cached:?}");
     assert!(cached[2] < cached[1], "after /reset the conversation starts over: {cached:?}");
@@ -102,7 +102,11 @@ fn a_missing_default_model_is_fetched_on_first_use() {
     assert!(model.metadata().is_ok_and(|m| m.len() > 90_000_000), "model not unpacked into {}", dir.display());
 
     // The second run finds it and fetches nothing.
-    let out = hillside().env("HILLSIDE_MODELS_DIR", &dir).args(["generate", "--prompt", "Hi", "--max-tokens", "1"]).output().unwrap();
+    let out = hillside()
+        .env("HILLSIDE_MODELS_DIR", &dir)
+        .args(["generate", "--prompt", "Hi", "--max-tokens", "1"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert!(!String::from_utf8_lossy(&out.stderr).contains("fetching"));
     std::fs::remove_dir_all(&dir).unwrap();
@@ -118,7 +122,11 @@ fn hub_models_resolve_from_the_local_cache_without_network() {
     std::fs::write(repo.join("refs/main"), "abc123").unwrap();
     std::fs::write(repo.join("snapshots/abc123/model.gguf"), b"GGUF-placeholder").unwrap();
 
-    let out = hillside().env("HF_HOME", &home).args(["models", "pull", "someone/tiny-model", "--file", "model.gguf"]).output().unwrap();
+    let out = hillside()
+        .env("HF_HOME", &home)
+        .args(["models", "pull", "someone/tiny-model", "--file", "model.gguf"])
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.trim().ends_with("snapshots/abc123/model.gguf"), "{stdout}");
@@ -160,9 +168,21 @@ fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
     let dir = std::env::temp_dir().join(format!("hillside-cli-cold-{}", std::process::id()));
     let generate = |prompt: &str, max_tokens: &str| {
         let mut cmd = hillside();
-        cmd.args(["generate", "--kv", "tiered", "--context", "1024", "--temperature", "0", "--max-tokens", max_tokens, "--prompt", prompt])
-            .arg("--cold-dir")
-            .arg(&dir);
+        cmd.args([
+            "generate",
+            "--kv",
+            "tiered",
+            "--context",
+            "1024",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            max_tokens,
+            "--prompt",
+            prompt,
+        ])
+        .arg("--cold-dir")
+        .arg(&dir);
         cmd
     };
 
@@ -172,7 +192,11 @@ fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
     assert_eq!(cold_files(&dir), 0, "the cold-pool file goes when the process ends");
 
     // Kill one mid-reply: its file stays behind ...
-    let mut child = generate("Write a very long story about a lighthouse keeper.", "2000").stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = generate("Write a very long story about a lighthouse keeper.", "2000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut first = [0u8; 1];
     std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
     child.kill().unwrap();
@@ -190,7 +214,13 @@ fn the_config_file_applies_under_the_flags_and_its_mistakes_are_named() {
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("config.toml");
     let run = |flags: &[&str]| {
-        let out = hillside().arg("--config").arg(&config).args(["generate", "--prompt", "Hi", "--max-tokens", "2"]).args(flags).output().unwrap();
+        let out = hillside()
+            .arg("--config")
+            .arg(&config)
+            .args(["generate", "--prompt", "Hi", "--max-tokens", "2"])
+            .args(flags)
+            .output()
+            .unwrap();
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
 
@@ -226,7 +256,12 @@ fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
         .unwrap();
     let mut banner = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut banner).unwrap();
-    let addr = banner.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("no address in {banner:?}")).to_string();
+    let addr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {banner:?}"))
+        .to_string();
     assert!(addr.starts_with("127.0.0.1:"), "loopback by default: {banner}");
 
     // A long stream is under way when the signal comes. Greedy, so that it cannot draw an
@@ -337,18 +372,36 @@ fn real_xrt_without_a_card_means_no_device_never_an_abort() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let unset = devices(None);
-    assert!(unset.contains("XRT 2.13") && unset.contains("no device") && unset.contains("XILINX_XRT is not set"), "{unset}");
+    assert!(
+        unset.contains("XRT 2.13") && unset.contains("no device") && unset.contains("XILINX_XRT is not set"),
+        "{unset}"
+    );
     let wrong = devices(Some(std::path::Path::new("/nonexistent/xrt")));
     assert!(wrong.contains("no device") && wrong.contains("XILINX_XRT=/nonexistent/xrt has no"), "{wrong}");
     let no_card = devices(Some(&tree));
     assert!(no_card.contains("no device: XRT found no card") && no_card.contains("cards        0"), "{no_card}");
     // SmolLM2's grouped-query attention makes a token's layer input larger than its K and V.
-    assert!(no_card.contains("X-cache      off: a token's layer input is 576 values, its K and V only 384"), "{no_card}");
+    assert!(
+        no_card.contains("X-cache      off: a token's layer input is 576 values, its K and V only 384"),
+        "{no_card}"
+    );
 
     // Asked for the card anyway, a tiered decode says why in one line and answers on the host.
     let dir = std::env::temp_dir().join(format!("hillside-cli-xrt-cold-{}", std::process::id()));
     let out = hillside()
-        .args(["generate", "--kv", "tiered", "--evaluator", "xrt", "--xrt-library", DEBIAN_XRT, "--context", "1024", "--temperature", "0"])
+        .args([
+            "generate",
+            "--kv",
+            "tiered",
+            "--evaluator",
+            "xrt",
+            "--xrt-library",
+            DEBIAN_XRT,
+            "--context",
+            "1024",
+            "--temperature",
+            "0",
+        ])
         .args(["--max-tokens", "30", "--prompt", "What is the capital of Germany?"])
         .arg("--cold-dir")
         .arg(&dir)
@@ -372,7 +425,21 @@ fn bench_recall_measures_every_copy_and_full_rank_ranks_exactly() {
     let json = dir.join("recall.json");
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/pride-and-prejudice.txt");
     let out = hillside()
-        .args(["bench", "recall", "--tokens", "768", "--queries", "2", "--fit-tokens", "256", "--ranks", "8,64", "--text", text, "--json"])
+        .args([
+            "bench",
+            "recall",
+            "--tokens",
+            "768",
+            "--queries",
+            "2",
+            "--fit-tokens",
+            "256",
+            "--ranks",
+            "8,64",
+            "--text",
+            text,
+            "--json",
+        ])
         .arg(&json)
         .output()
         .unwrap();
@@ -381,7 +448,12 @@ fn bench_recall_measures_every_copy_and_full_rank_ranks_exactly() {
     assert!(stdout.contains("rope_pairs") && stdout.contains("pca"), "{stdout}");
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let copies = report["copies"].as_array().unwrap();
-    let copy = |method: &str, rank: u64| copies.iter().find(|c| c["method"] == method && c["rank"] == rank).unwrap_or_else(|| panic!("no {method} at {rank}: {report}"));
+    let copy = |method: &str, rank: u64| {
+        copies
+            .iter()
+            .find(|c| c["method"] == method && c["rank"] == rank)
+            .unwrap_or_else(|| panic!("no {method} at {rank}: {report}"))
+    };
     let recall = |c: &serde_json::Value, key: &str| c[key].as_f64().unwrap();
     // All 64 dimensions in f32 are the exact scores, however they are projected.
     for method in ["pca", "rope_pairs"] {
@@ -403,7 +475,20 @@ fn bench_decode_keeps_the_prompt_and_replays_it_and_a_damaged_one_is_computed_ag
     let run = |run: &str| {
         let json = dir.join(format!("{run}.json"));
         let out = hillside()
-            .args(["bench", "decode", "--kv", "tiered", "--prefill-tokens", "16", "--contexts", "1024", "--decode-tokens", "4", "--text", text])
+            .args([
+                "bench",
+                "decode",
+                "--kv",
+                "tiered",
+                "--prefill-tokens",
+                "16",
+                "--contexts",
+                "1024",
+                "--decode-tokens",
+                "4",
+                "--text",
+                text,
+            ])
             .arg("--prompt-cache")
             .arg(&cache)
             .arg("--cold-dir")
@@ -444,7 +529,19 @@ fn eval_replays_the_kept_prompt_into_each_store_and_offload_scores_as_full() {
     let (cache, json) = (dir.join("prompts"), dir.join("eval.json"));
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/pride-and-prejudice.txt");
     let out = hillside()
-        .args(["eval", "--stores", "offload", "--tokens", "640", "--prompt-tokens", "512", "--greedy-prompts", "0", "--text", text])
+        .args([
+            "eval",
+            "--stores",
+            "offload",
+            "--tokens",
+            "640",
+            "--prompt-tokens",
+            "512",
+            "--greedy-prompts",
+            "0",
+            "--text",
+            text,
+        ])
         .args(["--passkey-contexts", "640", "--passkey-trials", "1"])
         .arg("--prompt-cache")
         .arg(&cache)
@@ -470,7 +567,11 @@ fn eval_replays_the_kept_prompt_into_each_store_and_offload_scores_as_full() {
     assert_eq!(results[1]["top1_agreement"], 1.0, "{report}");
     let passkeys = report["passkey"].as_array().unwrap();
     assert_eq!(passkeys.len(), 2, "{report}");
-    assert_eq!((passkeys[0]["correct"].as_u64(), passkeys[1]["correct"].as_u64()), (Some(1), Some(1)), "both find the key: {report}");
+    assert_eq!(
+        (passkeys[0]["correct"].as_u64(), passkeys[1]["correct"].as_u64()),
+        (Some(1), Some(1)),
+        "both find the key: {report}"
+    );
     assert_eq!(cold_files(&dir.join("cold")), 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -52,7 +52,12 @@ pub struct TooLong {
 
 /// Plans the summary of `doc` for a model with `context_tokens`, keeping `reserve_tokens` for
 /// the instructions and the answer; `count` gives a text's tokens.
-pub fn plan(doc: &Document, context_tokens: usize, reserve_tokens: usize, count: &dyn Fn(&str) -> usize) -> Result<Plan, TooLong> {
+pub fn plan(
+    doc: &Document,
+    context_tokens: usize,
+    reserve_tokens: usize,
+    count: &dyn Fn(&str) -> usize,
+) -> Result<Plan, TooLong> {
     let tokens = count(&doc.text);
     if tokens + reserve_tokens <= context_tokens {
         return Ok(Plan { tokens, mode: Mode::Whole });
@@ -115,7 +120,13 @@ fn pieces(text: &str, budget: usize, count: &dyn Fn(&str) -> usize) -> Vec<Range
     out
 }
 
-fn split_to_fit(text: &str, range: Range<usize>, budget: usize, count: &dyn Fn(&str) -> usize, out: &mut Vec<Range<usize>>) {
+fn split_to_fit(
+    text: &str,
+    range: Range<usize>,
+    budget: usize,
+    count: &dyn Fn(&str) -> usize,
+    out: &mut Vec<Range<usize>>,
+) {
     if count(&text[range.clone()]) <= budget {
         out.push(range);
         return;
@@ -123,11 +134,16 @@ fn split_to_fit(text: &str, range: Range<usize>, budget: usize, count: &dyn Fn(&
     let part = &text[range.clone()];
     // At the line (else the space) nearest the middle.
     let middle = part.floor_char_boundary(part.len() / 2);
-    let cut = [part[..middle].rfind('\n'), part[middle..].find('\n').map(|i| middle + i), part[..middle].rfind(' '), part[middle..].find(' ').map(|i| middle + i)]
-        .into_iter()
-        .flatten()
-        .find(|&i| i > 0 && i + 1 < part.len())
-        .map_or(middle.max(part.ceil_char_boundary(1)), |i| i + 1);
+    let cut = [
+        part[..middle].rfind('\n'),
+        part[middle..].find('\n').map(|i| middle + i),
+        part[..middle].rfind(' '),
+        part[middle..].find(' ').map(|i| middle + i),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|&i| i > 0 && i + 1 < part.len())
+    .map_or(middle.max(part.ceil_char_boundary(1)), |i| i + 1);
     split_to_fit(text, range.start..range.start + cut, budget, count, out);
     split_to_fit(text, range.start + cut..range.end, budget, count, out);
 }
@@ -178,7 +194,9 @@ mod tests {
         let small = doc(&"word ".repeat(100), Vec::new());
         assert_eq!(plan(&small, 1000, 200, &words).unwrap().mode, Mode::Whole);
         let big = doc(&"word word word word word\n\n".repeat(2000), Vec::new());
-        let Mode::Hierarchical { chunks, levels } = plan(&big, 8192, 512, &words).unwrap().mode else { panic!("hierarchical") };
+        let Mode::Hierarchical { chunks, levels } = plan(&big, 8192, 512, &words).unwrap().mode else {
+            panic!("hierarchical")
+        };
         assert_eq!((chunks.len(), levels), (3, 1));
         // A 4,096-token context: chunks of 2,048 tokens, merges of 8 summaries.
         let huge = doc(&"word word word word word\n\n".repeat(40_000), Vec::new());

@@ -44,7 +44,13 @@ impl DocumentKvCache {
     /// are removed.
     pub fn open(library: Arc<Library>, dir: &Path, quota_bytes: u64, model_key: &str) -> std::io::Result<Arc<Self>> {
         std::fs::create_dir_all(dir)?;
-        let cache = Self { library, dir: dir.to_path_buf(), quota_bytes, model_key: model_key.to_string(), stats: KvCacheStats::default() };
+        let cache = Self {
+            library,
+            dir: dir.to_path_buf(),
+            quota_bytes,
+            model_key: model_key.to_string(),
+            stats: KvCacheStats::default(),
+        };
         let known: Vec<KeptKv> = cache.library.kept_kvs().map_err(std::io::Error::other)?;
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
@@ -152,15 +158,27 @@ impl KeptPrefix for DocumentPrefix {
         }
         let bytes = snapshot::file_bytes(seq.kv.shape(), self.tokens);
         if bytes > cache.quota_bytes {
-            tracing::info!(bytes, quota = cache.quota_bytes, "a document's K/V is larger than the whole quota; not kept");
+            tracing::info!(
+                bytes,
+                quota = cache.quota_bytes,
+                "a document's K/V is larger than the whole quota; not kept"
+            );
             return;
         }
         cache.make_room(bytes, &self.key);
         let path = cache.path(&self.key);
-        let saved = snapshot::save(seq.kv.as_mut(), self.tokens, &self.tag, &path).map_err(|e| e.to_string()).and_then(|bytes| {
-            let kept = KeptKv { key: self.key.clone(), documents: self.documents.clone(), tokens: self.tokens, bytes, used_s: now_s() };
-            cache.library.keep_kv(&kept).map_err(|e| e.to_string())
-        });
+        let saved = snapshot::save(seq.kv.as_mut(), self.tokens, &self.tag, &path).map_err(|e| e.to_string()).and_then(
+            |bytes| {
+                let kept = KeptKv {
+                    key: self.key.clone(),
+                    documents: self.documents.clone(),
+                    tokens: self.tokens,
+                    bytes,
+                    used_s: now_s(),
+                };
+                cache.library.keep_kv(&kept).map_err(|e| e.to_string())
+            },
+        );
         match saved {
             Ok(()) => {
                 cache.stats.saved.fetch_add(1, Ordering::Relaxed);

@@ -127,7 +127,12 @@ impl Library {
         let txn = self.db.begin_write().map_err(err)?;
         let added = {
             let mut entries = txn.open_table(ENTRIES).map_err(err)?;
-            let known = entries.get(id.as_str()).map_err(err)?.map(|v| serde_json::from_slice::<Entry>(v.value())).transpose().map_err(err)?;
+            let known = entries
+                .get(id.as_str())
+                .map_err(err)?
+                .map(|v| serde_json::from_slice::<Entry>(v.value()))
+                .transpose()
+                .map_err(err)?;
             let created = known.is_none();
             let entry = match known {
                 Some(known) => Entry { name: doc.name.clone(), used_s: now, ..known },
@@ -164,7 +169,11 @@ impl Library {
     }
 
     /// The value under `key` in a table of JSON values.
-    fn read_json<T: serde::de::DeserializeOwned>(&self, table: TableDefinition<&str, &[u8]>, key: &str) -> Result<Option<T>, LibraryError> {
+    fn read_json<T: serde::de::DeserializeOwned>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        key: &str,
+    ) -> Result<Option<T>, LibraryError> {
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(table).map_err(err)?;
         let found = table.get(key).map_err(err)?;
@@ -202,7 +211,13 @@ impl Library {
         let txn = self.db.begin_write().map_err(err)?;
         let entry = {
             let mut table = txn.open_table(ENTRIES).map_err(err)?;
-            let Some(mut entry) = table.get(id).map_err(err)?.map(|v| serde_json::from_slice::<Entry>(v.value())).transpose().map_err(err)? else {
+            let Some(mut entry) = table
+                .get(id)
+                .map_err(err)?
+                .map(|v| serde_json::from_slice::<Entry>(v.value()))
+                .transpose()
+                .map_err(err)?
+            else {
                 return Ok(None);
             };
             change(&mut entry);
@@ -245,7 +260,10 @@ impl Library {
     /// Records (or refreshes) a kept K/V file.
     pub fn keep_kv(&self, kept: &KeptKv) -> Result<(), LibraryError> {
         let txn = self.db.begin_write().map_err(err)?;
-        txn.open_table(KEPT_KV).map_err(err)?.insert(kept.key.as_str(), serde_json::to_vec(kept).map_err(err)?.as_slice()).map_err(err)?;
+        txn.open_table(KEPT_KV)
+            .map_err(err)?
+            .insert(kept.key.as_str(), serde_json::to_vec(kept).map_err(err)?.as_slice())
+            .map_err(err)?;
         txn.commit().map_err(err)
     }
 
@@ -265,15 +283,31 @@ impl Library {
     /// Keeps a finished step's `note` of the summary of `id` planned as `plan_key` (of
     /// `chunks` chunks), in one transaction; notes kept for another plan are dropped, and
     /// nothing is kept for a document removed meanwhile.
-    pub fn keep_step(&self, id: &str, plan_key: &str, chunks: usize, step: &str, note: &str) -> Result<(), LibraryError> {
+    pub fn keep_step(
+        &self,
+        id: &str,
+        plan_key: &str,
+        chunks: usize,
+        step: &str,
+        note: &str,
+    ) -> Result<(), LibraryError> {
         let txn = self.db.begin_write().map_err(err)?;
         if txn.open_table(ENTRIES).map_err(err)?.get(id).map_err(err)?.is_none() {
             return Ok(());
         }
         {
             let mut table = txn.open_table(CHECKPOINTS).map_err(err)?;
-            let known = table.get(id).map_err(err)?.map(|v| serde_json::from_slice::<SummaryCheckpoint>(v.value())).transpose().map_err(err)?;
-            let mut checkpoint = known.filter(|c| c.plan_key == plan_key).unwrap_or_else(|| SummaryCheckpoint { plan_key: plan_key.to_string(), chunks, ..Default::default() });
+            let known = table
+                .get(id)
+                .map_err(err)?
+                .map(|v| serde_json::from_slice::<SummaryCheckpoint>(v.value()))
+                .transpose()
+                .map_err(err)?;
+            let mut checkpoint = known.filter(|c| c.plan_key == plan_key).unwrap_or_else(|| SummaryCheckpoint {
+                plan_key: plan_key.to_string(),
+                chunks,
+                ..Default::default()
+            });
             checkpoint.notes.insert(step.to_string(), note.to_string());
             table.insert(id, serde_json::to_vec(&checkpoint).map_err(err)?.as_slice()).map_err(err)?;
         }
@@ -286,7 +320,13 @@ impl Library {
         let txn = self.db.begin_write().map_err(err)?;
         let entry = {
             let mut table = txn.open_table(ENTRIES).map_err(err)?;
-            let Some(mut entry) = table.get(id).map_err(err)?.map(|v| serde_json::from_slice::<Entry>(v.value())).transpose().map_err(err)? else {
+            let Some(mut entry) = table
+                .get(id)
+                .map_err(err)?
+                .map(|v| serde_json::from_slice::<Entry>(v.value()))
+                .transpose()
+                .map_err(err)?
+            else {
                 return Ok(None);
             };
             entry.summary = Some(points);

@@ -44,10 +44,16 @@ pub enum PromptError {
 
 /// `messages` with `documents` (name and text) at the start of the first user message,
 /// tokenized for `engine`.
-pub fn document_prompt(engine: &Engine, documents: &[(&str, &str)], messages: &[ChatMessage]) -> Result<DocumentPrompt, PromptError> {
+pub fn document_prompt(
+    engine: &Engine,
+    documents: &[(&str, &str)],
+    messages: &[ChatMessage],
+) -> Result<DocumentPrompt, PromptError> {
     let messages = with_documents(documents, messages, CUT)?;
     let rendered = engine.chat_text(&messages)?;
-    let at = rendered.find(CUT).ok_or_else(|| hillside_engine::Error::ChatTemplate("the template dropped part of a message".into()))?;
+    let at = rendered
+        .find(CUT)
+        .ok_or_else(|| hillside_engine::Error::ChatTemplate("the template dropped part of a message".into()))?;
     let tokenizer = engine.tokenizer();
     let tokens = tokenizer.encode(&rendered.replacen(CUT, "", 1))?;
     // The tokens of the text before the cut, as far as the whole prompt has them too (the
@@ -59,22 +65,36 @@ pub fn document_prompt(engine: &Engine, documents: &[(&str, &str)], messages: &[
 
 /// `messages` with `documents` (name and text) at the start of the first user message, for
 /// an engine that applies its own chat template.
-pub fn document_messages(documents: &[(&str, &str)], messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, PromptError> {
+pub fn document_messages(
+    documents: &[(&str, &str)],
+    messages: &[ChatMessage],
+) -> Result<Vec<ChatMessage>, PromptError> {
     with_documents(documents, messages, "")
 }
 
 /// `messages` with the documents' block, then `cut`, at the start of the first user message.
-fn with_documents(documents: &[(&str, &str)], messages: &[ChatMessage], cut: &str) -> Result<Vec<ChatMessage>, PromptError> {
+fn with_documents(
+    documents: &[(&str, &str)],
+    messages: &[ChatMessage],
+    cut: &str,
+) -> Result<Vec<ChatMessage>, PromptError> {
     let first_user = messages.iter().position(|m| m.role == "user").ok_or(PromptError::NoQuestion)?;
     let mut messages = messages.to_vec();
-    let block: String = documents.iter().map(|(name, text)| format!("Document \"{name}\":\n---\n{}\n---\n\n", text.trim())).collect();
+    let block: String =
+        documents.iter().map(|(name, text)| format!("Document \"{name}\":\n---\n{}\n---\n\n", text.trim())).collect();
     messages[first_user].content = format!("{block}{cut}{}", messages[first_user].content);
     Ok(messages)
 }
 
 /// The part of `doc` a prompt of `context_tokens` (keeping `reserve_tokens` for the rest) can
 /// hold: the whole text, or the chunk that best matches `question`.
-pub fn excerpt(doc: &Document, question: &str, context_tokens: usize, reserve_tokens: usize, count: &dyn Fn(&str) -> usize) -> Result<Excerpt, PromptError> {
+pub fn excerpt(
+    doc: &Document,
+    question: &str,
+    context_tokens: usize,
+    reserve_tokens: usize,
+    count: &dyn Fn(&str) -> usize,
+) -> Result<Excerpt, PromptError> {
     let planned = plan(doc, context_tokens, reserve_tokens, count).map_err(|e| PromptError::TooLong(e.to_string()))?;
     let Mode::Hierarchical { chunks, .. } = planned.mode else {
         return Ok(Excerpt { bytes: 0..doc.text.len(), chunk: None, chunks: 1 });
@@ -87,7 +107,8 @@ pub fn excerpt(doc: &Document, question: &str, context_tokens: usize, reserve_to
 /// chunks hold it (inverse document frequency); the first on a tie.
 pub fn best_chunk(text: &str, chunks: &[Range<usize>], question: &str) -> usize {
     let words: HashSet<String> = content_words(question).collect();
-    let held: Vec<HashSet<String>> = chunks.iter().map(|c| content_words(&text[c.clone()]).filter(|w| words.contains(w)).collect()).collect();
+    let held: Vec<HashSet<String>> =
+        chunks.iter().map(|c| content_words(&text[c.clone()]).filter(|w| words.contains(w)).collect()).collect();
     let n = chunks.len() as f64;
     let weight = |w: &String| (n / held.iter().filter(|h| h.contains(w)).count().max(1) as f64).ln();
     let scores: Vec<f64> = held.iter().map(|h| h.iter().map(weight).sum()).collect();
@@ -107,7 +128,11 @@ mod tests {
             vec![0..a, a..b, b..text.len()]
         };
         assert_eq!(best_chunk(text, &chunks, "When did the ship leave the harbour?"), 2);
-        assert_eq!(best_chunk(text, &chunks, "What grew in the garden, and did rain fall there?"), 1, "rain is everywhere: it weighs nothing");
+        assert_eq!(
+            best_chunk(text, &chunks, "What grew in the garden, and did rain fall there?"),
+            1,
+            "rain is everywhere: it weighs nothing"
+        );
         assert_eq!(best_chunk(text, &chunks, "Tell me about it."), 0, "no words to go on: the first");
     }
 }

@@ -14,11 +14,18 @@ pub struct Question {
 }
 
 /// The request for `messages` about `documents` (library id and document, in order).
-pub fn question(runner: &Runner<'_>, documents: &[(String, Document)], messages: &[ChatMessage]) -> Result<Question, PromptError> {
+pub fn question(
+    runner: &Runner<'_>,
+    documents: &[(String, Document)],
+    messages: &[ChatMessage],
+) -> Result<Question, PromptError> {
     let asked = messages.iter().rev().find(|m| m.role == "user").ok_or(PromptError::NoQuestion)?;
     let count = |s: &str| runner.count_tokens(s);
     // The same plan as the summary's, so a long document's chunks are the ones whose K/V it kept.
-    let excerpts: Vec<Excerpt> = documents.iter().map(|(_, doc)| excerpt(doc, &asked.content, runner.context_tokens, RESERVE_TOKENS, &count)).collect::<Result<_, _>>()?;
+    let excerpts: Vec<Excerpt> = documents
+        .iter()
+        .map(|(_, doc)| excerpt(doc, &asked.content, runner.context_tokens, RESERVE_TOKENS, &count))
+        .collect::<Result<_, _>>()?;
     if documents.len() > 1 {
         let tokens: usize = documents.iter().map(|(_, d)| count(&d.text)).sum();
         if tokens + RESERVE_TOKENS > runner.context_tokens {
@@ -30,6 +37,7 @@ pub fn question(runner: &Runner<'_>, documents: &[(String, Document)], messages:
         }
     }
     let ids: Vec<String> = documents.iter().map(|(id, _)| id.clone()).collect();
-    let texts: Vec<(&str, &str)> = documents.iter().zip(&excerpts).map(|((_, d), e)| (d.name.as_str(), &d.text[e.bytes.clone()])).collect();
+    let texts: Vec<(&str, &str)> =
+        documents.iter().zip(&excerpts).map(|((_, d), e)| (d.name.as_str(), &d.text[e.bytes.clone()])).collect();
     Ok(Question { request: runner.document_request(&ids, &texts, messages)?, excerpts })
 }

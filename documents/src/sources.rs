@@ -85,19 +85,22 @@ impl<'d> SourceIndex<'d> {
 
 /// Lowercased words of three letters or more, not stop words, plural `s` dropped.
 pub fn content_words(text: &str) -> impl Iterator<Item = String> + '_ {
-    text.split(|c: char| !c.is_alphanumeric()).filter(|w| w.chars().count() >= 3).map(|w| w.to_lowercase()).filter(|w| !STOP_WORDS.contains(&w.as_str())).map(|w| {
-        match w.strip_suffix('s') {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.chars().count() >= 3)
+        .map(|w| w.to_lowercase())
+        .filter(|w| !STOP_WORDS.contains(&w.as_str()))
+        .map(|w| match w.strip_suffix('s') {
             Some(stem) if stem.len() >= 3 && !stem.ends_with('s') => stem.to_string(),
             _ => w,
-        }
-    })
+        })
 }
 
 const STOP_WORDS: &[&str] = &[
-    "the", "and", "for", "that", "this", "with", "are", "was", "were", "not", "but", "you", "your", "from", "which", "have", "has", "had", "its",
-    "any", "all", "can", "may", "such", "they", "their", "them", "these", "those", "will", "would", "shall", "should", "there", "than", "then",
-    "also", "into", "onto", "upon", "about", "what", "when", "who", "whom", "how", "each", "other", "more", "most", "some", "only", "own",
-    "does", "did", "been", "being", "her", "his", "she", "him", "our", "out", "one", "document", "summary", "text",
+    "the", "and", "for", "that", "this", "with", "are", "was", "were", "not", "but", "you", "your", "from", "which",
+    "have", "has", "had", "its", "any", "all", "can", "may", "such", "they", "their", "them", "these", "those", "will",
+    "would", "shall", "should", "there", "than", "then", "also", "into", "onto", "upon", "about", "what", "when",
+    "who", "whom", "how", "each", "other", "more", "most", "some", "only", "own", "does", "did", "been", "being",
+    "her", "his", "she", "him", "our", "out", "one", "document", "summary", "text",
 ];
 
 /// Paragraphs, with longer ones cut into windows of whole sentences.
@@ -145,11 +148,21 @@ mod tests {
         let sources = index.sources("The deposit, two months of rent, comes back within thirty days.", 3);
         assert_eq!(sources.len(), 1, "{sources:?}");
         assert!(text[sources[0].bytes.clone()].starts_with("The deposit equals"));
-        assert_eq!(sources[0].words, ["day", "deposit", "month", "rent", "thirty", "two", "within"], "the point's words the passage holds");
+        assert_eq!(
+            sources[0].words,
+            ["day", "deposit", "month", "rent", "thirty", "two", "within"],
+            "the point's words the passage holds"
+        );
         let two = index.sources("Pets need written consent, and rents are paid monthly.", 3);
         assert_eq!(two.len(), 2, "{two:?}");
         assert_eq!(two.iter().find(|s| s.bytes.start == pets).unwrap().locator, Some(Locator::Heading("Pets".into())));
-        assert!(index.sources("Quantum chromodynamics explains gluons.", 3).is_empty(), "no source rather than a wrong one");
-        assert!(index.sources("Quantum rent chromodynamics explains gluons.", 3).is_empty(), "one word of five is not a source");
+        assert!(
+            index.sources("Quantum chromodynamics explains gluons.", 3).is_empty(),
+            "no source rather than a wrong one"
+        );
+        assert!(
+            index.sources("Quantum rent chromodynamics explains gluons.", 3).is_empty(),
+            "one word of five is not a source"
+        );
     }
 }

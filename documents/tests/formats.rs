@@ -14,7 +14,11 @@ fn read(name: &str, bytes: &[u8]) -> Result<hillside_documents::Document, Ingest
 
 /// The text of the part a locator names.
 fn part_text<'a>(doc: &'a hillside_documents::Document, locator: &Locator) -> &'a str {
-    let part = doc.parts.iter().find(|p| &p.locator == locator).unwrap_or_else(|| panic!("no part {locator:?} in {:?}", doc.parts));
+    let part = doc
+        .parts
+        .iter()
+        .find(|p| &p.locator == locator)
+        .unwrap_or_else(|| panic!("no part {locator:?} in {:?}", doc.parts));
     &doc.text[part.bytes.clone()]
 }
 
@@ -37,13 +41,20 @@ fn markdown_and_html_keep_their_headings() {
     let html = read("page.html", page).unwrap();
     assert_eq!(html.format, Format::Html);
     assert!(!html.text.contains("alert") && !html.text.contains("color"), "no scripts or styles: {:?}", html.text);
-    assert!(part_text(&html, &Locator::Heading("Opening Hours".into())).contains("Open daily & late."), "{:?}", html.text);
+    assert!(
+        part_text(&html, &Locator::Heading("Opening Hours".into())).contains("Open daily & late."),
+        "{:?}",
+        html.text
+    );
     assert!(part_text(&html, &Locator::Heading("Holidays".into())).contains("Closed on the first of May."));
 }
 
 #[test]
 fn pdf_pages_are_parts() {
-    let bytes = pdf(&[&["The river Thames rises in Gloucestershire", "and flows east to London."], &["Its estuary opens onto the North Sea."]]);
+    let bytes = pdf(&[
+        &["The river Thames rises in Gloucestershire", "and flows east to London."],
+        &["Its estuary opens onto the North Sea."],
+    ]);
     let doc = read("rivers.pdf", &bytes).unwrap();
     assert_eq!((doc.format, doc.parts.len()), (Format::Pdf, 2));
     assert!(part_text(&doc, &Locator::Page(1)).contains("Gloucestershire"), "{:?}", doc.text);
@@ -64,7 +75,8 @@ fn docx_paragraphs_and_heading_styles() {
 fn epub_chapters_in_spine_order() {
     let doc = read("voyage.epub", &epub()).unwrap();
     assert_eq!(doc.format, Format::Epub);
-    let (dawn, black) = (doc.text.find("Ships came in at dawn.").unwrap(), doc.text.find("By noon the sky was black.").unwrap());
+    let (dawn, black) =
+        (doc.text.find("Ships came in at dawn.").unwrap(), doc.text.find("By noon the sky was black.").unwrap());
     assert!(dawn < black, "spine order: {:?}", doc.text);
     assert_eq!(doc.locate(black), Some(&Locator::Heading("The Storm".into())), "{:?}", doc.parts);
 }
@@ -76,7 +88,8 @@ fn refused_files_say_why() {
     assert!(matches!(err("blank.txt", b" \n\n\t"), IngestError::Empty { .. }));
     let png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01";
     assert!(matches!(err("photo.txt", png), IngestError::Unsupported { what, .. } if what == "an image"));
-    let big = read_bytes("big.txt", &vec![b'a'; 2_000_000], &Limits { max_file_bytes: 1_000_000, ..Limits::default() }).unwrap_err();
+    let big = read_bytes("big.txt", &vec![b'a'; 2_000_000], &Limits { max_file_bytes: 1_000_000, ..Limits::default() })
+        .unwrap_err();
     assert_eq!(big.to_string(), "big.txt is 2.0 MB, over the limit of 1.0 MB for a document");
     // Pages with no text: a scan.
     let scanned = err("scan.pdf", &pdf(&[&[], &[], &[]]));
@@ -89,7 +102,11 @@ fn refused_files_say_why() {
         std::fs::create_dir_all(&dir).unwrap();
         let (plain, locked) = (dir.join("plain.pdf"), dir.join("locked.pdf"));
         std::fs::write(&plain, pdf(&[&["Quarterly figures for the board."]])).unwrap();
-        let status = std::process::Command::new("qpdf").args(["--encrypt", user, "owner-secret", "256", "--"]).arg(&plain).arg(&locked).status();
+        let status = std::process::Command::new("qpdf")
+            .args(["--encrypt", user, "owner-secret", "256", "--"])
+            .arg(&plain)
+            .arg(&locked)
+            .status();
         assert!(status.expect("qpdf runs").success());
         let bytes = std::fs::read(&locked).unwrap();
         let _ = std::fs::remove_dir_all(dir);
@@ -100,7 +117,10 @@ fn refused_files_say_why() {
     let open = read("open.pdf", &encrypt("")).unwrap();
     assert!(open.text.contains("Quarterly figures"), "{:?}", open.text);
     // Not a PDF past its header.
-    assert!(matches!(err("broken.pdf", b"%PDF-1.7\nthis is where the objects should be\n"), IngestError::Damaged { .. }));
+    assert!(matches!(
+        err("broken.pdf", b"%PDF-1.7\nthis is where the objects should be\n"),
+        IngestError::Damaged { .. }
+    ));
     // A DOCX cut short, and a ZIP of something else.
     let docx = docx();
     assert!(matches!(err("cut.docx", &docx[..docx.len() / 2]), IngestError::Damaged { .. }));
@@ -128,10 +148,14 @@ fn archives_are_read_within_their_budget() {
     assert!(read_bytes("bomb.docx", &bomb, &Limits::default()).is_ok(), "within the default budget");
     // The budget is the archive's, not each entry's: chapters add up.
     let chapter = format!("<html><body><p>{}</p></body></html>", "Rain on the harbour. ".repeat(20_000));
-    let (bound, _) = over_limit(read_bytes("long.epub", &epub_chapters(&[&chapter, &chapter, &chapter]), &small).unwrap_err());
+    let (bound, _) =
+        over_limit(read_bytes("long.epub", &epub_chapters(&[&chapter, &chapter, &chapter]), &small).unwrap_err());
     assert_eq!(bound, Bound::UnpackedBytes);
     let many: Vec<String> = (0..20).map(|i| format!("<p>chapter {i}</p>")).collect();
-    let (bound, message) = over_limit(read_bytes("many.epub", &epub_chapters(&many.iter().map(String::as_str).collect::<Vec<_>>()), &small).unwrap_err());
+    let (bound, message) = over_limit(
+        read_bytes("many.epub", &epub_chapters(&many.iter().map(String::as_str).collect::<Vec<_>>()), &small)
+            .unwrap_err(),
+    );
     assert_eq!(bound, Bound::ArchiveEntries);
     assert!(message.contains("over the limit of 8"), "{message}");
 }
@@ -141,11 +165,19 @@ fn deep_nesting_is_refused_in_every_markup() {
     let (bound, message) = over_limit(read("deep.html", nested_html("blockquote", 50_000).as_bytes()).unwrap_err());
     assert_eq!(bound, Bound::NestingDepth);
     assert!(message.contains("over the limit of 512"), "{message}");
-    assert!(read("fine.html", nested_html("blockquote", 100).as_bytes()).unwrap().text.contains("Deep inside the page."));
-    let deep_docx = format!("<?xml version=\"1.0\"?><w:document xmlns:w=\"w\"><w:body>{}</w:body></w:document>", "<w:sdt>".repeat(10_000) + &"</w:sdt>".repeat(10_000));
+    assert!(read("fine.html", nested_html("blockquote", 100).as_bytes())
+        .unwrap()
+        .text
+        .contains("Deep inside the page."));
+    let deep_docx = format!(
+        "<?xml version=\"1.0\"?><w:document xmlns:w=\"w\"><w:body>{}</w:body></w:document>",
+        "<w:sdt>".repeat(10_000) + &"</w:sdt>".repeat(10_000)
+    );
     assert_eq!(over_limit(read("deep.docx", &docx_xml(&deep_docx)).unwrap_err()).0, Bound::NestingDepth);
     let deep_chapter = nested_html("div", 100_000);
-    let (bound, message) = over_limit(read("deep.epub", &epub_chapters(&["<html><body><p>Fine.</p></body></html>", &deep_chapter])).unwrap_err());
+    let (bound, message) = over_limit(
+        read("deep.epub", &epub_chapters(&["<html><body><p>Fine.</p></body></html>", &deep_chapter])).unwrap_err(),
+    );
     assert_eq!(bound, Bound::NestingDepth);
     assert!(message.contains("c1.xhtml"), "{message}");
 }
@@ -153,7 +185,8 @@ fn deep_nesting_is_refused_in_every_markup() {
 #[test]
 fn text_and_pages_are_bounded() {
     let few_pages = Limits { max_pdf_pages: 2, ..Limits::default() };
-    let (bound, message) = over_limit(read_bytes("long.pdf", &pdf(&[&["One."], &["Two."], &["Three."]]), &few_pages).unwrap_err());
+    let (bound, message) =
+        over_limit(read_bytes("long.pdf", &pdf(&[&["One."], &["Two."], &["Three."]]), &few_pages).unwrap_err());
     assert_eq!(bound, Bound::PdfPages);
     assert!(message.contains("3 pages"), "{message}");
     let little_text = Limits { max_text_bytes: 1_000, ..Limits::default() };

@@ -19,7 +19,13 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("page.html", nested_html("div", 30).into_bytes()),
         ("notes.md", b"# Notes\n\nThe tide came in.\n\n## Later\n\nIt went out.\n".to_vec()),
         ("latin1.txt", b"Caf\xe9 cr\xe8me, na\xefve fa\xe7ade.\n".to_vec()),
-        ("mixed.zip", zip(&[("word/document.xml", "<w:document><w:body><w:p><w:r><w:t>x</w:t></w:r></w:p></w:body></w:document>"), ("META-INF/container.xml", "<container/>")])),
+        (
+            "mixed.zip",
+            zip(&[
+                ("word/document.xml", "<w:document><w:body><w:p><w:r><w:t>x</w:t></w:r></w:p></w:body></w:document>"),
+                ("META-INF/container.xml", "<container/>"),
+            ]),
+        ),
     ]
 }
 
@@ -36,12 +42,27 @@ enum Mutation {
 }
 
 fn mutation() -> impl Strategy<Value = Mutation> {
-    let markup = prop::sample::select(vec![&b"<div>"[..], b"</div>", b"<b><i>", b"<w:p>", b"<![CDATA[", b"<!--", b"\"", b"&#x", b"PK\x03\x04", b"%PDF-", b"endobj", b"<<", b"/Length 999999"]);
+    let markup = prop::sample::select(vec![
+        &b"<div>"[..],
+        b"</div>",
+        b"<b><i>",
+        b"<w:p>",
+        b"<![CDATA[",
+        b"<!--",
+        b"\"",
+        b"&#x",
+        b"PK\x03\x04",
+        b"%PDF-",
+        b"endobj",
+        b"<<",
+        b"/Length 999999",
+    ]);
     prop_oneof![
         (0.0..1.0, any::<u8>()).prop_map(|(at, mask)| Mutation::Flip(at, mask)),
         (0.0..1.0).prop_map(Mutation::Cut),
         (0.0..1.0, 1usize..64, 1usize..2_000).prop_map(|(at, len, times)| Mutation::Repeat(at, len, times)),
-        (0.0..1.0, prop_oneof![markup.prop_map(<[u8]>::to_vec), prop::collection::vec(any::<u8>(), 1..32)]).prop_map(|(at, bytes)| Mutation::Insert(at, bytes)),
+        (0.0..1.0, prop_oneof![markup.prop_map(<[u8]>::to_vec), prop::collection::vec(any::<u8>(), 1..32)])
+            .prop_map(|(at, bytes)| Mutation::Insert(at, bytes)),
     ]
 }
 
@@ -87,7 +108,11 @@ fn any_mutation_of_a_document_is_read_or_refused() {
             match read_bytes(name, &bytes, &limits) {
                 Ok(doc) => {
                     prop_assert!(!doc.text.trim().is_empty() && doc.text.len() <= limits.max_text_bytes);
-                    prop_assert!(doc.parts.iter().all(|p| p.bytes.start <= p.bytes.end && p.bytes.end <= doc.text.len()), "parts outside the text: {:?}", doc.parts);
+                    prop_assert!(
+                        doc.parts.iter().all(|p| p.bytes.start <= p.bytes.end && p.bytes.end <= doc.text.len()),
+                        "parts outside the text: {:?}",
+                        doc.parts
+                    );
                 }
                 Err(IngestError::Io { .. }) => prop_assert!(false, "an in-memory read has no I/O"),
                 Err(e) => prop_assert!(!e.to_string().is_empty()),
@@ -101,11 +126,29 @@ fn any_mutation_of_a_document_is_read_or_refused() {
 fn random_nesting_is_read_or_refused() {
     let config = Config { cases: 64, failure_persistence: None, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]));
-    let tags = prop::sample::select(vec!["div", "blockquote", "b", "i", "table", "tr", "td", "li", "ul", "p", "svg", "x-custom", "a"]);
+    let tags = prop::sample::select(vec![
+        "div",
+        "blockquote",
+        "b",
+        "i",
+        "table",
+        "tr",
+        "td",
+        "li",
+        "ul",
+        "p",
+        "svg",
+        "x-custom",
+        "a",
+    ]);
     let strategy = (prop::collection::vec((tags, any::<bool>()), 1..100), 1usize..500);
     runner
         .run(&strategy, |(pattern, repeats)| {
-            let body: String = pattern.iter().map(|(tag, closes)| if *closes { format!("</{tag}>") } else { format!("<{tag}>x") }).collect::<String>().repeat(repeats);
+            let body: String = pattern
+                .iter()
+                .map(|(tag, closes)| if *closes { format!("</{tag}>") } else { format!("<{tag}>x") })
+                .collect::<String>()
+                .repeat(repeats);
             let html = format!("<!doctype html><html><body>{body}</body></html>");
             match read_bytes("page.html", html.as_bytes(), &Limits::default()) {
                 Ok(_) | Err(IngestError::OverLimit { .. }) | Err(IngestError::NoText { .. }) => Ok(()),

@@ -30,20 +30,29 @@ fn a_child_that_dies_costs_one_refused_file() {
         e
     };
     let aborted = failed("abort");
-    assert!(matches!(&aborted, IngestError::ReaderFailed { why, .. } if why.contains("crashed") && why.contains("signal 6")), "{aborted}");
+    assert!(
+        matches!(&aborted, IngestError::ReaderFailed { why, .. } if why.contains("crashed") && why.contains("signal 6")),
+        "{aborted}"
+    );
     let hoarded = failed("allocate");
     assert!(matches!(hoarded, IngestError::OverLimit { bound: Bound::Memory, .. }), "{hoarded}");
     assert!(hoarded.to_string().contains("256 MB"), "{hoarded}");
     let overflowed = failed("overflow");
     assert!(matches!(overflowed, IngestError::OverLimit { bound: Bound::NestingDepth, .. }), "{overflowed}");
     let spun = failed("spin");
-    assert!(matches!(&spun, IngestError::OverLimit { bound: Bound::Time, what, .. } if what.contains("2 s of CPU")), "{spun}");
+    assert!(
+        matches!(&spun, IngestError::OverLimit { bound: Bound::Time, what, .. } if what.contains("2 s of CPU")),
+        "{spun}"
+    );
     // A child that sleeps uses no CPU time: the wall-clock limit ends it.
     let sleepy = reader_with_wall(1);
     std::env::set_var(FAULT_VARIABLE, "sleep");
     let slept = sleepy.read(name, bytes, &limits).unwrap_err();
     std::env::remove_var(FAULT_VARIABLE);
-    assert!(matches!(&slept, IngestError::OverLimit { bound: Bound::Time, what, .. } if what.contains("over 1 s")), "{slept}");
+    assert!(
+        matches!(&slept, IngestError::OverLimit { bound: Bound::Time, what, .. } if what.contains("over 1 s")),
+        "{slept}"
+    );
     // And the next file reads as ever.
     assert!(reader.read(name, bytes, &limits).unwrap().text.contains("harbour board"));
 }

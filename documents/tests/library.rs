@@ -33,7 +33,10 @@ fn entries_round_trip_and_the_same_bytes_are_one_document() {
     let again = lib.add(&renamed, &bytes).unwrap();
     assert!(!again.created);
     let again = again.entry;
-    assert_eq!((again.id.as_str(), again.name.as_str(), again.created_s), (entry.id.as_str(), "copy.md", entry.created_s));
+    assert_eq!(
+        (again.id.as_str(), again.name.as_str(), again.created_s),
+        (entry.id.as_str(), "copy.md", entry.created_s)
+    );
     assert_eq!(lib.list().unwrap().len(), 1);
     let points = vec![Point { text: "About milk.".into(), sources: Vec::new() }];
     let summarized = lib.update(&entry.id, |e| e.summary = Some(points.clone())).unwrap().unwrap();
@@ -59,10 +62,17 @@ fn a_summarys_steps_are_kept_until_it_finishes_or_the_document_goes() {
     lib.keep_step(&id, "plan-a", 3, "chunk 0", "- one").unwrap();
     lib.keep_step(&id, "plan-a", 3, "chunk 2", "- three").unwrap();
     let kept = lib.checkpoint(&id).unwrap().unwrap();
-    assert_eq!((kept.plan_key.as_str(), kept.chunks, kept.chunks_done(), kept.notes["chunk 2"].as_str()), ("plan-a", 3, 2, "- three"));
+    assert_eq!(
+        (kept.plan_key.as_str(), kept.chunks, kept.chunks_done(), kept.notes["chunk 2"].as_str()),
+        ("plan-a", 3, 2, "- three")
+    );
     lib.keep_step(&id, "plan-b", 5, "chunk 1", "- two").unwrap();
     let kept = lib.checkpoint(&id).unwrap().unwrap();
-    assert_eq!((kept.plan_key.as_str(), kept.chunks, kept.notes.len()), ("plan-b", 5, 1), "another plan's notes are dropped");
+    assert_eq!(
+        (kept.plan_key.as_str(), kept.chunks, kept.notes.len()),
+        ("plan-b", 5, 1),
+        "another plan's notes are dropped"
+    );
     let points = vec![Point { text: "About milk.".into(), sources: Vec::new() }];
     let entry = lib.finish_summary(&id, points.clone(), 1234).unwrap().unwrap();
     assert_eq!((entry.summary, entry.tokens), (Some(points), Some(1234)));
@@ -123,7 +133,12 @@ fn a_process_killed_while_adding_leaves_every_committed_document_whole() {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Kill it mid-stream, once it has committed a few.
-    let committed = lines.by_ref().map_while(Result::ok).filter_map(|l| l.trim().parse::<usize>().ok()).nth(20).expect("the child commits notes");
+    let committed = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .filter_map(|l| l.trim().parse::<usize>().ok())
+        .nth(20)
+        .expect("the child commits notes");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let lib = Library::open(&path).unwrap();

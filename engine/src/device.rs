@@ -40,13 +40,21 @@ impl Attention {
     /// Attention output `out` (`n × n_heads·head_dim`) for queries `q` (same shape, RoPE
     /// applied) at `q_positions`: the same exact softmax attention as [`attend`], up to the
     /// order of rounding.
-    pub fn attend(&self, q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32]) -> Result<()> {
+    pub fn attend(
+        &self,
+        q: &[f32],
+        q_positions: &[usize],
+        n_heads: usize,
+        view: &KvView<'_>,
+        out: &mut [f32],
+    ) -> Result<()> {
         match self {
             Self::Host => {
                 attend(q, q_positions, n_heads, view, out);
                 Ok(())
             }
-            Self::Device(device) => attend_on(device, q, q_positions, n_heads, view, out, None).map_err(|e| Error::Device(format!("attention on {device:?}: {e}"))),
+            Self::Device(device) => attend_on(device, q, q_positions, n_heads, view, out, None)
+                .map_err(|e| Error::Device(format!("attention on {device:?}: {e}"))),
         }
     }
 
@@ -54,15 +62,23 @@ impl Attention {
     /// (`n × n_heads`) in `max` and `sum`, as [`attend_partial`] gives them: partials over
     /// disjoint tokens merge into the attention over all of them.
     #[allow(clippy::too_many_arguments)]
-    pub fn attend_partial(&self, q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32], max: &mut [f32], sum: &mut [f32]) -> Result<()> {
+    pub fn attend_partial(
+        &self,
+        q: &[f32],
+        q_positions: &[usize],
+        n_heads: usize,
+        view: &KvView<'_>,
+        out: &mut [f32],
+        max: &mut [f32],
+        sum: &mut [f32],
+    ) -> Result<()> {
         match self {
             Self::Host => {
                 attend_partial(q, q_positions, n_heads, view, out, max, sum);
                 Ok(())
             }
-            Self::Device(device) => {
-                attend_on(device, q, q_positions, n_heads, view, out, Some((max, sum))).map_err(|e| Error::Device(format!("attention on {device:?}: {e}")))
-            }
+            Self::Device(device) => attend_on(device, q, q_positions, n_heads, view, out, Some((max, sum)))
+                .map_err(|e| Error::Device(format!("attention on {device:?}: {e}"))),
         }
     }
 }
@@ -86,9 +102,12 @@ fn attend_on(
         .reshape((n_kv, stride, hd))?
         .narrow(1, 0, n_tokens)?
         .to_dtype(DType::F32)?;
-    let v = Tensor::from_slice(&view.v[..n_kv * stride * hd], (n_kv, stride, hd), device)?.narrow(1, 0, n_tokens)?.to_dtype(DType::F32)?;
+    let v = Tensor::from_slice(&view.v[..n_kv * stride * hd], (n_kv, stride, hd), device)?
+        .narrow(1, 0, n_tokens)?
+        .to_dtype(DType::F32)?;
     // Queries grouped by KV head: [kv_head][token·group][dim].
-    let q = Tensor::from_slice(q, (n, n_kv, group, hd), device)?.permute((1, 0, 2, 3))?.reshape((n_kv, n * group, hd))?;
+    let q =
+        Tensor::from_slice(q, (n, n_kv, group, hd), device)?.permute((1, 0, 2, 3))?.reshape((n_kv, n * group, hd))?;
     let scores = (q.matmul(&k.t()?.contiguous()?)? * (1.0 / (hd as f64).sqrt()))?;
     // Causal: a query sees the tokens at or before its position (a view without positions
     // holds token j at position j). A decode step's selection usually needs no mask at all.
@@ -179,7 +198,15 @@ mod tests {
         // A span of a prompt's cache at positions 100..300: the chunk's queries at 90..120 see
         // none of it, part of it, or all of it.
         let span: Vec<u32> = (0..n_kv).flat_map(|_| 100..100 + n as u32).collect();
-        let view = KvView { n_tokens: n, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: Some(&span) };
+        let view = KvView {
+            n_tokens: n,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            head_stride_tokens: stride,
+            k: &k,
+            v: &v,
+            positions: Some(&span),
+        };
         let n_heads = n_kv * group;
         let q_positions: Vec<usize> = (90..120).chain([400]).collect();
         let q: Vec<f32> = (0..q_positions.len() * n_heads * hd).map(|i| ((i * 13) % 17) as f32 / 8.0 - 1.0).collect();
@@ -196,7 +223,10 @@ mod tests {
         assert!(host_sum[..unseen].iter().chain(&dev_sum[..unseen]).all(|&s| s == 0.0));
         assert!(host_sum[unseen..].iter().all(|&s| s >= 1.0));
         for r in unseen..rows {
-            assert!((host_max[r] - dev_max[r]).abs() < 1e-4 && (host_sum[r] - dev_sum[r]).abs() < 1e-3 * host_sum[r], "row {r}");
+            assert!(
+                (host_max[r] - dev_max[r]).abs() < 1e-4 && (host_sum[r] - dev_sum[r]).abs() < 1e-3 * host_sum[r],
+                "row {r}"
+            );
         }
         let worst = host.iter().zip(dev).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(worst < 1e-4, "max |Δ| {worst}");

@@ -4,10 +4,10 @@
 use crate::error::Result;
 use crate::kv::{HeadsPart, KvShape, KvStats, KvStore, KvView, Selection};
 use crate::model::Logits;
-use rayon::prelude::*;
-use std::sync::{Arc, Mutex};
 use crate::sampling::argmax;
 use crate::{Engine, Sequence};
+use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
 
 /// What a teacher-forced pass saw at each scored position.
 #[derive(Debug, Clone, Default)]
@@ -104,7 +104,14 @@ impl AttentionMass {
 pub trait SelectionWatch: Send {
     /// Sees the inner store's `selection` for queries `q` at `q_positions` and returns the one
     /// to use; `keys` holds every key so far, this step's included.
-    fn select(&mut self, keys: &ExactKeys, layer: usize, q: &[f32], q_positions: &[usize], selection: Selection) -> Selection;
+    fn select(
+        &mut self,
+        keys: &ExactKeys,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        selection: Selection,
+    ) -> Selection;
 
     /// Every layer has run the step.
     fn commit(&mut self) {}
@@ -150,7 +157,14 @@ impl<W: SelectionWatch> KvStore for Watched<W> {
         Ok(())
     }
 
-    fn attend(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Option<Result<()>> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        n_heads: usize,
+        out: &mut [f32],
+    ) -> Option<Result<()>> {
         self.inner.attend(layer, q, q_positions, n_heads, out)
     }
 
@@ -257,7 +271,14 @@ impl AttentionMassProbe {
 }
 
 impl SelectionWatch for AttentionMassProbe {
-    fn select(&mut self, keys: &ExactKeys, layer: usize, q: &[f32], q_positions: &[usize], selection: Selection) -> Selection {
+    fn select(
+        &mut self,
+        keys: &ExactKeys,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        selection: Selection,
+    ) -> Selection {
         if q_positions.len() != 1 || matches!(selection, Selection::All) {
             return selection;
         }
@@ -306,7 +327,14 @@ impl IdealSelector {
 }
 
 impl SelectionWatch for IdealSelector {
-    fn select(&mut self, keys: &ExactKeys, layer: usize, q: &[f32], q_positions: &[usize], selection: Selection) -> Selection {
+    fn select(
+        &mut self,
+        keys: &ExactKeys,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        selection: Selection,
+    ) -> Selection {
         let per_head = match selection {
             Selection::Tokens { per_head, .. } if q_positions.len() == 1 => per_head,
             selection => return selection,

@@ -28,7 +28,13 @@ pub struct GenerateParams {
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        Self { max_tokens: 512, stop: Vec::new(), sampling: SamplingParams::default(), prefill_chunk_tokens: 256, logprobs: None }
+        Self {
+            max_tokens: 512,
+            stop: Vec::new(),
+            sampling: SamplingParams::default(),
+            prefill_chunk_tokens: 256,
+            logprobs: None,
+        }
     }
 }
 
@@ -201,7 +207,8 @@ pub enum Next {
 /// Runs each sequence's tokens in one batched forward pass and returns each one's logits. On
 /// an error every cache is rolled back to what it held before.
 pub fn feed_batch(engine: &Engine, batch: &mut [(&mut Sequence, &[u32])]) -> Result<Vec<Vec<f32>>> {
-    let mut items: Vec<BatchItem<'_>> = batch.iter_mut().map(|(seq, tokens)| BatchItem { tokens, kv: seq.kv.as_mut() }).collect();
+    let mut items: Vec<BatchItem<'_>> =
+        batch.iter_mut().map(|(seq, tokens)| BatchItem { tokens, kv: seq.kv.as_mut() }).collect();
     let result = engine.model().forward_batch(&mut items, Logits::Last);
     drop(items);
     for (seq, tokens) in batch.iter_mut() {
@@ -235,7 +242,12 @@ pub struct Generation {
 
 impl Generation {
     /// Checks the request and rolls `seq` back to the longest cached prefix of `prompt`.
-    pub fn start(seq: &mut Sequence, prompt: Vec<u32>, params: GenerateParams, on_event: &mut dyn FnMut(Event)) -> Result<Self> {
+    pub fn start(
+        seq: &mut Sequence,
+        prompt: Vec<u32>,
+        params: GenerateParams,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Self> {
         let context = seq.max_tokens();
         if prompt.is_empty() {
             return Err(Error::InvalidParameter("the prompt is empty".into()));
@@ -276,7 +288,12 @@ impl Generation {
 
     /// Runs the next prompt chunk, or draws a token and runs it. Returns the summary once the
     /// generation has ended.
-    pub fn step(&mut self, engine: &Engine, seq: &mut Sequence, on_event: &mut dyn FnMut(Event)) -> Result<Option<Summary>> {
+    pub fn step(
+        &mut self,
+        engine: &Engine,
+        seq: &mut Sequence,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Option<Summary>> {
         match self.next_input(engine, seq, on_event)? {
             Next::Done(summary) => Ok(Some(summary)),
             Next::Feed(tokens) => {
@@ -343,7 +360,12 @@ impl Generation {
 
     /// Releases the text the detokenizer and the stop matcher still hold back: it belongs to
     /// the output (unless a stop string ended it, when it is the stop string itself).
-    fn finish(&mut self, tokenizer: &crate::Tokenizer, reason: FinishReason, on_event: &mut dyn FnMut(Event)) -> Result<Summary> {
+    fn finish(
+        &mut self,
+        tokenizer: &crate::Tokenizer,
+        reason: FinishReason,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Summary> {
         let mut tail = self.text.finish(tokenizer)?.map(|rest| self.stops.push(&rest).0).unwrap_or_default();
         tail.push_str(&self.stops.finish());
         if !tail.is_empty() {
@@ -362,7 +384,14 @@ impl Generation {
     }
 }
 
-pub(crate) fn finished(prompt: &[u32], reused: usize, completion: Vec<u32>, reason: FinishReason, prefill_ms: f64, decode_ms: f64) -> Summary {
+pub(crate) fn finished(
+    prompt: &[u32],
+    reused: usize,
+    completion: Vec<u32>,
+    reason: FinishReason,
+    prefill_ms: f64,
+    decode_ms: f64,
+) -> Summary {
     Summary {
         prompt_tokens: prompt.len(),
         reused_tokens: reused,

@@ -19,7 +19,10 @@ pub mod text;
 pub mod trace;
 
 pub use error::{Error, Result};
-pub use generate::{feed_batch, generate, CancelFlag, Event, FinishReason, GenerateParams, Generation, GenerationStream, Next, Sequence, Summary, TokenLogprob};
+pub use generate::{
+    feed_batch, generate, CancelFlag, Event, FinishReason, GenerateParams, Generation, GenerationStream, Next,
+    Sequence, Summary, TokenLogprob,
+};
 pub use model::{BatchItem, Logits, Model};
 pub use sampling::SamplingParams;
 pub use text::chat::{ChatMessage, ChatTemplate};
@@ -55,9 +58,14 @@ impl Engine {
         let metadata = file.metadata();
         let tokenizer = Tokenizer::from_gguf(metadata)?;
         let template = metadata.get("tokenizer.chat_template").and_then(|v| v.to_string().ok());
-        let name_of = |key: &str| metadata.get(key).and_then(|v| v.to_u32().ok()).and_then(|id| tokenizer.token_text(id)).unwrap_or_default();
-        let chat_template =
-            ChatTemplate::new(template.map(String::as_str), &name_of("tokenizer.ggml.bos_token_id"), &name_of("tokenizer.ggml.eos_token_id"))?;
+        let name_of = |key: &str| {
+            metadata.get(key).and_then(|v| v.to_u32().ok()).and_then(|id| tokenizer.token_text(id)).unwrap_or_default()
+        };
+        let chat_template = ChatTemplate::new(
+            template.map(String::as_str),
+            &name_of("tokenizer.ggml.bos_token_id"),
+            &name_of("tokenizer.ggml.eos_token_id"),
+        )?;
         file.drop_vocabulary();
         let loaded = file.load_weights()?;
         Ok(Self { model: Model::new(loaded.config, loaded.weights), tokenizer, chat_template })
@@ -87,7 +95,8 @@ impl Engine {
             serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).unwrap_or_default().to_string(),
             _ => String::new(),
         };
-        let chat_template = ChatTemplate::new(tok_config["chat_template"].as_str(), &token_str("bos_token"), &token_str("eos_token"))?;
+        let chat_template =
+            ChatTemplate::new(tok_config["chat_template"].as_str(), &token_str("bos_token"), &token_str("eos_token"))?;
         Ok(Self { model: Model::new(config, weights), tokenizer, chat_template })
     }
 

@@ -161,7 +161,8 @@ impl Sampler {
 }
 
 pub fn argmax(logits: &[f32]) -> u32 {
-    logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &l)| if l > best.1 { (i, l) } else { best }).0 as u32
+    logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &l)| if l > best.1 { (i, l) } else { best }).0
+        as u32
 }
 
 #[cfg(test)]
@@ -176,7 +177,8 @@ mod tests {
 
     #[test]
     fn same_seed_same_draws_and_filters_hold() {
-        let params = SamplingParams { temperature: 1.0, top_k: 2, seed: Some(7), repeat_penalty: 1.0, ..Default::default() };
+        let params =
+            SamplingParams { temperature: 1.0, top_k: 2, seed: Some(7), repeat_penalty: 1.0, ..Default::default() };
         let draw = |params: &SamplingParams| {
             let mut s = Sampler::new(params.clone()).unwrap();
             (0..50).map(|_| s.sample(&mut [1.0, 0.9, 0.8, 5.0], &[], &[])).collect::<Vec<_>>()

@@ -110,7 +110,9 @@ impl Phase {
         match self {
             Phase::Forward => None,
             Phase::RankScore | Phase::RankColdWait | Phase::RankPick => Some(Phase::Prepare),
-            Phase::ReadIssue | Phase::CopyResident | Phase::ReadWait | Phase::CopyCold | Phase::ReadAhead => Some(Phase::Gather),
+            Phase::ReadIssue | Phase::CopyResident | Phase::ReadWait | Phase::CopyCold | Phase::ReadAhead => {
+                Some(Phase::Gather)
+            }
             Phase::Spill | Phase::Rebalance => Some(Phase::Commit),
             _ => Some(Phase::Forward),
         }
@@ -185,7 +187,11 @@ pub struct PhaseTotal {
 pub fn take() -> Vec<PhaseTotal> {
     Phase::ALL
         .iter()
-        .map(|&phase| PhaseTotal { phase, ns: NS[phase.index()].swap(0, Ordering::Relaxed), calls: CALLS[phase.index()].swap(0, Ordering::Relaxed) })
+        .map(|&phase| PhaseTotal {
+            phase,
+            ns: NS[phase.index()].swap(0, Ordering::Relaxed),
+            calls: CALLS[phase.index()].swap(0, Ordering::Relaxed),
+        })
         .filter(|t| t.calls > 0)
         .collect()
 }

@@ -77,7 +77,9 @@ pub fn next(reader: &mut impl BufRead) -> Result<Option<Vec<Chunk>>, String> {
     let mut line = Vec::new();
     loop {
         line.clear();
-        let read = std::io::Read::take(&mut *reader, MAX_LINE_BYTES + 1).read_until(b'\n', &mut line).map_err(|e| format!("the stream broke: {e}"))?;
+        let read = std::io::Read::take(&mut *reader, MAX_LINE_BYTES + 1)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| format!("the stream broke: {e}"))?;
         if read == 0 {
             return Ok(None);
         }
@@ -95,7 +97,8 @@ fn parse(data: &str) -> Result<Vec<Chunk>, String> {
     if data == "[DONE]" {
         return Ok(vec![Chunk::Done]);
     }
-    let payload: Payload = serde_json::from_str(data).map_err(|e| format!("an event that is not a chat completion chunk ({e}): {}", excerpt(data)))?;
+    let payload: Payload = serde_json::from_str(data)
+        .map_err(|e| format!("an event that is not a chat completion chunk ({e}): {}", excerpt(data)))?;
     if let Some(error) = payload.error {
         return Err(format!("the engine failed mid-reply: {}", excerpt(&error.to_string())));
     }
@@ -134,16 +137,34 @@ mod tests {
         while let Some(chunks) = next(&mut reader).unwrap() {
             got.extend(chunks);
         }
-        let usage = Usage { prompt_tokens: 9, completion_tokens: 1, prompt_tokens_details: Some(PromptDetails { cached_tokens: Some(4) }) };
-        assert_eq!(got, [Chunk::Nothing, Chunk::Text("Hi".into()), Chunk::Finished("stop".into()), Chunk::Usage(usage), Chunk::Done]);
+        let usage = Usage {
+            prompt_tokens: 9,
+            completion_tokens: 1,
+            prompt_tokens_details: Some(PromptDetails { cached_tokens: Some(4) }),
+        };
+        assert_eq!(
+            got,
+            [
+                Chunk::Nothing,
+                Chunk::Text("Hi".into()),
+                Chunk::Finished("stop".into()),
+                Chunk::Usage(usage),
+                Chunk::Done
+            ]
+        );
         let text_completion = "data: {\"choices\":[{\"text\":\" there\",\"finish_reason\":\"length\"}]}\n";
-        assert_eq!(next(&mut text_completion.as_bytes()).unwrap().unwrap(), [Chunk::Text(" there".into()), Chunk::Finished("length".into())]);
+        assert_eq!(
+            next(&mut text_completion.as_bytes()).unwrap().unwrap(),
+            [Chunk::Text(" there".into()), Chunk::Finished("length".into())]
+        );
     }
 
     #[test]
     fn garbage_an_error_event_and_an_endless_line_are_errors() {
         assert!(next(&mut "data: <html>oops</html>\n".as_bytes()).unwrap_err().contains("<html>oops"));
-        assert!(next(&mut "data: {\"error\":{\"message\":\"out of memory\"}}\n".as_bytes()).unwrap_err().contains("out of memory"));
+        assert!(next(&mut "data: {\"error\":{\"message\":\"out of memory\"}}\n".as_bytes())
+            .unwrap_err()
+            .contains("out of memory"));
         let endless = format!("data: {}", "x".repeat(MAX_LINE_BYTES as usize + 10));
         assert!(next(&mut endless.as_bytes()).unwrap_err().contains("longer than"));
     }

@@ -37,7 +37,11 @@ pub struct RemoteConfig {
 
 impl std::fmt::Debug for RemoteConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteConfig").field("url", &self.url).field("api_key", &self.api_key.as_ref().map(|_| "(set)")).field("model", &self.model).finish()
+        f.debug_struct("RemoteConfig")
+            .field("url", &self.url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "(set)"))
+            .field("model", &self.model)
+            .finish()
     }
 }
 
@@ -133,11 +137,21 @@ impl RemoteEngine {
             Some(m) if engine.models.iter().any(|r| &r.id == m) => m.clone(),
             Some(m) => {
                 let available = engine.models.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(", ");
-                return Err(RemoteError::UnknownModel { url: engine.endpoint.api.clone(), model: m.clone(), available });
+                return Err(RemoteError::UnknownModel {
+                    url: engine.endpoint.api.clone(),
+                    model: m.clone(),
+                    available,
+                });
             }
-            None => engine.models.first().ok_or_else(|| RemoteError::NoModels { url: engine.endpoint.api.clone() })?.id.clone(),
+            None => engine
+                .models
+                .first()
+                .ok_or_else(|| RemoteError::NoModels { url: engine.endpoint.api.clone() })?
+                .id
+                .clone(),
         };
-        engine.context_tokens = config.context_tokens.or_else(|| engine.discover_context()).unwrap_or(DEFAULT_CONTEXT_TOKENS);
+        engine.context_tokens =
+            config.context_tokens.or_else(|| engine.discover_context()).unwrap_or(DEFAULT_CONTEXT_TOKENS);
         tracing::info!(url = %engine.endpoint.api, model = %engine.model, context_tokens = engine.context_tokens, "remote engine connected");
         Ok(engine)
     }
@@ -187,14 +201,24 @@ impl RemoteEngine {
     /// Streams the reply to `messages` into `sink`; the returned summary has the remote's
     /// token counts (and its cached prompt tokens, where it reports them) and the time to the
     /// first token as `prefill_ms`. 429s and 503s before the reply starts are retried.
-    pub fn chat(&self, messages: &[ChatMessage], params: &GenerateParams, sink: &mut dyn ReplySink) -> Result<Summary, RemoteError> {
+    pub fn chat(
+        &self,
+        messages: &[ChatMessage],
+        params: &GenerateParams,
+        sink: &mut dyn ReplySink,
+    ) -> Result<Summary, RemoteError> {
         let mut body = self.body(params);
         body["messages"] = serde_json::to_value(messages).expect("messages serialize");
         self.stream("chat/completions", &body, sink)
     }
 
     /// The same for a raw `prompt` continued without a chat template (`/v1/completions`).
-    pub fn complete(&self, prompt: &str, params: &GenerateParams, sink: &mut dyn ReplySink) -> Result<Summary, RemoteError> {
+    pub fn complete(
+        &self,
+        prompt: &str,
+        params: &GenerateParams,
+        sink: &mut dyn ReplySink,
+    ) -> Result<Summary, RemoteError> {
         let mut body = self.body(params);
         body["prompt"] = prompt.into();
         self.stream("completions", &body, sink)
@@ -226,10 +250,14 @@ impl RemoteEngine {
                             return Ok(summary(usage, FinishReason::Cancelled, pieces, started, first_text));
                         }
                     }
-                    Chunk::Finished(reason) => finish = Some(if reason == "length" { FinishReason::Length } else { FinishReason::Stop }),
+                    Chunk::Finished(reason) => {
+                        finish = Some(if reason == "length" { FinishReason::Length } else { FinishReason::Stop })
+                    }
                     Chunk::Usage(u) => usage = Some(u),
                     Chunk::Nothing => {}
-                    Chunk::Done => return Ok(summary(usage, finish.unwrap_or(FinishReason::Stop), pieces, started, first_text)),
+                    Chunk::Done => {
+                        return Ok(summary(usage, finish.unwrap_or(FinishReason::Stop), pieces, started, first_text))
+                    }
                 }
             }
         }
@@ -290,7 +318,11 @@ impl RemoteEngine {
         let url = format!("{}/models", self.endpoint.api);
         let response = self.send(&url, None)?;
         let list: List = self.read_json(response)?;
-        Ok(list.data.into_iter().map(|e| RemoteModel { id: e.id, owned_by: e.owned_by, max_model_len: e.max_model_len }).collect())
+        Ok(list
+            .data
+            .into_iter()
+            .map(|e| RemoteModel { id: e.id, owned_by: e.owned_by, max_model_len: e.max_model_len })
+            .collect())
     }
 
     /// The context the remote gives each request: llama.cpp's `/props` (its slots' `n_ctx`),
@@ -321,7 +353,11 @@ impl RemoteEngine {
     }
 
     /// GETs `url`, or POSTs `body` there; retries 429 and 503 as the remote asks.
-    fn send(&self, url: &str, body: Option<&serde_json::Value>) -> Result<ureq::http::Response<ureq::Body>, RemoteError> {
+    fn send(
+        &self,
+        url: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<ureq::http::Response<ureq::Body>, RemoteError> {
         let auth = self.api_key.as_ref().map(|key| format!("Bearer {key}"));
         let mut status = 0;
         for attempt in 0..MAX_TRIES {
@@ -331,13 +367,21 @@ impl RemoteEngine {
                 (None, Some(auth)) => self.agent.get(url).header("Authorization", auth).call(),
                 (None, None) => self.agent.get(url).call(),
             };
-            let mut response = sent.map_err(|e| RemoteError::Unreachable { url: url.to_string(), why: e.to_string() })?;
+            let mut response =
+                sent.map_err(|e| RemoteError::Unreachable { url: url.to_string(), why: e.to_string() })?;
             status = response.status().as_u16();
             match status {
                 200..=299 => return Ok(response),
                 429 | 503 if attempt + 1 < MAX_TRIES => {
-                    let wait = retry_after(response.headers().get("retry-after").and_then(|v| v.to_str().ok())).unwrap_or(Duration::from_millis(500 << attempt)).min(MAX_RETRY_WAIT);
-                    tracing::info!(url, status, wait_ms = wait.as_millis() as u64, "the remote engine is busy: retrying");
+                    let wait = retry_after(response.headers().get("retry-after").and_then(|v| v.to_str().ok()))
+                        .unwrap_or(Duration::from_millis(500 << attempt))
+                        .min(MAX_RETRY_WAIT);
+                    tracing::info!(
+                        url,
+                        status,
+                        wait_ms = wait.as_millis() as u64,
+                        "the remote engine is busy: retrying"
+                    );
                     std::thread::sleep(wait);
                 }
                 429 | 503 => break,
@@ -350,8 +394,16 @@ impl RemoteEngine {
         Err(RemoteError::Busy { url: url.to_string(), status, tries: MAX_TRIES })
     }
 
-    fn read_json<T: serde::de::DeserializeOwned>(&self, mut response: ureq::http::Response<ureq::Body>) -> Result<T, RemoteError> {
-        let text = response.body_mut().with_config().limit(16 << 20).read_to_string().map_err(|e| self.broken(e.to_string()))?;
+    fn read_json<T: serde::de::DeserializeOwned>(
+        &self,
+        mut response: ureq::http::Response<ureq::Body>,
+    ) -> Result<T, RemoteError> {
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(16 << 20)
+            .read_to_string()
+            .map_err(|e| self.broken(e.to_string()))?;
         serde_json::from_str(&text).map_err(|e| self.broken(format!("{e}: {}", excerpt(&text))))
     }
 
@@ -365,7 +417,13 @@ fn retry_after(value: Option<&str>) -> Option<Duration> {
     value?.trim().parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).map(Duration::from_secs_f64)
 }
 
-fn summary(usage: Option<Usage>, finish_reason: FinishReason, pieces: usize, started: Instant, first_text: Option<Duration>) -> Summary {
+fn summary(
+    usage: Option<Usage>,
+    finish_reason: FinishReason,
+    pieces: usize,
+    started: Instant,
+    first_text: Option<Duration>,
+) -> Summary {
     let usage = usage.unwrap_or_default();
     let first_ms = first_text.unwrap_or_else(|| started.elapsed()).as_secs_f64() * 1e3;
     Summary {
@@ -395,7 +453,11 @@ mod tests {
 
     #[test]
     fn the_key_stays_out_of_debug_output() {
-        let config = RemoteConfig { url: "https://gpu.example/v1".into(), api_key: Some("sk-secret".into()), ..RemoteConfig::default() };
+        let config = RemoteConfig {
+            url: "https://gpu.example/v1".into(),
+            api_key: Some("sk-secret".into()),
+            ..RemoteConfig::default()
+        };
         assert!(!format!("{config:?}").contains("sk-secret"));
     }
 }

@@ -59,9 +59,12 @@ pub fn remote_error(e: RemoteError) -> ApiError {
     let message = e.to_string();
     match e {
         // What the remote refused as malformed is the request's fault.
-        RemoteError::Refused { status: 400 | 413 | 422, .. } => ApiError::bad_request(message).with_code("remote_engine_refused"),
+        RemoteError::Refused { status: 400 | 413 | 422, .. } => {
+            ApiError::bad_request(message).with_code("remote_engine_refused")
+        }
         RemoteError::Busy { .. } => {
-            let mut busy = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("remote_engine_busy"), message);
+            let mut busy =
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("remote_engine_busy"), message);
             busy.retry_after_s = Some(5);
             busy
         }

@@ -106,7 +106,10 @@ impl Conversations {
                 documents: change.documents.unwrap_or_default(),
                 messages: change.messages.unwrap_or_default(),
             };
-            txn.open_table(CONVERSATIONS).map_err(err)?.insert(id, serde_json::to_vec(&conversation).map_err(err)?.as_slice()).map_err(err)?;
+            txn.open_table(CONVERSATIONS)
+                .map_err(err)?
+                .insert(id, serde_json::to_vec(&conversation).map_err(err)?.as_slice())
+                .map_err(err)?;
             conversation
         };
         txn.commit().map_err(err)?;
@@ -132,7 +135,13 @@ impl Conversations {
             let c: Conversation = serde_json::from_slice(value.value()).map_err(err)?;
             let matches = |text: &str| query.as_ref().is_none_or(|q| text.to_lowercase().contains(q.as_str()));
             if matches(&c.title) || c.messages.iter().any(|m| matches(&m.content)) {
-                found.push(ConversationSummary { id: c.id, title: c.title, created_s: c.created_s, updated_s: c.updated_s, messages: c.messages.len() });
+                found.push(ConversationSummary {
+                    id: c.id,
+                    title: c.title,
+                    created_s: c.created_s,
+                    updated_s: c.updated_s,
+                    messages: c.messages.len(),
+                });
             }
         }
         found.sort_by(|a, b| b.updated_s.cmp(&a.updated_s).then(b.id.cmp(&a.id)));
@@ -144,7 +153,13 @@ impl Conversations {
         let txn = self.db.begin_write().map_err(err)?;
         let updated = {
             let mut table = txn.open_table(CONVERSATIONS).map_err(err)?;
-            let Some(mut c) = table.get(id).map_err(err)?.map(|v| serde_json::from_slice::<Conversation>(v.value())).transpose().map_err(err)? else {
+            let Some(mut c) = table
+                .get(id)
+                .map_err(err)?
+                .map(|v| serde_json::from_slice::<Conversation>(v.value()))
+                .transpose()
+                .map_err(err)?
+            else {
                 return Ok(None);
             };
             if let Some(title) = change.title {
@@ -188,14 +203,23 @@ mod tests {
         let path = dir.join("conversations.redb");
         let (first, second) = {
             let store = Conversations::open(&path).unwrap();
-            let first = store.create(ConversationChange { title: Some("  Licences ".into()), ..Default::default() }).unwrap();
-            let second = store.create(ConversationChange { messages: Some(vec![message(Role::User, "Tell me about Darcy")]), ..Default::default() }).unwrap();
+            let first =
+                store.create(ConversationChange { title: Some("  Licences ".into()), ..Default::default() }).unwrap();
+            let second = store
+                .create(ConversationChange {
+                    messages: Some(vec![message(Role::User, "Tell me about Darcy")]),
+                    ..Default::default()
+                })
+                .unwrap();
             assert_eq!(first.title, "Licences");
             assert_eq!(second.title, "New chat");
             (first.id, second.id)
         };
         let store = Conversations::open(&path).unwrap();
-        let renamed = store.update(first, ConversationChange { title: Some("x".repeat(500)), ..Default::default() }).unwrap().unwrap();
+        let renamed = store
+            .update(first, ConversationChange { title: Some("x".repeat(500)), ..Default::default() })
+            .unwrap()
+            .unwrap();
         assert_eq!(renamed.title.chars().count(), MAX_TITLE_CHARS);
         assert_eq!(store.list(Some("darcy")).unwrap().iter().map(|c| c.id).collect::<Vec<_>>(), vec![second]);
         assert_eq!(store.list(None).unwrap().len(), 2);

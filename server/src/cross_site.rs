@@ -85,7 +85,9 @@ fn verdict(headers: &HeaderMap, method: &Method, path: &str, allowed: &AllowedOr
     let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("(not text)"));
     if let Some(origin) = header(ORIGIN.as_str()) {
         let origin = normalise(origin);
-        let own = header(HOST.as_str()).map(|host| host.to_ascii_lowercase()).is_some_and(|host| origin == format!("http://{host}") || origin == format!("https://{host}"));
+        let own = header(HOST.as_str())
+            .map(|host| host.to_ascii_lowercase())
+            .is_some_and(|host| origin == format!("http://{host}") || origin == format!("https://{host}"));
         return if own || allowed.allows(&origin) { Ok(()) } else { Err(origin) };
     }
     let cross_site = header("sec-fetch-site").is_some_and(|site| site.eq_ignore_ascii_case("cross-site"));
@@ -103,7 +105,12 @@ mod tests {
     use super::*;
     use axum::http::HeaderValue;
 
-    fn check(pairs: &[(&'static str, &str)], method: Method, path: &str, allowed: &AllowedOrigins) -> Result<(), String> {
+    fn check(
+        pairs: &[(&'static str, &str)],
+        method: Method,
+        path: &str,
+        allowed: &AllowedOrigins,
+    ) -> Result<(), String> {
         let mut headers = HeaderMap::new();
         headers.insert(HOST, HeaderValue::from_static("127.0.0.1:8080"));
         for (k, v) in pairs {
@@ -116,7 +123,15 @@ mod tests {
     fn the_servers_own_origin_and_clients_without_one_pass() {
         let own = AllowedOrigins::Own;
         assert_eq!(check(&[("origin", "http://127.0.0.1:8080")], Method::POST, "/v1/chat/completions", &own), Ok(()));
-        assert_eq!(check(&[("origin", "HTTP://127.0.0.1:8080/"), ("sec-fetch-site", "same-origin")], Method::POST, "/v1/chat/completions", &own), Ok(()));
+        assert_eq!(
+            check(
+                &[("origin", "HTTP://127.0.0.1:8080/"), ("sec-fetch-site", "same-origin")],
+                Method::POST,
+                "/v1/chat/completions",
+                &own
+            ),
+            Ok(())
+        );
         assert_eq!(check(&[], Method::POST, "/v1/chat/completions", &own), Ok(()), "curl and SDKs send no Origin");
         assert_eq!(check(&[("sec-fetch-site", "none")], Method::GET, "/", &own), Ok(()), "typed in the address bar");
     }
@@ -124,21 +139,54 @@ mod tests {
     #[test]
     fn other_origins_and_cross_site_fetches_are_refused() {
         let own = AllowedOrigins::Own;
-        for origin in ["http://evil.example", "null", "http://127.0.0.1:8081", "http://localhost:8080", "https://127.0.0.1:8080.evil.example"] {
-            assert!(check(&[("origin", origin)], Method::POST, "/v1/hillside/conversations", &own).is_err(), "{origin}");
+        for origin in [
+            "http://evil.example",
+            "null",
+            "http://127.0.0.1:8081",
+            "http://localhost:8080",
+            "https://127.0.0.1:8080.evil.example",
+        ] {
+            assert!(
+                check(&[("origin", origin)], Method::POST, "/v1/hillside/conversations", &own).is_err(),
+                "{origin}"
+            );
         }
         assert!(check(&[("sec-fetch-site", "cross-site")], Method::POST, "/v1/hillside/conversations", &own).is_err());
-        assert!(check(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "no-cors")], Method::GET, "/v1/models", &own).is_err());
+        assert!(check(
+            &[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "no-cors")],
+            Method::GET,
+            "/v1/models",
+            &own
+        )
+        .is_err());
         // A link from another site to the web UI opens it; the API stays refused even so.
-        assert_eq!(check(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")], Method::GET, "/", &own), Ok(()));
-        assert!(check(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")], Method::GET, "/v1/hillside/conversations", &own).is_err());
-        assert!(check(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")], Method::POST, "/", &own).is_err());
+        assert_eq!(
+            check(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")], Method::GET, "/", &own),
+            Ok(())
+        );
+        assert!(check(
+            &[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")],
+            Method::GET,
+            "/v1/hillside/conversations",
+            &own
+        )
+        .is_err());
+        assert!(check(&[("sec-fetch-site", "cross-site"), ("sec-fetch-mode", "navigate")], Method::POST, "/", &own)
+            .is_err());
     }
 
     #[test]
     fn allowed_origins_are_the_users_choice() {
         let list = AllowedOrigins::parse(&["http://localhost:3000/".into()]).unwrap();
-        assert_eq!(check(&[("origin", "http://localhost:3000"), ("sec-fetch-site", "cross-site")], Method::POST, "/v1/chat/completions", &list), Ok(()));
+        assert_eq!(
+            check(
+                &[("origin", "http://localhost:3000"), ("sec-fetch-site", "cross-site")],
+                Method::POST,
+                "/v1/chat/completions",
+                &list
+            ),
+            Ok(())
+        );
         assert!(check(&[("origin", "http://localhost:3001")], Method::POST, "/v1/chat/completions", &list).is_err());
         let any = AllowedOrigins::parse(&["http://a.example".into(), "*".into()]).unwrap();
         assert_eq!(any, AllowedOrigins::Any);

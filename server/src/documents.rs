@@ -1,9 +1,9 @@
 //! The server's documents: the library and the kept K/V of its documents, in one data folder.
 
-use hillside_documents::ingest::isolated::{IsolatedReader, ProcessLimits};
-use hillside_documents::kv_cache::DocumentKvCache;
 use crate::error::ApiError;
 use axum::http::StatusCode;
+use hillside_documents::ingest::isolated::{IsolatedReader, ProcessLimits};
+use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::{Library, Limits};
 use serde::Serialize;
 use std::collections::HashSet;
@@ -60,18 +60,33 @@ pub struct Documents {
 impl Documents {
     /// What reads uploaded and chosen files, each in a process of its own.
     pub fn reader(&self) -> Result<&IsolatedReader, ApiError> {
-        self.reader.as_ref().map_err(|why| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("document_reader_missing"), format!("Documents cannot be added: {why}.")))
+        self.reader.as_ref().map_err(|why| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("document_reader_missing"),
+                format!("Documents cannot be added: {why}."),
+            )
+        })
     }
 
     pub fn open(config: &DocumentsConfig) -> Result<Self, String> {
         let library = Arc::new(Library::open(&config.dir.join("library.redb")).map_err(|e| e.to_string())?);
-        let kv = DocumentKvCache::open(library.clone(), &config.dir.join("kv"), config.kv_quota_bytes, &config.model_key)
-            .map_err(|e| format!("document K/V folder {}: {e}", config.dir.join("kv").display()))?;
+        let kv =
+            DocumentKvCache::open(library.clone(), &config.dir.join("kv"), config.kv_quota_bytes, &config.model_key)
+                .map_err(|e| format!("document K/V folder {}: {e}", config.dir.join("kv").display()))?;
         let reader = IsolatedReader::locate(ProcessLimits::default());
         if let Err(why) = &reader {
             tracing::error!(%why, "documents cannot be added");
         }
         let limits = Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() };
-        Ok(Self { library, kv, limits, chosen_paths: config.chosen_paths.clone(), model_key: config.model_key.clone(), reader })
+        Ok(Self {
+            library,
+            kv,
+            limits,
+            chosen_paths: config.chosen_paths.clone(),
+            model_key: config.model_key.clone(),
+            reader,
+        })
     }
 }

@@ -67,7 +67,12 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, kind: &'static str, code: Option<&'static str>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        code: Option<&'static str>,
+        message: impl Into<String>,
+    ) -> Self {
         Self { status, detail: ErrorDetail { message: message.into(), kind, param: None, code }, retry_after_s: None }
     }
 
@@ -86,7 +91,12 @@ impl ApiError {
     }
 
     pub fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", Some("invalid_api_key"), "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'.")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            Some("invalid_api_key"),
+            "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'.",
+        )
     }
 
     pub fn foreign_host(host: &str) -> Self {
@@ -117,20 +127,40 @@ impl ApiError {
     }
 
     pub fn model_not_found(model: &str, served: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("model_not_found"), format!("The model '{model}' does not exist here; this server runs '{served}' (see GET /v1/models)."))
-            .with_param("model")
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("model_not_found"),
+            format!("The model '{model}' does not exist here; this server runs '{served}' (see GET /v1/models)."),
+        )
+        .with_param("model")
     }
 
     pub fn not_found(path: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("not_found"), format!("No route {path}; see GET /openapi.json."))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("not_found"),
+            format!("No route {path}; see GET /openapi.json."),
+        )
     }
 
     pub fn method_not_allowed(method: &axum::http::Method, path: &str) -> Self {
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", Some("method_not_allowed"), format!("{path} does not take {method}; see GET /openapi.json."))
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            Some("method_not_allowed"),
+            format!("{path} does not take {method}; see GET /openapi.json."),
+        )
     }
 
     pub fn body_too_large(limit_bytes: usize) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("request_too_large"), format!("The request body is larger than the server's limit of {limit_bytes} bytes."))
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            Some("request_too_large"),
+            format!("The request body is larger than the server's limit of {limit_bytes} bytes."),
+        )
     }
 
     pub fn context_exceeded(prompt_tokens: usize, max_tokens: Option<usize>, context_tokens: usize) -> Self {
@@ -144,7 +174,12 @@ impl ApiError {
     }
 
     pub fn shutting_down() -> Self {
-        let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("shutting_down"), "The server is shutting down.");
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("shutting_down"),
+            "The server is shutting down.",
+        );
         e.retry_after_s = Some(5);
         e
     }
@@ -162,13 +197,15 @@ impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
         match e {
             SubmitError::QueueFull { .. } => {
-                let mut err = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", Some("queue_full"), e.to_string());
+                let mut err =
+                    Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", Some("queue_full"), e.to_string());
                 err.retry_after_s = Some(1);
                 err
             }
             SubmitError::ShuttingDown => Self::shutting_down(),
             SubmitError::EngineFailed(_) => {
-                let mut err = Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("engine_failed"), e.to_string());
+                let mut err =
+                    Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("engine_failed"), e.to_string());
                 err.retry_after_s = Some(30);
                 err
             }
@@ -180,10 +217,18 @@ impl From<hillside_engine::Error> for ApiError {
     fn from(e: hillside_engine::Error) -> Self {
         use hillside_engine::Error as E;
         match e {
-            E::ContextOverflow { prompt_tokens, context_tokens } => Self::context_exceeded(prompt_tokens, None, context_tokens),
+            E::ContextOverflow { prompt_tokens, context_tokens } => {
+                Self::context_exceeded(prompt_tokens, None, context_tokens)
+            }
             E::InvalidParameter(m) => Self::bad_request(m),
-            E::ChatTemplate(m) => Self::bad_request(format!("the messages do not fit the model's chat template: {m}")).with_param("messages"),
-            full if full.is_storage_full() => Self::new(StatusCode::INSUFFICIENT_STORAGE, "server_error", Some("insufficient_storage"), full.to_string()),
+            E::ChatTemplate(m) => Self::bad_request(format!("the messages do not fit the model's chat template: {m}"))
+                .with_param("messages"),
+            full if full.is_storage_full() => Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "server_error",
+                Some("insufficient_storage"),
+                full.to_string(),
+            ),
             other => Self::internal(other.to_string()),
         }
     }

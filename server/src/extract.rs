@@ -44,7 +44,8 @@ pub fn require_json(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
 }
 
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    let value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
     serde_path_to_error::deserialize(&value).map_err(|e| {
         let (mut path, mut message) = (e.path().to_string(), e.into_inner().to_string());
         if path == "." {

@@ -26,18 +26,18 @@ mod web_ui;
 pub use backend::{Backend, EngineChoice};
 pub use cross_site::AllowedOrigins;
 pub use documents::{ChosenPaths, DocumentsConfig};
-pub use web_ui::is_built as web_ui_is_built;
 pub use error::{ApiError, ErrorBody};
+pub use web_ui::is_built as web_ui_is_built;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method};
 use axum::routing::{get, post};
 use axum::Router;
-use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
 use conversations::Conversations;
 use documents::Documents;
 use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::summarize::{self, Runner};
+use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
 use hillside_engine::{Engine, SamplingParams};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -92,13 +92,25 @@ impl App {
     pub fn new(engine: impl Into<EngineChoice>, config: ServerConfig) -> Result<Arc<Self>, String> {
         let allowed_origins = cross_site::AllowedOrigins::parse(&config.cors_origins)?;
         let documents = config.documents.as_ref().map(Documents::open).transpose()?;
-        let conversations = config.documents.as_ref().map(|d| Conversations::open(&d.dir.join("conversations.redb"))).transpose()?;
+        let conversations =
+            config.documents.as_ref().map(|d| Conversations::open(&d.dir.join("conversations.redb"))).transpose()?;
         let backend = match engine.into() {
-            EngineChoice::Local(engine) => Backend::Local { scheduler: Scheduler::start(engine.clone(), config.scheduler.clone()), engine },
+            EngineChoice::Local(engine) => {
+                Backend::Local { scheduler: Scheduler::start(engine.clone(), config.scheduler.clone()), engine }
+            }
             EngineChoice::Remote(remote) => Backend::Remote(remote),
         };
         let id_prefix = format!("{:08x}", rand::random::<u32>());
-        Ok(Arc::new(Self { backend, config, documents, conversations, allowed_origins, id_prefix, next_id: AtomicU64::new(1), stopping: Arc::default() }))
+        Ok(Arc::new(Self {
+            backend,
+            config,
+            documents,
+            conversations,
+            allowed_origins,
+            id_prefix,
+            next_id: AtomicU64::new(1),
+            stopping: Arc::default(),
+        }))
     }
 
     /// The local engine and its scheduler; on a remote engine, the error for a route that
@@ -122,12 +134,21 @@ impl App {
             Backend::Local { engine, scheduler } => summarize::Backend::Local { engine, scheduler },
             Backend::Remote(remote) => summarize::Backend::Remote(remote),
         };
-        Runner { backend, context_tokens: self.context_tokens(), kv_cache: kv_cache.filter(|_| matches!(self.backend, Backend::Local { .. })) }
+        Runner {
+            backend,
+            context_tokens: self.context_tokens(),
+            kv_cache: kv_cache.filter(|_| matches!(self.backend, Backend::Local { .. })),
+        }
     }
 
     fn documents(&self) -> Result<&Documents, ApiError> {
         self.documents.as_ref().ok_or_else(|| {
-            ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("documents_off"), "This server keeps no documents (it was started without a data folder).")
+            ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("documents_off"),
+                "This server keeps no documents (it was started without a data folder).",
+            )
         })
     }
 
@@ -166,7 +187,12 @@ pub fn unix_now_s() -> u64 {
 /// on another site made them.
 pub fn router(app: Arc<App>) -> Router {
     // An upload carries a whole document (and the multipart framing around it).
-    let upload_limit = app.config.documents.as_ref().map_or(0, |d| d.max_file_bytes as usize + 64 * 1024).max(app.config.max_body_bytes);
+    let upload_limit = app
+        .config
+        .documents
+        .as_ref()
+        .map_or(0, |d| d.max_file_bytes as usize + 64 * 1024)
+        .max(app.config.max_body_bytes);
     let mut router = Router::new()
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
         .route("/v1/completions", post(routes::completions::completions))
@@ -177,8 +203,14 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/hillside/config", get(routes::info::config))
         .route("/v1/hillside/settings", get(routes::settings::get).put(routes::settings::put))
         .route("/v1/hillside/conversations", get(routes::conversations::list).post(routes::conversations::create))
-        .route("/v1/hillside/conversations/{id}", get(routes::conversations::get).patch(routes::conversations::change).delete(routes::conversations::delete))
-        .route("/v1/hillside/documents", post(routes::documents::add).get(routes::documents::list).layer(DefaultBodyLimit::max(upload_limit)))
+        .route(
+            "/v1/hillside/conversations/{id}",
+            get(routes::conversations::get).patch(routes::conversations::change).delete(routes::conversations::delete),
+        )
+        .route(
+            "/v1/hillside/documents",
+            post(routes::documents::add).get(routes::documents::list).layer(DefaultBodyLimit::max(upload_limit)),
+        )
         .route("/v1/hillside/documents/{id}", get(routes::documents::get).delete(routes::documents::delete))
         .route("/v1/hillside/documents/{id}/summary", post(routes::documents::summary))
         .route("/v1/hillside/documents/{id}/text", get(routes::documents::text))
@@ -212,7 +244,11 @@ pub fn router(app: Arc<App>) -> Router {
 /// Serves on `listener` until `shutdown` resolves; then stops accepting, gives in-flight
 /// generations `shutdown_grace_s` to finish, cancels the rest and returns once every
 /// connection is closed and every sequence (and its cold-pool file) is gone.
-pub async fn serve(listener: tokio::net::TcpListener, app: Arc<App>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Arc<App>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let grace = Duration::from_secs(app.config.shutdown_grace_s);
     let draining = app.clone();
     let signal = async move {

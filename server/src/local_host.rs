@@ -14,7 +14,8 @@ use std::net::{IpAddr, SocketAddr};
 
 pub async fn require_local_host(req: Request, next: Next) -> Result<Response, ApiError> {
     let from_loopback = req.extensions().get::<ConnectInfo<SocketAddr>>().is_some_and(|peer| is_loopback(peer.0.ip()));
-    let named = req.headers().get(HOST).map(|h| h.to_str().unwrap_or("")).or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let named =
+        req.headers().get(HOST).map(|h| h.to_str().unwrap_or("")).or_else(|| req.uri().authority().map(|a| a.as_str()));
     match named {
         Some(host) if from_loopback && !names_loopback(host) => Err(ApiError::foreign_host(host)),
         _ => Ok(next.run(req).await),
@@ -55,10 +56,28 @@ mod tests {
 
     #[test]
     fn loopback_names_and_addresses_pass_and_others_do_not() {
-        for host in ["localhost", "localhost:8080", "LocalHost:1", "app.localhost:3000", "127.0.0.1", "127.0.0.1:11434", "127.1.2.3:80", "[::1]", "[::1]:8080"] {
+        for host in [
+            "localhost",
+            "localhost:8080",
+            "LocalHost:1",
+            "app.localhost:3000",
+            "127.0.0.1",
+            "127.0.0.1:11434",
+            "127.1.2.3:80",
+            "[::1]",
+            "[::1]:8080",
+        ] {
             assert!(names_loopback(host), "{host}");
         }
-        for host in ["evil.example", "evil.example:8080", "localhost.evil.example", "192.168.1.5:8080", "[::2]:80", "", "127.0.0.1.evil.example"] {
+        for host in [
+            "evil.example",
+            "evil.example:8080",
+            "localhost.evil.example",
+            "192.168.1.5:8080",
+            "[::2]:80",
+            "",
+            "127.0.0.1.evil.example",
+        ] {
             assert!(!names_loopback(host), "{host}");
         }
     }

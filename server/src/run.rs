@@ -25,10 +25,19 @@ pub const MAX_STOP_BYTES: usize = 256;
 
 /// Engine parameters from the request's fields; `max_tokens` is the one the request named
 /// (chat has two names for it), `prompt_tokens` the prompt's length.
-pub fn params(app: &App, f: &SamplingFields, max_tokens: Option<usize>, prompt_tokens: usize, logprobs: Option<usize>) -> Result<GenerateParams, ApiError> {
+pub fn params(
+    app: &App,
+    f: &SamplingFields,
+    max_tokens: Option<usize>,
+    prompt_tokens: usize,
+    logprobs: Option<usize>,
+) -> Result<GenerateParams, ApiError> {
     app.check_model(f.model.as_deref())?;
     if let Some(n) = f.n.filter(|&n| n != 1) {
-        return Err(ApiError::bad_request(format!("n = {n} is not supported: this server generates one choice per request")).with_param("n"));
+        return Err(ApiError::bad_request(format!(
+            "n = {n} is not supported: this server generates one choice per request"
+        ))
+        .with_param("n"));
     }
     let context = app.context_tokens();
     if prompt_tokens == 0 {
@@ -64,7 +73,10 @@ pub fn params(app: &App, f: &SamplingFields, max_tokens: Option<usize>, prompt_t
     }
     // Each generated token is matched against every stop string.
     if stop.len() > MAX_STOP_STRINGS || stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
-        return Err(ApiError::bad_request(format!("at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_BYTES} bytes each")).with_param("stop"));
+        return Err(ApiError::bad_request(format!(
+            "at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_BYTES} bytes each"
+        ))
+        .with_param("stop"));
     }
     Ok(GenerateParams {
         // Unbounded requests stop at the context's end (finish_reason "length").
@@ -99,7 +111,12 @@ impl Drop for Running {
 
 /// Submits `prompt` to the local engine; its first tokens' K/V may be kept elsewhere
 /// (`prefix`: a document's).
-pub fn submit(app: &App, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams) -> Result<Running, ApiError> {
+pub fn submit(
+    app: &App,
+    prompt: Vec<u32>,
+    prefix: Option<Box<dyn KeptPrefix>>,
+    params: GenerateParams,
+) -> Result<Running, ApiError> {
     let (_, scheduler) = app.local()?;
     let (tx, updates) = mpsc::unbounded_channel();
     // Unbounded, so the scheduler never waits on a slow client; a generation is bounded by
@@ -121,7 +138,11 @@ pub fn submit_remote(app: &App, remote: &Arc<RemoteEngine>, prompt: RemotePrompt
     let stop = Arc::new(AtomicBool::new(false));
     let (remote, flag, stopping) = (remote.clone(), stop.clone(), app.stopping.clone());
     tokio::task::spawn_blocking(move || {
-        let mut sink = |text: &str| !flag.load(Ordering::Relaxed) && !stopping.load(Ordering::Relaxed) && tx.send(Ok(Update::Event(Event::Text(text.to_string())))).is_ok();
+        let mut sink = |text: &str| {
+            !flag.load(Ordering::Relaxed)
+                && !stopping.load(Ordering::Relaxed)
+                && tx.send(Ok(Update::Event(Event::Text(text.to_string())))).is_ok()
+        };
         let reply = match prompt {
             RemotePrompt::Chat(messages) => remote.chat(&messages, &params, &mut sink),
             RemotePrompt::Text(text) => remote.complete(&text, &params, &mut sink),
@@ -149,9 +170,15 @@ impl Running {
             match update {
                 Update::Event(Event::Prefill { .. }) => {}
                 Update::Event(Event::Logprob(lp)) => pending.push(lp),
-                Update::Event(Event::Text(text)) => return Some(Ok(Piece::Text { text, logprobs: std::mem::take(pending) })),
-                Update::Done(Ok(summary)) if summary.finish_reason == FinishReason::Cancelled => return Some(Err(ApiError::shutting_down())),
-                Update::Done(Ok(summary)) => return Some(Ok(Piece::Done { summary, logprobs: std::mem::take(pending) })),
+                Update::Event(Event::Text(text)) => {
+                    return Some(Ok(Piece::Text { text, logprobs: std::mem::take(pending) }))
+                }
+                Update::Done(Ok(summary)) if summary.finish_reason == FinishReason::Cancelled => {
+                    return Some(Err(ApiError::shutting_down()))
+                }
+                Update::Done(Ok(summary)) => {
+                    return Some(Ok(Piece::Done { summary, logprobs: std::mem::take(pending) }))
+                }
                 Update::Done(Err(e)) => return Some(Err(e.into())),
             }
         }
@@ -225,7 +252,12 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
 }
 
 /// Tokenizes off the async threads (a long document takes a while).
-pub async fn blocking<T: Send + 'static>(app: &Arc<App>, f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
+pub async fn blocking<T: Send + 'static>(
+    app: &Arc<App>,
+    f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
     let app = app.clone();
-    tokio::task::spawn_blocking(move || f(&app)).await.map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
+    tokio::task::spawn_blocking(move || f(&app))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
 }

@@ -200,7 +200,10 @@ impl Settings {
         }
         if let Some(mb) = self.hot_budget_mb {
             if !(mb >= 1.0 && mb.is_finite()) {
-                return Err(("hot_budget_mb", "the hot-pool budget must be at least 1 MB (or empty for the planner's choice)".into()));
+                return Err((
+                    "hot_budget_mb",
+                    "the hot-pool budget must be at least 1 MB (or empty for the planner's choice)".into(),
+                ));
             }
         }
         if !self.cold_dir.is_absolute() {
@@ -221,7 +224,10 @@ impl Settings {
         if let Err(e) = sampling.validate() {
             // The engine's message names the field first ("top_p must be in (0, 1]").
             let message = e.to_string();
-            let field = ["temperature", "top_p", "min_p", "repeat_penalty"].into_iter().find(|f| message.contains(f)).unwrap_or("temperature");
+            let field = ["temperature", "top_p", "min_p", "repeat_penalty"]
+                .into_iter()
+                .find(|f| message.contains(f))
+                .unwrap_or("temperature");
             return Err((field, message.trim_start_matches("invalid generation parameter: ").to_string()));
         }
         if self.port < 1024 {
@@ -229,12 +235,18 @@ impl Settings {
         }
         if self.engine != "local" {
             let Some(url) = self.engine.strip_prefix("openai:") else {
-                return Err(("engine", "local, or openai: followed by the remote engine's URL (openai:https://host/v1)".into()));
+                return Err((
+                    "engine",
+                    "local, or openai: followed by the remote engine's URL (openai:https://host/v1)".into(),
+                ));
             };
             hillside_remote::Endpoint::parse(url, self.allow_insecure_remote).map_err(|e| ("engine", e.to_string()))?;
         }
         if self.remote_model.as_deref().is_some_and(|m| m.trim().is_empty()) {
-            return Err(("remote_model", "name one of the remote's models, or leave it empty for the first it lists".into()));
+            return Err((
+                "remote_model",
+                "name one of the remote's models, or leave it empty for the first it lists".into(),
+            ));
         }
         Ok(())
     }
@@ -249,7 +261,8 @@ pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, String>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("reading the config file {}: {e}", path.display())),
     };
-    let mut doc: DocumentMut = text.parse().map_err(|e| format!("the config file {} is not valid TOML: {e}", path.display()))?;
+    let mut doc: DocumentMut =
+        text.parse().map_err(|e| format!("the config file {} is not valid TOML: {e}", path.display()))?;
     match &settings.model {
         Some(m) => doc["model"] = value(m.as_str()),
         None => drop(doc.remove("model")),
@@ -324,7 +337,13 @@ fn write_private(path: &Path, text: &str) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(context)?;
     }
     let partial = path.with_extension("toml.partial");
-    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&partial).map_err(context)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&partial)
+        .map_err(context)?;
     file.write_all(text.as_bytes()).and_then(|()| file.sync_all()).map_err(context)?;
     std::fs::rename(&partial, path).map_err(context)
 }
@@ -343,21 +362,29 @@ mod tests {
         let typo = toml::from_str::<FileConfig>("[kv]\nalpah = 0.1\n").unwrap_err().to_string();
         assert!(typo.contains("alpah"), "{typo}");
         assert!(toml::from_str::<FileConfig>("[kv]\nstore = \"ssd\"\n").is_err());
-        let c: FileConfig = toml::from_str("[server]\nport = 9000\ncors_origins = [\"http://localhost:3000\"]\n").unwrap();
+        let c: FileConfig =
+            toml::from_str("[server]\nport = 9000\ncors_origins = [\"http://localhost:3000\"]\n").unwrap();
         assert_eq!((c.server.port, c.server.max_live), (Some(9000), None));
         assert!(toml::from_str::<FileConfig>("[server]\nprot = 9000\n").is_err());
         let c: FileConfig = toml::from_str("[sampling]\ntemperature = 0.2\n").unwrap();
-        assert_eq!((c.sampling.params().temperature, c.sampling.params().top_k), (0.2, SamplingParams::default().top_k));
+        assert_eq!(
+            (c.sampling.params().temperature, c.sampling.params().top_k),
+            (0.2, SamplingParams::default().top_k)
+        );
     }
 
     #[test]
     fn the_readme_example_parses() {
         let readme = include_str!("../../README.md");
-        let example = readme.split("```toml\n").nth(1).and_then(|s| s.split("```").next()).expect("a toml block in the README");
+        let example =
+            readme.split("```toml\n").nth(1).and_then(|s| s.split("```").next()).expect("a toml block in the README");
         let c: FileConfig = toml::from_str(example).unwrap();
         assert_eq!(c.kv.store, StoreKind::Tiered);
         assert_eq!(c.kv.hot_budget_bytes, Some(50_000_000));
-        assert_eq!((c.remote.engine.as_deref(), c.remote.concurrency), (Some("openai:https://gpu.example/v1"), Some(4)));
+        assert_eq!(
+            (c.remote.engine.as_deref(), c.remote.concurrency),
+            (Some("openai:https://gpu.example/v1"), Some(4))
+        );
         assert_eq!(Settings::of(&c).check(&[c.model.clone().unwrap()]), Ok(()), "the example is a valid config");
     }
 
@@ -420,7 +447,11 @@ mod tests {
         assert_eq!(field(&|s| s.model = Some("llama-70b".into())), "model");
         assert_eq!(field(&|s| s.model = Some("/nowhere/m.gguf".into())), "model");
         assert_eq!(field(&|s| s.engine = "vllm".into()), "engine");
-        assert_eq!(field(&|s| s.engine = "openai:http://10.0.0.5:8000/v1".into()), "engine", "plain HTTP to another machine");
+        assert_eq!(
+            field(&|s| s.engine = "openai:http://10.0.0.5:8000/v1".into()),
+            "engine",
+            "plain HTTP to another machine"
+        );
         assert_eq!(field(&|s| s.remote_model = Some(" ".into())), "remote_model");
         let mut remote = good.clone();
         (remote.engine, remote.allow_insecure_remote) = ("openai:http://10.0.0.5:8000/v1".into(), true);

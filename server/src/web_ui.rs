@@ -46,7 +46,8 @@ pub async fn file(uri: Uri) -> Response {
     let Some((_, bytes)) = built::FILES.iter().find(|(n, _)| *n == name) else {
         if name == "index.html" {
             let why = "The web UI is not built into this binary: run `make ui` (it needs Node.js and npm), then build Hillside again.\n";
-            return (StatusCode::SERVICE_UNAVAILABLE, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], why).into_response();
+            return (StatusCode::SERVICE_UNAVAILABLE, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], why)
+                .into_response();
         }
         return crate::ApiError::not_found(uri.path()).into_response();
     };

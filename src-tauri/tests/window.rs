@@ -22,14 +22,22 @@ impl Display {
     fn start() -> Self {
         let number = 90 + std::process::id() % 400;
         let name = format!(":{number}");
-        let xvfb = Command::new("Xvfb").args([name.as_str(), "-screen", "0", "1280x800x24", "-nolisten", "tcp"]).stderr(Stdio::null()).spawn().expect("Xvfb (apt install xvfb)");
+        let xvfb = Command::new("Xvfb")
+            .args([name.as_str(), "-screen", "0", "1280x800x24", "-nolisten", "tcp"])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("Xvfb (apt install xvfb)");
         let socket = PathBuf::from(format!("/tmp/.X11-unix/X{number}"));
         wait_for("Xvfb's socket", || socket.exists().then_some(()));
         Self { name, xvfb }
     }
 
     fn run(&self, program: &str, args: &[&str]) -> Vec<u8> {
-        let out = Command::new(program).args(args).env("DISPLAY", &self.name).output().unwrap_or_else(|e| panic!("{program}: {e} (apt install x11-utils x11-apps)"));
+        let out = Command::new(program)
+            .args(args)
+            .env("DISPLAY", &self.name)
+            .output()
+            .unwrap_or_else(|e| panic!("{program}: {e} (apt install x11-utils x11-apps)"));
         out.stdout
     }
 
@@ -49,12 +57,17 @@ impl Drop for Display {
 /// 32-bit words, a color table, then rows of pixels in the byte order the header names.
 fn colors_of(xwd: &[u8]) -> HashSet<[u8; 3]> {
     let word = |i: usize| u32::from_be_bytes(xwd[i * 4..i * 4 + 4].try_into().unwrap()) as usize;
-    let (header, width, height, least_first, bits_per_pixel, bytes_per_line, table) = (word(0), word(4), word(5), word(7) == 0, word(11), word(12), word(19));
+    let (header, width, height, least_first, bits_per_pixel, bytes_per_line, table) =
+        (word(0), word(4), word(5), word(7) == 0, word(11), word(12), word(19));
     let pixel_bytes = bits_per_pixel / 8;
     let mut seen = HashSet::new();
     for row in xwd[header + table * 12..].chunks(bytes_per_line).take(height) {
         for p in row[..width * pixel_bytes].chunks_exact(pixel_bytes) {
-            let rgb = if least_first { [p[2], p[1], p[0]] } else { [p[pixel_bytes - 3], p[pixel_bytes - 2], p[pixel_bytes - 1]] };
+            let rgb = if least_first {
+                [p[2], p[1], p[0]]
+            } else {
+                [p[pixel_bytes - 3], p[pixel_bytes - 2], p[pixel_bytes - 1]]
+            };
             seen.insert(rgb);
         }
     }
@@ -84,7 +97,8 @@ fn wait_for<T>(what: &str, mut ready: impl FnMut() -> Option<T>) -> T {
 
 /// Cold-pool files (the folder also keeps the tiered store's disk profile).
 fn cold_files(dir: &Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "cold")).count())
+    std::fs::read_dir(dir)
+        .map_or(0, |d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "cold")).count())
 }
 
 #[test]
@@ -94,25 +108,30 @@ fn the_window_shows_the_ui_and_closes_cleanly() {
     std::fs::create_dir_all(&root).unwrap();
     let cold = root.join("cold");
     let config = root.join("config.toml");
-    std::fs::write(&config, format!("context = 2048\n\n[kv]\nstore = \"tiered\"\ncold_dir = \"{}\"\n", cold.display())).unwrap();
+    std::fs::write(&config, format!("context = 2048\n\n[kv]\nstore = \"tiered\"\ncold_dir = \"{}\"\n", cold.display()))
+        .unwrap();
     // The configured port is taken: the app must take another and say so.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
 
     let display = Display::start();
-    let mut app = KillOnDrop(Command::new(env!("CARGO_BIN_EXE_hillside-desktop"))
-        .args(["--port", &port, "--documents-dir", root.join("data").to_str().unwrap()])
-        .env("DISPLAY", &display.name)
-        .env("HILLSIDE_CONFIG", &config)
-        // No GPU under Xvfb: WebKit draws in software.
-        .env("WEBKIT_DISABLE_DMABUF_RENDERER", "1")
-        .env("LIBGL_ALWAYS_SOFTWARE", "1")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap());
+    let mut app = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_hillside-desktop"))
+            .args(["--port", &port, "--documents-dir", root.join("data").to_str().unwrap()])
+            .env("DISPLAY", &display.name)
+            .env("HILLSIDE_CONFIG", &config)
+            // No GPU under Xvfb: WebKit draws in software.
+            .env("WEBKIT_DISABLE_DMABUF_RENDERER", "1")
+            .env("LIBGL_ALWAYS_SOFTWARE", "1")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let (lines_tx, lines) = mpsc::channel();
     let stdout = app.0.stdout.take().unwrap();
-    std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).for_each(|l| drop(lines_tx.send(l))));
+    std::thread::spawn(move || {
+        BufReader::new(stdout).lines().map_while(Result::ok).for_each(|l| drop(lines_tx.send(l)))
+    });
     let mut said = Vec::new();
     let url = wait_for("the app's address", || {
         said.extend(lines.try_iter());
@@ -123,14 +142,19 @@ fn the_window_shows_the_ui_and_closes_cleanly() {
     assert!(said.iter().any(|l| l.contains(&format!("Port {port} is taken"))), "{said:?}");
 
     let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(PATIENCE)).build().into();
-    let models: serde_json::Value = agent.get(&format!("{url}v1/models")).call().unwrap().body_mut().read_json().unwrap();
+    let models: serde_json::Value =
+        agent.get(&format!("{url}v1/models")).call().unwrap().body_mut().read_json().unwrap();
     assert_eq!(models["data"][0]["id"], "smollm2-135m-instruct", "{models}");
 
-    wait_for("the Hillside window", || String::from_utf8_lossy(&display.run("xwininfo", &["-root", "-tree"])).contains("\"Hillside\"").then_some(()));
+    wait_for("the Hillside window", || {
+        String::from_utf8_lossy(&display.run("xwininfo", &["-root", "-tree"])).contains("\"Hillside\"").then_some(())
+    });
     // The page is drawn: many colors (text, borders), among them the UI's accent (the New chat
     // button, light or dark theme), which neither a blank window nor WebKit's error page shows.
     let accents = [[0x2f, 0x6f, 0x4f], [0x5b, 0xb2, 0x87]];
-    let colors = wait_for("the UI to be drawn", || Some(display.colors()).filter(|c| c.len() > 40 && accents.iter().any(|a| c.contains(a))));
+    let colors = wait_for("the UI to be drawn", || {
+        Some(display.colors()).filter(|c| c.len() > 40 && accents.iter().any(|a| c.contains(a)))
+    });
     assert!(colors.len() > 40);
 
     // A generation under way, with its cold-pool file, when the app is told to stop.
@@ -138,7 +162,8 @@ fn the_window_shows_the_ui_and_closes_cleanly() {
         let (agent, url) = (agent.clone(), url.clone());
         std::thread::spawn(move || {
             let body = serde_json::json!({"prompt": "Once upon a time", "max_tokens": 1500, "stream": true});
-            let _ = agent.post(&format!("{url}v1/completions")).send_json(body).map(|mut r| r.body_mut().read_to_string());
+            let _ =
+                agent.post(&format!("{url}v1/completions")).send_json(body).map(|mut r| r.body_mut().read_to_string());
         })
     };
     wait_for("the sequence's cold-pool file", || (cold_files(&cold) > 0).then_some(()));

@@ -73,7 +73,11 @@ impl FourKiBDrive {
         let (image, mount) = (base.join("drive.img"), base.join("mnt"));
         std::fs::create_dir_all(&mount).unwrap();
         std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
-        let out = Command::new("losetup").args(["--find", "--show", "--sector-size", "4096"]).arg(&image).output().expect("losetup (util-linux) runs");
+        let out = Command::new("losetup")
+            .args(["--find", "--show", "--sector-size", "4096"])
+            .arg(&image)
+            .output()
+            .expect("losetup (util-linux) runs");
         assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
         let device = String::from_utf8(out.stdout).unwrap().trim().to_string();
         let drive = Self { image, device, mount };
@@ -100,12 +104,19 @@ fn an_8_bit_pool_on_a_drive_of_4_kib_sectors_reads_and_writes_buffered() {
     assert_eq!(layout.disk_group_bytes(), 2560);
     let pool = ColdPool::create(&drive.mount, layout).unwrap();
     let mut groups = pool.buffer(3);
-    groups.as_u16_mut().iter_mut().enumerate().for_each(|(i, w)| *w = half::f16::from_f32((i % 200) as f32 / 100.0 - 1.0).to_bits());
+    groups
+        .as_u16_mut()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, w)| *w = half::f16::from_f32((i % 200) as f32 / 100.0 - 1.0).to_bits());
     pool.write_groups(1, 2, 5, 3, groups.as_bytes()).unwrap();
     let mut back = pool.buffer(3);
     pool.read_groups(1, 2, 5, 3, back.as_bytes_mut()).unwrap();
     let value = |w: u16| half::f16::from_bits(w).to_f32();
-    assert!(groups.as_u16().iter().zip(back.as_u16()).all(|(&a, &b)| (value(a) - value(b)).abs() <= 1.0 / 127.0), "within half a step");
+    assert!(
+        groups.as_u16().iter().zip(back.as_u16()).all(|(&a, &b)| (value(a) - value(b)).abs() <= 1.0 / 127.0),
+        "within half a step"
+    );
     drop(pool);
     // f16 pages are whole sectors there: direct I/O as anywhere.
     let pool = ColdPool::create(&drive.mount, ColdLayout::f16(1, 1, 64, 4)).unwrap();

@@ -19,7 +19,14 @@ use std::sync::{mpsc, Arc};
 const CONTEXT: usize = 2048;
 
 fn scheduler(engine: &Arc<Engine>, cached_sequences: usize) -> Scheduler {
-    let config = SchedulerConfig { max_live: 4, max_queued: 16, kv: KvConfig::default(), context_tokens: Some(CONTEXT), cached_sequences, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS };
+    let config = SchedulerConfig {
+        max_live: 4,
+        max_queued: 16,
+        kv: KvConfig::default(),
+        context_tokens: Some(CONTEXT),
+        cached_sequences,
+        shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
+    };
     Scheduler::start(engine.clone(), config)
 }
 
@@ -36,7 +43,11 @@ fn ask(runner: &Runner<'_>, doc: &Document, q: &str) -> (String, Summary) {
     let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
     let (tx, rx) = mpsc::channel();
     let (tokens, prefix) = asked.request.into_local().expect("a local runner's request");
-    runner.scheduler().expect("a local runner").submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok())).unwrap();
+    runner
+        .scheduler()
+        .expect("a local runner")
+        .submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))
+        .unwrap();
     let mut text = String::new();
     loop {
         match rx.recv().unwrap() {
@@ -64,7 +75,15 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
 
     // Without any reuse: the answer every other run must give.
     let fresh = scheduler(&engine, 0);
-    let (expected, plain) = ask(&Runner { backend: Backend::Local { engine: &engine, scheduler: &fresh }, context_tokens: CONTEXT, kv_cache: None }, &doc, q);
+    let (expected, plain) = ask(
+        &Runner {
+            backend: Backend::Local { engine: &engine, scheduler: &fresh },
+            context_tokens: CONTEXT,
+            kv_cache: None,
+        },
+        &doc,
+        q,
+    );
     assert_eq!(plain.reused_tokens, 0);
     drop(fresh);
 
@@ -72,14 +91,21 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     {
         let cache = open_cache(&dir, 1 << 30);
         let sched = scheduler(&engine, 4);
-        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner {
+            backend: Backend::Local { engine: &engine, scheduler: &sched },
+            context_tokens: CONTEXT,
+            kv_cache: Some(&cache),
+        };
         summarize(&runner, &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |_| {}).unwrap();
         assert_eq!(cache.stats.saved.load(Ordering::Relaxed), 1);
         assert_eq!(kv_files(&dir).len(), 1, "{:?}", kv_files(&dir));
         let (answer, reused) = ask(&runner, &doc, q);
         assert_eq!(answer, expected);
         assert_eq!(reused.prompt_tokens, plain.prompt_tokens);
-        assert!(reused.reused_tokens > 1000 && reused.prompt_tokens - reused.reused_tokens < 40, "only the question is prefilled: {reused:?}");
+        assert!(
+            reused.reused_tokens > 1000 && reused.prompt_tokens - reused.reused_tokens < 40,
+            "only the question is prefilled: {reused:?}"
+        );
         assert_eq!(cache.stats.loaded.load(Ordering::Relaxed), 0, "from memory, not from disk");
     }
 
@@ -87,7 +113,11 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     let reused_after_restart = {
         let cache = open_cache(&dir, 1 << 30);
         let sched = scheduler(&engine, 4);
-        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner {
+            backend: Backend::Local { engine: &engine, scheduler: &sched },
+            context_tokens: CONTEXT,
+            kv_cache: Some(&cache),
+        };
         let (answer, reused) = ask(&runner, &doc, q);
         assert_eq!(answer, expected);
         assert_eq!(cache.stats.loaded.load(Ordering::Relaxed), 1);
@@ -105,7 +135,11 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     {
         let cache = open_cache(&dir, 1 << 30);
         let sched = scheduler(&engine, 0);
-        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner {
+            backend: Backend::Local { engine: &engine, scheduler: &sched },
+            context_tokens: CONTEXT,
+            kv_cache: Some(&cache),
+        };
         let (answer, rebuilt) = ask(&runner, &doc, q);
         assert_eq!(answer, expected);
         assert_eq!(rebuilt.reused_tokens, 0);
@@ -119,7 +153,11 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
         let library = Arc::new(Library::open(&dir.join("library.redb")).unwrap());
         let cache = DocumentKvCache::open(library, &dir.join("kv"), 1 << 30, "another-model").unwrap();
         let sched = scheduler(&engine, 0);
-        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner {
+            backend: Backend::Local { engine: &engine, scheduler: &sched },
+            context_tokens: CONTEXT,
+            kv_cache: Some(&cache),
+        };
         let (_, other) = ask(&runner, &doc, q);
         assert_eq!((other.reused_tokens, cache.stats.loaded.load(Ordering::Relaxed)), (0, 0));
         assert_eq!(cache.forget_document("doc"), 2, "both models' files go with the document");
@@ -134,12 +172,20 @@ fn the_quota_keeps_the_most_recently_used_files_and_a_killed_save_leaves_nothing
     let gpl = common::shared_document("gpl-3.0.txt");
     let dir = std::env::temp_dir().join(format!("hillside-quota-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let docs: Vec<Document> = (0..3).map(|i| read_bytes(&format!("part{i}.txt"), gpl[i * 1500..(i + 1) * 1500].as_bytes(), &Limits::default()).unwrap()).collect();
+    let docs: Vec<Document> = (0..3)
+        .map(|i| {
+            read_bytes(&format!("part{i}.txt"), gpl[i * 1500..(i + 1) * 1500].as_bytes(), &Limits::default()).unwrap()
+        })
+        .collect();
     // Room for two files of these (~350 tokens × 23 KB each), not three.
     {
         let cache = open_cache(&dir, 20 << 20);
         let sched = scheduler(&engine, 0);
-        let runner = Runner { backend: Backend::Local { engine: &engine, scheduler: &sched }, context_tokens: CONTEXT, kv_cache: Some(&cache) };
+        let runner = Runner {
+            backend: Backend::Local { engine: &engine, scheduler: &sched },
+            context_tokens: CONTEXT,
+            kv_cache: Some(&cache),
+        };
         for doc in &docs {
             ask(&runner, doc, "What is this about?");
         }

@@ -8,18 +8,25 @@ use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::library::Library;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{summarize, NoCheckpoints, Backend, Progress, Runner};
-use hillside_documents::{read_file, read_bytes, Limits};
+use hillside_documents::summarize::{summarize, Backend, NoCheckpoints, Progress, Runner};
+use hillside_documents::{read_bytes, read_file, Limits};
 use hillside_engine::kv::KvConfig;
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, GenerateParams};
-use std::sync::atomic::Ordering;
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 fn scheduler(engine: &Arc<Engine>, context: usize) -> Scheduler {
-    let config = SchedulerConfig { max_live: 4, max_queued: 64, kv: KvConfig::default(), context_tokens: Some(context), cached_sequences: 0, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS };
+    let config = SchedulerConfig {
+        max_live: 4,
+        max_queued: 64,
+        kv: KvConfig::default(),
+        context_tokens: Some(context),
+        cached_sequences: 0,
+        shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
+    };
     Scheduler::start(engine.clone(), config)
 }
 
@@ -34,16 +41,30 @@ fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
     let doc = read_file(&path, &Limits::default()).unwrap();
     let scheduler = scheduler(&engine, 8192);
     let mut progress = Vec::new();
-    let summary = summarize(&runner(&engine, &scheduler, 8192), &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
+    let summary = summarize(
+        &runner(&engine, &scheduler, 8192),
+        &doc,
+        "doc",
+        &mut NoCheckpoints,
+        &CancelFlag::default(),
+        &mut |p| progress.push(p),
+    )
+    .unwrap();
     eprintln!("{} tokens; points:", summary.plan.tokens);
     for p in &summary.points {
         eprintln!("- {} ({} sources)", p.text, p.sources.len());
     }
     assert_eq!(summary.plan.mode, Mode::Whole);
-    assert!(matches!(progress.first(), Some(Progress::Planned { .. })) && progress.last() == Some(&Progress::Done), "{progress:?}");
+    assert!(
+        matches!(progress.first(), Some(Progress::Planned { .. })) && progress.last() == Some(&Progress::Done),
+        "{progress:?}"
+    );
     assert!(summary.points.len() >= 2, "{:?}", summary.points);
     // The text was streamed as it was written, and the points are made of it.
-    let written: String = progress.iter().filter_map(|p| if let Progress::Writing { text } = p { Some(text.as_str()) } else { None }).collect();
+    let written: String = progress
+        .iter()
+        .filter_map(|p| if let Progress::Writing { text } = p { Some(text.as_str()) } else { None })
+        .collect();
     let squeeze = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(summary.points.iter().all(|p| squeeze(&written).contains(&squeeze(&p.text))), "{written}");
     // A point the text does not hold gets no source (a 135M model says such things); the
@@ -54,7 +75,8 @@ fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
             continue;
         }
         // The passages hold the words the point is built from.
-        let spans: HashSet<String> = point.sources.iter().flat_map(|s| content_words(&doc.text[s.bytes.clone()]).collect::<Vec<_>>()).collect();
+        let spans: HashSet<String> =
+            point.sources.iter().flat_map(|s| content_words(&doc.text[s.bytes.clone()]).collect::<Vec<_>>()).collect();
         let words: HashSet<String> = content_words(&point.text).collect();
         let held = words.iter().filter(|w| spans.contains(*w)).count();
         assert!(2 * held >= words.len(), "{held} of {} words of {:?} in its sources", words.len(), point.text);
@@ -75,7 +97,8 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     let cache = DocumentKvCache::open(library, &dir.join("kv"), 1 << 30, "smollm2-test").unwrap();
     let runner = Runner { kv_cache: Some(&cache), ..runner(&engine, &scheduler, 2048) };
     let mut progress = Vec::new();
-    let summary = summarize(&runner, &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
+    let summary =
+        summarize(&runner, &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
     let Mode::Hierarchical { chunks, levels } = &summary.plan.mode else { panic!("{:?}", summary.plan) };
     assert!(chunks.len() >= 4 && *levels >= 2, "{} chunks, {levels} levels planned", chunks.len());
     // Planned, then every chunk's prefill and summary, then the merges, then done.
@@ -88,7 +111,10 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     assert!(progress.windows(2).all(|w| stage(&w[0]) <= stage(&w[1])), "{progress:?}");
     let summarized = progress.iter().filter(|p| matches!(p, Progress::ChunkSummarized { .. })).count();
     assert_eq!(summarized, chunks.len());
-    let merges: Vec<usize> = progress.iter().filter_map(|p| if let Progress::Merging { level, .. } = p { Some(*level) } else { None }).collect();
+    let merges: Vec<usize> = progress
+        .iter()
+        .filter_map(|p| if let Progress::Merging { level, .. } = p { Some(*level) } else { None })
+        .collect();
     // The plan's levels are a bound: notes shorter than it counted on merge in fewer.
     assert!(!merges.is_empty() && merges.len() <= *levels, "{merges:?}, {levels} planned");
     assert!(merges.iter().enumerate().all(|(i, &level)| level == i + 1), "{merges:?}");
@@ -98,7 +124,10 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     // only itself.
     assert_eq!(cache.stats.saved.load(Ordering::Relaxed), chunks.len() as u64);
     let third = &doc.text[chunks[2].clone()];
-    let name = third.split_whitespace().find(|w| w.len() > 5 && w.chars().all(char::is_alphabetic) && w.starts_with(char::is_uppercase)).unwrap_or("Bennet");
+    let name = third
+        .split_whitespace()
+        .find(|w| w.len() > 5 && w.chars().all(char::is_alphabetic) && w.starts_with(char::is_uppercase))
+        .unwrap_or("Bennet");
     let asked = format!("What does the text say about {name}?");
     let q = question(&runner, &[("doc".to_string(), doc.clone())], &[ChatMessage::new("user", &asked)]).unwrap();
     let chunk = q.excerpts[0].chunk.expect("a chunk, not the whole text");

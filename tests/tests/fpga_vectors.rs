@@ -78,7 +78,8 @@ fn committed_fpga_vectors_match_the_reference_scorer() {
         if write {
             std::fs::write(&path, &want).unwrap();
         }
-        let have = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (HILLSIDE_WRITE_FPGA_VECTORS=1 writes it)", path.display()));
+        let have = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (HILLSIDE_WRITE_FPGA_VECTORS=1 writes it)", path.display()));
         assert!(have == want, "{} is stale: the reference scorer now produces other vectors (HILLSIDE_WRITE_FPGA_VECTORS=1 rewrites them)", path.display());
     }
 }

@@ -4,7 +4,8 @@
 mod common;
 
 use hillside_engine::{
-    generate, CancelFlag, ChatMessage, Engine, Error, Event, FinishReason, GenerateParams, GenerationStream, Logits, SamplingParams,
+    generate, CancelFlag, ChatMessage, Engine, Error, Event, FinishReason, GenerateParams, GenerationStream, Logits,
+    SamplingParams,
 };
 use std::sync::Arc;
 
@@ -41,13 +42,15 @@ fn stop_strings_end_the_reply_and_are_not_emitted() {
     let prompt = engine.chat_prompt(&[ChatMessage::new("user", "Count from 1 to 10, separated by commas.")]).unwrap();
     let mut seq = engine.new_sequence(Some(1024));
     let mut events = Vec::new();
-    let free = generate(&engine, &mut seq, &prompt, &greedy(60), &CancelFlag::default(), &mut |e| events.push(e)).unwrap();
+    let free =
+        generate(&engine, &mut seq, &prompt, &greedy(60), &CancelFlag::default(), &mut |e| events.push(e)).unwrap();
     let full = texts(&events);
     assert!(full.contains('5'), "the model should count: {full:?}");
     let cut = full.find('5').unwrap();
     let params = GenerateParams { stop: vec!["5".into()], ..greedy(60) };
     let mut events = Vec::new();
-    let stopped = generate(&engine, &mut seq, &prompt, &params, &CancelFlag::default(), &mut |e| events.push(e)).unwrap();
+    let stopped =
+        generate(&engine, &mut seq, &prompt, &params, &CancelFlag::default(), &mut |e| events.push(e)).unwrap();
     assert_eq!(stopped.finish_reason, FinishReason::Stop);
     assert_eq!(texts(&events), full[..cut]);
     assert!(stopped.completion_tokens < free.completion_tokens);
@@ -83,9 +86,11 @@ fn a_batch_of_sequences_gives_each_the_logits_it_gets_alone() {
         engine.model().forward(next, seq.kv.as_mut(), Logits::Last).unwrap()
     };
     // Two sequences decoding a token each and a third reading a prompt chunk, in one pass.
-    let (mut sa, mut sb, mut sc) = (engine.new_sequence(Some(1024)), engine.new_sequence(Some(1024)), engine.new_sequence(Some(1024)));
+    let (mut sa, mut sb, mut sc) =
+        (engine.new_sequence(Some(1024)), engine.new_sequence(Some(1024)), engine.new_sequence(Some(1024)));
     hillside_engine::feed_batch(&engine, &mut [(&mut sa, &a[..299]), (&mut sb, &b[..119])]).unwrap();
-    let batched = hillside_engine::feed_batch(&engine, &mut [(&mut sa, &a[299..]), (&mut sb, &b[119..]), (&mut sc, c)]).unwrap();
+    let batched =
+        hillside_engine::feed_batch(&engine, &mut [(&mut sa, &a[299..]), (&mut sb, &b[119..]), (&mut sc, c)]).unwrap();
     assert_eq!(batched[0], alone(&a[..299], &a[299..]), "batching must not change a sequence's logits");
     assert_eq!(batched[1], alone(&b[..119], &b[119..]));
     assert_eq!(batched[2], alone(&c[..0], c));
@@ -109,7 +114,8 @@ fn the_context_limit_is_a_clear_error_and_length_finishes_cleanly() {
     assert!(seq.tokens.is_empty(), "a refused prompt leaves the sequence as it was");
 
     // A prompt that fits but leaves little room ends with `length` when the context fills.
-    let summary = generate(&engine, &mut seq, &prompt[..250], &greedy(100), &CancelFlag::default(), &mut |_| {}).unwrap();
+    let summary =
+        generate(&engine, &mut seq, &prompt[..250], &greedy(100), &CancelFlag::default(), &mut |_| {}).unwrap();
     assert_eq!(summary.finish_reason, FinishReason::Length);
     assert_eq!(seq.tokens.len(), 256);
 }
@@ -118,8 +124,13 @@ fn the_context_limit_is_a_clear_error_and_length_finishes_cleanly() {
 fn cancelling_or_dropping_the_receiver_stops_the_stream() {
     let engine = engine();
     let prompt = engine.chat_prompt(&[ChatMessage::new("user", "Write a long story about a lighthouse.")]).unwrap();
-    let params = GenerateParams { max_tokens: 400, sampling: SamplingParams { seed: Some(1), ..SamplingParams::default() }, ..GenerateParams::default() };
-    let stream = GenerationStream::spawn(engine.clone(), engine.new_sequence(Some(1024)), prompt.clone(), params.clone());
+    let params = GenerateParams {
+        max_tokens: 400,
+        sampling: SamplingParams { seed: Some(1), ..SamplingParams::default() },
+        ..GenerateParams::default()
+    };
+    let stream =
+        GenerationStream::spawn(engine.clone(), engine.new_sequence(Some(1024)), prompt.clone(), params.clone());
     let mut seen = 0;
     for event in stream.events.iter() {
         if matches!(event, Event::Text(_)) {
@@ -155,7 +166,14 @@ fn a_long_prompt_beside_a_decoding_chat_reads_a_slice_a_round() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let long = engine.tokenizer().encode(&text[20_000..40_000]).unwrap()[..1536].to_vec();
     for (shared_prefill_tokens, chat_first) in [(64, true), (0, false)] {
-        let config = SchedulerConfig { max_live: 2, max_queued: 2, kv: KvConfig::default(), context_tokens: Some(2048), cached_sequences: 0, shared_prefill_tokens };
+        let config = SchedulerConfig {
+            max_live: 2,
+            max_queued: 2,
+            kv: KvConfig::default(),
+            context_tokens: Some(2048),
+            cached_sequences: 0,
+            shared_prefill_tokens,
+        };
         let scheduler = Scheduler::start(engine.clone(), config);
         let (tx, rx) = mpsc::channel();
         for (name, prompt, max_tokens) in [("chat", &chat, 12), ("long", &long, 1)] {
@@ -168,19 +186,30 @@ fn a_long_prompt_beside_a_decoding_chat_reads_a_slice_a_round() {
         }
         let done: Vec<_> = rx.iter().take(2).map(|(name, tokens)| (name, tokens.unwrap())).collect();
         assert_eq!(done.iter().find(|(name, _)| *name == "chat").unwrap().1, 12, "the chat ran its length: {done:?}");
-        assert_eq!(done[0].0 == "chat", chat_first, "shared_prefill_tokens {shared_prefill_tokens}: finished in the order {done:?}");
+        assert_eq!(
+            done[0].0 == "chat",
+            chat_first,
+            "shared_prefill_tokens {shared_prefill_tokens}: finished in the order {done:?}"
+        );
     }
 }
 
 #[test]
 fn a_finished_request_is_counted_before_its_owner_hears_it_is_done() {
-    use hillside_engine::scheduler::{Phase, Scheduler, SchedulerConfig, Update};
     use hillside_engine::kv::KvConfig;
+    use hillside_engine::scheduler::{Phase, Scheduler, SchedulerConfig, Update};
     use std::sync::mpsc;
     use std::time::Duration;
     let engine = engine();
     let prompt = engine.tokenizer().encode("Once upon a time, in a valley between two rivers,").unwrap();
-    let config = SchedulerConfig { max_live: 1, max_queued: 1, kv: KvConfig::default(), context_tokens: Some(512), cached_sequences: 1, shared_prefill_tokens: 64 };
+    let config = SchedulerConfig {
+        max_live: 1,
+        max_queued: 1,
+        kv: KvConfig::default(),
+        context_tokens: Some(512),
+        cached_sequences: 1,
+        shared_prefill_tokens: 64,
+    };
     let scheduler = Scheduler::start(engine, config);
     let (done_tx, done_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
@@ -211,7 +240,14 @@ fn a_group_counts_as_one_queued_request_and_takes_turns_with_the_others() {
     use hillside_engine::scheduler::{Scheduler, SchedulerConfig, SubmitError, Update};
     use std::sync::mpsc;
     let engine = engine();
-    let config = SchedulerConfig { max_live: 2, max_queued: 1, kv: KvConfig::default(), context_tokens: Some(512), cached_sequences: 0, shared_prefill_tokens: 64 };
+    let config = SchedulerConfig {
+        max_live: 2,
+        max_queued: 1,
+        kv: KvConfig::default(),
+        context_tokens: Some(512),
+        cached_sequences: 0,
+        shared_prefill_tokens: 64,
+    };
     let scheduler = Scheduler::start(engine.clone(), config);
     let prompt = |i: usize| engine.tokenizer().encode(&format!("Write a line about the number {i}.")).unwrap();
     let (tx, rx) = mpsc::channel();
@@ -229,13 +265,23 @@ fn a_group_counts_as_one_queued_request_and_takes_turns_with_the_others() {
     scheduler.submit(prompt(100), greedy(16), sink("chat".into())).unwrap();
     // The group, the chat and a third: that is over one waiting beyond the two free slots.
     scheduler.submit(prompt(101), greedy(16), sink("other".into())).unwrap();
-    assert!(matches!(scheduler.submit(prompt(102), greedy(1), sink("refused".into())), Err(SubmitError::QueueFull { .. })));
-    let done: Vec<String> = rx.iter().take(10).map(|(name, tokens)| {
-        assert!(tokens.is_ok(), "{name}: {tokens:?}");
-        name
-    }).collect();
+    assert!(matches!(
+        scheduler.submit(prompt(102), greedy(1), sink("refused".into())),
+        Err(SubmitError::QueueFull { .. })
+    ));
+    let done: Vec<String> = rx
+        .iter()
+        .take(10)
+        .map(|(name, tokens)| {
+            assert!(tokens.is_ok(), "{name}: {tokens:?}");
+            name
+        })
+        .collect();
     let at = |name: &str| done.iter().position(|n| n == name).unwrap();
-    assert!(at("chat") < at("member 7") && at("other") < at("member 7"), "the others did not wait for the whole group: {done:?}");
+    assert!(
+        at("chat") < at("member 7") && at("other") < at("member 7"),
+        "the others did not wait for the whole group: {done:?}"
+    );
     // A group dropped with members waiting ends them as cancelled.
     let group = scheduler.open_group().unwrap();
     for i in 0..6 {

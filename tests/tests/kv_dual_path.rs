@@ -78,9 +78,16 @@ fn cold_reads_use_the_page_cache_when_memory_is_free_and_go_direct_under_a_cgrou
     let _ = std::fs::remove_dir_all(&dir);
 
     // The same in a child under a 160 MB cap, then with the cap lifted.
-    let mut child = CappedChild::start("cold_reads_use_the_page_cache_when_memory_is_free_and_go_direct_under_a_cgroup_cap", CHILD, 160 << 20);
+    let mut child = CappedChild::start(
+        "cold_reads_use_the_page_cache_when_memory_is_free_and_go_direct_under_a_cgroup_cap",
+        CHILD,
+        160 << 20,
+    );
     let capped = child.report("go", "dual-path ");
-    assert!(capped.contains("lanes 0 ") && capped.contains("cached_bytes 0 ") && capped.contains("cgroup_limited true"), "under the cap: {capped}");
+    assert!(
+        capped.contains("lanes 0 ") && capped.contains("cached_bytes 0 ") && capped.contains("cgroup_limited true"),
+        "under the cap: {capped}"
+    );
     child.cap.set_limit(8 << 30).unwrap();
     let lifted = child.report("lifted", "dual-path ");
     assert!(lifted.contains("lanes 8 ") && !lifted.contains("cached_bytes 0 "), "with the cap lifted: {lifted}");
@@ -98,7 +105,8 @@ struct CappedChild {
 
 impl CappedChild {
     fn start(test: &str, env_var: &str, limit_bytes: u64) -> Self {
-        let cap = MemoryCap::create(&format!("hillside-{test}"), limit_bytes).expect("making a memory cgroup (the test needs root and a memory controller)");
+        let cap = MemoryCap::create(&format!("hillside-{test}"), limit_bytes)
+            .expect("making a memory cgroup (the test needs root and a memory controller)");
         let mut process = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", test, "--nocapture"])
             .env(env_var, "1")
@@ -136,7 +144,11 @@ fn capped_child() {
     let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
     let report = |(lanes, cached): (usize, u64)| {
         let headroom = hillside_engine::kv::headroom::Headroom::measure();
-        println!("dual-path lanes {lanes} cached_bytes {cached} cgroup_limited {} headroom_mb {}", headroom.cgroup_limited, headroom.bytes >> 20);
+        println!(
+            "dual-path lanes {lanes} cached_bytes {cached} cgroup_limited {} headroom_mb {}",
+            headroom.cgroup_limited,
+            headroom.bytes >> 20
+        );
     };
     report(run_pool(&mut b, 0..2048));
     wait_for_parent();
@@ -158,11 +170,17 @@ fn a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_rea
     let test = "a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_read_every_token_back";
     let mut child = CappedChild::start(test, SPARE_CHILD, 8 << 30);
     let spare = child.report("go", "spare-copy ");
-    assert!(spare.contains("ranked 0 ") && !spare.contains("bytes 0 "), "with memory to spare, steps attend through the copy: {spare}");
+    assert!(
+        spare.contains("ranked 0 ") && !spare.contains("bytes 0 "),
+        "with memory to spare, steps attend through the copy: {spare}"
+    );
     child.cap.set_limit(160 << 20).unwrap();
     let capped = child.report("capped", "spare-copy ");
     assert!(capped.contains("idle-bytes 0 "), "an idle store lets the copy go without waiting for a step: {capped}");
-    assert!(capped.contains("bytes 0 ") && !capped.contains("ranked 0 "), "under the cap the copy is gone and steps rank: {capped}");
+    assert!(
+        capped.contains("bytes 0 ") && !capped.contains("ranked 0 "),
+        "under the cap the copy is gone and steps rank: {capped}"
+    );
     assert!(child.process.wait().unwrap().success(), "every token a step attended to read back as itself");
 }
 
@@ -174,11 +192,17 @@ fn spare_copy_child() {
     use hillside_engine::kv::{KvConfig, KvStore, Selection, StoreKind};
     wait_for_parent();
     let dir = cold_dir("spare-copy");
-    let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), hot_budget_bytes: Some(12_000_000), ..KvConfig::default() };
+    let config = KvConfig {
+        store: StoreKind::Tiered,
+        cold_dir: dir.clone(),
+        hot_budget_bytes: Some(12_000_000),
+        ..KvConfig::default()
+    };
     let mut store = TieredKvStore::new(SHAPE, std::slice::from_ref(&dir), config.tiered_settings(SHAPE), None).unwrap();
     let per_token = SHAPE.n_kv_heads * SHAPE.head_dim;
     let rows = |tokens: std::ops::Range<usize>| {
-        let k: Vec<f32> = tokens.clone().flat_map(|t| (0..per_token).map(move |i| ((t * 7 + i) % 13) as f32 - 6.0)).collect();
+        let k: Vec<f32> =
+            tokens.clone().flat_map(|t| (0..per_token).map(move |i| ((t * 7 + i) % 13) as f32 - 6.0)).collect();
         let v: Vec<f32> = tokens.flat_map(|t| std::iter::repeat_n((t % 2048) as f32, per_token)).collect();
         (k, v)
     };
@@ -213,7 +237,10 @@ fn spare_copy_child() {
     let spare_bytes = |store: &TieredKvStore| store.stats().tier.unwrap().spare_copy_bytes;
     let report = |store: &TieredKvStore, idle_bytes: usize, ranked: usize| {
         let tier = store.stats().tier.unwrap();
-        println!("spare-copy idle-bytes {idle_bytes} ranked {ranked} bytes {} steps {}", tier.spare_copy_bytes, tier.spare_copy_steps);
+        println!(
+            "spare-copy idle-bytes {idle_bytes} ranked {ranked} bytes {} steps {}",
+            tier.spare_copy_bytes, tier.spare_copy_steps
+        );
     };
     let ranked: usize = (0..4).map(|_| step(&mut store)).sum();
     report(&store, spare_bytes(&store), ranked);

@@ -27,8 +27,11 @@ fn config(store: StoreKind, dir: &Path) -> KvConfig {
 
 /// The one pool file in `dir`.
 fn pool_file(dir: &Path) -> PathBuf {
-    let mut files: Vec<PathBuf> =
-        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "cold")).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cold"))
+        .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     files.pop().unwrap()
 }
@@ -39,19 +42,26 @@ fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[10_000..40_000]).unwrap()[..700];
     for (store, errno) in [(StoreKind::Offload, EIO), (StoreKind::Tiered, ENOSPC), (StoreKind::NearStorage, EIO)] {
-        let (healthy_dir, faulty_dir) = (cold_dir(&format!("{store:?}-healthy")), cold_dir(&format!("{store:?}-faulty")));
+        let (healthy_dir, faulty_dir) =
+            (cold_dir(&format!("{store:?}-healthy")), cold_dir(&format!("{store:?}-faulty")));
         // Writes of layer 17's group 20 (tokens 320..336) fail twice (an I/O error, or a full
         // disk): the prompt chunk that spills them fails, and so does its first retry; the
         // second retry succeeds.
-        fault::inject(&faulty_dir, ColdFaults {
-            failing_write: Some(FailingWrite { layer: 17, group: 20, errno, times: AtomicUsize::new(2) }),
-            ..ColdFaults::default()
-        });
+        fault::inject(
+            &faulty_dir,
+            ColdFaults {
+                failing_write: Some(FailingWrite { layer: 17, group: 20, errno, times: AtomicUsize::new(2) }),
+                ..ColdFaults::default()
+            },
+        );
         let mut healthy = engine.new_sequence_with(&config(store, &healthy_dir), Some(1024)).unwrap();
         let mut faulty = engine.new_sequence_with(&config(store, &faulty_dir), Some(1024)).unwrap();
         let failures = feed_beside_healthy(&format!("{store:?}"), &engine, &mut healthy, &mut faulty, tokens, |e| {
             let message = e.to_string();
-            assert!(message.contains("cold pool: write failed") && message.contains(&format!("os error {errno}")), "{message}");
+            assert!(
+                message.contains("cold pool: write failed") && message.contains(&format!("os error {errno}")),
+                "{message}"
+            );
             assert_eq!(e.is_storage_full(), errno == ENOSPC, "{message}");
             assert!(!message.contains(&*faulty_dir.to_string_lossy()), "no path in the message: {message}");
         });
@@ -69,7 +79,14 @@ fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
 /// and a faulty one side by side, running each step the faulty one fails again until it
 /// succeeds. Each failure must pass `check` and leave the sequence as it was; each step's
 /// logits must be the healthy sequence's. Returns how many steps failed.
-fn feed_beside_healthy(what: &str, engine: &Engine, healthy: &mut Sequence, faulty: &mut Sequence, tokens: &[u32], mut check: impl FnMut(&hillside_engine::Error)) -> usize {
+fn feed_beside_healthy(
+    what: &str,
+    engine: &Engine,
+    healthy: &mut Sequence,
+    faulty: &mut Sequence,
+    tokens: &[u32],
+    mut check: impl FnMut(&hillside_engine::Error),
+) -> usize {
     let mut failures = 0;
     for step in tokens[..600].chunks(100).chain(tokens[600..].chunks(1)) {
         let want = healthy.feed(engine, step).unwrap();
@@ -79,12 +96,21 @@ fn feed_beside_healthy(what: &str, engine: &Engine, healthy: &mut Sequence, faul
                 Err(e) => {
                     failures += 1;
                     check(&e);
-                    assert_eq!(faulty.tokens.len(), healthy.tokens.len() - step.len(), "{what}: a failed step leaves the sequence as it was");
+                    assert_eq!(
+                        faulty.tokens.len(),
+                        healthy.tokens.len() - step.len(),
+                        "{what}: a failed step leaves the sequence as it was"
+                    );
                     assert_eq!(faulty.kv.len_tokens(), faulty.tokens.len());
                 }
             }
         };
-        assert_eq!(want, got, "{what}: after {} tokens the logits differ from the healthy store's", faulty.tokens.len());
+        assert_eq!(
+            want,
+            got,
+            "{what}: after {} tokens the logits differ from the healthy store's",
+            faulty.tokens.len()
+        );
     }
     failures
 }
@@ -115,20 +141,29 @@ fn a_truncation_that_cannot_read_back_keeps_less_and_the_next_turn_answers_as_a_
         .unwrap();
         (text, summary.reused_tokens)
     };
-    let first = engine.chat_prompt(&[ChatMessage::new("user", "Name three rivers of Europe and say where each one rises.")]).unwrap();
+    let first = engine
+        .chat_prompt(&[ChatMessage::new("user", "Name three rivers of Europe and say where each one rises.")])
+        .unwrap();
     let second = engine.chat_prompt(&[ChatMessage::new("user", "Name three rivers of Africa.")]).unwrap();
     let (fresh, _) = run(&mut engine.new_sequence(Some(1024)), &second);
     for store in [StoreKind::Offload, StoreKind::NearStorage] {
         let mut seq = engine.new_sequence_with(&config(store, &dir), Some(1024)).unwrap();
         run(&mut seq, &first);
         let shared = first.iter().zip(&second).take_while(|(a, b)| a == b).count();
-        assert!(shared % GROUP_TOKENS != 0 && seq.kv.stats().cold_bytes > shared * 23_040, "the cut falls inside a spilled group");
+        assert!(
+            shared % GROUP_TOKENS != 0 && seq.kv.stats().cold_bytes > shared * 23_040,
+            "the cut falls inside a spilled group"
+        );
         // The next turn cuts the cache inside group `shared / 16`, which must be read back: damage it.
         let shape = engine.model().kv_shape(1024);
         let layout = ColdLayout::f16(shape.n_layers, shape.n_kv_heads, shape.head_dim, 1024 / GROUP_TOKENS);
         damage_group(&dir, layout, 12, 1, shared / GROUP_TOKENS);
         let (answer, reused) = run(&mut seq, &second);
-        assert_eq!(reused, shared / GROUP_TOKENS * GROUP_TOKENS, "{store:?}: the sequence keeps the whole groups before the damaged one");
+        assert_eq!(
+            reused,
+            shared / GROUP_TOKENS * GROUP_TOKENS,
+            "{store:?}: the sequence keeps the whole groups before the damaged one"
+        );
         // Near-storage attention splits the sum where the cold pool ends, so its last bits
         // (and so its greedy text) follow what is cold: the reference is the same store given
         // the kept prefix, then the turn. Offload's attention is full's, bit for bit.
@@ -176,7 +211,13 @@ fn a_failed_read_ahead_is_read_again_at_the_layers_turn() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..700];
     let (healthy_dir, faulty_dir) = (cold_dir("read-ahead-healthy"), cold_dir("read-ahead-faulty"));
-    let plan = fault::inject(&faulty_dir, ColdFaults { failing_read: Some(FailingRead { layer: 10, errno: EIO, times: AtomicUsize::new(0) }), ..ColdFaults::default() });
+    let plan = fault::inject(
+        &faulty_dir,
+        ColdFaults {
+            failing_read: Some(FailingRead { layer: 10, errno: EIO, times: AtomicUsize::new(0) }),
+            ..ColdFaults::default()
+        },
+    );
     let failing = plan.failing_read.as_ref().unwrap();
     let mut healthy = engine.new_sequence_with(&config(StoreKind::Tiered, &healthy_dir), Some(1024)).unwrap();
     let mut faulty = engine.new_sequence_with(&config(StoreKind::Tiered, &faulty_dir), Some(1024)).unwrap();
@@ -192,7 +233,11 @@ fn a_failed_read_ahead_is_read_again_at_the_layers_turn() {
             Err(e) => {
                 failed += 1;
                 assert!(e.to_string().contains("cold pool: read failed"), "{e}");
-                assert_eq!(faulty.tokens.len(), healthy.tokens.len() - step.len(), "a failed step leaves the sequence as it was");
+                assert_eq!(
+                    faulty.tokens.len(),
+                    healthy.tokens.len() - step.len(),
+                    "a failed step leaves the sequence as it was"
+                );
                 faulty.feed(&engine, step).unwrap()
             }
         };
@@ -227,18 +272,30 @@ fn the_x_cache_pool_fails_as_cleanly_as_the_k_v_pool() {
     // of model layer 5, the K/V of model layer 20. The chunk that spills them fails; its retry
     // succeeds and every step's logits are the healthy store's.
     let (healthy_dir, faulty_dir) = (work.join("healthy"), work.join("faulty"));
-    fault::inject(&faulty_dir, ColdFaults { failing_write: Some(FailingWrite { layer: 5, group: 20, errno: EIO, times: AtomicUsize::new(2) }), ..ColdFaults::default() });
+    fault::inject(
+        &faulty_dir,
+        ColdFaults {
+            failing_write: Some(FailingWrite { layer: 5, group: 20, errno: EIO, times: AtomicUsize::new(2) }),
+            ..ColdFaults::default()
+        },
+    );
     let mut healthy = engine.new_sequence_with(&x_cache(&healthy_dir), Some(1024)).unwrap();
     let mut faulty = engine.new_sequence_with(&x_cache(&faulty_dir), Some(1024)).unwrap();
     assert_eq!(common::cold_files(&faulty_dir), 2, "a K/V pool and an X pool");
-    let failures = feed_beside_healthy("X-cache", &engine, &mut healthy, &mut faulty, tokens, |e| assert!(e.to_string().contains("cold pool: write failed"), "{e}"));
+    let failures = feed_beside_healthy("X-cache", &engine, &mut healthy, &mut faulty, tokens, |e| {
+        assert!(e.to_string().contains("cold pool: write failed"), "{e}")
+    });
     assert_eq!(failures, 1, "both injected writes failed the one chunk that spilled them");
     fault::clear(&faulty_dir);
     drop(faulty);
 
     // The X pool is the smaller file (one lane per layer against nine): damage one of its
     // groups, and the next step, which reads every X, fails its checksum.
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&healthy_dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "cold")).collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&healthy_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cold"))
+        .collect();
     files.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
     let x_pool = std::fs::OpenOptions::new().read(true).write(true).open(&files[0]).unwrap();
     let held = healthy.tokens.len();
@@ -251,6 +308,10 @@ fn the_x_cache_pool_fails_as_cleanly_as_the_k_v_pool() {
     let error = healthy.feed(&engine, &tokens[..1]).unwrap_err().to_string();
     assert!(error.contains("cold pool: read failed") || error.contains("cold pool block damaged"), "{error}");
     drop(healthy);
-    assert_eq!(common::cold_files(&healthy_dir) + common::cold_files(&faulty_dir), 0, "the pool files go with their stores");
+    assert_eq!(
+        common::cold_files(&healthy_dir) + common::cold_files(&faulty_dir),
+        0,
+        "the pool files go with their stores"
+    );
     let _ = std::fs::remove_dir_all(work);
 }

@@ -6,7 +6,9 @@ use hillside_engine::eval::{teacher_forced, teacher_forced_from};
 use hillside_engine::kernels::attention::{attend, k_tile_index};
 use hillside_engine::kv::cold_format::ColdType;
 use hillside_engine::kv::placement::PlacementKind;
-use hillside_engine::kv::{HeadsPart, KvConfig, KvShape, KvStore, KvView, Selection, SelectorKind, StoreKind, TierStats};
+use hillside_engine::kv::{
+    HeadsPart, KvConfig, KvShape, KvStore, KvView, Selection, SelectorKind, StoreKind, TierStats,
+};
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Logits, SamplingParams};
 
 /// The `KvStore` methods that a test's wrapper of a store (its `inner`) passes on unchanged.
@@ -21,7 +23,12 @@ macro_rules! forward_to_inner {
         fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> hillside_engine::error::Result<()> {
             self.inner.append(layer, k, v)
         }
-        fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> hillside_engine::error::Result<Selection> {
+        fn select(
+            &mut self,
+            layer: usize,
+            q: &[f32],
+            q_positions: &[usize],
+        ) -> hillside_engine::error::Result<Selection> {
             self.inner.select(layer, q, q_positions)
         }
         fn observe(&mut self, layer: usize, selection: &Selection) {
@@ -115,7 +122,12 @@ fn a_q8_cold_pool_reads_five_eighths_of_the_bytes_and_stays_close_to_full() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[60_000..90_000]).unwrap()[..640];
     let dir = cold_dir("q8");
-    let offload = |cold_type| KvConfig { store: StoreKind::Offload, cold_dir: dir.to_path_buf(), cold_type, ..KvConfig::default() };
+    let offload = |cold_type| KvConfig {
+        store: StoreKind::Offload,
+        cold_dir: dir.to_path_buf(),
+        cold_type,
+        ..KvConfig::default()
+    };
     let mut full = engine.new_sequence(Some(1024));
     let reference = teacher_forced(&engine, &mut full, tokens, 512, 256, |_| {}).unwrap();
     let mut read = Vec::new();
@@ -140,7 +152,13 @@ fn a_q8_cold_pool_reads_five_eighths_of_the_bytes_and_stays_close_to_full() {
     // copies. Its selections come from the scoring keys, not the pool, so both types read
     // nearly the same groups (q8's rounding moves later queries a little); what differs is
     // the rounding of the rows read and of those promoted.
-    let tiered = |cold_type| KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), cold_type, spare_copy: false, ..KvConfig::default() };
+    let tiered = |cold_type| KvConfig {
+        store: StoreKind::Tiered,
+        cold_dir: dir.to_path_buf(),
+        cold_type,
+        spare_copy: false,
+        ..KvConfig::default()
+    };
     let mut runs = Vec::new();
     for cold_type in [ColdType::F16, ColdType::Q8] {
         let mut seq = engine.new_sequence_with(&tiered(cold_type), Some(1024)).unwrap();
@@ -152,12 +170,20 @@ fn a_q8_cold_pool_reads_five_eighths_of_the_bytes_and_stays_close_to_full() {
     let ((f16, f16_read), (q8, q8_read)) = (&runs[0], &runs[1]);
     let (ppl_change, agree) = (q8.perplexity() / f16.perplexity() - 1.0, q8.top1_agreement(f16));
     let nll_gap = q8.nll.iter().zip(&f16.nll).map(|(a, b)| (a - b).abs()).sum::<f64>() / q8.nll.len() as f64;
-    eprintln!("tiered q8 against tiered f16: perplexity {:+.3}%, top-1 agreement {:.1}%, mean |Δ log p| {nll_gap:.4}", 100.0 * ppl_change, 100.0 * agree);
+    eprintln!(
+        "tiered q8 against tiered f16: perplexity {:+.3}%, top-1 agreement {:.1}%, mean |Δ log p| {nll_gap:.4}",
+        100.0 * ppl_change,
+        100.0 * agree
+    );
     let read_share = *q8_read as f64 / *f16_read as f64;
     assert!((read_share - 0.625).abs() < 0.005, "the same groups, at 2,560 bytes instead of 4,096: {read_share}");
     // Measured here: +0.26% perplexity, 94.5% top-1 and a mean |Δ log p| of 0.070 over these
     // 128 tokens. Decoding each row's neighbour in its place (its K or its V) gave 0.14–0.17.
-    assert!(ppl_change.abs() < 0.03 && agree >= 0.9 && nll_gap < 0.1, "tiered q8: {:+.3}%, {agree}, {nll_gap}", 100.0 * ppl_change);
+    assert!(
+        ppl_change.abs() < 0.03 && agree >= 0.9 && nll_gap < 0.1,
+        "tiered q8: {:+.3}%, {agree}, {nll_gap}",
+        100.0 * ppl_change
+    );
     assert_eq!(common::cold_files(&dir), 0);
 }
 
@@ -180,7 +206,9 @@ fn offload_store_reuses_and_truncates_prefixes_like_the_full_cache() {
     };
     let mut full = engine.new_sequence(Some(1024));
     let mut cold = engine.new_sequence_with(&offload, Some(1024)).unwrap();
-    for question in ["What is the capital of Germany?", "What is the capital of Italy?", "What is the capital of Germany?"] {
+    for question in
+        ["What is the capital of Germany?", "What is the capital of Italy?", "What is the capital of Germany?"]
+    {
         let (a, reused_a) = run(&mut full, question);
         let (b, reused_b) = run(&mut cold, question);
         assert_eq!(a, b, "{question}");
@@ -204,14 +232,21 @@ struct Checked {
 }
 
 impl CheckedAttention {
-    fn attention_over_everything(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize) -> Vec<f32> {
+    fn attention_over_everything(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        n_heads: usize,
+    ) -> Vec<f32> {
         let shape = self.inner.shape();
         let (group, hd) = (n_heads / shape.n_kv_heads, shape.head_dim);
         let mut out = vec![0f32; q.len()];
         for head in 0..shape.n_kv_heads {
             let view = self.inner.gather(layer, &Selection::All, head..head + 1).unwrap();
             let columns = head * group * hd..(head + 1) * group * hd;
-            let part_q: Vec<f32> = q.chunks_exact(n_heads * hd).flat_map(|row| &row[columns.clone()]).copied().collect();
+            let part_q: Vec<f32> =
+                q.chunks_exact(n_heads * hd).flat_map(|row| &row[columns.clone()]).copied().collect();
             let mut part_out = vec![0f32; part_q.len()];
             attend(&part_q, q_positions, group, &view, &mut part_out);
             for (row, part) in out.chunks_exact_mut(n_heads * hd).zip(part_out.chunks_exact(group * hd)) {
@@ -227,7 +262,14 @@ impl KvStore for CheckedAttention {
     fn parts(&self, selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {
         self.inner.parts(selection, cached_tokens)
     }
-    fn attend(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Option<hillside_engine::error::Result<()>> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        n_heads: usize,
+        out: &mut [f32],
+    ) -> Option<hillside_engine::error::Result<()>> {
         if let Err(e) = self.inner.attend(layer, q, q_positions, n_heads, out)? {
             return Some(Err(e));
         }
@@ -239,7 +281,12 @@ impl KvStore for CheckedAttention {
         seen.calls += 1;
         Some(Ok(()))
     }
-    fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> hillside_engine::error::Result<hillside_engine::kv::KvView<'_>> {
+    fn gather(
+        &mut self,
+        layer: usize,
+        selection: &Selection,
+        heads: std::ops::Range<usize>,
+    ) -> hillside_engine::error::Result<hillside_engine::kv::KvView<'_>> {
         self.inner.gather(layer, selection, heads)
     }
 }
@@ -253,7 +300,10 @@ fn near_storage_attention_is_exact_and_hands_up_only_partials() {
     let config = |store| KvConfig { store, cold_dir: dir.to_path_buf(), ..KvConfig::default() };
     let shape = engine.model().kv_shape(1024);
     let seen = std::sync::Arc::default();
-    let near = CheckedAttention { inner: config(StoreKind::NearStorage).build(shape, None).unwrap(), seen: std::sync::Arc::clone(&seen) };
+    let near = CheckedAttention {
+        inner: config(StoreKind::NearStorage).build(shape, None).unwrap(),
+        seen: std::sync::Arc::clone(&seen),
+    };
     let mut near = hillside_engine::Sequence { kv: Box::new(near), tokens: Vec::new() };
     // A prompt in chunks (the later ones attend to spilled tokens on the storage side), then
     // 200 decode steps crossing a dozen spills.
@@ -272,7 +322,11 @@ fn near_storage_attention_is_exact_and_hands_up_only_partials() {
     // End to end, those last-bit differences pass through the int8 roundings of later layers'
     // activations, as any other order of sums would (`hillside eval` measures the effect).
     let agree = exact.top1_agreement(&reference);
-    eprintln!("near-storage against full: perplexity {:+.2}%, top-1 {:.1}%", 100.0 * (exact.perplexity() / reference.perplexity() - 1.0), 100.0 * agree);
+    eprintln!(
+        "near-storage against full: perplexity {:+.2}%, top-1 {:.1}%",
+        100.0 * (exact.perplexity() / reference.perplexity() - 1.0),
+        100.0 * agree
+    );
     assert!(agree >= 0.9, "top-1 agreement with full {agree}");
 
     // What crosses to the host: per layer and query row with cold tokens to attend (every row
@@ -280,7 +334,10 @@ fn near_storage_attention_is_exact_and_hands_up_only_partials() {
     // The storage side reads the whole cache a step, as offload does; the check's gathers as much again.
     assert_eq!(near_stats.cold_bytes_read, 2 * offload_stats.cold_bytes_read);
     assert_eq!(near_stats.bytes_to_host, (700 - 128) * 30 * 9 * 66 * 4, "{near_stats:?}");
-    assert!(8 * near_stats.bytes_to_host <= offload_stats.cold_bytes_read, "partials are under an eighth of offload's reads: {near_stats:?}");
+    assert!(
+        8 * near_stats.bytes_to_host <= offload_stats.cold_bytes_read,
+        "partials are under an eighth of offload's reads: {near_stats:?}"
+    );
     assert_eq!(common::cold_files(&dir), 2, "near-storage and offload each have a pool file");
 }
 
@@ -315,7 +372,8 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[50_000..90_000]).unwrap()[..1536];
     let dir = cold_dir("tiered");
-    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
+    let tiered =
+        KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
 
     let mut full = engine.new_sequence(Some(2048));
     let reference = teacher_forced(&engine, &mut full, tokens, 1280, 256, |_| {}).unwrap();
@@ -331,13 +389,22 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
     let tier = stats.tier.clone().unwrap();
     let agree = sparse.top1_agreement(&reference);
     let ppl_ratio = sparse.perplexity() / reference.perplexity();
-    eprintln!("perplexity full {:.3}, tiered {:.3} ({:+.2}%), top-1 agreement {:.1}%, {tier:?}, cold read {} MB",
-        reference.perplexity(), sparse.perplexity(), 100.0 * (ppl_ratio - 1.0), 100.0 * agree, stats.cold_bytes_read / 1_000_000);
+    eprintln!(
+        "perplexity full {:.3}, tiered {:.3} ({:+.2}%), top-1 agreement {:.1}%, {tier:?}, cold read {} MB",
+        reference.perplexity(),
+        sparse.perplexity(),
+        100.0 * (ppl_ratio - 1.0),
+        100.0 * agree,
+        stats.cold_bytes_read / 1_000_000
+    );
     assert_eq!(checked, 256);
     assert!(tier.cold_hits > 0 && tier.promotions > 0 && tier.demotions > 0, "all tiers in play: {tier:?}");
     // Each layer's cold groups were read ahead from the groups its last selection needed, most
     // of them rightly (84.2% here; 87.5% reading ahead only what the last two both needed).
-    assert!(tier.read_ahead_used > 0 && tier.read_ahead_used * 100 > tier.read_ahead_groups * 80, "read-ahead: {tier:?}");
+    assert!(
+        tier.read_ahead_used > 0 && tier.read_ahead_used * 100 > tier.read_ahead_groups * 80,
+        "read-ahead: {tier:?}"
+    );
     // Measured here (α 0.2, INT4 keys, per-KV-head selection, 2K context): +0.93% perplexity,
     // 92.6% top-1 agreement. These bounds guard against regressions; `hillside eval` tracks the targets.
     assert!(ppl_ratio < 1.02, "tiered perplexity {:+.2}% above full", 100.0 * (ppl_ratio - 1.0));
@@ -362,7 +429,12 @@ impl KvStore for InSpans {
             tokens => self.inner.parts(tokens, cached_tokens),
         }
     }
-    fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> hillside_engine::error::Result<hillside_engine::kv::KvView<'_>> {
+    fn gather(
+        &mut self,
+        layer: usize,
+        selection: &Selection,
+        heads: std::ops::Range<usize>,
+    ) -> hillside_engine::error::Result<hillside_engine::kv::KvView<'_>> {
         if matches!(selection, Selection::Span(_)) {
             self.gathered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -379,11 +451,13 @@ fn a_tiered_store_attends_to_a_long_cache_in_spans_as_to_one_view() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..664];
     let dir = cold_dir("spans");
-    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
+    let tiered =
+        KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
     let shape = engine.model().kv_shape(1024);
     let mut whole = engine.new_sequence_with(&tiered, Some(1024)).unwrap();
     let gathered = std::sync::Arc::default();
-    let spans = InSpans { inner: tiered.build(shape, None).unwrap(), span: 100, gathered: std::sync::Arc::clone(&gathered) };
+    let spans =
+        InSpans { inner: tiered.build(shape, None).unwrap(), span: 100, gathered: std::sync::Arc::clone(&gathered) };
     let mut spans = hillside_engine::Sequence { kv: Box::new(spans), tokens: Vec::new() };
     let mut last = Vec::new();
     for seq in [&mut whole, &mut spans] {
@@ -399,7 +473,11 @@ fn a_tiered_store_attends_to_a_long_cache_in_spans_as_to_one_view() {
     for layer in [0, 1, 29] {
         for head in 0..3 {
             let rows = |view: &KvView<'_>| -> Vec<(u16, u16)> {
-                (0..view.n_tokens).flat_map(|t| (0..64).map(move |d| (view.k[k_tile_index(t, d, 64)].to_bits(), view.v[t * 64 + d].to_bits()))).collect()
+                (0..view.n_tokens)
+                    .flat_map(|t| {
+                        (0..64).map(move |d| (view.k[k_tile_index(t, d, 64)].to_bits(), view.v[t * 64 + d].to_bits()))
+                    })
+                    .collect()
             };
             let all = rows(&whole.kv.gather(layer, &Selection::All, head..head + 1).unwrap());
             for start in (0..600).step_by(100) {
@@ -456,7 +534,14 @@ fn page_wise_and_sparf_selections_stay_close_to_full_and_pages_read_only_their_b
     let alpha = 0.3;
     let run = |selector: SelectorKind| {
         let dir = cold_dir(&format!("selector-{selector}"));
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), alpha, selector, spare_copy: false, ..KvConfig::default() };
+        let config = KvConfig {
+            store: StoreKind::Tiered,
+            cold_dir: dir.to_path_buf(),
+            alpha,
+            selector,
+            spare_copy: false,
+            ..KvConfig::default()
+        };
         let mut seq = engine.new_sequence_with(&config, Some(2048)).unwrap();
         let result = teacher_forced(&engine, &mut seq, tokens, 1280, 256, |_| {}).unwrap();
         let stats = seq.kv.stats();
@@ -484,7 +569,12 @@ fn page_wise_and_sparf_selections_stay_close_to_full_and_pages_read_only_their_b
     assert!(pages_per_selection(&token_tier) > 1.5 * pages_per_selection(&page_tier), "{token_tier:?}");
     assert!(page_stats.cold_bytes_read < token_stats.cold_bytes_read);
     // Measured here (2K eval, α 0.3): +0.95% perplexity, 92.5% top-1 agreement.
-    assert!(by_page.perplexity() / reference.perplexity() < 1.03, "page-wise perplexity {} against {}", by_page.perplexity(), reference.perplexity());
+    assert!(
+        by_page.perplexity() / reference.perplexity() < 1.03,
+        "page-wise perplexity {} against {}",
+        by_page.perplexity(),
+        reference.perplexity()
+    );
     assert!(by_page.top1_agreement(&reference) > 0.88);
 
     // SparF: token by token as well, ranked on the query's 8 largest dimensions of 64. Another
@@ -492,9 +582,16 @@ fn page_wise_and_sparf_selections_stay_close_to_full_and_pages_read_only_their_b
     // +1.10% perplexity, 90.7% top-1, against +0.51% and 92.2% on every dimension).
     let (sparf, sparf_stats) = run(SelectorKind::Sparf);
     let sparf_tier = sparf_stats.tier.unwrap();
-    eprintln!("sparf: perplexity {:+.2}% over full, cold MB read {}", 100.0 * (sparf.perplexity() / reference.perplexity() - 1.0), sparf_stats.cold_bytes_read / 1_000_000);
+    eprintln!(
+        "sparf: perplexity {:+.2}% over full, cold MB read {}",
+        100.0 * (sparf.perplexity() / reference.perplexity() - 1.0),
+        sparf_stats.cold_bytes_read / 1_000_000
+    );
     assert_eq!(sparf_tier.selections, token_tier.selections, "as many selections of the same budget");
-    assert_ne!(sparf_stats.cold_bytes_read, token_stats.cold_bytes_read, "the ranking on 8 dimensions chose other tokens");
+    assert_ne!(
+        sparf_stats.cold_bytes_read, token_stats.cold_bytes_read,
+        "the ranking on 8 dimensions chose other tokens"
+    );
     assert!(sparf.perplexity() / reference.perplexity() < 1.03 && sparf.top1_agreement(&reference) > 0.88);
 }
 
@@ -537,7 +634,10 @@ fn re_placing_the_cold_pool_by_hits_changes_no_logit() {
     let (keys_tier, hits_tier) = (key_stats.tier.unwrap(), hit_stats.tier.unwrap());
     assert_eq!(keys_tier.relaid_blocks, 0);
     // 800 cold tokens: 3 whole blocks in each of the 29 sparse layers' 3 KV heads.
-    assert!(hits_tier.relaid_blocks > 29 * 3 && hits_tier.relaid_blocks <= 29 * 3 * 3, "the cold blocks were rewritten: {hits_tier:?}");
+    assert!(
+        hits_tier.relaid_blocks > 29 * 3 && hits_tier.relaid_blocks <= 29 * 3 * 3,
+        "the cold blocks were rewritten: {hits_tier:?}"
+    );
     assert!(hits_tier.cold_hits > 0, "the steps after the rewrite read cold rows: {hits_tier:?}");
     for (step, (a, b)) in by_key.iter().zip(&by_hits).enumerate() {
         assert!(a == b, "step {step}: logits differ after re-placement");
@@ -576,7 +676,13 @@ fn the_fidelity_guard_widens_selections_that_hold_too_little_attention() {
     let tokens = &engine.tokenizer().encode(&text[300_000..330_000]).unwrap()[..800];
     let dir = cold_dir("guard");
     let run = |guard_mass: f32| {
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), guard_mass, spare_copy: false, ..KvConfig::default() };
+        let config = KvConfig {
+            store: StoreKind::Tiered,
+            cold_dir: dir.to_path_buf(),
+            guard_mass,
+            spare_copy: false,
+            ..KvConfig::default()
+        };
         let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
         teacher_forced(&engine, &mut seq, tokens, 768, 256, |_| {}).unwrap();
         seq.kv.stats().tier.unwrap()
@@ -586,7 +692,10 @@ fn the_fidelity_guard_widens_selections_that_hold_too_little_attention() {
     assert!(never.guard_checks > 0 && never.guard_widened == 0, "{never:?}");
     // No top α can hold all of a softmax's mass, so a threshold of 1 widens every check.
     assert!(always.guard_widened == always.guard_checks && always.guard_checks == never.guard_checks, "{always:?}");
-    assert!(always.hot_hits + always.cold_hits > never.hot_hits + never.cold_hits, "widened selections attend to more rows");
+    assert!(
+        always.hot_hits + always.cold_hits > never.hot_hits + never.cold_hits,
+        "widened selections attend to more rows"
+    );
 }
 
 #[test]
@@ -598,7 +707,13 @@ fn the_ideal_selector_captures_more_attention_than_the_scored_selection() {
     let dir = cold_dir("ideal");
     let mass = |ideal: bool| {
         let budget = ideal.then_some(1 << 40); // every row hot: the ideal picks any token
-        let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), hot_budget_bytes: budget, spare_copy: false, ..KvConfig::default() };
+        let config = KvConfig {
+            store: StoreKind::Tiered,
+            cold_dir: dir.to_path_buf(),
+            hot_budget_bytes: budget,
+            spare_copy: false,
+            ..KvConfig::default()
+        };
         let mut seq = engine.new_sequence_with(&config, Some(1024)).unwrap();
         if ideal {
             seq.kv = Box::new(IdealSelector::wrap(seq.kv, config.sink_tokens, config.recent_tokens));
@@ -626,7 +741,8 @@ fn attention_on_a_candle_device_gives_the_cpu_kernels_logits() {
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &host.tokenizer().encode(&text[120_000..140_000]).unwrap()[..800];
     let dir = cold_dir("device");
-    let tiered = KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
+    let tiered =
+        KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
     let mut a = host.new_sequence_with(&tiered, Some(1024)).unwrap();
     let mut b = device.new_sequence_with(&tiered, Some(1024)).unwrap();
     let (mut worst_kl, mut widest_flip) = (0f64, 0f32);
@@ -642,7 +758,10 @@ fn attention_on_a_candle_device_gives_the_cpu_kernels_logits() {
         if flip > 0.0 {
             eprintln!("step {i}: the predictions differ, the host's logits {flip:.3} apart, the paths' log-probabilities by {deviation:.3}");
         }
-        assert!(flip <= 2.0 * deviation, "step {i}: a prediction differs where the host's logits are {flip} apart (the paths differ by {deviation})");
+        assert!(
+            flip <= 2.0 * deviation,
+            "step {i}: a prediction differs where the host's logits are {flip} apart (the paths differ by {deviation})"
+        );
         if i > 0 {
             // Decode steps attend to a sparse selection: the tiered path ran on the device.
             let tier = b.kv.stats().tier.unwrap();
@@ -672,7 +791,11 @@ fn likely_deviation(p: &[f32], q: &[f32]) -> f32 {
     let (zp, zq) = (log_z(p), log_z(q));
     let mut order: Vec<usize> = (0..p.len()).collect();
     order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-    order[..20].iter().filter(|&&i| p[i] - zp >= 0.01f32.ln()).map(|&i| ((p[i] - zp) - (q[i] - zq)).abs()).fold(0f32, f32::max)
+    order[..20]
+        .iter()
+        .filter(|&&i| p[i] - zp >= 0.01f32.ln())
+        .map(|&i| ((p[i] - zp) - (q[i] - zq)).abs())
+        .fold(0f32, f32::max)
 }
 
 /// KL(p‖q) of the softmax of two logit rows.

@@ -151,7 +151,8 @@ fn tiny_llama_safetensors_runs_on_dense_weights() {
     assert_eq!(prompt, real.tokenizer().encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n").unwrap());
     let params = hillside_engine::GenerateParams { max_tokens: 5, ..Default::default() };
     let mut seq = engine.new_sequence(None);
-    let summary = hillside_engine::generate(&engine, &mut seq, &prompt, &params, &Default::default(), &mut |_| {}).unwrap();
+    let summary =
+        hillside_engine::generate(&engine, &mut seq, &prompt, &params, &Default::default(), &mut |_| {}).unwrap();
     assert!(summary.completion_tokens <= 5);
 }
 
@@ -250,7 +251,12 @@ fn x_cache_rebuilds_the_k_v_it_did_not_keep() {
     let loaded = gguf::load(&path).unwrap();
     let model = Model::new(loaded.config, loaded.weights);
     let shape = model.kv_shape(256);
-    let config = KvConfig { store: StoreKind::NearStorage, cold_dir: dir.join("cold"), x_cache_share: 0.5, ..Default::default() };
+    let config = KvConfig {
+        store: StoreKind::NearStorage,
+        cold_dir: dir.join("cold"),
+        x_cache_share: 0.5,
+        ..Default::default()
+    };
     let plan = config.x_cache_plan(shape, 64);
     assert_eq!((plan.layers, plan.input_values, plan.kv_values), (1, 64, 128), "{plan}");
     let with_grouped_heads = hillside_engine::kv::KvShape { n_kv_heads: 2, ..shape };
@@ -266,7 +272,11 @@ fn x_cache_rebuilds_the_k_v_it_did_not_keep() {
     };
     // A prompt in chunks, then decode steps; every commit spills whole groups to the cold pools.
     let run = |tokens: &[u32], kv: &mut dyn KvStore| -> Vec<Vec<f32>> {
-        tokens[..150.min(tokens.len())].chunks(64).chain(tokens[150.min(tokens.len())..].chunks(1)).map(|c| model.forward(c, kv, Logits::All).unwrap()).collect()
+        tokens[..150.min(tokens.len())]
+            .chunks(64)
+            .chain(tokens[150.min(tokens.len())..].chunks(1))
+            .map(|c| model.forward(c, kv, Logits::All).unwrap())
+            .collect()
     };
     // The first layer's K/V differ from the model's by the f16 rounding of X, which moves a few
     // of its int8-quantized values by a step; later layers and the logits carry that on (a
@@ -276,8 +286,13 @@ fn x_cache_rebuilds_the_k_v_it_did_not_keep() {
         let top = |row: &[f32]| row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i);
         let agree = want.chunks(VOCAB).zip(got.chunks(VOCAB)).filter(|(w, g)| top(w) == top(g)).count();
         let (rows, worst) = (want.len() / VOCAB, relative(&want, &got));
-        eprintln!("X-cache against full: top-1 agrees at {agree} of {rows} positions, logits off by {worst} of their largest");
-        assert!(10 * agree >= 9 * rows && worst < 0.1, "top-1 agrees at {agree} of {rows}; logits off by {worst} of their largest");
+        eprintln!(
+            "X-cache against full: top-1 agrees at {agree} of {rows} positions, logits off by {worst} of their largest"
+        );
+        assert!(
+            10 * agree >= 9 * rows && worst < 0.1,
+            "top-1 agrees at {agree} of {rows}; logits off by {worst} of their largest"
+        );
     };
     compare_logits(&run(&tokens, &mut full), &run(&tokens, &mut *x_cache));
 
@@ -292,16 +307,23 @@ fn x_cache_rebuilds_the_k_v_it_did_not_keep() {
         for head in 0..shape.n_kv_heads {
             for t in 0..200 {
                 for d in 0..16 {
-                    let k_at = |stride: usize| head * stride * 16 + hillside_engine::kernels::attention::k_tile_index(t, d, 16);
+                    let k_at = |stride: usize| {
+                        head * stride * 16 + hillside_engine::kernels::attention::k_tile_index(t, d, 16)
+                    };
                     let v_at = |stride: usize| (head * stride + t) * 16 + d;
-                    k_err = k_err.max((want_k[k_at(want_stride)].to_f32() - got.k[k_at(got.head_stride_tokens)].to_f32()).abs());
-                    v_err = v_err.max((want_v[v_at(want_stride)].to_f32() - got.v[v_at(got.head_stride_tokens)].to_f32()).abs());
+                    k_err = k_err
+                        .max((want_k[k_at(want_stride)].to_f32() - got.k[k_at(got.head_stride_tokens)].to_f32()).abs());
+                    v_err = v_err
+                        .max((want_v[v_at(want_stride)].to_f32() - got.v[v_at(got.head_stride_tokens)].to_f32()).abs());
                     scale = scale.max(want_k[k_at(want_stride)].to_f32().abs());
                 }
             }
         }
         let tolerance = if layer == 0 { 0.01 } else { 0.05 };
-        assert!(k_err < tolerance * scale && v_err < tolerance * scale, "layer {layer}: K off by {k_err}, V by {v_err} (largest K {scale})");
+        assert!(
+            k_err < tolerance * scale && v_err < tolerance * scale,
+            "layer {layer}: K off by {k_err}, V by {v_err} (largest K {scale})"
+        );
     }
 
     // The cold pools hold X for layer 0 and K/V for layer 1: 192 bytes a token where K/V would take 256.

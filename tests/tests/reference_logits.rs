@@ -38,7 +38,11 @@ fn compare(step: &str, ours: &[f32], reference: &[f32]) -> (f32, f32) {
     let likely = order[..20].iter().filter(|&&i| lp[i] >= LIKELY_LOGP);
     let top_diff = likely.map(|&i| (lp[i] - lq[i]).abs()).fold(0f32, f32::max);
     let margin = lp[order[0]] - lp[order[1]];
-    eprintln!("{step}: KL {kl:.5}, likely top-20 max |Δlogp| {top_diff:.3}, top-2 margin {margin:.3}, argmax {} vs {}", argmax(ours), argmax(reference));
+    eprintln!(
+        "{step}: KL {kl:.5}, likely top-20 max |Δlogp| {top_diff:.3}, top-2 margin {margin:.3}, argmax {} vs {}",
+        argmax(ours),
+        argmax(reference)
+    );
     // Where the reference's winner is clear by more than our deviation, we must agree.
     if margin > 2.0 * top_diff {
         assert_eq!(argmax(ours), argmax(reference), "{step}: different top token despite a clear margin");

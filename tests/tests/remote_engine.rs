@@ -47,14 +47,24 @@ impl LlamaServer {
             Some(bin) => PathBuf::from(bin),
             None => {
                 let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama-cpp-build.sh");
-                let out = Command::new(script).args(["native", "llama-server"]).stderr(Stdio::inherit()).output().unwrap();
+                let out =
+                    Command::new(script).args(["native", "llama-server"]).stderr(Stdio::inherit()).output().unwrap();
                 assert!(out.status.success(), "building llama-server failed");
                 PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
             }
         };
         let port = free_port();
         let child = Command::new(bin)
-            .args(["-m", common::model_path().to_str().unwrap(), "--host", "127.0.0.1", "--port", &port.to_string(), "--alias", "smollm2"])
+            .args([
+                "-m",
+                common::model_path().to_str().unwrap(),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--alias",
+                "smollm2",
+            ])
             .args(["-c", &(SLOT_CONTEXT * SLOTS).to_string(), "-np", &SLOTS.to_string(), "-t", "2", "--no-webui"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -86,7 +96,10 @@ fn free_port() -> u16 {
 }
 
 fn connect(url: &str) -> Arc<RemoteEngine> {
-    Arc::new(RemoteEngine::connect(&RemoteConfig { url: url.into(), concurrency: SLOTS, ..RemoteConfig::default() }).unwrap())
+    Arc::new(
+        RemoteEngine::connect(&RemoteConfig { url: url.into(), concurrency: SLOTS, ..RemoteConfig::default() })
+            .unwrap(),
+    )
 }
 
 fn greedy(max_tokens: usize) -> GenerateParams {
@@ -122,7 +135,12 @@ fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
     // A chat: the streamed pieces make the reply the remote gives whole, with its counts.
     let mut text = String::new();
     let asked = [ChatMessage::new("user", "What is the capital of France?")];
-    let done = remote.chat(&asked, &greedy(24), &mut |t: &str| { text.push_str(t); true }).unwrap();
+    let done = remote
+        .chat(&asked, &greedy(24), &mut |t: &str| {
+            text.push_str(t);
+            true
+        })
+        .unwrap();
     let whole: serde_json::Value = ureq::post(&format!("{}/v1/chat/completions", server.url()))
         .send_json(serde_json::json!({"model": "smollm2", "messages": asked, "max_tokens": 24, "temperature": 0.0, "top_p": 1.0}))
         .unwrap()
@@ -130,18 +148,33 @@ fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
         .read_json()
         .unwrap();
     assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap());
-    assert_eq!((done.prompt_tokens, done.completion_tokens), (whole["usage"]["prompt_tokens"].as_u64().unwrap() as usize, whole["usage"]["completion_tokens"].as_u64().unwrap() as usize));
+    assert_eq!(
+        (done.prompt_tokens, done.completion_tokens),
+        (
+            whole["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+            whole["usage"]["completion_tokens"].as_u64().unwrap() as usize
+        )
+    );
 
     // A hierarchical summary of the GPL: chunk notes and merges on the remote, sources local.
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/gpl-3.0.txt");
     let doc = read_file(&path, &Limits::default()).unwrap();
     let mut progress = Vec::new();
-    let summary = summarize(&runner(&remote), &doc, "gpl", &mut Kept::default(), &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
-    let Mode::Hierarchical { chunks, .. } = &summary.plan.mode else { panic!("the GPL is longer than a slot: {:?}", summary.plan) };
+    let summary = summarize(&runner(&remote), &doc, "gpl", &mut Kept::default(), &CancelFlag::default(), &mut |p| {
+        progress.push(p)
+    })
+    .unwrap();
+    let Mode::Hierarchical { chunks, .. } = &summary.plan.mode else {
+        panic!("the GPL is longer than a slot: {:?}", summary.plan)
+    };
     assert!(chunks.len() >= 4, "{chunks:?}");
     assert_eq!(progress.iter().filter(|p| matches!(p, Progress::ChunkSummarized { .. })).count(), chunks.len());
     assert!(summary.points.len() >= 2, "{:?}", summary.points);
-    assert!(summary.points.iter().any(|p| !p.sources.is_empty()), "points come with their sources: {:?}", summary.points);
+    assert!(
+        summary.points.iter().any(|p| !p.sources.is_empty()),
+        "points come with their sources: {:?}",
+        summary.points
+    );
     for source in summary.points.iter().flat_map(|p| &p.sources) {
         assert!(source.bytes.end <= doc.text.len() && source.bytes.start < source.bytes.end);
     }
@@ -161,7 +194,9 @@ fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
 #[test]
 fn a_remote_killed_mid_summary_gives_a_clear_error_and_keeps_only_finished_steps() {
     let mut server = LlamaServer::start();
-    let remote = Arc::new(RemoteEngine::connect(&RemoteConfig { url: server.url(), concurrency: 1, ..RemoteConfig::default() }).unwrap());
+    let remote = Arc::new(
+        RemoteEngine::connect(&RemoteConfig { url: server.url(), concurrency: 1, ..RemoteConfig::default() }).unwrap(),
+    );
     let text = common::shared_document("pride-and-prejudice.txt");
     let doc = hillside_documents::read_bytes("pride.txt", text[..60_000].as_bytes(), &Limits::default()).unwrap();
     let kept = Kept::default();
@@ -244,17 +279,26 @@ fn busy_answers_are_retried_as_the_remote_asks_and_garbage_is_a_clear_error() {
     let (port, seen) = proxy(server.port, 3, false);
     let remote = connect(&format!("http://127.0.0.1:{port}/v1"));
     let mut text = String::new();
-    let done = remote.chat(&[ChatMessage::new("user", "Say hello.")], &greedy(8), &mut |t: &str| { text.push_str(t); true }).unwrap();
+    let done = remote
+        .chat(&[ChatMessage::new("user", "Say hello.")], &greedy(8), &mut |t: &str| {
+            text.push_str(t);
+            true
+        })
+        .unwrap();
     assert_eq!(seen.load(Ordering::SeqCst), 4, "three 429s, then the answer");
     assert!(!text.is_empty() && done.finish_reason != FinishReason::Cancelled, "{done:?}");
 
     // Busy for good: the retries end, and the error says so.
     let (port, _) = proxy(server.port, usize::MAX, false);
-    let e = connect(&format!("http://127.0.0.1:{port}")).chat(&[ChatMessage::new("user", "Hi")], &greedy(4), &mut |_: &str| true).unwrap_err();
+    let e = connect(&format!("http://127.0.0.1:{port}"))
+        .chat(&[ChatMessage::new("user", "Hi")], &greedy(4), &mut |_: &str| true)
+        .unwrap_err();
     assert!(matches!(e, RemoteError::Busy { status: 429, .. }), "{e:?}");
 
     let (port, _) = proxy(server.port, 0, true);
-    let e = connect(&format!("http://127.0.0.1:{port}")).chat(&[ChatMessage::new("user", "Hi")], &greedy(4), &mut |_: &str| true).unwrap_err();
+    let e = connect(&format!("http://127.0.0.1:{port}"))
+        .chat(&[ChatMessage::new("user", "Hi")], &greedy(4), &mut |_: &str| true)
+        .unwrap_err();
     assert!(matches!(&e, RemoteError::Garbage { why, .. } if why.contains("502 Bad Gateway")), "{e:?}");
 }
 
@@ -263,15 +307,31 @@ fn the_server_on_a_remote_engine_serves_the_api_and_documents_and_refuses_the_ti
     let mut llama = LlamaServer::start();
     let remote = connect(&llama.url());
     let dir = common::Scratch::new("remote-server");
-    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 200_000, model_key: "remote-test".into(), chosen_paths: None };
-    let config = ServerConfig { model_id: remote.model().into(), model_aliases: Vec::new(), installed_models: vec![remote.model().into()], documents: Some(documents), ..common::server::config() };
+    let documents = DocumentsConfig {
+        dir: dir.to_path_buf(),
+        kv_quota_bytes: 1 << 30,
+        max_file_bytes: 200_000,
+        model_key: "remote-test".into(),
+        chosen_paths: None,
+    };
+    let config = ServerConfig {
+        model_id: remote.model().into(),
+        model_aliases: Vec::new(),
+        installed_models: vec![remote.model().into()],
+        documents: Some(documents),
+        ..common::server::config()
+    };
     let s = Server::start_on(remote.clone(), config);
 
     assert_eq!(s.get("/v1/models").1["data"][0]["id"], "smollm2");
     let (status, health) = s.get("/health");
     assert_eq!((status, health["status"].as_str()), (200, Some("ok")), "{health}");
     let config = s.get("/v1/hillside/config").1;
-    assert_eq!((config["engine"].as_str(), config["context_tokens"].as_u64()), (Some(format!("openai:{}/v1", llama.url()).as_str()), Some(SLOT_CONTEXT as u64)), "{config}");
+    assert_eq!(
+        (config["engine"].as_str(), config["context_tokens"].as_u64()),
+        (Some(format!("openai:{}/v1", llama.url()).as_str()), Some(SLOT_CONTEXT as u64)),
+        "{config}"
+    );
     for path in ["/v1/hillside/tiers", "/v1/hillside/sequences"] {
         let (status, refused) = s.get(path);
         assert_eq!((status, refused["error"]["code"].as_str()), (409, Some("engine_is_remote")), "{path}: {refused}");
@@ -282,7 +342,12 @@ fn the_server_on_a_remote_engine_serves_the_api_and_documents_and_refuses_the_ti
     let asked = json!({"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 12, "temperature": 0, "repeat_penalty": 1.0});
     let (status, whole) = s.post("/v1/chat/completions", &asked);
     assert_eq!(status, 200, "{whole}");
-    let direct: Value = ureq::post(&format!("{}/v1/chat/completions", llama.url())).send_json(&asked).unwrap().body_mut().read_json().unwrap();
+    let direct: Value = ureq::post(&format!("{}/v1/chat/completions", llama.url()))
+        .send_json(&asked)
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
     assert_eq!(whole["choices"][0]["message"]["content"], direct["choices"][0]["message"]["content"]);
     assert_eq!(whole["usage"]["completion_tokens"], direct["usage"]["completion_tokens"]);
     let streamed: String = s
@@ -292,11 +357,16 @@ fn the_server_on_a_remote_engine_serves_the_api_and_documents_and_refuses_the_ti
         .filter_map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["delta"]["content"].as_str().map(str::to_string))
         .collect();
     assert_eq!(streamed, whole["choices"][0]["message"]["content"].as_str().unwrap());
-    let (status, completion) = s.post("/v1/completions", &json!({"prompt": "The sky is", "max_tokens": 4, "temperature": 0}));
+    let (status, completion) =
+        s.post("/v1/completions", &json!({"prompt": "The sky is", "max_tokens": 4, "temperature": 0}));
     assert_eq!(status, 200, "{completion}");
     assert!(!completion["choices"][0]["text"].as_str().unwrap().is_empty(), "{completion}");
     let (status, refused) = s.post("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 4}));
-    assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("prompt")), "token ids need the local vocabulary: {refused}");
+    assert_eq!(
+        (status, refused["error"]["param"].as_str()),
+        (400, Some("prompt")),
+        "token ids need the local vocabulary: {refused}"
+    );
 
     // A document: added (tokens counted by the remote), summarized there, asked about.
     let gpl = common::shared_document("gpl-3.0.txt");
@@ -304,16 +374,29 @@ fn the_server_on_a_remote_engine_serves_the_api_and_documents_and_refuses_the_ti
     assert_eq!(status, 201, "{added}");
     let id = added["id"].as_str().unwrap().to_string();
     let (tokens, counted) = (added["tokens"].as_u64().unwrap() as f64, remote.count_tokens(&gpl) as f64);
-    assert!((tokens - counted).abs() < counted * 0.02, "the remote's tokenizer counted the document: {tokens} against {counted}");
-    let events: Vec<Value> = s.stream(&format!("/v1/hillside/documents/{id}/summary"), &json!({})).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert!(
+        (tokens - counted).abs() < counted * 0.02,
+        "the remote's tokenizer counted the document: {tokens} against {counted}"
+    );
+    let events: Vec<Value> = s
+        .stream(&format!("/v1/hillside/documents/{id}/summary"), &json!({}))
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
     let summary = events.last().unwrap();
     assert_eq!(summary["object"], "hillside.summary", "{summary}");
     assert!(summary["points"].as_array().is_some_and(|p| !p.is_empty()), "{summary}");
-    let ask = |q: &str| s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": q}], "max_tokens": 8, "temperature": 0, "hillside": {"documents": [id]}}));
+    let ask = |q: &str| {
+        s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": q}], "max_tokens": 8, "temperature": 0, "hillside": {"documents": [id]}}))
+    };
     assert_eq!(ask("What does it say about patents?").0, 200);
     let (status, again) = ask("What does it say about patent licenses?");
     assert_eq!(status, 200, "{again}");
-    let (prompt, cached) = (again["usage"]["prompt_tokens"].as_u64().unwrap(), again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+    let (prompt, cached) = (
+        again["usage"]["prompt_tokens"].as_u64().unwrap(),
+        again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+    );
     assert!(cached * 10 > prompt * 8, "the remote's prefix cache served the document: {again}");
 
     // The remote gone: health and chat say so, and the server stays up.

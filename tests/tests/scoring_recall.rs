@@ -12,7 +12,14 @@ use hillside_engine::{Engine, Logits};
 struct LastQuery(Vec<Vec<f32>>);
 
 impl SelectionWatch for LastQuery {
-    fn select(&mut self, _: &ExactKeys, layer: usize, q: &[f32], q_positions: &[usize], selection: Selection) -> Selection {
+    fn select(
+        &mut self,
+        _: &ExactKeys,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        selection: Selection,
+    ) -> Selection {
         if q_positions.len() == 1 {
             self.0[layer] = q.to_vec();
         }
@@ -54,7 +61,9 @@ fn int8_top_alpha_recall_is_at_least_95_percent() {
         }
         // Each KV head selects its own tokens: recall is averaged over heads.
         let exact = |h: usize| -> Vec<f32> {
-            (0..n).map(|t| keys[(t * n_kv + h) * hd..][..hd].iter().zip(&query[h * hd..][..hd]).map(|(k, q)| k * q).sum()).collect()
+            (0..n)
+                .map(|t| keys[(t * n_kv + h) * hd..][..hd].iter().zip(&query[h * hd..][..hd]).map(|(k, q)| k * q).sum())
+                .collect()
         };
         let want: Vec<Vec<u32>> = (0..n_kv).map(|h| top(&ids, &exact(h), k_top)).collect();
         let recall_of = |bits| {
@@ -72,7 +81,10 @@ fn int8_top_alpha_recall_is_at_least_95_percent() {
     let mean = |f: fn(&(f64, f64)) -> f64| recalls.iter().map(f).sum::<f64>() / recalls.len() as f64;
     let (int8, int4) = (mean(|r| r.0), mean(|r| r.1));
     let worst8 = recalls.iter().map(|r| r.0).fold(1.0, f64::min);
-    eprintln!("top-20% recall vs f32 over {} layers: INT8 mean {int8:.4} (worst {worst8:.4}), INT4 mean {int4:.4}", c.n_layers);
+    eprintln!(
+        "top-20% recall vs f32 over {} layers: INT8 mean {int8:.4} (worst {worst8:.4}), INT4 mean {int4:.4}",
+        c.n_layers
+    );
     assert!(int8 >= 0.95 && worst8 >= 0.9, "INT8 recall {int8} (worst layer {worst8})");
     assert!(int4 >= 0.85, "INT4 recall {int4}");
 }

@@ -19,7 +19,8 @@ fn shared() -> &'static Server {
 }
 
 fn chat(content: &str, extra: Value) -> Value {
-    let mut body = json!({"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 24});
+    let mut body =
+        json!({"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 24});
     body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
     body
 }
@@ -105,7 +106,10 @@ fn stop_strings_end_the_reply_and_are_never_sent() {
             (text, chunks.last().unwrap()["choices"][0]["finish_reason"].clone())
         } else {
             let (_, r) = s.post("/v1/chat/completions", &body);
-            (r["choices"][0]["message"]["content"].as_str().unwrap().to_string(), r["choices"][0]["finish_reason"].clone())
+            (
+                r["choices"][0]["message"]["content"].as_str().unwrap().to_string(),
+                r["choices"][0]["finish_reason"].clone(),
+            )
         };
         assert_eq!(text, cut, "stream={stream}: the reply ends right before the stop string");
         assert_eq!(finish, "stop");
@@ -144,17 +148,23 @@ fn text_completions_with_logprobs() {
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], choice["finish_reason"]);
 
     // Chat log-probabilities: one entry per token, each with its alternatives.
-    let (_, r) = s.post("/v1/chat/completions", &chat("Hi!", json!({"logprobs": true, "top_logprobs": 3, "max_tokens": 5})));
+    let (_, r) =
+        s.post("/v1/chat/completions", &chat("Hi!", json!({"logprobs": true, "top_logprobs": 3, "max_tokens": 5})));
     let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
     assert_eq!(content.len() as u64, r["usage"]["completion_tokens"].as_u64().unwrap());
-    assert!(content.iter().all(|t| t["top_logprobs"].as_array().unwrap().len() == 3 && t["logprob"].as_f64().unwrap() <= 0.0));
+    assert!(content
+        .iter()
+        .all(|t| t["top_logprobs"].as_array().unwrap().len() == 3 && t["logprob"].as_f64().unwrap() <= 0.0));
 }
 
 fn assert_error(status: u16, body: &Value, want_status: u16, want: &str) {
     assert_eq!(status, want_status, "{body}");
     let e = &body["error"];
     assert!(e["message"].as_str().unwrap().contains(want), "{body}");
-    assert!(e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some(), "OpenAI's error shape: {body}");
+    assert!(
+        e["type"].is_string() && e.get("param").is_some() && e.get("code").is_some(),
+        "OpenAI's error shape: {body}"
+    );
 }
 
 #[test]
@@ -179,7 +189,10 @@ fn bad_requests_get_openai_errors_with_the_right_status() {
     let (st, b) = s.get("/v1/chat/completions");
     assert_error(st, &b, 405, "does not take GET");
     // Unknown fields are ignored, and the model's file name works as its id.
-    let (st, _) = s.post("/v1/chat/completions", &chat("hi", json!({"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "user": "x", "max_tokens": 2})));
+    let (st, _) = s.post(
+        "/v1/chat/completions",
+        &chat("hi", json!({"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "user": "x", "max_tokens": 2})),
+    );
     assert_eq!(st, 200);
 
     // Over the context (2048 here): a 400 that says so, not a crash or a silent cut.
@@ -199,7 +212,11 @@ fn body_limit_api_key_and_health() {
     let s = Server::start(ServerConfig { api_key: Some("sk-test-key".into()), max_body_bytes: 10_000, ..config() });
     let (st, b) = s.post("/v1/chat/completions", &chat("hi", json!({})));
     assert_error(st, &b, 401, "API key");
-    let (st, b) = s.post_raw("/v1/chat/completions", &chat("hi", json!({})).to_string(), &[("Authorization", "Bearer sk-wrong-key")]);
+    let (st, b) = s.post_raw(
+        "/v1/chat/completions",
+        &chat("hi", json!({})).to_string(),
+        &[("Authorization", "Bearer sk-wrong-key")],
+    );
     assert_error(st, &b, 401, "API key");
     let auth = [("Authorization", "Bearer sk-test-key")];
     let (st, b) = s.post_raw("/v1/chat/completions", &chat("hi", json!({"max_tokens": 2})).to_string(), &auth);
@@ -211,7 +228,8 @@ fn body_limit_api_key_and_health() {
     assert_eq!((st, h["status"].as_str()), (200, Some("ok")));
     assert_eq!(s.get("/v1/models").0, 401);
     let (_, config) = {
-        let mut r = agent().get(&s.url("/v1/hillside/config")).header("Authorization", "Bearer sk-test-key").call().unwrap();
+        let mut r =
+            agent().get(&s.url("/v1/hillside/config")).header("Authorization", "Bearer sk-test-key").call().unwrap();
         ((), serde_json::from_str::<Value>(&r.body_mut().read_to_string().unwrap()).unwrap())
     };
     assert_eq!(config["api_key_required"], true);
@@ -240,7 +258,9 @@ fn requests_from_this_machine_must_be_addressed_to_it() {
             assert!(response.contains("foreign_host") && response.contains("addressed to it"), "{response}");
         }
     }
-    for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}"), "localhost".to_string()] {
+    for host in
+        [format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}"), "localhost".to_string()]
+    {
         assert!(request(Some(&host), "/v1/models").starts_with("HTTP/1.1 200"), "{host}");
     }
 }
@@ -255,7 +275,15 @@ fn models_and_openapi_describe_the_server() {
     assert_eq!(s.get(&format!("/v1/models/{MODEL}")).1["id"], MODEL);
     assert_eq!(s.get("/v1/models/gpt-4o").0, 404);
     let (_, doc) = s.get("/openapi.json");
-    for path in ["/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{id}", "/health", "/v1/hillside/sequences", "/v1/hillside/config"] {
+    for path in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/v1/models/{id}",
+        "/health",
+        "/v1/hillside/sequences",
+        "/v1/hillside/config",
+    ] {
         assert!(doc["paths"].get(path).is_some(), "{path} missing from the OpenAPI document");
     }
     assert!(doc["components"]["schemas"].get("ChatCompletionRequest").is_some());
@@ -263,12 +291,23 @@ fn models_and_openapi_describe_the_server() {
 
 #[test]
 fn a_full_queue_is_a_429_with_retry_after() {
-    let s = Server::start(ServerConfig { scheduler: SchedulerConfig { max_live: 1, max_queued: 0, ..config().scheduler }, ..config() });
+    let s = Server::start(ServerConfig {
+        scheduler: SchedulerConfig { max_live: 1, max_queued: 0, ..config().scheduler },
+        ..config()
+    });
     // Hold the only slot with a long stream, read until it is generating.
-    let r = agent().post(&s.url("/v1/completions")).header("Content-Type", "application/json").send(json!({"prompt": "Once upon a time", "max_tokens": 1500, "stream": true}).to_string()).unwrap();
+    let r = agent()
+        .post(&s.url("/v1/completions"))
+        .header("Content-Type", "application/json")
+        .send(json!({"prompt": "Once upon a time", "max_tokens": 1500, "stream": true}).to_string())
+        .unwrap();
     let mut lines = BufReader::new(r.into_body().into_reader()).lines();
     while !lines.next().unwrap().unwrap().starts_with("data: ") {}
-    let r = agent().post(&s.url("/v1/chat/completions")).header("Content-Type", "application/json").send(chat("hi", json!({})).to_string()).unwrap();
+    let r = agent()
+        .post(&s.url("/v1/chat/completions"))
+        .header("Content-Type", "application/json")
+        .send(chat("hi", json!({})).to_string())
+        .unwrap();
     assert_eq!(r.status().as_u16(), 429);
     assert_eq!(r.headers()["retry-after"], "1");
     drop(lines);
@@ -277,9 +316,13 @@ fn a_full_queue_is_a_429_with_retry_after() {
 #[test]
 fn sixteen_concurrent_streams_get_their_own_answers() {
     let s = Server::start(config());
-    let prompts = ["What is the capital of Germany?", "Name a fruit.", "What is 2 + 2?", "Say something about the sea."];
+    let prompts =
+        ["What is the capital of Germany?", "Name a fruit.", "What is 2 + 2?", "Say something about the sea."];
     // Alone first, then all at once: greedy decoding must give each the same text.
-    let alone: Vec<String> = prompts.iter().map(|p| chunks(&s.stream("/v1/chat/completions", &chat(p, json!({"stream": true})))).1).collect();
+    let alone: Vec<String> = prompts
+        .iter()
+        .map(|p| chunks(&s.stream("/v1/chat/completions", &chat(p, json!({"stream": true})))).1)
+        .collect();
     let peak_live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let watcher = {
@@ -288,7 +331,12 @@ fn sixteen_concurrent_streams_get_their_own_answers() {
             while watching.load(std::sync::atomic::Ordering::Relaxed) {
                 let mut r = agent().get(&url).call().unwrap();
                 let v: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
-                let live = v["sequences"].as_array().unwrap().iter().filter(|q| q["phase"] == "prefill" || q["phase"] == "decode").count();
+                let live = v["sequences"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|q| q["phase"] == "prefill" || q["phase"] == "decode")
+                    .count();
                 peak.fetch_max(live, std::sync::atomic::Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -300,7 +348,11 @@ fn sixteen_concurrent_streams_get_their_own_answers() {
             std::thread::spawn(move || {
                 let r = agent().post(&url).header("Content-Type", "application/json").send(body.to_string()).unwrap();
                 assert_eq!(r.status().as_u16(), 200);
-                let events: Vec<String> = BufReader::new(r.into_body().into_reader()).lines().map(Result::unwrap).filter_map(|l| l.strip_prefix("data: ").map(str::to_string)).collect();
+                let events: Vec<String> = BufReader::new(r.into_body().into_reader())
+                    .lines()
+                    .map(Result::unwrap)
+                    .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+                    .collect();
                 chunks(&events).1
             })
         })
@@ -317,7 +369,11 @@ fn sixteen_concurrent_streams_get_their_own_answers() {
         let left = s.app.scheduler().unwrap().stats();
         left.len() <= 2 && left.iter().all(|q| q.phase == Phase::Cached)
     };
-    assert!(eventually(Duration::from_secs(5), settled), "only the prefix cache holds sequences afterwards: {:?}", s.app.scheduler().unwrap().stats());
+    assert!(
+        eventually(Duration::from_secs(5), settled),
+        "only the prefix cache holds sequences afterwards: {:?}",
+        s.app.scheduler().unwrap().stats()
+    );
 }
 
 #[test]
@@ -369,7 +425,10 @@ fn cors_answers_only_the_configured_origins() {
 
 #[test]
 fn a_reply_without_max_tokens_ends_at_the_context_with_length() {
-    let s = Server::start(ServerConfig { scheduler: SchedulerConfig { context_tokens: Some(64), ..config().scheduler }, ..config() });
+    let s = Server::start(ServerConfig {
+        scheduler: SchedulerConfig { context_tokens: Some(64), ..config().scheduler },
+        ..config()
+    });
     let body = json!({"prompt": "One, two, three, four,", "temperature": 0, "repeat_penalty": 1.0, "stop": []});
     let (st, r) = s.post("/v1/completions", &body);
     assert_eq!(st, 200, "{r}");
@@ -384,7 +443,9 @@ fn a_reply_without_max_tokens_ends_at_the_context_with_length() {
 fn the_next_turn_reuses_the_conversation_so_far_without_changing_the_answer() {
     let document = common::shared_document("pride-and-prejudice.txt")[2000..5000].to_string();
     let turn1 = vec![json!({"role": "user", "content": format!("{document}\n\nWho is this passage about?")})];
-    let ask = |s: &Server, messages: &Vec<Value>| s.post("/v1/chat/completions", &json!({"messages": messages, "temperature": 0, "max_tokens": 20})).1;
+    let ask = |s: &Server, messages: &Vec<Value>| {
+        s.post("/v1/chat/completions", &json!({"messages": messages, "temperature": 0, "max_tokens": 20})).1
+    };
     let cached = Server::start(config());
     let first = ask(&cached, &turn1);
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{first}");
@@ -395,7 +456,10 @@ fn the_next_turn_reuses_the_conversation_so_far_without_changing_the_answer() {
     let reused = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
     assert!(reused >= first["usage"]["prompt_tokens"].as_u64().unwrap(), "the whole first turn is reused: {second}");
     // A server that keeps nothing reads it all again, and answers the same.
-    let uncached = Server::start(ServerConfig { scheduler: SchedulerConfig { cached_sequences: 0, ..config().scheduler }, ..config() });
+    let uncached = Server::start(ServerConfig {
+        scheduler: SchedulerConfig { cached_sequences: 0, ..config().scheduler },
+        ..config()
+    });
     let again = ask(&uncached, &turn2);
     assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(again["choices"][0]["message"]["content"], second["choices"][0]["message"]["content"]);
@@ -409,17 +473,23 @@ fn a_panic_in_one_sequence_fails_only_that_one_and_the_server_keeps_serving() {
     // a bug in one sequence's store would.
     fault::inject(&cold_dir, ColdFaults { panicking_pool: Some(1), ..ColdFaults::default() });
     let kv = KvConfig { store: StoreKind::Offload, cold_dir: cold_dir.clone(), ..KvConfig::default() };
-    let s = Server::start(ServerConfig { scheduler: SchedulerConfig { kv, cached_sequences: 0, ..config().scheduler }, ..config() });
-    let prompts = ["What is the capital of Germany?", "Name a fruit.", "What is 2 + 2?", "Say something about the sea."];
+    let s = Server::start(ServerConfig {
+        scheduler: SchedulerConfig { kv, cached_sequences: 0, ..config().scheduler },
+        ..config()
+    });
+    let prompts =
+        ["What is the capital of Germany?", "Name a fruit.", "What is 2 + 2?", "Say something about the sea."];
     let reply = |v: &Value| v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
     // The offload store gives the full cache's text exactly: the reference is the shared server.
-    let want: Vec<String> = prompts.iter().map(|p| reply(&shared().post("/v1/chat/completions", &chat(p, json!({}))).1)).collect();
+    let want: Vec<String> =
+        prompts.iter().map(|p| reply(&shared().post("/v1/chat/completions", &chat(p, json!({}))).1)).collect();
     let clients: Vec<_> = prompts[..3]
         .iter()
         .map(|p| {
             let (url, body) = (s.url("/v1/chat/completions"), chat(p, json!({})));
             std::thread::spawn(move || {
-                let mut r = agent().post(&url).header("Content-Type", "application/json").send(body.to_string()).unwrap();
+                let mut r =
+                    agent().post(&url).header("Content-Type", "application/json").send(body.to_string()).unwrap();
                 (r.status().as_u16(), serde_json::from_str::<Value>(&r.body_mut().read_to_string().unwrap()).unwrap())
             })
         })

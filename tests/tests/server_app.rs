@@ -20,7 +20,13 @@ fn temp(name: &str) -> PathBuf {
 }
 
 fn with_data(dir: &Path) -> ServerConfig {
-    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 200_000, model_key: "smollm2-test".into(), chosen_paths: None };
+    let documents = DocumentsConfig {
+        dir: dir.to_path_buf(),
+        kv_quota_bytes: 1 << 30,
+        max_file_bytes: 200_000,
+        model_key: "smollm2-test".into(),
+        chosen_paths: None,
+    };
     ServerConfig { documents: Some(documents), settings_file: Some(dir.join("config.toml")), ..config() }
 }
 
@@ -33,7 +39,8 @@ fn conversations_are_kept_across_a_restart_and_found_by_their_words() {
         assert_eq!(status, 201, "{created}");
         let id = created["id"].as_u64().unwrap();
         let messages = json!([{"role": "user", "content": "What is copyleft?"}, {"role": "assistant", "content": "A licence that keeps derived works free.", "meta": {"tokens_per_s": 41.5}}]);
-        let (status, changed) = s.call("PATCH", &format!("/v1/hillside/conversations/{id}"), Some(&json!({"messages": messages})));
+        let (status, changed) =
+            s.call("PATCH", &format!("/v1/hillside/conversations/{id}"), Some(&json!({"messages": messages})));
         assert_eq!((status, changed["title"].as_str()), (200, Some("GPL questions")), "{changed}");
         s.post("/v1/hillside/conversations", &json!({"title": "Another"}));
         id
@@ -44,9 +51,17 @@ fn conversations_are_kept_across_a_restart_and_found_by_their_words() {
     let (_, all) = s.get("/v1/hillside/conversations");
     assert_eq!(all["data"].as_array().unwrap().len(), 2, "{all}");
     let (_, found) = s.get("/v1/hillside/conversations?q=COPYLEFT");
-    assert_eq!(found["data"].as_array().unwrap().iter().map(|c| c["id"].as_u64().unwrap()).collect::<Vec<_>>(), vec![id], "{found}");
-    let (status, renamed) = s.call("PATCH", &format!("/v1/hillside/conversations/{id}"), Some(&json!({"title": "Copyleft"})));
-    assert_eq!((status, renamed["title"].as_str(), renamed["messages"].as_array().map(Vec::len)), (200, Some("Copyleft"), Some(2)));
+    assert_eq!(
+        found["data"].as_array().unwrap().iter().map(|c| c["id"].as_u64().unwrap()).collect::<Vec<_>>(),
+        vec![id],
+        "{found}"
+    );
+    let (status, renamed) =
+        s.call("PATCH", &format!("/v1/hillside/conversations/{id}"), Some(&json!({"title": "Copyleft"})));
+    assert_eq!(
+        (status, renamed["title"].as_str(), renamed["messages"].as_array().map(Vec::len)),
+        (200, Some("Copyleft"), Some(2))
+    );
     // A field the store does not know is a 400 that names it, and nothing changes.
     let (status, bad) = s.call("PATCH", &format!("/v1/hillside/conversations/{id}"), Some(&json!({"titel": "x"})));
     assert_eq!(status, 400, "{bad}");
@@ -98,13 +113,27 @@ fn settings_are_validated_and_saved_to_the_config_file() {
     let mut settings = report["settings"].clone();
     assert_eq!((settings["store"].as_str(), settings["require_api_key"].as_bool()), (Some("full"), Some(false)));
 
-    for (field, wrong) in [("alpha", json!(1.5)), ("cold_dir", json!("relative/kv")), ("port", json!(80)), ("top_p", json!(0)), ("model", json!("no-such-model"))] {
+    for (field, wrong) in [
+        ("alpha", json!(1.5)),
+        ("cold_dir", json!("relative/kv")),
+        ("port", json!(80)),
+        ("top_p", json!(0)),
+        ("model", json!("no-such-model")),
+    ] {
         let mut bad = settings.clone();
         bad[field] = wrong;
         let (status, e) = s.call("PUT", "/v1/hillside/settings", Some(&bad));
-        assert_eq!((status, e["error"]["param"].as_str(), e["error"]["code"].as_str()), (400, Some(field), Some("invalid_setting")), "{e}");
+        assert_eq!(
+            (status, e["error"]["param"].as_str(), e["error"]["code"].as_str()),
+            (400, Some(field), Some("invalid_setting")),
+            "{e}"
+        );
     }
-    assert_eq!(std::fs::read_to_string(&file).unwrap(), "# written by hand\ncontext = 4096\n", "a refused change writes nothing");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "# written by hand\ncontext = 4096\n",
+        "a refused change writes nothing"
+    );
 
     settings["store"] = json!("tiered");
     settings["alpha"] = json!(0.1);
@@ -127,10 +156,23 @@ fn settings_are_validated_and_saved_to_the_config_file() {
 #[test]
 fn the_tier_view_counts_what_a_tiered_store_did() {
     let cold_dir = temp("tiers-cold");
-    let kv = KvConfig { store: StoreKind::Tiered, cold_dir: cold_dir.clone(), hot_budget_bytes: Some(12_000_000), spare_copy: false, ..KvConfig::default() };
-    let s = Server::start(ServerConfig { scheduler: SchedulerConfig { kv, cached_sequences: 1, ..config().scheduler }, ..config() });
+    let kv = KvConfig {
+        store: StoreKind::Tiered,
+        cold_dir: cold_dir.clone(),
+        hot_budget_bytes: Some(12_000_000),
+        spare_copy: false,
+        ..KvConfig::default()
+    };
+    let s = Server::start(ServerConfig {
+        scheduler: SchedulerConfig { kv, cached_sequences: 1, ..config().scheduler },
+        ..config()
+    });
     let (_, before) = s.get("/v1/hillside/tiers");
-    assert_eq!((before["store"].as_str(), before["totals"]["generated_tokens"].as_u64()), (Some("tiered"), Some(0)), "{before}");
+    assert_eq!(
+        (before["store"].as_str(), before["totals"]["generated_tokens"].as_u64()),
+        (Some("tiered"), Some(0)),
+        "{before}"
+    );
     let prompt = "Once upon a time, in a valley between two rivers, ".repeat(40);
     let (status, reply) = s.post("/v1/completions", &json!({"prompt": prompt, "max_tokens": 40, "temperature": 0}));
     assert_eq!(status, 200, "{reply}");
@@ -143,7 +185,10 @@ fn the_tier_view_counts_what_a_tiered_store_did() {
     assert!(totals["score_blocks"].as_u64().unwrap() > 0, "the storage evaluator streamed score blocks: {after}");
     // The finished sequence is cached: its store still holds its tokens.
     assert_eq!(after["live_sequences"], 0);
-    assert!(after["tokens"].as_u64().unwrap() > 400 && after["hot_budget_bytes"].as_u64() == Some(12_000_000), "{after}");
+    assert!(
+        after["tokens"].as_u64().unwrap() > 400 && after["hot_budget_bytes"].as_u64() == Some(12_000_000),
+        "{after}"
+    );
     assert!(after["unix_ms"].as_u64() > before["unix_ms"].as_u64());
     drop(s);
     let _ = std::fs::remove_dir_all(&cold_dir);
@@ -155,12 +200,18 @@ fn the_web_ui_is_served_with_a_strict_content_security_policy() {
     let mut page = agent().get(&s.url("/")).call().unwrap();
     let headers = page.headers().clone();
     let body = page.body_mut().read_to_string().unwrap();
-    assert!(hillside_server::web_ui_is_built(), "the web UI is not built into the server: `make ui` builds it (make test does)");
+    assert!(
+        hillside_server::web_ui_is_built(),
+        "the web UI is not built into the server: `make ui` builds it (make test does)"
+    );
     // The page loads without the key (it asks for one when the API does), the API does not.
     assert_eq!(page.status().as_u16(), 200, "{body}");
     assert!(body.contains("<div id=\"app\""), "{body}");
     let csp = headers["content-security-policy"].to_str().unwrap();
-    assert!(csp.contains("script-src 'self'") && csp.contains("connect-src 'self'") && !csp.contains("unsafe"), "{csp}");
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("connect-src 'self'") && !csp.contains("unsafe"),
+        "{csp}"
+    );
     let script = body.split("src=\"").nth(1).and_then(|s| s.split('"').next()).expect("a script");
     let mut asset = agent().get(&s.url(script)).call().unwrap();
     assert_eq!(asset.status().as_u16(), 200);

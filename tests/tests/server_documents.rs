@@ -23,7 +23,13 @@ fn temp(name: &str) -> PathBuf {
 }
 
 fn with_documents(dir: &Path) -> ServerConfig {
-    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 200_000, model_key: "smollm2-test".into(), chosen_paths: None };
+    let documents = DocumentsConfig {
+        dir: dir.to_path_buf(),
+        kv_quota_bytes: 1 << 30,
+        max_file_bytes: 200_000,
+        model_key: "smollm2-test".into(),
+        chosen_paths: None,
+    };
     ServerConfig { documents: Some(documents), ..config() }
 }
 
@@ -43,7 +49,8 @@ fn ask(s: &Server, id: &str, question: &str) -> Value {
 }
 
 fn files_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir).map_or(Vec::new(), |d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect());
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map_or(Vec::new(), |d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect());
     names.sort();
     names
 }
@@ -51,8 +58,17 @@ fn files_in(dir: &Path) -> Vec<String> {
 /// Runs the test `name` of this binary in a child process, which serves documents in `dir`
 /// (it sees [`CHILD`]) until it is killed: the child and its server's base URL.
 fn child_server(name: &str, dir: &Path) -> (std::process::Child, String) {
-    let mut child = Command::new(std::env::current_exe().unwrap()).args([name, "--exact", "--nocapture"]).env(CHILD, dir).stdout(Stdio::piped()).spawn().unwrap();
-    let base = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok).find(|l| l.starts_with("http://")).expect("the child serves");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture"])
+        .env(CHILD, dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let base = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("http://"))
+        .expect("the child serves");
     (child, base)
 }
 
@@ -76,27 +92,49 @@ fn a_document_is_uploaded_summarized_asked_about_after_a_restart_and_deleted() {
         assert_eq!((again, same["id"].as_str()), (200, Some(id.as_str())), "the same bytes are the same document");
 
         // The summary: the plan (mode and tokens) first, prefill progress, then the points.
-        let events: Vec<Value> = s.stream(&format!("/v1/hillside/documents/{id}/summary"), &json!({})).iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect();
+        let events: Vec<Value> = s
+            .stream(&format!("/v1/hillside/documents/{id}/summary"), &json!({}))
+            .iter()
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
         let first = &events[0];
-        assert_eq!((first["object"].as_str(), first["stage"].as_str(), first["mode"].as_str()), (Some("hillside.summary.progress"), Some("planned"), Some("whole")), "{first}");
+        assert_eq!(
+            (first["object"].as_str(), first["stage"].as_str(), first["mode"].as_str()),
+            (Some("hillside.summary.progress"), Some("planned"), Some("whole")),
+            "{first}"
+        );
         assert_eq!(first["tokens"], doc["tokens"]);
         assert!(events.iter().any(|e| e["stage"] == "prefill"), "{events:?}");
-        assert!(events.iter().any(|e| e["stage"] == "writing" && e["text"].is_string()), "the summary's text streams: {events:?}");
+        assert!(
+            events.iter().any(|e| e["stage"] == "writing" && e["text"].is_string()),
+            "the summary's text streams: {events:?}"
+        );
         let summary = events.last().unwrap();
         assert_eq!(summary["object"], "hillside.summary", "{summary}");
         let points = summary["points"].as_array().unwrap();
         assert!(!points.is_empty() && points.iter().any(|p| !p["sources"].as_array().unwrap().is_empty()), "{summary}");
         let (_, listed) = s.get("/v1/hillside/documents");
-        assert_eq!(listed["data"][0]["summary"].as_array().map(Vec::len), Some(points.len()), "the summary is kept: {listed}");
+        assert_eq!(
+            listed["data"][0]["summary"].as_array().map(Vec::len),
+            Some(points.len()),
+            "the summary is kept: {listed}"
+        );
 
         // A question prefills only itself: the document's K/V is the summary's.
         let reply = ask(&s, &id, "Who may copy this license document?");
         let usage = &reply["usage"];
-        let (prompt, cached) = (usage["prompt_tokens"].as_u64().unwrap(), usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+        let (prompt, cached) = (
+            usage["prompt_tokens"].as_u64().unwrap(),
+            usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+        );
         assert!(prompt - cached < 40, "{usage}");
         assert_eq!(reply["hillside"]["documents"][0]["id"], id.as_str());
         assert!(reply["hillside"]["documents"][0]["chunk"].is_null(), "the whole text: {reply}");
-        let (status, unknown) = s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "hillside": {"documents": ["0000"]}}));
+        let (status, unknown) = s.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "hillside": {"documents": ["0000"]}}),
+        );
         assert_eq!((status, unknown["error"]["param"].as_str()), (400, Some("hillside.documents[0]")), "{unknown}");
         (reply["choices"][0]["message"]["content"].as_str().unwrap().to_string(), cached)
     };
@@ -105,13 +143,18 @@ fn a_document_is_uploaded_summarized_asked_about_after_a_restart_and_deleted() {
     let s = Server::start(with_documents(&dir));
     let reply = ask(&s, &id, "Who may copy this license document?");
     let usage = &reply["usage"];
-    let (prompt, reused) = (usage["prompt_tokens"].as_u64().unwrap(), usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+    let (prompt, reused) =
+        (usage["prompt_tokens"].as_u64().unwrap(), usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
     // The kept prefix ends where the document does; the sequence the summary left in memory
     // may share a template token or two beyond it.
     assert!(prompt - reused < 40 && reused + 4 > cached, "{usage}, {cached} reused before the restart");
     assert_eq!(reply["choices"][0]["message"]["content"].as_str(), Some(answer.as_str()));
 
-    let (status, deleted) = agent().delete(&s.url(&format!("/v1/hillside/documents/{id}"))).call().map(|mut r| (r.status().as_u16(), r.body_mut().read_to_string().unwrap())).unwrap();
+    let (status, deleted) = agent()
+        .delete(&s.url(&format!("/v1/hillside/documents/{id}")))
+        .call()
+        .map(|mut r| (r.status().as_u16(), r.body_mut().read_to_string().unwrap()))
+        .unwrap();
     assert_eq!(status, 200, "{deleted}");
     assert!(serde_json::from_str::<Value>(&deleted).unwrap()["kv_files_removed"].as_u64().unwrap() >= 1);
     assert_eq!(s.get(&format!("/v1/hillside/documents/{id}")).0, 404);
@@ -129,7 +172,13 @@ fn bad_files_are_refused_with_the_reason_and_nothing_is_stored() {
     {
         let mut zip = zip::ZipWriter::new(std::io::Cursor::new(&mut docx));
         zip.start_file("word/document.xml", zip::write::SimpleFileOptions::default()).unwrap();
-        std::io::Write::write_all(&mut zip, "<w:document><w:body><w:p><w:r><w:t>Hello there</w:t></w:r></w:p></w:body></w:document>".repeat(50).as_bytes()).unwrap();
+        std::io::Write::write_all(
+            &mut zip,
+            "<w:document><w:body><w:p><w:r><w:t>Hello there</w:t></w:r></w:p></w:body></w:document>"
+                .repeat(50)
+                .as_bytes(),
+        )
+        .unwrap();
         zip.finish().unwrap();
     }
     let cases: [(&str, Vec<u8>, u16, &str); 4] = [
@@ -144,7 +193,11 @@ fn bad_files_are_refused_with_the_reason_and_nothing_is_stored() {
         assert!(body["error"]["message"].as_str().unwrap().contains(name.split('.').next().unwrap()), "{body}");
     }
     let (status, body) = s.post("/v1/hillside/documents", &json!({"path": "/etc/passwd"}));
-    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("local_paths_off")), "a client cannot make the server read a file it names");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("local_paths_off")),
+        "a client cannot make the server read a file it names"
+    );
     assert_eq!(s.get("/v1/hillside/documents").1["data"], json!([]), "nothing stored");
     drop(s);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -166,13 +219,17 @@ fn a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summari
         std::thread::park();
     }
     let dir = temp("kill");
-    let (mut child, base) = child_server("a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summarizes_with_the_tiered_store", &dir);
+    let (mut child, base) = child_server(
+        "a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summarizes_with_the_tiered_store",
+        &dir,
+    );
     let gpl = gpl_start();
     let (_, doc) = upload_to(&base, "gpl-start.txt", gpl.as_bytes());
     let id = doc["id"].as_str().unwrap().to_string();
     // Kill it once the summary is reading the document.
     let r = agent().post(&format!("{base}/v1/hillside/documents/{id}/summary")).send("").unwrap();
-    let prefilling = BufReader::new(r.into_body().into_reader()).lines().map_while(Result::ok).any(|l| l.contains("\"prefill\""));
+    let prefilling =
+        BufReader::new(r.into_body().into_reader()).lines().map_while(Result::ok).any(|l| l.contains("\"prefill\""));
     assert!(prefilling, "the summary started");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
@@ -197,7 +254,10 @@ fn a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summari
 /// A two-slot server with room for two waiting requests, at a 2,048-token context.
 fn small_queue(dir: &Path) -> ServerConfig {
     let base = with_documents(dir);
-    ServerConfig { scheduler: SchedulerConfig { max_live: 2, max_queued: 2, context_tokens: Some(2048), ..base.scheduler.clone() }, ..base }
+    ServerConfig {
+        scheduler: SchedulerConfig { max_live: 2, max_queued: 2, context_tokens: Some(2048), ..base.scheduler.clone() },
+        ..base
+    }
 }
 
 /// About 8,000 tokens of Pride and Prejudice: eight chunks at 2,048, twice the requests the
@@ -251,7 +311,8 @@ fn a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result()
     let text = long_text();
     // The server that is killed once two chunks are summarized.
     let dir = temp("resume");
-    let (mut child, base) = child_server("a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result", &dir);
+    let (mut child, base) =
+        child_server("a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result", &dir);
     let (status, doc) = upload_to(&base, "pride.txt", text.as_bytes());
     assert_eq!((status, doc["mode"].as_str()), (201, Some("hierarchical")), "{doc}");
     let id = doc["id"].as_str().unwrap().to_string();
@@ -278,13 +339,23 @@ fn a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result()
     let (status, reply) = s.post("/v1/chat/completions", &chat);
     assert_eq!(status, 200, "{reply}");
     let rest = events_until(&mut stream, |_| false);
-    assert!(rest.iter().any(|e| e["stage"] == "chunk_summarized"), "the chat came back while chunks were still being summarized: {rest:?}");
+    assert!(
+        rest.iter().any(|e| e["stage"] == "chunk_summarized"),
+        "the chat came back while chunks were still being summarized: {rest:?}"
+    );
     let last_chunk = rest.iter().rev().find(|e| e["stage"] == "chunk_summarized").unwrap();
-    assert_eq!((last_chunk["done"].as_u64(), last_chunk["tokens_read"].as_u64()), (Some(chunks as u64), doc["tokens"].as_u64()), "{last_chunk}");
+    assert_eq!(
+        (last_chunk["done"].as_u64(), last_chunk["tokens_read"].as_u64()),
+        (Some(chunks as u64), doc["tokens"].as_u64()),
+        "{last_chunk}"
+    );
     assert!(last_chunk["elapsed_s"].as_f64().unwrap() > 0.0 && last_chunk["eta_s"].as_f64().is_some(), "{last_chunk}");
     let resumed_points = points_of(&rest);
     let (_, doc) = s.get(&format!("/v1/hillside/documents/{id}"));
-    assert!(doc["unfinished_summary"].is_null() && doc["summary"].as_array().is_some(), "a finished summary leaves no checkpoint: {doc}");
+    assert!(
+        doc["unfinished_summary"].is_null() && doc["summary"].as_array().is_some(),
+        "a finished summary leaves no checkpoint: {doc}"
+    );
     drop(s);
 
     // The same document summarized without a kill, on a server of its own.

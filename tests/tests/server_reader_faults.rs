@@ -15,19 +15,36 @@ use std::io::{BufRead, BufReader};
 #[test]
 fn a_reader_that_aborts_or_hoards_memory_costs_one_refused_file() {
     let dir = Scratch::new("reader-faults");
-    let documents = DocumentsConfig { dir: dir.to_path_buf(), kv_quota_bytes: 1 << 30, max_file_bytes: 1 << 20, model_key: "smollm2-test".into(), chosen_paths: None };
+    let documents = DocumentsConfig {
+        dir: dir.to_path_buf(),
+        kv_quota_bytes: 1 << 30,
+        max_file_bytes: 1 << 20,
+        model_key: "smollm2-test".into(),
+        chosen_paths: None,
+    };
     let s = Server::start(ServerConfig { documents: Some(documents), ..config() });
     let base = s.base.clone();
     let chat = std::thread::spawn(move || {
         let body = json!({"messages": [{"role": "user", "content": "Describe a harbour at dawn."}], "max_tokens": 96, "temperature": 0, "stream": true});
-        let r = agent().post(&format!("{base}/v1/chat/completions")).header("Content-Type", "application/json").send(body.to_string()).unwrap();
+        let r = agent()
+            .post(&format!("{base}/v1/chat/completions"))
+            .header("Content-Type", "application/json")
+            .send(body.to_string())
+            .unwrap();
         assert_eq!(r.status().as_u16(), 200);
         let lines: Vec<String> = BufReader::new(r.into_body().into_reader()).lines().map(Result::unwrap).collect();
         assert_eq!(lines.iter().rev().find(|l| l.starts_with("data: ")).map(String::as_str), Some("data: [DONE]"));
-        lines.iter().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]").map(|d| serde_json::from_str::<Value>(d).unwrap()).count()
+        lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str::<Value>(d).unwrap())
+            .count()
     });
     let notes = b"Minutes of the harbour board, read by a reader that is made to fail.";
-    for (fault, status, code, says) in [("abort", 400, "unreadable_document", "crashed"), ("allocate", 413, "document_over_limit", "memory")] {
+    for (fault, status, code, says) in
+        [("abort", 400, "unreadable_document", "crashed"), ("allocate", 413, "document_over_limit", "memory")]
+    {
         std::env::set_var(FAULT_VARIABLE, fault);
         let (got, e) = upload(&s.base, "minutes.txt", notes, &[]);
         std::env::remove_var(FAULT_VARIABLE);

@@ -24,7 +24,13 @@ fn emulator() -> &'static Emulator {
     BUILT.get_or_init(|| {
         let build = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fpga");
         let fpga = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fpga");
-        let status = std::process::Command::new("make").arg("-C").arg(&fpga).arg("emu").arg(format!("BUILD={}", build.display())).status().unwrap();
+        let status = std::process::Command::new("make")
+            .arg("-C")
+            .arg(&fpga)
+            .arg("emu")
+            .arg(format!("BUILD={}", build.display()))
+            .status()
+            .unwrap();
         assert!(status.success(), "building the XRT emulator failed");
         // The probe looks for a card from its own process, `hillside-xrt-probe`.
         common::ensure_bin("hillside-engine", "hillside-xrt-probe");
@@ -39,7 +45,11 @@ fn emulator() -> &'static Emulator {
 /// An emulator xclbin whose card fails every run after the first `runs`.
 fn failing_xclbin(runs: usize) -> PathBuf {
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("failing-after-{runs}.xclbin"));
-    std::fs::write(&path, format!("xclbin2\0\nHillside scoring kernel, emulated\nkernels: hillside_score\nfail-after-runs: {runs}\n")).unwrap();
+    std::fs::write(
+        &path,
+        format!("xclbin2\0\nHillside scoring kernel, emulated\nkernels: hillside_score\nfail-after-runs: {runs}\n"),
+    )
+    .unwrap();
     path
 }
 
@@ -64,8 +74,11 @@ struct Decoded {
 /// Greedy answer to a question about 1,400 tokens of a real document, on a tiered store.
 fn decode(engine: &Engine, config: &KvConfig) -> Decoded {
     let text = common::shared_document("pride-and-prejudice.txt");
-    let document: String = engine.tokenizer().decode(&engine.tokenizer().encode(&text[120_000..140_000]).unwrap()[..1400]).unwrap();
-    let prompt = engine.chat_prompt(&[ChatMessage::new("user", format!("{document}\n\nWho is speaking in the last paragraph?"))]).unwrap();
+    let document: String =
+        engine.tokenizer().decode(&engine.tokenizer().encode(&text[120_000..140_000]).unwrap()[..1400]).unwrap();
+    let prompt = engine
+        .chat_prompt(&[ChatMessage::new("user", format!("{document}\n\nWho is speaking in the last paragraph?"))])
+        .unwrap();
     let inner = engine.new_sequence_with(config, Some(2048)).unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut seq = Sequence { kv: Box::new(Watched::new(inner.kv, SelectionLog(log.clone()))), tokens: inner.tokens };
@@ -135,7 +148,8 @@ fn the_card_selects_exactly_what_the_storage_evaluator_selects() {
 fn a_card_failing_mid_decode_hands_the_rest_to_the_host() {
     let emu = emulator();
     let engine = Engine::load(&common::model_path()).unwrap();
-    let failing = decode(&engine, &tiered("failing", EvaluatorKind::Xrt, Some(&emu.library), Some(&failing_xclbin(200))));
+    let failing =
+        decode(&engine, &tiered("failing", EvaluatorKind::Xrt, Some(&emu.library), Some(&failing_xclbin(200))));
     assert_same_decode(storage_reference(), &failing, "card failing after 200 runs");
     let tier = failing.stats.tier.unwrap();
     assert!(tier.device_failed && tier.device_runs == 200, "the card ran 200 times, then the host took over: {tier:?}");
@@ -144,8 +158,13 @@ fn a_card_failing_mid_decode_hands_the_rest_to_the_host() {
 #[test]
 fn a_missing_library_symbol_card_or_kernel_is_reported_and_the_storage_evaluator_takes_over() {
     let emu = emulator();
-    let problem = |options: XrtOptions| probe(&options).problem.unwrap_or_else(|| panic!("{options:?} should not be usable"));
-    let options = |library: &Path, xclbin: &Path, device| XrtOptions { library: Some(library.into()), xclbin: Some(xclbin.into()), device };
+    let problem =
+        |options: XrtOptions| probe(&options).problem.unwrap_or_else(|| panic!("{options:?} should not be usable"));
+    let options = |library: &Path, xclbin: &Path, device| XrtOptions {
+        library: Some(library.into()),
+        xclbin: Some(xclbin.into()),
+        device,
+    };
 
     let found = probe(&options(&emu.library, &emu.xclbin, 0));
     assert_eq!((found.cards, found.p2p, found.problem.as_deref()), (1, true, None), "{found:?}");
@@ -165,7 +184,8 @@ fn a_missing_library_symbol_card_or_kernel_is_reported_and_the_storage_evaluator
 
     // A tiered store asked for the card decodes anyway, on the storage evaluator.
     let engine = Engine::load(&common::model_path()).unwrap();
-    let fallback = decode(&engine, &tiered("no-symbol", EvaluatorKind::Xrt, Some(&emu.library_without_wait), Some(&emu.xclbin)));
+    let fallback =
+        decode(&engine, &tiered("no-symbol", EvaluatorKind::Xrt, Some(&emu.library_without_wait), Some(&emu.xclbin)));
     assert_same_decode(storage_reference(), &fallback, "missing symbol");
     assert_eq!(fallback.stats.tier.unwrap().device_runs, 0);
 }

@@ -37,12 +37,19 @@ fn packed_bpe_gives_the_crates_ids_on_both_vocabularies() {
         let engine = Engine::load(&path).unwrap();
         let ours = engine.tokenizer();
         let theirs = tokenizers::Tokenizer::from_str(&ours.to_json().unwrap()).unwrap();
-        let chat = "<|im_start|>user\nSummarize: café 日本語 🎉, 12345 lines\t\n\n  end<|im_end|>\n<|im_start|>assistant\n";
+        let chat =
+            "<|im_start|>user\nSummarize: café 日本語 🎉, 12345 lines\t\n\n  end<|im_end|>\n<|im_start|>assistant\n";
         for text in documents.iter().map(String::as_str).chain([chat, "", " ", "\n\n\n"]) {
             let ids = ours.encode(text).unwrap();
             let want = theirs.encode(text, false).unwrap().get_ids().to_vec();
             // A BOS the model asks for comes before what the crate gives.
-            assert_eq!(&ids[ids.len() - want.len().min(ids.len())..], want, "{}: ids of {:?}…", path.display(), &text[..text.len().min(40)]);
+            assert_eq!(
+                &ids[ids.len() - want.len().min(ids.len())..],
+                want,
+                "{}: ids of {:?}…",
+                path.display(),
+                &text[..text.len().min(40)]
+            );
             assert!(ids.len() - want.len() <= 1, "{}: {} ids against {}", path.display(), ids.len(), want.len());
         }
     }
@@ -63,7 +70,11 @@ fn shared_documents_round_trip_exactly() {
 fn streamed_deltas_rebuild_the_text_without_splitting_characters() {
     let engine = Engine::load(&common::model_path()).unwrap();
     let tok = engine.tokenizer();
-    for text in ["Unicode: café, naïve, 日本語, emoji 🎉🎉 and 👩‍👩‍👧!", "  two  spaces  apart ", &common::shared_document("gpl-3.0.txt")[..3000]] {
+    for text in [
+        "Unicode: café, naïve, 日本語, emoji 🎉🎉 and 👩‍👩‍👧!",
+        "  two  spaces  apart ",
+        &common::shared_document("gpl-3.0.txt")[..3000],
+    ] {
         let mut stream = TextStream::new();
         let mut out = String::new();
         for id in tok.encode(text).unwrap() {

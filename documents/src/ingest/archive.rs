@@ -38,9 +38,13 @@ pub fn read(name: &str, bytes: &[u8], limits: &Limits) -> Result<(Format, String
         Failure::Damaged(reason) => IngestError::Damaged { name: name.into(), reason },
         Failure::Over(bound, what) => IngestError::OverLimit { name: name.into(), bound, what },
     };
-    let zip = ZipArchive::new(Cursor::new(bytes)).map_err(|e| failed(Failure::Damaged(format!("the archive cannot be opened ({e})"))))?;
+    let zip = ZipArchive::new(Cursor::new(bytes))
+        .map_err(|e| failed(Failure::Damaged(format!("the archive cannot be opened ({e})"))))?;
     if zip.len() > limits.max_archive_entries {
-        return Err(failed(Failure::Over(Bound::ArchiveEntries, format!("it holds {} files, over the limit of {}", zip.len(), limits.max_archive_entries))));
+        return Err(failed(Failure::Over(
+            Bound::ArchiveEntries,
+            format!("it holds {} files, over the limit of {}", zip.len(), limits.max_archive_entries),
+        )));
     }
     let mut archive = Unpacking { zip, limits, unpacked_bytes: 0 };
     if archive.zip.index_for_name("word/document.xml").is_some() {
@@ -65,7 +69,12 @@ impl Unpacking<'_> {
 
     fn entry(&mut self, path: &str) -> Result<String, Failure> {
         let budget = self.budget();
-        let over = |path: &str| Failure::Over(Bound::UnpackedBytes, format!("it unpacks to more than {} (reading {path})", size(self.limits.max_unpacked_bytes)));
+        let over = |path: &str| {
+            Failure::Over(
+                Bound::UnpackedBytes,
+                format!("it unpacks to more than {} (reading {path})", size(self.limits.max_unpacked_bytes)),
+            )
+        };
         let file = self.zip.by_name(path).map_err(|e| format!("{path}: {e}"))?;
         if file.size() > budget {
             return Err(over(path));
@@ -96,7 +105,10 @@ impl Depth {
     fn enter(&mut self, file: &str) -> Result<(), Failure> {
         self.now += 1;
         if self.now > self.max {
-            return Err(Failure::Over(Bound::NestingDepth, format!("{file} nests elements more than {} deep", self.max)));
+            return Err(Failure::Over(
+                Bound::NestingDepth,
+                format!("{file} nests elements more than {} deep", self.max),
+            ));
         }
         Ok(())
     }
@@ -108,7 +120,11 @@ impl Depth {
 
 /// The value of the attribute whose local name is `local` (`w:val`, `full-path`, …).
 fn attribute(e: &BytesStart<'_>, local: &[u8]) -> Option<String> {
-    e.attributes().flatten().find(|a| a.key.local_name().as_ref() == local).and_then(|a| a.unescape_value().ok()).map(|v| v.into_owned())
+    e.attributes()
+        .flatten()
+        .find(|a| a.key.local_name().as_ref() == local)
+        .and_then(|a| a.unescape_value().ok())
+        .map(|v| v.into_owned())
 }
 
 fn docx_text(xml: &str, max_depth: usize) -> Result<(String, Vec<Part>), Failure> {
@@ -137,7 +153,12 @@ fn docx_text(xml: &str, max_depth: usize) -> Result<(String, Vec<Part>), Failure
                 if let Some(c) = r.resolve_char_ref().ok().flatten() {
                     paragraph.push(c);
                 } else {
-                    paragraph.push_str(quick_xml::escape::resolve_xml_entity(&r.decode().map_err(|e| Failure::Damaged(e.to_string()))?).unwrap_or(""));
+                    paragraph.push_str(
+                        quick_xml::escape::resolve_xml_entity(
+                            &r.decode().map_err(|e| Failure::Damaged(e.to_string()))?,
+                        )
+                        .unwrap_or(""),
+                    );
                 }
             }
             Event::End(e) => match e.local_name().as_ref() {
@@ -170,7 +191,8 @@ fn docx_text(xml: &str, max_depth: usize) -> Result<(String, Vec<Part>), Failure
 fn epub_text(archive: &mut Unpacking<'_>) -> Result<(String, Vec<Part>), Failure> {
     let max_depth = archive.limits.max_nesting_depth;
     let container = archive.entry("META-INF/container.xml")?;
-    let opf_path = first_attribute(&container, b"rootfile", b"full-path", max_depth)?.ok_or("META-INF/container.xml names no package file".to_string())?;
+    let opf_path = first_attribute(&container, b"rootfile", b"full-path", max_depth)?
+        .ok_or("META-INF/container.xml names no package file".to_string())?;
     let opf = archive.entry(&opf_path)?;
     let base = opf_path.rsplit_once('/').map_or(String::new(), |(dir, _)| format!("{dir}/"));
     // The manifest's id → href, then the spine's idrefs in reading order.
@@ -197,26 +219,39 @@ fn epub_text(archive: &mut Unpacking<'_>) -> Result<(String, Vec<Part>), Failure
     let chapters = spine
         .iter()
         .map(|idref| {
-            let href = manifest.iter().find(|(id, _)| id == idref).map(|(_, href)| href).ok_or_else(|| format!("the spine names {idref}, which the manifest lacks"))?;
+            let href = manifest
+                .iter()
+                .find(|(id, _)| id == idref)
+                .map(|(_, href)| href)
+                .ok_or_else(|| format!("the spine names {idref}, which the manifest lacks"))?;
             Ok(format!("{base}{}", percent_decode(href)))
         })
         .collect::<Result<Vec<_>, Failure>>()?;
     // A spine may name one chapter many times: what it reads adds up before any is inflated.
     let mut declared_bytes = 0u64;
     for path in &chapters {
-        declared_bytes = declared_bytes.saturating_add(archive.zip.by_name(path).map_err(|e| format!("{path}: {e}"))?.size());
+        declared_bytes =
+            declared_bytes.saturating_add(archive.zip.by_name(path).map_err(|e| format!("{path}: {e}"))?.size());
     }
     if declared_bytes > archive.budget() {
-        let what = format!("the chapters its spine reads unpack to {}, over the limit of {}", size(declared_bytes), size(archive.limits.max_unpacked_bytes));
+        let what = format!(
+            "the chapters its spine reads unpack to {}, over the limit of {}",
+            size(declared_bytes),
+            size(archive.limits.max_unpacked_bytes)
+        );
         return Err(Failure::Over(Bound::UnpackedBytes, what));
     }
     let mut text = String::new();
     for path in &chapters {
-        let chapter = html::to_text(&archive.entry(path)?, max_depth).map_err(|what| Failure::Over(Bound::NestingDepth, format!("{path}: {what}")))?;
+        let chapter = html::to_text(&archive.entry(path)?, max_depth)
+            .map_err(|what| Failure::Over(Bound::NestingDepth, format!("{path}: {what}")))?;
         text.push_str(chapter.trim());
         text.push_str("\n\n");
         if text.len() > archive.limits.max_text_bytes {
-            return Err(Failure::Over(Bound::TextBytes, format!("its text is over the limit of {}", size(archive.limits.max_text_bytes as u64))));
+            return Err(Failure::Over(
+                Bound::TextBytes,
+                format!("its text is over the limit of {}", size(archive.limits.max_text_bytes as u64)),
+            ));
         }
     }
     let parts = text::heading_parts(&text);
@@ -244,7 +279,10 @@ fn percent_decode(href: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
         match (bytes[i], hex) {
             (b'%', Some(b)) => {
                 out.push(b);

@@ -15,7 +15,9 @@ use std::collections::HashMap;
 pub fn looks_like_html(text: &str) -> bool {
     let head = text.trim_start_matches('\u{feff}').trim_start();
     let head = head.get(..head.len().min(512)).unwrap_or(head).to_ascii_lowercase();
-    head.starts_with("<!doctype html") || head.starts_with("<html") || (head.starts_with("<?xml") && head.contains("<html"))
+    head.starts_with("<!doctype html")
+        || head.starts_with("<html")
+        || (head.starts_with("<?xml") && head.contains("<html"))
 }
 
 /// The page's visible text, wrapped only at very long lines; `Err` says how deep the page
@@ -46,12 +48,24 @@ fn tree_depth_over(root: &Handle, max: usize) -> Option<usize> {
 }
 
 /// Elements that never have content.
-const VOID: &[&str] =
-    &["area", "base", "basefont", "bgsound", "br", "col", "embed", "frame", "hr", "img", "input", "keygen", "link", "meta", "param", "source", "track", "wbr"];
+const VOID: &[&str] = &[
+    "area", "base", "basefont", "bgsound", "br", "col", "embed", "frame", "hr", "img", "input", "keygen", "link",
+    "meta", "param", "source", "track", "wbr",
+];
 /// Elements whose content is text up to their end tag, not markup.
 const RAW_TEXT: &[&str] = &["script", "style", "textarea", "title", "xmp", "iframe", "noembed", "noframes"];
 /// Elements a like one closes: a new `<li>` ends the open `<li>`, and so on.
-const SIBLING_GROUPS: &[&[&str]] = &[&["p"], &["li"], &["dt", "dd"], &["option"], &["optgroup"], &["tr"], &["td", "th"], &["thead", "tbody", "tfoot"], &["rb", "rt", "rp", "rtc"]];
+const SIBLING_GROUPS: &[&[&str]] = &[
+    &["p"],
+    &["li"],
+    &["dt", "dd"],
+    &["option"],
+    &["optgroup"],
+    &["tr"],
+    &["td", "th"],
+    &["thead", "tbody", "tfoot"],
+    &["rb", "rt", "rp", "rtc"],
+];
 
 /// How deep the page's tags nest, once that is over `max`: an estimate from the tags alone (end
 /// tags close what they name and everything inside it, as the tree builder does), in one pass.
@@ -74,7 +88,10 @@ fn estimated_depth_over(html: &str, max: usize) -> Option<usize> {
         }
         let closing = rest.first() == Some(&b'/');
         let name_start = usize::from(closing);
-        let name_len = rest[name_start..].iter().take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b':' | b'_')).count();
+        let name_len = rest[name_start..]
+            .iter()
+            .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b':' | b'_'))
+            .count();
         if name_len == 0 || !rest[name_start].is_ascii_alphabetic() {
             continue; // text such as `a < b`
         }
@@ -94,7 +111,10 @@ fn estimated_depth_over(html: &str, max: usize) -> Option<usize> {
             }
             continue;
         }
-        if VOID.contains(&name.as_str()) || matches!(name.as_str(), "html" | "head" | "body") || (self_closing && foreign > 0) {
+        if VOID.contains(&name.as_str())
+            || matches!(name.as_str(), "html" | "head" | "body")
+            || (self_closing && foreign > 0)
+        {
             continue;
         }
         if RAW_TEXT.contains(&name.as_str()) {
@@ -148,7 +168,11 @@ mod tests {
     use super::*;
 
     fn nested(tag: &str, depth: usize) -> String {
-        format!("<!doctype html><html><body>{}deep text{}</body></html>", format!("<{tag}>").repeat(depth), format!("</{tag}>").repeat(depth))
+        format!(
+            "<!doctype html><html><body>{}deep text{}</body></html>",
+            format!("<{tag}>").repeat(depth),
+            format!("</{tag}>").repeat(depth)
+        )
     }
 
     #[test]

@@ -79,7 +79,12 @@ impl IsolatedReader {
             .map(|dir| dir.join(READER_EXE))
             .find(|p| p.is_file())
             .map(|exe| Self::new(exe, process))
-            .ok_or_else(|| format!("the document reader {READER_EXE} is not installed beside {} (or set HILLSIDE_INGEST)", current.display()))
+            .ok_or_else(|| {
+                format!(
+                    "the document reader {READER_EXE} is not installed beside {} (or set HILLSIDE_INGEST)",
+                    current.display()
+                )
+            })
     }
 
     pub fn new(exe: PathBuf, process: ProcessLimits) -> Self {
@@ -113,7 +118,12 @@ impl IsolatedReader {
         let answer = std::thread::scope(|scope| {
             let mut stdin = child.stdin.take().expect("piped");
             // Fails only if the child died first.
-            scope.spawn(move || stdin.write_all(job.as_bytes()).and_then(|()| stdin.write_all(b"\n")).and_then(|()| stdin.write_all(bytes)));
+            scope.spawn(move || {
+                stdin
+                    .write_all(job.as_bytes())
+                    .and_then(|()| stdin.write_all(b"\n"))
+                    .and_then(|()| stdin.write_all(bytes))
+            });
             let mut stderr = child.stderr.take().expect("piped");
             let said = scope.spawn(move || last_bytes(&mut stderr, 4096));
             let mut stdout = child.stdout.take().expect("piped");
@@ -127,7 +137,9 @@ impl IsolatedReader {
             (answer, status, said.join().unwrap_or_default())
         });
         let (answer, status, said) = answer;
-        if let Some(reply) = answer.as_deref().and_then(|a| serde_json::from_slice::<Result<Document, IngestError>>(a).ok()) {
+        if let Some(reply) =
+            answer.as_deref().and_then(|a| serde_json::from_slice::<Result<Document, IngestError>>(a).ok())
+        {
             return reply;
         }
         let said = String::from_utf8_lossy(&said);
@@ -206,7 +218,10 @@ fn explain(name: &str, status: Option<ExitStatus>, said: &str, process: &Process
         (None, Some(code)) => format!("exit status {code}"),
         (None, None) => "no status".into(),
     };
-    IngestError::ReaderFailed { name: name.into(), why: format!("the document reader crashed on it ({how}); the file is damaged or was made to break readers") }
+    IngestError::ReaderFailed {
+        name: name.into(),
+        why: format!("the document reader crashed on it ({how}); the file is damaged or was made to break readers"),
+    }
 }
 
 /// The longest job line the child reads (a file name is most of it).

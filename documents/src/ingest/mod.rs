@@ -129,11 +129,15 @@ pub enum IngestError {
     Empty { name: String },
     #[error("{name} is {size_mb:.1} MB, over the limit of {limit_mb:.1} MB for a document")]
     TooLarge { name: String, size_mb: f64, limit_mb: f64 },
-    #[error("{name} is not a document Hillside can read ({what}); it reads plain text, Markdown, HTML, PDF, DOCX and EPUB")]
+    #[error(
+        "{name} is not a document Hillside can read ({what}); it reads plain text, Markdown, HTML, PDF, DOCX and EPUB"
+    )]
     Unsupported { name: String, what: String },
     #[error("{name} is encrypted: save a copy without a password and add that")]
     Encrypted { name: String },
-    #[error("{name} has no text layer ({pages} pages, {chars} readable characters): it looks scanned; run OCR on it first")]
+    #[error(
+        "{name} has no text layer ({pages} pages, {chars} readable characters): it looks scanned; run OCR on it first"
+    )]
     Scanned { name: String, pages: usize, chars: usize },
     #[error("{name} is damaged: {reason}")]
     Damaged { name: String, reason: String },
@@ -184,7 +188,8 @@ pub fn read_bytes(name: &str, bytes: &[u8], limits: &Limits) -> Result<Document,
         Sniffed::Text => {
             let text = text::decode(name, bytes)?;
             if html::looks_like_html(&text) {
-                let text = html::to_text(&text, limits.max_nesting_depth).map_err(|what| over(Bound::NestingDepth, what))?;
+                let text =
+                    html::to_text(&text, limits.max_nesting_depth).map_err(|what| over(Bound::NestingDepth, what))?;
                 let parts = text::heading_parts(&text);
                 (Format::Html, text, parts)
             } else {
@@ -195,7 +200,14 @@ pub fn read_bytes(name: &str, bytes: &[u8], limits: &Limits) -> Result<Document,
         }
     };
     if text.len() > limits.max_text_bytes {
-        return Err(over(Bound::TextBytes, format!("its text is {}, over the limit of {}", size(text.len() as u64), size(limits.max_text_bytes as u64))));
+        return Err(over(
+            Bound::TextBytes,
+            format!(
+                "its text is {}, over the limit of {}",
+                size(text.len() as u64),
+                size(limits.max_text_bytes as u64)
+            ),
+        ));
     }
     if text.trim().is_empty() {
         return Err(IngestError::NoText { name: name.into() });
@@ -220,7 +232,11 @@ fn check_size(name: &str, size: u64, limits: &Limits) -> Result<(), IngestError>
     }
     if size > limits.max_file_bytes {
         let mb = |b: u64| b as f64 / 1e6;
-        return Err(IngestError::TooLarge { name: name.into(), size_mb: mb(size), limit_mb: mb(limits.max_file_bytes) });
+        return Err(IngestError::TooLarge {
+            name: name.into(),
+            size_mb: mb(size),
+            limit_mb: mb(limits.max_file_bytes),
+        });
     }
     Ok(())
 }

@@ -18,7 +18,11 @@ pub fn read(name: &str, bytes: &[u8], limits: &Limits) -> Result<(Format, String
 /// The document from the built-in reader's pages, with poppler's (`fallback`, asked only when
 /// needed) where the built-in reader failed on the file or on pages, or found almost no text.
 /// An encrypted file, or one over a limit, stays refused.
-fn combine(name: &str, builtin: Result<Vec<Option<String>>, IngestError>, fallback: impl FnOnce() -> Option<Vec<String>>) -> Result<(Format, String, Vec<Part>), IngestError> {
+fn combine(
+    name: &str,
+    builtin: Result<Vec<Option<String>>, IngestError>,
+    fallback: impl FnOnce() -> Option<Vec<String>>,
+) -> Result<(Format, String, Vec<Part>), IngestError> {
     if let Ok(pages) = &builtin {
         if pages.iter().all(Option::is_some) && readable(pages.iter().flatten()) >= MIN_CHARS_PER_PAGE * pages.len() {
             return assemble(name, pages.iter().map(|p| p.clone().unwrap_or_default()).collect());
@@ -30,7 +34,11 @@ fn combine(name: &str, builtin: Result<Vec<Option<String>>, IngestError>, fallba
     };
     match (builtin, poppler) {
         (Ok(pages), Some(other)) if other.len() == pages.len() => {
-            let merged: Vec<String> = pages.into_iter().zip(other).map(|(ours, theirs)| ours.filter(|t| !t.trim().is_empty()).unwrap_or(theirs)).collect();
+            let merged: Vec<String> = pages
+                .into_iter()
+                .zip(other)
+                .map(|(ours, theirs)| ours.filter(|t| !t.trim().is_empty()).unwrap_or(theirs))
+                .collect();
             assemble(name, merged)
         }
         (Ok(pages), _) => assemble(name, pages.into_iter().map(Option::unwrap_or_default).collect()),
@@ -67,7 +75,14 @@ fn builtin_pages(name: &str, bytes: &[u8], limits: &Limits) -> Result<Vec<Option
             Ok(Ok(t)) => {
                 text_bytes += t.len();
                 if text_bytes > limits.max_text_bytes {
-                    return Err(over(Bound::TextBytes, format!("its text is over the limit of {} (at page {})", size(limits.max_text_bytes as u64), page + 1)));
+                    return Err(over(
+                        Bound::TextBytes,
+                        format!(
+                            "its text is over the limit of {} (at page {})",
+                            size(limits.max_text_bytes as u64),
+                            page + 1
+                        ),
+                    ));
                 }
                 Some(t)
             }
@@ -107,7 +122,10 @@ fn assemble(name: &str, pages: Vec<String>) -> Result<(Format, String, Vec<Part>
 
 fn guarded<T>(work: impl FnOnce() -> T) -> Result<T, String> {
     catch_unwind(AssertUnwindSafe(work)).map_err(|p| {
-        p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "a panic".into())
+        p.downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into())
     })
 }
 
@@ -130,7 +148,10 @@ mod tests {
 
     /// A one-page PDF showing `lines` (Helvetica), with a correct cross-reference table.
     fn one_page(lines: &[&str]) -> Vec<u8> {
-        let content: String = format!("BT /F1 12 Tf 72 720 Td 14 TL {} ET", lines.iter().map(|l| format!("({l}) Tj T* ")).collect::<String>());
+        let content: String = format!(
+            "BT /F1 12 Tf 72 720 Td 14 TL {} ET",
+            lines.iter().map(|l| format!("({l}) Tj T* ")).collect::<String>()
+        );
         let objects = [
             "<< /Type /Catalog /Pages 2 0 R >>".to_string(),
             "<< /Type /Pages /Kids [4 0 R] /Count 1 >>".into(),
@@ -145,7 +166,13 @@ mod tests {
             out.extend_from_slice(format!("{} 0 obj\n{body}\nendobj\n", i + 1).as_bytes());
         }
         let xref = out.len();
-        out.extend_from_slice(format!("xref\n0 6\n0000000000 65535 f \n{}trailer\n<< /Size 6 /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n", offsets.iter().map(|o| format!("{o:010} 00000 n \n")).collect::<String>()).as_bytes());
+        out.extend_from_slice(
+            format!(
+                "xref\n0 6\n0000000000 65535 f \n{}trailer\n<< /Size 6 /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n",
+                offsets.iter().map(|o| format!("{o:010} 00000 n \n")).collect::<String>()
+            )
+            .as_bytes(),
+        );
         out
     }
 
@@ -164,7 +191,9 @@ mod tests {
         assert_eq!(parts[0].locator, Locator::Page(1));
         let (_, text, _) = combine("minutes.pdf", Ok(vec![None]), poppler).unwrap();
         assert!(text.contains("harbour board"), "a page the built-in reader failed on: {text:?}");
-        let encrypted = combine("minutes.pdf", Err(IngestError::Encrypted { name: "minutes.pdf".into() }), || panic!("not asked")).unwrap_err();
+        let encrypted =
+            combine("minutes.pdf", Err(IngestError::Encrypted { name: "minutes.pdf".into() }), || panic!("not asked"))
+                .unwrap_err();
         assert!(matches!(encrypted, IngestError::Encrypted { .. }));
         // Without pdftotext the failure stands, as it says.
         let scanned = combine("minutes.pdf", Ok(vec![None]), || None).unwrap_err();

@@ -33,7 +33,14 @@ fn private_copy(bytes: &[u8]) -> std::io::Result<tempfile::NamedTempFile> {
 }
 
 fn run(path: &std::path::Path, max_text_bytes: usize) -> Option<String> {
-    let spawned = Command::new("pdftotext").args(["-q", "-enc", "UTF-8", "-eol", "unix"]).arg(path).arg("-").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn();
+    let spawned = Command::new("pdftotext")
+        .args(["-q", "-enc", "UTF-8", "-eol", "unix"])
+        .arg(path)
+        .arg("-")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn();
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {

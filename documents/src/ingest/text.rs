@@ -74,7 +74,8 @@ mod tests {
         // windows-1252, as an old Windows editor saves it.
         let latin = b"Les na\xefves filles du caf\xe9 o\xf9 l'on danse, et les \xe9l\xe8ves \xe0 l'\xe9cole.";
         assert_eq!(decode("a", latin).unwrap(), "Les naïves filles du café où l'on danse, et les élèves à l'école.");
-        let utf16: Vec<u8> = [0xff, 0xfe].into_iter().chain("héllo".encode_utf16().flat_map(u16::to_le_bytes)).collect();
+        let utf16: Vec<u8> =
+            [0xff, 0xfe].into_iter().chain("héllo".encode_utf16().flat_map(u16::to_le_bytes)).collect();
         assert_eq!(decode("a", &utf16).unwrap(), "héllo");
         let elf = b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0";
         assert!(matches!(decode("a.txt", elf), Err(IngestError::Unsupported { what, .. }) if what == "a program"));

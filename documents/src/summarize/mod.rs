@@ -42,8 +42,10 @@ const POINTS_PER_NOTE: usize = 6;
 /// Sources kept per point.
 const SOURCES_PER_POINT: usize = 3;
 
-const WHOLE_TASK: &str = "Summarize this document in 5 to 8 short bullet points, one per line, each starting with \"- \".";
-const CHUNK_TASK: &str = "Summarize this part of a longer document in 3 to 5 short bullet points, one per line, each starting with \"- \".";
+const WHOLE_TASK: &str =
+    "Summarize this document in 5 to 8 short bullet points, one per line, each starting with \"- \".";
+const CHUNK_TASK: &str =
+    "Summarize this part of a longer document in 3 to 5 short bullet points, one per line, each starting with \"- \".";
 const MERGE_TASK: &str = "These are notes on consecutive parts of one document, each with a passage quoted from it as evidence. Summarize the whole document in 5 to 8 short bullet points, one per line, each starting with \"- \". Keep only what the evidence supports.";
 
 /// The tokens `text` takes for `engine`'s model (about a quarter of its bytes if it cannot be
@@ -59,9 +61,15 @@ pub fn fits_whole(tokens: usize, context_tokens: usize) -> bool {
 
 /// Plans the summary of `doc` with `context_tokens`, refusing, before any work, one that would
 /// need more merge levels than allowed or a context too small to merge in.
-pub fn plan_summary(doc: &Document, context_tokens: usize, count: &dyn Fn(&str) -> usize) -> Result<Plan, SummaryError> {
+pub fn plan_summary(
+    doc: &Document,
+    context_tokens: usize,
+    count: &dyn Fn(&str) -> usize,
+) -> Result<Plan, SummaryError> {
     let plan = plan(doc, context_tokens, RESERVE_TOKENS, count)?;
-    if matches!(plan.mode, Mode::Hierarchical { .. }) && context_tokens < RESERVE_TOKENS + 2 * SUMMARY_WITH_EVIDENCE_TOKENS {
+    if matches!(plan.mode, Mode::Hierarchical { .. })
+        && context_tokens < RESERVE_TOKENS + 2 * SUMMARY_WITH_EVIDENCE_TOKENS
+    {
         return Err(SummaryError::ContextTooSmall(context_tokens));
     }
     Ok(plan)
@@ -77,19 +85,44 @@ pub enum Progress {
         plan: Plan,
     },
     /// A summary stopped before goes on: these steps were kept.
-    Resumed { chunks_done: usize, merges_done: usize },
+    Resumed {
+        chunks_done: usize,
+        merges_done: usize,
+    },
     /// Prompt tokens read for chunk `chunk` of `chunks` (the whole text is one chunk).
-    Prefill { chunk: usize, chunks: usize, done_tokens: usize, total_tokens: usize },
+    Prefill {
+        chunk: usize,
+        chunks: usize,
+        done_tokens: usize,
+        total_tokens: usize,
+    },
     /// A chunk's summary is done (`done` of `chunks`, `tokens_read` of the document's tokens);
     /// `eta_s` is the time left at this run's pace.
-    ChunkSummarized { done: usize, chunks: usize, tokens_read: usize, elapsed_s: f64, eta_s: Option<f64> },
+    ChunkSummarized {
+        done: usize,
+        chunks: usize,
+        tokens_read: usize,
+        elapsed_s: f64,
+        eta_s: Option<f64>,
+    },
     /// Merging `groups` groups at `level` (from 1).
-    Merging { level: usize, groups: usize },
+    Merging {
+        level: usize,
+        groups: usize,
+    },
     /// A merge group of `level` is done (`done` of `groups`).
-    Merged { level: usize, done: usize, groups: usize, elapsed_s: f64, eta_s: Option<f64> },
+    Merged {
+        level: usize,
+        done: usize,
+        groups: usize,
+        elapsed_s: f64,
+        eta_s: Option<f64>,
+    },
     /// The summary's text as it is written — the whole-text pass, or the last merge — piece by
     /// piece; its points and their sources come when it is done.
-    Writing { text: String },
+    Writing {
+        text: String,
+    },
     Done,
 }
 
@@ -161,7 +194,12 @@ impl<'a> Runner<'a> {
 
     /// A prompt on `excerpts` ((name, text) pairs, from the library's document `ids`), with its
     /// document prefix kept if the runner keeps any.
-    pub(crate) fn document_request(&self, ids: &[String], excerpts: &[(&str, &str)], messages: &[ChatMessage]) -> Result<Request, PromptError> {
+    pub(crate) fn document_request(
+        &self,
+        ids: &[String],
+        excerpts: &[(&str, &str)],
+        messages: &[ChatMessage],
+    ) -> Result<Request, PromptError> {
         match self.backend {
             Backend::Local { engine, .. } => {
                 let prompt = document_prompt(engine, excerpts, messages)?;
@@ -176,7 +214,9 @@ impl<'a> Runner<'a> {
 
     fn chat_request(&self, messages: Vec<ChatMessage>) -> Result<Request, SummaryError> {
         match self.backend {
-            Backend::Local { engine, .. } => Ok(Request::Local { tokens: engine.chat_prompt(&messages)?, prefix: None }),
+            Backend::Local { engine, .. } => {
+                Ok(Request::Local { tokens: engine.chat_prompt(&messages)?, prefix: None })
+            }
             Backend::Remote(_) => Ok(Request::Remote(messages)),
         }
     }
@@ -218,7 +258,13 @@ pub fn summarize(
     let mut job = Job::open(runner, &plan, checkpoints, cancel)?;
     let text = match &plan.mode {
         Mode::Whole => {
-            let request = || runner.document_request(&[id.to_string()], &[(doc.name.as_str(), &doc.text)], &[ChatMessage::new("user", WHOLE_TASK)]);
+            let request = || {
+                runner.document_request(
+                    &[id.to_string()],
+                    &[(doc.name.as_str(), &doc.text)],
+                    &[ChatMessage::new("user", WHOLE_TASK)],
+                )
+            };
             job.run(&["whole".to_string()], Step::Whole, &|_| Ok(request()?), on_progress)?.remove(0)
         }
         Mode::Hierarchical { chunks, .. } => {
@@ -237,7 +283,9 @@ pub fn summarize(
                     return Err(SummaryError::ContextTooSmall(context_tokens)); // merging would never end
                 }
                 on_progress(Progress::Merging { level, groups: groups.len() });
-                job.pace.steps_left(groups.len() + merge_groups(groups.len(), context_tokens, RESERVE_TOKENS).iter().sum::<usize>());
+                job.pace.steps_left(
+                    groups.len() + merge_groups(groups.len(), context_tokens, RESERVE_TOKENS).iter().sum::<usize>(),
+                );
                 let keys: Vec<String> = (0..groups.len()).map(|g| format!("merge {level}.{g}")).collect();
                 let request = |g: usize| runner.chat_request(merge_prompt(&groups[g]));
                 notes = job.run(&keys, Step::Merge { level, last: groups.len() == 1 }, &request, on_progress)?;
@@ -245,14 +293,22 @@ pub fn summarize(
             notes.remove(0)
         }
     };
-    let points = points(&text).into_iter().map(|p| Point { sources: index.sources(&p, SOURCES_PER_POINT), text: p }).collect();
+    let points =
+        points(&text).into_iter().map(|p| Point { sources: index.sources(&p, SOURCES_PER_POINT), text: p }).collect();
     on_progress(Progress::Done);
     Ok(DocumentSummary { plan, points })
 }
 
 /// The chunk phase of a hierarchical summary on its own (for benchmarks): each of `chunks`
 /// (byte ranges of `doc`, the library's document `id`) summarized, nothing kept.
-pub fn chunk_notes(runner: &Runner<'_>, doc: &Document, id: &str, chunks: &[Range<usize>], cancel: &CancelFlag, on_progress: &mut dyn FnMut(Progress)) -> Result<Vec<String>, SummaryError> {
+pub fn chunk_notes(
+    runner: &Runner<'_>,
+    doc: &Document,
+    id: &str,
+    chunks: &[Range<usize>],
+    cancel: &CancelFlag,
+    on_progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<String>, SummaryError> {
     let plan = Plan { tokens: 0, mode: Mode::Hierarchical { chunks: chunks.to_vec(), levels: 0 } };
     Job::open(runner, &plan, &mut NoCheckpoints, cancel)?.chunk_notes(doc, id, chunks, on_progress)
 }
@@ -263,7 +319,10 @@ enum Step {
     Whole,
     Chunk,
     /// A merge group of `level`; `last` when it is the only one, whose text is the summary.
-    Merge { level: usize, last: bool },
+    Merge {
+        level: usize,
+        last: bool,
+    },
 }
 
 /// One summary's requests: one scheduler group (on the local engine), its kept steps, its pace.
@@ -284,40 +343,81 @@ struct Job<'r, 'a> {
 }
 
 impl<'r, 'a> Job<'r, 'a> {
-    fn open(runner: &'r Runner<'a>, plan: &Plan, checkpoints: &'r mut dyn Checkpoints, cancel: &'r CancelFlag) -> Result<Self, SummaryError> {
+    fn open(
+        runner: &'r Runner<'a>,
+        plan: &Plan,
+        checkpoints: &'r mut dyn Checkpoints,
+        cancel: &'r CancelFlag,
+    ) -> Result<Self, SummaryError> {
         let group = match runner.backend {
-            Backend::Local { scheduler, .. } => Some(scheduler.open_group().map_err(|e| SummaryError::Refused(e.to_string()))?),
+            Backend::Local { scheduler, .. } => {
+                Some(scheduler.open_group().map_err(|e| SummaryError::Refused(e.to_string()))?)
+            }
             Backend::Remote(_) => None,
         };
         let plan_key = plan_key(plan, runner.context_tokens);
         let kept = checkpoints.resume(&plan_key);
         let (chunks, steps) = match &plan.mode {
             Mode::Whole => (1, 1),
-            Mode::Hierarchical { chunks, .. } => (chunks.len(), chunks.len() + merge_groups(chunks.len(), runner.context_tokens, RESERVE_TOKENS).iter().sum::<usize>()),
+            Mode::Hierarchical { chunks, .. } => (
+                chunks.len(),
+                chunks.len() + merge_groups(chunks.len(), runner.context_tokens, RESERVE_TOKENS).iter().sum::<usize>(),
+            ),
         };
-        Ok(Self { runner, group, checkpoints, cancel, plan_key, chunks, kept, pace: Pace::new(steps), tokens: plan.tokens, chunk_tokens: Vec::new(), chunk_tokens_read: 0 })
+        Ok(Self {
+            runner,
+            group,
+            checkpoints,
+            cancel,
+            plan_key,
+            chunks,
+            kept,
+            pace: Pace::new(steps),
+            tokens: plan.tokens,
+            chunk_tokens: Vec::new(),
+            chunk_tokens_read: 0,
+        })
     }
 
-    fn chunk_notes(&mut self, doc: &Document, id: &str, chunks: &[Range<usize>], on_progress: &mut dyn FnMut(Progress)) -> Result<Vec<String>, SummaryError> {
+    fn chunk_notes(
+        &mut self,
+        doc: &Document,
+        id: &str,
+        chunks: &[Range<usize>],
+        on_progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<String>, SummaryError> {
         let ids = [id.to_string()];
         let runner = self.runner;
         self.chunk_tokens = chunks.iter().map(|c| runner.count_tokens(&doc.text[c.clone()])).collect();
         let keys: Vec<String> = (0..chunks.len()).map(|i| format!("chunk {i}")).collect();
-        let request = |i: usize| Ok(runner.document_request(&ids, &[(doc.name.as_str(), &doc.text[chunks[i].clone()])], &[ChatMessage::new("user", CHUNK_TASK)])?);
+        let request = |i: usize| {
+            Ok(runner.document_request(
+                &ids,
+                &[(doc.name.as_str(), &doc.text[chunks[i].clone()])],
+                &[ChatMessage::new("user", CHUNK_TASK)],
+            )?)
+        };
         self.run(&keys, Step::Chunk, &request, on_progress)
     }
 
     /// The notes of the steps `keys`: those kept, and the others run through the group (their
     /// requests made by `request`, all submitted at once: the group starts them as slots free),
     /// each kept as it finishes.
-    fn run(&mut self, keys: &[String], step: Step, request: &dyn Fn(usize) -> Result<Request, SummaryError>, on_progress: &mut dyn FnMut(Progress)) -> Result<Vec<String>, SummaryError> {
+    fn run(
+        &mut self,
+        keys: &[String],
+        step: Step,
+        request: &dyn Fn(usize) -> Result<Request, SummaryError>,
+        on_progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<String>, SummaryError> {
         let n = keys.len();
         let mut notes: Vec<Option<String>> = keys.iter().map(|k| self.kept.get(k).cloned()).collect();
         let mut done = 0;
         for i in (0..n).filter(|&i| notes[i].is_some()) {
             done += 1;
             self.pace.step_kept();
-            self.chunk_tokens_read += self.chunk_tokens.get(i).copied().filter(|_| matches!(step, Step::Chunk)).unwrap_or(0);
+            self.chunk_tokens_read +=
+                self.chunk_tokens.get(i).copied().filter(|_| matches!(step, Step::Chunk)).unwrap_or(0);
         }
         // Greedy, so a summary is reproducible (and a resumed one the same); with llama.cpp's
         // repeat penalty, without which a small model over a long prompt says its first point
@@ -333,7 +433,11 @@ impl<'r, 'a> Job<'r, 'a> {
                     let tx = tx.clone();
                     let sink = Box::new(move |u| tx.send((i, Reply::Update(u))).is_ok());
                     let group = self.group.as_ref().expect("a local request runs in a group");
-                    running.tickets.push(group.submit_with_prefix(tokens, prefix, params.clone(), sink).map_err(|e| SummaryError::Refused(e.to_string()))?);
+                    running.tickets.push(
+                        group
+                            .submit_with_prefix(tokens, prefix, params.clone(), sink)
+                            .map_err(|e| SummaryError::Refused(e.to_string()))?,
+                    );
                 }
                 Request::Remote(messages) => remote_requests.push((i, messages)),
             }
@@ -355,10 +459,14 @@ impl<'r, 'a> Job<'r, 'a> {
                 Ok((i, Reply::Update(update))) => (i, update),
                 Ok((_, Reply::Failed(e))) => break Err(e.into()),
                 Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(mpsc::RecvTimeoutError::Disconnected) => break Err(SummaryError::Refused("the engine stopped".into())),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    break Err(SummaryError::Refused("the engine stopped".into()))
+                }
             };
             match update {
-                Update::Event(Event::Prefill { done_tokens, total_tokens }) if matches!(step, Step::Whole | Step::Chunk) => {
+                Update::Event(Event::Prefill { done_tokens, total_tokens })
+                    if matches!(step, Step::Whole | Step::Chunk) =>
+                {
                     on_progress(Progress::Prefill { chunk: i + 1, chunks: n, done_tokens, total_tokens })
                 }
                 Update::Event(Event::Text(t)) => {
@@ -378,9 +486,17 @@ impl<'r, 'a> Job<'r, 'a> {
                     match step {
                         Step::Chunk => {
                             self.chunk_tokens_read += self.chunk_tokens.get(i).copied().unwrap_or(0);
-                            on_progress(Progress::ChunkSummarized { done, chunks: n, tokens_read: self.tokens_read(), elapsed_s, eta_s })
+                            on_progress(Progress::ChunkSummarized {
+                                done,
+                                chunks: n,
+                                tokens_read: self.tokens_read(),
+                                elapsed_s,
+                                eta_s,
+                            })
                         }
-                        Step::Merge { level, .. } => on_progress(Progress::Merged { level, done, groups: n, elapsed_s, eta_s }),
+                        Step::Merge { level, .. } => {
+                            on_progress(Progress::Merged { level, done, groups: n, elapsed_s, eta_s })
+                        }
                         Step::Whole => {}
                     }
                 }
@@ -420,7 +536,14 @@ impl Job<'_, '_> {
 /// length of an answer (the model is the [`Checkpoints`]' to add).
 fn plan_key(plan: &Plan, context_tokens: usize) -> String {
     let mut hash = Sha256::new();
-    for part in [serde_json::to_string(plan).unwrap_or_default(), context_tokens.to_string(), SUMMARY_TOKENS.to_string(), WHOLE_TASK.into(), CHUNK_TASK.into(), MERGE_TASK.into()] {
+    for part in [
+        serde_json::to_string(plan).unwrap_or_default(),
+        context_tokens.to_string(),
+        SUMMARY_TOKENS.to_string(),
+        WHOLE_TASK.into(),
+        CHUNK_TASK.into(),
+        MERGE_TASK.into(),
+    ] {
         hash.update(part.as_bytes());
         hash.update([0]);
     }
@@ -484,10 +607,11 @@ pub fn points(reply: &str) -> Vec<String> {
 
 fn raw_points(reply: &str) -> Vec<String> {
     let item = |l: &str| -> Option<String> {
-        let rest = l.strip_prefix("- ").or_else(|| l.strip_prefix("* ")).or_else(|| l.strip_prefix("• ")).or_else(|| {
-            let digits = l.bytes().take_while(u8::is_ascii_digit).count();
-            (digits > 0).then(|| l[digits..].strip_prefix(". ")).flatten()
-        })?;
+        let rest =
+            l.strip_prefix("- ").or_else(|| l.strip_prefix("* ")).or_else(|| l.strip_prefix("• ")).or_else(|| {
+                let digits = l.bytes().take_while(u8::is_ascii_digit).count();
+                (digits > 0).then(|| l[digits..].strip_prefix(". ")).flatten()
+            })?;
         Some(rest.trim().to_string())
     };
     let mut items: Vec<String> = Vec::new();
@@ -522,7 +646,10 @@ mod tests {
     #[test]
     fn points_are_list_items_with_their_wrapped_lines_each_said_once() {
         let reply = "Here is the summary:\n- The GPL is a free software license for the GNU General Public\n  License family.\n2. Anyone may copy it.\n\nThat is all.\n* anyone may  copy it.";
-        assert_eq!(points(reply), ["The GPL is a free software license for the GNU General Public License family.", "Anyone may copy it."]);
+        assert_eq!(
+            points(reply),
+            ["The GPL is a free software license for the GNU General Public License family.", "Anyone may copy it."]
+        );
         assert_eq!(points("It is short. It has no list."), ["It is short.", "It has no list."]);
     }
 }

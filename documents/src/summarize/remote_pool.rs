@@ -23,16 +23,25 @@ pub(super) struct RemotePool {
 impl RemotePool {
     /// Starts `requests` ((index, messages) pairs) on `remote`, each reply's updates sent to
     /// `tx` with its index.
-    pub(super) fn start(remote: &Arc<RemoteEngine>, requests: Vec<(usize, Vec<ChatMessage>)>, params: GenerateParams, tx: mpsc::Sender<(usize, Reply)>) -> Self {
+    pub(super) fn start(
+        remote: &Arc<RemoteEngine>,
+        requests: Vec<(usize, Vec<ChatMessage>)>,
+        params: GenerateParams,
+        tx: mpsc::Sender<(usize, Reply)>,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let workers = remote.concurrency().min(requests.len());
         let queue = Arc::new(Mutex::new(VecDeque::from(requests)));
         for _ in 0..workers {
-            let (remote, queue, stop, tx, params) = (remote.clone(), queue.clone(), stop.clone(), tx.clone(), params.clone());
+            let (remote, queue, stop, tx, params) =
+                (remote.clone(), queue.clone(), stop.clone(), tx.clone(), params.clone());
             std::thread::spawn(move || loop {
                 let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
                 let Some((i, messages)) = next.filter(|_| !stop.load(Ordering::Relaxed)) else { return };
-                let mut sink = |text: &str| !stop.load(Ordering::Relaxed) && tx.send((i, Reply::Update(Update::Event(Event::Text(text.to_string()))))).is_ok();
+                let mut sink = |text: &str| {
+                    !stop.load(Ordering::Relaxed)
+                        && tx.send((i, Reply::Update(Update::Event(Event::Text(text.to_string()))))).is_ok()
+                };
                 let reply = match remote.chat(&messages, &params, &mut sink) {
                     Ok(summary) => Reply::Update(Update::Done(Ok(summary))),
                     Err(e) => Reply::Failed(e),

@@ -12,7 +12,10 @@ pub fn pdf(pages: &[&[&str]]) -> Vec<u8> {
     // Objects: 1 catalog, 2 page tree, 3 font, then a page and its content stream per page.
     let mut objects: Vec<String> = vec![
         "<< /Type /Catalog /Pages 2 0 R >>".into(),
-        format!("<< /Type /Pages /Kids [{}] /Count {n} >>", (0..n).map(|i| format!("{} 0 R", 4 + 2 * i)).collect::<Vec<_>>().join(" ")),
+        format!(
+            "<< /Type /Pages /Kids [{}] /Count {n} >>",
+            (0..n).map(|i| format!("{} 0 R", 4 + 2 * i)).collect::<Vec<_>>().join(" ")
+        ),
         "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>".into(),
     ];
     for (i, lines) in pages.iter().enumerate() {
@@ -68,7 +71,9 @@ pub fn docx() -> Vec<u8> {
 }
 
 pub fn epub() -> Vec<u8> {
-    let chapter = |title: &str, body: &str| format!("<?xml version=\"1.0\"?><html xmlns=\"http://www.w3.org/1999/xhtml\"><head><title>{title}</title></head><body><h1>{title}</h1><p>{body}</p></body></html>");
+    let chapter = |title: &str, body: &str| {
+        format!("<?xml version=\"1.0\"?><html xmlns=\"http://www.w3.org/1999/xhtml\"><head><title>{title}</title></head><body><h1>{title}</h1><p>{body}</p></body></html>")
+    };
     let container = "<?xml version=\"1.0\"?><container version=\"1.0\" xmlns=\"urn:oasis:names:tc:opendocument:xmlns:container\"><rootfiles><rootfile full-path=\"OEBPS/content.opf\" media-type=\"application/oebps-package+xml\"/></rootfiles></container>";
     // The manifest lists chapter two first; the spine reads chapter one first.
     let opf = "<?xml version=\"1.0\"?><package xmlns=\"http://www.idpf.org/2007/opf\" version=\"3.0\"><manifest>\
@@ -84,7 +89,6 @@ pub fn epub() -> Vec<u8> {
     ])
 }
 
-
 /// A DOCX whose `word/document.xml` is `document`.
 pub fn docx_xml(document: &str) -> Vec<u8> {
     zip(&[("[Content_Types].xml", "<?xml version=\"1.0\"?><Types/>"), ("word/document.xml", document)])
@@ -93,16 +97,26 @@ pub fn docx_xml(document: &str) -> Vec<u8> {
 /// An EPUB of these XHTML chapters, read in this order.
 pub fn epub_chapters(chapters: &[&str]) -> Vec<u8> {
     let container = "<?xml version=\"1.0\"?><container version=\"1.0\" xmlns=\"urn:oasis:names:tc:opendocument:xmlns:container\"><rootfiles><rootfile full-path=\"content.opf\" media-type=\"application/oebps-package+xml\"/></rootfiles></container>";
-    let items: String = (0..chapters.len()).map(|i| format!("<item id=\"c{i}\" href=\"c{i}.xhtml\" media-type=\"application/xhtml+xml\"/>")).collect();
+    let items: String = (0..chapters.len())
+        .map(|i| format!("<item id=\"c{i}\" href=\"c{i}.xhtml\" media-type=\"application/xhtml+xml\"/>"))
+        .collect();
     let spine: String = (0..chapters.len()).map(|i| format!("<itemref idref=\"c{i}\"/>")).collect();
     let opf = format!("<?xml version=\"1.0\"?><package xmlns=\"http://www.idpf.org/2007/opf\" version=\"3.0\"><manifest>{items}</manifest><spine>{spine}</spine></package>");
     let names: Vec<String> = (0..chapters.len()).map(|i| format!("c{i}.xhtml")).collect();
-    let mut entries = vec![("mimetype", "application/epub+zip"), ("META-INF/container.xml", container), ("content.opf", opf.as_str())];
+    let mut entries = vec![
+        ("mimetype", "application/epub+zip"),
+        ("META-INF/container.xml", container),
+        ("content.opf", opf.as_str()),
+    ];
     entries.extend(names.iter().map(String::as_str).zip(chapters.iter().copied()));
     zip(&entries)
 }
 
 /// An HTML page whose text sits inside `depth` nested `tag`s.
 pub fn nested_html(tag: &str, depth: usize) -> String {
-    format!("<!doctype html><html><body>{}Deep inside the page.{}</body></html>", format!("<{tag}>").repeat(depth), format!("</{tag}>").repeat(depth))
+    format!(
+        "<!doctype html><html><body>{}Deep inside the page.{}</body></html>",
+        format!("<{tag}>").repeat(depth),
+        format!("</{tag}>").repeat(depth)
+    )
 }

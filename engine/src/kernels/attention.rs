@@ -9,10 +9,10 @@
 //! block are merged by log-sum-exp (flash-decoding), so a single decoding token still uses every
 //! core.
 
-use super::SimdLevel;
-use half::f16;
 use super::parallel::DisjointWriter;
 use super::spin_pool::pool;
+use super::SimdLevel;
+use half::f16;
 
 /// Tokens per K tile.
 pub const KV_TILE: usize = 16;
@@ -90,7 +90,15 @@ pub fn attend(q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_
 /// Attention over part of a cache, as a [`Partial`]: [`attend`]'s output over the tokens of
 /// `view` into `out`, and each row's softmax statistics into `max` and `sum` (`n × n_heads`),
 /// so that partials over disjoint sets of tokens merge exactly ([`merge_partials`]).
-pub fn attend_partial(q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_>, out: &mut [f32], max: &mut [f32], sum: &mut [f32]) {
+pub fn attend_partial(
+    q: &[f32],
+    q_positions: &[usize],
+    n_heads: usize,
+    view: &KvView<'_>,
+    out: &mut [f32],
+    max: &mut [f32],
+    sum: &mut [f32],
+) {
     assert!(max.len() == q_positions.len() * n_heads && sum.len() == max.len(), "softmax statistics shape");
     attend_at(super::simd_level(), q, q_positions, n_heads, view, out, Some(SoftmaxStats { max, sum }))
 }
@@ -157,7 +165,9 @@ impl RunningPartials {
 
     /// The merged attention output (0 for a row that no part had a key for).
     pub fn finish(&self, out: &mut [f32]) {
-        for ((dst, acc), &sum) in out.chunks_exact_mut(self.head_dim).zip(self.acc.chunks_exact(self.head_dim)).zip(&self.sum) {
+        for ((dst, acc), &sum) in
+            out.chunks_exact_mut(self.head_dim).zip(self.acc.chunks_exact(self.head_dim)).zip(&self.sum)
+        {
             let scale = if sum > 0.0 { 1.0 / sum } else { 0.0 };
             dst.iter_mut().zip(acc).for_each(|(d, a)| *d = a * scale);
         }
@@ -341,14 +351,25 @@ fn mask_future_keys(key_positions: &[u32], positions: &[usize], group: usize, sc
 
 /// `scores[r][j] = q[r] · k[c0 + j]` for j in 0..len; `c0` is a multiple of [`KV_TILE`].
 #[allow(clippy::too_many_arguments)]
-fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize, len: usize, scores: &mut [f32], level: SimdLevel) {
+fn score_keys(
+    k: &[f16],
+    hd: usize,
+    q: &[f32],
+    rows: usize,
+    c0: usize,
+    len: usize,
+    scores: &mut [f32],
+    level: SimdLevel,
+) {
     debug_assert_eq!(c0 % KV_TILE, 0);
     #[cfg(target_arch = "x86_64")]
     if hd.is_multiple_of(16) {
         // SAFETY: the level guarantees the CPU features; the slices cover every tile touched.
         match level {
             SimdLevel::Avx512Vnni => return unsafe { super::x86::avx512::score_keys(k, hd, q, rows, c0, len, scores) },
-            SimdLevel::AvxVnni | SimdLevel::Avx2 => return unsafe { super::x86::avx2::score_keys(k, hd, q, rows, c0, len, scores) },
+            SimdLevel::AvxVnni | SimdLevel::Avx2 => {
+                return unsafe { super::x86::avx2::score_keys(k, hd, q, rows, c0, len, scores) }
+            }
             SimdLevel::Portable => {}
         }
     }
@@ -378,13 +399,26 @@ fn exp_shifted(row: &mut [f32], max: f32, level: SimdLevel) -> f32 {
 
 /// `acc[r] += Σ_j p[r][j] · v[c0 + j]`.
 #[allow(clippy::too_many_arguments)]
-fn accumulate_values(v: &[f16], hd: usize, p: &[f32], rows: usize, c0: usize, len: usize, acc: &mut [f32], level: SimdLevel) {
+fn accumulate_values(
+    v: &[f16],
+    hd: usize,
+    p: &[f32],
+    rows: usize,
+    c0: usize,
+    len: usize,
+    acc: &mut [f32],
+    level: SimdLevel,
+) {
     #[cfg(target_arch = "x86_64")]
     if hd.is_multiple_of(16) {
         // SAFETY: the level guarantees the CPU features; the slices cover every row touched.
         match level {
-            SimdLevel::Avx512Vnni => return unsafe { super::x86::avx512::accumulate_values(v, hd, p, rows, c0, len, acc) },
-            SimdLevel::AvxVnni | SimdLevel::Avx2 => return unsafe { super::x86::avx2::accumulate_values(v, hd, p, rows, c0, len, acc) },
+            SimdLevel::Avx512Vnni => {
+                return unsafe { super::x86::avx512::accumulate_values(v, hd, p, rows, c0, len, acc) }
+            }
+            SimdLevel::AvxVnni | SimdLevel::Avx2 => {
+                return unsafe { super::x86::avx2::accumulate_values(v, hd, p, rows, c0, len, acc) }
+            }
             SimdLevel::Portable => {}
         }
     }
@@ -406,7 +440,10 @@ mod tests {
     /// Plain softmax attention over f32 copies, the reference the kernels must match.
     fn reference(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], limit: usize) -> Vec<f32> {
         let hd = q.len();
-        let scores: Vec<f32> = k[..limit].iter().map(|kj| kj.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt()).collect();
+        let scores: Vec<f32> = k[..limit]
+            .iter()
+            .map(|kj| kj.iter().zip(q).map(|(a, b)| a * b).sum::<f32>() / (hd as f32).sqrt())
+            .collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
         let z: f32 = e.iter().sum();
@@ -443,9 +480,19 @@ mod tests {
     /// cache of `n_tokens` tokens at their own positions.
     fn check_against_reference(hd: usize, n_heads: usize, n_kv: usize, n_tokens: usize, positions: &[usize]) {
         let (k, v, stride) = cache(hd, n_kv, n_tokens);
-        let as_f32 = |h: usize, salt: usize| -> Vec<Vec<f32>> { (0..n_tokens).map(|j| (0..hd).map(|d| f16::from_f32(val(h, j, d, salt)).to_f32()).collect()).collect() };
+        let as_f32 = |h: usize, salt: usize| -> Vec<Vec<f32>> {
+            (0..n_tokens).map(|j| (0..hd).map(|d| f16::from_f32(val(h, j, d, salt)).to_f32()).collect()).collect()
+        };
         let (kk, vv): (Vec<_>, Vec<_>) = (0..n_kv).map(|h| (as_f32(h, 1), as_f32(h, 2))).unzip();
-        let view = KvView { n_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: None };
+        let view = KvView {
+            n_tokens,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            head_stride_tokens: stride,
+            k: &k,
+            v: &v,
+            positions: None,
+        };
         let q: Vec<f32> = (0..positions.len() * n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
         for level in SimdLevel::supported() {
             let mut out = vec![0f32; q.len()];
@@ -456,7 +503,10 @@ mod tests {
                     let want = reference(&q[(t * n_heads + head) * hd..][..hd], &kk[h], &vv[h], pos + 1);
                     let got = &out[(t * n_heads + head) * hd..][..hd];
                     for (a, b) in got.iter().zip(&want) {
-                        assert!((a - b).abs() < 1e-4, "{level:?} hd {hd} heads {n_heads}/{n_kv} tokens {n_tokens} pos {pos}: {a} vs {b}");
+                        assert!(
+                            (a - b).abs() < 1e-4,
+                            "{level:?} hd {hd} heads {n_heads}/{n_kv} tokens {n_tokens} pos {pos}: {a} vs {b}"
+                        );
                     }
                 }
             }
@@ -505,26 +555,55 @@ mod tests {
         // ones (and masks causally among the queries), and the merge is the whole.
         let (hd, n_heads, n_kv, n_tokens, split) = (64, 9, 3, 300, 211);
         let (k, v, stride) = cache(hd, n_kv, n_tokens);
-        let whole = KvView { n_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: None };
+        let whole = KvView {
+            n_tokens,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            head_stride_tokens: stride,
+            k: &k,
+            v: &v,
+            positions: None,
+        };
         let (old_k, old_v, old_stride) = cache(hd, n_kv, split);
-        let old = KvView { n_tokens: split, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: old_stride, k: &old_k, v: &old_v, positions: None };
+        let old = KvView {
+            n_tokens: split,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            head_stride_tokens: old_stride,
+            k: &old_k,
+            v: &old_v,
+            positions: None,
+        };
         // The recent tokens, slot j holding position split + j.
         let (recent_k, recent_v, recent_stride) = cache_of(hd, n_kv, split..n_tokens);
         let recent_tokens = n_tokens - split;
         let recent_positions: Vec<u32> = (0..n_kv).flat_map(|_| (split..n_tokens).map(|p| p as u32)).collect();
-        let recent = KvView { n_tokens: recent_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: recent_stride, k: &recent_k, v: &recent_v, positions: Some(&recent_positions) };
+        let recent = KvView {
+            n_tokens: recent_tokens,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            head_stride_tokens: recent_stride,
+            k: &recent_k,
+            v: &recent_v,
+            positions: Some(&recent_positions),
+        };
         // A decoding query, and a chunk of prompt queries; one whose position sees no recent token.
         for positions in [vec![n_tokens - 1], (250..260).collect(), vec![split - 1, n_tokens - 1]] {
-            let q: Vec<f32> = (0..positions.len() * n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
+            let q: Vec<f32> =
+                (0..positions.len() * n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
             let mut want = vec![0f32; q.len()];
             attend(&q, &positions, n_heads, &whole, &mut want);
             let rows = positions.len() * n_heads;
             let (mut old_out, mut old_max, mut old_sum) = (vec![0f32; q.len()], vec![0f32; rows], vec![0f32; rows]);
-            let (mut recent_out, mut recent_max, mut recent_sum) = (vec![0f32; q.len()], vec![0f32; rows], vec![0f32; rows]);
+            let (mut recent_out, mut recent_max, mut recent_sum) =
+                (vec![0f32; q.len()], vec![0f32; rows], vec![0f32; rows]);
             attend_partial(&q, &positions, n_heads, &old, &mut old_out, &mut old_max, &mut old_sum);
             attend_partial(&q, &positions, n_heads, &recent, &mut recent_out, &mut recent_max, &mut recent_sum);
             let mut merged = vec![0f32; q.len()];
-            let parts = [Partial { out: &old_out, max: &old_max, sum: &old_sum }, Partial { out: &recent_out, max: &recent_max, sum: &recent_sum }];
+            let parts = [
+                Partial { out: &old_out, max: &old_max, sum: &old_sum },
+                Partial { out: &recent_out, max: &recent_max, sum: &recent_sum },
+            ];
             merge_partials(&parts, hd, &mut merged);
             for (a, b) in merged.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "positions {positions:?}: {a} vs {b}");
@@ -539,7 +618,15 @@ mod tests {
         // see nothing of the last span.
         let (hd, n_heads, n_kv, n_tokens, span) = (64, 14, 2, 700, 256);
         let (k, v, stride) = cache(hd, n_kv, n_tokens);
-        let whole = KvView { n_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: None };
+        let whole = KvView {
+            n_tokens,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            head_stride_tokens: stride,
+            k: &k,
+            v: &v,
+            positions: None,
+        };
         let positions: Vec<usize> = (480..n_tokens).step_by(7).collect();
         let q: Vec<f32> = (0..positions.len() * n_heads * hd).map(|i| ((i * 11) % 31) as f32 / 15.0 - 1.0).collect();
         let mut want = vec![0f32; q.len()];
@@ -551,7 +638,15 @@ mod tests {
             let (k, v, stride) = cache_of(hd, n_kv, tokens.clone());
             let named: Vec<u32> = (0..n_kv).flat_map(|_| tokens.clone().map(|p| p as u32)).collect();
             let positions_of = (start > 0).then_some(&named[..]);
-            let view = KvView { n_tokens: tokens.len(), n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: positions_of };
+            let view = KvView {
+                n_tokens: tokens.len(),
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                head_stride_tokens: stride,
+                k: &k,
+                v: &v,
+                positions: positions_of,
+            };
             let (mut out, mut max, mut sum) = (vec![0f32; q.len()], vec![0f32; rows], vec![0f32; rows]);
             attend_partial(&q, &positions, n_heads, &view, &mut out, &mut max, &mut sum);
             merged.add(&Partial { out: &out, max: &max, sum: &sum });
@@ -587,7 +682,15 @@ mod tests {
         let (hd, n_tokens) = (64, 300);
         for (n_heads, n_kv) in [(9, 3), (14, 2)] {
             let (k, v, stride) = cache(hd, n_kv, n_tokens);
-            let view = KvView { n_tokens, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: None };
+            let view = KvView {
+                n_tokens,
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                head_stride_tokens: stride,
+                k: &k,
+                v: &v,
+                positions: None,
+            };
             let width = n_heads * hd;
             let q: Vec<f32> = (0..n_tokens * width).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
             let positions: Vec<usize> = (0..n_tokens).collect();
@@ -625,22 +728,37 @@ mod tests {
             }
         }
         let positions: Vec<u32> = (0..n_kv).flat_map(|h| (0..slots).map(move |j| position(h, j))).collect();
-        let view = KvView { n_tokens: slots, n_kv_heads: n_kv, head_dim: hd, head_stride_tokens: stride, k: &k, v: &v, positions: Some(&positions) };
+        let view = KvView {
+            n_tokens: slots,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            head_stride_tokens: stride,
+            k: &k,
+            v: &v,
+            positions: Some(&positions),
+        };
         let query_position = 24; // masks head 0's positions past 24 and head 1's past 23
         let q: Vec<f32> = (0..n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
         for level in SimdLevel::supported() {
-        let mut out = vec![0f32; q.len()];
-        attend_at(level, &q, &[query_position], n_heads, &view, &mut out, None);
-        for head in 0..n_heads {
-            let h = head / (n_heads / n_kv);
-            let visible: Vec<usize> = (0..slots).map(|j| position(h, j) as usize).filter(|&p| p <= query_position).collect();
-            let kk: Vec<Vec<f32>> = visible.iter().map(|&p| (0..hd).map(|d| f16::from_f32(val(h, p, d, 1)).to_f32()).collect()).collect();
-            let vv: Vec<Vec<f32>> = visible.iter().map(|&p| (0..hd).map(|d| f16::from_f32(val(h, p, d, 2)).to_f32()).collect()).collect();
-            let want = reference(&q[head * hd..][..hd], &kk, &vv, visible.len());
-            for (a, b) in out[head * hd..][..hd].iter().zip(&want) {
-                assert!((a - b).abs() < 1e-4, "{level:?} head {head}: {a} vs {b}");
+            let mut out = vec![0f32; q.len()];
+            attend_at(level, &q, &[query_position], n_heads, &view, &mut out, None);
+            for head in 0..n_heads {
+                let h = head / (n_heads / n_kv);
+                let visible: Vec<usize> =
+                    (0..slots).map(|j| position(h, j) as usize).filter(|&p| p <= query_position).collect();
+                let kk: Vec<Vec<f32>> = visible
+                    .iter()
+                    .map(|&p| (0..hd).map(|d| f16::from_f32(val(h, p, d, 1)).to_f32()).collect())
+                    .collect();
+                let vv: Vec<Vec<f32>> = visible
+                    .iter()
+                    .map(|&p| (0..hd).map(|d| f16::from_f32(val(h, p, d, 2)).to_f32()).collect())
+                    .collect();
+                let want = reference(&q[head * hd..][..hd], &kk, &vv, visible.len());
+                for (a, b) in out[head * hd..][..hd].iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-4, "{level:?} head {head}: {a} vs {b}");
+                }
             }
-        }
         }
     }
 }

@@ -6,8 +6,8 @@
 //! ([`crate::kv::cold_format`]); dequantizing runs on every cold read, so it has an F16C
 //! version.
 
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 /// The longest row [`dequantize`] takes (a head's dimension; 256 in the largest models).
 const MAX_COLS: usize = 512;
@@ -55,7 +55,11 @@ pub fn quantize(x: &[u16], cols: usize, axis: ScaleAxis, qs: &mut [u8], scales: 
         .map(|(&m, bytes)| {
             let d = f16::from_f32(m / 127.0);
             bytes.copy_from_slice(&d.to_bits().to_le_bytes());
-            if d.to_f32() > 0.0 { 1.0 / d.to_f32() } else { 0.0 }
+            if d.to_f32() > 0.0 {
+                1.0 / d.to_f32()
+            } else {
+                0.0
+            }
         })
         .collect();
     for (r, (row, q)) in values.chunks_exact(cols).zip(qs.chunks_exact_mut(cols)).enumerate() {
@@ -149,7 +153,12 @@ mod tests {
         let mut error = |axis| {
             quantize(&x, 64, axis, &mut qs, &mut scales);
             dequantize(&qs, 64, axis, &scales, &mut back);
-            x.iter().zip(&back).enumerate().filter(|(i, _)| i % 64 == 10).map(|(_, (&v, &w))| (value(v) - value(w)).abs()).fold(0f32, f32::max)
+            x.iter()
+                .zip(&back)
+                .enumerate()
+                .filter(|(i, _)| i % 64 == 10)
+                .map(|(_, (&v, &w))| (value(v) - value(w)).abs())
+                .fold(0f32, f32::max)
         };
         assert!(error(ScaleAxis::Columns) * 10.0 < error(ScaleAxis::Rows));
         // A block of zeros stays zeros.

@@ -4,8 +4,8 @@
 //! unpacked once and used for a tile of tokens while it sits in registers).
 
 use super::parallel::{task_count, DisjointWriter};
-use super::spin_pool::pool;
 use super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
+use super::spin_pool::pool;
 use super::SimdLevel;
 use std::ops::Range;
 
@@ -92,9 +92,11 @@ impl Matrix {
         for &part in parts {
             let merged = match (joined.last(), part) {
                 (Some(Self::Quantized(a)), Self::Quantized(b)) => UqMatrix::stack(&[a, b]).map(Self::Quantized),
-                (Some(Self::Dense(a)), Self::Dense(b)) if a.cols == b.cols => {
-                    Some(Self::Dense(DenseMatrix { rows: a.rows + b.rows, cols: a.cols, w: [a.w.as_slice(), &b.w].concat() }))
-                }
+                (Some(Self::Dense(a)), Self::Dense(b)) if a.cols == b.cols => Some(Self::Dense(DenseMatrix {
+                    rows: a.rows + b.rows,
+                    cols: a.cols,
+                    w: [a.w.as_slice(), &b.w].concat(),
+                })),
                 _ => None,
             };
             match merged {
@@ -160,7 +162,15 @@ fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &OutRows, level: SimdL
 /// Products of weight rows `rows` with tokens `t0 .. t0+nt` into
 /// `out[(row - rows.start) · TOKEN_TILE + t]`.
 #[inline]
-fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32], level: SimdLevel) {
+fn uq_dot_rows(
+    w: &UqMatrix,
+    rows: Range<usize>,
+    x: &QuantizedActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+    level: SimdLevel,
+) {
     // SAFETY (x86 arms): a level is only chosen when the CPU reports every feature it needs.
     match level {
         #[cfg(target_arch = "x86_64")]
@@ -191,16 +201,28 @@ pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations
         let xq = &x.qs[(t * nb + b) * BLOCK..][..BLOCK];
         if w.bits == QuantBits::Six {
             let ints = w.block_ints(index);
-            let half_sum = |h: usize| -> i32 { (BLOCK / 2 * h..BLOCK / 2 * (h + 1)).map(|j| (i32::from(ints[j]) - 32) * i32::from(xq[j])).sum() };
-            acc += x.d[t * nb + b] * (w.value_scale(index, 0) * half_sum(0) as f32 + w.value_scale(index, BLOCK / 2) * half_sum(1) as f32);
+            let half_sum = |h: usize| -> i32 {
+                (BLOCK / 2 * h..BLOCK / 2 * (h + 1)).map(|j| (i32::from(ints[j]) - 32) * i32::from(xq[j])).sum()
+            };
+            acc += x.d[t * nb + b]
+                * (w.value_scale(index, 0) * half_sum(0) as f32 + w.value_scale(index, BLOCK / 2) * half_sum(1) as f32);
             continue;
         }
         let isum: i32 = match w.bits {
-            QuantBits::Four => (0..BLOCK / 2).map(|j| i32::from(wq[j] & 0x0f) * i32::from(xq[j]) + i32::from(wq[j] >> 4) * i32::from(xq[j + BLOCK / 2])).sum(),
+            QuantBits::Four => (0..BLOCK / 2)
+                .map(|j| {
+                    i32::from(wq[j] & 0x0f) * i32::from(xq[j]) + i32::from(wq[j] >> 4) * i32::from(xq[j + BLOCK / 2])
+                })
+                .sum(),
             QuantBits::Five => {
                 let high = u32::from_le_bytes([wq[16], wq[17], wq[18], wq[19]]);
                 let q = |j: usize, nibble: u8| i32::from(nibble | ((((high >> j) & 1) as u8) << 4));
-                (0..BLOCK / 2).map(|j| q(j, wq[j] & 0x0f) * i32::from(xq[j]) + q(j + BLOCK / 2, wq[j] >> 4) * i32::from(xq[j + BLOCK / 2])).sum()
+                (0..BLOCK / 2)
+                    .map(|j| {
+                        q(j, wq[j] & 0x0f) * i32::from(xq[j])
+                            + q(j + BLOCK / 2, wq[j] >> 4) * i32::from(xq[j + BLOCK / 2])
+                    })
+                    .sum()
             }
             QuantBits::Eight => wq.iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum(),
             QuantBits::Six => unreachable!("taken above"),
@@ -272,7 +294,9 @@ mod tests {
                 GgufBlockFormat::Q4_0 | GgufBlockFormat::Q4_1 => 16,
                 GgufBlockFormat::Q5_0 | GgufBlockFormat::Q5_1 => 20,
                 GgufBlockFormat::Q8_0 => 32,
-                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => unreachable!("32-value formats only"),
+                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => {
+                    unreachable!("32-value formats only")
+                }
             };
             raw.extend((0..payload).map(|_| (next() & 0xff) as u8));
         }
@@ -287,7 +311,13 @@ mod tests {
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
         let mut qx = QuantizedActivations::default();
         qx.quantize_into(&x, n, cols);
-        let formats = [GgufBlockFormat::Q4_0, GgufBlockFormat::Q4_1, GgufBlockFormat::Q5_0, GgufBlockFormat::Q5_1, GgufBlockFormat::Q8_0];
+        let formats = [
+            GgufBlockFormat::Q4_0,
+            GgufBlockFormat::Q4_1,
+            GgufBlockFormat::Q5_0,
+            GgufBlockFormat::Q5_1,
+            GgufBlockFormat::Q8_0,
+        ];
         for (seed, format) in formats.into_iter().enumerate() {
             let raw = random_blocks(format, rows, cols, seed as u64 + 7);
             let w = UqMatrix::from_gguf(format, &raw, rows, cols).unwrap();
@@ -301,9 +331,15 @@ mod tests {
                         let magnitude: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
                         let got = out[t * rows + r];
                         // int8 activations: each product off by at most 1/254 of its block's largest
-                        assert!((got - exact).abs() < 0.01 * magnitude, "{format:?} {level:?} t{t} r{r}: {got} vs {exact}");
+                        assert!(
+                            (got - exact).abs() < 0.01 * magnitude,
+                            "{format:?} {level:?} t{t} r{r}: {got} vs {exact}"
+                        );
                         let portable = uq_dot_portable(&w, r, &qx, t);
-                        assert!((got - portable).abs() < 1e-5 * magnitude, "{format:?} {level:?} t{t} r{r}: {got} vs portable {portable}");
+                        assert!(
+                            (got - portable).abs() < 1e-5 * magnitude,
+                            "{format:?} {level:?} t{t} r{r}: {got} vs portable {portable}"
+                        );
                     }
                 }
             }
@@ -317,7 +353,11 @@ mod tests {
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
         let mut qx = QuantizedActivations::default();
         qx.quantize_into(&x, n, cols);
-        let k_quants = [(GgufBlockFormat::Q4K, GgmlDType::Q4K, 144), (GgufBlockFormat::Q5K, GgmlDType::Q5K, 176), (GgufBlockFormat::Q6K, GgmlDType::Q6K, 210)];
+        let k_quants = [
+            (GgufBlockFormat::Q4K, GgmlDType::Q4K, 144),
+            (GgufBlockFormat::Q5K, GgmlDType::Q5K, 176),
+            (GgufBlockFormat::Q6K, GgmlDType::Q6K, 210),
+        ];
         for (format, dtype, block_bytes) in k_quants {
             // Random bytes throughout, with small d (and dmin) so values stay in range.
             let mut raw = random_blocks(GgufBlockFormat::Q8_0, rows * cols / 256 * block_bytes / 34 + 1, 32, 3);
@@ -339,7 +379,12 @@ mod tests {
                 .to_vec1::<f32>()
                 .unwrap();
             let w = UqMatrix::from_gguf(format, &raw, rows, cols).unwrap();
-            assert!(w.bytes() <= raw.len() * 9 / 8, "{format:?} takes {} bytes for the file's {}", w.bytes(), raw.len());
+            assert!(
+                w.bytes() <= raw.len() * 9 / 8,
+                "{format:?} takes {} bytes for the file's {}",
+                w.bytes(),
+                raw.len()
+            );
             let dense = dequantized(&w);
             let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
             for (i, (a, b)) in dense.w.iter().zip(&reference).enumerate() {
@@ -363,14 +408,23 @@ mod tests {
     #[test]
     fn matrices_of_different_formats_stack_into_one_product() {
         let cols = 64;
-        let q5 = Matrix::Quantized(UqMatrix::from_gguf(GgufBlockFormat::Q5_0, &random_blocks(GgufBlockFormat::Q5_0, 5, cols, 1), 5, cols).unwrap());
-        let q8 = Matrix::Quantized(UqMatrix::from_gguf(GgufBlockFormat::Q8_0, &random_blocks(GgufBlockFormat::Q8_0, 2, cols, 2), 2, cols).unwrap());
+        let q5 = Matrix::Quantized(
+            UqMatrix::from_gguf(GgufBlockFormat::Q5_0, &random_blocks(GgufBlockFormat::Q5_0, 5, cols, 1), 5, cols)
+                .unwrap(),
+        );
+        let q8 = Matrix::Quantized(
+            UqMatrix::from_gguf(GgufBlockFormat::Q8_0, &random_blocks(GgufBlockFormat::Q8_0, 2, cols, 2), 2, cols)
+                .unwrap(),
+        );
         let dense = Matrix::Dense(DenseMatrix { rows: 3, cols, w: (0..3 * cols).map(|i| i as f32 / 100.0).collect() });
         let parts = [&q5, &q8, &dense];
         let stacked = Matrix::stack(&parts).unwrap();
         assert!(matches!(&stacked, Matrix::Stacked(p) if p.len() == 3), "a mix keeps its parts (and their bytes)");
         let q5_twice = Matrix::stack(&[&q5, &q5, &q8]).unwrap();
-        assert!(matches!(&q5_twice, Matrix::Stacked(p) if p.len() == 2 && p[0].rows() == 10), "neighbours of one format join");
+        assert!(
+            matches!(&q5_twice, Matrix::Stacked(p) if p.len() == 2 && p[0].rows() == 10),
+            "neighbours of one format join"
+        );
         assert_eq!((stacked.rows(), stacked.weight_bytes()), (10, parts.iter().map(|p| p.weight_bytes()).sum()));
         let n = 3;
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 31) % 17) as f32 / 8.0 - 1.0).collect();
@@ -408,7 +462,12 @@ mod tests {
 
     #[test]
     fn legacy_formats_take_their_file_size_in_memory() {
-        for (format, block_bytes) in [(GgufBlockFormat::Q4_0, 18), (GgufBlockFormat::Q4_1, 20), (GgufBlockFormat::Q5_0, 22), (GgufBlockFormat::Q8_0, 34)] {
+        for (format, block_bytes) in [
+            (GgufBlockFormat::Q4_0, 18),
+            (GgufBlockFormat::Q4_1, 20),
+            (GgufBlockFormat::Q5_0, 22),
+            (GgufBlockFormat::Q8_0, 34),
+        ] {
             let raw = random_blocks(format, 4, 64, 1);
             assert_eq!(raw.len(), 4 * 2 * block_bytes);
             assert_eq!(UqMatrix::from_gguf(format, &raw, 4, 64).unwrap().bytes(), raw.len(), "{format:?}");

@@ -9,8 +9,8 @@ pub mod kv_q8;
 pub mod matrix;
 pub mod ops;
 pub mod parallel;
-pub mod spin_pool;
 pub mod quant;
+pub mod spin_pool;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
@@ -86,8 +86,16 @@ fn level_for(wanted: Option<&str>) -> (SimdLevel, Option<String>) {
     let Some(wanted) = wanted else { return (best, None) };
     match SimdLevel::ALL.into_iter().find(|l| l.name() == wanted) {
         Some(level) if level.is_supported() => (level, None),
-        Some(level) => (best, Some(format!("HILLSIDE_SIMD={wanted}: this CPU lacks {}; using {}", level.name(), best.name()))),
-        None => (best, Some(format!("HILLSIDE_SIMD={wanted} is not a level (avx512, avx-vnni, avx2, portable); using {}", best.name()))),
+        Some(level) => {
+            (best, Some(format!("HILLSIDE_SIMD={wanted}: this CPU lacks {}; using {}", level.name(), best.name())))
+        }
+        None => (
+            best,
+            Some(format!(
+                "HILLSIDE_SIMD={wanted} is not a level (avx512, avx-vnni, avx2, portable); using {}",
+                best.name()
+            )),
+        ),
     }
 }
 

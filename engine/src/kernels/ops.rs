@@ -165,7 +165,13 @@ pub struct Rope {
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f32, scaling: &RopeScaling, layout: RopeLayout, freq_factors: Option<&[f32]>) -> Self {
+    pub fn new(
+        head_dim: usize,
+        theta: f32,
+        scaling: &RopeScaling,
+        layout: RopeLayout,
+        freq_factors: Option<&[f32]>,
+    ) -> Self {
         let mut inv_freq: Vec<f32> =
             (0..head_dim / 2).map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32)).collect();
         let mut position_scale = 1.0;
@@ -209,7 +215,14 @@ impl Rope {
 
     /// Rotates every head of every row in `x` (`rows × n_heads·head_dim`); row t uses table row t.
     pub fn apply(&self, x: &mut [f32], n_heads: usize, cos: &[f32], sin: &[f32]) {
-        rotate(x, n_heads * 2 * self.inv_freq.len(), self.inv_freq.len(), self.layout == RopeLayout::Interleaved, cos, sin)
+        rotate(
+            x,
+            n_heads * 2 * self.inv_freq.len(),
+            self.inv_freq.len(),
+            self.layout == RopeLayout::Interleaved,
+            cos,
+            sin,
+        )
     }
 }
 

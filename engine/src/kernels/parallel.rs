@@ -55,13 +55,17 @@ pub fn task_count(work_items: usize, min_items_per_task: usize) -> usize {
 /// order. For the host's own loops in a decode step: handed to rayon instead, the caller
 /// would sleep until a rayon thread woke to take the work and woke it back.
 pub fn map_items<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let slots: Vec<Mutex<(Option<T>, Option<R>)>> = items.into_iter().map(|item| Mutex::new((Some(item), None))).collect();
+    let slots: Vec<Mutex<(Option<T>, Option<R>)>> =
+        items.into_iter().map(|item| Mutex::new((Some(item), None))).collect();
     super::spin_pool::pool().run(slots.len(), &|i| {
         let item = slots[i].lock().unwrap_or_else(|e| e.into_inner()).0.take().expect("each task runs once");
         let result = f(item);
         slots[i].lock().unwrap_or_else(|e| e.into_inner()).1 = Some(result);
     });
-    slots.into_iter().map(|slot| slot.into_inner().unwrap_or_else(|e| e.into_inner()).1.expect("every task ran")).collect()
+    slots
+        .into_iter()
+        .map(|slot| slot.into_inner().unwrap_or_else(|e| e.into_inner()).1.expect("every task ran"))
+        .collect()
 }
 
 #[cfg(test)]

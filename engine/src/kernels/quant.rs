@@ -163,7 +163,14 @@ impl UqMatrix {
             GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => return Some(Self::from_k_quants(format, raw, rows, cols)),
             GgufBlockFormat::Q6K => return Some(Self::from_q6_k(raw, rows, cols)),
         };
-        let mut w = Self { rows, cols, bits, qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()), d: Vec::with_capacity(n_blocks), offset };
+        let mut w = Self {
+            rows,
+            cols,
+            bits,
+            qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
+            d: Vec::with_capacity(n_blocks),
+            offset,
+        };
         let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
         for block in raw.chunks_exact(format.block_bytes()) {
             w.d.push(half_at(block, 0));
@@ -183,7 +190,9 @@ impl UqMatrix {
                     w.qs.extend_from_slice(&block[4..8]);
                 }
                 GgufBlockFormat::Q8_0 => w.qs.extend(block[2..34].iter().map(|&q| q ^ 0x80)),
-                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => unreachable!("K-quants are repacked on their own"),
+                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => {
+                    unreachable!("K-quants are repacked on their own")
+                }
             }
         }
         Some(w)
@@ -196,7 +205,14 @@ impl UqMatrix {
         let five = format == GgufBlockFormat::Q5K;
         let bits = if five { QuantBits::Five } else { QuantBits::Four };
         let n_blocks = rows * cols / BLOCK;
-        let mut w = Self { rows, cols, bits, qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()), d: Vec::with_capacity(n_blocks), offset: Offset::PerBlock(Vec::with_capacity(n_blocks)) };
+        let mut w = Self {
+            rows,
+            cols,
+            bits,
+            qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
+            d: Vec::with_capacity(n_blocks),
+            offset: Offset::PerBlock(Vec::with_capacity(n_blocks)),
+        };
         let Offset::PerBlock(offsets) = &mut w.offset else { unreachable!() };
         let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
         for block in raw.chunks_exact(format.block_bytes()) {
@@ -209,7 +225,10 @@ impl UqMatrix {
                 let (sc, m) = if sub < 4 {
                     (scales[sub] & 63, scales[sub + 4] & 63)
                 } else {
-                    ((scales[sub + 4] & 0x0f) | ((scales[sub - 4] >> 6) << 4), (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4))
+                    (
+                        (scales[sub + 4] & 0x0f) | ((scales[sub - 4] >> 6) << 4),
+                        (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4),
+                    )
                 };
                 w.d.push(f16::from_f32(d * f32::from(sc)));
                 offsets.push(f16::from_f32(-dmin * f32::from(m)));
@@ -217,7 +236,11 @@ impl UqMatrix {
                 let pair = &nibbles[sub / 2 * BLOCK..][..BLOCK];
                 let values: [u8; BLOCK] = std::array::from_fn(|l| {
                     let q = if sub % 2 == 0 { pair[l] & 0x0f } else { pair[l] >> 4 };
-                    if five { q | (((high[l] >> sub) & 1) << 4) } else { q }
+                    if five {
+                        q | (((high[l] >> sub) & 1) << 4)
+                    } else {
+                        q
+                    }
                 });
                 w.qs.extend((0..BLOCK / 2).map(|i| (values[i] & 0x0f) | (values[i + BLOCK / 2] & 0x0f) << 4));
                 if five {
@@ -235,7 +258,14 @@ impl UqMatrix {
     fn from_q6_k(raw: &[u8], rows: usize, cols: usize) -> Self {
         let n_blocks = rows * cols / BLOCK;
         let bits = QuantBits::Six;
-        let mut w = Self { rows, cols, bits, qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()), d: Vec::with_capacity(2 * n_blocks), offset: Offset::Zero(32) };
+        let mut w = Self {
+            rows,
+            cols,
+            bits,
+            qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
+            d: Vec::with_capacity(2 * n_blocks),
+            offset: Offset::Zero(32),
+        };
         for block in raw.chunks_exact(GgufBlockFormat::Q6K.block_bytes()) {
             let (low, high, scales) = (&block[..128], &block[128..192], &block[192..208]);
             let d = f16::from_le_bytes([block[208], block[209]]).to_f32();
@@ -247,9 +277,13 @@ impl UqMatrix {
                 let (low, high) = (&low[64 * half..][..64], &high[32 * half..][..32]);
                 for run in 0..4 {
                     let nibbles = &low[32 * (run % 2)..][..32];
-                    let values: [u8; BLOCK] = std::array::from_fn(|l| ((nibbles[l] >> (4 * (run / 2))) & 0x0f) | (((high[l] >> (2 * run)) & 3) << 4));
+                    let values: [u8; BLOCK] = std::array::from_fn(|l| {
+                        ((nibbles[l] >> (4 * (run / 2))) & 0x0f) | (((high[l] >> (2 * run)) & 3) << 4)
+                    });
                     w.qs.extend((0..BLOCK / 2).map(|i| (values[i] & 0x0f) | (values[i + BLOCK / 2] & 0x0f) << 4));
-                    w.qs.extend((0..BLOCK / 4).map(|i| (0..4).fold(0u8, |byte, k| byte | (values[8 * k + i] >> 4) << (2 * k))));
+                    w.qs.extend(
+                        (0..BLOCK / 4).map(|i| (0..4).fold(0u8, |byte, k| byte | (values[8 * k + i] >> 4) << (2 * k))),
+                    );
                 }
             }
         }
@@ -326,9 +360,13 @@ impl UqMatrix {
         }
         let offset = match &first.offset {
             Offset::Zero(z) => Offset::Zero(*z),
-            Offset::PerBlock(_) => {
-                Offset::PerBlock(parts.iter().map(|p| if let Offset::PerBlock(m) = &p.offset { m.as_slice() } else { &[] }).collect::<Vec<_>>().concat())
-            }
+            Offset::PerBlock(_) => Offset::PerBlock(
+                parts
+                    .iter()
+                    .map(|p| if let Offset::PerBlock(m) = &p.offset { m.as_slice() } else { &[] })
+                    .collect::<Vec<_>>()
+                    .concat(),
+            ),
         };
         // `concat` allocates exactly what the parts hold; a collected `flat_map` grows by
         // doubling and can leave a stacked matrix with up to twice its size allocated.
@@ -390,14 +428,16 @@ impl QuantizedActivations {
         let tasks = task_count(n, 8);
         let tokens_per_task = n.div_ceil(tasks);
         let (qs, d) = (DisjointWriter::new(&mut self.qs), DisjointWriter::new(&mut self.d));
-        let (sums, sums_f16) = (DisjointWriter::new(&mut self.scaled_sums), DisjointWriter::new(&mut self.scaled_sums_f16));
+        let (sums, sums_f16) =
+            (DisjointWriter::new(&mut self.scaled_sums), DisjointWriter::new(&mut self.scaled_sums_f16));
         pool().run(tasks, &|task| {
             let tokens = task * tokens_per_task..((task + 1) * tokens_per_task).min(n);
             let (first, blocks) = (tokens.start * nb, tokens.len() * nb);
             // SAFETY: each task owns its tokens' values and blocks.
             unsafe {
                 let (x, qs) = (&x[first * BLOCK..][..blocks * BLOCK], qs.slice(first * BLOCK, blocks * BLOCK));
-                let (d, sums, sums_f16) = (d.slice(first, blocks), sums.slice(first, blocks), sums_f16.slice(first, blocks));
+                let (d, sums, sums_f16) =
+                    (d.slice(first, blocks), sums.slice(first, blocks), sums_f16.slice(first, blocks));
                 #[cfg(target_arch = "x86_64")]
                 if super::simd_level() != super::SimdLevel::Portable {
                     // (every level but Portable has avx2, fma and f16c, checked when chosen)
@@ -443,10 +483,12 @@ mod tests {
         // and an irregular pattern.
         let ties: Vec<f32> = (0..32).map(|i| if i == 0 { 127.0 } else { (i as f32 - 16.0) * 7.5 + 0.5 }).collect();
         let irregular: Vec<f32> = (0..32 * 40).map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0).collect();
-        let x: Vec<f32> = ties.iter().copied().chain([0.0; 32]).chain((0..32).map(|i| i as f32 * 1e-30)).chain(irregular).collect();
+        let x: Vec<f32> =
+            ties.iter().copied().chain([0.0; 32]).chain((0..32).map(|i| i as f32 * 1e-30)).chain(irregular).collect();
         let blocks = x.len() / BLOCK;
         let run = |avx2: bool| {
-            let (mut qs, mut d, mut sums, mut sums_f16) = (vec![0i8; x.len()], vec![0f32; blocks], vec![0f32; blocks], vec![0f32; blocks]);
+            let (mut qs, mut d, mut sums, mut sums_f16) =
+                (vec![0i8; x.len()], vec![0f32; blocks], vec![0f32; blocks], vec![0f32; blocks]);
             if avx2 {
                 // SAFETY: checked above that the CPU has the features.
                 unsafe { super::super::x86::avx2::quantize_blocks(&x, &mut qs, &mut d, &mut sums, &mut sums_f16) }
@@ -457,7 +499,9 @@ mod tests {
         };
         let (portable, avx2) = (run(false), run(true));
         assert_eq!(portable.0, avx2.0, "int8 values");
-        for (name, a, b) in [("scales", &portable.1, &avx2.1), ("sums", &portable.2, &avx2.2), ("f16 sums", &portable.3, &avx2.3)] {
+        for (name, a, b) in
+            [("scales", &portable.1, &avx2.1), ("sums", &portable.2, &avx2.2), ("f16 sums", &portable.3, &avx2.3)]
+        {
             assert!(a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: {a:?} vs {b:?}");
         }
         assert!(portable.0[..32].iter().any(|&q| q % 2 != 0), "the tie block rounds to odd values too");

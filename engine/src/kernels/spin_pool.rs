@@ -13,9 +13,9 @@
 //! once) runs its tasks on its own thread. A task that panics does not take a worker down: the
 //! panic is caught and raised again in the caller once every task has finished.
 
+use std::any::Any;
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::any::Any;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -96,7 +96,10 @@ impl Pool {
         let pool = Self::unstarted(workers);
         for i in 0..workers {
             let shared = pool.shared;
-            std::thread::Builder::new().name(format!("hillside-compute-{i}")).spawn(move || work(shared)).expect("spawning a compute thread");
+            std::thread::Builder::new()
+                .name(format!("hillside-compute-{i}"))
+                .spawn(move || work(shared))
+                .expect("spawning a compute thread");
         }
         pool
     }

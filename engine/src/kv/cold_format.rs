@@ -121,7 +121,8 @@ mod tests {
         let (values, hd) = (2 * 16 * 64, 64);
         assert_eq!(ColdType::F16.disk_bytes(values, hd), 4096);
         assert_eq!(ColdType::Q8.disk_bytes(values, hd), 2560);
-        let groups: Vec<u16> = (0..2 * values).map(|i| half::f16::from_f32(((i * 37) % 101) as f32 / 25.0 - 2.0).to_bits()).collect();
+        let groups: Vec<u16> =
+            (0..2 * values).map(|i| half::f16::from_f32(((i * 37) % 101) as f32 / 25.0 - 2.0).to_bits()).collect();
         let mut disk = vec![0xEEu8; 2 * 2560];
         for (group, out) in groups.chunks_exact(values).zip(disk.chunks_exact_mut(2560)) {
             encode_q8(group, hd, out);
@@ -135,14 +136,20 @@ mod tests {
         }
         // Row by row, each type gives what the whole group decodes to.
         let f16_bytes: Vec<u8> = groups[values..].iter().flat_map(|w| w.to_le_bytes()).collect();
-        for (cold_type, group, whole) in [(ColdType::Q8, &disk[2560..], &back[..]), (ColdType::F16, &f16_bytes[..], &groups[values..])] {
+        for (cold_type, group, whole) in
+            [(ColdType::Q8, &disk[2560..], &back[..]), (ColdType::F16, &f16_bytes[..], &groups[values..])]
+        {
             let mut decoded = vec![0u16; values];
             cold_type.decode_group(group, hd, &mut decoded);
             assert_eq!(decoded, whole, "{cold_type:?}");
             for within in 0..16 {
                 let (mut k, mut v) = ([0u16; 64], [0u16; 64]);
                 cold_type.decode_row(group, hd, within, &mut k, &mut v);
-                assert_eq!((&k[..], &v[..]), (&whole[within * hd..][..hd], &whole[values / 2 + within * hd..][..hd]), "{cold_type:?} row {within}");
+                assert_eq!(
+                    (&k[..], &v[..]),
+                    (&whole[within * hd..][..hd], &whole[values / 2 + within * hd..][..hd]),
+                    "{cold_type:?} row {within}"
+                );
             }
         }
     }

@@ -1,16 +1,16 @@
 //! Which KV store a sequence gets, and its settings (shared by CLI flags and config files).
 
-use super::tiered::planner::{self, Profile};
-use super::tiered::{budget_floor_bytes, pinned_rows_bytes, TieredKvStore, TieredSettings};
+use super::cold_format::ColdType;
 use super::drop::DropKvStore;
 use super::near_storage::NearStorageKvStore;
-use super::x_cache::{KvFromInput, XCachePlan};
 use super::placement::PlacementKind;
-use super::cold_format::ColdType;
+use super::tiered::planner::{self, Profile};
+use super::tiered::{budget_floor_bytes, pinned_rows_bytes, TieredKvStore, TieredSettings};
+use super::x_cache::{KvFromInput, XCachePlan};
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
+use crate::error::Result;
 use crate::score::xrt::{self, XrtOptions};
 use crate::score::KeyBits;
-use crate::error::Result;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -223,7 +223,8 @@ impl KvConfig {
                 .inspect_err(|e| tracing::warn!(error = %e, "could not profile the cold pool; the hot pool gets a quarter of the cache"))
                 .ok(),
         };
-        let xrt_problem = (self.evaluator == EvaluatorKind::Xrt).then(|| xrt::probe(&self.xrt_options()).problem).flatten();
+        let xrt_problem =
+            (self.evaluator == EvaluatorKind::Xrt).then(|| xrt::probe(&self.xrt_options()).problem).flatten();
         KvStartup { profile, xrt_problem }
     }
 

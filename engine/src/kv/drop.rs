@@ -58,7 +58,8 @@ impl DropKvStore {
             let q = &q_row[head * hd..][..hd];
             for (s, &t) in scores.iter_mut().zip(tokens) {
                 let (k, _) = self.kept.get(layer, t).expect("kept token");
-                *s = k[kv_head * hd..][..hd].iter().zip(q).map(|(&k, &q)| f16::from_bits(k).to_f32() * q).sum::<f32>() * scale;
+                *s = k[kv_head * hd..][..hd].iter().zip(q).map(|(&k, &q)| f16::from_bits(k).to_f32() * q).sum::<f32>()
+                    * scale;
             }
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let total: f32 = scores.iter().map(|s| (s - max).exp()).sum();
@@ -138,8 +139,11 @@ impl KvStore for DropKvStore {
                 continue;
             }
             let recent_start = self.len.saturating_sub(self.recent_tokens);
-            let mut victims: Vec<u32> =
-                self.kept.tokens(layer).filter(|&t| t as usize >= self.sink_tokens && (t as usize) < recent_start).collect();
+            let mut victims: Vec<u32> = self
+                .kept
+                .tokens(layer)
+                .filter(|&t| t as usize >= self.sink_tokens && (t as usize) < recent_start)
+                .collect();
             let importance = &self.importance[layer];
             victims.sort_by(|&a, &b| importance[a as usize].total_cmp(&importance[b as usize]));
             for t in victims.into_iter().take(excess) {

@@ -52,10 +52,8 @@ impl KvStore for FullKvStore {
         let (hd, kv_dim) = (self.shape.head_dim, self.shape.kv_dim());
         let n = self.shape.tokens_to_append(self.len, k, v)?;
         let layer_len = self.layer_len();
-        let (k_layer, v_layer) = (
-            &mut self.k[layer * layer_len..][..layer_len],
-            &mut self.v[layer * layer_len..][..layer_len],
-        );
+        let (k_layer, v_layer) =
+            (&mut self.k[layer * layer_len..][..layer_len], &mut self.v[layer * layer_len..][..layer_len]);
         for t in 0..n {
             let token = self.len + t;
             for h in 0..self.shape.n_kv_heads {

@@ -22,7 +22,8 @@ impl Headroom {
     pub fn measure() -> Self {
         let system = meminfo_available().unwrap_or(0);
         let cgroup = cgroup_dirs().into_iter().filter_map(|d| d.room()).min();
-        let pressure_some_bp = std::fs::read_to_string("/proc/pressure/memory").ok().and_then(|s| psi_some_avg10_bp(&s)).unwrap_or(0);
+        let pressure_some_bp =
+            std::fs::read_to_string("/proc/pressure/memory").ok().and_then(|s| psi_some_avg10_bp(&s)).unwrap_or(0);
         match cgroup {
             Some(room) if room < system => Self { bytes: room, cgroup_limited: true, pressure_some_bp },
             _ => Self { bytes: system, cgroup_limited: false, pressure_some_bp },
@@ -66,9 +67,17 @@ impl CgroupDir {
     fn room(&self) -> Option<u64> {
         let read = |name: &str| std::fs::read_to_string(self.path.join(name)).ok();
         let (limit, usage, inactive_key) = if self.v2 {
-            (read("memory.max")?.trim().parse::<u64>().ok()?, read("memory.current")?.trim().parse::<u64>().ok()?, "inactive_file")
+            (
+                read("memory.max")?.trim().parse::<u64>().ok()?,
+                read("memory.current")?.trim().parse::<u64>().ok()?,
+                "inactive_file",
+            )
         } else {
-            (read("memory.limit_in_bytes")?.trim().parse::<u64>().ok()?, read("memory.usage_in_bytes")?.trim().parse::<u64>().ok()?, "total_inactive_file")
+            (
+                read("memory.limit_in_bytes")?.trim().parse::<u64>().ok()?,
+                read("memory.usage_in_bytes")?.trim().parse::<u64>().ok()?,
+                "total_inactive_file",
+            )
         };
         if limit >= UNLIMITED {
             return None;
@@ -131,14 +140,17 @@ impl MemoryCap {
         };
         let unique = format!("{name}-{}", std::process::id());
         let v2_root = own(&|id, c| id == "0" && c.is_empty()).map(|p| Path::new("/sys/fs/cgroup").join(p));
-        if let Some(parent) = v2_root.filter(|p| std::fs::read_to_string(p.join("cgroup.subtree_control")).is_ok_and(|s| s.contains("memory"))) {
+        if let Some(parent) = v2_root
+            .filter(|p| std::fs::read_to_string(p.join("cgroup.subtree_control")).is_ok_and(|s| s.contains("memory")))
+        {
             let dir = parent.join(unique);
             std::fs::create_dir(&dir)?;
             std::fs::write(dir.join("memory.max"), limit_bytes.to_string())?;
             return Ok(Self { dir, v2: true });
         }
-        let v1 = own(&|_, c| c.split(',').any(|c| c == "memory"))
-            .ok_or_else(|| std::io::Error::other("no memory cgroup controller (neither v2 delegated nor v1 mounted)"))?;
+        let v1 = own(&|_, c| c.split(',').any(|c| c == "memory")).ok_or_else(|| {
+            std::io::Error::other("no memory cgroup controller (neither v2 delegated nor v1 mounted)")
+        })?;
         let dir = Path::new("/sys/fs/cgroup/memory").join(v1).join(unique);
         std::fs::create_dir(&dir)?;
         std::fs::write(dir.join("memory.limit_in_bytes"), limit_bytes.to_string())?;
@@ -147,7 +159,10 @@ impl MemoryCap {
 
     /// Changes the limit.
     pub fn set_limit(&self, limit_bytes: u64) -> std::io::Result<()> {
-        std::fs::write(self.dir.join(if self.v2 { "memory.max" } else { "memory.limit_in_bytes" }), limit_bytes.to_string())
+        std::fs::write(
+            self.dir.join(if self.v2 { "memory.max" } else { "memory.limit_in_bytes" }),
+            limit_bytes.to_string(),
+        )
     }
 
     /// Moves process `pid` into the cgroup.

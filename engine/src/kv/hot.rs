@@ -269,11 +269,17 @@ mod tests {
         for t in 0..40 {
             let lane = (t % 2) as usize;
             let expect = (t % 3 == 0).then(|| (row(t, lane as u16), row(t + 1000, 9)));
-            assert_eq!(pool.get(lane, t).map(|(k, v)| (k.to_vec(), v.to_vec())), expect.map(|(k, v)| (k.to_vec(), v.to_vec())), "token {t}");
+            assert_eq!(
+                pool.get(lane, t).map(|(k, v)| (k.to_vec(), v.to_vec())),
+                expect.map(|(k, v)| (k.to_vec(), v.to_vec())),
+                "token {t}"
+            );
         }
         // Removing after a compaction still finds each row's place in its lane.
         pool.remove(1, 33);
         pool.remove(0, 0);
-        assert!(!pool.contains(1, 33) && !pool.contains(0, 0) && pool.contains(1, 39) && pool.len(0) + pool.len(1) == 12);
+        assert!(
+            !pool.contains(1, 33) && !pool.contains(0, 0) && pool.contains(1, 39) && pool.len(0) + pool.len(1) == 12
+        );
     }
 }

@@ -31,11 +31,11 @@ pub mod window;
 pub mod x_cache;
 
 use crate::error::Result;
-use std::ops::Range;
 pub use crate::kernels::attention::{KvView, KV_TILE};
 pub use config::{EvaluatorKind, KvConfig, SelectorKind, StoreKind};
 pub use full::FullKvStore;
 pub use offload::OffloadKvStore;
+use std::ops::Range;
 
 /// The dimensions of the cache a model needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +62,12 @@ impl KvShape {
     pub fn tokens_to_append(&self, held: usize, k: &[f32], v: &[f32]) -> Result<usize> {
         let n = k.len() / self.kv_dim();
         if k.len() != n * self.kv_dim() || v.len() != k.len() {
-            return Err(crate::Error::Kv(format!("append: {} K and {} V values are not whole rows of {}", k.len(), v.len(), self.kv_dim())));
+            return Err(crate::Error::Kv(format!(
+                "append: {} K and {} V values are not whole rows of {}",
+                k.len(),
+                v.len(),
+                self.kv_dim()
+            )));
         }
         if held + n > self.max_tokens {
             return Err(crate::Error::ContextOverflow { prompt_tokens: held + n, context_tokens: self.max_tokens });
@@ -135,7 +140,9 @@ impl HeadsPart {
     /// many (only where there is more than one).
     pub fn each_head(n_kv_heads: usize, cached_tokens: usize, span_tokens: Option<usize>) -> Vec<HeadsPart> {
         let spans: Vec<Range<usize>> = match span_tokens {
-            Some(span) if span > 0 && span < cached_tokens => (0..cached_tokens).step_by(span).map(|s| s..(s + span).min(cached_tokens)).collect(),
+            Some(span) if span > 0 && span < cached_tokens => {
+                (0..cached_tokens).step_by(span).map(|s| s..(s + span).min(cached_tokens)).collect()
+            }
             _ => Vec::new(),
         };
         (0..n_kv_heads).map(|h| HeadsPart { heads: h..h + 1, spans: spans.clone() }).collect()
@@ -242,7 +249,14 @@ pub trait KvStore: Send {
     /// the attention output of queries `q` (`n × n_heads·head_dim`, after this step's
     /// `append`) into `out` here and are not asked to select, gather or observe; `None` for
     /// the stores that hand the model their K/V instead.
-    fn attend(&mut self, _layer: usize, _q: &[f32], _q_positions: &[usize], _n_heads: usize, _out: &mut [f32]) -> Option<Result<()>> {
+    fn attend(
+        &mut self,
+        _layer: usize,
+        _q: &[f32],
+        _q_positions: &[usize],
+        _n_heads: usize,
+        _out: &mut [f32],
+    ) -> Option<Result<()>> {
         None
     }
 

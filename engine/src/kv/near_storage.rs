@@ -17,9 +17,9 @@
 //! storage side hands up X, the host rebuilds K/V and attends to all of it itself.
 
 use super::aligned::AlignedBuf;
+use super::cold::staged::read_heads;
 use super::cold::{ColdPool, GROUP_TOKENS};
 use super::cold_format::ColdType;
-use super::cold::staged::read_heads;
 use super::view::ViewBuffers;
 use super::x_cache::{KvFromInput, LayerInputs};
 use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, OffloadKvStore, Selection};
@@ -44,7 +44,12 @@ pub struct NearStorageKvStore {
 impl NearStorageKvStore {
     /// A store whose first `x_layers` layers keep their inputs, rebuilt to K/V by `rebuild`
     /// (none without one).
-    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], cold_type: ColdType, x_cache: Option<(usize, Arc<dyn KvFromInput>)>) -> Result<Self> {
+    pub fn new(
+        shape: KvShape,
+        cold_dirs: &[PathBuf],
+        cold_type: ColdType,
+        x_cache: Option<(usize, Arc<dyn KvFromInput>)>,
+    ) -> Result<Self> {
         let x_cache = x_cache.filter(|&(layers, _)| layers > 0 && layers < shape.n_layers);
         let x_layers = x_cache.as_ref().map_or(0, |&(layers, _)| layers);
         let inputs = match x_cache {
@@ -71,7 +76,14 @@ impl NearStorageKvStore {
         }
     }
 
-    fn attend_exactly(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Result<()> {
+    fn attend_exactly(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        n_heads: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
         let backing = self.inner.backing();
         let cold_groups = backing.cold_end() / GROUP_TOKENS;
         let hd = self.shape().head_dim;
@@ -110,7 +122,9 @@ impl KvStore for NearStorageKvStore {
                 // replay) cannot be kept, and the caller computes the tokens afresh.
                 let n = shape.tokens_to_append(held, k, v)?;
                 if inputs.pending(layer) != n {
-                    return Err(crate::Error::Kv(format!("layer {layer} keeps its inputs (X-cache), and {n} tokens' K/V came without them")));
+                    return Err(crate::Error::Kv(format!(
+                        "layer {layer} keeps its inputs (X-cache), and {n} tokens' K/V came without them"
+                    )));
                 }
                 Ok(())
             }
@@ -118,7 +132,14 @@ impl KvStore for NearStorageKvStore {
         }
     }
 
-    fn attend(&mut self, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize, out: &mut [f32]) -> Option<Result<()>> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        n_heads: usize,
+        out: &mut [f32],
+    ) -> Option<Result<()>> {
         // An X-cached layer's K/V are rebuilt on the host, which attends to them as to a
         // gathered view (the model asks `gather`).
         let layer = self.route(layer).err()?;
@@ -210,12 +231,26 @@ struct StorageAttention {
 
 impl StorageAttention {
     fn new(shape: KvShape) -> Self {
-        Self { shape, view: ViewBuffers::new(shape.head_dim), partial: PartialBuffers::default(), buf: AlignedBuf::zeroed(0), output_bytes: 0 }
+        Self {
+            shape,
+            view: ViewBuffers::new(shape.head_dim),
+            partial: PartialBuffers::default(),
+            buf: AlignedBuf::zeroed(0),
+            output_bytes: 0,
+        }
     }
 
     /// Attention of `q` over tokens `0 .. cold_groups · GROUP_TOKENS` of `layer`, all in the cold
     /// pool, as a partial.
-    fn attend(&mut self, cold: &ColdPool, layer: usize, cold_groups: usize, q: &[f32], q_positions: &[usize], n_heads: usize) -> Result<Partial<'_>> {
+    fn attend(
+        &mut self,
+        cold: &ColdPool,
+        layer: usize,
+        cold_groups: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        n_heads: usize,
+    ) -> Result<Partial<'_>> {
         let every_group = vec![(0..cold_groups).collect(); self.shape.n_kv_heads];
         let staged = read_heads(cold, layer, every_group, &mut self.buf)?;
         let layout = cold.layout();
@@ -223,7 +258,9 @@ impl StorageAttention {
         self.view.reset(self.shape.n_kv_heads, cold_groups * GROUP_TOKENS);
         for head in 0..self.shape.n_kv_heads {
             for g in 0..cold_groups {
-                let group = staged.group(&self.buf, head, g, layout.disk_group_bytes()).expect("every group of the layer was read");
+                let group = staged
+                    .group(&self.buf, head, g, layout.disk_group_bytes())
+                    .expect("every group of the layer was read");
                 layout.cold_type.decode_group(group, layout.head_dim, &mut page);
                 self.view.set_group(g * GROUP_TOKENS, head, &page);
             }
@@ -254,14 +291,26 @@ impl HostAttention {
         Self { view: ViewBuffers::new(shape.head_dim), positions: Vec::new(), partial: PartialBuffers::default() }
     }
 
-    fn attend(&mut self, backing: &super::backing::DiskBacking, layer: usize, q: &[f32], q_positions: &[usize], n_heads: usize) -> Partial<'_> {
+    fn attend(
+        &mut self,
+        backing: &super::backing::DiskBacking,
+        layer: usize,
+        q: &[f32],
+        q_positions: &[usize],
+        n_heads: usize,
+    ) -> Partial<'_> {
         let n_kv = backing.cold().layout().n_kv_heads;
         let window = backing.cold_end()..backing.held(layer);
         self.view.reset(n_kv, window.len());
         self.positions.clear();
         for head in 0..n_kv {
             for (slot, token) in window.clone().enumerate() {
-                self.view.set_token(slot, head, backing.row(layer, head, token, false), backing.row(layer, head, token, true));
+                self.view.set_token(
+                    slot,
+                    head,
+                    backing.row(layer, head, token, false),
+                    backing.row(layer, head, token, true),
+                );
                 self.positions.push(token as u32);
             }
         }

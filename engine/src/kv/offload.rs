@@ -72,7 +72,12 @@ impl KvStore for OffloadKvStore {
                 }
             }
             for token in self.backing.cold_end()..total {
-                self.view.set_token(token, at, self.backing.row(layer, head, token, false), self.backing.row(layer, head, token, true));
+                self.view.set_token(
+                    token,
+                    at,
+                    self.backing.row(layer, head, token, false),
+                    self.backing.row(layer, head, token, true),
+                );
             }
         }
         Ok(self.view.view(total, None))

@@ -96,7 +96,12 @@ impl Placement {
 
     /// The slots for spilling `tokens` (whole groups from a group boundary), given each lane's
     /// keys (`keys(lane, token)`, f16 bits); `None` where they stay in text order.
-    pub fn plan<'k>(&self, tokens: Range<usize>, head_dim: usize, keys: impl Fn(usize, usize) -> &'k [u16] + Sync) -> Option<SpillOrder> {
+    pub fn plan<'k>(
+        &self,
+        tokens: Range<usize>,
+        head_dim: usize,
+        keys: impl Fn(usize, usize) -> &'k [u16] + Sync,
+    ) -> Option<SpillOrder> {
         if self.kind == PlacementKind::Position || spans(tokens.clone()).all(|s| s.len() <= GROUP_TOKENS) {
             return None;
         }
@@ -106,7 +111,8 @@ impl Placement {
             .map(|lane| {
                 let mut order = Vec::with_capacity(tokens.len());
                 for span in spans(tokens.clone()) {
-                    let rows: Vec<f32> = span.clone().flat_map(|t| keys(lane, t).iter().map(|&b| f16::from_bits(b).to_f32())).collect();
+                    let rows: Vec<f32> =
+                        span.clone().flat_map(|t| keys(lane, t).iter().map(|&b| f16::from_bits(b).to_f32())).collect();
                     let mut idx: Vec<u32> = (0..span.len() as u32).collect();
                     similarity_order(&rows, head_dim, &mut idx);
                     // Slot `span.start + s` holds token `span.start + idx[s]`.
@@ -230,7 +236,9 @@ fn similarity_order(keys: &[f32], head_dim: usize, idx: &mut [u32]) {
 /// direction of the row farthest from the mean.
 fn principal_direction<'a>(rows: impl Iterator<Item = &'a [f32]> + Clone, mean: &[f32]) -> Vec<f32> {
     let centered = |r: &'a [f32]| r.iter().zip(mean).map(|(x, m)| x - m);
-    let start = rows.clone().max_by(|a, b| centered(a).map(|x| x * x).sum::<f32>().total_cmp(&centered(b).map(|x| x * x).sum::<f32>()));
+    let start = rows
+        .clone()
+        .max_by(|a, b| centered(a).map(|x| x * x).sum::<f32>().total_cmp(&centered(b).map(|x| x * x).sum::<f32>()));
     let mut direction: Vec<f32> = start.map_or_else(Vec::new, |r| centered(r).collect());
     for _ in 0..POWER_ITERATIONS {
         let norm = direction.iter().map(|x| x * x).sum::<f32>().sqrt();
@@ -289,7 +297,10 @@ mod tests {
             for lane in 0..lanes {
                 let mut slots: Vec<usize> = (0..end).map(|t| p.slot(lane, t)).collect();
                 assert!((0..end).all(|t| p.slot(lane, t) / BLOCK_TOKENS == t / BLOCK_TOKENS), "a token left its block");
-                assert!((0..end).all(|t| p.token(lane, p.slot(lane, t)) == t), "lane {lane}: a slot names another token");
+                assert!(
+                    (0..end).all(|t| p.token(lane, p.slot(lane, t)) == t),
+                    "lane {lane}: a slot names another token"
+                );
                 slots.sort_unstable();
                 assert_eq!(slots, (0..end).collect::<Vec<_>>(), "lane {lane}: slots are a permutation of 0..{end}");
             }
@@ -309,7 +320,11 @@ mod tests {
             }
             check(&p, tokens.end);
         }
-        assert_ne!((0..400).map(|t| p.slot(0, t)).collect::<Vec<_>>(), (0..400).collect::<Vec<_>>(), "the batch was reordered");
+        assert_ne!(
+            (0..400).map(|t| p.slot(0, t)).collect::<Vec<_>>(),
+            (0..400).collect::<Vec<_>>(),
+            "the batch was reordered"
+        );
         // A cut inside a permuted span restarts at the span; one in a positional group at the group.
         assert_eq!((p.restart(300), p.restart(420), p.restart(256), p.restart(600)), (256, 416, 256, 512));
         p.truncate(p.restart(600));
@@ -324,11 +339,15 @@ mod tests {
         check(&p, 800);
         assert_eq!((p.slot(1, 512), p.token(1, 512)), (767, 767));
         // A spill longer than a u16 can count (a long prompt prefilled in one chunk).
-        let long_keys: Vec<u16> = (0..70_000 * d).map(|i| f16::from_f32(((i * 7919) % 997) as f32 / 997.0).to_bits()).collect();
+        let long_keys: Vec<u16> =
+            (0..70_000 * d).map(|i| f16::from_f32(((i * 7919) % 997) as f32 / 997.0).to_bits()).collect();
         let mut long = Placement::new(PlacementKind::Keys, 1);
         let order = long.plan(0..70_000, d, |_, t| &long_keys[t * d..][..d]).unwrap();
         long.apply(&order);
-        assert!((0..70_000).all(|i| long.slot(0, order.token(0, i)) == i), "every slot holds the token the order put there");
+        assert!(
+            (0..70_000).all(|i| long.slot(0, order.token(0, i)) == i),
+            "every slot holds the token the order put there"
+        );
         // Text order never moves a token.
         let positional = Placement::new(PlacementKind::Position, lanes);
         assert!(positional.plan(0..256, d, key).is_none() && positional.slot(1, 77) == 77);

@@ -46,7 +46,9 @@ impl RowSlab {
     /// The mapping's address, advised for huge pages; out of address space is out of memory.
     fn mapped(ptr: *mut libc::c_void, bytes: usize) -> NonNull<u16> {
         if ptr == libc::MAP_FAILED {
-            std::alloc::handle_alloc_error(std::alloc::Layout::from_size_align(bytes, HUGE_PAGE_BYTES).expect("a valid layout"));
+            std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(bytes, HUGE_PAGE_BYTES).expect("a valid layout"),
+            );
         }
         // A hint: where transparent huge pages are off, the slab simply uses small pages.
         // SAFETY: the range is our mapping.
@@ -56,7 +58,10 @@ impl RowSlab {
 
     /// Doubles the room, moving the mapping if it must (rows are only reached through `self`).
     fn grow(&mut self) {
-        let (old, new) = (Self::map_bytes(self.row_words, self.capacity_rows), Self::map_bytes(self.row_words, 2 * self.capacity_rows));
+        let (old, new) = (
+            Self::map_bytes(self.row_words, self.capacity_rows),
+            Self::map_bytes(self.row_words, 2 * self.capacity_rows),
+        );
         // SAFETY: remaps our own mapping; every pointer into it is derived from `self.ptr` anew.
         let ptr = unsafe { libc::mremap(self.ptr.as_ptr().cast(), old, new, libc::MREMAP_MAYMOVE) };
         self.ptr = Self::mapped(ptr, new);
@@ -96,7 +101,13 @@ impl RowSlab {
     pub fn copy_row(&mut self, from: usize, to: usize) {
         assert!(from < self.len_rows && to < self.len_rows);
         // SAFETY: both rows lie inside the mapping; `copy` allows overlap (from == to).
-        unsafe { std::ptr::copy(self.ptr.as_ptr().add(from * self.row_words), self.ptr.as_ptr().add(to * self.row_words), self.row_words) };
+        unsafe {
+            std::ptr::copy(
+                self.ptr.as_ptr().add(from * self.row_words),
+                self.ptr.as_ptr().add(to * self.row_words),
+                self.row_words,
+            )
+        };
     }
 
     /// Keeps the first `rows` rows and gives the memory of whole huge pages past them back.
@@ -107,7 +118,9 @@ impl RowSlab {
         if keep < total {
             // SAFETY: the range is a page-aligned tail of our own mapping with no live rows;
             // it reads as zeros if touched again.
-            unsafe { libc::madvise(self.ptr.as_ptr().cast::<u8>().add(keep).cast(), total - keep, libc::MADV_DONTNEED) };
+            unsafe {
+                libc::madvise(self.ptr.as_ptr().cast::<u8>().add(keep).cast(), total - keep, libc::MADV_DONTNEED)
+            };
         }
     }
 }

@@ -51,7 +51,9 @@ fn header(shape: KvShape, tokens: usize, tag: &[u8; 32]) -> Vec<u8> {
 
 /// Bytes a snapshot of `tokens` tokens takes.
 pub fn file_bytes(shape: KvShape, tokens: usize) -> u64 {
-    (HEADER_BYTES + tokens * shape.n_layers * 2 * shape.kv_dim() * 2 + tokens.div_ceil(CHUNK_TOKENS) * shape.n_layers * 4) as u64
+    (HEADER_BYTES
+        + tokens * shape.n_layers * 2 * shape.kv_dim() * 2
+        + tokens.div_ceil(CHUNK_TOKENS) * shape.n_layers * 4) as u64
 }
 
 /// Writes the first `tokens` tokens of `kv` to `path`, marked with `tag` (what the caller keys
@@ -66,7 +68,9 @@ pub fn save(kv: &mut dyn KvStore, tokens: usize, tag: &[u8; 32], path: &Path) ->
     // A layer at a time (a store gathers a layer at a time), each chunk's record written at
     // its place in the file, so no more than one layer's rows are held.
     let written = (|| -> Result<()> {
-        let write_at = |bytes: &[u8], offset: usize| file.write_all_at(bytes, offset as u64).map_err(|e| io_error("write failed", path, e));
+        let write_at = |bytes: &[u8], offset: usize| {
+            file.write_all_at(bytes, offset as u64).map_err(|e| io_error("write failed", path, e))
+        };
         write_at(&header(shape, tokens, tag), 0)?;
         let kv_dim = shape.kv_dim();
         let record_bytes = |n: usize| 2 * n * kv_dim * 2 + 4;
@@ -80,7 +84,10 @@ pub fn save(kv: &mut dyn KvStore, tokens: usize, tag: &[u8; 32], path: &Path) ->
                 record.extend_from_slice(as_bytes(&v[rows]));
                 record.extend_from_slice(&crc32fast::hash(&record).to_le_bytes());
                 let chunk = start / CHUNK_TOKENS;
-                write_at(&record, HEADER_BYTES + chunk * shape.n_layers * record_bytes(CHUNK_TOKENS) + layer * record_bytes(n))?;
+                write_at(
+                    &record,
+                    HEADER_BYTES + chunk * shape.n_layers * record_bytes(CHUNK_TOKENS) + layer * record_bytes(n),
+                )?;
             }
         }
         file.sync_all().map_err(|e| io_error("write failed", path, e))?;
@@ -165,10 +172,14 @@ fn layer_rows(kv: &mut dyn KvStore, layer: usize, tokens: usize) -> Result<(Vec<
         let view = kv.gather(layer, &Selection::All, heads.clone())?;
         if view.n_tokens < tokens || view.positions.is_some() || view.head_stride_tokens % KV_TILE != 0 {
             // A store that dropped tokens (`drop`) has no whole prefix to keep.
-            return Err(Error::Kv(format!("the store holds no whole prefix of {tokens} tokens to keep ({} tokens in view)", view.n_tokens)));
+            return Err(Error::Kv(format!(
+                "the store holds no whole prefix of {tokens} tokens to keep ({} tokens in view)",
+                view.n_tokens
+            )));
         }
         for (at, head) in heads.enumerate() {
-            let (head_k, head_v) = (&view.k[at * view.head_stride_tokens * hd..], &view.v[at * view.head_stride_tokens * hd..]);
+            let (head_k, head_v) =
+                (&view.k[at * view.head_stride_tokens * hd..], &view.v[at * view.head_stride_tokens * hd..]);
             for t in 0..tokens {
                 let row = t * kv_dim + head * hd;
                 for d in 0..hd {
@@ -200,7 +211,8 @@ mod tests {
     /// A store holding `n` tokens of distinct values (exact in f16).
     fn filled(n: usize) -> FullKvStore {
         let mut kv = FullKvStore::new(shape());
-        let rows = |layer: usize, base: f32| (0..n * 8).map(|i| base + (layer * 1000 + i) as f32 / 8.0).collect::<Vec<f32>>();
+        let rows =
+            |layer: usize, base: f32| (0..n * 8).map(|i| base + (layer * 1000 + i) as f32 / 8.0).collect::<Vec<f32>>();
         for layer in 0..2 {
             kv.append(layer, &rows(layer, 0.0), &rows(layer, -900.0)).unwrap();
         }
@@ -229,12 +241,17 @@ mod tests {
         source.truncate(290);
         assert_eq!(rows_of(&mut loaded), rows_of(&mut source), "every row comes back bit for bit");
 
-        let refused = |path: &Path, tag: &[u8; 32]| load(path, tag, &mut FullKvStore::new(shape())).unwrap_err().to_string();
+        let refused =
+            |path: &Path, tag: &[u8; 32]| load(path, tag, &mut FullKvStore::new(shape())).unwrap_err().to_string();
         assert!(refused(&path, &[8u8; 32]).contains("another model, shape or prompt"));
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[HEADER_BYTES + 100] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert!(refused(&path, &tag).contains("layer 0, tokens 0..256 fail their checksum"), "{}", refused(&path, &tag));
+        assert!(
+            refused(&path, &tag).contains("layer 0, tokens 0..256 fail their checksum"),
+            "{}",
+            refused(&path, &tag)
+        );
         bytes[HEADER_BYTES + 100] ^= 1;
         std::fs::write(&path, &bytes[..bytes.len() - 9]).unwrap();
         assert!(refused(&path, &tag).contains("shorter than its header says"));

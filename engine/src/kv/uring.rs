@@ -89,14 +89,20 @@ fn run(ring: &mut IoUring, reads: &mut [ReadAt<'_>]) -> Result<(), ReadFailed> {
                     }
                 }
                 n if n > 0 => done[i] += n as usize,
-                0 => _ = first_error.get_or_insert_with(|| ReadFailed { request: i, error: io::ErrorKind::UnexpectedEof.into() }),
+                0 => {
+                    _ = first_error
+                        .get_or_insert_with(|| ReadFailed { request: i, error: io::ErrorKind::UnexpectedEof.into() })
+                }
                 e if -e == libc::EINTR || -e == libc::EAGAIN => {
                     if first_error.is_none() {
                         submit(ring, &mut reads[i], done[i], i);
                         in_flight += 1;
                     }
                 }
-                e => _ = first_error.get_or_insert_with(|| ReadFailed { request: i, error: io::Error::from_raw_os_error(-e) }),
+                e => {
+                    _ = first_error
+                        .get_or_insert_with(|| ReadFailed { request: i, error: io::Error::from_raw_os_error(-e) })
+                }
             }
         }
     }
@@ -150,7 +156,11 @@ mod tests {
         // More requests than the queue holds, of odd sizes and offsets.
         let ranges: Vec<(usize, usize)> = (0..500).map(|i| ((i * 7919) % 1_000_000, 1 + (i * 131) % 4000)).collect();
         let mut bufs: Vec<Vec<u8>> = ranges.iter().map(|&(_, len)| vec![0; len]).collect();
-        let mut reads: Vec<ReadAt> = ranges.iter().zip(&mut bufs).map(|(&(at, _), dst)| ReadAt { fd: file.as_raw_fd(), offset: at as u64, dst }).collect();
+        let mut reads: Vec<ReadAt> = ranges
+            .iter()
+            .zip(&mut bufs)
+            .map(|(&(at, _), dst)| ReadAt { fd: file.as_raw_fd(), offset: at as u64, dst })
+            .collect();
         match read_all(&mut reads) {
             None => eprintln!("io_uring is unavailable here; the thread-pool path is what runs"),
             Some(result) => {

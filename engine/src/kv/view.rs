@@ -263,7 +263,9 @@ mod tests {
     #[test]
     fn runs_tiles_and_groups_fill_the_same_slots_as_single_tokens() {
         let (heads, hd, n) = (3, 16, 70);
-        let row = |h: usize, t: usize, off: u16| -> Vec<u16> { (0..hd).map(|d| (h * 1000 + t * 10 + d) as u16 + off).collect() };
+        let row = |h: usize, t: usize, off: u16| -> Vec<u16> {
+            (0..hd).map(|d| (h * 1000 + t * 10 + d) as u16 + off).collect()
+        };
         let mut one_by_one = ViewBuffers::new(hd);
         one_by_one.reset(heads, 100);
         for h in 0..heads {
@@ -277,13 +279,17 @@ mod tests {
         assert_eq!(runs.iter().map(SlotRun::len).collect::<Vec<_>>(), vec![32, 32, 6, 32, 32, 6]);
         for mut run in runs {
             let (h, first) = (run.head, run.first_slot);
-            let rows: Vec<(Vec<u16>, Vec<u16>)> = (0..run.len()).map(|i| (row(h, first + i, 0), row(h, first + i, 5))).collect();
+            let rows: Vec<(Vec<u16>, Vec<u16>)> =
+                (0..run.len()).map(|i| (row(h, first + i, 0), row(h, first + i, 5))).collect();
             // Every third slot is left as it is, for a tile of its own below.
             run.fill(|i| ((first + i) % 3 != 0).then(|| (&rows[i].0[..], &rows[i].1[..])));
         }
         // Head 1's through the buffers, head 2's through its run of `heads_mut`.
         let tile_of = |h: usize, tile: usize| -> Vec<(usize, Vec<u16>, Vec<u16>)> {
-            (tile * KV_TILE..n.min(tile * KV_TILE + KV_TILE)).filter(|t| t % 3 == 0).map(|t| (t, row(h, t, 0), row(h, t, 5))).collect()
+            (tile * KV_TILE..n.min(tile * KV_TILE + KV_TILE))
+                .filter(|t| t % 3 == 0)
+                .map(|t| (t, row(h, t, 0), row(h, t, 5)))
+                .collect()
         };
         for tile in 0..n.div_ceil(KV_TILE) {
             let rows = tile_of(1, tile);

@@ -27,7 +27,16 @@ pub struct RecentWindow {
 
 impl RecentWindow {
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self {
-        Self { n_layers, n_kv_heads, head_dim, base: 0, lens: vec![0; n_layers], slots: 0, k: Vec::new(), v: Vec::new() }
+        Self {
+            n_layers,
+            n_kv_heads,
+            head_dim,
+            base: 0,
+            lens: vec![0; n_layers],
+            slots: 0,
+            k: Vec::new(),
+            v: Vec::new(),
+        }
     }
 
     /// First token held here; tokens before it are in the cold pool.
@@ -75,7 +84,9 @@ impl RecentWindow {
         for (i, (row_k, row_v)) in k.chunks_exact(kv_dim).zip(v.chunks_exact(kv_dim)).enumerate() {
             for h in 0..self.n_kv_heads {
                 let at = self.at(layer, h, self.lens[layer] + i);
-                let bits = |dst: &mut [u16], src: &[f32]| dst.iter_mut().zip(src).for_each(|(d, &x)| *d = f16::from_f32(x).to_bits());
+                let bits = |dst: &mut [u16], src: &[f32]| {
+                    dst.iter_mut().zip(src).for_each(|(d, &x)| *d = f16::from_f32(x).to_bits())
+                };
                 bits(&mut self.k[at..][..hd], &row_k[h * hd..][..hd]);
                 bits(&mut self.v[at..][..hd], &row_v[h * hd..][..hd]);
             }
@@ -97,7 +108,15 @@ impl RecentWindow {
     /// Lays the first `groups` groups of (layer, head) out as the cold pool keeps them (each
     /// `group_words` long: K rows, then V rows), each slot holding the token `order` puts there
     /// (text order without one).
-    pub fn pack_groups(&self, layer: usize, head: usize, groups: usize, order: Option<&SpillOrder>, dst: &mut [u16], group_words: usize) {
+    pub fn pack_groups(
+        &self,
+        layer: usize,
+        head: usize,
+        groups: usize,
+        order: Option<&SpillOrder>,
+        dst: &mut [u16],
+        group_words: usize,
+    ) {
         let hd = self.head_dim;
         let lane = layer * self.n_kv_heads + head;
         for (g, page) in dst.chunks_exact_mut(group_words).take(groups).enumerate() {
@@ -130,7 +149,8 @@ impl RecentWindow {
 
     /// Gives back the room a prompt chunk needed once far fewer tokens are held.
     fn shrink(&mut self) {
-        let needed = (self.lens.iter().copied().max().unwrap_or(0) + 1).next_multiple_of(GROUP_TOKENS).max(2 * GROUP_TOKENS);
+        let needed =
+            (self.lens.iter().copied().max().unwrap_or(0) + 1).next_multiple_of(GROUP_TOKENS).max(2 * GROUP_TOKENS);
         if self.slots > 2 * needed {
             self.relayout(needed);
         }
@@ -149,7 +169,12 @@ impl RecentWindow {
     /// Empties the window, which now starts at `restart` (a group boundary, at or before its
     /// base), and fills it with the `keep` tokens from there: `rows(layer, head, token)` gives
     /// each one's K and V rows (read back from the cold pool).
-    pub fn refill<'a>(&mut self, restart: usize, keep: usize, rows: impl Fn(usize, usize, usize) -> (&'a [u16], &'a [u16])) {
+    pub fn refill<'a>(
+        &mut self,
+        restart: usize,
+        keep: usize,
+        rows: impl Fn(usize, usize, usize) -> (&'a [u16], &'a [u16]),
+    ) {
         let hd = self.head_dim;
         self.restart_at(restart);
         if keep == 0 {
@@ -190,7 +215,9 @@ mod tests {
         // Token t's K in (layer, head) is all t + 1000·layer + 100·head (f16-exact); V is its negation.
         let value = |layer: usize, head: usize, t: usize| (t + 1000 * layer + 100 * head) as f32;
         let rows = |layer: usize, tokens: std::ops::Range<usize>, sign: f32| -> Vec<f32> {
-            tokens.flat_map(|t| (0..heads).flat_map(move |h| std::iter::repeat_n(sign * value(layer, h, t), hd))).collect()
+            tokens
+                .flat_map(|t| (0..heads).flat_map(move |h| std::iter::repeat_n(sign * value(layer, h, t), hd)))
+                .collect()
         };
         let bits = |x: f32| vec![f16::from_f32(x).to_bits(); hd];
         let check = |w: &RecentWindow, tokens: std::ops::Range<usize>| {
@@ -232,8 +259,13 @@ mod tests {
         // Cut before it: nothing changes until the caller refills from the pool's rows.
         assert!(!w.keep_up_to(250));
         assert_eq!(w.base(), 288);
-        let row_bits: Vec<Vec<Vec<(Vec<u16>, Vec<u16>)>>> =
-            (0..layers).map(|l| (0..heads).map(|h| (240..250).map(|t| (bits(value(l, h, t)), bits(-value(l, h, t)))).collect()).collect()).collect();
+        let row_bits: Vec<Vec<Vec<(Vec<u16>, Vec<u16>)>>> = (0..layers)
+            .map(|l| {
+                (0..heads)
+                    .map(|h| (240..250).map(|t| (bits(value(l, h, t)), bits(-value(l, h, t)))).collect())
+                    .collect()
+            })
+            .collect();
         w.refill(240, 10, |l, h, t| (&row_bits[l][h][t - 240].0[..], &row_bits[l][h][t - 240].1[..]));
         assert_eq!((w.base(), w.len(0)), (240, 10));
         check(&w, 240..250);

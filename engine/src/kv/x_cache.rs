@@ -79,7 +79,11 @@ impl fmt::Display for XCachePlan {
         } else if self.layers == 0 {
             write!(f, "off (x_cache_share 0): a token's layer input is {x} values, its K and V {kv}, but rebuilding K/V on the CPU costs more than reading them")
         } else {
-            write!(f, "on for {} of {} layers: a token's layer input is {x} values, its K and V {kv}", self.layers, self.n_layers)
+            write!(
+                f,
+                "on for {} of {} layers: a token's layer input is {x} values, its K and V {kv}",
+                self.layers, self.n_layers
+            )
         }
     }
 }
@@ -107,9 +111,12 @@ impl LayerInputs {
     pub fn new(kv_shape: KvShape, layers: usize, cold_dirs: &[PathBuf], rebuild: Arc<dyn KvFromInput>) -> Result<Self> {
         let input_dim = rebuild.input_dim();
         if !input_dim.is_multiple_of(2) {
-            return Err(Error::Kv(format!("X-cache: a layer input of {input_dim} values does not split into two halves")));
+            return Err(Error::Kv(format!(
+                "X-cache: a layer input of {input_dim} values does not split into two halves"
+            )));
         }
-        let x_shape = KvShape { n_layers: layers, n_kv_heads: 1, head_dim: input_dim / 2, max_tokens: kv_shape.max_tokens };
+        let x_shape =
+            KvShape { n_layers: layers, n_kv_heads: 1, head_dim: input_dim / 2, max_tokens: kv_shape.max_tokens };
         // Layer inputs are not K/V: kept exact whatever the K/V pool's type.
         let backing = DiskBacking::new(x_shape, cold_dirs, 0, PlacementKind::Position, ColdType::F16)?;
         let read_buf = backing.cold().buffer(kv_shape.max_tokens.div_ceil(GROUP_TOKENS));
@@ -217,7 +224,10 @@ impl LayerInputs {
     }
 
     pub fn resident_bytes(&self) -> usize {
-        let floats = self.x.capacity() + self.k.capacity() + self.v.capacity() + self.halves.iter().map(Vec::capacity).sum::<usize>();
+        let floats = self.x.capacity()
+            + self.k.capacity()
+            + self.v.capacity()
+            + self.halves.iter().map(Vec::capacity).sum::<usize>();
         4 * floats + self.read_buf.len() + self.view.bytes()
     }
 }

@@ -39,9 +39,16 @@ pub enum RopeLayout {
 pub enum RopeScaling {
     None,
     /// Positions divided by a constant factor.
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.1's per-frequency scaling.
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_context_tokens: usize },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_context_tokens: usize,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -72,7 +79,12 @@ impl ModelConfig {
 
     /// The cache shape for sequences of up to `max_tokens`.
     pub fn kv_shape(&self, max_tokens: usize) -> crate::kv::KvShape {
-        crate::kv::KvShape { n_layers: self.n_layers, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, max_tokens: max_tokens.min(self.context_tokens) }
+        crate::kv::KvShape {
+            n_layers: self.n_layers,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            max_tokens: max_tokens.min(self.context_tokens),
+        }
     }
 
     pub fn kv_dim(&self) -> usize {

@@ -33,7 +33,8 @@ pub struct GgufFile {
 }
 
 /// Header arrays only the tokenizer reads: a 150K vocabulary keeps tens of MB in them.
-const VOCABULARY_KEYS: [&str; 4] = ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"];
+const VOCABULARY_KEYS: [&str; 4] =
+    ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"];
 
 struct Reader {
     path: PathBuf,
@@ -146,7 +147,10 @@ pub fn open(path: &Path) -> Result<GgufFile> {
     let io_err = |source| Error::ModelIo { path: path.to_path_buf(), source };
     let file = File::open(path).map_err(io_err)?;
     if !is_gguf(path) {
-        return Err(Error::BadModelFile { path: path.to_path_buf(), reason: "not a GGUF file (the first bytes are not 'GGUF')".into() });
+        return Err(Error::BadModelFile {
+            path: path.to_path_buf(),
+            reason: "not a GGUF file (the first bytes are not 'GGUF')".into(),
+        });
     }
     let mut file = BufReader::new(file);
     file.rewind().map_err(io_err)?;
@@ -210,7 +214,8 @@ fn read_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
     let mut layers = Vec::with_capacity(config.n_layers);
     for i in 0..config.n_layers {
         let p = |name: &str| format!("blk.{i}.{name}");
-        let (q, k, v) = (r.matrix(&p("attn_q.weight"))?, r.matrix(&p("attn_k.weight"))?, r.matrix(&p("attn_v.weight"))?);
+        let (q, k, v) =
+            (r.matrix(&p("attn_q.weight"))?, r.matrix(&p("attn_k.weight"))?, r.matrix(&p("attn_v.weight"))?);
         let qkv_bias = match architecture {
             Architecture::Qwen2 => {
                 let mut bias = r.vector(&p("attn_q.bias"))?;
@@ -223,11 +228,13 @@ fn read_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
         let (gate, up) = (r.matrix(&p("ffn_gate.weight"))?, r.matrix(&p("ffn_up.weight"))?);
         layers.push(LayerWeights {
             attn_norm: r.vector(&p("attn_norm.weight"))?,
-            qkv: Matrix::stack(&[&q, &k, &v]).map_err(|e| r.bad(format!("layer {i}'s attn_q, attn_k and attn_v: {e}")))?,
+            qkv: Matrix::stack(&[&q, &k, &v])
+                .map_err(|e| r.bad(format!("layer {i}'s attn_q, attn_k and attn_v: {e}")))?,
             qkv_bias,
             attn_output: r.matrix(&p("attn_output.weight"))?,
             ffn_norm: r.vector(&p("ffn_norm.weight"))?,
-            gate_up: Matrix::stack(&[&gate, &up]).map_err(|e| r.bad(format!("layer {i}'s ffn_gate and ffn_up: {e}")))?,
+            gate_up: Matrix::stack(&[&gate, &up])
+                .map_err(|e| r.bad(format!("layer {i}'s ffn_gate and ffn_up: {e}")))?,
             down: r.matrix(&p("ffn_down.weight"))?,
         });
     }

@@ -6,17 +6,17 @@ pub mod gguf;
 pub mod safetensors;
 pub mod weights;
 
-use crate::error::{Error, Result};
 use crate::device::Attention;
+use crate::error::{Error, Result};
+use crate::kernels::attention::{Partial, RunningPartials};
 use crate::kernels::ops::{add_bias, add_in_place, rms_norm, swiglu_in_place, Rope};
 use crate::kernels::quant::QuantizedActivations;
 use crate::kv::x_cache::KvFromInput;
-use crate::kernels::attention::{Partial, RunningPartials};
 use crate::kv::{HeadsPart, KvShape, KvStore, Selection};
 use crate::trace::{span, timed, Phase};
+use config::ModelConfig;
 use std::ops::Range;
 use std::sync::Arc;
-use config::ModelConfig;
 use weights::Weights;
 
 /// A model's configuration alone, without its weights: a GGUF file's header, or a
@@ -80,7 +80,11 @@ impl Model {
     /// The K and V projections alone, for stores that keep layer inputs and rebuild K/V from
     /// them (the X-cache).
     pub fn kv_from_input(&self) -> Arc<dyn KvFromInput> {
-        Arc::new(KvProjection { config: self.config.clone(), weights: Arc::clone(&self.weights), rope: self.rope.clone() })
+        Arc::new(KvProjection {
+            config: self.config.clone(),
+            weights: Arc::clone(&self.weights),
+            rope: self.rope.clone(),
+        })
     }
 
     /// Runs `tokens`, which follow the `kv.len_tokens()` tokens already cached, through the
@@ -107,7 +111,10 @@ impl Model {
                 return Err(Error::ContextOverflow { prompt_tokens: pos0 + n, context_tokens: limit });
             }
             if let Some(&bad) = item.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return Err(Error::InvalidParameter(format!("token id {bad} is outside the vocabulary ({})", c.vocab_size)));
+                return Err(Error::InvalidParameter(format!(
+                    "token id {bad} is outside the vocabulary ({})",
+                    c.vocab_size
+                )));
             }
             rows_of.push(positions.len()..positions.len() + n);
             positions.extend(pos0..pos0 + n);
@@ -154,7 +161,13 @@ impl Model {
     /// The transformer blocks over the hidden states `x` (one row per token of the batch),
     /// appending each item's K/V to its cache. The per-layer activations live only here, so
     /// they are gone before the caches commit the step (a prompt chunk's are ~8 MB).
-    fn blocks(&self, items: &mut [BatchItem<'_>], rows_of: &[Range<usize>], positions: &[usize], x: &mut [f32]) -> Result<()> {
+    fn blocks(
+        &self,
+        items: &mut [BatchItem<'_>],
+        rows_of: &[Range<usize>],
+        positions: &[usize],
+        x: &mut [f32],
+    ) -> Result<()> {
         let c = &self.config;
         let n = positions.len();
         let (hidden, q_dim, kv_dim, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
@@ -191,13 +204,23 @@ impl Model {
                     kv.append(l, &k[kvs.clone()], &v[kvs])
                 })?;
                 // Stores that attend next to the data (near-storage) do it here, in one call.
-                if let Some(attended) = timed(Phase::Attention, || kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()])) {
+                if let Some(attended) = timed(Phase::Attention, || {
+                    kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()])
+                }) {
                     attended?;
                     continue;
                 }
                 let plan = timed(Phase::Prepare, || kv.prepare(l, &q[qs.clone()], &positions[rows.clone()]))?;
                 for part in &plan.parts {
-                    self.attend_part(kv, l, &plan.selection, part, &q[qs.clone()], &positions[rows.clone()], &mut attn[qs.clone()])?;
+                    self.attend_part(
+                        kv,
+                        l,
+                        &plan.selection,
+                        part,
+                        &q[qs.clone()],
+                        &positions[rows.clone()],
+                        &mut attn[qs.clone()],
+                    )?;
                 }
                 timed(Phase::Observe, || kv.observe(l, &plan.selection));
             }
@@ -250,7 +273,17 @@ impl Model {
             let mut merged = RunningPartials::new(rows, c.head_dim);
             for span in &part.spans {
                 let view = timed(Phase::Gather, || kv.gather(layer, &Selection::Span(span.clone()), heads.clone()))?;
-                timed(Phase::Attention, || self.attention.attend_partial(&part_q, q_positions, part_heads, &view, &mut part_out, &mut max, &mut sum))?;
+                timed(Phase::Attention, || {
+                    self.attention.attend_partial(
+                        &part_q,
+                        q_positions,
+                        part_heads,
+                        &view,
+                        &mut part_out,
+                        &mut max,
+                        &mut sum,
+                    )
+                })?;
                 merged.add(&Partial { out: &part_out, max: &max, sum: &sum });
             }
             merged.finish(&mut part_out);
@@ -283,7 +316,10 @@ impl KvFromInput for KvProjection {
         let layer = &self.weights.layers[layer];
         let mut qkv = Vec::new();
         let mut scratch = QuantizedActivations::default();
-        let chunks = x.chunks(CHUNK_TOKENS * hidden).zip(k.chunks_mut(CHUNK_TOKENS * kv_dim)).zip(v.chunks_mut(CHUNK_TOKENS * kv_dim));
+        let chunks = x
+            .chunks(CHUNK_TOKENS * hidden)
+            .zip(k.chunks_mut(CHUNK_TOKENS * kv_dim))
+            .zip(v.chunks_mut(CHUNK_TOKENS * kv_dim));
         for (i, ((x, k), v)) in chunks.enumerate() {
             let n = x.len() / hidden;
             qkv.resize(n * (q_dim + 2 * kv_dim), 0.0);

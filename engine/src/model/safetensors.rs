@@ -92,7 +92,10 @@ fn weight_files(path: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(Error::BadModelFile { path: path.to_path_buf(), reason: "no .safetensors files in the directory".into() });
+        return Err(Error::BadModelFile {
+            path: path.to_path_buf(),
+            reason: "no .safetensors files in the directory".into(),
+        });
     }
     Ok(files)
 }
@@ -113,7 +116,8 @@ pub fn read_config(path: &Path) -> Result<ModelConfig> {
 
 fn read_hf_config(path: &Path) -> Result<HfConfig> {
     let config_path = checkpoint_dir(path).join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|source| Error::ModelIo { path: config_path.clone(), source })?;
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|source| Error::ModelIo { path: config_path.clone(), source })?;
     serde_json::from_str(&text).map_err(|e| Error::BadModelFile { path: config_path, reason: e.to_string() })
 }
 
@@ -156,11 +160,13 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
         let (gate, up) = (matrix(&p("mlp.gate_proj.weight"))?, matrix(&p("mlp.up_proj.weight"))?);
         layers.push(LayerWeights {
             attn_norm: vector(&p("input_layernorm.weight"))?,
-            qkv: Matrix::stack(&[&attn("q")?, &attn("k")?, &attn("v")?]).map_err(|e| bad(format!("layer {i}'s q, k and v projections: {e}")))?,
+            qkv: Matrix::stack(&[&attn("q")?, &attn("k")?, &attn("v")?])
+                .map_err(|e| bad(format!("layer {i}'s q, k and v projections: {e}")))?,
             qkv_bias,
             attn_output: attn("o")?,
             ffn_norm: vector(&p("post_attention_layernorm.weight"))?,
-            gate_up: Matrix::stack(&[&gate, &up]).map_err(|e| bad(format!("layer {i}'s gate and up projections: {e}")))?,
+            gate_up: Matrix::stack(&[&gate, &up])
+                .map_err(|e| bad(format!("layer {i}'s gate and up projections: {e}")))?,
             down: matrix(&p("mlp.down_proj.weight"))?,
         });
     }

@@ -35,7 +35,9 @@ impl Weights {
         let layers: usize = self
             .layers
             .iter()
-            .map(|l| l.qkv.weight_bytes() + l.attn_output.weight_bytes() + l.gate_up.weight_bytes() + l.down.weight_bytes())
+            .map(|l| {
+                l.qkv.weight_bytes() + l.attn_output.weight_bytes() + l.gate_up.weight_bytes() + l.down.weight_bytes()
+            })
             .sum();
         layers + self.embedding.weight_bytes() + self.lm_head.as_ref().map_or(0, Matrix::weight_bytes)
     }
@@ -46,7 +48,11 @@ impl Weights {
             if m.rows() == rows && m.cols() == cols {
                 Ok(())
             } else {
-                Err(Error::TensorShape { name: name.to_string(), expected: vec![rows, cols], actual: vec![m.rows(), m.cols()] })
+                Err(Error::TensorShape {
+                    name: name.to_string(),
+                    expected: vec![rows, cols],
+                    actual: vec![m.rows(), m.cols()],
+                })
             }
         };
         let check_vec = |name: &str, v: &[f32], len: usize| {
@@ -60,7 +66,11 @@ impl Weights {
         check("output", self.lm_head(), c.vocab_size, c.hidden_size)?;
         check_vec("output norm", &self.output_norm, c.hidden_size)?;
         if self.layers.len() != c.n_layers {
-            return Err(Error::Metadata(format!("{} layers in the file, {} in the metadata", self.layers.len(), c.n_layers)));
+            return Err(Error::Metadata(format!(
+                "{} layers in the file, {} in the metadata",
+                self.layers.len(),
+                c.n_layers
+            )));
         }
         for (i, l) in self.layers.iter().enumerate() {
             check(&format!("layer {i} qkv"), &l.qkv, c.q_dim() + 2 * c.kv_dim(), c.hidden_size)?;

@@ -164,7 +164,13 @@ impl State {
         Ok(())
     }
 
-    fn job(&mut self, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams, sink: Sink) -> (Job, Ticket) {
+    fn job(
+        &mut self,
+        prompt: Vec<u32>,
+        prefix: Option<Box<dyn KeptPrefix>>,
+        params: GenerateParams,
+        sink: Sink,
+    ) -> (Job, Ticket) {
         let id = self.next_id;
         self.next_id += 1;
         let cancel = CancelFlag::default();
@@ -180,7 +186,13 @@ pub struct Group {
 
 impl Group {
     /// Queues a member; refused only when the scheduler stops taking requests.
-    pub fn submit_with_prefix(&self, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams, sink: Sink) -> Result<Ticket, SubmitError> {
+    pub fn submit_with_prefix(
+        &self,
+        prompt: Vec<u32>,
+        prefix: Option<Box<dyn KeptPrefix>>,
+        params: GenerateParams,
+        sink: Sink,
+    ) -> Result<Ticket, SubmitError> {
         let mut state = self.shared.lock();
         state.accepts()?;
         let (job, ticket) = state.job(prompt, prefix, params, sink);
@@ -225,7 +237,15 @@ impl Scheduler {
         }
         let shared = Arc::new(Shared {
             config,
-            state: Mutex::new(State { queue: WaitQueue::default(), live: Vec::new(), totals: Totals::default(), accepting: true, failed: None, stop: false, next_id: 1 }),
+            state: Mutex::new(State {
+                queue: WaitQueue::default(),
+                live: Vec::new(),
+                totals: Totals::default(),
+                accepting: true,
+                failed: None,
+                stop: false,
+                next_id: 1,
+            }),
             changed: Condvar::new(),
         });
         let worker = {
@@ -252,7 +272,13 @@ impl Scheduler {
     }
 
     /// [`Scheduler::submit`] for a prompt whose first tokens' K/V may be kept elsewhere.
-    pub fn submit_with_prefix(&self, prompt: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>>, params: GenerateParams, sink: Sink) -> Result<Ticket, SubmitError> {
+    pub fn submit_with_prefix(
+        &self,
+        prompt: Vec<u32>,
+        prefix: Option<Box<dyn KeptPrefix>>,
+        params: GenerateParams,
+        sink: Sink,
+    ) -> Result<Ticket, SubmitError> {
         let mut state = self.shared.lock();
         self.admit_one_more(&state)?;
         let (job, ticket) = state.job(prompt, prefix, params, sink);
@@ -409,7 +435,11 @@ fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut
             Some(seq) => seq,
             None => engine.new_sequence_with(&config.kv, config.context_tokens)?,
         };
-        if let Some(prefix) = job.prefix.as_mut().filter(|p| p.tokens() < job.prompt.len() && shared_prefix(&seq.tokens, &job.prompt) < p.tokens()) {
+        if let Some(prefix) = job
+            .prefix
+            .as_mut()
+            .filter(|p| p.tokens() < job.prompt.len() && shared_prefix(&seq.tokens, &job.prompt) < p.tokens())
+        {
             // Loading the kept prefix stalls the other sequences for one disk read, not for
             // the prefill it replaces.
             let mut kept = engine.new_sequence_with(&config.kv, config.context_tokens)?;
@@ -480,10 +510,16 @@ fn run_round(engine: &Engine, shared: &Shared, live: &mut Vec<Live>, cache: &mut
             Err(e) => finished(l, Err(e)),
         }
     }
-    let waits_on_a_token = |l: &Live| !l.generation.is_prefilling() || l.generation.progress().0.saturating_sub(l.seq.tokens.len()) <= shared_prefill_tokens;
+    let waits_on_a_token = |l: &Live| {
+        !l.generation.is_prefilling()
+            || l.generation.progress().0.saturating_sub(l.seq.tokens.len()) <= shared_prefill_tokens
+    };
     if shared_prefill_tokens > 0 && batched.iter().any(waits_on_a_token) {
         // Each prompt resumes where its cache ends, so a shorter chunk loses nothing.
-        batched.iter_mut().filter(|l| l.generation.is_prefilling()).for_each(|l| l.input.truncate(shared_prefill_tokens));
+        batched
+            .iter_mut()
+            .filter(|l| l.generation.is_prefilling())
+            .for_each(|l| l.input.truncate(shared_prefill_tokens));
     }
     let held: Vec<usize> = batched.iter().map(|l| l.seq.tokens.len()).collect();
     let mut batch: Vec<(&mut Sequence, &[u32])> = batched.iter_mut().map(|l| (&mut l.seq, &l.input[..])).collect();
@@ -494,13 +530,16 @@ fn run_round(engine: &Engine, shared: &Shared, live: &mut Vec<Live>, cache: &mut
         // that) and run each alone to find whose it was.
         Err(_) if batch.len() > 1 => {
             let solo = batch.iter_mut().zip(held);
-            solo.map(|((seq, tokens), held)| guarded(|| seq.roll_back_to(held).and_then(|()| seq.feed(engine, tokens)))).collect()
+            solo.map(|((seq, tokens), held)| guarded(|| seq.roll_back_to(held).and_then(|()| seq.feed(engine, tokens))))
+                .collect()
         }
         Err(e) => vec![Err(e)],
     };
     for (mut l, outcome) in batched.into_iter().zip(outcome) {
         let (sink, cancel, generation, seq) = (&mut l.job.sink, &l.job.cancel, &mut l.generation, &l.seq);
-        match outcome.and_then(|logits| guarded(|| Ok(generation.accept(seq, logits, &mut |e| forward(sink, cancel, e))))) {
+        match outcome
+            .and_then(|logits| guarded(|| Ok(generation.accept(seq, logits, &mut |e| forward(sink, cancel, e)))))
+        {
             Ok(()) => live.push(l),
             Err(e) => finished(l, Err(e)),
         }
@@ -517,7 +556,11 @@ fn guarded<T>(work: impl FnOnce() -> Result<T>) -> Result<T> {
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_else(|| "a panic without a message".into())
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 /// The worker stopped on a panic outside any one sequence: refuse new requests and end the
@@ -557,7 +600,13 @@ fn publish_finished(shared: &Shared, l: &Live, kept: bool, totals: Totals) {
     state.totals = totals;
     if kept {
         if let Some(seen) = state.live.iter_mut().find(|s| s.id == l.job.id) {
-            *seen = SequenceStats { id: 0, phase: Phase::Cached, prompt_tokens: l.seq.tokens.len(), generated_tokens: 0, kv: Some(l.seq.kv.stats()) };
+            *seen = SequenceStats {
+                id: 0,
+                phase: Phase::Cached,
+                prompt_tokens: l.seq.tokens.len(),
+                generated_tokens: 0,
+                kv: Some(l.seq.kv.stats()),
+            };
         }
     } else {
         state.live.retain(|s| s.id != l.job.id);
@@ -581,10 +630,25 @@ mod tests {
 
     #[test]
     fn a_worker_that_panicked_refuses_requests_and_ends_the_queued_ones() {
-        let config = SchedulerConfig { max_live: 1, max_queued: 4, kv: KvConfig::default(), context_tokens: None, cached_sequences: 0, shared_prefill_tokens: SHARED_PREFILL_TOKENS };
+        let config = SchedulerConfig {
+            max_live: 1,
+            max_queued: 4,
+            kv: KvConfig::default(),
+            context_tokens: None,
+            cached_sequences: 0,
+            shared_prefill_tokens: SHARED_PREFILL_TOKENS,
+        };
         let shared = Arc::new(Shared {
             config,
-            state: Mutex::new(State { queue: WaitQueue::default(), live: Vec::new(), totals: Totals::default(), accepting: true, failed: None, stop: false, next_id: 1 }),
+            state: Mutex::new(State {
+                queue: WaitQueue::default(),
+                live: Vec::new(),
+                totals: Totals::default(),
+                accepting: true,
+                failed: None,
+                stop: false,
+                next_id: 1,
+            }),
             changed: Condvar::new(),
         });
         // No worker thread: the queued request stays queued until the failure ends it.

@@ -81,7 +81,9 @@ impl WaitQueue {
         for turn in self.turns.drain(..) {
             match turn {
                 Turn::Single(job) => jobs.push(job),
-                Turn::Group(group) => jobs.extend(self.groups.get_mut(&group).map(|m| m.drain(..)).into_iter().flatten()),
+                Turn::Group(group) => {
+                    jobs.extend(self.groups.get_mut(&group).map(|m| m.drain(..)).into_iter().flatten())
+                }
             }
         }
         jobs

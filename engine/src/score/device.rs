@@ -38,7 +38,10 @@ pub fn head_region_bytes(bits: KeyBits, head_dim: usize, n_tokens: usize) -> usi
 /// a multiple of a word), so none straddles two.
 pub fn supports(bits: KeyBits, head_dim: usize) -> bool {
     let rb = row_bytes(bits, head_dim);
-    head_dim.is_multiple_of(2) && head_dim <= MAX_HEAD_DIM && rb > 0 && (WORD_BYTES.is_multiple_of(rb) || rb.is_multiple_of(WORD_BYTES))
+    head_dim.is_multiple_of(2)
+        && head_dim <= MAX_HEAD_DIM
+        && rb > 0
+        && (WORD_BYTES.is_multiple_of(rb) || rb.is_multiple_of(WORD_BYTES))
 }
 
 /// The query of one KV head as the device takes it: symmetric INT8 with the largest magnitude
@@ -166,7 +169,14 @@ fn key_value(bits: KeyBits, row: &[u8], d: usize) -> i32 {
 /// The scores a device must return: `[head][token]`, `dot × scale`. `keys` holds each head's
 /// region (see [`head_region_bytes`]) back to back, `scales` is `[head][token]`, `query` is
 /// `[head][head_dim]` (unpadded here).
-pub fn reference_scores(bits: KeyBits, head_dim: usize, n_tokens: usize, keys: &[u8], scales: &[f32], query: &[i8]) -> Vec<f32> {
+pub fn reference_scores(
+    bits: KeyBits,
+    head_dim: usize,
+    n_tokens: usize,
+    keys: &[u8],
+    scales: &[f32],
+    query: &[i8],
+) -> Vec<f32> {
     let n_heads = query.len() / head_dim;
     let (rb, region) = (row_bytes(bits, head_dim), head_region_bytes(bits, head_dim, n_tokens));
     let mut out = Vec::with_capacity(n_heads * n_tokens);
@@ -197,29 +207,43 @@ mod tests {
         let scores = reference_scores(KeyBits::Int4, 2, 2, &keys, &[0.5, 2.0], &[10, -2]);
         assert_eq!(scores, vec![(-10 - 6) as f32 * 0.5, (70 + 14) as f32 * 2.0]);
         assert_eq!(quantize_query(&[0.5, -1.0, 0.0]), vec![64, -127, 0]);
-        assert!(supports(KeyBits::Int4, 64) && supports(KeyBits::Int8, 128) && !supports(KeyBits::Int8, 96) && !supports(KeyBits::Int8, 256));
+        assert!(
+            supports(KeyBits::Int4, 64)
+                && supports(KeyBits::Int8, 128)
+                && !supports(KeyBits::Int8, 96)
+                && !supports(KeyBits::Int8, 256)
+        );
     }
 
     #[test]
     fn host_scores_of_a_device_query_equal_the_devices_on_the_chunk_layout() {
         let heads = 3;
         for (bits, hd) in [(KeyBits::Int4, 64), (KeyBits::Int8, 64), (KeyBits::Int4, 128), (KeyBits::Int8, 128)] {
-            let k: Vec<f32> = (0..CHUNK_TOKENS * heads * hd).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2.5).collect();
+            let k: Vec<f32> =
+                (0..CHUNK_TOKENS * heads * hd).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2.5).collect();
             let q: Vec<f32> = (0..heads * hd).map(|i| (i % 11) as f32 / 3.0 - 1.7).collect();
             let mut keys = ScoringKeys::new(bits, heads, hd);
             keys.push(&k);
             let layout = KeyChunkLayout { bits, n_heads: heads, head_dim: hd };
             let mut chunk = vec![0u8; layout.chunk_bytes()];
             layout.fill(&keys, 0, &mut chunk);
-            let scales: Vec<f32> =
-                chunk[layout.keys_bytes()..][..heads * CHUNK_TOKENS * 4].chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            let scales: Vec<f32> = chunk[layout.keys_bytes()..][..heads * CHUNK_TOKENS * 4]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
             let query = DeviceQuery::new(&q, hd);
             let device = reference_scores(bits, hd, CHUNK_TOKENS, &chunk[..layout.keys_bytes()], &scales, query.rows());
             let tokens: Vec<u32> = (0..CHUNK_TOKENS as u32).collect();
             let mut host = vec![0f32; heads * CHUNK_TOKENS];
             query.score(&keys, &tokens, &mut host);
             for (i, (&h, &d)) in host.iter().zip(&device).enumerate() {
-                assert_eq!(h.to_bits(), query.rescale(i / CHUNK_TOKENS, d).to_bits(), "{bits:?} hd {hd} head {} token {}", i / CHUNK_TOKENS, i % CHUNK_TOKENS);
+                assert_eq!(
+                    h.to_bits(),
+                    query.rescale(i / CHUNK_TOKENS, d).to_bits(),
+                    "{bits:?} hd {hd} head {} token {}",
+                    i / CHUNK_TOKENS,
+                    i % CHUNK_TOKENS
+                );
             }
         }
     }

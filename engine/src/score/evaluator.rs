@@ -3,8 +3,8 @@
 //! of the same arithmetic, so the host merges either the same way.
 
 use super::device::DeviceQuery;
-use super::xrt::XrtEvaluator;
 use super::storage::ColdScan;
+use super::xrt::XrtEvaluator;
 use super::{ScoreBlock, ScoringKeys, StorageEvaluator};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, RwLock};
@@ -18,7 +18,13 @@ impl ColdEvaluator {
     /// Starts scoring `tokens` (ascending) of `layer`; see [`StorageEvaluator::score`]. The scan
     /// comes back where the host may share it (a storage worker is a host thread; a card's
     /// blocks are its own).
-    pub fn score(&self, layer: usize, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> (Receiver<ScoreBlock>, Option<Arc<ColdScan>>) {
+    pub fn score(
+        &self,
+        layer: usize,
+        keys: Arc<RwLock<ScoringKeys>>,
+        query: Arc<DeviceQuery>,
+        tokens: Vec<u32>,
+    ) -> (Receiver<ScoreBlock>, Option<Arc<ColdScan>>) {
         match self {
             Self::Storage(e) => {
                 let (blocks, scan) = e.score(keys, query, tokens);

@@ -55,7 +55,15 @@ pub struct ScoringKeys {
 
 impl ScoringKeys {
     pub fn new(bits: KeyBits, n_kv_heads: usize, head_dim: usize) -> Self {
-        Self { bits, n_kv_heads, head_dim, row_bytes: bits.bytes_per_row(head_dim), data: Vec::new(), scales: Vec::new(), center: Vec::new() }
+        Self {
+            bits,
+            n_kv_heads,
+            head_dim,
+            row_bytes: bits.bytes_per_row(head_dim),
+            data: Vec::new(),
+            scales: Vec::new(),
+            center: Vec::new(),
+        }
     }
 
     /// What the copy subtracts from each KV head's keys (`n_kv_heads × head_dim`; empty before
@@ -145,14 +153,19 @@ impl ScoringKeys {
     }
 
     fn score_at(&self, level: SimdLevel, query: &[f32], tokens: &[u32], out: &mut [f32]) {
-        let (data, scales, n_kv, hd, int4) = (&self.data, &self.scales, self.n_kv_heads, self.head_dim, self.bits == KeyBits::Int4);
+        let (data, scales, n_kv, hd, int4) =
+            (&self.data, &self.scales, self.n_kv_heads, self.head_dim, self.bits == KeyBits::Int4);
         #[cfg(target_arch = "x86_64")]
         if hd.is_multiple_of(32) {
             use crate::kernels::x86::{avx2, avx512};
             // SAFETY: the level guarantees the CPU features; the kernels assert the bounds they read.
             match level {
-                SimdLevel::Avx512Vnni => return unsafe { avx512::score_keys_lowp(data, scales, n_kv, hd, int4, query, tokens, out) },
-                SimdLevel::AvxVnni | SimdLevel::Avx2 => return unsafe { avx2::score_keys_lowp(data, scales, n_kv, hd, int4, query, tokens, out) },
+                SimdLevel::Avx512Vnni => {
+                    return unsafe { avx512::score_keys_lowp(data, scales, n_kv, hd, int4, query, tokens, out) }
+                }
+                SimdLevel::AvxVnni | SimdLevel::Avx2 => {
+                    return unsafe { avx2::score_keys_lowp(data, scales, n_kv, hd, int4, query, tokens, out) }
+                }
                 SimdLevel::Portable => {}
             }
         }
@@ -167,15 +180,22 @@ impl ScoringKeys {
     }
 
     fn score_int_at(&self, level: SimdLevel, query: &[i8], tokens: &[u32], out: &mut [f32]) {
-        let (data, scales, n_kv, hd, int4) = (&self.data, &self.scales, self.n_kv_heads, self.head_dim, self.bits == KeyBits::Int4);
+        let (data, scales, n_kv, hd, int4) =
+            (&self.data, &self.scales, self.n_kv_heads, self.head_dim, self.bits == KeyBits::Int4);
         #[cfg(target_arch = "x86_64")]
         if hd.is_multiple_of(64) {
             use crate::kernels::x86::{avx2, avx512};
             // SAFETY: the level guarantees the CPU features; the kernels assert the bounds they read.
             match level {
-                SimdLevel::Avx512Vnni => return unsafe { avx512::score_keys_int(data, scales, n_kv, hd, int4, query, tokens, out) },
-                SimdLevel::AvxVnni => return unsafe { avx2::score_keys_int_vnni(data, scales, n_kv, hd, int4, query, tokens, out) },
-                SimdLevel::Avx2 => return unsafe { avx2::score_keys_int(data, scales, n_kv, hd, int4, query, tokens, out) },
+                SimdLevel::Avx512Vnni => {
+                    return unsafe { avx512::score_keys_int(data, scales, n_kv, hd, int4, query, tokens, out) }
+                }
+                SimdLevel::AvxVnni => {
+                    return unsafe { avx2::score_keys_int_vnni(data, scales, n_kv, hd, int4, query, tokens, out) }
+                }
+                SimdLevel::Avx2 => {
+                    return unsafe { avx2::score_keys_int(data, scales, n_kv, hd, int4, query, tokens, out) }
+                }
                 SimdLevel::Portable => {}
             }
         }
@@ -228,8 +248,10 @@ mod tests {
             let center = keys.center();
             let mean = |i: usize| (0..n).map(|t| k[t * heads * hd + i]).sum::<f32>() / n as f32;
             assert!((0..heads * hd).all(|i| (center[i] - mean(i)).abs() < 1e-5));
-            let exact: Vec<f32> =
-                (0..heads).flat_map(|h| (0..n).map(move |t| (h, t))).map(|(h, t)| (h * hd..(h + 1) * hd).map(|i| q[i] * (k[t * heads * hd + i] - center[i])).sum()).collect();
+            let exact: Vec<f32> = (0..heads)
+                .flat_map(|h| (0..n).map(move |t| (h, t)))
+                .map(|(h, t)| (h * hd..(h + 1) * hd).map(|i| q[i] * (k[t * heads * hd + i] - center[i])).sum())
+                .collect();
             assert_eq!(keys.len(), n);
             let mut out = vec![0f32; heads * n];
             keys.score(&q, &(0..n as u32).collect::<Vec<_>>(), &mut out);
@@ -242,7 +264,11 @@ mod tests {
             let mut out_reversed = vec![0f32; heads * n];
             keys.score(&q, &reversed, &mut out_reversed);
             for (h, i) in (0..heads).flat_map(|h| (0..n).map(move |i| (h, i))) {
-                assert_eq!(out_reversed[h * n + i].to_bits(), out[h * n + n - 1 - i].to_bits(), "{bits:?} head {h} token {i}");
+                assert_eq!(
+                    out_reversed[h * n + i].to_bits(),
+                    out[h * n + n - 1 - i].to_bits(),
+                    "{bits:?} head {h} token {i}"
+                );
             }
             let mut portable = vec![0f32; heads * n];
             keys.score_portable(&q, &(0..n as u32).collect::<Vec<_>>(), &mut portable);

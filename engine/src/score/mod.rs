@@ -10,8 +10,8 @@ pub mod topk;
 mod worker;
 pub mod xrt;
 
-pub use keys::{KeyBits, ScoringKeys};
 pub use evaluator::ColdEvaluator;
+pub use keys::{KeyBits, ScoringKeys};
 pub use storage::StorageEvaluator;
 pub use topk::{BlockMerge, HeadsMass, HeadsTopK, ScoreBlock, TopK};
 

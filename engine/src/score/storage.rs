@@ -11,8 +11,8 @@
 use super::device::DeviceQuery;
 use super::keys::ScoringKeys;
 use super::topk::ScoreBlock;
-use super::SCORE_BLOCK_TOKENS;
 use super::worker::Worker;
+use super::SCORE_BLOCK_TOKENS;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, RwLock};
@@ -76,7 +76,12 @@ impl StorageEvaluator {
     /// Starts scoring `tokens` against `query`: the blocks the worker scores arrive on the
     /// returned channel, which closes when no block is left to claim; the caller may claim
     /// blocks from the returned scan and score them itself.
-    pub fn score(&self, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> (Receiver<ScoreBlock>, Arc<ColdScan>) {
+    pub fn score(
+        &self,
+        keys: Arc<RwLock<ScoringKeys>>,
+        query: Arc<DeviceQuery>,
+        tokens: Vec<u32>,
+    ) -> (Receiver<ScoreBlock>, Arc<ColdScan>) {
         let (reply, blocks) = Worker::<Request>::reply_channel();
         let scan = Arc::new(ColdScan::new(tokens));
         self.worker.send(Request { keys, query, scan: Arc::clone(&scan), reply });
@@ -125,7 +130,10 @@ mod tests {
         assert_eq!(received, n);
         // The bounded channel lets the worker run at most a few blocks ahead of the merge.
         let ahead = scored_at_first_merge.unwrap();
-        assert!(ahead <= (BLOCKS_IN_FLIGHT + 2) * SCORE_BLOCK_TOKENS, "first block merged only after {ahead} of {n} tokens were scored");
+        assert!(
+            ahead <= (BLOCKS_IN_FLIGHT + 2) * SCORE_BLOCK_TOKENS,
+            "first block merged only after {ahead} of {n} tokens were scored"
+        );
 
         let mut exact = ScoreBlock::new(tokens, heads);
         query.score(&keys.read().unwrap(), &exact.tokens, &mut exact.scores);

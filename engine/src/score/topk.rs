@@ -1,6 +1,5 @@
 //! Merging score blocks into the global top-k as they arrive, without waiting for the rest.
 
-
 /// (position, score) pairs for a chunk of tokens, as an evaluator emits them: a score per KV
 /// head and token, `scores[head][i]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -211,7 +210,8 @@ impl HeadsMass {
                 continue;
             }
             let max = self.max[h].max(other.max[h]);
-            self.sum[h] = self.sum[h] * f64::from(self.max[h] - max).exp() + other.sum[h] * f64::from(other.max[h] - max).exp();
+            self.sum[h] =
+                self.sum[h] * f64::from(self.max[h] - max).exp() + other.sum[h] * f64::from(other.max[h] - max).exp();
             self.max[h] = max;
         }
     }
@@ -261,7 +261,17 @@ mod tests {
 
     #[test]
     fn rank_keys_order_like_scores_then_tokens() {
-        let pairs = [(f32::NAN, 1), (f32::NEG_INFINITY, 0), (-3.5, 7), (-3.5, 2), (-0.0, 4), (0.0, 3), (1e-30, 9), (2.0, 5), (f32::INFINITY, 6)];
+        let pairs = [
+            (f32::NAN, 1),
+            (f32::NEG_INFINITY, 0),
+            (-3.5, 7),
+            (-3.5, 2),
+            (-0.0, 4),
+            (0.0, 3),
+            (1e-30, 9),
+            (2.0, 5),
+            (f32::INFINITY, 6),
+        ];
         let keys: Vec<u64> = pairs.iter().map(|&(s, t)| rank_key(s, t)).collect();
         assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
         for &(s, t) in &pairs[1..] {
@@ -322,7 +332,12 @@ mod tests {
         let (whole_mass, all_mass) = (whole.mass.unwrap(), all.mass.unwrap());
         for h in 0..2 {
             let share = |m: &HeadsMass| m.share(h, scores[h * 3000..][..100].iter().copied());
-            assert!((share(&whole_mass) - share(&all_mass)).abs() < 1e-9, "head {h}: {} vs {}", share(&whole_mass), share(&all_mass));
+            assert!(
+                (share(&whole_mass) - share(&all_mass)).abs() < 1e-9,
+                "head {h}: {} vs {}",
+                share(&whole_mass),
+                share(&all_mass)
+            );
         }
         assert_eq!(all.top.into_tokens(), whole.top.into_tokens());
     }

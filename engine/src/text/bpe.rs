@@ -42,11 +42,16 @@ impl PackedBpe {
     /// `tokens` in id order; `merges` in rank order, each two tokens' texts with a space between
     /// (GGUF's `tokenizer.ggml.merges`). As with the crate's `BPE`, a text given twice takes the
     /// later id and a pair given twice the later rank.
-    pub fn new<'a>(tokens: impl Iterator<Item = &'a str> + Clone, merges: impl ExactSizeIterator<Item = &'a str>) -> Result<Self> {
+    pub fn new<'a>(
+        tokens: impl Iterator<Item = &'a str> + Clone,
+        merges: impl ExactSizeIterator<Item = &'a str>,
+    ) -> Result<Self> {
         let text_bytes: usize = tokens.clone().map(str::len).sum();
         let count = tokens.clone().count();
         if text_bytes > u32::MAX as usize || count >= u32::MAX as usize {
-            return Err(Error::Tokenizer(format!("a vocabulary of {count} tokens and {text_bytes} bytes is too large")));
+            return Err(Error::Tokenizer(format!(
+                "a vocabulary of {count} tokens and {text_bytes} bytes is too large"
+            )));
         }
         let mut text = String::with_capacity(text_bytes);
         let mut ends = Vec::with_capacity(count);
@@ -54,17 +59,36 @@ impl PackedBpe {
             text.push_str(token);
             ends.push(text.len() as u32);
         }
-        let mut bpe = Self { text, ends, ids_by_text: IdIndex::for_keys(count), char_ids: Vec::new(), merges: Vec::with_capacity(merges.len()), ranks_by_pair: IdIndex::for_keys(merges.len()) };
+        let mut bpe = Self {
+            text,
+            ends,
+            ids_by_text: IdIndex::for_keys(count),
+            char_ids: Vec::new(),
+            merges: Vec::with_capacity(merges.len()),
+            ranks_by_pair: IdIndex::for_keys(merges.len()),
+        };
         for id in 0..count as u32 {
             let hash = text_hash(bpe.text_of(id).as_bytes(), b"");
             let (text, ends) = (&bpe.text, &bpe.ends);
             bpe.ids_by_text.insert(hash, id, |other| slice(text, ends, other) == slice(text, ends, id));
         }
-        bpe.char_ids = (0..CHAR_TABLE_LEN).map(|c| char::from_u32(c).and_then(|c| bpe.id_of_parts(c.encode_utf8(&mut [0; 4]), "")).unwrap_or(NONE)).collect();
+        bpe.char_ids = (0..CHAR_TABLE_LEN)
+            .map(|c| char::from_u32(c).and_then(|c| bpe.id_of_parts(c.encode_utf8(&mut [0; 4]), "")).unwrap_or(NONE))
+            .collect();
         for merge in merges {
-            let (left, right) = merge.split_once(' ').ok_or_else(|| Error::Tokenizer(format!("bad merge '{merge}'")))?;
-            let id = |part: &str| bpe.id_of_parts(part, "").ok_or_else(|| Error::Tokenizer(format!("merge '{merge}': '{part}' is not in the vocabulary")));
-            let merge = Merge { left: id(left)?, right: id(right)?, merged: bpe.id_of_parts(left, right).ok_or_else(|| Error::Tokenizer(format!("merge '{merge}': '{left}{right}' is not in the vocabulary")))? };
+            let (left, right) =
+                merge.split_once(' ').ok_or_else(|| Error::Tokenizer(format!("bad merge '{merge}'")))?;
+            let id = |part: &str| {
+                bpe.id_of_parts(part, "")
+                    .ok_or_else(|| Error::Tokenizer(format!("merge '{merge}': '{part}' is not in the vocabulary")))
+            };
+            let merge = Merge {
+                left: id(left)?,
+                right: id(right)?,
+                merged: bpe.id_of_parts(left, right).ok_or_else(|| {
+                    Error::Tokenizer(format!("merge '{merge}': '{left}{right}' is not in the vocabulary"))
+                })?,
+            };
             let rank = bpe.merges.len() as u32;
             bpe.merges.push(merge);
             let merges = &bpe.merges;
@@ -152,7 +176,12 @@ impl PackedBpe {
         }
         // A min-heap on (rank, position): the lowest rank first, the leftmost of equal ranks.
         queue.clear();
-        queue.extend(symbols.windows(2).enumerate().filter_map(|(at, pair)| self.rank_of(pair[0].id, pair[1].id).map(|rank| Reverse((rank, at as u32)))));
+        queue.extend(
+            symbols
+                .windows(2)
+                .enumerate()
+                .filter_map(|(at, pair)| self.rank_of(pair[0].id, pair[1].id).map(|rank| Reverse((rank, at as u32)))),
+        );
         while let Some(Reverse((rank, at))) = queue.pop() {
             let left = symbols[at as usize];
             if left.len == 0 || left.next == NONE {
@@ -261,7 +290,8 @@ impl IdIndex {
 /// FNV-1a over `head` then `tail` (so a merge's two halves find the token they make), mixed so
 /// that the low bits index well.
 fn text_hash(head: &[u8], tail: &[u8]) -> u64 {
-    let hash = head.iter().chain(tail).fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    let hash =
+        head.iter().chain(tail).fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
     mix(hash)
 }
 
@@ -282,14 +312,17 @@ mod tests {
 
     /// The crate's `BPE` on the same vocabulary and merges.
     fn reference(tokens: &[&str], merges: &[&str]) -> BPE {
-        let vocab: ahash::AHashMap<String, u32> = tokens.iter().enumerate().map(|(id, t)| (t.to_string(), id as u32)).collect();
-        let merges = merges.iter().map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).unwrap()).collect();
+        let vocab: ahash::AHashMap<String, u32> =
+            tokens.iter().enumerate().map(|(id, t)| (t.to_string(), id as u32)).collect();
+        let merges =
+            merges.iter().map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).unwrap()).collect();
         BPE::builder().vocab_and_merges(vocab, merges).build().unwrap()
     }
 
     fn same_tokens(packed: &PackedBpe, crate_bpe: &BPE, word: &str) {
         let ours: Vec<_> = packed.tokenize(word).unwrap().into_iter().map(|t| (t.id, t.value, t.offsets)).collect();
-        let theirs: Vec<_> = crate_bpe.tokenize(word).unwrap().into_iter().map(|t| (t.id, t.value, t.offsets)).collect();
+        let theirs: Vec<_> =
+            crate_bpe.tokenize(word).unwrap().into_iter().map(|t| (t.id, t.value, t.offsets)).collect();
         assert_eq!(ours, theirs, "word {word:?}");
     }
 

@@ -13,12 +13,16 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, SplitDelimiterBehavior, TokenizerImpl};
+use tokenizers::{
+    AddedToken, DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
+    SplitDelimiterBehavior, TokenizerImpl,
+};
 
 /// Llama 3's pre-tokenizer split (three-digit number groups, no leading space on letters).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's pre-tokenizer split (single digits).
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// A GGUF's tokenizer encodes a long text a piece of about this many bytes at a time: the
 /// `tokenizers` pipeline holds ~100 bytes of bookkeeping per byte of text while it runs (a
@@ -29,7 +33,8 @@ const ENCODE_PIECE_BYTES: usize = 32 * 1024;
 const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
-type PackedTokenizer = TokenizerImpl<PackedBpe, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>;
+type PackedTokenizer =
+    TokenizerImpl<PackedBpe, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>;
 
 enum Inner {
     Gguf(PackedTokenizer),
@@ -60,11 +65,8 @@ fn tok_err(e: impl std::fmt::Display) -> Error {
 }
 
 fn strings<'a>(metadata: &'a Metadata, key: &str) -> Result<Vec<&'a str>> {
-    let values = metadata
-        .get(key)
-        .ok_or_else(|| Error::Tokenizer(format!("GGUF has no '{key}'")))?
-        .to_vec()
-        .map_err(tok_err)?;
+    let values =
+        metadata.get(key).ok_or_else(|| Error::Tokenizer(format!("GGUF has no '{key}'")))?.to_vec().map_err(tok_err)?;
     values.iter().map(|v| v.to_string().map(String::as_str).map_err(tok_err)).collect()
 }
 
@@ -114,7 +116,8 @@ fn token_id(metadata: &Metadata, key: &str) -> Option<u32> {
 
 fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
     let split = |regex: &str| -> Result<PreTokenizerWrapper> {
-        let split = Split::new(SplitPattern::Regex(regex.to_string()), SplitDelimiterBehavior::Isolated, false).map_err(tok_err)?;
+        let split = Split::new(SplitPattern::Regex(regex.to_string()), SplitDelimiterBehavior::Isolated, false)
+            .map_err(tok_err)?;
         Ok(Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into())
     };
     Ok(match pre {
@@ -158,21 +161,29 @@ impl Tokenizer {
             .collect();
         inner.add_special_tokens(special).map_err(tok_err)?;
 
-        let mut stop_ids: HashSet<u32> =
-            ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"].iter().filter_map(|k| token_id(metadata, k)).collect();
+        let mut stop_ids: HashSet<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+            .iter()
+            .filter_map(|k| token_id(metadata, k))
+            .collect();
         for end_of_turn in ["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>"] {
             if let Some(id) = inner.token_to_id(end_of_turn) {
                 stop_ids.insert(id);
             }
         }
         let add_bos = matches!(metadata.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true)));
-        Ok(Self { inner: Inner::Gguf(inner), bos: token_id(metadata, "tokenizer.ggml.bos_token_id"), add_bos, stop_ids })
+        Ok(Self {
+            inner: Inner::Gguf(inner),
+            bos: token_id(metadata, "tokenizer.ggml.bos_token_id"),
+            add_bos,
+            stop_ids,
+        })
     }
 
     /// Loads `tokenizer.json`; stop tokens come from the checkpoint's `config.json`/`generation_config.json`
     /// `eos_token_id`, plus the usual end-of-turn markers.
     pub fn from_file(path: &Path, eos_ids: &[u32], bos: Option<u32>, add_bos: bool) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner =
+            tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         let mut stop_ids: HashSet<u32> = eos_ids.iter().copied().collect();
         for end_of_turn in ["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>"] {
             if let Some(id) = inner.token_to_id(end_of_turn) {
@@ -226,7 +237,10 @@ impl Tokenizer {
         };
         let model = packed.get_model();
         let merges = model.merge_texts().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-        let bpe = BPE::builder().vocab_and_merges(model.get_vocab().into_iter().collect::<ahash::AHashMap<_, _>>(), merges).build().map_err(tok_err)?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(model.get_vocab().into_iter().collect::<ahash::AHashMap<_, _>>(), merges)
+            .build()
+            .map_err(tok_err)?;
         let mut exported = tokenizers::Tokenizer::new(bpe);
         exported.with_pre_tokenizer(packed.get_pre_tokenizer().cloned());
         exported.with_decoder(packed.get_decoder().cloned());
@@ -248,7 +262,12 @@ mod tests {
         let cut: Vec<&str> = pieces(&text).collect();
         assert_eq!(cut.concat(), text);
         assert_eq!(cut.len(), 3, "{:?}", cut.iter().map(|p| p.len()).collect::<Vec<_>>());
-        assert!(cut[0].ends_with("x") && cut[1].starts_with(" y") && cut[1].ends_with("€ é") && cut[2].starts_with(" Éclair"));
+        assert!(
+            cut[0].ends_with("x")
+                && cut[1].starts_with(" y")
+                && cut[1].ends_with("€ é")
+                && cut[2].starts_with(" Éclair")
+        );
         assert_eq!(pieces(&filler).count(), 1, "no word follows a word");
         assert_eq!(pieces("").count(), 0);
         assert_eq!(pieces("short text").collect::<Vec<_>>(), ["short text"]);

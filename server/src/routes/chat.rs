@@ -7,10 +7,10 @@ use crate::routes::documents;
 use crate::run::{self, Piece, RemotePrompt};
 use crate::types::*;
 use crate::{unix_now_s, App, Backend};
-use hillside_documents::summarize::Request as DocumentRequest;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use hillside_documents::summarize::Request as DocumentRequest;
 use hillside_engine::{ChatMessage, TokenLogprob};
 use std::sync::Arc;
 
@@ -26,11 +26,19 @@ const MAX_TOP_LOGPROBS: usize = 20;
         GenerationErrors,
     )
 )]
-pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<ChatCompletionRequest>) -> Result<Response, ApiError> {
+pub async fn chat_completions(
+    State(app): State<Arc<App>>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
     let messages = to_messages(&req.messages)?;
     let top_logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
-        (_, Some(n)) if n > MAX_TOP_LOGPROBS => return Err(ApiError::bad_request(format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}")).with_param("top_logprobs")),
-        (false, Some(_)) => return Err(ApiError::bad_request("top_logprobs needs logprobs: true").with_param("top_logprobs")),
+        (_, Some(n)) if n > MAX_TOP_LOGPROBS => {
+            return Err(ApiError::bad_request(format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}"))
+                .with_param("top_logprobs"))
+        }
+        (false, Some(_)) => {
+            return Err(ApiError::bad_request("top_logprobs needs logprobs: true").with_param("top_logprobs"))
+        }
         (true, n) => Some(n.unwrap_or(0)),
         (false, None) => None,
     };
@@ -40,10 +48,18 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
     let (running, read) = match &app.backend {
         Backend::Local { .. } => {
             let (prompt, prefix, read) = if documents.is_empty() {
-                (run::blocking(&app, move |app| app.local()?.0.chat_prompt(&messages).map_err(ApiError::from)).await?, None, None)
+                (
+                    run::blocking(&app, move |app| app.local()?.0.chat_prompt(&messages).map_err(ApiError::from))
+                        .await?,
+                    None,
+                    None,
+                )
             } else {
-                let (request, read) = run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
-                let (tokens, prefix) = request.into_local().ok_or_else(|| ApiError::internal("a question for the local engine came out for another"))?;
+                let (request, read) =
+                    run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
+                let (tokens, prefix) = request
+                    .into_local()
+                    .ok_or_else(|| ApiError::internal("a question for the local engine came out for another"))?;
                 (tokens, prefix, Some(read))
             };
             let params = run::params(&app, &req.sampling, max_tokens, prompt.len(), top_logprobs)?;
@@ -51,15 +67,21 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
         }
         Backend::Remote(remote) => {
             if top_logprobs.is_some() {
-                return Err(ApiError::bad_request("log-probabilities are not available from the remote engine this server runs on").with_param("logprobs"));
+                return Err(ApiError::bad_request(
+                    "log-probabilities are not available from the remote engine this server runs on",
+                )
+                .with_param("logprobs"));
             }
             let (messages, read) = if documents.is_empty() {
                 (messages, None)
             } else {
-                let (request, read) = run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
+                let (request, read) =
+                    run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
                 match request {
                     DocumentRequest::Remote(messages) => (messages, Some(read)),
-                    DocumentRequest::Local { .. } => return Err(ApiError::internal("a question for the remote engine came out for the local one")),
+                    DocumentRequest::Local { .. } => {
+                        return Err(ApiError::internal("a question for the remote engine came out for the local one"))
+                    }
                 }
             };
             // The remote applies its own template; its tokenizer counts the messages' text,
@@ -97,16 +119,32 @@ pub async fn chat_completions(State(app): State<Arc<App>>, JsonBody(req): JsonBo
         let mut chunks = Vec::new();
         if !role_sent {
             role_sent = true;
-            chunks.push(head.chunk(Delta { role: Some("assistant"), content: Some(String::new()) }, None, None, include_usage));
+            chunks.push(head.chunk(
+                Delta { role: Some("assistant"), content: Some(String::new()) },
+                None,
+                None,
+                include_usage,
+            ));
         }
         let logprobs = |lp: &[TokenLogprob]| with_logprobs.then(|| chat_logprobs(lp));
         match piece {
-            Piece::Text { text, logprobs: lp } => chunks.push(head.chunk(Delta { content: Some(text), ..Delta::default() }, logprobs(&lp), None, include_usage)),
+            Piece::Text { text, logprobs: lp } => chunks.push(head.chunk(
+                Delta { content: Some(text), ..Delta::default() },
+                logprobs(&lp),
+                None,
+                include_usage,
+            )),
             Piece::Done { summary, logprobs: lp } => {
                 if !lp.is_empty() && with_logprobs {
-                    chunks.push(head.chunk(Delta { content: Some(String::new()), ..Delta::default() }, logprobs(&lp), None, include_usage));
+                    chunks.push(head.chunk(
+                        Delta { content: Some(String::new()), ..Delta::default() },
+                        logprobs(&lp),
+                        None,
+                        include_usage,
+                    ));
                 }
-                let mut last = head.chunk(Delta::default(), None, Some(run::finish_reason(summary.finish_reason)), include_usage);
+                let mut last =
+                    head.chunk(Delta::default(), None, Some(run::finish_reason(summary.finish_reason)), include_usage);
                 last.hillside = read.take();
                 chunks.push(last);
                 if include_usage {
@@ -130,7 +168,13 @@ struct Head {
 }
 
 impl Head {
-    fn chunk(&self, delta: Delta, logprobs: Option<ChatLogprobs>, finish_reason: Option<&'static str>, include_usage: bool) -> ChatCompletionChunk {
+    fn chunk(
+        &self,
+        delta: Delta,
+        logprobs: Option<ChatLogprobs>,
+        finish_reason: Option<&'static str>,
+        include_usage: bool,
+    ) -> ChatCompletionChunk {
         ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk",
@@ -157,7 +201,10 @@ fn to_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ApiError
                 "user" => "user",
                 "assistant" => "assistant",
                 other => {
-                    return Err(ApiError::bad_request(format!("role '{other}' is not supported (system, developer, user, assistant)")).with_param(format!("messages[{i}].role")))
+                    return Err(ApiError::bad_request(format!(
+                        "role '{other}' is not supported (system, developer, user, assistant)"
+                    ))
+                    .with_param(format!("messages[{i}].role")))
                 }
             };
             let content = match &m.content {
@@ -169,8 +216,10 @@ fn to_messages(messages: &[RequestMessage]) -> Result<Vec<ChatMessage>, ApiError
                         match (part.kind.as_str(), &part.text) {
                             ("text", Some(t)) => text.push_str(t),
                             (kind, _) => {
-                                return Err(ApiError::bad_request(format!("content part of type '{kind}' is not supported: this model reads text only"))
-                                    .with_param(format!("messages[{i}].content")))
+                                return Err(ApiError::bad_request(format!(
+                                    "content part of type '{kind}' is not supported: this model reads text only"
+                                ))
+                                .with_param(format!("messages[{i}].content")))
                             }
                         }
                     }
@@ -190,7 +239,15 @@ fn chat_logprobs(tokens: &[TokenLogprob]) -> ChatLogprobs {
                 token: t.text.clone(),
                 logprob: t.logprob,
                 bytes: t.text.as_bytes().to_vec(),
-                top_logprobs: t.top.iter().map(|(_, text, lp)| TopLogprob { token: text.clone(), logprob: *lp, bytes: text.as_bytes().to_vec() }).collect(),
+                top_logprobs: t
+                    .top
+                    .iter()
+                    .map(|(_, text, lp)| TopLogprob {
+                        token: text.clone(),
+                        logprob: *lp,
+                        bytes: text.as_bytes().to_vec(),
+                    })
+                    .collect(),
             })
             .collect(),
     }

@@ -24,24 +24,38 @@ const MAX_LOGPROBS: usize = 5;
         GenerationErrors,
     )
 )]
-pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<CompletionRequest>) -> Result<Response, ApiError> {
+pub async fn completions(
+    State(app): State<Arc<App>>,
+    JsonBody(req): JsonBody<CompletionRequest>,
+) -> Result<Response, ApiError> {
     if let Some(n) = req.logprobs.filter(|&n| n > MAX_LOGPROBS) {
-        return Err(ApiError::bad_request(format!("logprobs must be at most {MAX_LOGPROBS} (got {n})")).with_param("logprobs"));
+        return Err(
+            ApiError::bad_request(format!("logprobs must be at most {MAX_LOGPROBS} (got {n})")).with_param("logprobs")
+        );
     }
     let text = match req.prompt {
         Prompt::Text(text) => Ok(text),
         Prompt::Texts(mut texts) if texts.len() == 1 => Ok(texts.remove(0)),
-        Prompt::Texts(_) => return Err(ApiError::bad_request("give one prompt per request (a list of several is not supported)").with_param("prompt")),
+        Prompt::Texts(_) => {
+            return Err(ApiError::bad_request("give one prompt per request (a list of several is not supported)")
+                .with_param("prompt"))
+        }
         Prompt::Tokens(ids) => Err(ids),
     };
     let running = match &app.backend {
         Backend::Local { engine, .. } => {
             let prompt = match text {
-                Ok(text) => run::blocking(&app, move |app| app.local()?.0.tokenizer().encode(&text).map_err(ApiError::from)).await?,
+                Ok(text) => {
+                    run::blocking(&app, move |app| app.local()?.0.tokenizer().encode(&text).map_err(ApiError::from))
+                        .await?
+                }
                 Err(ids) => {
                     let vocab = engine.model().config.vocab_size;
                     if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-                        return Err(ApiError::bad_request(format!("token id {bad} is outside the vocabulary ({vocab})")).with_param("prompt"));
+                        return Err(ApiError::bad_request(format!(
+                            "token id {bad} is outside the vocabulary ({vocab})"
+                        ))
+                        .with_param("prompt"));
                     }
                     ids
                 }
@@ -54,7 +68,10 @@ pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<Co
                 return Err(ApiError::bad_request("token ids are not accepted: this server runs on a remote engine, whose vocabulary it does not hold").with_param("prompt"));
             };
             if req.logprobs.is_some() {
-                return Err(ApiError::bad_request("log-probabilities are not available from the remote engine this server runs on").with_param("logprobs"));
+                return Err(ApiError::bad_request(
+                    "log-probabilities are not available from the remote engine this server runs on",
+                )
+                .with_param("logprobs"));
             }
             let counted = text.clone();
             let prompt_tokens = run::blocking(&app, move |app| Ok(app.runner(None).count_tokens(&counted))).await?;
@@ -64,7 +81,10 @@ pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<Co
     };
     let (id, created, model) = (app.response_id("cmpl"), unix_now_s(), app.config.model_id.clone());
     let with_logprobs = req.logprobs.is_some();
-    let response = move |text: String, logprobs: Option<CompletionLogprobs>, finish_reason: Option<&'static str>, usage: Option<Option<Usage>>| Completion {
+    let response = move |text: String,
+                         logprobs: Option<CompletionLogprobs>,
+                         finish_reason: Option<&'static str>,
+                         usage: Option<Option<Usage>>| Completion {
         id: id.clone(),
         object: "text_completion",
         created,
@@ -76,7 +96,8 @@ pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<Co
         let (text, logprobs, summary) = running.collect().await?;
         let logprobs = with_logprobs.then(|| legacy_logprobs(&logprobs, 0));
         let usage = Usage::of(&summary);
-        return Ok(Json(response(text, logprobs, Some(run::finish_reason(summary.finish_reason)), Some(Some(usage)))).into_response());
+        return Ok(Json(response(text, logprobs, Some(run::finish_reason(summary.finish_reason)), Some(Some(usage))))
+            .into_response());
     }
     let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let usage_field = include_usage.then_some(None);
@@ -92,7 +113,12 @@ pub async fn completions(State(app): State<Arc<App>>, JsonBody(req): JsonBody<Co
             }
             Piece::Done { summary, logprobs } => {
                 let lp = (with_logprobs && !logprobs.is_empty()).then(|| legacy_logprobs(&logprobs, offset));
-                chunks.push(response(String::new(), lp, Some(run::finish_reason(summary.finish_reason)), usage_field.clone()));
+                chunks.push(response(
+                    String::new(),
+                    lp,
+                    Some(run::finish_reason(summary.finish_reason)),
+                    usage_field.clone(),
+                ));
                 if include_usage {
                     let mut last = response(String::new(), None, None, Some(Some(Usage::of(&summary))));
                     last.choices.clear();

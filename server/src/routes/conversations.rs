@@ -25,23 +25,39 @@ pub struct ConversationList {
 
 fn store(app: &App) -> Result<&Conversations, ApiError> {
     app.conversations.as_ref().ok_or_else(|| {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("conversations_off"), "This server keeps no conversations (it was started without a data folder).")
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("conversations_off"),
+            "This server keeps no conversations (it was started without a data folder).",
+        )
     })
 }
 
 fn missing(id: u64) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("conversation_not_found"), format!("There is no conversation {id}."))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        Some("conversation_not_found"),
+        format!("There is no conversation {id}."),
+    )
 }
 
 #[utoipa::path(get, path = "/v1/hillside/conversations", params(Search),
     responses((status = 200, description = "Conversations, the most recently changed first", body = ConversationList)))]
-pub async fn list(State(app): State<Arc<App>>, Query(search): Query<Search>) -> Result<Json<ConversationList>, ApiError> {
+pub async fn list(
+    State(app): State<Arc<App>>,
+    Query(search): Query<Search>,
+) -> Result<Json<ConversationList>, ApiError> {
     Ok(Json(ConversationList { data: store(&app)?.list(search.q.as_deref()).map_err(ApiError::internal)? }))
 }
 
 #[utoipa::path(post, path = "/v1/hillside/conversations", request_body = ConversationChange,
     responses((status = 201, description = "Created", body = Conversation), (status = 400, description = "Invalid body", body = ErrorBody)))]
-pub async fn create(State(app): State<Arc<App>>, JsonBody(change): JsonBody<ConversationChange>) -> Result<(StatusCode, Json<Conversation>), ApiError> {
+pub async fn create(
+    State(app): State<Arc<App>>,
+    JsonBody(change): JsonBody<ConversationChange>,
+) -> Result<(StatusCode, Json<Conversation>), ApiError> {
     Ok((StatusCode::CREATED, Json(store(&app)?.create(change).map_err(ApiError::internal)?)))
 }
 
@@ -53,7 +69,11 @@ pub async fn get(State(app): State<Arc<App>>, Path(id): Path<u64>) -> Result<Jso
 
 #[utoipa::path(patch, path = "/v1/hillside/conversations/{id}", params(("id" = u64, Path, description = "Conversation id")), request_body = ConversationChange,
     responses((status = 200, description = "Changed", body = Conversation), (status = 404, description = "No such conversation", body = ErrorBody)))]
-pub async fn change(State(app): State<Arc<App>>, Path(id): Path<u64>, JsonBody(change): JsonBody<ConversationChange>) -> Result<Json<Conversation>, ApiError> {
+pub async fn change(
+    State(app): State<Arc<App>>,
+    Path(id): Path<u64>,
+    JsonBody(change): JsonBody<ConversationChange>,
+) -> Result<Json<Conversation>, ApiError> {
     store(&app)?.update(id, change).map_err(ApiError::internal)?.map(Json).ok_or_else(|| missing(id))
 }
 

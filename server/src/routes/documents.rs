@@ -6,6 +6,7 @@
 use crate::backend::remote_error;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{parse, require_json};
+use crate::types::{ChatExtensionReply, DocumentExcerpt};
 use crate::{unix_now_s, App};
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
@@ -13,13 +14,14 @@ use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hillside_documents::library::Entry;
-use crate::types::{ChatExtensionReply, DocumentExcerpt};
-use hillside_documents::prompt::PromptError;
-use hillside_documents::questions;
-use hillside_documents::summarize::{fits_whole, plan_summary, summarize, LibraryCheckpoints, Point, Progress, Request as DocumentRequest, SummaryError};
 use hillside_documents::ingest::file_bytes;
 use hillside_documents::library::Added;
+use hillside_documents::library::Entry;
+use hillside_documents::prompt::PromptError;
+use hillside_documents::questions;
+use hillside_documents::summarize::{
+    fits_whole, plan_summary, summarize, LibraryCheckpoints, Point, Progress, Request as DocumentRequest, SummaryError,
+};
 use hillside_documents::IngestError;
 use hillside_engine::{CancelFlag, ChatMessage};
 use serde::{Deserialize, Serialize};
@@ -86,7 +88,10 @@ pub struct AddByPath {
 
 /// Where an added document's bytes come from.
 enum Source {
-    Upload { name: String, bytes: Bytes },
+    Upload {
+        name: String,
+        bytes: Bytes,
+    },
     /// A file the desktop app's user chose.
     Path(std::path::PathBuf),
 }
@@ -98,7 +103,10 @@ fn info(app: &App, entry: Entry) -> DocumentInfo {
         id: entry.id,
         object: "hillside.document",
         name: entry.name,
-        format: serde_json::to_value(entry.format).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+        format: serde_json::to_value(entry.format)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
         size_bytes: entry.size_bytes,
         tokens: entry.tokens,
         mode: if whole { "whole" } else { "hierarchical" },
@@ -117,7 +125,14 @@ fn library_error(e: impl std::fmt::Display) -> ApiError {
 
 fn ingest_error(e: IngestError) -> ApiError {
     let code = match &e {
-        IngestError::TooLarge { .. } => return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("document_too_large"), e.to_string()),
+        IngestError::TooLarge { .. } => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("document_too_large"),
+                e.to_string(),
+            )
+        }
         IngestError::Empty { .. } | IngestError::NoText { .. } => "empty_document",
         IngestError::Unsupported { .. } => "unsupported_document",
         IngestError::Encrypted { .. } => "encrypted_document",
@@ -125,7 +140,13 @@ fn ingest_error(e: IngestError) -> ApiError {
         IngestError::Damaged { .. } => "damaged_document",
         IngestError::Io { .. } => "unreadable_document",
         IngestError::OverLimit { bound, .. } => {
-            return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("document_over_limit"), e.to_string()).with_param(bound.name());
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("document_over_limit"),
+                e.to_string(),
+            )
+            .with_param(bound.name());
         }
         IngestError::ReaderFailed { .. } => "unreadable_document",
     };
@@ -133,7 +154,12 @@ fn ingest_error(e: IngestError) -> ApiError {
 }
 
 fn unknown(id: &str) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", Some("document_not_found"), format!("No document '{id}'; see GET /v1/hillside/documents."))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        Some("document_not_found"),
+        format!("No document '{id}'; see GET /v1/hillside/documents."),
+    )
 }
 
 #[utoipa::path(post, path = "/v1/hillside/documents",
@@ -148,20 +174,36 @@ fn unknown(id: &str) -> ApiError {
         (status = 503, description = "The document reader (hillside-ingest) is not installed beside the server", body = ErrorBody)))]
 pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Response, ApiError> {
     let docs = app.documents()?;
-    let is_form = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.to_ascii_lowercase().starts_with("multipart/form-data"));
+    let is_form = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("multipart/form-data"));
     let source = if !is_form {
         require_json(request.headers())?;
         let body = Bytes::from_request(request, &app).await.map_err(|e| ApiError::bad_request(e.to_string()))?;
         let AddByPath { path } = parse(&body)?;
         let Some(chosen) = &docs.chosen_paths else {
-            return Err(ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", Some("local_paths_off"), "This server does not read local paths; upload the file as multipart/form-data."));
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                Some("local_paths_off"),
+                "This server does not read local paths; upload the file as multipart/form-data.",
+            ));
         };
         let Some(real) = chosen.resolve(&path) else {
-            return Err(ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", Some("path_not_chosen"), format!("{} was not dropped on Hillside's window; only files the user chose are read.", path.display())));
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                Some("path_not_chosen"),
+                format!("{} was not dropped on Hillside's window; only files the user chose are read.", path.display()),
+            ));
         };
         Source::Path(real)
     } else {
-        let mut form = Multipart::from_request(request, &app).await.map_err(|e| ApiError::bad_request(format!("expected multipart/form-data with a part named 'file': {e}")))?;
+        let mut form = Multipart::from_request(request, &app).await.map_err(|e| {
+            ApiError::bad_request(format!("expected multipart/form-data with a part named 'file': {e}"))
+        })?;
         let mut found = None;
         while let Some(field) = form.next_field().await.map_err(|e| upload_error(e, docs.limits.max_file_bytes))? {
             if field.name() == Some("file") {
@@ -170,7 +212,8 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
                 break;
             }
         }
-        let (name, bytes) = found.ok_or_else(|| ApiError::bad_request("no part named 'file' in the form").with_param("file"))?;
+        let (name, bytes) =
+            found.ok_or_else(|| ApiError::bad_request("no part named 'file' in the form").with_param("file"))?;
         Source::Upload { name, bytes }
     };
     let task_app = app.clone();
@@ -188,10 +231,17 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
         let tokens = runner.count_tokens(&doc.text);
         // Said now, not after minutes of work: a document whose summary cannot be done.
         plan_summary(&doc, app.context_tokens(), &|s| runner.count_tokens(s)).map_err(|e| {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("document_too_long"), e.to_string()).with_param("tokens")
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                Some("document_too_long"),
+                e.to_string(),
+            )
+            .with_param("tokens")
         })?;
         let Added { entry, created } = docs.library.add(&doc, &bytes).map_err(library_error)?;
-        let entry = docs.library.update(&entry.id, |e| e.tokens = Some(tokens)).map_err(library_error)?.unwrap_or(entry);
+        let entry =
+            docs.library.update(&entry.id, |e| e.tokens = Some(tokens)).map_err(library_error)?.unwrap_or(entry);
         Ok((entry, created))
     })
     .await
@@ -202,7 +252,12 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
 
 fn upload_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", Some("document_too_large"), format!("The upload is larger than the limit of {limit} bytes for a document."));
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            Some("document_too_large"),
+            format!("The upload is larger than the limit of {limit} bytes for a document."),
+        );
     }
     ApiError::bad_request(format!("the upload was cut short or malformed: {e}"))
 }
@@ -242,9 +297,14 @@ pub struct Passage {
 #[utoipa::path(get, path = "/v1/hillside/documents/{id}/text", params(("id" = String, Path, description = "Document id"), ByteRange),
     responses((status = 200, description = "A passage of the document's text (a summary point's source)", body = Passage),
         (status = 400, description = "An empty, reversed or too long range", body = ErrorBody), (status = 404, description = "No such document", body = ErrorBody)))]
-pub async fn text(State(app): State<Arc<App>>, Path(id): Path<String>, Query(range): Query<ByteRange>) -> Result<Json<Passage>, ApiError> {
+pub async fn text(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Query(range): Query<ByteRange>,
+) -> Result<Json<Passage>, ApiError> {
     if range.end <= range.start || range.end - range.start > MAX_PASSAGE_BYTES {
-        return Err(ApiError::bad_request(format!("a passage is 1 to {MAX_PASSAGE_BYTES} bytes, start before end")).with_param("start"));
+        return Err(ApiError::bad_request(format!("a passage is 1 to {MAX_PASSAGE_BYTES} bytes, start before end"))
+            .with_param("start"));
     }
     let text = app.documents()?.library.text(&id).map_err(library_error)?.ok_or_else(|| unknown(&id))?;
     let mut start = range.start.min(text.len());
@@ -319,7 +379,12 @@ pub async fn summary(State(app): State<Arc<App>>, Path(id): Path<String>) -> Res
                 if let Err(e) = docs.library.finish_summary(&id, summary.points.clone(), summary.plan.tokens) {
                     tracing::error!(error = %e, "cannot store a summary in the library");
                 }
-                send(SummaryEvent::Summary { id, tokens: summary.plan.tokens, mode: summary.plan.mode.name(), points: summary.points });
+                send(SummaryEvent::Summary {
+                    id,
+                    tokens: summary.plan.tokens,
+                    mode: summary.plan.mode.name(),
+                    points: summary.points,
+                });
             }
             Err(SummaryError::Cancelled) => {}
             Err(e) => {
@@ -334,23 +399,31 @@ pub async fn summary(State(app): State<Arc<App>>, Path(id): Path<String>) -> Res
             self.0.cancel();
         }
     }
-    let stream = futures_util::stream::unfold((events, CancelOnDrop(cancel), false), |(mut events, guard, ended)| async move {
-        if ended {
-            return None;
-        }
-        match events.recv().await {
-            Some(v) => Some((Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string())), (events, guard, false))),
-            None => Some((Ok(SseEvent::default().data("[DONE]")), (events, guard, true))),
-        }
-    });
+    let stream =
+        futures_util::stream::unfold((events, CancelOnDrop(cancel), false), |(mut events, guard, ended)| async move {
+            if ended {
+                return None;
+            }
+            match events.recv().await {
+                Some(v) => Some((
+                    Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string())),
+                    (events, guard, false),
+                )),
+                None => Some((Ok(SseEvent::default().data("[DONE]")), (events, guard, true))),
+            }
+        });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(5))).into_response())
 }
 
 fn summary_error(e: SummaryError) -> ApiError {
     match e {
-        SummaryError::TooLong(_) | SummaryError::ContextTooSmall(_) => ApiError::bad_request(e.to_string()).with_code("document_too_long"),
+        SummaryError::TooLong(_) | SummaryError::ContextTooSmall(_) => {
+            ApiError::bad_request(e.to_string()).with_code("document_too_long")
+        }
         SummaryError::Engine(e) => e.into(),
-        SummaryError::Refused(m) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("engine_refused"), m),
+        SummaryError::Refused(m) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("engine_refused"), m)
+        }
         SummaryError::Remote(e) => remote_error(e),
         SummaryError::Prompt(e) => ApiError::internal(e.to_string()),
         SummaryError::Cancelled => ApiError::internal("cancelled"),
@@ -364,23 +437,33 @@ pub const MAX_DOCUMENTS_PER_QUESTION: usize = 8;
 /// [`MAX_DOCUMENTS_PER_QUESTION`] ids or one that names a document twice.
 pub fn check_ids(ids: &[String]) -> Result<(), ApiError> {
     if ids.len() > MAX_DOCUMENTS_PER_QUESTION {
-        return Err(ApiError::bad_request(format!("a question may name at most {MAX_DOCUMENTS_PER_QUESTION} documents, not {}", ids.len())).with_param("hillside.documents"));
+        return Err(ApiError::bad_request(format!(
+            "a question may name at most {MAX_DOCUMENTS_PER_QUESTION} documents, not {}",
+            ids.len()
+        ))
+        .with_param("hillside.documents"));
     }
     for (i, id) in ids.iter().enumerate() {
         if ids[..i].contains(id) {
-            return Err(ApiError::bad_request(format!("document '{id}' is named twice")).with_param(format!("hillside.documents[{i}]")));
+            return Err(ApiError::bad_request(format!("document '{id}' is named twice"))
+                .with_param(format!("hillside.documents[{i}]")));
         }
     }
     Ok(())
 }
 
 /// The request for a chat about the library's documents `ids`, and what of each it reads.
-pub fn question(app: &App, ids: &[String], messages: &[ChatMessage]) -> Result<(DocumentRequest, ChatExtensionReply), ApiError> {
+pub fn question(
+    app: &App,
+    ids: &[String],
+    messages: &[ChatMessage],
+) -> Result<(DocumentRequest, ChatExtensionReply), ApiError> {
     let docs = app.documents()?;
     let mut documents = Vec::with_capacity(ids.len());
     for (i, id) in ids.iter().enumerate() {
         let (_, doc) = docs.library.document(id).map_err(library_error)?.ok_or_else(|| {
-            ApiError::bad_request(format!("no document '{id}'; see GET /v1/hillside/documents")).with_param(format!("hillside.documents[{i}]"))
+            ApiError::bad_request(format!("no document '{id}'; see GET /v1/hillside/documents"))
+                .with_param(format!("hillside.documents[{i}]"))
         })?;
         documents.push((id.clone(), doc));
     }
@@ -388,7 +471,9 @@ pub fn question(app: &App, ids: &[String], messages: &[ChatMessage]) -> Result<(
     let asked = questions::question(&runner, &documents, messages).map_err(|e| match e {
         PromptError::Engine(e) => e.into(),
         PromptError::NoQuestion => ApiError::bad_request(e.to_string()).with_param("messages"),
-        PromptError::TooLong(_) => ApiError::bad_request(e.to_string()).with_code("document_too_long").with_param("hillside.documents"),
+        PromptError::TooLong(_) => {
+            ApiError::bad_request(e.to_string()).with_code("document_too_long").with_param("hillside.documents")
+        }
     })?;
     for id in ids {
         let _ = docs.library.update(id, |e| e.used_s = unix_now_s());
@@ -396,7 +481,13 @@ pub fn question(app: &App, ids: &[String], messages: &[ChatMessage]) -> Result<(
     let read = ids
         .iter()
         .zip(&asked.excerpts)
-        .map(|(id, e)| DocumentExcerpt { id: id.clone(), start: e.bytes.start, end: e.bytes.end, chunk: e.chunk, chunks: e.chunks })
+        .map(|(id, e)| DocumentExcerpt {
+            id: id.clone(),
+            start: e.bytes.start,
+            end: e.bytes.end,
+            chunk: e.chunk,
+            chunks: e.chunks,
+        })
         .collect();
     let document_tokens = match &asked.request {
         DocumentRequest::Local { prefix, .. } => prefix.as_ref().map_or(0, |p| p.tokens()),

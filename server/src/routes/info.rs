@@ -27,7 +27,12 @@ pub async fn health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiErro
             Backend::Local { .. } => Ok(()),
         })
         .await?;
-        return Ok(Json(Health { status: "ok", model: app.config.model_id.clone(), live_sequences: 0, queued_requests: 0 }));
+        return Ok(Json(Health {
+            status: "ok",
+            model: app.config.model_id.clone(),
+            live_sequences: 0,
+            queued_requests: 0,
+        }));
     };
     scheduler.health().map_err(|why| ApiError::from(SubmitError::EngineFailed(why)))?;
     let stats = scheduler.stats();
@@ -90,7 +95,11 @@ pub async fn sequences(State(app): State<Arc<App>>) -> Result<Json<SequencesRepo
                 let total = t.hot_hits + t.cold_hits;
                 (total > 0).then(|| t.hot_hits as f64 / total as f64)
             });
-            SequenceReport { cold_bytes_read_per_token: read as f64 / s.generated_tokens.max(1) as f64, hot_hit_rate, sequence: s }
+            SequenceReport {
+                cold_bytes_read_per_token: read as f64 / s.generated_tokens.max(1) as f64,
+                hot_hit_rate,
+                sequence: s,
+            }
         })
         .collect();
     Ok(Json(SequencesReport { sequences }))

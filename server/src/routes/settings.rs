@@ -24,7 +24,12 @@ pub struct SettingsReport {
 
 fn path(app: &App) -> Result<&std::path::Path, ApiError> {
     app.config.settings_file.as_deref().ok_or_else(|| {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", Some("settings_off"), "This server was started without a config file to edit.")
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("settings_off"),
+            "This server was started without a config file to edit.",
+        )
     })
 }
 
@@ -39,11 +44,19 @@ pub async fn get(State(app): State<Arc<App>>) -> Result<Json<SettingsReport>, Ap
 #[utoipa::path(put, path = "/v1/hillside/settings", request_body = Settings,
     responses((status = 200, description = "Saved; applies at the next start", body = SettingsReport),
         (status = 400, description = "A field is wrong: `param` names it", body = ErrorBody)))]
-pub async fn put(State(app): State<Arc<App>>, JsonBody(wanted): JsonBody<Settings>) -> Result<Json<SettingsReport>, ApiError> {
+pub async fn put(
+    State(app): State<Arc<App>>,
+    JsonBody(wanted): JsonBody<Settings>,
+) -> Result<Json<SettingsReport>, ApiError> {
     let path = path(&app)?.to_path_buf();
     let shown = path.display().to_string();
-    wanted.check(&app.config.installed_models).map_err(|(field, why)| ApiError::bad_request(why).with_param(field).with_code("invalid_setting"))?;
+    wanted
+        .check(&app.config.installed_models)
+        .map_err(|(field, why)| ApiError::bad_request(why).with_param(field).with_code("invalid_setting"))?;
     let written = wanted.clone();
-    let new_api_key = tokio::task::spawn_blocking(move || settings::write(&path, &written)).await.map_err(|e| ApiError::internal(e.to_string()))?.map_err(ApiError::internal)?;
+    let new_api_key = tokio::task::spawn_blocking(move || settings::write(&path, &written))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .map_err(ApiError::internal)?;
     Ok(Json(SettingsReport { path: shown, settings: wanted, new_api_key }))
 }

@@ -51,18 +51,33 @@ mod tests {
         let (file, other) = (dir.join("notes.md"), dir.join("other.md"));
         std::fs::write(&file, "# Rivers\n\nThe valley has two rivers that meet at the mill.\n").unwrap();
         std::fs::write(&other, "# Not chosen\n").unwrap();
-        let args = DesktopArgs::parse_from(["hillside-desktop", "--port", "0", "--context", "2048", "--documents-dir", dir.join("data").to_str().unwrap()]);
+        let args = DesktopArgs::parse_from([
+            "hillside-desktop",
+            "--port",
+            "0",
+            "--context",
+            "2048",
+            "--documents-dir",
+            dir.join("data").to_str().unwrap(),
+        ]);
         let chosen = Arc::new(ChosenPaths::default());
         let mut server = Running::start(&args.serve, chosen.clone()).unwrap();
 
         assert_eq!(choose(&chosen, &[file.clone(), dir.join("folder"), dir.join("missing.md")]), vec![file.clone()]);
         let add = |path: &std::path::Path| {
             let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-            let mut r = agent.post(&format!("{}v1/hillside/documents", server.url)).send_json(serde_json::json!({ "path": path })).unwrap();
+            let mut r = agent
+                .post(&format!("{}v1/hillside/documents", server.url))
+                .send_json(serde_json::json!({ "path": path }))
+                .unwrap();
             (r.status().as_u16(), r.body_mut().read_json::<serde_json::Value>().unwrap())
         };
         let (status, added) = add(&file);
-        assert_eq!((status, added["name"].as_str(), added["mode"].as_str()), (201, Some("notes.md"), Some("whole")), "{added}");
+        assert_eq!(
+            (status, added["name"].as_str(), added["mode"].as_str()),
+            (201, Some("notes.md"), Some("whole")),
+            "{added}"
+        );
         let (status, refused) = add(&other);
         assert_eq!((status, refused["error"]["code"].as_str()), (403, Some("path_not_chosen")), "{refused}");
         server.stop();

@@ -40,7 +40,8 @@ fn zip(entries: &[Entry<'_>]) -> Vec<u8> {
     for entry in entries {
         let offset = out.len() as u32;
         let zip64 = entry.inflated_bytes >= u32::MAX as u64;
-        let (inflated32, deflated32) = if zip64 { (u32::MAX, u32::MAX) } else { (entry.inflated_bytes as u32, entry.deflated.len() as u32) };
+        let (inflated32, deflated32) =
+            if zip64 { (u32::MAX, u32::MAX) } else { (entry.inflated_bytes as u32, entry.deflated.len() as u32) };
         let mut extra = Vec::new();
         if zip64 {
             extra.extend_from_slice(&1u16.to_le_bytes());
@@ -101,26 +102,41 @@ fn deflated_entry<'a>(name: &'a str, text: &str) -> Entry<'a> {
 /// A DOCX whose `word/document.xml` inflates to `gib` GiB (its headers say so, as ZIP64 must).
 pub fn docx_bomb(gib: u64) -> Vec<u8> {
     let prefix = b"<?xml version=\"1.0\"?><w:document xmlns:w=\"w\"><w:body><w:p><w:r><w:t>";
-    zip(&[Entry { name: "word/document.xml", inflated_bytes: prefix.len() as u64 + (gib << 30), deflated: deflated(prefix, gib << 10), crc32: 0 }])
+    zip(&[Entry {
+        name: "word/document.xml",
+        inflated_bytes: prefix.len() as u64 + (gib << 30),
+        deflated: deflated(prefix, gib << 10),
+        crc32: 0,
+    }])
 }
 
 /// An EPUB whose spine reads one chapter of `chapter_mib` MiB `times` times: each read is
 /// within any per-entry limit, and together they inflate to `chapter_mib × times` MiB.
 pub fn epub_spine_bomb(chapter_mib: u64, times: usize) -> Vec<u8> {
-    let container = "<?xml version=\"1.0\"?><container><rootfiles><rootfile full-path=\"content.opf\"/></rootfiles></container>";
+    let container =
+        "<?xml version=\"1.0\"?><container><rootfiles><rootfile full-path=\"content.opf\"/></rootfiles></container>";
     let spine = "<itemref idref=\"c\"/>".repeat(times);
     let opf = format!("<?xml version=\"1.0\"?><package><manifest><item id=\"c\" href=\"c.xhtml\"/></manifest><spine>{spine}</spine></package>");
     let prefix = b"<html><body><p>";
     zip(&[
         deflated_entry("META-INF/container.xml", container),
         deflated_entry("content.opf", &opf),
-        Entry { name: "c.xhtml", inflated_bytes: prefix.len() as u64 + (chapter_mib << 20), deflated: deflated(prefix, chapter_mib), crc32: 0 },
+        Entry {
+            name: "c.xhtml",
+            inflated_bytes: prefix.len() as u64 + (chapter_mib << 20),
+            deflated: deflated(prefix, chapter_mib),
+            crc32: 0,
+        },
     ])
 }
 
 /// An HTML page whose text sits inside `depth` nested `tag`s.
 pub fn nested_html(tag: &str, depth: usize) -> String {
-    format!("<!doctype html><html><body>{}Deep inside the page.{}</body></html>", format!("<{tag}>").repeat(depth), format!("</{tag}>").repeat(depth))
+    format!(
+        "<!doctype html><html><body>{}Deep inside the page.{}</body></html>",
+        format!("<{tag}>").repeat(depth),
+        format!("</{tag}>").repeat(depth)
+    )
 }
 
 /// A DOCX whose body nests `depth` content controls.
@@ -131,7 +147,12 @@ pub fn nested_docx(depth: usize) -> Vec<u8> {
 
 /// An EPUB whose one chapter nests `depth` `<div>`s.
 pub fn nested_epub(depth: usize) -> Vec<u8> {
-    let container = "<?xml version=\"1.0\"?><container><rootfiles><rootfile full-path=\"content.opf\"/></rootfiles></container>";
+    let container =
+        "<?xml version=\"1.0\"?><container><rootfiles><rootfile full-path=\"content.opf\"/></rootfiles></container>";
     let opf = "<?xml version=\"1.0\"?><package><manifest><item id=\"c\" href=\"c.xhtml\"/></manifest><spine><itemref idref=\"c\"/></spine></package>";
-    zip(&[deflated_entry("META-INF/container.xml", container), deflated_entry("content.opf", opf), deflated_entry("c.xhtml", &nested_html("div", depth))])
+    zip(&[
+        deflated_entry("META-INF/container.xml", container),
+        deflated_entry("content.opf", opf),
+        deflated_entry("c.xhtml", &nested_html("div", depth)),
+    ])
 }

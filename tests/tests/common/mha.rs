@@ -27,12 +27,17 @@ pub fn write_mha_copy(input: &Path, output: &Path) -> Result<(usize, usize), Box
     let mut tensors = Vec::new();
     for name in content.tensor_infos.keys() {
         let tensor = content.tensor(&mut reader, name, &Device::Cpu)?;
-        let kv_part = [".attn_k.weight", ".attn_v.weight", ".attn_k.bias", ".attn_v.bias"].iter().any(|s| name.ends_with(s));
-        tensors.push((name.clone(), if kv_part && group > 1 { repeat_heads(&tensor, kv_heads, group)? } else { tensor }));
+        let kv_part =
+            [".attn_k.weight", ".attn_v.weight", ".attn_k.bias", ".attn_v.bias"].iter().any(|s| name.ends_with(s));
+        tensors
+            .push((name.clone(), if kv_part && group > 1 { repeat_heads(&tensor, kv_heads, group)? } else { tensor }));
     }
     let kv_key = format!("{arch}.attention.head_count_kv");
-    let metadata: Vec<(&str, Value)> =
-        content.metadata.iter().map(|(k, v)| (k.as_str(), if *k == kv_key { Value::U32(heads as u32) } else { v.clone() })).collect();
+    let metadata: Vec<(&str, Value)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), if *k == kv_key { Value::U32(heads as u32) } else { v.clone() }))
+        .collect();
     let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     gguf_file::write(&mut File::create(output)?, &metadata, &tensors)?;

@@ -23,7 +23,11 @@ pub fn model_path() -> PathBuf {
 /// qwen2.5-coder-0.5b-instruct`): the K-quant and qwen2 model.
 pub fn qwen_model_path() -> PathBuf {
     let path = models_dir().join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    assert!(path.exists(), "model not found at {}: run `python3 models/fetch.py qwen2.5-coder-0.5b-instruct` (make test does)", path.display());
+    assert!(
+        path.exists(),
+        "model not found at {}: run `python3 models/fetch.py qwen2.5-coder-0.5b-instruct` (make test does)",
+        path.display()
+    );
     path
 }
 
@@ -32,13 +36,17 @@ fn models_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("HILLSIDE_MODELS_DIR") {
         return PathBuf::from(dir);
     }
-    let data = std::env::var_os("XDG_DATA_HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".local/share"));
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".local/share"));
     data.join("hillside/models")
 }
 
 /// Cold-pool files in `dir` (the planner's cached profile may sit beside them).
 pub fn cold_files(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count())
+    std::fs::read_dir(dir).map_or(0, |d| {
+        d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".cold"))).count()
+    })
 }
 
 /// A document from ../shared/data (never copied into the project).

@@ -25,7 +25,14 @@ pub fn config() -> ServerConfig {
         max_body_bytes: 1_000_000,
         cors_origins: Vec::new(),
         shutdown_grace_s: 1,
-        scheduler: SchedulerConfig { max_live: 4, max_queued: 32, kv: KvConfig::default(), context_tokens: Some(2048), cached_sequences: 2, shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS },
+        scheduler: SchedulerConfig {
+            max_live: 4,
+            max_queued: 32,
+            kv: KvConfig::default(),
+            context_tokens: Some(2048),
+            cached_sequences: 2,
+            shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
+        },
         documents: None,
         sampling: hillside_engine::SamplingParams::default(),
         settings_file: None,
@@ -57,7 +64,11 @@ impl Server {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let served = app.clone();
         let thread = std::thread::spawn(move || {
-            runtime.block_on(hillside_server::serve(listener, served, async { stopped.await.ok(); })).unwrap();
+            runtime
+                .block_on(hillside_server::serve(listener, served, async {
+                    stopped.await.ok();
+                }))
+                .unwrap();
         });
         Self { base, app, stop: Some(stop), thread: Some(thread) }
     }
@@ -88,16 +99,27 @@ impl Server {
 
     /// Any method, with a JSON body or none: the status and the JSON answer (`Null` if empty).
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let request = ureq::http::Request::builder().method(method).uri(self.url(path)).header("Content-Type", "application/json");
+        let request = ureq::http::Request::builder()
+            .method(method)
+            .uri(self.url(path))
+            .header("Content-Type", "application/json");
         let request = request.body(body.map(Value::to_string).unwrap_or_default()).unwrap();
         let mut r = agent().run(request).unwrap();
         let text = r.body_mut().read_to_string().unwrap();
-        (r.status().as_u16(), if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")) })
+        (
+            r.status().as_u16(),
+            if text.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+            },
+        )
     }
 
     /// A streamed request: every `data:` payload, `[DONE]` included.
     pub fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let r = agent().post(&self.url(path)).header("Content-Type", "application/json").send(body.to_string()).unwrap();
+        let r =
+            agent().post(&self.url(path)).header("Content-Type", "application/json").send(body.to_string()).unwrap();
         assert_eq!(r.status().as_u16(), 200);
         assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
         let lines = BufReader::new(r.into_body().into_reader()).lines();
@@ -119,7 +141,9 @@ pub fn upload(base: &str, name: &str, bytes: &[u8], headers: &[(&str, &str)]) ->
     let mut body = format!("--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n").into_bytes();
     body.extend_from_slice(bytes);
     body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    let mut request = agent().post(&format!("{base}/v1/hillside/documents")).header("Content-Type", &format!("multipart/form-data; boundary={boundary}"));
+    let mut request = agent()
+        .post(&format!("{base}/v1/hillside/documents"))
+        .header("Content-Type", &format!("multipart/form-data; boundary={boundary}"));
     for (k, v) in headers {
         request = request.header(*k, *v);
     }
@@ -136,6 +160,9 @@ pub fn ensure_reader() {
 }
 
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(120))).build().into()
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
 }
-

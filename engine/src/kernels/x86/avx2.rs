@@ -74,7 +74,14 @@ pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
 /// # Safety
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
+pub unsafe fn uq_dot_rows(
+    w: &UqMatrix,
+    rows: Range<usize>,
+    x: &QuantizedActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
     // SAFETY: features per contract.
     unsafe { uq_dot_rows_with::<false>(w, rows, x, t0, nt, out) }
 }
@@ -84,16 +91,32 @@ pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivat
 /// # Safety
 /// The CPU must support avx2, fma, f16c and avxvnni.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn uq_dot_rows_vnni(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
+pub unsafe fn uq_dot_rows_vnni(
+    w: &UqMatrix,
+    rows: Range<usize>,
+    x: &QuantizedActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
     // SAFETY: features per contract.
     unsafe { uq_dot_rows_with::<true>(w, rows, x, t0, nt, out) }
 }
 
 #[inline(always)]
-unsafe fn uq_dot_rows_with<const VNNI: bool>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
+unsafe fn uq_dot_rows_with<const VNNI: bool>(
+    w: &UqMatrix,
+    rows: Range<usize>,
+    x: &QuantizedActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
     assert!(out.len() >= rows.len() * TOKEN_TILE);
-    assert!(w.qs.len() >= w.rows * w.row_bytes() && w.d.len() >= w.rows * w.blocks_per_row() * w.bits.scales_per_block());
+    assert!(
+        w.qs.len() >= w.rows * w.row_bytes() && w.d.len() >= w.rows * w.blocks_per_row() * w.bits.scales_per_block()
+    );
     // One instance per format and tile width, so the block loop has no format branches.
     macro_rules! tiles {
         ($bits:expr) => {
@@ -168,7 +191,13 @@ unsafe fn block_dot<const VNNI: bool, const BITS: u8>(wv: __m256i, xv: __m256i) 
 const GROUP: usize = 8;
 
 #[inline(always)]
-unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, out: &mut [f32]) {
+unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
+    w: &UqMatrix,
+    rows: Range<usize>,
+    x: &QuantizedActivations,
+    t0: usize,
+    out: &mut [f32],
+) {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
     // 8-bit weights without VNNI are multiplied signed (see the module comment), and Q6_K's
@@ -247,11 +276,14 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
         // but in Q6_K, which keeps two (`d·sc` of each half, stored side by side).
         let (lower_scale, upper_scale) = if six {
             let pairs = _mm256_castps_pd(f16_group(&wd[2 * b..2 * (b + n.min(4))]));
-            let rest = _mm256_castps_pd(if n > 4 { f16_group(&wd[2 * (b + 4)..2 * (b + n)]) } else { _mm256_setzero_ps() });
+            let rest =
+                _mm256_castps_pd(if n > 4 { f16_group(&wd[2 * (b + 4)..2 * (b + n)]) } else { _mm256_setzero_ps() });
             // [l0 u0 l1 u1 | l2 u2 l3 u3] and the same of blocks 4–7, to [l0..l7] and [u0..u7]
             // (then 64-bit pairs [l0 l1 | l4 l5 | l2 l3 | l6 l7] back in order)
-            let lower = _mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(_mm256_castpd_ps(pairs), _mm256_castpd_ps(rest)));
-            let upper = _mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(_mm256_castpd_ps(pairs), _mm256_castpd_ps(rest)));
+            let lower =
+                _mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(_mm256_castpd_ps(pairs), _mm256_castpd_ps(rest)));
+            let upper =
+                _mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(_mm256_castpd_ps(pairs), _mm256_castpd_ps(rest)));
             (
                 _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(lower)),
                 _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(upper)),
@@ -277,7 +309,11 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lower), _mm256_mul_ps(lower_scale, dx), acc[t]);
                 acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(upper), _mm256_mul_ps(upper_scale, dx), acc[t]);
             } else {
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lower, upper)), _mm256_mul_ps(lower_scale, dx), acc[t]);
+                acc[t] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(_mm256_add_epi32(lower, upper)),
+                    _mm256_mul_ps(lower_scale, dx),
+                    acc[t],
+                );
             }
         }
     }
@@ -365,7 +401,9 @@ pub unsafe fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mu
         let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
         let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         // SAFETY: the 32 bytes of block b, inside `qs`.
-        unsafe { _mm256_storeu_si256(qs.as_mut_ptr().add(b * BLOCK).cast(), _mm256_permutevar8x32_epi32(bytes, order)) };
+        unsafe {
+            _mm256_storeu_si256(qs.as_mut_ptr().add(b * BLOCK).cast(), _mm256_permutevar8x32_epi32(bytes, order))
+        };
         d[b] = round_to_f16(scale);
         sums[b] = d[b] * sum as f32;
         sums_f16[b] = round_to_f16(scale * sum as f32);
@@ -455,7 +493,14 @@ pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], rows: usize, c0
 /// [`accumulate_values`] for R rows and the 16 columns from `column`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn accumulate_values_r<const R: usize>(values: &[f16], hd: usize, p: &[f32], len: usize, column: usize, acc: &mut [f32]) {
+unsafe fn accumulate_values_r<const R: usize>(
+    values: &[f16],
+    hd: usize,
+    p: &[f32],
+    len: usize,
+    column: usize,
+    acc: &mut [f32],
+) {
     let p: [&[f32]; R] = std::array::from_fn(|r| &p[r * len..][..len]);
     assert!(values.len() >= len * hd && column + 16 <= hd);
     let mut sums = [[_mm256_setzero_ps(); 2]; R];
@@ -488,7 +533,16 @@ unsafe fn accumulate_values_r<const R: usize>(values: &[f16], hd: usize, p: &[f3
 /// The CPU must support avx2, fma and f16c; `head_dim % 32 == 0`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn score_keys_lowp(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[f32], tokens: &[u32], out: &mut [f32]) {
+pub unsafe fn score_keys_lowp(
+    data: &[u8],
+    scales: &[f32],
+    n_kv: usize,
+    hd: usize,
+    int4: bool,
+    query: &[f32],
+    tokens: &[u32],
+    out: &mut [f32],
+) {
     let row_bytes = super::key_row_bytes(data, scales, n_kv, hd, 32, int4, query.len(), tokens, out.len());
     // INT4: the query split into even and odd dimensions, to meet the unpacked nibbles.
     let (even, odd) = if int4 { super::even_and_odd(query) } else { Default::default() };
@@ -527,7 +581,16 @@ pub unsafe fn score_keys_lowp(data: &[u8], scales: &[f32], n_kv: usize, hd: usiz
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn score_keys_int(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+pub unsafe fn score_keys_int(
+    data: &[u8],
+    scales: &[f32],
+    n_kv: usize,
+    hd: usize,
+    int4: bool,
+    query: &[i8],
+    tokens: &[u32],
+    out: &mut [f32],
+) {
     // SAFETY: features per contract.
     unsafe { score_keys_int_with::<false>(data, scales, n_kv, hd, int4, query, tokens, out) }
 }
@@ -538,14 +601,32 @@ pub unsafe fn score_keys_int(data: &[u8], scales: &[f32], n_kv: usize, hd: usize
 /// The CPU must support avx2, fma, f16c and avxvnni.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn score_keys_int_vnni(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+pub unsafe fn score_keys_int_vnni(
+    data: &[u8],
+    scales: &[f32],
+    n_kv: usize,
+    hd: usize,
+    int4: bool,
+    query: &[i8],
+    tokens: &[u32],
+    out: &mut [f32],
+) {
     // SAFETY: features per contract.
     unsafe { score_keys_int_with::<true>(data, scales, n_kv, hd, int4, query, tokens, out) }
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn score_keys_int_with<const VNNI: bool>(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+unsafe fn score_keys_int_with<const VNNI: bool>(
+    data: &[u8],
+    scales: &[f32],
+    n_kv: usize,
+    hd: usize,
+    int4: bool,
+    query: &[i8],
+    tokens: &[u32],
+    out: &mut [f32],
+) {
     let row_bytes = super::key_row_bytes(data, scales, n_kv, hd, 64, int4, query.len(), tokens, out.len());
     let chunks = hd / 32;
     // Per (head, 32-dimension chunk), the query bytes in the order the key bytes arrive: INT4
@@ -612,7 +693,10 @@ pub unsafe fn dequantize_q8_row(q: &[u8], column_scales: Option<&[u8]>, row: f32
                 None => row,
             };
             let values = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(c).cast())));
-            _mm_storeu_si128(out.as_mut_ptr().add(c).cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(values, factors)));
+            _mm_storeu_si128(
+                out.as_mut_ptr().add(c).cast(),
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(values, factors)),
+            );
         }
     }
 }
@@ -636,13 +720,15 @@ pub unsafe fn write_k_tile(tile: &mut [u16], rows: &[&[u16]; KV_TILE], lanes: u1
     let marked = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(lanes as i16), bits), bits);
     for d0 in (0..hd).step_by(16) {
         // SAFETY: 16 values from d0 of each row, inside the asserted lengths.
-        let mut r: [__m256i; 16] = std::array::from_fn(|l| unsafe { _mm256_loadu_si256(src[l].as_ptr().add(d0).cast()) });
+        let mut r: [__m256i; 16] =
+            std::array::from_fn(|l| unsafe { _mm256_loadu_si256(src[l].as_ptr().add(d0).cast()) });
         transpose_16x16_epi16(&mut r);
         for (j, &dim) in r.iter().enumerate() {
             // SAFETY: row d0 + j of the tile, 16 values inside its hd·16.
             unsafe {
                 let dst = tile.as_mut_ptr().add((d0 + j) * KV_TILE).cast::<__m256i>();
-                let out = if lanes == u16::MAX { dim } else { _mm256_blendv_epi8(_mm256_loadu_si256(dst), dim, marked) };
+                let out =
+                    if lanes == u16::MAX { dim } else { _mm256_blendv_epi8(_mm256_loadu_si256(dst), dim, marked) };
                 _mm256_storeu_si256(dst, out);
             }
         }
@@ -658,19 +744,31 @@ fn transpose_16x16_epi16(r: &mut [__m256i; 16]) {
         // 64-bit units); the halves are swapped into place last.
         let a: [__m256i; 16] = std::array::from_fn(|i| {
             let (x, y) = (r[i & !1], r[i | 1]);
-            if i % 2 == 0 { _mm256_unpacklo_epi16(x, y) } else { _mm256_unpackhi_epi16(x, y) }
+            if i % 2 == 0 {
+                _mm256_unpacklo_epi16(x, y)
+            } else {
+                _mm256_unpackhi_epi16(x, y)
+            }
         });
         // b[4q + k]: columns 2k and 2k + 1 (low half; 2k + 8 and 2k + 9 high) of rows 4q..4q+4.
         let b: [__m256i; 16] = std::array::from_fn(|i| {
             let (q, k) = (i / 4, i % 4);
             let (x, y) = (a[4 * q + k / 2], a[4 * q + 2 + k / 2]);
-            if k % 2 == 0 { _mm256_unpacklo_epi32(x, y) } else { _mm256_unpackhi_epi32(x, y) }
+            if k % 2 == 0 {
+                _mm256_unpacklo_epi32(x, y)
+            } else {
+                _mm256_unpackhi_epi32(x, y)
+            }
         });
         // c[o][m]: column m (low half; m + 8 high) of rows 8o..8o+8.
         let c: [[__m256i; 8]; 2] = std::array::from_fn(|o| {
             std::array::from_fn(|m| {
                 let (x, y) = (b[8 * o + m / 2], b[8 * o + 4 + m / 2]);
-                if m % 2 == 0 { _mm256_unpacklo_epi64(x, y) } else { _mm256_unpackhi_epi64(x, y) }
+                if m % 2 == 0 {
+                    _mm256_unpacklo_epi64(x, y)
+                } else {
+                    _mm256_unpackhi_epi64(x, y)
+                }
             })
         });
         for m in 0..8 {

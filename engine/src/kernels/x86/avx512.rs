@@ -41,7 +41,8 @@ unsafe fn unpack_pair(bits: QuantBits, ptr: *const u8, bpb: usize) -> __m512i {
         let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         let nibbles = _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00);
         if bits == QuantBits::Five {
-            let mask = u64::from((ptr.add(16) as *const u32).read_unaligned()) | u64::from((second.add(16) as *const u32).read_unaligned()) << 32;
+            let mask = u64::from((ptr.add(16) as *const u32).read_unaligned())
+                | u64::from((second.add(16) as *const u32).read_unaligned()) << 32;
             return _mm512_mask_add_epi8(nibbles, mask, nibbles, _mm512_set1_epi8(0x10));
         }
         // Q6_K: bytes 8k..8k+7 of a block take bit pair k of its 8 high bytes.
@@ -50,7 +51,8 @@ unsafe fn unpack_pair(bits: QuantBits, ptr: *const u8, bpb: usize) -> __m512i {
             _mm256_set1_epi64x((second.add(16) as *const i64).read_unaligned()),
             1,
         );
-        let pairs = _mm512_and_si512(_mm512_srlv_epi64(high, _mm512_set_epi64(6, 4, 2, 0, 6, 4, 2, 0)), _mm512_set1_epi8(3));
+        let pairs =
+            _mm512_and_si512(_mm512_srlv_epi64(high, _mm512_set_epi64(6, 4, 2, 0, 6, 4, 2, 0)), _mm512_set1_epi8(3));
         _mm512_or_si512(nibbles, _mm512_slli_epi16(pairs, 4))
     }
 }
@@ -61,7 +63,14 @@ unsafe fn unpack_pair(bits: QuantBits, ptr: *const u8, bpb: usize) -> __m512i {
 /// # Safety
 /// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, nt: usize, out: &mut [f32]) {
+pub unsafe fn uq_dot_rows(
+    w: &UqMatrix,
+    rows: Range<usize>,
+    x: &QuantizedActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
     assert!(out.len() >= rows.len() * TOKEN_TILE);
     // SAFETY (all arms): features per this function's contract; bounds asserted above.
@@ -81,7 +90,13 @@ pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivat
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t0: usize, out: &mut [f32]) {
+unsafe fn uq_dot_tile<const NT: usize>(
+    w: &UqMatrix,
+    rows: Range<usize>,
+    x: &QuantizedActivations,
+    t0: usize,
+    out: &mut [f32],
+) {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
     let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
@@ -127,7 +142,8 @@ unsafe fn uq_dot_tile<const NT: usize>(w: &UqMatrix, rows: Range<usize>, x: &Qua
                 let mut isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
                 let dx = unsafe { _mm_castpd_ps(_mm_load_sd(xd[t].as_ptr().add(2 * p) as *const f64)) };
                 let scale = if six {
-                    isum = _mm512_sub_epi32(isum, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(32), xv));
+                    isum =
+                        _mm512_sub_epi32(isum, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(32), xv));
                     _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_unpacklo_ps(dx, dx))))
                 } else {
                     _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)))
@@ -213,7 +229,15 @@ pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize
 #[inline]
 #[target_feature(enable = "avx512f,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn score_tiles<const R: usize, const T: usize>(k: &[f16], hd: usize, q: &[f32], c0: usize, len: usize, j: usize, scores: &mut [f32]) {
+unsafe fn score_tiles<const R: usize, const T: usize>(
+    k: &[f16],
+    hd: usize,
+    q: &[f32],
+    c0: usize,
+    len: usize,
+    j: usize,
+    scores: &mut [f32],
+) {
     let q: [&[f32]; R] = std::array::from_fn(|r| &q[r * hd..][..hd]);
     let tile = (c0 + j) / KV_TILE;
     let base = k[tile * hd * KV_TILE..][..T * hd * KV_TILE].as_ptr();
@@ -273,7 +297,14 @@ pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], rows: usize, c0
 /// [`accumulate_values`] for R rows and the 16·C columns from `column`.
 #[inline]
 #[target_feature(enable = "avx512f,f16c")]
-unsafe fn accumulate_columns<const R: usize, const C: usize>(values: &[f16], hd: usize, p: &[f32], len: usize, column: usize, acc: &mut [f32]) {
+unsafe fn accumulate_columns<const R: usize, const C: usize>(
+    values: &[f16],
+    hd: usize,
+    p: &[f32],
+    len: usize,
+    column: usize,
+    acc: &mut [f32],
+) {
     assert!(values.len() >= len * hd && column + 16 * C <= hd);
     let p: [&[f32]; R] = std::array::from_fn(|r| &p[r * len..][..len]);
     let mut sums = [[_mm512_setzero_ps(); C]; R];
@@ -281,7 +312,8 @@ unsafe fn accumulate_columns<const R: usize, const C: usize>(values: &[f16], hd:
         let mut row = [_mm512_setzero_ps(); C];
         for (c, vector) in row.iter_mut().enumerate() {
             // SAFETY: 16 values of row j from column + 16c, inside `values` (asserted above).
-            *vector = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(values.as_ptr().add(j * hd + column + 16 * c).cast()) });
+            *vector =
+                _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(values.as_ptr().add(j * hd + column + 16 * c).cast()) });
         }
         for r in 0..R {
             let w = _mm512_set1_ps(p[r][j]);
@@ -304,7 +336,10 @@ unsafe fn accumulate_columns<const R: usize, const C: usize>(values: &[f16], hd:
 #[target_feature(enable = "avx512f")]
 fn exp16(x: __m512) -> __m512 {
     let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
     let mut poly = _mm512_set1_ps(1.0 / 720.0);
@@ -382,7 +417,9 @@ pub unsafe fn score_keys_lowp(
                 }
             } else {
                 for c in (0..hd).step_by(16) {
-                    let k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(unsafe { _mm_loadu_si128(ptr.add(c) as *const __m128i) }));
+                    let k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(unsafe {
+                        _mm_loadu_si128(ptr.add(c) as *const __m128i)
+                    }));
                     acc = _mm512_fmadd_ps(k, _mm512_loadu_ps(query[h * hd + c..][..16].as_ptr()), acc);
                 }
             }
@@ -401,7 +438,16 @@ pub unsafe fn score_keys_lowp(
 /// The CPU must support avx512f, avx512bw, avx512vl and avx512vnni.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn score_keys_int(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, int4: bool, query: &[i8], tokens: &[u32], out: &mut [f32]) {
+pub unsafe fn score_keys_int(
+    data: &[u8],
+    scales: &[f32],
+    n_kv: usize,
+    hd: usize,
+    int4: bool,
+    query: &[i8],
+    tokens: &[u32],
+    out: &mut [f32],
+) {
     let row_bytes = super::key_row_bytes(data, scales, n_kv, hd, 64, int4, query.len(), tokens, out.len());
     let chunks = hd / 64;
     // Per (head, 64-dimension chunk), the query bytes in the order the key bytes arrive: INT4
@@ -418,8 +464,10 @@ pub unsafe fn score_keys_int(data: &[u8], scales: &[f32], n_kv: usize, hd: usize
         }
     }
     let offset = if int4 { 8 } else { 128 };
-    let offset_sums: Vec<i32> = query.chunks_exact(hd).map(|q| offset * q.iter().map(|&x| i32::from(x)).sum::<i32>()).collect();
-    let (low_nibbles, nibble_bias, byte_bias) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x08), _mm512_set1_epi8(-128));
+    let offset_sums: Vec<i32> =
+        query.chunks_exact(hd).map(|q| offset * q.iter().map(|&x| i32::from(x)).sum::<i32>()).collect();
+    let (low_nibbles, nibble_bias, byte_bias) =
+        (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x08), _mm512_set1_epi8(-128));
     // The key bytes of one row's 64-dimension chunk, as the unsigned operand of VNNI.
     let key_chunk = |row: usize, c: usize| {
         let ptr = data[row * row_bytes..][..row_bytes].as_ptr();
@@ -482,9 +530,12 @@ fn reduce_16(v: &[__m512i; ROWS]) -> __m512i {
     let pair = |a, b| _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
     let quad = |ab, cd| _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
     // Lane l of quads[g] now holds [v4g, v4g+1, v4g+2, v4g+3] summed over 128-bit lane l.
-    let quads: [__m512i; 4] = std::array::from_fn(|g| quad(pair(v[4 * g], v[4 * g + 1]), pair(v[4 * g + 2], v[4 * g + 3])));
+    let quads: [__m512i; 4] =
+        std::array::from_fn(|g| quad(pair(v[4 * g], v[4 * g + 1]), pair(v[4 * g + 2], v[4 * g + 3])));
     // Across the 128-bit lanes: lanes (0+1, 2+3) of two quads, then of those.
-    let across = |a, b| _mm512_add_epi32(_mm512_shuffle_i32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b));
+    let across = |a, b| {
+        _mm512_add_epi32(_mm512_shuffle_i32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b))
+    };
     across(across(quads[0], quads[1]), across(quads[2], quads[3]))
 }
 

@@ -54,10 +54,22 @@ pub(crate) fn f16_value(v: f16) -> f32 {
 /// (`hd` a multiple of `hd_multiple`), a score per head and token in `out`, and every token's
 /// key rows and scales inside `data` and `scales` — and returns the bytes of one key row.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn key_row_bytes(data: &[u8], scales: &[f32], n_kv: usize, hd: usize, hd_multiple: usize, int4: bool, query_len: usize, tokens: &[u32], out_len: usize) -> usize {
+pub(crate) fn key_row_bytes(
+    data: &[u8],
+    scales: &[f32],
+    n_kv: usize,
+    hd: usize,
+    hd_multiple: usize,
+    int4: bool,
+    query_len: usize,
+    tokens: &[u32],
+    out_len: usize,
+) -> usize {
     let row_bytes = if int4 { hd / 2 } else { hd };
     assert!(hd.is_multiple_of(hd_multiple) && query_len == n_kv * hd && out_len == n_kv * tokens.len());
-    assert!(tokens.iter().all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
+    assert!(tokens
+        .iter()
+        .all(|&t| (t as usize + 1) * n_kv * row_bytes <= data.len() && (t as usize + 1) * n_kv <= scales.len()));
     row_bytes
 }
 

@@ -8,8 +8,8 @@
 //! spill overwrites them (after waiting for these writes, so that two never race).
 
 use super::super::aligned::AlignedBuf;
-use super::super::cold::{ColdPool, GROUP_TOKENS};
 use super::super::cold::staged::io_pool;
+use super::super::cold::{ColdPool, GROUP_TOKENS};
 use super::super::window::RecentWindow;
 use crate::error::{Error, Result};
 use std::sync::mpsc::{self, Receiver};

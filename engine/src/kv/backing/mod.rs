@@ -13,7 +13,6 @@
 
 mod layer_spill;
 
-use layer_spill::LayerSpills;
 use super::cold::{ColdLayout, ColdPool, BLOCK_GROUPS, GROUP_TOKENS};
 use super::cold_format::ColdType;
 use super::headroom::{Headroom, HEADROOM_RESERVE_BYTES, PRESSURE_LIMIT_BP, REMEASURE_AFTER};
@@ -21,6 +20,7 @@ use super::placement::{Placement, PlacementKind, SpillOrder, BLOCK_TOKENS};
 use super::window::RecentWindow;
 use super::KvShape;
 use crate::error::Result;
+use layer_spill::LayerSpills;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,9 +48,21 @@ impl DiskBacking {
     /// heads dealt across them), with room for
     /// the SmartSSD's scoring-key chunks of `key_chunk_bytes` (0 for none), spilled tokens
     /// placed as `placement` says.
-    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], key_chunk_bytes: usize, placement: PlacementKind, cold_type: ColdType) -> Result<Self> {
+    pub fn new(
+        shape: KvShape,
+        cold_dirs: &[PathBuf],
+        key_chunk_bytes: usize,
+        placement: PlacementKind,
+        cold_type: ColdType,
+    ) -> Result<Self> {
         let max_groups = shape.max_tokens.div_ceil(GROUP_TOKENS);
-        let layout = ColdLayout { n_layers: shape.n_layers, n_kv_heads: shape.n_kv_heads, head_dim: shape.head_dim, max_groups, cold_type };
+        let layout = ColdLayout {
+            n_layers: shape.n_layers,
+            n_kv_heads: shape.n_kv_heads,
+            head_dim: shape.head_dim,
+            max_groups,
+            cold_type,
+        };
         Ok(Self {
             cold: Arc::new(ColdPool::create_in(cold_dirs, layout, key_chunk_bytes)?),
             window: RecentWindow::new(shape.n_layers, shape.n_kv_heads, shape.head_dim),
@@ -142,7 +154,14 @@ impl DiskBacking {
         let headroom = Headroom::measure();
         let cached = cached_lanes(headroom, lane_bytes, lanes);
         if cached != self.cold.cached_lanes() {
-            tracing::info!(cached, lanes, headroom_mb = headroom.bytes / 1_000_000, cgroup_limited = headroom.cgroup_limited, pressure_bp = headroom.pressure_some_bp, "cold pool read path");
+            tracing::info!(
+                cached,
+                lanes,
+                headroom_mb = headroom.bytes / 1_000_000,
+                cgroup_limited = headroom.cgroup_limited,
+                pressure_bp = headroom.pressure_some_bp,
+                "cold pool read path"
+            );
         }
         self.cold.set_cached_lanes(cached);
     }
@@ -151,7 +170,11 @@ impl DiskBacking {
     /// pool. `on_spilled(layer, head, token, k, v)` sees each spilled row once all writes
     /// succeeded, before the window lets it go. On a write error the tokens stay committed in
     /// the window, where attention still finds them, and the error is returned: nothing moved.
-    pub fn commit(&mut self, n_tokens: usize, mut on_spilled: impl FnMut(usize, usize, usize, &[u16], &[u16])) -> Result<()> {
+    pub fn commit(
+        &mut self,
+        n_tokens: usize,
+        mut on_spilled: impl FnMut(usize, usize, usize, &[u16], &[u16]),
+    ) -> Result<()> {
         self.len += n_tokens;
         self.pending.fill(0);
         self.choose_read_path();
@@ -167,7 +190,9 @@ impl DiskBacking {
         let (base, end) = (self.window.base(), self.window.base() + groups * GROUP_TOKENS);
         let n_kv = self.shape.n_kv_heads;
         let window = &self.window;
-        let order = self.placement.plan(base..end, self.shape.head_dim, |lane, t| window.row(lane / n_kv, lane % n_kv, t, false));
+        let order = self
+            .placement
+            .plan(base..end, self.shape.head_dim, |lane, t| window.row(lane / n_kv, lane % n_kv, t, false));
         if !written_ahead {
             self.write_window_groups(groups, order.as_ref())?;
         }
@@ -177,7 +202,13 @@ impl DiskBacking {
         for layer in 0..self.shape.n_layers {
             for head in 0..self.shape.n_kv_heads {
                 for t in base..end {
-                    on_spilled(layer, head, t, self.window.row(layer, head, t, false), self.window.row(layer, head, t, true));
+                    on_spilled(
+                        layer,
+                        head,
+                        t,
+                        self.window.row(layer, head, t, false),
+                        self.window.row(layer, head, t, true),
+                    );
                 }
             }
         }
@@ -212,12 +243,18 @@ impl DiskBacking {
                     if order.iter().enumerate().all(|(s, &i)| slot(i) == s) {
                         continue;
                     }
-                    if let Err(e) = cold.read_groups(layer, head, block * BLOCK_GROUPS, BLOCK_GROUPS, old.as_bytes_mut()) {
+                    if let Err(e) =
+                        cold.read_groups(layer, head, block * BLOCK_GROUPS, BLOCK_GROUPS, old.as_bytes_mut())
+                    {
                         return (lane, done, Err(e));
                     }
                     let (from, to) = (old.as_u16(), new.as_u16_mut());
                     for (s, &i) in order.iter().enumerate() {
-                        let at = |slot: usize, values: bool| slot / GROUP_TOKENS * group_words + usize::from(values) * GROUP_TOKENS * hd + slot % GROUP_TOKENS * hd;
+                        let at = |slot: usize, values: bool| {
+                            slot / GROUP_TOKENS * group_words
+                                + usize::from(values) * GROUP_TOKENS * hd
+                                + slot % GROUP_TOKENS * hd
+                        };
                         for values in [false, true] {
                             to[at(s, values)..][..hd].copy_from_slice(&from[at(slot(i), values)..][..hd]);
                         }
@@ -326,7 +363,11 @@ impl DiskBacking {
     /// Regions read through the page cache, of all, and the bytes read that way so far.
     pub fn cached_reads(&self) -> (usize, usize, u64) {
         let lanes = self.shape.n_layers * self.shape.n_kv_heads;
-        (self.cold.cached_lanes().min(lanes), lanes, self.cold.stats.bytes_read_cached.load(std::sync::atomic::Ordering::Relaxed))
+        (
+            self.cold.cached_lanes().min(lanes),
+            lanes,
+            self.cold.stats.bytes_read_cached.load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Bytes of K/V in the cold pool, as it keeps them (f16, or fewer in 8 bits; without the
@@ -367,11 +408,19 @@ mod tests {
     }
 
     /// Appends and commits `tokens`, with keys from `key(layer, head, t, dim)`.
-    fn push(b: &mut DiskBacking, tokens: std::ops::Range<usize>, key: &dyn Fn(usize, usize, usize, usize) -> f32) -> Result<()> {
+    fn push(
+        b: &mut DiskBacking,
+        tokens: std::ops::Range<usize>,
+        key: &dyn Fn(usize, usize, usize, usize) -> f32,
+    ) -> Result<()> {
         let hd = SHAPE.head_dim;
         for layer in 0..SHAPE.n_layers {
             let rows = |f: &dyn Fn(usize, usize, usize) -> f32| -> Vec<f32> {
-                tokens.clone().flat_map(|t| (0..SHAPE.n_kv_heads).flat_map(move |h| (0..hd).map(move |d| (t, h, d)))).map(|(t, h, d)| f(t, h, d)).collect()
+                tokens
+                    .clone()
+                    .flat_map(|t| (0..SHAPE.n_kv_heads).flat_map(move |h| (0..hd).map(move |d| (t, h, d))))
+                    .map(|(t, h, d)| f(t, h, d))
+                    .collect()
             };
             let (k, v) = (rows(&|t, h, d| key(layer, h, t, d)), rows(&|t, h, _| v_row(layer, h, t)));
             b.append(layer, &k, &v)?;
@@ -388,14 +437,19 @@ mod tests {
                 let slot = b.slot(layer, head, t);
                 b.cold().read_groups(layer, head, slot / GROUP_TOKENS, 1, page.as_bytes_mut()).unwrap();
                 let v = &page.as_u16()[GROUP_TOKENS * hd + slot % GROUP_TOKENS * hd..][..hd];
-                assert!(v.iter().all(|&x| f16::from_bits(x).to_f32() == v_row(layer, head, t)), "layer {layer} head {head} token {t} (slot {slot}) reads {}", f16::from_bits(v[0]).to_f32());
+                assert!(
+                    v.iter().all(|&x| f16::from_bits(x).to_f32() == v_row(layer, head, t)),
+                    "layer {layer} head {head} token {t} (slot {slot}) reads {}",
+                    f16::from_bits(v[0]).to_f32()
+                );
             }
         }
     }
 
     #[test]
     fn the_page_cache_serves_what_half_the_headroom_holds_and_nothing_under_pressure() {
-        let room = |mb: u64, pressure_some_bp: u32| Headroom { bytes: mb << 20, cgroup_limited: false, pressure_some_bp };
+        let room =
+            |mb: u64, pressure_some_bp: u32| Headroom { bytes: mb << 20, cgroup_limited: false, pressure_some_bp };
         assert_eq!(cached_lanes(room(256 + 200, 0), 10 << 20, 90), 10, "100 MB of budget holds ten 10 MB regions");
         assert_eq!(cached_lanes(room(64_000, 0), 10 << 20, 90), 90);
         assert_eq!(cached_lanes(room(200, 0), 10 << 20, 90), 0, "below the reserve");
@@ -413,8 +467,13 @@ mod tests {
             ("huge and tiny", &|_, _, t, d| if t % 7 == 0 { 6e4 } else { 1e-6 * (t * d) as f32 }),
         ];
         for (name, key) in key_sets {
-            let dir = std::env::temp_dir().join(format!("hillside-backing-{}-{}", name.replace(' ', "-"), std::process::id()));
-            let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
+            let dir = std::env::temp_dir().join(format!(
+                "hillside-backing-{}-{}",
+                name.replace(' ', "-"),
+                std::process::id()
+            ));
+            let mut b =
+                DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
             // A prompt chunk, another across a block boundary, then tokens one at a time.
             push(&mut b, 0..256, key).unwrap();
             push(&mut b, 256..600, key).unwrap();
@@ -436,7 +495,13 @@ mod tests {
     fn blocks_re_placed_by_rank_read_back_at_their_true_position_and_a_failed_one_loses_nothing() {
         let dir = std::env::temp_dir().join(format!("hillside-backing-relayout-{}", std::process::id()));
         // Armed below: the rewrite of layer 1's group 20 (block 1) fails once.
-        let faults = fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 20, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() });
+        let faults = fault::inject(
+            &dir,
+            ColdFaults {
+                failing_write: Some(FailingWrite { layer: 1, group: 20, errno: libc::EIO, times: AtomicUsize::new(0) }),
+                ..Default::default()
+            },
+        );
         let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
         let lanes = SHAPE.n_layers * SHAPE.n_kv_heads;
         let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Hits, ColdType::F16).unwrap();
@@ -450,8 +515,12 @@ mod tests {
         assert_eq!(b.relayout(0..lanes, thirds).unwrap(), lanes * 2, "both whole blocks of every lane");
         check_readable(&b);
         for lane in 0..lanes {
-            let firsts: Vec<usize> = (0..256).filter(|t| (t + lane) % 3 == 0).map(|t| b.slot(lane / 2, lane % 2, t)).collect();
-            assert!(firsts.iter().all(|&s| s < firsts.len()), "lane {lane}: the tokens ranked first fill the first pages");
+            let firsts: Vec<usize> =
+                (0..256).filter(|t| (t + lane) % 3 == 0).map(|t| b.slot(lane / 2, lane % 2, t)).collect();
+            assert!(
+                firsts.iter().all(|&s| s < firsts.len()),
+                "lane {lane}: the tokens ranked first fill the first pages"
+            );
         }
         assert_eq!(b.relayout(0..lanes, thirds).unwrap(), 0, "already in that order");
         faults.failing_write.as_ref().unwrap().times.store(1, Ordering::Relaxed);
@@ -479,20 +548,35 @@ mod tests {
     #[test]
     fn in_text_order_each_layer_spills_as_it_appends_and_a_failed_write_fails_the_commit() {
         let dir = std::env::temp_dir().join(format!("hillside-backing-layer-spill-{}", std::process::id()));
-        let faults = fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 6, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() });
+        let faults = fault::inject(
+            &dir,
+            ColdFaults {
+                failing_write: Some(FailingWrite { layer: 1, group: 6, errno: libc::EIO, times: AtomicUsize::new(0) }),
+                ..Default::default()
+            },
+        );
         let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
-        let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Position, ColdType::F16).unwrap();
+        let mut b =
+            DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Position, ColdType::F16).unwrap();
         let written = |b: &DiskBacking| b.cold().stats.bytes_written.load(Ordering::Relaxed);
         let group_bytes = b.cold().layout().group_bytes() as u64;
         push(&mut b, 0..40, &key).unwrap();
-        assert_eq!((b.cold_end(), written(&b)), (32, 2 * 2 * 2 * group_bytes), "two groups of 2 layers × 2 heads, each written once");
+        assert_eq!(
+            (b.cold_end(), written(&b)),
+            (32, 2 * 2 * 2 * group_bytes),
+            "two groups of 2 layers × 2 heads, each written once"
+        );
         // Layer 0 of the next step: its groups are on their way before the step commits.
         let rows = |n: usize, x: f32| vec![x; n * SHAPE.kv_dim()];
         b.append(0, &rows(60, 1.0), &rows(60, 2.0)).unwrap();
         assert_eq!(b.cold_end(), 32, "nothing reads them yet");
         // A rollback waits for the writes in flight; they lie past the pool's end.
         assert_eq!(b.truncate(40), 40);
-        assert_eq!(written(&b), (8 + 2 * 4) * group_bytes, "layer 0's four groups (tokens 32..96) went out at its append");
+        assert_eq!(
+            written(&b),
+            (8 + 2 * 4) * group_bytes,
+            "layer 0's four groups (tokens 32..96) went out at its append"
+        );
         // A write that fails on its I/O thread fails the commit; the tokens stay in the window.
         faults.failing_write.as_ref().unwrap().times.store(1, Ordering::Relaxed);
         let err = push(&mut b, 40..120, &key).unwrap_err().to_string();
@@ -510,7 +594,13 @@ mod tests {
     fn a_spill_that_fails_midway_leaves_no_page_in_use_and_a_retry_places_every_token() {
         let dir = std::env::temp_dir().join(format!("hillside-backing-failed-spill-{}", std::process::id()));
         // The write of layer 1's group 5 fails once: the spill has written some pages by then.
-        fault::inject(&dir, ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 5, errno: libc::EIO, times: AtomicUsize::new(1) }), ..Default::default() });
+        fault::inject(
+            &dir,
+            ColdFaults {
+                failing_write: Some(FailingWrite { layer: 1, group: 5, errno: libc::EIO, times: AtomicUsize::new(1) }),
+                ..Default::default()
+            },
+        );
         let key = |l: usize, h: usize, t: usize, d: usize| ((t * 31 + d * 7 + l * 3 + h) % 17) as f32;
         let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
         push(&mut b, 0..64, &key).unwrap();

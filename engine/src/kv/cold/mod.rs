@@ -36,8 +36,8 @@ use crate::error::{Error, Result};
 use crate::score::device::CHUNK_TOKENS;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -190,8 +190,14 @@ impl PoolFile {
         let rc = unsafe { libc::posix_fallocate(std::os::fd::AsRawFd::as_raw_fd(&self.file), 0, len as libc::off_t) };
         match rc {
             0 => Ok(()),
-            libc::EOPNOTSUPP | libc::EINVAL => self.file.set_len(len).map_err(|e| io_error("cannot size its file", &self.path, e)),
-            errno => Err(io_error(&format!("cannot reserve {} MB", len / 1_000_000), &self.path, std::io::Error::from_raw_os_error(errno))),
+            libc::EOPNOTSUPP | libc::EINVAL => {
+                self.file.set_len(len).map_err(|e| io_error("cannot size its file", &self.path, e))
+            }
+            errno => Err(io_error(
+                &format!("cannot reserve {} MB", len / 1_000_000),
+                &self.path,
+                std::io::Error::from_raw_os_error(errno),
+            )),
         }
     }
 }
@@ -218,19 +224,33 @@ impl ColdPool {
         assert!(key_chunk_bytes.is_multiple_of(IO_ALIGN));
         assert!(!dirs.is_empty(), "a cold pool needs a directory");
         if dirs.len() > layout.n_kv_heads {
-            tracing::warn!(dirs = dirs.len(), kv_heads = layout.n_kv_heads, "more cold-pool directories than KV heads: the extra ones stay unused");
+            tracing::warn!(
+                dirs = dirs.len(),
+                kv_heads = layout.n_kv_heads,
+                "more cold-pool directories than KV heads: the extra ones stay unused"
+            );
         }
         // A file that exists is removed when `files` (or the pool) is dropped on an error path.
         let alignment = layout.cold_type.alignment();
-        let files = dirs.iter().take(layout.n_kv_heads).map(|dir| PoolFile::create(dir, alignment)).collect::<Result<Vec<_>>>()?;
+        let files = dirs
+            .iter()
+            .take(layout.n_kv_heads)
+            .map(|dir| PoolFile::create(dir, alignment))
+            .collect::<Result<Vec<_>>>()?;
         let pool = Self {
             files,
             cached_lanes: AtomicUsize::new(0),
             layout,
             key_chunk_bytes,
-            checksums: (0..layout.n_layers * layout.n_kv_heads * layout.lane_groups()).map(|_| AtomicU64::new(0)).collect(),
-            blocks: (0..layout.n_layers * layout.n_kv_heads).flat_map(|_| (0..layout.lane_blocks() as u32).map(AtomicU32::new)).collect(),
-            spare: (0..layout.n_layers * layout.n_kv_heads).map(|_| AtomicU32::new(layout.lane_blocks() as u32)).collect(),
+            checksums: (0..layout.n_layers * layout.n_kv_heads * layout.lane_groups())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            blocks: (0..layout.n_layers * layout.n_kv_heads)
+                .flat_map(|_| (0..layout.lane_blocks() as u32).map(AtomicU32::new))
+                .collect(),
+            spare: (0..layout.n_layers * layout.n_kv_heads)
+                .map(|_| AtomicU32::new(layout.lane_blocks() as u32))
+                .collect(),
             stats: ColdIoStats::default(),
             faults: fault::for_new_pool(&dirs[0]),
         };
@@ -267,7 +287,8 @@ impl ColdPool {
 
     /// Bytes of K/V groups in file `device`.
     fn device_group_bytes(&self, device: usize) -> u64 {
-        (self.layout.n_layers * self.device_heads(device) * self.layout.lane_groups() * self.layout.disk_group_bytes()) as u64
+        (self.layout.n_layers * self.device_heads(device) * self.layout.lane_groups() * self.layout.disk_group_bytes())
+            as u64
     }
 
     fn key_section_offset(&self) -> u64 {
@@ -279,7 +300,10 @@ impl ColdPool {
     }
 
     fn key_chunk_offset(&self, layer: usize, chunk: usize) -> u64 {
-        assert!(self.key_chunk_bytes > 0 && layer < self.layout.n_layers && chunk < self.max_key_chunks(), "no such key chunk");
+        assert!(
+            self.key_chunk_bytes > 0 && layer < self.layout.n_layers && chunk < self.max_key_chunks(),
+            "no such key chunk"
+        );
         self.key_section_offset() + ((layer * self.max_key_chunks() + chunk) * self.key_chunk_bytes) as u64
     }
 
@@ -293,7 +317,9 @@ impl ColdPool {
     fn write_key_chunk(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()> {
         let bytes = &buf.as_bytes()[..self.key_chunk_bytes];
         let file = &self.files[0];
-        file.file.write_all_at(bytes, self.key_chunk_offset(layer, chunk)).map_err(|e| io_error("write failed", &file.path, e))?;
+        file.file
+            .write_all_at(bytes, self.key_chunk_offset(layer, chunk))
+            .map_err(|e| io_error("write failed", &file.path, e))?;
         self.stats.bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Ok(())
     }
@@ -323,7 +349,8 @@ impl ColdPool {
     /// Where in (layer, head)'s region group `group` lies now, in groups.
     fn physical_group(&self, layer: usize, head: usize, group: usize) -> usize {
         let lane = layer * self.layout.n_kv_heads + head;
-        let block = self.blocks[lane * self.layout.lane_blocks() + group / BLOCK_GROUPS].load(Ordering::Acquire) as usize;
+        let block =
+            self.blocks[lane * self.layout.lane_blocks() + group / BLOCK_GROUPS].load(Ordering::Acquire) as usize;
         block * BLOCK_GROUPS + group % BLOCK_GROUPS
     }
 
@@ -366,7 +393,8 @@ impl ColdPool {
         assert!(first + count <= self.layout.max_groups && src.len() >= count * gb);
         assert_eq!(src.as_ptr() as usize % IO_ALIGN, 0, "direct I/O needs page-aligned buffers");
         // An injected fault fails the run at that group, after writing the groups before it.
-        let failing = self.faults.as_ref().and_then(|f| (0..count).find_map(|i| f.on_write(layer, first + i).map(|e| (i, e))));
+        let failing =
+            self.faults.as_ref().and_then(|f| (0..count).find_map(|i| f.on_write(layer, first + i).map(|e| (i, e))));
         let whole = failing.as_ref().map_or(count, |(i, _)| *i);
         let mut encoded = None;
         let disk = self.on_disk(&src[..whole * gb], &mut encoded);
@@ -395,7 +423,10 @@ impl ColdPool {
         let spare = self.spare[lane].load(Ordering::Relaxed) as usize;
         let first = self.layout.group_index(layer, head, spare * BLOCK_GROUPS);
         // An injected fault fails the block at that group, after writing the groups before it.
-        let failing = self.faults.as_ref().and_then(|f| (0..BLOCK_GROUPS).find_map(|i| f.on_write(layer, block * BLOCK_GROUPS + i).map(|e| (i, e))));
+        let failing = self
+            .faults
+            .as_ref()
+            .and_then(|f| (0..BLOCK_GROUPS).find_map(|i| f.on_write(layer, block * BLOCK_GROUPS + i).map(|e| (i, e))));
         let whole = failing.as_ref().map_or(BLOCK_GROUPS, |(i, _)| *i);
         let file = self.file_of(head);
         let mut encoded = None;
@@ -440,7 +471,8 @@ impl ColdPool {
     pub fn read_run(&self, layer: usize, run: &mut GroupRun<'_>) -> Result<()> {
         let (file, pieces) = self.plan_read(layer, run);
         for (offset, bytes) in pieces {
-            file.read_exact_at(&mut run.dst[bytes], offset).map_err(|e| io_error("read failed", &self.file_of(run.head).path, e))?;
+            file.read_exact_at(&mut run.dst[bytes], offset)
+                .map_err(|e| io_error("read failed", &self.file_of(run.head).path, e))?;
         }
         self.finish_read(layer, run)
     }
@@ -501,14 +533,24 @@ impl ColdPool {
         let GroupRun { head, first, count, .. } = *run;
         let dgb = self.layout.disk_group_bytes();
         let at = self.encoded_range(run).start;
-        assert!(first + count <= self.layout.max_groups && run.dst.len() >= count * self.layout.staged_group_bytes(run.staging));
-        assert_eq!(run.dst.as_ptr() as usize % self.layout.cold_type.alignment(), 0, "direct I/O needs aligned buffers");
+        assert!(
+            first + count <= self.layout.max_groups
+                && run.dst.len() >= count * self.layout.staged_group_bytes(run.staging)
+        );
+        assert_eq!(
+            run.dst.as_ptr() as usize % self.layout.cold_type.alignment(),
+            0,
+            "direct I/O needs aligned buffers"
+        );
         if let Some(faults) = &self.faults {
             faults.on_read(layer, head, first);
         }
         let cached = layer * self.layout.n_kv_heads + head < self.cached_lanes();
-        let pieces: Vec<(u64, Range<usize>)> =
-            self.stretches(layer, head, first, count).into_iter().map(|(offset, _, groups)| (offset, at + groups.start * dgb..at + groups.end * dgb)).collect();
+        let pieces: Vec<(u64, Range<usize>)> = self
+            .stretches(layer, head, first, count)
+            .into_iter()
+            .map(|(offset, _, groups)| (offset, at + groups.start * dgb..at + groups.end * dgb))
+            .collect();
         self.stats.reads.fetch_add(pieces.len() as u64, Ordering::Relaxed);
         let bytes = (count * dgb) as u64;
         self.stats.bytes_read.fetch_add(bytes, Ordering::Relaxed);
@@ -536,7 +578,8 @@ impl ColdPool {
         }
         self.check_read(layer, run)?;
         if self.layout.cold_type == ColdType::Q8 && run.staging == Staging::F16 {
-            let (gb, dgb, values) = (self.layout.group_bytes(), self.layout.disk_group_bytes(), 2 * self.layout.group_values());
+            let (gb, dgb, values) =
+                (self.layout.group_bytes(), self.layout.disk_group_bytes(), 2 * self.layout.group_values());
             let at = self.encoded_range(run).start;
             let mut group = vec![0u8; dgb];
             for i in 0..run.count {
@@ -554,7 +597,11 @@ impl ColdPool {
         for (i, chunk) in run.dst[self.encoded_range(run)].chunks_exact(dgb).enumerate() {
             let (head, group) = (run.head, run.first + i);
             match self.checksums[self.locate(layer, head, group).1].load(Ordering::Acquire) {
-                0 => return Err(Error::Internal(format!("cold pool: layer {layer} head {head} group {group} was read but never written"))),
+                0 => {
+                    return Err(Error::Internal(format!(
+                        "cold pool: layer {layer} head {head} group {group} was read but never written"
+                    )))
+                }
                 sum if sum == WRITTEN | u64::from(crc32fast::hash(chunk)) => {}
                 _ => {
                     let tokens = group * GROUP_TOKENS..(group + 1) * GROUP_TOKENS;
@@ -641,10 +688,9 @@ pub fn sweep_stale(dir: &Path) -> usize {
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(FILE_PREFIX)?.strip_suffix(FILE_SUFFIX)?.split('-').next()?.parse::<u32>().ok())
-        else {
+        let Some(pid) = name.to_str().and_then(|n| {
+            n.strip_prefix(FILE_PREFIX)?.strip_suffix(FILE_SUFFIX)?.split('-').next()?.parse::<u32>().ok()
+        }) else {
             continue;
         };
         let alive = Path::new("/proc").join(pid.to_string()).exists();
@@ -782,7 +828,10 @@ mod tests {
             read.unwrap();
             for head in 0..3 {
                 for g in 0..8 {
-                    assert_eq!(&batch.as_bytes()[(head * 8 + g) * 4096..][..4096], filled(&pool, (100 + head * 10 + g) as u16).as_bytes());
+                    assert_eq!(
+                        &batch.as_bytes()[(head * 8 + g) * 4096..][..4096],
+                        filled(&pool, (100 + head * 10 + g) as u16).as_bytes()
+                    );
                 }
             }
         }
@@ -790,7 +839,11 @@ mod tests {
             let mut one = pool.buffer(8);
             pool.read_groups(0, head, 0, 8, one.as_bytes_mut()).unwrap();
             for g in 0..8 {
-                assert_eq!(&one.as_bytes()[g * 4096..][..4096], filled(&pool, (head * 10 + g) as u16).as_bytes(), "head {head} group {g}");
+                assert_eq!(
+                    &one.as_bytes()[g * 4096..][..4096],
+                    filled(&pool, (head * 10 + g) as u16).as_bytes(),
+                    "head {head} group {g}"
+                );
             }
         }
         // What each directory served: two heads' share and one head's.
@@ -827,7 +880,10 @@ mod tests {
         let dir = temp_dir("relocate");
         let layout = ColdLayout::f16(2, 3, 64, 40);
         // Armed below: the write of layer 1's group 21 (in block 1) fails, after the block's first groups.
-        let faults = ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 21, errno: libc::EIO, times: AtomicUsize::new(0) }), ..Default::default() };
+        let faults = ColdFaults {
+            failing_write: Some(FailingWrite { layer: 1, group: 21, errno: libc::EIO, times: AtomicUsize::new(0) }),
+            ..Default::default()
+        };
         let faults = fault::inject(&dir, faults);
         let pool = ColdPool::create(&dir, layout).unwrap();
         assert_eq!(layout.lane_groups(), 4 * BLOCK_GROUPS, "three blocks and a spare");
@@ -862,7 +918,11 @@ mod tests {
         faults.failing_write.as_ref().unwrap().times.store(1, Ordering::Relaxed);
         let err = pool.relocate_block(1, 2, 1, filled_block(&pool, 7).as_bytes()).unwrap_err().to_string();
         assert!(err.contains("write failed"), "{err}");
-        assert_eq!(read(16, BLOCK_GROUPS).unwrap().as_bytes(), block.as_bytes(), "the block keeps its last good contents");
+        assert_eq!(
+            read(16, BLOCK_GROUPS).unwrap().as_bytes(),
+            block.as_bytes(),
+            "the block keeps its last good contents"
+        );
         assert_eq!(read(32, 8).unwrap().as_bytes()[..gb], *filled(&pool, 32).as_bytes(), "other blocks untouched");
         fault::clear(&dir);
     }
@@ -892,7 +952,10 @@ mod tests {
         pool.write_group(0, 0, 0, &filled(&pool, 1)).unwrap();
         let mut two = pool.buffer(2);
         let (a, b) = two.as_bytes_mut().split_at_mut(4096);
-        let mut runs = [GroupRun { head: 0, first: 0, count: 1, dst: a, staging: Staging::F16 }, GroupRun { head: 1, first: 3, count: 1, dst: b, staging: Staging::F16 }];
+        let mut runs = [
+            GroupRun { head: 0, first: 0, count: 1, dst: a, staging: Staging::F16 },
+            GroupRun { head: 1, first: 3, count: 1, dst: b, staging: Staging::F16 },
+        ];
         if let Some(read) = pool.read_runs(0, &mut runs) {
             let err = read.unwrap_err().to_string();
             assert!(err.contains("checksum") && err.contains("tokens 48..64"), "{err}");
@@ -903,7 +966,10 @@ mod tests {
     fn a_run_of_groups_is_written_where_its_blocks_lie_and_fails_at_a_faulty_group() {
         let dir = temp_dir("write-run");
         let layout = ColdLayout::f16(2, 3, 64, 40);
-        let faults = ColdFaults { failing_write: Some(FailingWrite { layer: 1, group: 35, errno: libc::ENOSPC, times: AtomicUsize::new(1) }), ..Default::default() };
+        let faults = ColdFaults {
+            failing_write: Some(FailingWrite { layer: 1, group: 35, errno: libc::ENOSPC, times: AtomicUsize::new(1) }),
+            ..Default::default()
+        };
         fault::inject(&dir, faults);
         let pool = ColdPool::create(&dir, layout).unwrap();
         let gb = layout.group_bytes();
@@ -964,7 +1030,12 @@ mod tests {
             let mut one = pool.buffer(count);
             pool.read_groups(1, head, first, count, one.as_bytes_mut()).unwrap();
             let bytes = count * layout.group_bytes();
-            assert_eq!(batch.as_bytes()[at..at + bytes], one.as_bytes()[..bytes], "head {head}, groups {first}..{}", first + count);
+            assert_eq!(
+                batch.as_bytes()[at..at + bytes],
+                one.as_bytes()[..bytes],
+                "head {head}, groups {first}..{}",
+                first + count
+            );
             at += bytes;
         }
     }
@@ -1022,7 +1093,10 @@ mod tests {
         if let Some(read) = {
             let mut batch = pool.buffer(3);
             let (a, b) = batch.as_bytes_mut().split_at_mut(gb);
-            let mut runs = [GroupRun { head: 2, first: 39, count: 1, dst: a, staging: Staging::F16 }, GroupRun { head: 2, first: 20, count: 2, dst: b, staging: Staging::F16 }];
+            let mut runs = [
+                GroupRun { head: 2, first: 39, count: 1, dst: a, staging: Staging::F16 },
+                GroupRun { head: 2, first: 20, count: 2, dst: b, staging: Staging::F16 },
+            ];
             pool.read_runs(1, &mut runs).map(|r| r.map(|()| batch))
         } {
             let batch = read.unwrap();
@@ -1033,7 +1107,8 @@ mod tests {
         // run starts at a sector boundary that is no page boundary.
         let mut kept = AlignedBuf::zeroed(3 * dgb);
         let (single, batched) = kept.as_bytes_mut().split_at_mut(dgb);
-        pool.read_run(1, &mut GroupRun { head: 2, first: 39, count: 1, dst: single, staging: Staging::AsKept }).unwrap();
+        pool.read_run(1, &mut GroupRun { head: 2, first: 39, count: 1, dst: single, staging: Staging::AsKept })
+            .unwrap();
         let mut runs = [GroupRun { head: 2, first: 20, count: 2, dst: batched, staging: Staging::AsKept }];
         if let Some(read) = pool.read_runs(1, &mut runs) {
             read.unwrap();
@@ -1053,7 +1128,12 @@ mod tests {
         let err = pool.read_groups(1, 2, 30, 1, one.as_bytes_mut()).unwrap_err().to_string();
         assert!(err.contains("checksum") && err.contains("tokens 480..496"), "{err}");
         // Staged as kept, too: nothing decodes it later, so the read itself must refuse it.
-        let err = pool.read_run(1, &mut GroupRun { head: 2, first: 29, count: 2, dst: kept.as_bytes_mut(), staging: Staging::AsKept }).unwrap_err();
+        let err = pool
+            .read_run(
+                1,
+                &mut GroupRun { head: 2, first: 29, count: 2, dst: kept.as_bytes_mut(), staging: Staging::AsKept },
+            )
+            .unwrap_err();
         assert!(err.to_string().contains("tokens 480..496"), "{err}");
     }
 

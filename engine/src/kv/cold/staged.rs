@@ -62,13 +62,24 @@ impl<'a> HeadPages<'a> {
 /// head, as the pool keeps them: one request per run of consecutive groups, many in flight at
 /// once (an SSD needs a deep queue for its random-read rate): through this thread's io_uring,
 /// or where there is none from the I/O threads.
-pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf) -> Result<Staged> {
+pub(in crate::kv) fn read_heads(
+    cold: &ColdPool,
+    layer: usize,
+    groups: Vec<Vec<usize>>,
+    buf: &mut AlignedBuf,
+) -> Result<Staged> {
     let total: usize = groups.iter().map(Vec::len).sum();
     read_heads_in_parts(cold, layer, groups, buf, read_parts(total * cold.layout().disk_group_bytes()))
 }
 
 /// [`read_heads`], its requests shared by `parts` I/O threads.
-fn read_heads_in_parts(cold: &ColdPool, layer: usize, groups: Vec<Vec<usize>>, buf: &mut AlignedBuf, parts: usize) -> Result<Staged> {
+fn read_heads_in_parts(
+    cold: &ColdPool,
+    layer: usize,
+    groups: Vec<Vec<usize>>,
+    buf: &mut AlignedBuf,
+    parts: usize,
+) -> Result<Staged> {
     let gb = cold.layout().disk_group_bytes();
     let total: usize = groups.iter().map(Vec::len).sum();
     if buf.len() < total * gb {
@@ -164,12 +175,21 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hillside-staged-parts-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // Armed below, once the pool is written: a pool takes its faults when it is created.
-        let plan = fault::inject(&dir, ColdFaults { failing_read: Some(FailingRead { layer: 1, errno: libc::EIO, times: AtomicUsize::new(0) }), ..ColdFaults::default() });
+        let plan = fault::inject(
+            &dir,
+            ColdFaults {
+                failing_read: Some(FailingRead { layer: 1, errno: libc::EIO, times: AtomicUsize::new(0) }),
+                ..ColdFaults::default()
+            },
+        );
         let layout = ColdLayout::f16(2, 3, 16, 40);
         let cold = ColdPool::create(&dir, layout).unwrap();
         let mut page = cold.buffer(1);
         for (layer, head, group) in (0..2).flat_map(|l| (0..3).flat_map(move |h| (0..40).map(move |g| (l, h, g)))) {
-            page.as_u16_mut().iter_mut().enumerate().for_each(|(i, w)| *w = (layer * 10_000 + head * 1000 + group * 10 + i % 7) as u16);
+            page.as_u16_mut()
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, w)| *w = (layer * 10_000 + head * 1000 + group * 10 + i % 7) as u16);
             cold.write_group(layer, head, group, &page).unwrap();
         }
         // Runs of every length, and heads with none.
@@ -178,7 +198,10 @@ mod tests {
             let mut buf = AlignedBuf::zeroed(0);
             let staged = read_heads_in_parts(&cold, 1, groups.clone(), &mut buf, parts).unwrap();
             let gb = layout.disk_group_bytes();
-            let bytes: Vec<Vec<u8>> = (0..3).flat_map(|h| (0..40).map(move |g| (h, g))).filter_map(|(h, g)| staged.group(&buf, h, g, gb).map(<[u8]>::to_vec)).collect();
+            let bytes: Vec<Vec<u8>> = (0..3)
+                .flat_map(|h| (0..40).map(move |g| (h, g)))
+                .filter_map(|(h, g)| staged.group(&buf, h, g, gb).map(<[u8]>::to_vec))
+                .collect();
             assert_eq!(bytes.len(), 16, "{parts} parts: every group asked for is staged");
             bytes
         };

@@ -77,12 +77,23 @@ pub(super) struct ColdReader {
 
 impl ColdReader {
     pub fn new(n_layers: usize, dense_layers: usize) -> Self {
-        Self { prefetch: Prefetcher::default(), last_selections: vec![None; n_layers], dense_layers, group_bits: Vec::new(), stats: TierStats::default() }
+        Self {
+            prefetch: Prefetcher::default(),
+            last_selections: vec![None; n_layers],
+            dense_layers,
+            group_bits: Vec::new(),
+            stats: TierStats::default(),
+        }
     }
 
     /// Starts reading the cold groups that each head's `tokens(head)` need and that the
     /// read-ahead is not already reading for the layer; `None` when there are none.
-    pub fn start<'t>(&mut self, at: Residence<'_>, layer: usize, tokens: &(impl Fn(usize) -> &'t [u32] + Sync)) -> Option<PendingRead> {
+    pub fn start<'t>(
+        &mut self,
+        at: Residence<'_>,
+        layer: usize,
+        tokens: &(impl Fn(usize) -> &'t [u32] + Sync),
+    ) -> Option<PendingRead> {
         let mut groups = at.cold_groups(layer, tokens);
         if let Some(ahead) = self.prefetch.issued_groups(layer) {
             let mut used = 0;
@@ -118,7 +129,12 @@ impl ColdReader {
     }
 
     /// Reads `groups` (per head, ascending) of `layer` on this thread.
-    pub fn read_now(&mut self, at: Residence<'_>, layer: usize, groups: Vec<Vec<usize>>) -> Result<(Staged, AlignedBuf)> {
+    pub fn read_now(
+        &mut self,
+        at: Residence<'_>,
+        layer: usize,
+        groups: Vec<Vec<usize>>,
+    ) -> Result<(Staged, AlignedBuf)> {
         let mut buf = self.prefetch.buffer(at.backing.cold(), &groups);
         match read_heads(at.backing.cold(), layer, groups, &mut buf) {
             Ok(staged) => Ok((staged, buf)),
@@ -204,8 +220,10 @@ impl ColdReader {
     /// Writes the reader's counters into `tier`.
     pub fn report(&self, tier: &mut TierStats) {
         let s = &self.stats;
-        (tier.read_ahead_groups, tier.read_ahead_used, tier.cold_read_wait_ns) = (s.read_ahead_groups, s.read_ahead_used, s.cold_read_wait_ns);
-        (tier.selections, tier.selected_groups, tier.selected_cold_groups) = (s.selections, s.selected_groups, s.selected_cold_groups);
+        (tier.read_ahead_groups, tier.read_ahead_used, tier.cold_read_wait_ns) =
+            (s.read_ahead_groups, s.read_ahead_used, s.cold_read_wait_ns);
+        (tier.selections, tier.selected_groups, tier.selected_cold_groups) =
+            (s.selections, s.selected_groups, s.selected_cold_groups);
     }
 }
 

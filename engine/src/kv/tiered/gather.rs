@@ -2,14 +2,14 @@
 //! and cold rows read ahead of the layer's turn, are copied while the cold groups the read-ahead
 //! missed are still being read; their rows are filled in once the reads land.
 
-use crate::kv::cold::staged::{HeadPages, Staged};
-use crate::error::Result;
-use crate::kv::aligned::AlignedBuf;
 use super::TieredKvStore;
+use crate::error::Result;
 use crate::kernels::attention::KV_TILE;
+use crate::kernels::parallel::map_items;
+use crate::kv::aligned::AlignedBuf;
+use crate::kv::cold::staged::{HeadPages, Staged};
 use crate::kv::cold::GROUP_TOKENS;
 use crate::kv::view::{SlotRun, TileRows};
-use crate::kernels::parallel::map_items;
 use std::ops::Range;
 
 /// Slots one parallel task copies: a few tiles, enough to amortize the hand-off.
@@ -27,7 +27,13 @@ impl TieredKvStore {
     /// Copies the rows of `heads` (the view's) that are in the write-back window or the hot pool
     /// into the view, in parallel runs of slots, and returns the slots left for cold rows.
     /// `decode` counts hot hits.
-    pub(super) fn copy_resident_rows<'t>(&mut self, layer: usize, tokens: &(impl Fn(usize) -> &'t [u32] + Sync), heads: Range<usize>, decode: bool) -> Vec<ColdRow> {
+    pub(super) fn copy_resident_rows<'t>(
+        &mut self,
+        layer: usize,
+        tokens: &(impl Fn(usize) -> &'t [u32] + Sync),
+        heads: Range<usize>,
+        decode: bool,
+    ) -> Vec<ColdRow> {
         let n_slots = tokens(heads.start).len();
         let (hot, window, lane0) = (self.hot.pool(), &self.backing, self.lane(layer, 0));
         let first_head = heads.start;
@@ -62,13 +68,19 @@ impl TieredKvStore {
 
     /// Reads the groups of the cold slots `rows` (of the view holding `heads`) still lacks, at
     /// once, and fills them.
-    pub(super) fn read_missing_rows(&mut self, layer: usize, rows: &mut Vec<ColdRow>, heads: Range<usize>) -> Result<()> {
+    pub(super) fn read_missing_rows(
+        &mut self,
+        layer: usize,
+        rows: &mut Vec<ColdRow>,
+        heads: Range<usize>,
+    ) -> Result<()> {
         if rows.is_empty() {
             return Ok(());
         }
         let mut groups = vec![Vec::new(); self.shape.n_kv_heads];
         for row in rows.iter() {
-            groups[row.head as usize].push(self.backing.slot(layer, row.head as usize, row.token as usize) / GROUP_TOKENS);
+            groups[row.head as usize]
+                .push(self.backing.slot(layer, row.head as usize, row.token as usize) / GROUP_TOKENS);
         }
         groups.iter_mut().for_each(|g| {
             g.sort_unstable();
@@ -86,7 +98,15 @@ impl TieredKvStore {
     /// whose groups `staged` holds in `buf`, decoding each row as it is copied, in parallel runs
     /// of slots on the compute threads (a head per task left most of 16 cores idle), and keeps
     /// in `rows` those it could not. `decode` counts cold hits and offers the rows for promotion.
-    pub(super) fn copy_cold_rows(&mut self, layer: usize, rows: &mut Vec<ColdRow>, staged: &Staged, buf: &AlignedBuf, heads: Range<usize>, decode: bool) {
+    pub(super) fn copy_cold_rows(
+        &mut self,
+        layer: usize,
+        rows: &mut Vec<ColdRow>,
+        staged: &Staged,
+        buf: &AlignedBuf,
+        heads: Range<usize>,
+        decode: bool,
+    ) {
         if rows.is_empty() {
             return;
         }
@@ -100,7 +120,8 @@ impl TieredKvStore {
             .slot_runs_mut(0..heads.len(), RUN_SLOTS)
             .into_iter()
             .map(|run| {
-                let (head, slots) = ((heads.start + run.head) as u32, run.first_slot as u32..(run.first_slot + run.len()) as u32);
+                let (head, slots) =
+                    ((heads.start + run.head) as u32, run.first_slot as u32..(run.first_slot + run.len()) as u32);
                 let in_run = |r: &ColdRow| (r.head, r.slot) < (head, slots.end);
                 let first = rows.partition_point(|r| (r.head, r.slot) < (head, slots.start));
                 (run, &rows[first..first + rows[first..].partition_point(in_run)])

@@ -19,8 +19,8 @@ mod cold_reader;
 mod gather;
 mod hot_tier;
 mod pages;
-mod ranker;
 pub mod planner;
+mod ranker;
 mod reads;
 mod spare;
 
@@ -29,16 +29,16 @@ use super::cold::GROUP_TOKENS;
 use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
-use super::{EvaluatorKind, HeadsPart, KvShape, KvStats, KvStore, KvView, SelectorKind, Selection, TierStats};
+use super::{EvaluatorKind, HeadsPart, KvShape, KvStats, KvStore, KvView, Selection, SelectorKind, TierStats};
 use crate::error::{Error, Result};
 use crate::kernels::parallel::map_items;
 use crate::score::topk::ascending;
 use crate::score::xrt::XrtOptions;
 use crate::score::{HeadsTopK, KeyBits};
 use crate::trace::{self, timed, Phase};
+use cold_reader::{ColdReader, Residence};
 use hot_tier::{HotTier, Standing};
 use ranker::Ranker;
-use cold_reader::{ColdReader, Residence};
 use spare::SpareCopy;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -122,7 +122,12 @@ pub struct TieredKvStore {
 impl TieredKvStore {
     /// A store with its cold pool in `cold_dir`. `xrt_problem` is what the start-up probe said
     /// about the card (evaluator `xrt` only; see [`super::config::KvStartup`]).
-    pub fn new(shape: KvShape, cold_dirs: &[PathBuf], settings: TieredSettings, xrt_problem: Option<String>) -> Result<Self> {
+    pub fn new(
+        shape: KvShape,
+        cold_dirs: &[PathBuf],
+        settings: TieredSettings,
+        xrt_problem: Option<String>,
+    ) -> Result<Self> {
         if !(settings.alpha > 0.0 && settings.alpha <= 1.0) {
             return Err(Error::InvalidParameter("alpha must be in (0, 1]".into()));
         }
@@ -132,7 +137,8 @@ impl TieredKvStore {
         let lanes = shape.n_layers * shape.n_kv_heads;
         // Without the card, no key chunks are laid out for it.
         let evaluator = ranker::evaluator_in_use(settings.evaluator, xrt_problem);
-        let key_chunk_bytes = if evaluator == EvaluatorKind::Xrt { ranker::key_chunks(shape, &settings).chunk_bytes() } else { 0 };
+        let key_chunk_bytes =
+            if evaluator == EvaluatorKind::Xrt { ranker::key_chunks(shape, &settings).chunk_bytes() } else { 0 };
         let backing = DiskBacking::new(shape, cold_dirs, key_chunk_bytes, settings.placement, settings.cold_type)?;
         let floor = budget_floor_bytes(shape, &settings);
         if settings.hot_budget_bytes < floor {
@@ -145,7 +151,13 @@ impl TieredKvStore {
         }
         Ok(Self {
             ranker: Ranker::new(shape, &settings, evaluator, backing.cold()),
-            hot: HotTier::new(lanes, settings.dense_layers.min(shape.n_layers) * shape.n_kv_heads..lanes, shape.head_dim, settings.hot_budget_bytes, shape.max_tokens),
+            hot: HotTier::new(
+                lanes,
+                settings.dense_layers.min(shape.n_layers) * shape.n_kv_heads..lanes,
+                shape.head_dim,
+                settings.hot_budget_bytes,
+                shape.max_tokens,
+            ),
             view: ViewBuffers::new(shape.head_dim),
             positions: Vec::new(),
             reader: ColdReader::new(shape.n_layers, settings.dense_layers),
@@ -193,7 +205,8 @@ impl TieredKvStore {
         let fixed = self.hot_bytes() - self.hot.bytes();
         let (slot, unpinned, cold_end) = {
             let backing = &self.backing;
-            let unpinned = self.settings.sink_tokens as u32..backing.len().saturating_sub(self.settings.recent_tokens) as u32;
+            let unpinned =
+                self.settings.sink_tokens as u32..backing.len().saturating_sub(self.settings.recent_tokens) as u32;
             (|lane: usize, t: u32| backing.lane_slot(lane, t as usize) as u32, unpinned, backing.cold_end() as u32)
         };
         self.hot.rebalance(&Standing { slot: &slot, unpinned, cold_end }, self.settings.hot_budget_bytes, fixed);
@@ -210,7 +223,10 @@ impl TieredKvStore {
 
     /// The cold reader, and where each row lives, borrowed together.
     fn reader_at(&mut self) -> (&mut ColdReader, Residence<'_>) {
-        (&mut self.reader, Residence { backing: &self.backing, hot: self.hot.pool(), n_kv_heads: self.shape.n_kv_heads })
+        (
+            &mut self.reader,
+            Residence { backing: &self.backing, hot: self.hot.pool(), n_kv_heads: self.shape.n_kv_heads },
+        )
     }
 
     fn is_dense(&self, layer: usize) -> bool {
@@ -221,7 +237,14 @@ impl TieredKvStore {
     /// tokens. Cold candidates go to the storage evaluator, which streams score blocks back
     /// while the compute threads score the hot ones; every block, of either kind, merges into
     /// one top-k per head as it comes.
-    fn rank(&mut self, layer: usize, query: &[f32], group: usize, candidates: std::ops::Range<usize>, budget: usize) -> Vec<Vec<u32>> {
+    fn rank(
+        &mut self,
+        layer: usize,
+        query: &[f32],
+        group: usize,
+        candidates: std::ops::Range<usize>,
+        budget: usize,
+    ) -> Vec<Vec<u32>> {
         let n_kv = self.shape.n_kv_heads;
         let base = self.backing.cold_end();
         let lanes: Vec<usize> = (0..n_kv).map(|h| self.lane(layer, h)).collect();
@@ -231,7 +254,11 @@ impl TieredKvStore {
         let selector = self.settings.selector;
         let keep = if guard || !selector.by_rank_alone() { (2 * budget).min(candidates.len()) } else { budget };
         let (hot, cold) = match self.ranker.scores_beside_the_pool() {
-            true => split_by_residence(&lanes.iter().map(|&l| self.hot.pool().bitmap(l)).collect::<Vec<_>>(), candidates.clone(), base),
+            true => split_by_residence(
+                &lanes.iter().map(|&l| self.hot.pool().bitmap(l)).collect::<Vec<_>>(),
+                candidates.clone(),
+                base,
+            ),
             false => (candidates.clone().map(|t| t as u32).collect(), Vec::new()),
         };
         let mass_scale = self.mass_scale(group);
@@ -252,7 +279,9 @@ impl TieredKvStore {
                 None => budget,
             };
             match selector {
-                SelectorKind::Tokens | SelectorKind::Sparf => ranked.iter().map(|head| ascending_tokens(&head[..take.min(head.len())])).collect(),
+                SelectorKind::Tokens | SelectorKind::Sparf => {
+                    ranked.iter().map(|head| ascending_tokens(&head[..take.min(head.len())])).collect()
+                }
                 SelectorKind::Riders => self.with_free_riders(layer, &ranked, take),
                 SelectorKind::Pages => {
                     let pages = self.whole_pages(layer, &ranked, take, mass_scale, candidates.clone());
@@ -296,7 +325,14 @@ impl TieredKvStore {
 
     /// Each head's `take` tokens of `candidates` as whole cold-pool pages (see [`pages`]),
     /// weighted by the attention `scale` gives their `ranked` scores.
-    fn whole_pages(&self, layer: usize, ranked: &[Vec<(f32, u32)>], take: usize, scale: f32, candidates: std::ops::Range<usize>) -> Vec<Vec<u32>> {
+    fn whole_pages(
+        &self,
+        layer: usize,
+        ranked: &[Vec<(f32, u32)>],
+        take: usize,
+        scale: f32,
+        candidates: std::ops::Range<usize>,
+    ) -> Vec<Vec<u32>> {
         let backing = &self.backing;
         map_items(ranked.iter().enumerate().collect(), |(head, ranked)| {
             pages::whole_pages(
@@ -380,7 +416,9 @@ impl KvStore for TieredKvStore {
             // A prompt (or a dense layer's step) attends to every token: one head at a time, in
             // spans, so that the view and the read staging hold a span of one head, never the
             // layer's whole cache.
-            (None, Selection::All | Selection::Span(_)) => HeadsPart::each_head(self.shape.n_kv_heads, cached_tokens, Some(SPAN_TOKENS)),
+            (None, Selection::All | Selection::Span(_)) => {
+                HeadsPart::each_head(self.shape.n_kv_heads, cached_tokens, Some(SPAN_TOKENS))
+            }
         }
     }
 
@@ -410,9 +448,12 @@ impl KvStore for TieredKvStore {
                 let (reader, at) = self.reader_at();
                 reader.start(at, layer, &tokens)
             });
-            let mut cold_rows = timed(Phase::CopyResident, || self.copy_resident_rows(layer, &tokens, heads.clone(), true));
+            let mut cold_rows =
+                timed(Phase::CopyResident, || self.copy_resident_rows(layer, &tokens, heads.clone(), true));
             if let Some(ahead) = timed(Phase::ReadWait, || self.reader.claim_ahead(layer)) {
-                timed(Phase::CopyCold, || self.copy_cold_rows(layer, &mut cold_rows, &ahead.staged, &ahead.buf, heads.clone(), true));
+                timed(Phase::CopyCold, || {
+                    self.copy_cold_rows(layer, &mut cold_rows, &ahead.staged, &ahead.buf, heads.clone(), true)
+                });
                 self.reader.recycle(ahead.buf); // for the next layer's read-ahead
             }
             let read_ahead = |store: &mut Self| {
@@ -423,7 +464,9 @@ impl KvStore for TieredKvStore {
                 let (staged, buf) = timed(Phase::ReadWait, || self.reader.wait(reading));
                 let staged = staged?;
                 read_ahead(self);
-                timed(Phase::CopyCold, || self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads.clone(), true));
+                timed(Phase::CopyCold, || {
+                    self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads.clone(), true)
+                });
                 self.reader.recycle(buf);
             } else {
                 read_ahead(self);
@@ -476,10 +519,15 @@ impl KvStore for TieredKvStore {
         self.reader.end_step();
         // Tokens leaving the window are recent (pinned), so they stay hot as they reach the SSD.
         let (hot, n_kv) = (&mut self.hot, self.shape.n_kv_heads);
-        let spilled = timed(Phase::Spill, || self.backing.commit(n_tokens, |layer, head, t, k, v| hot.keep_pinned(layer * n_kv + head, t as u32, k, v)));
+        let spilled = timed(Phase::Spill, || {
+            self.backing.commit(n_tokens, |layer, head, t, k, v| hot.keep_pinned(layer * n_kv + head, t as u32, k, v))
+        });
         spilled?;
         self.hot.commit_hits(self.backing.len());
-        self.ranker.store_key_chunks(self.settings.dense_layers.min(self.shape.n_layers)..self.shape.n_layers, self.backing.cold_end());
+        self.ranker.store_key_chunks(
+            self.settings.dense_layers.min(self.shape.n_layers)..self.shape.n_layers,
+            self.backing.cold_end(),
+        );
         timed(Phase::Rebalance, || self.rebalance());
         self.tier.steps += 1;
         self.decode_steps = if n_tokens == 1 { self.decode_steps + 1 } else { 0 };
@@ -546,7 +594,9 @@ const RELAYOUT_AFTER_STEPS: u64 = 8;
 const RELAYOUT_EVERY_STEPS: u64 = 128;
 
 fn relayout_due(decode_steps: u64) -> bool {
-    decode_steps == RELAYOUT_AFTER_STEPS || (decode_steps > RELAYOUT_AFTER_STEPS && (decode_steps - RELAYOUT_AFTER_STEPS).is_multiple_of(RELAYOUT_EVERY_STEPS))
+    decode_steps == RELAYOUT_AFTER_STEPS
+        || (decode_steps > RELAYOUT_AFTER_STEPS
+            && (decode_steps - RELAYOUT_AFTER_STEPS).is_multiple_of(RELAYOUT_EVERY_STEPS))
 }
 
 /// `candidates` split (each part ascending) into the tokens that every head holds in memory —
@@ -558,7 +608,11 @@ fn split_by_residence(hot_bitmaps: &[&[u64]], candidates: std::ops::Range<usize>
     // Bits of word `w` for the tokens of `range`.
     let mask = |range: std::ops::Range<usize>, w: usize| {
         let (lo, hi) = (range.start.clamp(64 * w, 64 * w + 64) - 64 * w, range.end.clamp(64 * w, 64 * w + 64) - 64 * w);
-        if lo == hi { 0 } else { (u64::MAX >> (64 - (hi - lo))) << lo }
+        if lo == hi {
+            0
+        } else {
+            (u64::MAX >> (64 - (hi - lo))) << lo
+        }
     };
     let push_bits = |out: &mut Vec<u32>, w: usize, mut bits: u64| {
         while bits != 0 {
@@ -609,7 +663,14 @@ fn joined(chosen: Vec<Vec<u32>>, riders: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
 impl TieredKvStore {
     /// Counts a hit, in each head, for the `budget` best-scoring `candidates` against `query`
     /// (as whole pages, with the pages selector).
-    fn seed_hits(&mut self, layer: usize, query: &[f32], group: usize, candidates: std::ops::Range<usize>, budget: usize) {
+    fn seed_hits(
+        &mut self,
+        layer: usize,
+        query: &[f32],
+        group: usize,
+        candidates: std::ops::Range<usize>,
+        budget: usize,
+    ) {
         let n_kv = self.shape.n_kv_heads;
         let block = self.ranker.scores(layer, query, candidates.clone().map(|t| t as u32).collect());
         let pages = self.settings.selector == SelectorKind::Pages;
@@ -636,7 +697,8 @@ impl TieredKvStore {
         let read_before = self.backing.cold().stats.bytes_read.load(Ordering::Relaxed);
         let (hits, seeds) = (self.hot.hits(), &self.prompt_hits);
         let rank = |lane: usize, t: usize| {
-            let (all, seed) = (hits[lane].get(t).copied().unwrap_or(0), seeds.get(lane).and_then(|s| s.get(t)).copied().unwrap_or(0));
+            let (all, seed) =
+                (hits[lane].get(t).copied().unwrap_or(0), seeds.get(lane).and_then(|s| s.get(t)).copied().unwrap_or(0));
             (u32::from(all.saturating_sub(seed)) << 16) | u32::from(seed)
         };
         let result = self.backing.relayout(lanes, rank);
@@ -648,7 +710,9 @@ impl TieredKvStore {
                 self.tier.relaid_blocks += blocks as u64;
                 tracing::debug!(blocks, ms = started.elapsed().as_millis() as u64, "cold pool re-placed by hits");
             }
-            Err(e) => tracing::warn!(error = %e, "re-placing the cold pool by hits failed; the blocks not rewritten keep their layout"),
+            Err(e) => {
+                tracing::warn!(error = %e, "re-placing the cold pool by hits failed; the blocks not rewritten keep their layout")
+            }
         }
     }
 
@@ -684,7 +748,8 @@ mod tests {
         for (candidates, base) in [(0..300, 300), (4..190, 150), (64..65, 64), (3..131, 1000), (10..10, 0)] {
             let (hot, cold) = split_by_residence(&bitmaps, candidates.clone(), base);
             let resident = |t: usize| t >= base || (pool.contains(0, t as u32) && pool.contains(1, t as u32));
-            let (want_hot, want_cold): (Vec<u32>, Vec<u32>) = candidates.clone().map(|t| t as u32).partition(|&t| resident(t as usize));
+            let (want_hot, want_cold): (Vec<u32>, Vec<u32>) =
+                candidates.clone().map(|t| t as u32).partition(|&t| resident(t as usize));
             assert_eq!((hot, cold), (want_hot, want_cold), "{candidates:?} from {base}");
         }
     }

@@ -59,7 +59,11 @@ pub(super) fn free_riders(
             let mut read: Vec<usize> = chosen.iter().filter(|r| !held(head, r.1)).map(|r| page_of(head, r.1)).collect();
             read.sort_unstable();
             read.dedup();
-            below.iter().filter(|r| held(head, r.1) || read.binary_search(&page_of(head, r.1)).is_ok()).map(|r| r.1).collect()
+            below
+                .iter()
+                .filter(|r| held(head, r.1) || read.binary_search(&page_of(head, r.1)).is_ok())
+                .map(|r| r.1)
+                .collect()
         })
         .collect();
     let fewest = riders.iter().map(Vec::len).min().unwrap_or(0);
@@ -71,11 +75,16 @@ pub(super) fn free_riders(
 /// (ascending, per head) left out but whose rows are `held(head, token)` in memory, as many for
 /// every head, the best where a head has more: attended for no I/O.
 /// (The heads are filtered, and cut, on the compute threads.)
-pub(super) fn hot_riders(ranked: &[Vec<(f32, u32)>], chosen: &[Vec<u32>], held: impl Fn(usize, u32) -> bool + Sync) -> Vec<Vec<u32>> {
-    let riders: Vec<Vec<(f32, u32)>> = map_items(ranked.iter().zip(chosen).enumerate().collect(), |(head, (ranked, chosen))| {
-        let chosen = TokenSet::new(chosen);
-        ranked.iter().filter(|r| !chosen.contains(r.1) && held(head, r.1)).copied().collect()
-    });
+pub(super) fn hot_riders(
+    ranked: &[Vec<(f32, u32)>],
+    chosen: &[Vec<u32>],
+    held: impl Fn(usize, u32) -> bool + Sync,
+) -> Vec<Vec<u32>> {
+    let riders: Vec<Vec<(f32, u32)>> =
+        map_items(ranked.iter().zip(chosen).enumerate().collect(), |(head, (ranked, chosen))| {
+            let chosen = TokenSet::new(chosen);
+            ranked.iter().filter(|r| !chosen.contains(r.1) && held(head, r.1)).copied().collect()
+        });
     let fewest = riders.iter().map(Vec::len).min().unwrap_or(0);
     map_items(riders, |mut r| {
         if r.len() > fewest {
@@ -123,7 +132,8 @@ pub(super) fn whole_pages(
         }
         weights[page] += ((a * VOTE_UNIT) as u64).max(1);
     }
-    let mut pages: Vec<(usize, u64)> = weights.iter().enumerate().filter(|w| *w.1 > 0).map(|(page, &w)| (page, w)).collect();
+    let mut pages: Vec<(usize, u64)> =
+        weights.iter().enumerate().filter(|w| *w.1 > 0).map(|(page, &w)| (page, w)).collect();
     pages.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut chosen: Vec<u32> = Vec::with_capacity(take + GROUP_TOKENS);
     for &(page, _) in &pages {
@@ -168,7 +178,8 @@ mod tests {
     fn hot_riders_are_the_ranked_tokens_left_out_but_in_memory_as_many_per_head() {
         // Head 0 chose 5 and 6; of its other ranked tokens 40 and 41 are hot, 90 is not. Head 1
         // chose 7; 50 is hot, and 7 itself (hot) is not counted twice.
-        let ranked = vec![vec![(9.0, 5), (8.0, 41), (7.0, 90), (6.0, 40), (5.0, 6)], vec![(9.0, 7), (8.0, 50), (7.0, 51)]];
+        let ranked =
+            vec![vec![(9.0, 5), (8.0, 41), (7.0, 90), (6.0, 40), (5.0, 6)], vec![(9.0, 7), (8.0, 50), (7.0, 51)]];
         let chosen = vec![vec![5, 6], vec![7]];
         let hot = |head: usize, t: u32| [40, 41, 50, 7].contains(&t) && (head == 1) == (t >= 50 || t == 7);
         // Head 0 would take 41 and 40, head 1 only 50: both keep one, the best.
@@ -182,13 +193,22 @@ mod tests {
         // with many tied scores, given sorted, reversed and interleaved.
         let ranked: Vec<(f32, u32)> = (0..300u32).map(|t| (((t * 7919) % 37) as f32 / 4.0, t * 3 % 1000)).collect();
         let page_of = |t: u32| (t as usize * 13) % 61;
-        let members = |page: usize| std::array::from_fn(|i| (0..1000u32).filter(|&t| page_of(t) == page).nth(i).unwrap_or(999));
-        let orders = [ranked.clone(), ranked.iter().rev().copied().collect(), ranked.iter().step_by(2).chain(ranked.iter().skip(1).step_by(2)).copied().collect()];
-        let chosen: Vec<Vec<u32>> = orders.iter().map(|r| whole_pages(r, 120, 0.7, page_of, members, |t| t != 999)).collect();
+        let members =
+            |page: usize| std::array::from_fn(|i| (0..1000u32).filter(|&t| page_of(t) == page).nth(i).unwrap_or(999));
+        let orders = [
+            ranked.clone(),
+            ranked.iter().rev().copied().collect(),
+            ranked.iter().step_by(2).chain(ranked.iter().skip(1).step_by(2)).copied().collect(),
+        ];
+        let chosen: Vec<Vec<u32>> =
+            orders.iter().map(|r| whole_pages(r, 120, 0.7, page_of, members, |t| t != 999)).collect();
         assert_eq!(chosen[0].len(), 120);
         assert!(chosen.iter().all(|c| *c == chosen[0]));
         let held = |head: usize, t: u32| (t + head as u32) % 3 == 0;
-        let riders: Vec<Vec<Vec<u32>>> = orders.iter().map(|r| hot_riders(&[r.clone(), r.clone()], &[chosen[0].clone(), Vec::new()], held)).collect();
+        let riders: Vec<Vec<Vec<u32>>> = orders
+            .iter()
+            .map(|r| hot_riders(&[r.clone(), r.clone()], &[chosen[0].clone(), Vec::new()], held))
+            .collect();
         let sorted = |mut r: Vec<Vec<u32>>| {
             r.iter_mut().for_each(|h| h.sort_unstable());
             r

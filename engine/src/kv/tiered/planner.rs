@@ -10,8 +10,8 @@
 
 use super::super::aligned::AlignedBuf;
 use super::super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
-use crate::kv::cold::staged::io_pool;
 use crate::error::Result;
+use crate::kv::cold::staged::io_pool;
 use crate::score::device::DeviceQuery;
 use crate::score::{KeyBits, ScoringKeys, StorageEvaluator};
 use serde::{Deserialize, Serialize};
@@ -36,8 +36,12 @@ pub struct Profile {
 impl Profile {
     /// β = M_c / M_s for retention ratio `alpha` (eq. 4, uncapped).
     pub fn beta(&self, alpha: f64) -> f64 {
-        let (fc, fs, bc, bs) =
-            (self.host_score_bytes_per_s, self.storage_score_bytes_per_s, self.hot_fetch_bytes_per_s, self.cold_read_bytes_per_s);
+        let (fc, fs, bc, bs) = (
+            self.host_score_bytes_per_s,
+            self.storage_score_bytes_per_s,
+            self.hot_fetch_bytes_per_s,
+            self.cold_read_bytes_per_s,
+        );
         bc * fc * (bs + alpha * fs) / (bs * fs * (bc + alpha * fc))
     }
 
@@ -104,7 +108,13 @@ pub fn measure(cold_dir: &Path, key_bits: KeyBits) -> Result<Profile> {
     let keys = Arc::new(RwLock::new(keys));
     let evaluator = StorageEvaluator::new();
     let storage = rate(window, || {
-        evaluator.score(keys.clone(), query.clone(), tokens.clone()).0.into_iter().map(|b| b.tokens.len()).sum::<usize>() * row_bytes
+        evaluator
+            .score(keys.clone(), query.clone(), tokens.clone())
+            .0
+            .into_iter()
+            .map(|b| b.tokens.len())
+            .sum::<usize>()
+            * row_bytes
     });
 
     // Hot fetch: gather a fifth of the rows, scattered, from a row store into a dense buffer.
@@ -156,7 +166,12 @@ pub fn measure(cold_dir: &Path, key_bits: KeyBits) -> Result<Profile> {
     }
     // A group holds K and V of GROUP_TOKENS tokens of one head: bytes of K/V it delivers.
     let cold = cold_groups_per_s * (GROUP_TOKENS * 2 * 2 * PROFILE_HEAD_DIM) as f64;
-    Ok(Profile { host_score_bytes_per_s: host, storage_score_bytes_per_s: storage, hot_fetch_bytes_per_s: hot, cold_read_bytes_per_s: cold })
+    Ok(Profile {
+        host_score_bytes_per_s: host,
+        storage_score_bytes_per_s: storage,
+        hot_fetch_bytes_per_s: hot,
+        cold_read_bytes_per_s: cold,
+    })
 }
 
 #[cfg(test)]
@@ -165,7 +180,12 @@ mod tests {
 
     #[test]
     fn beta_balances_the_two_paths() {
-        let p = Profile { host_score_bytes_per_s: 20e9, storage_score_bytes_per_s: 5e9, hot_fetch_bytes_per_s: 10e9, cold_read_bytes_per_s: 1e9 };
+        let p = Profile {
+            host_score_bytes_per_s: 20e9,
+            storage_score_bytes_per_s: 5e9,
+            hot_fetch_bytes_per_s: 10e9,
+            cold_read_bytes_per_s: 1e9,
+        };
         let alpha = 0.2;
         let beta = p.beta(alpha);
         // With M_c = β·M_s the two sides of eq. 2 are equal.
@@ -181,12 +201,17 @@ mod tests {
     fn profiling_measures_positive_rates_and_caches_them() {
         let dir = std::env::temp_dir().join(format!("hillside-profile-test-{}", std::process::id()));
         let p = profile(&dir, KeyBits::Int4).unwrap();
-        for r in [p.host_score_bytes_per_s, p.storage_score_bytes_per_s, p.hot_fetch_bytes_per_s, p.cold_read_bytes_per_s] {
+        for r in
+            [p.host_score_bytes_per_s, p.storage_score_bytes_per_s, p.hot_fetch_bytes_per_s, p.cold_read_bytes_per_s]
+        {
             assert!(r.is_finite() && r > 0.0, "{p:?}");
         }
         assert!(dir.join("hillside-profile-int4.json").exists());
         assert_eq!(profile(&dir, KeyBits::Int4).unwrap(), p);
-        let leftovers = std::fs::read_dir(&dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".cold")).count();
+        let leftovers = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".cold"))
+            .count();
         assert_eq!(leftovers, 0, "the profiling pool file is removed");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -13,7 +13,9 @@ use crate::kernels::parallel::map_items;
 use crate::kernels::spin_pool::pool;
 use crate::score::device::{DeviceQuery, KeyChunkLayout};
 use crate::score::xrt::XrtEvaluator;
-use crate::score::{BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS};
+use crate::score::{
+    BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS,
+};
 use crate::trace::{self, Phase};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
@@ -57,22 +59,33 @@ impl Ranker {
     /// A ranker whose evaluator is `evaluator` ([`evaluator_in_use`]); a SmartSSD's reaches only
     /// the `cold` pool's scoring-key chunks.
     pub fn new(shape: KvShape, settings: &TieredSettings, evaluator: EvaluatorKind, cold: &Arc<ColdPool>) -> Self {
-        let keys = (0..shape.n_layers).map(|_| Arc::new(RwLock::new(ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim)))).collect();
+        let keys = (0..shape.n_layers)
+            .map(|_| Arc::new(RwLock::new(ScoringKeys::new(settings.key_bits, shape.n_kv_heads, shape.head_dim))))
+            .collect();
         let evaluator = match evaluator {
             EvaluatorKind::Host => None,
             EvaluatorKind::Storage => Some(ColdEvaluator::Storage(StorageEvaluator::new())),
-            EvaluatorKind::Xrt => Some(match XrtEvaluator::open(&settings.xrt, cold.key_chunks(), key_chunks(shape, settings)) {
-                Ok(card) => {
-                    tracing::info!(card = card.description(), "the SmartSSD scores the cold pool");
-                    ColdEvaluator::Xrt(card)
-                }
-                Err(e) => {
-                    tracing::warn!("{e}; {FALLBACK}");
-                    ColdEvaluator::Storage(StorageEvaluator::new())
-                }
-            }),
+            EvaluatorKind::Xrt => {
+                Some(match XrtEvaluator::open(&settings.xrt, cold.key_chunks(), key_chunks(shape, settings)) {
+                    Ok(card) => {
+                        tracing::info!(card = card.description(), "the SmartSSD scores the cold pool");
+                        ColdEvaluator::Xrt(card)
+                    }
+                    Err(e) => {
+                        tracing::warn!("{e}; {FALLBACK}");
+                        ColdEvaluator::Storage(StorageEvaluator::new())
+                    }
+                })
+            }
         };
-        Self { keys, evaluator, head_dim: shape.head_dim, n_kv_heads: shape.n_kv_heads, guard_mass: settings.guard_mass, stats: TierStats::default() }
+        Self {
+            keys,
+            evaluator,
+            head_dim: shape.head_dim,
+            n_kv_heads: shape.n_kv_heads,
+            guard_mass: settings.guard_mass,
+            stats: TierStats::default(),
+        }
     }
 
     /// Whether cold tokens are scored beside the pool (else the host scores every token).
@@ -93,7 +106,16 @@ impl Ranker {
     /// keeping each head's best `keep`; with the guard on, the `pinned` tokens are scored too and
     /// every score adds to each head's estimated attention mass (`mass_scale` turns a summed
     /// query's scores into logits).
-    pub fn rank(&mut self, layer: usize, query: &[f32], mass_scale: f32, hot: Vec<u32>, cold: Vec<u32>, pinned: Vec<u32>, keep: usize) -> Ranking {
+    pub fn rank(
+        &mut self,
+        layer: usize,
+        query: &[f32],
+        mass_scale: f32,
+        hot: Vec<u32>,
+        cold: Vec<u32>,
+        pinned: Vec<u32>,
+        keep: usize,
+    ) -> Ranking {
         let (n_kv, guard) = (self.n_kv_heads, self.guards());
         let started = Instant::now();
         let scoring = trace::span(Phase::RankScore);
@@ -183,7 +205,13 @@ impl Ranker {
     /// The fidelity guard: how many of each head's `ranked` tokens to take — `take`, or, when
     /// the best `take` hold too little of any head's estimated attention (`mass`, with the
     /// pinned tokens' scores), all of them, twice as many.
-    pub fn guard(&mut self, ranked: &[Vec<(f32, u32)>], mut mass: HeadsMass, pinned: &ScoreBlock, take: usize) -> usize {
+    pub fn guard(
+        &mut self,
+        ranked: &[Vec<(f32, u32)>],
+        mut mass: HeadsMass,
+        pinned: &ScoreBlock,
+        take: usize,
+    ) -> usize {
         mass.merge(pinned);
         let captured = (0..ranked.len())
             .map(|h| mass.share(h, ranked[h][..take].iter().map(|r| r.0).chain(pinned.head(h).iter().copied())))
@@ -224,7 +252,8 @@ impl Ranker {
     /// Writes the ranker's counters into `tier`.
     pub fn report(&self, tier: &mut TierStats) {
         let s = &self.stats;
-        (tier.score_blocks, tier.score_block_wait_ns, tier.cold_scan_ns) = (s.score_blocks, s.score_block_wait_ns, s.cold_scan_ns);
+        (tier.score_blocks, tier.score_block_wait_ns, tier.cold_scan_ns) =
+            (s.score_blocks, s.score_block_wait_ns, s.cold_scan_ns);
         (tier.guard_checks, tier.guard_widened) = (s.guard_checks, s.guard_widened);
         if let Some(ColdEvaluator::Xrt(xrt)) = &self.evaluator {
             let c = xrt.counters();

@@ -37,7 +37,9 @@ impl PendingRead {
 
     /// Waits for the read: what it staged (or its error), and the buffer back.
     pub fn wait(self) -> (Result<Staged>, AlignedBuf) {
-        self.0.recv().unwrap_or_else(|_| (Err(Error::Internal("a cold-pool read panicked".into())), AlignedBuf::zeroed(0)))
+        self.0
+            .recv()
+            .unwrap_or_else(|_| (Err(Error::Internal("a cold-pool read panicked".into())), AlignedBuf::zeroed(0)))
     }
 }
 
@@ -167,7 +169,10 @@ fn run_on_reader(job: ReadJob) {
                 // thread stays for the next read.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
             };
-            std::thread::Builder::new().name(format!("hillside-read-{i}")).spawn(reader).expect("starting a cold-pool reader thread");
+            std::thread::Builder::new()
+                .name(format!("hillside-read-{i}"))
+                .spawn(reader)
+                .expect("starting a cold-pool reader thread");
         }
         tx
     });
@@ -212,7 +217,11 @@ mod tests {
                 let _reply = tx;
                 panic!("a read failed in a way nobody foresaw (injected)");
             }));
-            assert_eq!(rx.recv_timeout(patience), Err(RecvTimeoutError::Disconnected), "the waiter learns the read ended without a reply");
+            assert_eq!(
+                rx.recv_timeout(patience),
+                Err(RecvTimeoutError::Disconnected),
+                "the waiter learns the read ended without a reply"
+            );
         }
         let (tx, rx) = mpsc::channel();
         run_on_reader(Box::new(move || tx.send(7).unwrap()));

@@ -28,10 +28,18 @@ impl SpareCopy {
         let whole_bytes = (shape.max_tokens * shape.bytes_per_token()) as u64;
         let headroom = Headroom::measure();
         if !room_for(headroom, whole_bytes) {
-            tracing::debug!(whole_mb = whole_bytes / 1_000_000, headroom_mb = headroom.bytes / 1_000_000, "no spare copy: memory is not spare");
+            tracing::debug!(
+                whole_mb = whole_bytes / 1_000_000,
+                headroom_mb = headroom.bytes / 1_000_000,
+                "no spare copy: memory is not spare"
+            );
             return None;
         }
-        tracing::info!(whole_mb = whole_bytes / 1_000_000, headroom_mb = headroom.bytes / 1_000_000, "memory is spare: the whole cache is also kept densely, and attended to in full");
+        tracing::info!(
+            whole_mb = whole_bytes / 1_000_000,
+            headroom_mb = headroom.bytes / 1_000_000,
+            "memory is spare: the whole cache is also kept densely, and attended to in full"
+        );
         Some(Self { dense: FullKvStore::new(shape), shape, measured: Instant::now() })
     }
 
@@ -73,7 +81,8 @@ mod tests {
 
     #[test]
     fn the_copy_needs_its_growth_above_the_reserve_and_no_pressure() {
-        let free = |mb: u64, pressure_some_bp: u32| Headroom { bytes: mb << 20, cgroup_limited: false, pressure_some_bp };
+        let free =
+            |mb: u64, pressure_some_bp: u32| Headroom { bytes: mb << 20, cgroup_limited: false, pressure_some_bp };
         assert!(room_for(free(256 + 200, 0), 200 << 20));
         assert!(!room_for(free(256 + 199, 0), 200 << 20), "the reserve is left alone");
         assert!(!room_for(free(100, 0), 1), "below the reserve nothing is spare");

@@ -81,12 +81,17 @@ impl Xrt {
     pub fn load(path: &Path) -> Result<Arc<Self>> {
         // SAFETY: loading runs the library's initializers; XRT's and the emulator's are benign
         // (XRT's risky work happens at the first device call, which the probe guards).
-        let lib = unsafe { Library::new(path) }.map_err(|e| Error::Xrt(format!("cannot load {}: {e}", path.display())))?;
+        let lib =
+            unsafe { Library::new(path) }.map_err(|e| Error::Xrt(format!("cannot load {}: {e}", path.display())))?;
         macro_rules! sym {
             ($name:literal) => {
                 // SAFETY: the type is the C prototype of this symbol in XRT 2.13's headers.
                 *unsafe { lib.get($name) }.map_err(|e| {
-                    Error::Xrt(format!("{} lacks {}: {e}", path.display(), String::from_utf8_lossy(&$name[..$name.len() - 1])))
+                    Error::Xrt(format!(
+                        "{} lacks {}: {e}",
+                        path.display(),
+                        String::from_utf8_lossy(&$name[..$name.len() - 1])
+                    ))
                 })?
             };
         }
@@ -136,9 +141,12 @@ pub struct Device {
 impl Device {
     /// Loads an xclbin and returns its UUID.
     pub fn load_xclbin(&self, path: &Path) -> Result<[u8; 16]> {
-        let c_path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| Error::Xrt("xclbin path has a NUL byte".into()))?;
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| Error::Xrt("xclbin path has a NUL byte".into()))?;
         // SAFETY: valid handle and NUL-terminated path.
-        check(&format!("loading {}", path.display()), unsafe { (self.xrt.api.load_xclbin_file)(self.handle, c_path.as_ptr()) })?;
+        check(&format!("loading {}", path.display()), unsafe {
+            (self.xrt.api.load_xclbin_file)(self.handle, c_path.as_ptr())
+        })?;
         let mut uuid = [0u8; 16];
         // SAFETY: `uuid` has the 16 bytes xuid_t needs.
         check("xrtDeviceGetXclbinUUID", unsafe { (self.xrt.api.xclbin_uuid)(self.handle, uuid.as_mut_ptr()) })?;
@@ -295,7 +303,9 @@ impl Buffer {
 
     pub fn sync_from_device(&self) -> Result<()> {
         // SAFETY: valid buffer handle, whole-buffer range.
-        check("xrtBOSync from the device", unsafe { (self.xrt.api.bo_sync)(self.handle, SYNC_FROM_DEVICE, self.bytes, 0) })
+        check("xrtBOSync from the device", unsafe {
+            (self.xrt.api.bo_sync)(self.handle, SYNC_FROM_DEVICE, self.bytes, 0)
+        })
     }
 }
 

@@ -36,8 +36,11 @@ pub const KERNEL_NAME: &str = "hillside_score";
 
 /// Where XRT's C API lives, when neither the config nor `HILLSIDE_XRT_LIBRARY` says: XRT's own
 /// install, then Debian's packages.
-const STANDARD_LIBRARIES: [&str; 3] =
-    ["/opt/xilinx/xrt/lib/libxrt_coreutil.so", "/usr/lib/x86_64-linux-gnu/libxrt_coreutil.so.2", "/usr/lib64/libxrt_coreutil.so.2"];
+const STANDARD_LIBRARIES: [&str; 3] = [
+    "/opt/xilinx/xrt/lib/libxrt_coreutil.so",
+    "/usr/lib/x86_64-linux-gnu/libxrt_coreutil.so.2",
+    "/usr/lib64/libxrt_coreutil.so.2",
+];
 
 /// Which XRT library, xclbin and card to use (each from the config, else the environment).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -114,7 +117,10 @@ impl XrtEvaluator {
     /// one line why it cannot. `keys` must hold chunks of `layout`'s size.
     pub fn open(options: &XrtOptions, keys: KeyChunkSection, layout: KeyChunkLayout) -> Result<Self> {
         if !super::device::supports(layout.bits, layout.head_dim) {
-            return Err(Error::Xrt(format!("the kernel does not take head_dim {} at {}", layout.head_dim, layout.bits)));
+            return Err(Error::Xrt(format!(
+                "the kernel does not take head_dim {} at {}",
+                layout.head_dim, layout.bits
+            )));
         }
         let found = probe(options);
         if let Some(problem) = found.problem {
@@ -122,11 +128,14 @@ impl XrtEvaluator {
         }
         // The probe loaded the same library, card and xclbin in a child: safe to do here.
         let xrt = Xrt::load(&found.library)?;
-        let device = xrt.open_device(options.device).ok_or_else(|| Error::Xrt(format!("device {} went away", options.device)))?;
+        let device = xrt
+            .open_device(options.device)
+            .ok_or_else(|| Error::Xrt(format!("device {} went away", options.device)))?;
         let xclbin = found.xclbin.clone().ok_or_else(|| Error::Xrt("no xclbin".into()))?;
         let kernel = device.load_xclbin(&xclbin).and_then(|uuid| device.open_kernel(&uuid, KERNEL_NAME))?;
         let session = Session::new(device, kernel, layout)?;
-        let description = format!("{} via {}, {}", xclbin.display(), found.library.display(), found.version.unwrap_or_default());
+        let description =
+            format!("{} via {}, {}", xclbin.display(), found.library.display(), found.version.unwrap_or_default());
         let counters = Arc::new(XrtCounters::default());
         let worker = {
             let (keys, counters) = (keys.clone(), counters.clone());
@@ -155,7 +164,12 @@ impl XrtEvaluator {
 
     /// Writes to the SSD every chunk now whole among the first `cold_tokens` tokens, for each
     /// of `layers` (`keys[layer]`), so the card can score them.
-    pub fn store_chunks(&mut self, keys: &[Arc<RwLock<ScoringKeys>>], layers: std::ops::Range<usize>, cold_tokens: usize) -> Result<()> {
+    pub fn store_chunks(
+        &mut self,
+        keys: &[Arc<RwLock<ScoringKeys>>],
+        layers: std::ops::Range<usize>,
+        cold_tokens: usize,
+    ) -> Result<()> {
         while (self.chunks + 1) * CHUNK_TOKENS <= cold_tokens {
             for layer in layers.clone() {
                 let keys = keys[layer].read().unwrap_or_else(|p| p.into_inner());
@@ -174,7 +188,13 @@ impl XrtEvaluator {
 
     /// Starts scoring `tokens` (ascending) of `layer` against `query`; blocks arrive on the
     /// returned channel as each is done, and it closes when all are.
-    pub fn score(&self, layer: usize, keys: Arc<RwLock<ScoringKeys>>, query: Arc<DeviceQuery>, tokens: Vec<u32>) -> Receiver<ScoreBlock> {
+    pub fn score(
+        &self,
+        layer: usize,
+        keys: Arc<RwLock<ScoringKeys>>,
+        query: Arc<DeviceQuery>,
+        tokens: Vec<u32>,
+    ) -> Receiver<ScoreBlock> {
         let (reply, blocks) = Worker::<Request>::reply_channel();
         self.worker.send(Request { layer, keys, query, tokens, chunks: self.chunks, reply });
         blocks
@@ -212,7 +232,13 @@ impl Session {
                 blocks_done: device.alloc(4, kernel.group_id(4)?, false)?,
             })
         };
-        Ok(Self { slots: [slot()?, slot()?], query: device.alloc(layout.query_bytes(), kernel.group_id(2)?, false)?, kernel, layout, _device: device })
+        Ok(Self {
+            slots: [slot()?, slot()?],
+            query: device.alloc(layout.query_bytes(), kernel.group_id(2)?, false)?,
+            kernel,
+            layout,
+            _device: device,
+        })
     }
 
     fn load_query(&mut self, query: &DeviceQuery) -> Result<()> {
@@ -260,7 +286,10 @@ impl Session {
                 let at = (h * CHUNK_TOKENS + (t - first) as usize) * 8;
                 let entry = u64::from_le_bytes(entries[at..at + 8].try_into().expect("8 bytes"));
                 if entry as u32 != t {
-                    return Err(Error::Xrt(format!("the card returned position {} where token {t} belongs", entry as u32)));
+                    return Err(Error::Xrt(format!(
+                        "the card returned position {} where token {t} belongs",
+                        entry as u32
+                    )));
                 }
                 block.scores[h * n + i] = query.rescale(h, f32::from_bits((entry >> 32) as u32));
             }
@@ -272,7 +301,14 @@ impl Session {
     /// Scores `tokens` (ascending, all on the SSD) chunk by chunk, handing each block to `emit`
     /// as soon as it is collected; stops early when `emit` returns false. While the card scores
     /// one chunk, the next is already on its way from the SSD.
-    fn score(&mut self, keys: &KeyChunkSection, layer: usize, query: &DeviceQuery, tokens: &[u32], mut emit: impl FnMut(ScoreBlock) -> bool) -> Result<()> {
+    fn score(
+        &mut self,
+        keys: &KeyChunkSection,
+        layer: usize,
+        query: &DeviceQuery,
+        tokens: &[u32],
+        mut emit: impl FnMut(ScoreBlock) -> bool,
+    ) -> Result<()> {
         let mut chunks = Vec::new(); // (chunk, its tokens)
         let mut rest = tokens;
         while let Some(&t) = rest.first() {
@@ -306,7 +342,12 @@ impl Session {
 }
 
 /// The worker: one request at a time, the card's chunks first, then what only the host has.
-fn serve(mut session: Option<Session>, on_ssd_keys: &KeyChunkSection, inbox: Receiver<Request>, counters: &XrtCounters) {
+fn serve(
+    mut session: Option<Session>,
+    on_ssd_keys: &KeyChunkSection,
+    inbox: Receiver<Request>,
+    counters: &XrtCounters,
+) {
     for req in inbox {
         let keys = req.keys.read().unwrap_or_else(|p| p.into_inner());
         let on_ssd = req.tokens.partition_point(|&t| (t as usize) < req.chunks * CHUNK_TOKENS);

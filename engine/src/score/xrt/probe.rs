@@ -63,7 +63,12 @@ pub fn probe(options: &XrtOptions) -> Probe {
 fn probe_uncached(options: &XrtOptions) -> Probe {
     let library = options.library_path();
     let Some(exe) = probe_exe() else {
-        return Probe::failed(library, format!("cannot look for a card: {PROBE_EXE} is not installed beside this program (or set HILLSIDE_XRT_PROBE)"));
+        return Probe::failed(
+            library,
+            format!(
+                "cannot look for a card: {PROBE_EXE} is not installed beside this program (or set HILLSIDE_XRT_PROBE)"
+            ),
+        );
     };
     let mut command = Command::new(&exe);
     command.arg("--library").arg(&library).arg("--device").arg(options.device.to_string());
@@ -80,7 +85,10 @@ fn probe_uncached(options: &XrtOptions) -> Probe {
     let status = child.wait().ok().map(|s| s.into_raw());
     match serde_json::from_slice::<Probe>(&report) {
         Ok(probe) => probe,
-        Err(_) => Probe { version: library.exists().then(|| file_version(&library)), ..Probe::failed(library, explain_death(status.filter(|_| finished))) },
+        Err(_) => Probe {
+            version: library.exists().then(|| file_version(&library)),
+            ..Probe::failed(library, explain_death(status.filter(|_| finished)))
+        },
     }
 }
 
@@ -197,7 +205,9 @@ fn look(options: &XrtOptions) -> Probe {
         return probe;
     };
     let Some(xclbin) = options.xclbin_path() else {
-        probe.problem = Some("no xclbin: build the scoring kernel (fpga/README.md) and set kv.xrt_xclbin or HILLSIDE_XCLBIN".into());
+        probe.problem = Some(
+            "no xclbin: build the scoring kernel (fpga/README.md) and set kv.xrt_xclbin or HILLSIDE_XCLBIN".into(),
+        );
         return probe;
     };
     let loaded = device.load_xclbin(&xclbin).and_then(|uuid| device.open_kernel(&uuid, KERNEL_NAME));

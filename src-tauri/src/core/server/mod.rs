@@ -40,7 +40,9 @@ impl Running {
         let app = App::new(engine, config).map_err(|e| anyhow::anyhow!("{e} (is another Hillside using it?)"))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new().name("hillside-server".into()).spawn(move || {
-            if let Err(e) = runtime.block_on(hillside_server::serve(listener, app, async { stopped.await.ok(); })) {
+            if let Err(e) = runtime.block_on(hillside_server::serve(listener, app, async {
+                stopped.await.ok();
+            })) {
                 tracing::error!(error = %e, "the server stopped");
             }
         })?;
@@ -74,7 +76,9 @@ async fn bind(wanted: SocketAddr) -> anyhow::Result<(tokio::net::TcpListener, Op
     match tokio::net::TcpListener::bind(wanted).await {
         Ok(listener) => Ok((listener, None)),
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            let listener = tokio::net::TcpListener::bind(SocketAddr::new(wanted.ip(), 0)).await.with_context(|| format!("listening on {}", wanted.ip()))?;
+            let listener = tokio::net::TcpListener::bind(SocketAddr::new(wanted.ip(), 0))
+                .await
+                .with_context(|| format!("listening on {}", wanted.ip()))?;
             let port = listener.local_addr()?.port();
             let notice = format!("Port {} is taken (by another Hillside, or another program), so this window's endpoint is on port {port}.", wanted.port());
             Ok((listener, Some(notice)))
@@ -109,7 +113,11 @@ mod tests {
         let (second, notice) = bind(taken).await.unwrap();
         assert_ne!(second.local_addr().unwrap().port(), taken.port());
         let notice = notice.expect("a notice");
-        assert!(notice.contains(&taken.port().to_string()) && notice.contains(&second.local_addr().unwrap().port().to_string()), "{notice}");
+        assert!(
+            notice.contains(&taken.port().to_string())
+                && notice.contains(&second.local_addr().unwrap().port().to_string()),
+            "{notice}"
+        );
         drop(first);
         let (free, none) = bind(taken).await.unwrap();
         assert_eq!((free.local_addr().unwrap(), none), (taken, None));

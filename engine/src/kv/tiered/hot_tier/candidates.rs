@@ -52,7 +52,8 @@ impl Candidates {
     /// rises, so a row that fails it now would fail it later too: the step's readers ask this
     /// in parallel, and only the rows that pass reach the serial offers.
     pub fn may_take(&self, key: u64) -> bool {
-        let room = self.rows.len() < self.max_rows || self.weakest.peek().is_some_and(|&Reverse((weakest, _))| key > weakest);
+        let room =
+            self.rows.len() < self.max_rows || self.weakest.peek().is_some_and(|&Reverse((weakest, _))| key > weakest);
         self.max_rows > 0 && level_hits(key) >= self.cutoff && room
     }
 

@@ -63,7 +63,13 @@ pub(super) struct HotTier {
 impl HotTier {
     /// A tier for `lanes` lanes of `row_words`-word rows, of which `sparse_lanes` select tokens,
     /// holding at most `budget_bytes` of rows.
-    pub fn new(lanes: usize, sparse_lanes: Range<usize>, row_words: usize, budget_bytes: usize, max_tokens: usize) -> Self {
+    pub fn new(
+        lanes: usize,
+        sparse_lanes: Range<usize>,
+        row_words: usize,
+        budget_bytes: usize,
+        max_tokens: usize,
+    ) -> Self {
         Self {
             pool: HotPool::new(lanes, row_words, (budget_bytes / (4 * row_words)).min(lanes * max_tokens)),
             hits: vec![Vec::new(); lanes],

@@ -207,10 +207,13 @@ mod tests {
         let mut hits: Vec<Vec<u32>> = (0..5).map(|_| (0..100).map(|_| next(8) as u32).collect()).collect();
         let mut hot: Vec<Vec<bool>> = vec![vec![true; 100]; 5];
         let rank = |hits: &[Vec<u32>], lane: usize, t: u32| rank_key(hits[lane][t as usize], true, t);
-        let mut all: Vec<(u64, usize, u32)> = (0..5).flat_map(|l| (0..100u32).map(move |t| (l, t))).map(|(l, t)| (rank(&hits, l, t), l, t)).collect();
+        let mut all: Vec<(u64, usize, u32)> =
+            (0..5).flat_map(|l| (0..100u32).map(move |t| (l, t))).map(|(l, t)| (rank(&hits, l, t), l, t)).collect();
         all.sort_unstable();
-        let mut reserve =
-            WeakestRows { bar: Some(all[249].0), heap: all[..250].iter().map(|&(k, l, t)| Reverse((k, l as u32, t))).collect() };
+        let mut reserve = WeakestRows {
+            bar: Some(all[249].0),
+            heap: all[..250].iter().map(|&(k, l, t)| Reverse((k, l as u32, t))).collect(),
+        };
         // Rows not yet hot join later (as if promoted or newly unpinned).
         hot[4][90..].fill(false);
         let mut demoted = 0;
@@ -226,7 +229,10 @@ mod tests {
                 reserve.offer(rank(&hits, 4, t), 4, t);
             }
             let rank_now = |l: usize, t: u32| hot[l][t as usize].then(|| rank(&hits, l, t));
-            let expected = (0..5).flat_map(|l| (0..100u32).map(move |t| (l, t))).filter_map(|(l, t)| rank_now(l, t).map(|k| (k, l, t))).min();
+            let expected = (0..5)
+                .flat_map(|l| (0..100u32).map(move |t| (l, t)))
+                .filter_map(|(l, t)| rank_now(l, t).map(|k| (k, l, t)))
+                .min();
             let Some(row) = reserve.weakest(rank_now) else {
                 // Run out: every row left ranks at least as high as the bar.
                 assert!(expected.unwrap().0 >= reserve.bar.unwrap(), "step {step}");
