@@ -90,8 +90,7 @@ pub fn cut(doc: &Document, budget: usize, count: &dyn Fn(&str) -> usize) -> Vec<
     let starts: Vec<usize> = doc.parts.iter().map(|p| p.bytes.start).collect();
     let mut chunks = Vec::new();
     let (mut start, mut used) = (0, 0);
-    for piece in pieces(&doc.text, budget, count) {
-        let tokens = count(&doc.text[piece.clone()]);
+    for (piece, tokens) in pieces(&doc.text, budget, count) {
         let section_starts = starts.binary_search(&piece.start).is_ok();
         if piece.start > start && (used + tokens > budget || (section_starts && 2 * used >= budget)) {
             chunks.push(start..piece.start);
@@ -105,8 +104,9 @@ pub fn cut(doc: &Document, budget: usize, count: &dyn Fn(&str) -> usize) -> Vec<
     chunks
 }
 
-/// Paragraphs (with the blank lines after them), each split further if over `budget` tokens.
-fn pieces(text: &str, budget: usize, count: &dyn Fn(&str) -> usize) -> Vec<Range<usize>> {
+/// Paragraphs (with the blank lines after them), each split further if over `budget` tokens,
+/// with their tokens (counted once: on a remote engine each count is a request).
+fn pieces(text: &str, budget: usize, count: &dyn Fn(&str) -> usize) -> Vec<(Range<usize>, usize)> {
     let mut out = Vec::new();
     let mut at = 0;
     while at < text.len() {
@@ -125,10 +125,11 @@ fn split_to_fit(
     range: Range<usize>,
     budget: usize,
     count: &dyn Fn(&str) -> usize,
-    out: &mut Vec<Range<usize>>,
+    out: &mut Vec<(Range<usize>, usize)>,
 ) {
-    if count(&text[range.clone()]) <= budget {
-        out.push(range);
+    let tokens = count(&text[range.clone()]);
+    if tokens <= budget {
+        out.push((range, tokens));
         return;
     }
     let part = &text[range.clone()];
@@ -176,6 +177,18 @@ mod tests {
             assert!(words(&text[c.clone()]) <= 20, "{:?}", &text[c.clone()]);
             assert!(text[..c.end].ends_with("\n\n"), "ends at a paragraph");
         }
+    }
+
+    #[test]
+    fn each_paragraph_is_counted_once() {
+        let text = "one two three\n\n".repeat(10);
+        let calls = std::cell::Cell::new(0);
+        let counted = |s: &str| {
+            calls.set(calls.get() + 1);
+            words(s)
+        };
+        assert_eq!(cut(&doc(&text, vec![]), 12, &counted).len(), 3, "four paragraphs of three words a chunk");
+        assert_eq!(calls.get(), 10, "a count is a request on a remote engine");
     }
 
     #[test]
