@@ -47,11 +47,14 @@ run: setup ui
 	fi
 
 test: setup-tests ui
+	# One format (rustfmt.toml), and no lint warnings from the clippy of the Rust that rust-version
+	# names (pinned, so that a new stable's lints cannot fail a build; this also checks that the
+	# workspace builds with that Rust), before anything runs. It has a target dir of its own.
+	cargo fmt --all --check
+	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) clippy --workspace --all-targets -- -D warnings
 	# The desktop app (which needs WebKit) is tested on its own, below. The remote-engine tests
 	# run against llama.cpp's llama-server, built once from the PyPI sdist outside the clone.
 	HILLSIDE_LLAMA_SERVER=$$(scripts/llama-cpp-build.sh native llama-server) cargo test --workspace --exclude hillside-desktop
-	# The workspace still builds with the Rust its rust-version names (in a target dir of its own).
-	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) check --workspace --exclude hillside-desktop --all-targets
 	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level
 	# in force, so they run again portable, and so do the real models' logits against candle's
 	# (the run above took the fastest level), at AVX2 too (a CPU without it falls back).

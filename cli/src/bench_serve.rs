@@ -193,7 +193,7 @@ impl BenchServer {
         let runtime = crate::serve::runtime()?;
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
         let base = format!("http://{}", listener.local_addr()?);
-        let app = App::new(engine, config).map_err(anyhow::Error::msg)?;
+        let app = App::new(engine, config)?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
             runtime.block_on(hillside_server::serve(listener, app, async {

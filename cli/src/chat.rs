@@ -95,7 +95,8 @@ enum Chatting {
     /// The local engine, with the conversation's sequence (its cached prefix is reused, so each
     /// turn reads only the new message).
     Local {
-        engine: Engine,
+        // Boxed: the engine is large, the remote arm a pointer.
+        engine: Box<Engine>,
         seq: Sequence,
     },
     Remote(Arc<RemoteEngine>),
@@ -149,7 +150,7 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
         None => {
             let engine = load_engine(&args.model)?;
             let seq = args.model.new_sequence(&engine)?;
-            Chatting::Local { engine, seq }
+            Chatting::Local { engine: Box::new(engine), seq }
         }
     };
     install_interrupt_handler()?;

@@ -14,9 +14,9 @@ static CONFIG: OnceLock<(FileConfig, Option<PathBuf>)> = OnceLock::new();
 pub fn load(named: Option<&Path>) -> Result<&'static FileConfig> {
     let (config, path) = match named {
         Some(path) if !path.exists() => anyhow::bail!("the config file {} does not exist", path.display()),
-        Some(path) => (settings::read(path).map_err(anyhow::Error::msg)?, Some(path.to_path_buf())),
+        Some(path) => (settings::read(path)?, Some(path.to_path_buf())),
         None => match settings::default_path() {
-            Some(path) => (settings::read(&path).map_err(anyhow::Error::msg)?, Some(path)),
+            Some(path) => (settings::read(&path)?, Some(path)),
             None => (FileConfig::default(), None),
         },
     };

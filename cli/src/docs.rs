@@ -48,7 +48,7 @@ impl DocumentsArgs {
             dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("hillside").join("documents")
         });
         let quota_gb = self.kv_quota_gb.or(file.kv_quota_gb).unwrap_or(4.0);
-        if !(quota_gb >= 0.0) {
+        if quota_gb.is_nan() || quota_gb < 0.0 {
             bail!("kv_quota_gb must be 0 or more");
         }
         Ok(DocumentsConfig {
@@ -69,8 +69,10 @@ fn local_model_key(model: &Path) -> Result<String> {
 /// The library and the kept K/V for the model `model_key` names.
 fn open(args: &DocumentsArgs, model_key: String) -> Result<(DocumentsConfig, Arc<Library>, Arc<DocumentKvCache>)> {
     let config = args.config_for(model_key)?;
-    let library = Library::open(&config.dir.join("library.redb"))
-        .map_err(|e| anyhow::anyhow!("{e} (is another Hillside, such as `hillside serve`, using it?)"))?;
+    let library = Library::open(&config.dir.join("library.redb")).map_err(|e| match e.is_in_use() {
+        true => anyhow::anyhow!("{e} (is another Hillside, such as `hillside serve`, using it?)"),
+        false => e.into(),
+    })?;
     let library = Arc::new(library);
     let kv = DocumentKvCache::open(library.clone(), &config.dir.join("kv"), config.kv_quota_bytes, &config.model_key)
         .with_context(|| format!("opening {}", config.dir.join("kv").display()))?;

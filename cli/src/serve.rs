@@ -66,7 +66,10 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
         let addr = listener.local_addr()?;
-        let app = App::new(engine, config).map_err(|e| anyhow::anyhow!("{e} (is another Hillside using it?)"))?;
+        let app = App::new(engine, config).map_err(|e| match e.is_in_use() {
+            true => anyhow::anyhow!("{e} (is another Hillside using it?)"),
+            false => e.into(),
+        })?;
         announce(format_args!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id));
         if hillside_server::web_ui_is_built() {
             announce(format_args!("hillside: web UI at http://{addr}/"));

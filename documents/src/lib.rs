@@ -8,7 +8,9 @@ pub mod library;
 pub mod prompt;
 pub mod questions;
 pub mod sources;
+pub mod store_error;
 pub mod summarize;
 
 pub use ingest::{read_bytes, read_file, Document, Format, IngestError, Limits, Locator, Part};
-pub use library::{Entry, Library, LibraryError};
+pub use library::{Entry, Library};
+pub use store_error::{StoreError, StoreFailure};

@@ -3,6 +3,7 @@
 //! is known by a hash of its bytes, so adding the same file twice finds the first entry.
 
 use crate::ingest::{Document, Format, Part};
+use crate::store_error::{StoreError, StoreFailure};
 use crate::summarize::Point;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -72,12 +73,8 @@ impl SummaryCheckpoint {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("document library: {0}")]
-pub struct LibraryError(String);
-
-fn err(e: impl std::fmt::Display) -> LibraryError {
-    LibraryError(e.to_string())
+fn err(e: impl Into<StoreFailure>) -> StoreError {
+    StoreError::new("document library", e)
 }
 
 pub struct Library {
@@ -102,11 +99,13 @@ pub(crate) fn now_s() -> u64 {
 
 impl Library {
     /// Opens the library at `path`, creating it (and its folder) if missing.
-    pub fn open(path: &Path) -> Result<Self, LibraryError> {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|source| err(StoreFailure::CreateFolder { path: dir.to_path_buf(), source }))?;
         }
-        let db = Database::create(path).map_err(|e| err(format!("cannot open {}: {e}", path.display())))?;
+        let db =
+            Database::create(path).map_err(|source| err(StoreFailure::Open { path: path.to_path_buf(), source }))?;
         // Both tables exist from the start, so readers never meet a missing one.
         let txn = db.begin_write().map_err(err)?;
         txn.open_table(ENTRIES).map_err(err)?;
@@ -120,7 +119,7 @@ impl Library {
     /// Adds a document read from `bytes`, or finds the entry the same bytes already have (its
     /// name and use time refreshed). The entry is read, and entry and text are written, in one
     /// transaction: a summary stored meanwhile by another request is kept, not overwritten.
-    pub fn add(&self, doc: &Document, bytes: &[u8]) -> Result<Added, LibraryError> {
+    pub fn add(&self, doc: &Document, bytes: &[u8]) -> Result<Added, StoreError> {
         let sha256 = sha256_hex(bytes);
         let id = sha256[..16].to_string();
         let now = now_s();
@@ -164,7 +163,7 @@ impl Library {
         sha256_hex(bytes)[..16].to_string()
     }
 
-    pub fn get(&self, id: &str) -> Result<Option<Entry>, LibraryError> {
+    pub fn get(&self, id: &str) -> Result<Option<Entry>, StoreError> {
         self.read_json(ENTRIES, id)
     }
 
@@ -173,28 +172,28 @@ impl Library {
         &self,
         table: TableDefinition<&str, &[u8]>,
         key: &str,
-    ) -> Result<Option<T>, LibraryError> {
+    ) -> Result<Option<T>, StoreError> {
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(table).map_err(err)?;
         let found = table.get(key).map_err(err)?;
         found.map(|v| serde_json::from_slice(v.value()).map_err(err)).transpose()
     }
 
-    pub fn text(&self, id: &str) -> Result<Option<String>, LibraryError> {
+    pub fn text(&self, id: &str) -> Result<Option<String>, StoreError> {
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(TEXTS).map_err(err)?;
         Ok(table.get(id).map_err(err)?.map(|v| v.value().to_string()))
     }
 
     /// The entry and the document (its text and parts) as it was read.
-    pub fn document(&self, id: &str) -> Result<Option<(Entry, Document)>, LibraryError> {
+    pub fn document(&self, id: &str) -> Result<Option<(Entry, Document)>, StoreError> {
         let (Some(entry), Some(text)) = (self.get(id)?, self.text(id)?) else { return Ok(None) };
         let doc = Document { name: entry.name.clone(), format: entry.format, text, parts: entry.parts.clone() };
         Ok(Some((entry, doc)))
     }
 
     /// Every entry, the most recently used first.
-    pub fn list(&self) -> Result<Vec<Entry>, LibraryError> {
+    pub fn list(&self) -> Result<Vec<Entry>, StoreError> {
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(ENTRIES).map_err(err)?;
         let mut entries = Vec::new();
@@ -207,7 +206,7 @@ impl Library {
     }
 
     /// Changes an entry in one transaction; `None` if there is none with that id.
-    pub fn update(&self, id: &str, change: impl FnOnce(&mut Entry)) -> Result<Option<Entry>, LibraryError> {
+    pub fn update(&self, id: &str, change: impl FnOnce(&mut Entry)) -> Result<Option<Entry>, StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         let entry = {
             let mut table = txn.open_table(ENTRIES).map_err(err)?;
@@ -229,7 +228,7 @@ impl Library {
     }
 
     /// Forgets a document; whether there was one.
-    pub fn remove(&self, id: &str) -> Result<bool, LibraryError> {
+    pub fn remove(&self, id: &str) -> Result<bool, StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         let removed = {
             let removed = txn.open_table(ENTRIES).map_err(err)?.remove(id).map_err(err)?.is_some();
@@ -241,12 +240,12 @@ impl Library {
         Ok(removed)
     }
 
-    pub fn kept_kv(&self, key: &str) -> Result<Option<KeptKv>, LibraryError> {
+    pub fn kept_kv(&self, key: &str) -> Result<Option<KeptKv>, StoreError> {
         self.read_json(KEPT_KV, key)
     }
 
     /// Every kept K/V file, least recently used first.
-    pub fn kept_kvs(&self) -> Result<Vec<KeptKv>, LibraryError> {
+    pub fn kept_kvs(&self) -> Result<Vec<KeptKv>, StoreError> {
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(KEPT_KV).map_err(err)?;
         let mut kept = Vec::new();
@@ -258,7 +257,7 @@ impl Library {
     }
 
     /// Records (or refreshes) a kept K/V file.
-    pub fn keep_kv(&self, kept: &KeptKv) -> Result<(), LibraryError> {
+    pub fn keep_kv(&self, kept: &KeptKv) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         txn.open_table(KEPT_KV)
             .map_err(err)?
@@ -268,7 +267,7 @@ impl Library {
     }
 
     /// Forgets a kept K/V file (the caller removes it); whether there was one.
-    pub fn forget_kv(&self, key: &str) -> Result<bool, LibraryError> {
+    pub fn forget_kv(&self, key: &str) -> Result<bool, StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         let removed = txn.open_table(KEPT_KV).map_err(err)?.remove(key).map_err(err)?.is_some();
         txn.commit().map_err(err)?;
@@ -276,21 +275,14 @@ impl Library {
     }
 
     /// The summary under way for document `id`, if any step of one has finished.
-    pub fn checkpoint(&self, id: &str) -> Result<Option<SummaryCheckpoint>, LibraryError> {
+    pub fn checkpoint(&self, id: &str) -> Result<Option<SummaryCheckpoint>, StoreError> {
         self.read_json(CHECKPOINTS, id)
     }
 
     /// Keeps a finished step's `note` of the summary of `id` planned as `plan_key` (of
     /// `chunks` chunks), in one transaction; notes kept for another plan are dropped, and
     /// nothing is kept for a document removed meanwhile.
-    pub fn keep_step(
-        &self,
-        id: &str,
-        plan_key: &str,
-        chunks: usize,
-        step: &str,
-        note: &str,
-    ) -> Result<(), LibraryError> {
+    pub fn keep_step(&self, id: &str, plan_key: &str, chunks: usize, step: &str, note: &str) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         if txn.open_table(ENTRIES).map_err(err)?.get(id).map_err(err)?.is_none() {
             return Ok(());
@@ -316,7 +308,7 @@ impl Library {
 
     /// Stores a finished summary's points (and the document's tokens) and forgets its
     /// checkpoint, in one transaction; `None` if there is no document `id`.
-    pub fn finish_summary(&self, id: &str, points: Vec<Point>, tokens: usize) -> Result<Option<Entry>, LibraryError> {
+    pub fn finish_summary(&self, id: &str, points: Vec<Point>, tokens: usize) -> Result<Option<Entry>, StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         let entry = {
             let mut table = txn.open_table(ENTRIES).map_err(err)?;

@@ -3,6 +3,7 @@
 //! one JSON value under its id; writes are whole transactions, so a killed server leaves either
 //! the old conversation or the new one.
 
+use hillside_documents::{StoreError, StoreFailure};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -28,7 +29,8 @@ pub struct Message {
     pub role: Role,
     pub content: String,
     /// What the UI shows beside the message (speed, K/V reuse, a summary's sources), kept as
-    /// given.
+    /// given: an object, or null (checked where a change comes in, so that what older versions
+    /// stored still reads).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub meta: Option<serde_json::Value>,
@@ -68,8 +70,8 @@ pub struct Conversations {
     db: Database,
 }
 
-fn err(e: impl std::fmt::Display) -> String {
-    format!("conversation store: {e}")
+fn err(e: impl Into<StoreFailure>) -> StoreError {
+    StoreError::new("conversation store", e)
 }
 
 fn title_of(title: String) -> String {
@@ -82,8 +84,9 @@ fn title_of(title: String) -> String {
 
 impl Conversations {
     /// Opens the store at `path`, creating it if missing.
-    pub fn open(path: &Path) -> Result<Self, String> {
-        let db = Database::create(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let db =
+            Database::create(path).map_err(|source| err(StoreFailure::Open { path: path.to_path_buf(), source }))?;
         let txn = db.begin_write().map_err(err)?;
         txn.open_table(CONVERSATIONS).map_err(err)?;
         txn.open_table(META).map_err(err)?;
@@ -91,7 +94,7 @@ impl Conversations {
         Ok(Self { db })
     }
 
-    pub fn create(&self, change: ConversationChange) -> Result<Conversation, String> {
+    pub fn create(&self, change: ConversationChange) -> Result<Conversation, StoreError> {
         let now = crate::unix_now_s();
         let txn = self.db.begin_write().map_err(err)?;
         let conversation = {
@@ -116,7 +119,7 @@ impl Conversations {
         Ok(conversation)
     }
 
-    pub fn get(&self, id: u64) -> Result<Option<Conversation>, String> {
+    pub fn get(&self, id: u64) -> Result<Option<Conversation>, StoreError> {
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(CONVERSATIONS).map_err(err)?;
         let value = table.get(id).map_err(err)?;
@@ -125,7 +128,7 @@ impl Conversations {
 
     /// Every conversation whose title or messages hold `query` (any case; all of them when
     /// `None`), the most recently changed first.
-    pub fn list(&self, query: Option<&str>) -> Result<Vec<ConversationSummary>, String> {
+    pub fn list(&self, query: Option<&str>) -> Result<Vec<ConversationSummary>, StoreError> {
         let query = query.map(str::trim).filter(|q| !q.is_empty()).map(str::to_lowercase);
         let txn = self.db.begin_read().map_err(err)?;
         let table = txn.open_table(CONVERSATIONS).map_err(err)?;
@@ -149,7 +152,7 @@ impl Conversations {
     }
 
     /// Applies `change`; `None` if there is no such conversation.
-    pub fn update(&self, id: u64, change: ConversationChange) -> Result<Option<Conversation>, String> {
+    pub fn update(&self, id: u64, change: ConversationChange) -> Result<Option<Conversation>, StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         let updated = {
             let mut table = txn.open_table(CONVERSATIONS).map_err(err)?;
@@ -180,7 +183,7 @@ impl Conversations {
     }
 
     /// Whether there was such a conversation.
-    pub fn delete(&self, id: u64) -> Result<bool, String> {
+    pub fn delete(&self, id: u64) -> Result<bool, StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         let removed = txn.open_table(CONVERSATIONS).map_err(err)?.remove(id).map_err(err)?.is_some();
         txn.commit().map_err(err)?;
@@ -198,8 +201,8 @@ mod tests {
 
     #[test]
     fn conversations_survive_a_reopen_and_are_found_by_their_words() {
-        let dir = std::env::temp_dir().join(format!("hillside-conversations-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::Builder::new().prefix("hillside-conversations-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         let path = dir.join("conversations.redb");
         let (first, second) = {
             let store = Conversations::open(&path).unwrap();
@@ -229,6 +232,5 @@ mod tests {
         assert!(store.update(second, ConversationChange::default()).unwrap().is_none());
         // A new conversation never takes a deleted one's id.
         assert!(store.create(ConversationChange::default()).unwrap().id > second);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -12,7 +12,7 @@
 //! and it changes nothing).
 
 use crate::error::ApiError;
-use crate::App;
+use crate::{App, StartError};
 use axum::extract::{Request, State};
 use axum::http::header::{HOST, ORIGIN};
 use axum::http::{HeaderMap, Method};
@@ -34,7 +34,7 @@ pub enum AllowedOrigins {
 
 impl AllowedOrigins {
     /// From the configured origins; `Err` names one that is not an origin (`scheme://host[:port]`).
-    pub fn parse(configured: &[String]) -> Result<Self, String> {
+    pub fn parse(configured: &[String]) -> Result<Self, StartError> {
         if configured.iter().any(|o| o.trim() == "*") {
             return Ok(Self::Any);
         }
@@ -45,11 +45,13 @@ impl AllowedOrigins {
             .iter()
             .map(|o| {
                 let n = normalise(o);
-                let valid = n.split_once("://").is_some_and(|(scheme, host)| !scheme.is_empty() && !host.is_empty() && !host.contains(['/', ' ', '?', '#']));
+                let valid = n.split_once("://").is_some_and(|(scheme, host)| {
+                    !scheme.is_empty() && !host.is_empty() && !host.contains(['/', ' ', '?', '#'])
+                });
                 if valid {
                     Ok(n)
                 } else {
-                    Err(format!("'{o}' is not an origin: write it as scheme://host[:port], e.g. http://localhost:3000, or '*' for any"))
+                    Err(StartError::NotAnOrigin(o.clone()))
                 }
             })
             .collect::<Result<Vec<_>, _>>()

@@ -1,6 +1,7 @@
 //! The server's documents: the library and the kept K/V of its documents, in one data folder.
 
 use crate::error::ApiError;
+use crate::StartError;
 use axum::http::StatusCode;
 use hillside_documents::ingest::isolated::{IsolatedReader, ProcessLimits};
 use hillside_documents::kv_cache::DocumentKvCache;
@@ -70,11 +71,11 @@ impl Documents {
         })
     }
 
-    pub fn open(config: &DocumentsConfig) -> Result<Self, String> {
-        let library = Arc::new(Library::open(&config.dir.join("library.redb")).map_err(|e| e.to_string())?);
-        let kv =
-            DocumentKvCache::open(library.clone(), &config.dir.join("kv"), config.kv_quota_bytes, &config.model_key)
-                .map_err(|e| format!("document K/V folder {}: {e}", config.dir.join("kv").display()))?;
+    pub fn open(config: &DocumentsConfig) -> Result<Self, StartError> {
+        let library = Arc::new(Library::open(&config.dir.join("library.redb"))?);
+        let kv_dir = config.dir.join("kv");
+        let kv = DocumentKvCache::open(library.clone(), &kv_dir, config.kv_quota_bytes, &config.model_key)
+            .map_err(|source| StartError::KvFolder { path: kv_dir.clone(), source })?;
         let reader = IsolatedReader::locate(ProcessLimits::default());
         if let Err(why) = &reader {
             tracing::error!(%why, "documents cannot be added");

@@ -234,6 +234,35 @@ impl From<hillside_engine::Error> for ApiError {
     }
 }
 
+impl From<hillside_documents::StoreError> for ApiError {
+    fn from(e: hillside_documents::StoreError) -> Self {
+        tracing::error!(error = %e, "store");
+        if e.is_storage_full() {
+            return Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "server_error",
+                Some("insufficient_storage"),
+                e.to_string(),
+            );
+        }
+        Self::internal(e.to_string())
+    }
+}
+
+impl From<crate::settings::ConfigFileError> for ApiError {
+    fn from(e: crate::settings::ConfigFileError) -> Self {
+        if e.is_storage_full() {
+            return Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "server_error",
+                Some("insufficient_storage"),
+                e.to_string(),
+            );
+        }
+        Self::internal(e.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
@@ -248,6 +277,30 @@ impl IntoResponse for ApiError {
 mod tests {
     use super::*;
     use hillside_engine::Error;
+
+    #[test]
+    fn a_full_disk_under_a_store_is_507_and_other_store_failures_500() {
+        use hillside_documents::StoreError;
+        let io = |kind: std::io::ErrorKind| StoreError::new("document library", redb::StorageError::Io(kind.into()));
+        let full = ApiError::from(io(std::io::ErrorKind::StorageFull));
+        assert_eq!((full.status, full.detail.code), (StatusCode::INSUFFICIENT_STORAGE, Some("insufficient_storage")));
+        assert!(full.detail.message.starts_with("document library: "), "{}", full.detail.message);
+        assert_eq!(ApiError::from(io(std::io::ErrorKind::PermissionDenied)).status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[test]
+    fn a_config_file_that_cannot_be_saved_for_a_full_disk_is_507() {
+        use crate::settings::ConfigFileError;
+        let write =
+            |kind: std::io::ErrorKind| ConfigFileError::Write { path: "/x/config.toml".into(), source: kind.into() };
+        let full = ApiError::from(write(std::io::ErrorKind::StorageFull));
+        assert_eq!((full.status, full.detail.code), (StatusCode::INSUFFICIENT_STORAGE, Some("insufficient_storage")));
+        assert!(full.detail.message.contains("/x/config.toml"), "{}", full.detail.message);
+        assert_eq!(
+            ApiError::from(write(std::io::ErrorKind::PermissionDenied)).status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
 
     #[test]
     fn engine_errors_keep_their_kind_in_the_status() {

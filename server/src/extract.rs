@@ -2,13 +2,15 @@
 //! `text/plain` to any site without asking, so a JSON route that took it would be writable by
 //! every web page), a body over the limit a 413, anything that is not the request type (bad
 //! JSON, a wrong type) a 400 naming the field, all in OpenAI's error shape. Unknown fields are
-//! ignored, as OpenAI's clients send fields a local server may not know.
+//! ignored, as OpenAI's clients send fields a local server may not know. Path and query
+//! parameters that do not parse (`/conversations/-1`) are 400s in the same shape.
 
 use crate::error::ApiError;
 use crate::types::SamplingFields;
 use crate::App;
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
@@ -28,6 +30,34 @@ impl<T: DeserializeOwned> FromRequest<Arc<App>> for JsonBody<T> {
             }
         })?;
         parse(&bytes).map(JsonBody)
+    }
+}
+
+/// A path's parameters.
+pub struct PathParams<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<Arc<App>> for PathParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<App>) -> Result<Self, ApiError> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(v)| Self(v))
+            .map_err(|rejection| ApiError::bad_request(format!("invalid path: {}", rejection.body_text())))
+    }
+}
+
+/// A request's query parameters.
+pub struct QueryParams<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<Arc<App>> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<App>) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(v)| Self(v))
+            .map_err(|rejection| ApiError::bad_request(format!("invalid query: {}", rejection.body_text())))
     }
 }
 

@@ -20,6 +20,7 @@ mod openapi;
 mod routes;
 mod run;
 pub mod settings;
+mod start_error;
 pub mod types;
 mod web_ui;
 
@@ -27,6 +28,7 @@ pub use backend::{Backend, EngineChoice};
 pub use cross_site::AllowedOrigins;
 pub use documents::{ChosenPaths, DocumentsConfig};
 pub use error::{ApiError, ErrorBody};
+pub use start_error::StartError;
 pub use web_ui::is_built as web_ui_is_built;
 
 use axum::extract::DefaultBodyLimit;
@@ -89,7 +91,7 @@ impl App {
     /// Opens the document library (if configured) and starts the scheduler (on the local
     /// engine); `Err` says why the library cannot be opened (another Hillside holds it, say),
     /// or which CORS origin is not one.
-    pub fn new(engine: impl Into<EngineChoice>, config: ServerConfig) -> Result<Arc<Self>, String> {
+    pub fn new(engine: impl Into<EngineChoice>, config: ServerConfig) -> Result<Arc<Self>, StartError> {
         let allowed_origins = cross_site::AllowedOrigins::parse(&config.cors_origins)?;
         let documents = config.documents.as_ref().map(Documents::open).transpose()?;
         let conversations =

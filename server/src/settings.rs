@@ -118,12 +118,36 @@ pub fn default_path() -> Option<PathBuf> {
     dirs::config_dir().map(|d| d.join("hillside").join("config.toml"))
 }
 
+/// Why the config file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("reading the config file {}: {source}", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    /// It is TOML, but a key or value is not one Hillside knows.
+    #[error("in the config file {}: {source}", .path.display())]
+    Invalid { path: PathBuf, source: toml::de::Error },
+    #[error("the config file {} is not valid TOML: {source}", .path.display())]
+    NotToml { path: PathBuf, source: toml_edit::TomlError },
+    /// An edit this code made would not read back.
+    #[error("the edited config would not parse (a bug): {0}")]
+    EditUnreadable(toml::de::Error),
+    #[error("writing the config file {}: {source}", .path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
+impl ConfigFileError {
+    /// The disk is full: the same change can be saved once space is freed.
+    pub fn is_storage_full(&self) -> bool {
+        matches!(self, Self::Write { source, .. } if source.kind() == std::io::ErrorKind::StorageFull)
+    }
+}
+
 /// Parses the file at `path`; a missing file is the defaults.
-pub fn read(path: &Path) -> Result<FileConfig, String> {
+pub fn read(path: &Path) -> Result<FileConfig, ConfigFileError> {
     match std::fs::read_to_string(path) {
-        Ok(text) => toml::from_str(&text).map_err(|e| format!("in the config file {}: {e}", path.display())),
+        Ok(text) => toml::from_str(&text).map_err(|source| ConfigFileError::Invalid { path: path.into(), source }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
-        Err(e) => Err(format!("reading the config file {}: {e}", path.display())),
+        Err(source) => Err(ConfigFileError::Read { path: path.into(), source }),
     }
 }
 
@@ -255,14 +279,13 @@ impl Settings {
 /// Writes `settings` into the file at `path` (created, with its folder, if missing), changing
 /// only their keys. Turning the API key on makes a new random key, which is returned (once) so
 /// that the user can copy it; turning it off removes the key.
-pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, String> {
+pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, ConfigFileError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(format!("reading the config file {}: {e}", path.display())),
+        Err(source) => return Err(ConfigFileError::Read { path: path.into(), source }),
     };
-    let mut doc: DocumentMut =
-        text.parse().map_err(|e| format!("the config file {} is not valid TOML: {e}", path.display()))?;
+    let mut doc: DocumentMut = text.parse().map_err(|source| ConfigFileError::NotToml { path: path.into(), source })?;
     match &settings.model {
         Some(m) => doc["model"] = value(m.as_str()),
         None => drop(doc.remove("model")),
@@ -315,7 +338,7 @@ pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, String>
     }
     let text = doc.to_string();
     // What is written must read back: a key this code writes wrongly would stop every start.
-    toml::from_str::<FileConfig>(&text).map_err(|e| format!("the edited config would not parse (a bug): {e}"))?;
+    toml::from_str::<FileConfig>(&text).map_err(ConfigFileError::EditUnreadable)?;
     write_private(path, &text)?;
     Ok(new_key)
 }
@@ -329,10 +352,10 @@ fn table<'d>(doc: &'d mut DocumentMut, name: &str) -> &'d mut Table {
 }
 
 /// Replaces the file in one rename, readable by its owner only (it may hold the API key).
-fn write_private(path: &Path, text: &str) -> Result<(), String> {
+fn write_private(path: &Path, text: &str) -> Result<(), ConfigFileError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let context = |e: std::io::Error| format!("writing the config file {}: {e}", path.display());
+    let context = |source| ConfigFileError::Write { path: path.into(), source };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(context)?;
     }
@@ -390,9 +413,9 @@ mod tests {
 
     #[test]
     fn an_edit_keeps_comments_and_other_keys_and_reads_back() {
-        let dir = std::env::temp_dir().join(format!("hillside-settings-{}", std::process::id()));
+        let scratch = tempfile::Builder::new().prefix("hillside-settings-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         let path = dir.join("config.toml");
-        std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(&path, "# my laptop\ncontext = 4096\n\n[kv]\n# the fast disk\ncold_dir = \"/tmp\"\nrecent_tokens = 32\n\n[server]\nmax_live = 2\n").unwrap();
         let mut s = Settings::of(&read(&path).unwrap());
         s.store = StoreKind::Tiered;
@@ -421,7 +444,12 @@ mod tests {
         assert!(!std::fs::read_to_string(&path).unwrap().contains("[remote]"));
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
-        std::fs::remove_dir_all(&dir).unwrap();
+        // A file broken by hand is named, and an edit leaves it as it was.
+        std::fs::write(&path, "[kv\n").unwrap();
+        assert!(matches!(read(&path), Err(ConfigFileError::Invalid { .. })));
+        let refused = write(&path, &s).unwrap_err();
+        assert!(matches!(&refused, ConfigFileError::NotToml { path: named, .. } if *named == path), "{refused}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "[kv\n");
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub struct StreamOptions {
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
+    #[schema(min_items = 1)]
     pub messages: Vec<RequestMessage>,
     #[serde(flatten)]
     pub sampling: SamplingFields,

@@ -103,9 +103,8 @@ fn cold_files(dir: &Path) -> usize {
 
 #[test]
 fn the_window_shows_the_ui_and_closes_cleanly() {
-    let root = std::env::temp_dir().join(format!("hillside-desktop-window-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    std::fs::create_dir_all(&root).unwrap();
+    let root_scratch = tempfile::Builder::new().prefix("hillside-desktop-window-").tempdir().unwrap();
+    let root = root_scratch.path().to_path_buf();
     let cold = root.join("cold");
     let config = root.join("config.toml");
     std::fs::write(&config, format!("context = 2048\n\n[kv]\nstore = \"tiered\"\ncold_dir = \"{}\"\n", cold.display()))
@@ -174,5 +173,4 @@ fn the_window_shows_the_ui_and_closes_cleanly() {
     assert_eq!(cold_files(&cold), 0, "no cold-pool file is left");
     streaming.join().unwrap();
     drop(taken);
-    std::fs::remove_dir_all(&root).unwrap();
 }

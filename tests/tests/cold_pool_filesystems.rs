@@ -29,7 +29,8 @@ fn full_and_read_only_filesystems_are_clear_errors() {
         assert!(status.success(), "the test failed inside its mount namespace (see above)");
         return;
     }
-    let base: PathBuf = std::env::temp_dir().join(format!("hillside-fs-{}", std::process::id()));
+    let base_scratch = tempfile::Builder::new().prefix("hillside-fs-").tempdir().unwrap();
+    let base = base_scratch.path().to_path_buf();
     // 30 layers × 3 heads × 512 groups × 4 KiB = 184 MB wanted; the filesystem has 1 MB.
     let layout = ColdLayout::f16(30, 3, 64, 512);
 
@@ -97,7 +98,8 @@ impl Drop for FourKiBDrive {
 
 #[test]
 fn an_8_bit_pool_on_a_drive_of_4_kib_sectors_reads_and_writes_buffered() {
-    let base: PathBuf = std::env::temp_dir().join(format!("hillside-4kn-{}", std::process::id()));
+    let base_scratch = tempfile::Builder::new().prefix("hillside-4kn-").tempdir().unwrap();
+    let base = base_scratch.path().to_path_buf();
     let drive = FourKiBDrive::new(&base);
     // 2,560-byte groups: direct I/O there would fail every write with EINVAL.
     let layout = ColdLayout { cold_type: ColdType::Q8, ..ColdLayout::f16(2, 3, 64, 40) };
@@ -125,5 +127,4 @@ fn an_8_bit_pool_on_a_drive_of_4_kib_sectors_reads_and_writes_buffered() {
     assert_eq!(back.as_bytes()[..4096], groups.as_bytes()[..4096]);
     drop(pool);
     drop(drive);
-    let _ = std::fs::remove_dir_all(&base);
 }

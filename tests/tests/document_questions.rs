@@ -68,10 +68,10 @@ fn kv_files(dir: &Path) -> Vec<std::path::PathBuf> {
 fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_from_a_damaged_file() {
     let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
     let gpl = common::shared_document("gpl-3.0.txt");
-    let doc = read_bytes("gpl-start.txt", gpl[..6000].as_bytes(), &Limits::default()).unwrap();
+    let doc = read_bytes("gpl-start.txt", &gpl.as_bytes()[..6000], &Limits::default()).unwrap();
     let q = "Who may copy and distribute this license document?";
-    let dir = std::env::temp_dir().join(format!("hillside-questions-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = tempfile::Builder::new().prefix("hillside-questions-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
 
     // Without any reuse: the answer every other run must give.
     let fresh = scheduler(&engine, 0);
@@ -163,18 +163,17 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
         assert_eq!(cache.forget_document("doc"), 2, "both models' files go with the document");
         assert!(kv_files(&dir).is_empty());
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn the_quota_keeps_the_most_recently_used_files_and_a_killed_save_leaves_nothing_behind() {
     let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
     let gpl = common::shared_document("gpl-3.0.txt");
-    let dir = std::env::temp_dir().join(format!("hillside-quota-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = tempfile::Builder::new().prefix("hillside-quota-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let docs: Vec<Document> = (0..3)
         .map(|i| {
-            read_bytes(&format!("part{i}.txt"), gpl[i * 1500..(i + 1) * 1500].as_bytes(), &Limits::default()).unwrap()
+            read_bytes(&format!("part{i}.txt"), &gpl.as_bytes()[i * 1500..(i + 1) * 1500], &Limits::default()).unwrap()
         })
         .collect();
     // Room for two files of these (~350 tokens × 23 KB each), not three.
@@ -205,5 +204,4 @@ fn the_quota_keeps_the_most_recently_used_files_and_a_killed_save_leaves_nothing
     let reopened = open_cache(&dir, 20 << 20);
     assert_eq!(kv_files(&dir).len(), 2, "{:?}", kv_files(&dir));
     assert_eq!(reopened.usage().0, 2);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

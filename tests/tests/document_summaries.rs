@@ -90,9 +90,10 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     // About 8,000 tokens into a 2,048-token context: chunks of 1,024 tokens, whose notes with
     // their evidence may take two levels of merges.
     let start = text.find("It is a truth universally acknowledged").unwrap();
-    let doc = read_bytes("pride.txt", text[start..start + 34_000].as_bytes(), &Limits::default()).unwrap();
+    let doc = read_bytes("pride.txt", &text.as_bytes()[start..start + 34_000], &Limits::default()).unwrap();
     let scheduler = scheduler(&engine, 2048);
-    let dir = std::env::temp_dir().join(format!("hillside-chunks-{}", std::process::id()));
+    let scratch = tempfile::Builder::new().prefix("hillside-chunks-").tempdir().unwrap();
+    let dir = scratch.path().to_path_buf();
     let library = Arc::new(Library::open(&dir.join("library.redb")).unwrap());
     let cache = DocumentKvCache::open(library, &dir.join("kv"), 1 << 30, "smollm2-test").unwrap();
     let runner = Runner { kv_cache: Some(&cache), ..runner(&engine, &scheduler, 2048) };
@@ -144,14 +145,13 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     assert!(done.prompt_tokens - done.reused_tokens < 40, "{done:?}");
     assert_eq!(cache.stats.loaded.load(Ordering::Relaxed), 1, "the chunk's K/V came from its file");
     drop(cache);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn a_cancelled_summary_ends_at_once_and_leaves_no_sequence_behind() {
     let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
     let text = common::shared_document("pride-and-prejudice.txt");
-    let doc = read_bytes("pride.txt", text[..34_000].as_bytes(), &Limits::default()).unwrap();
+    let doc = read_bytes("pride.txt", &text.as_bytes()[..34_000], &Limits::default()).unwrap();
     let scheduler = scheduler(&engine, 2048);
     let cancel = CancelFlag::default();
     let mut seen = Vec::new();

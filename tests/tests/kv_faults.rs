@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 const EIO: i32 = 5;
 const ENOSPC: i32 = 28;
 
-fn cold_dir(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("hillside-fault-test-{name}-{}", std::process::id()))
+fn cold_dir(name: &str) -> common::Scratch {
+    common::Scratch::new(&format!("fault-test-{name}"))
 }
 
 fn config(store: StoreKind, dir: &Path) -> KvConfig {
@@ -70,7 +70,6 @@ fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
         drop((healthy, faulty));
         for dir in [healthy_dir, faulty_dir] {
             assert_eq!(common::cold_files(&dir), 0);
-            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
@@ -174,7 +173,6 @@ fn a_truncation_that_cannot_read_back_keeps_less_and_the_next_turn_answers_as_a_
             assert_eq!(answer, fresh);
         }
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -197,7 +195,6 @@ fn a_short_read_fails_the_step_and_leaves_the_sequence_as_it_was() {
         assert!(!message.contains(&*dir.to_string_lossy()), "no path in the message: {message}");
         assert_eq!(seq.kv.len_tokens(), held, "{store:?}: the failed step is rolled back");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -246,9 +243,6 @@ fn a_failed_read_ahead_is_read_again_at_the_layers_turn() {
     assert!(recovered > 0, "no read-ahead of layer 10 failed (own reads failed {failed} times)");
     fault::clear(&faulty_dir);
     drop((healthy, faulty));
-    for dir in [healthy_dir, faulty_dir] {
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }
 
 /// Near-storage with the X-cache (SmolLM2 copied as multi-head attention, so that half its layers
@@ -257,7 +251,6 @@ fn a_failed_read_ahead_is_read_again_at_the_layers_turn() {
 #[test]
 fn the_x_cache_pool_fails_as_cleanly_as_the_k_v_pool() {
     let work = cold_dir("x-cache");
-    std::fs::create_dir_all(&work).unwrap();
     let mha = work.join("smollm2-mha.gguf");
     assert_eq!(common::mha::write_mha_copy(&common::model_path(), &mha).unwrap(), (3, 9));
     let engine = Engine::load(&mha).unwrap();
@@ -313,5 +306,4 @@ fn the_x_cache_pool_fails_as_cleanly_as_the_k_v_pool() {
         0,
         "the pool files go with their stores"
     );
-    let _ = std::fs::remove_dir_all(work);
 }

@@ -198,7 +198,7 @@ fn a_remote_killed_mid_summary_gives_a_clear_error_and_keeps_only_finished_steps
         RemoteEngine::connect(&RemoteConfig { url: server.url(), concurrency: 1, ..RemoteConfig::default() }).unwrap(),
     );
     let text = common::shared_document("pride-and-prejudice.txt");
-    let doc = hillside_documents::read_bytes("pride.txt", text[..60_000].as_bytes(), &Limits::default()).unwrap();
+    let doc = hillside_documents::read_bytes("pride.txt", &text.as_bytes()[..60_000], &Limits::default()).unwrap();
     let kept = Kept::default();
     let mut checkpoints = kept.clone();
     let mut killed = false;

@@ -378,7 +378,8 @@ fn sixteen_concurrent_streams_get_their_own_answers() {
 
 #[test]
 fn a_client_that_disconnects_frees_its_sequence_and_cold_files() {
-    let cold_dir = std::env::temp_dir().join(format!("hillside-serve-test-{}", std::process::id()));
+    let cold_dir_scratch = tempfile::Builder::new().prefix("hillside-serve-test-").tempdir().unwrap();
+    let cold_dir = cold_dir_scratch.path().to_path_buf();
     let kv = KvConfig { store: StoreKind::Tiered, cold_dir: cold_dir.clone(), ..KvConfig::default() };
     let s = Server::start(ServerConfig { scheduler: SchedulerConfig { kv, ..config().scheduler }, ..config() });
     let cold_files = || common::cold_files(&cold_dir);
@@ -402,7 +403,6 @@ fn a_client_that_disconnects_frees_its_sequence_and_cold_files() {
     drop(socket);
     let gone = || s.get("/v1/hillside/sequences").1["sequences"].as_array().unwrap().is_empty() && cold_files() == 0;
     assert!(eventually(Duration::from_secs(10), gone), "the sequence outlived its client");
-    let _ = std::fs::remove_dir_all(&cold_dir);
 }
 
 #[test]
@@ -468,7 +468,8 @@ fn the_next_turn_reuses_the_conversation_so_far_without_changing_the_answer() {
 #[test]
 fn a_panic_in_one_sequence_fails_only_that_one_and_the_server_keeps_serving() {
     use hillside_engine::kv::fault::{self, ColdFaults};
-    let cold_dir = std::env::temp_dir().join(format!("hillside-serve-panic-{}", std::process::id()));
+    let cold_dir_scratch = tempfile::Builder::new().prefix("hillside-serve-panic-").tempdir().unwrap();
+    let cold_dir = cold_dir_scratch.path().to_path_buf();
     // The second cold pool created there panics on its first read (its first decode step), as
     // a bug in one sequence's store would.
     fault::inject(&cold_dir, ColdFaults { panicking_pool: Some(1), ..ColdFaults::default() });
@@ -510,5 +511,4 @@ fn a_panic_in_one_sequence_fails_only_that_one_and_the_server_keeps_serving() {
     fault::clear(&cold_dir);
     drop(s);
     assert_eq!(common::cold_files(&cold_dir), 0, "the failed sequence's cold file is gone too");
-    let _ = std::fs::remove_dir_all(&cold_dir);
 }

@@ -6,18 +6,13 @@
 mod common;
 
 use common::server::{agent, config, Server};
+use common::Scratch;
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::SchedulerConfig;
 use hillside_server::{ChosenPaths, DocumentsConfig, ServerConfig};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hillside-app-http-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
 
 fn with_data(dir: &Path) -> ServerConfig {
     let documents = DocumentsConfig {
@@ -32,7 +27,7 @@ fn with_data(dir: &Path) -> ServerConfig {
 
 #[test]
 fn conversations_are_kept_across_a_restart_and_found_by_their_words() {
-    let dir = temp("conversations");
+    let dir = Scratch::new("app-http-conversations");
     let id = {
         let s = Server::start(with_data(&dir));
         let (status, created) = s.post("/v1/hillside/conversations", &json!({"title": "GPL questions"}));
@@ -66,6 +61,13 @@ fn conversations_are_kept_across_a_restart_and_found_by_their_words() {
     let (status, bad) = s.call("PATCH", &format!("/v1/hillside/conversations/{id}"), Some(&json!({"titel": "x"})));
     assert_eq!(status, 400, "{bad}");
     assert!(bad["error"]["message"].as_str().unwrap().contains("titel"), "{bad}");
+    // So is a meta that is not an object, and an id that is not one: JSON errors, as documented.
+    let odd_meta = json!({"messages": [{"role": "user", "content": "hi", "meta": [null, null]}]});
+    let (status, bad) = s.call("PATCH", &format!("/v1/hillside/conversations/{id}"), Some(&odd_meta));
+    assert_eq!((status, bad["error"]["param"].as_str()), (400, Some("messages[0].meta")), "{bad}");
+    let (status, bad) = s.get("/v1/hillside/conversations/-1");
+    assert_eq!((status, bad["error"]["type"].as_str()), (400, Some("invalid_request_error")), "{bad}");
+    assert_eq!(s.get(&format!("/v1/hillside/conversations/{id}")).1["messages"].as_array().map(Vec::len), Some(2));
     assert_eq!(s.call("DELETE", &format!("/v1/hillside/conversations/{id}"), None).0, 204);
     let (status, gone) = s.get(&format!("/v1/hillside/conversations/{id}"));
     assert_eq!((status, gone["error"]["code"].as_str()), (404, Some("conversation_not_found")));
@@ -75,12 +77,11 @@ fn conversations_are_kept_across_a_restart_and_found_by_their_words() {
     let bare = Server::start(config());
     let (status, off) = bare.get("/v1/hillside/conversations");
     assert_eq!((status, off["error"]["code"].as_str()), (503, Some("conversations_off")));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn the_desktop_server_reads_only_the_files_the_user_chose() {
-    let dir = temp("chosen");
+    let dir = Scratch::new("app-http-chosen");
     std::fs::create_dir_all(dir.join("notes")).unwrap();
     let (chosen, other) = (dir.join("notes/chosen.txt"), dir.join("notes/other.txt"));
     std::fs::write(&chosen, "The chosen file talks about rivers and valleys.\n").unwrap();
@@ -97,12 +98,11 @@ fn the_desktop_server_reads_only_the_files_the_user_chose() {
     let (status, added) = s.post("/v1/hillside/documents", &json!({"path": dir.join("notes/../notes/chosen.txt")}));
     assert_eq!((status, added["name"].as_str()), (201, Some("chosen.txt")), "{added}");
     drop(s);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn settings_are_validated_and_saved_to_the_config_file() {
-    let dir = temp("settings");
+    let dir = Scratch::new("app-http-settings");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("config.toml");
     std::fs::write(&file, "# written by hand\ncontext = 4096\n").unwrap();
@@ -150,15 +150,14 @@ fn settings_are_validated_and_saved_to_the_config_file() {
     let (_, again) = s.get("/v1/hillside/settings");
     assert_eq!(again["settings"], settings);
     assert!(again.get("new_api_key").is_none(), "the key is shown only once: {again}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn the_tier_view_counts_what_a_tiered_store_did() {
-    let cold_dir = temp("tiers-cold");
+    let cold_dir = Scratch::new("app-http-tiers-cold");
     let kv = KvConfig {
         store: StoreKind::Tiered,
-        cold_dir: cold_dir.clone(),
+        cold_dir: cold_dir.to_path_buf(),
         hot_budget_bytes: Some(12_000_000),
         spare_copy: false,
         ..KvConfig::default()
@@ -191,7 +190,6 @@ fn the_tier_view_counts_what_a_tiered_store_did() {
     );
     assert!(after["unix_ms"].as_u64() > before["unix_ms"].as_u64());
     drop(s);
-    let _ = std::fs::remove_dir_all(&cold_dir);
 }
 
 #[test]

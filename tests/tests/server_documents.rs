@@ -6,21 +6,16 @@
 mod common;
 
 use common::server::{agent, config, Server};
+use common::Scratch;
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::SchedulerConfig;
 use hillside_server::{DocumentsConfig, ServerConfig};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 const CHILD: &str = "HILLSIDE_TEST_DOCUMENTS_SERVER";
-
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hillside-docs-http-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
 
 fn with_documents(dir: &Path) -> ServerConfig {
     let documents = DocumentsConfig {
@@ -78,7 +73,7 @@ fn gpl_start() -> String {
 
 #[test]
 fn a_document_is_uploaded_summarized_asked_about_after_a_restart_and_deleted() {
-    let dir = temp("flow");
+    let dir = Scratch::new("docs-http-flow");
     let gpl = gpl_start();
     let id;
     let (answer, cached) = {
@@ -160,12 +155,11 @@ fn a_document_is_uploaded_summarized_asked_about_after_a_restart_and_deleted() {
     assert_eq!(s.get(&format!("/v1/hillside/documents/{id}")).0, 404);
     assert!(files_in(&dir.join("kv")).is_empty(), "{:?}", files_in(&dir.join("kv")));
     drop(s);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn bad_files_are_refused_with_the_reason_and_nothing_is_stored() {
-    let dir = temp("bad");
+    let dir = Scratch::new("docs-http-bad");
     let s = Server::start(with_documents(&dir));
     let binary: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let mut docx = Vec::new();
@@ -200,7 +194,6 @@ fn bad_files_are_refused_with_the_reason_and_nothing_is_stored() {
     );
     assert_eq!(s.get("/v1/hillside/documents").1["data"], json!([]), "nothing stored");
     drop(s);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The tiered store for the kill test, with its cold pool in `dir`.
@@ -218,7 +211,7 @@ fn a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summari
         println!("{}", s.base);
         std::thread::park();
     }
-    let dir = temp("kill");
+    let dir = Scratch::new("docs-http-kill");
     let (mut child, base) = child_server(
         "a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summarizes_with_the_tiered_store",
         &dir,
@@ -248,7 +241,6 @@ fn a_server_killed_mid_summary_leaves_the_library_whole_and_the_next_one_summari
     let kv = files_in(&dir.join("kv"));
     assert!(kv.len() == 1 && kv[0].ends_with(".kv"), "{kv:?}");
     drop(s);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A two-slot server with room for two waiting requests, at a 2,048-token context.
@@ -310,7 +302,7 @@ fn a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result()
     }
     let text = long_text();
     // The server that is killed once two chunks are summarized.
-    let dir = temp("resume");
+    let dir = Scratch::new("docs-http-resume");
     let (mut child, base) =
         child_server("a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result", &dir);
     let (status, doc) = upload_to(&base, "pride.txt", text.as_bytes());
@@ -359,22 +351,20 @@ fn a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result()
     drop(s);
 
     // The same document summarized without a kill, on a server of its own.
-    let fresh = temp("resume-reference");
+    let fresh = Scratch::new("docs-http-resume-reference");
     let s = Server::start(small_queue(&fresh));
     upload(&s, "pride.txt", text.as_bytes());
     let events = events_until(&mut summary_stream(&s.base, &id), |_| false);
     assert!(!events.iter().any(|e| e["stage"] == "resumed"), "{events:?}");
     assert_eq!(resumed_points, points_of(&events), "the resumed summary is the uninterrupted one");
     drop(s);
-    std::fs::remove_dir_all(&dir).unwrap();
-    std::fs::remove_dir_all(&fresh).unwrap();
 }
 
 /// A document whose summary would need more merge levels than allowed is refused at upload,
 /// with the reason, and nothing is stored.
 #[test]
 fn a_document_too_long_to_summarize_is_refused_at_upload() {
-    let dir = temp("too-long");
+    let dir = Scratch::new("docs-http-too-long");
     let base = small_queue(&dir);
     let documents = DocumentsConfig { max_file_bytes: 2_000_000, ..base.documents.clone().unwrap() };
     let s = Server::start(ServerConfig { documents: Some(documents), ..base });
@@ -384,5 +374,4 @@ fn a_document_too_long_to_summarize_is_refused_at_upload() {
     assert!(refused["error"]["message"].as_str().unwrap().contains("levels of merges"), "{refused}");
     assert_eq!(s.get("/v1/hillside/documents").1["data"], json!([]), "nothing stored");
     drop(s);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

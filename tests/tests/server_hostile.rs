@@ -178,7 +178,8 @@ fn allowed_origins_are_the_ones_the_user_named() {
     )
     .err()
     .unwrap();
-    assert!(refused.contains("not an origin"), "{refused}");
+    assert!(matches!(refused, hillside_server::StartError::NotAnOrigin(_)), "{refused}");
+    assert!(refused.to_string().contains("not an origin"), "{refused}");
 }
 
 #[test]

@@ -96,11 +96,10 @@ fn decode(engine: &Engine, config: &KvConfig) -> Decoded {
     Decoded { text: out, selections, stats }
 }
 
-fn tiered(dir: &str, evaluator: EvaluatorKind, library: Option<&Path>, xclbin: Option<&Path>) -> KvConfig {
-    let cold_dir = std::env::temp_dir().join(format!("hillside-smartssd-{dir}-{}", std::process::id()));
+fn tiered(cold_dir: &Path, evaluator: EvaluatorKind, library: Option<&Path>, xclbin: Option<&Path>) -> KvConfig {
     KvConfig {
         store: StoreKind::Tiered,
-        cold_dir,
+        cold_dir: cold_dir.to_path_buf(),
         evaluator,
         xrt_library: library.map(Path::to_path_buf),
         xrt_xclbin: xclbin.map(Path::to_path_buf),
@@ -114,7 +113,8 @@ fn storage_reference() -> &'static Decoded {
     static REFERENCE: OnceLock<Decoded> = OnceLock::new();
     REFERENCE.get_or_init(|| {
         let engine = Engine::load(&common::model_path()).unwrap();
-        let reference = decode(&engine, &tiered("storage", EvaluatorKind::Storage, None, None));
+        let reference =
+            decode(&engine, &tiered(&common::Scratch::new("smartssd-storage"), EvaluatorKind::Storage, None, None));
         assert_eq!(reference.stats.tier.as_ref().unwrap().device_tokens, 0);
         reference
     })
@@ -134,7 +134,8 @@ fn the_card_selects_exactly_what_the_storage_evaluator_selects() {
     let emu = emulator();
     let engine = Engine::load(&common::model_path()).unwrap();
     let storage = storage_reference();
-    let config = tiered("card", EvaluatorKind::Xrt, Some(&emu.library), Some(&emu.xclbin));
+    let cold = common::Scratch::new("smartssd-card");
+    let config = tiered(&cold, EvaluatorKind::Xrt, Some(&emu.library), Some(&emu.xclbin));
     let card = decode(&engine, &config);
     assert_same_decode(storage, &card, "xrt evaluator");
     let tier = card.stats.tier.unwrap();
@@ -148,8 +149,15 @@ fn the_card_selects_exactly_what_the_storage_evaluator_selects() {
 fn a_card_failing_mid_decode_hands_the_rest_to_the_host() {
     let emu = emulator();
     let engine = Engine::load(&common::model_path()).unwrap();
-    let failing =
-        decode(&engine, &tiered("failing", EvaluatorKind::Xrt, Some(&emu.library), Some(&failing_xclbin(200))));
+    let failing = decode(
+        &engine,
+        &tiered(
+            &common::Scratch::new("smartssd-failing"),
+            EvaluatorKind::Xrt,
+            Some(&emu.library),
+            Some(&failing_xclbin(200)),
+        ),
+    );
     assert_same_decode(storage_reference(), &failing, "card failing after 200 runs");
     let tier = failing.stats.tier.unwrap();
     assert!(tier.device_failed && tier.device_runs == 200, "the card ran 200 times, then the host took over: {tier:?}");
@@ -184,8 +192,15 @@ fn a_missing_library_symbol_card_or_kernel_is_reported_and_the_storage_evaluator
 
     // A tiered store asked for the card decodes anyway, on the storage evaluator.
     let engine = Engine::load(&common::model_path()).unwrap();
-    let fallback =
-        decode(&engine, &tiered("no-symbol", EvaluatorKind::Xrt, Some(&emu.library_without_wait), Some(&emu.xclbin)));
+    let fallback = decode(
+        &engine,
+        &tiered(
+            &common::Scratch::new("smartssd-no-symbol"),
+            EvaluatorKind::Xrt,
+            Some(&emu.library_without_wait),
+            Some(&emu.xclbin),
+        ),
+    );
     assert_same_decode(storage_reference(), &fallback, "missing symbol");
     assert_eq!(fallback.stats.tier.unwrap().device_runs, 0);
 }

@@ -222,6 +222,9 @@ impl<'a> Runner<'a> {
     }
 }
 
+/// A local prompt's tokens, with the K/V of its document prefix where it is kept.
+pub type LocalPrompt = (Vec<u32>, Option<Box<dyn KeptPrefix>>);
+
 /// A prompt as the runner's engine takes it.
 pub enum Request {
     /// The prompt's tokens, with the K/V of its document prefix where it is kept.
@@ -232,7 +235,7 @@ pub enum Request {
 
 impl Request {
     /// The tokens and kept prefix of a request for the local engine.
-    pub fn into_local(self) -> Option<(Vec<u32>, Option<Box<dyn KeptPrefix>>)> {
+    pub fn into_local(self) -> Option<LocalPrompt> {
         match self {
             Request::Local { tokens, prefix } => Some((tokens, prefix)),
             Request::Remote(_) => None,

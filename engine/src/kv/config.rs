@@ -324,7 +324,8 @@ mod tests {
     #[test]
     fn the_hot_budget_comes_from_the_profile_found_at_start_up() {
         let shape = KvShape { n_layers: 30, n_kv_heads: 3, head_dim: 64, max_tokens: 8192 };
-        let dir = std::env::temp_dir().join(format!("hillside-startup-{}", std::process::id()));
+        let scratch = tempfile::Builder::new().prefix("hillside-startup-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), ..KvConfig::default() };
         let with = |profile: Option<Profile>| {
             let startup = KvStartup { profile, xrt_problem: None };
@@ -347,6 +348,5 @@ mod tests {
         let started = config.clone().start_up();
         assert!(started.startup.as_ref().unwrap().profile.is_some());
         assert!(dir.join(format!("hillside-profile-{}.json", config.key_bits)).exists());
-        let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -227,8 +227,8 @@ mod tests {
 
     #[test]
     fn a_saved_prefix_replays_into_an_equal_store_and_damage_is_refused() {
-        let dir = std::env::temp_dir().join(format!("hillside-snapshot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::Builder::new().prefix("hillside-snapshot-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         let path = dir.join("doc.kv");
         let tag = [7u8; 32];
         let mut source = filled(300); // two chunks, the second short
@@ -255,6 +255,5 @@ mod tests {
         bytes[HEADER_BYTES + 100] ^= 1;
         std::fs::write(&path, &bytes[..bytes.len() - 9]).unwrap();
         assert!(refused(&path, &tag).contains("shorter than its header says"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -147,8 +147,8 @@ mod tests {
 
     #[test]
     fn reads_many_ranges_of_a_file_in_full() {
-        let dir = std::env::temp_dir().join(format!("hillside-uring-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::Builder::new().prefix("hillside-uring-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         let path = dir.join("data");
         let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
         std::fs::File::create(&path).unwrap().write_all(&data).unwrap();
@@ -177,6 +177,5 @@ mod tests {
             let failed = result.unwrap_err();
             assert_eq!((failed.request, failed.error.kind()), (0, io::ErrorKind::UnexpectedEof));
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -259,7 +259,8 @@ mod tests {
         // Cut before it: nothing changes until the caller refills from the pool's rows.
         assert!(!w.keep_up_to(250));
         assert_eq!(w.base(), 288);
-        let row_bits: Vec<Vec<Vec<(Vec<u16>, Vec<u16>)>>> = (0..layers)
+        type KeyValueBits = (Vec<u16>, Vec<u16>);
+        let row_bits: Vec<Vec<Vec<KeyValueBits>>> = (0..layers)
             .map(|l| {
                 (0..heads)
                     .map(|h| (240..250).map(|t| (bits(value(l, h, t)), bits(-value(l, h, t)))).collect())

@@ -312,9 +312,13 @@ impl Scheduler {
         Ok(())
     }
 
-    /// `Err` with the reason once the worker has stopped after an internal error.
-    pub fn health(&self) -> Result<(), String> {
-        self.shared.lock().failed.clone().map_or(Ok(()), Err)
+    /// [`SubmitError::EngineFailed`], with the reason, once the worker has stopped after an
+    /// internal error.
+    pub fn health(&self) -> Result<(), SubmitError> {
+        match &self.shared.lock().failed {
+            Some(why) => Err(SubmitError::EngineFailed(why.clone())),
+            None => Ok(()),
+        }
     }
 
     /// Every request, live or queued, and every cached sequence, as of the last round.
@@ -478,7 +482,10 @@ fn run_round(engine: &Engine, shared: &Shared, live: &mut Vec<Live>, cache: &mut
         if keep {
             if let Some(prefix) = l.job.prefix.as_mut().filter(|p| l.seq.tokens.len() >= p.tokens()) {
                 // Before the owner hears it is done, so that its next request finds the prefix.
-                let _ = guarded(|| Ok(prefix.save(&mut l.seq)));
+                let _ = guarded(|| {
+                    prefix.save(&mut l.seq);
+                    Ok(())
+                });
             }
         }
         // Before the owner hears it is done, so that what it reads next counts this sequence
@@ -537,9 +544,12 @@ fn run_round(engine: &Engine, shared: &Shared, live: &mut Vec<Live>, cache: &mut
     };
     for (mut l, outcome) in batched.into_iter().zip(outcome) {
         let (sink, cancel, generation, seq) = (&mut l.job.sink, &l.job.cancel, &mut l.generation, &l.seq);
-        match outcome
-            .and_then(|logits| guarded(|| Ok(generation.accept(seq, logits, &mut |e| forward(sink, cancel, e)))))
-        {
+        match outcome.and_then(|logits| {
+            guarded(|| {
+                generation.accept(seq, logits, &mut |e| forward(sink, cancel, e));
+                Ok(())
+            })
+        }) {
             Ok(()) => live.push(l),
             Err(e) => finished(l, Err(e)),
         }
@@ -664,10 +674,11 @@ mod tests {
             })
         };
         scheduler.submit(vec![1, 2, 3], GenerateParams::default(), sink).unwrap();
-        assert_eq!(scheduler.health(), Ok(()));
+        assert!(scheduler.health().is_ok());
         let panic = catch_unwind(|| panic!("index out of bounds")).unwrap_err();
         fail_worker(&shared, panic_message(&*panic));
-        assert_eq!(scheduler.health(), Err("index out of bounds".to_string()));
+        let unhealthy = scheduler.health().unwrap_err();
+        assert!(matches!(&unhealthy, SubmitError::EngineFailed(why) if why == "index out of bounds"), "{unhealthy}");
         let refused = scheduler.submit(vec![1], GenerateParams::default(), Box::new(|_| true)).unwrap_err();
         assert!(matches!(&refused, SubmitError::EngineFailed(why) if why == "index out of bounds"), "{refused}");
         let heard = heard.lock().unwrap();

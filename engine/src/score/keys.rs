@@ -288,7 +288,7 @@ mod tests {
         // Keys that differ a little around a large common offset (a K bias, as in qwen2): the
         // centered INT4 copy ranks them as the exact scores do, and later pushes keep the center.
         let (heads, hd, n) = (1, 64, 200);
-        let offset = |i: usize| if i % 9 == 0 { 40.0 } else { 0.0 };
+        let offset = |i: usize| if i.is_multiple_of(9) { 40.0 } else { 0.0 };
         let k: Vec<f32> = (0..n * hd).map(|i| offset(i % hd) + ((i * 7919 % 1000) as f32 / 500.0 - 1.0)).collect();
         let q: Vec<f32> = (0..hd).map(|i| (i * 31 % 17) as f32 / 8.0 - 1.0).collect();
         let mut keys = ScoringKeys::new(KeyBits::Int4, heads, hd);

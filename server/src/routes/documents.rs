@@ -5,11 +5,11 @@
 
 use crate::backend::remote_error;
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{parse, require_json};
+use crate::extract::{parse, require_json, PathParams, QueryParams};
 use crate::types::{ChatExtensionReply, DocumentExcerpt};
 use crate::{unix_now_s, App};
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Multipart, Path, Query, Request, State};
+use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -116,11 +116,6 @@ fn info(app: &App, entry: Entry) -> DocumentInfo {
         summary: entry.summary,
         unfinished_summary: checkpoint.map(|c| UnfinishedSummary { chunks_done: c.chunks_done(), chunks: c.chunks }),
     }
-}
-
-fn library_error(e: impl std::fmt::Display) -> ApiError {
-    tracing::error!(error = %e, "document library");
-    ApiError::internal(e.to_string())
 }
 
 fn ingest_error(e: IngestError) -> ApiError {
@@ -239,9 +234,8 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
             )
             .with_param("tokens")
         })?;
-        let Added { entry, created } = docs.library.add(&doc, &bytes).map_err(library_error)?;
-        let entry =
-            docs.library.update(&entry.id, |e| e.tokens = Some(tokens)).map_err(library_error)?.unwrap_or(entry);
+        let Added { entry, created } = docs.library.add(&doc, &bytes)?;
+        let entry = docs.library.update(&entry.id, |e| e.tokens = Some(tokens))?.unwrap_or(entry);
         Ok((entry, created))
     })
     .await
@@ -263,14 +257,17 @@ fn upload_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiE
 }
 #[utoipa::path(get, path = "/v1/hillside/documents", responses((status = 200, description = "Every document, the most recently used first", body = DocumentList)))]
 pub async fn list(State(app): State<Arc<App>>) -> Result<Json<DocumentList>, ApiError> {
-    let entries = app.documents()?.library.list().map_err(library_error)?;
+    let entries = app.documents()?.library.list()?;
     Ok(Json(DocumentList { object: "list", data: entries.into_iter().map(|e| info(&app, e)).collect() }))
 }
 
 #[utoipa::path(get, path = "/v1/hillside/documents/{id}", params(("id" = String, Path, description = "Document id")),
     responses((status = 200, description = "The document, with its last summary", body = DocumentInfo), (status = 404, description = "No such document", body = ErrorBody)))]
-pub async fn get(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<DocumentInfo>, ApiError> {
-    let entry = app.documents()?.library.get(&id).map_err(library_error)?.ok_or_else(|| unknown(&id))?;
+pub async fn get(
+    State(app): State<Arc<App>>,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<DocumentInfo>, ApiError> {
+    let entry = app.documents()?.library.get(&id)?.ok_or_else(|| unknown(&id))?;
     Ok(Json(info(&app, entry)))
 }
 
@@ -299,14 +296,14 @@ pub struct Passage {
         (status = 400, description = "An empty, reversed or too long range", body = ErrorBody), (status = 404, description = "No such document", body = ErrorBody)))]
 pub async fn text(
     State(app): State<Arc<App>>,
-    Path(id): Path<String>,
-    Query(range): Query<ByteRange>,
+    PathParams(id): PathParams<String>,
+    QueryParams(range): QueryParams<ByteRange>,
 ) -> Result<Json<Passage>, ApiError> {
     if range.end <= range.start || range.end - range.start > MAX_PASSAGE_BYTES {
         return Err(ApiError::bad_request(format!("a passage is 1 to {MAX_PASSAGE_BYTES} bytes, start before end"))
             .with_param("start"));
     }
-    let text = app.documents()?.library.text(&id).map_err(library_error)?.ok_or_else(|| unknown(&id))?;
+    let text = app.documents()?.library.text(&id)?.ok_or_else(|| unknown(&id))?;
     let mut start = range.start.min(text.len());
     while !text.is_char_boundary(start) {
         start -= 1;
@@ -320,9 +317,12 @@ pub async fn text(
 
 #[utoipa::path(delete, path = "/v1/hillside/documents/{id}", params(("id" = String, Path, description = "Document id")),
     responses((status = 200, description = "Forgotten, with its kept K/V", body = DocumentDeleted), (status = 404, description = "No such document", body = ErrorBody)))]
-pub async fn delete(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<DocumentDeleted>, ApiError> {
+pub async fn delete(
+    State(app): State<Arc<App>>,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<DocumentDeleted>, ApiError> {
     let docs = app.documents()?;
-    if !docs.library.remove(&id).map_err(library_error)? {
+    if !docs.library.remove(&id)? {
         return Err(unknown(&id));
     }
     let kv_files_removed = docs.kv.forget_document(&id);
@@ -356,11 +356,11 @@ pub enum SummaryEvent {
 
 #[utoipa::path(post, path = "/v1/hillside/documents/{id}/summary", params(("id" = String, Path, description = "Document id")),
     responses(
-        (status = 200, description = "Server-sent `SummaryEvent`s — progress, then the summary (or an error body) — ending in `[DONE]`. Each finished step is kept: closing the stream stops the summary, and asking again resumes it where it stopped (also after a crash or a restart).", body = SummaryEvent),
+        (status = 200, description = "Server-sent `SummaryEvent`s — progress, then the summary (or an error body) — ending in `[DONE]`. Each finished step is kept: closing the stream stops the summary, and asking again resumes it where it stopped (also after a crash or a restart).", content_type = "text/event-stream", body = SummaryEvent),
         (status = 404, description = "No such document", body = ErrorBody)))]
-pub async fn summary(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn summary(State(app): State<Arc<App>>, PathParams(id): PathParams<String>) -> Result<Response, ApiError> {
     let docs = app.documents()?;
-    let (_, doc) = docs.library.document(&id).map_err(library_error)?.ok_or_else(|| unknown(&id))?;
+    let (_, doc) = docs.library.document(&id)?.ok_or_else(|| unknown(&id))?;
     let (out, events) = mpsc::channel::<serde_json::Value>(64);
     let cancel = CancelFlag::default();
     let flag = cancel.clone();
@@ -461,7 +461,7 @@ pub fn question(
     let docs = app.documents()?;
     let mut documents = Vec::with_capacity(ids.len());
     for (i, id) in ids.iter().enumerate() {
-        let (_, doc) = docs.library.document(id).map_err(library_error)?.ok_or_else(|| {
+        let (_, doc) = docs.library.document(id)?.ok_or_else(|| {
             ApiError::bad_request(format!("no document '{id}'; see GET /v1/hillside/documents"))
                 .with_param(format!("hillside.documents[{i}]"))
         })?;

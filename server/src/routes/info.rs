@@ -3,13 +3,14 @@
 
 use crate::backend::remote_error;
 use crate::error::{ApiError, ErrorBody};
+use crate::extract::PathParams;
 use crate::run;
 use crate::types::{Health, ModelCard, ModelList};
 use crate::{unix_now_s, App, Backend, ServerConfig};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{Method, Uri};
 use axum::Json;
-use hillside_engine::scheduler::{Phase, SequenceStats, SubmitError, Totals};
+use hillside_engine::scheduler::{Phase, SequenceStats, Totals};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -34,7 +35,7 @@ pub async fn health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiErro
             queued_requests: 0,
         }));
     };
-    scheduler.health().map_err(|why| ApiError::from(SubmitError::EngineFailed(why)))?;
+    scheduler.health()?;
     let stats = scheduler.stats();
     let count = |phase: Phase| stats.iter().filter(|s| s.phase == phase).count();
     let queued = count(Phase::Queued);
@@ -55,7 +56,10 @@ pub async fn models(State(app): State<Arc<App>>) -> Json<ModelList> {
 
 #[utoipa::path(get, path = "/v1/models/{id}", params(("id" = String, Path, description = "Model id")),
     responses((status = 200, description = "The model", body = ModelCard), (status = 404, description = "Not installed", body = ErrorBody)))]
-pub async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<ModelCard>, ApiError> {
+pub async fn model(
+    State(app): State<Arc<App>>,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<ModelCard>, ApiError> {
     if id == app.config.model_id || app.config.installed_models.contains(&id) {
         Ok(Json(card(&id)))
     } else {

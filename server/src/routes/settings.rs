@@ -37,7 +37,7 @@ fn path(app: &App) -> Result<&std::path::Path, ApiError> {
     responses((status = 200, description = "The config file's settings", body = SettingsReport), (status = 500, description = "The file cannot be read", body = ErrorBody)))]
 pub async fn get(State(app): State<Arc<App>>) -> Result<Json<SettingsReport>, ApiError> {
     let path = path(&app)?;
-    let file = settings::read(path).map_err(ApiError::internal)?;
+    let file = settings::read(path)?;
     Ok(Json(SettingsReport { path: path.display().to_string(), settings: Settings::of(&file), new_api_key: None }))
 }
 
@@ -56,7 +56,6 @@ pub async fn put(
     let written = wanted.clone();
     let new_api_key = tokio::task::spawn_blocking(move || settings::write(&path, &written))
         .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-        .map_err(ApiError::internal)?;
+        .map_err(|e| ApiError::internal(e.to_string()))??;
     Ok(Json(SettingsReport { path: shown, settings: wanted, new_api_key }))
 }

@@ -45,8 +45,8 @@ mod tests {
     /// app started, through the documents API the page uses; anything else stays refused.
     #[test]
     fn a_dropped_file_reaches_the_documents_api_and_nothing_else_does() {
-        let dir = std::env::temp_dir().join(format!("hillside-desktop-drop-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let scratch = tempfile::Builder::new().prefix("hillside-desktop-drop-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         std::fs::create_dir_all(dir.join("folder")).unwrap();
         let (file, other) = (dir.join("notes.md"), dir.join("other.md"));
         std::fs::write(&file, "# Rivers\n\nThe valley has two rivers that meet at the mill.\n").unwrap();
@@ -81,6 +81,5 @@ mod tests {
         let (status, refused) = add(&other);
         assert_eq!((status, refused["error"]["code"].as_str()), (403, Some("path_not_chosen")), "{refused}");
         server.stop();
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

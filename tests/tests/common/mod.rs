@@ -55,27 +55,27 @@ pub fn shared_document(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// A test's scratch folder under the system's temporary directory (named for the test and this
-/// process), removed with what it holds when the guard drops: when the test ends, passed or
-/// failed. It is not created here; the code under test may create it.
-pub struct Scratch(PathBuf);
+/// A test's scratch folder under the system's temporary directory (named for the test, made
+/// unique), removed with what it holds when the guard drops: when the test ends, passed,
+/// failed or panicked.
+pub struct Scratch(tempfile::TempDir);
 
 impl Scratch {
     pub fn new(name: &str) -> Self {
-        Self(std::env::temp_dir().join(format!("hillside-{name}-{}", std::process::id())))
+        Self(tempfile::Builder::new().prefix(&format!("hillside-{name}-")).tempdir().expect("a scratch folder"))
     }
 }
 
 impl std::ops::Deref for Scratch {
     type Target = Path;
     fn deref(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
 }
 
 impl AsRef<Path> for Scratch {
     fn as_ref(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
 }
 

@@ -439,6 +439,8 @@ pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+// The loop index also addresses the tile by pointer, so it stays an index.
+#[allow(clippy::needless_range_loop)]
 unsafe fn score_keys_r<const R: usize>(k: &[f16], hd: usize, q: &[f32], c0: usize, len: usize, scores: &mut [f32]) {
     let q: [&[f32]; R] = std::array::from_fn(|r| &q[r * hd..][..hd]);
     let mut j = 0;
@@ -493,6 +495,8 @@ pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], rows: usize, c0
 /// [`accumulate_values`] for R rows and the 16 columns from `column`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
+// The loop index also addresses the tile by pointer, so it stays an index.
+#[allow(clippy::needless_range_loop)]
 unsafe fn accumulate_values_r<const R: usize>(
     values: &[f16],
     hd: usize,

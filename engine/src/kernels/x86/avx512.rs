@@ -229,6 +229,8 @@ pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize
 #[inline]
 #[target_feature(enable = "avx512f,f16c")]
 #[allow(clippy::too_many_arguments)]
+// The loop index also addresses the tile by pointer, so it stays an index.
+#[allow(clippy::needless_range_loop)]
 unsafe fn score_tiles<const R: usize, const T: usize>(
     k: &[f16],
     hd: usize,
@@ -297,6 +299,8 @@ pub unsafe fn accumulate_values(v: &[f16], hd: usize, p: &[f32], rows: usize, c0
 /// [`accumulate_values`] for R rows and the 16·C columns from `column`.
 #[inline]
 #[target_feature(enable = "avx512f,f16c")]
+// The loop index also addresses the tile by pointer, so it stays an index.
+#[allow(clippy::needless_range_loop)]
 unsafe fn accumulate_columns<const R: usize, const C: usize>(
     values: &[f16],
     hd: usize,

@@ -80,6 +80,7 @@ impl DiskBacking {
     }
 
     /// Committed tokens.
+    #[allow(clippy::len_without_is_empty)] // a store is never asked whether it is empty
     pub fn len(&self) -> usize {
         self.len
     }
@@ -229,7 +230,9 @@ impl DiskBacking {
         let blocks = self.window.base() / BLOCK_TOKENS;
         let (cold, placement) = (&self.cold, &self.placement);
         let group_words = cold.layout().group_bytes() / 2;
-        let relaid: Vec<(usize, Vec<(usize, Vec<u16>)>, Result<()>)> = lanes
+        // Per lane: the blocks it relaid with their new slot order, and the error that stopped it.
+        type RelaidLane = (usize, Vec<(usize, Vec<u16>)>, Result<()>);
+        let relaid: Vec<RelaidLane> = lanes
             .into_par_iter()
             .map(|lane| {
                 let (layer, head) = (lane / n_kv, lane % n_kv);
@@ -460,18 +463,19 @@ mod tests {
     #[test]
     fn tokens_placed_by_key_read_back_at_their_true_position() {
         let lcg = |x: usize| ((x.wrapping_mul(2654435761) >> 7) % 1000) as f32 / 100.0 - 5.0;
-        let key_sets: [(&str, &dyn Fn(usize, usize, usize, usize) -> f32); 4] = [
+        type KeyAt<'a> = &'a dyn Fn(usize, usize, usize, usize) -> f32;
+        let key_sets: [(&str, KeyAt); 4] = [
             ("random", &|l, h, t, d| lcg(((l * 7 + h) * 4096 + t) * 16 + d)),
             ("identical", &|_, _, _, _| 1.0),
             ("two far clusters", &|_, _, t, d| if t % 2 == 0 { 1e4 } else { -1e4 } + d as f32),
             ("huge and tiny", &|_, _, t, d| if t % 7 == 0 { 6e4 } else { 1e-6 * (t * d) as f32 }),
         ];
         for (name, key) in key_sets {
-            let dir = std::env::temp_dir().join(format!(
-                "hillside-backing-{}-{}",
-                name.replace(' ', "-"),
-                std::process::id()
-            ));
+            let scratch = tempfile::Builder::new()
+                .prefix(&format!("hillside-backing-{}-", name.replace(' ', "-")))
+                .tempdir()
+                .unwrap();
+            let dir = scratch.path().to_path_buf();
             let mut b =
                 DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
             // A prompt chunk, another across a block boundary, then tokens one at a time.
@@ -487,13 +491,13 @@ mod tests {
             push(&mut b, 300..700, key).unwrap();
             check_readable(&b);
             drop(b);
-            let _ = std::fs::remove_dir_all(&dir);
         }
     }
 
     #[test]
     fn blocks_re_placed_by_rank_read_back_at_their_true_position_and_a_failed_one_loses_nothing() {
-        let dir = std::env::temp_dir().join(format!("hillside-backing-relayout-{}", std::process::id()));
+        let scratch = tempfile::Builder::new().prefix("hillside-backing-relayout-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         // Armed below: the rewrite of layer 1's group 20 (block 1) fails once.
         let faults = fault::inject(
             &dir,
@@ -511,7 +515,7 @@ mod tests {
         }
         assert_eq!(b.cold_end(), 688);
         // A rank that puts every third token first, and one that reverses the text.
-        let thirds = |lane: usize, t: usize| u32::from((t + lane) % 3 == 0);
+        let thirds = |lane: usize, t: usize| u32::from((t + lane).is_multiple_of(3));
         assert_eq!(b.relayout(0..lanes, thirds).unwrap(), lanes * 2, "both whole blocks of every lane");
         check_readable(&b);
         for lane in 0..lanes {
@@ -542,12 +546,12 @@ mod tests {
         check_readable(&b);
         fault::clear(&dir);
         drop(b);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn in_text_order_each_layer_spills_as_it_appends_and_a_failed_write_fails_the_commit() {
-        let dir = std::env::temp_dir().join(format!("hillside-backing-layer-spill-{}", std::process::id()));
+        let scratch = tempfile::Builder::new().prefix("hillside-backing-layer-spill-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         let faults = fault::inject(
             &dir,
             ColdFaults {
@@ -587,12 +591,12 @@ mod tests {
         check_readable(&b);
         fault::clear(&dir);
         drop(b);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn a_spill_that_fails_midway_leaves_no_page_in_use_and_a_retry_places_every_token() {
-        let dir = std::env::temp_dir().join(format!("hillside-backing-failed-spill-{}", std::process::id()));
+        let scratch = tempfile::Builder::new().prefix("hillside-backing-failed-spill-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         // The write of layer 1's group 5 fails once: the spill has written some pages by then.
         fault::inject(
             &dir,
@@ -621,6 +625,5 @@ mod tests {
         check_readable(&b);
         fault::clear(&dir);
         drop(b);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -730,26 +730,9 @@ mod tests {
         ColdLayout::f16(2, 3, 64, 8)
     }
 
-    fn temp_dir(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("hillside-cold-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
     /// A test's directory, removed when the test ends (the pools remove their files, not it).
-    struct TempDir(PathBuf);
-
-    impl std::ops::Deref for TempDir {
-        type Target = PathBuf;
-        fn deref(&self) -> &PathBuf {
-            &self.0
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    fn temp_dir(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(&format!("hillside-cold-{name}-")).tempdir().unwrap()
     }
 
     fn filled(pool: &ColdPool, seed: u16) -> AlignedBuf {
@@ -760,7 +743,8 @@ mod tests {
 
     #[test]
     fn key_chunks_live_after_the_groups_and_round_trip() {
-        let dir = temp_dir("key-chunks");
+        let scratch = temp_dir("key-chunks");
+        let dir = scratch.path().to_path_buf();
         let chunk_bytes = 2 * IO_ALIGN;
         let pool = ColdPool::create_in(std::slice::from_ref(&dir), layout(), chunk_bytes).unwrap();
         // 8 groups of 16 tokens: one chunk of 256 tokens per layer, after every K/V group.
@@ -779,7 +763,8 @@ mod tests {
 
     #[test]
     fn groups_round_trip_and_are_contiguous_per_head() {
-        let dir = temp_dir("roundtrip");
+        let scratch = temp_dir("roundtrip");
+        let dir = scratch.path().to_path_buf();
         let pool = ColdPool::create(&dir, layout()).unwrap();
         assert_eq!(layout().group_bytes(), 4096, "16 tokens × 64 dims × f16 × (K, V) is one page");
         for g in 0..4 {
@@ -799,7 +784,8 @@ mod tests {
 
     #[test]
     fn kv_heads_are_dealt_across_directories_and_each_file_holds_only_its_share() {
-        let (a, b) = (temp_dir("devices-a"), temp_dir("devices-b"));
+        let (scratch_a, scratch_b) = (temp_dir("devices-a"), temp_dir("devices-b"));
+        let (a, b) = (scratch_a.path().to_path_buf(), scratch_b.path().to_path_buf());
         let dirs = [a.to_path_buf(), b.to_path_buf()];
         let pool = ColdPool::create_in(&dirs, layout(), 0).unwrap();
         let files: Vec<PathBuf> = pool.files.iter().map(|f| f.path.clone()).collect();
@@ -857,7 +843,8 @@ mod tests {
 
     #[test]
     fn both_read_paths_see_the_last_write() {
-        let dir = temp_dir("dual-path");
+        let scratch = temp_dir("dual-path");
+        let dir = scratch.path().to_path_buf();
         let pool = ColdPool::create(&dir, layout()).unwrap();
         let mut buf = pool.buffer(1);
         pool.write_group(1, 0, 2, &filled(&pool, 1)).unwrap();
@@ -877,7 +864,8 @@ mod tests {
 
     #[test]
     fn a_relocated_block_reads_back_new_and_a_failed_relocation_keeps_the_old() {
-        let dir = temp_dir("relocate");
+        let scratch = temp_dir("relocate");
+        let dir = scratch.path().to_path_buf();
         let layout = ColdLayout::f16(2, 3, 64, 40);
         // Armed below: the write of layer 1's group 21 (in block 1) fails, after the block's first groups.
         let faults = ColdFaults {
@@ -935,7 +923,8 @@ mod tests {
 
     #[test]
     fn a_damaged_block_is_an_error() {
-        let dir = temp_dir("damaged");
+        let scratch = temp_dir("damaged");
+        let dir = scratch.path().to_path_buf();
         let pool = ColdPool::create(&dir, layout()).unwrap();
         pool.write_group(0, 1, 3, &filled(&pool, 7)).unwrap();
         // Flip one byte behind the pool's back.
@@ -964,7 +953,8 @@ mod tests {
 
     #[test]
     fn a_run_of_groups_is_written_where_its_blocks_lie_and_fails_at_a_faulty_group() {
-        let dir = temp_dir("write-run");
+        let scratch = temp_dir("write-run");
+        let dir = scratch.path().to_path_buf();
         let layout = ColdLayout::f16(2, 3, 64, 40);
         let faults = ColdFaults {
             failing_write: Some(FailingWrite { layer: 1, group: 35, errno: libc::ENOSPC, times: AtomicUsize::new(1) }),
@@ -1000,7 +990,8 @@ mod tests {
 
     #[test]
     fn a_batch_of_runs_reads_what_runs_read_one_by_one() {
-        let dir = temp_dir("batch");
+        let scratch = temp_dir("batch");
+        let dir = scratch.path().to_path_buf();
         let layout = ColdLayout::f16(2, 3, 64, 40);
         let pool = ColdPool::create(&dir, layout).unwrap();
         for head in 0..3 {
@@ -1057,7 +1048,8 @@ mod tests {
 
     #[test]
     fn q8_groups_take_five_sectors_and_read_back_within_half_a_step_on_every_path() {
-        let dir = temp_dir("q8");
+        let scratch = temp_dir("q8");
+        let dir = scratch.path().to_path_buf();
         let layout = ColdLayout { cold_type: ColdType::Q8, ..ColdLayout::f16(2, 3, 64, 40) };
         let pool = ColdPool::create(&dir, layout).unwrap();
         let (gb, dgb) = (layout.group_bytes(), layout.disk_group_bytes());
@@ -1139,7 +1131,8 @@ mod tests {
 
     #[test]
     fn files_of_dead_processes_are_swept_and_live_ones_kept() {
-        let dir = temp_dir("sweep");
+        let scratch = temp_dir("sweep");
+        let dir = scratch.path().to_path_buf();
         let dead_pid = (4_000_000..4_100_000).find(|p| !Path::new(&format!("/proc/{p}")).exists()).unwrap();
         let stale = dir.join(format!("{FILE_PREFIX}{dead_pid}-0{FILE_SUFFIX}"));
         std::fs::write(&stale, b"left by a crash").unwrap();

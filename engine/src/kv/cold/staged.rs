@@ -172,8 +172,8 @@ mod tests {
 
     #[test]
     fn a_read_shared_by_threads_stages_what_one_thread_would_and_fails_as_one() {
-        let dir = std::env::temp_dir().join(format!("hillside-staged-parts-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::Builder::new().prefix("hillside-staged-parts-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         // Armed below, once the pool is written: a pool takes its faults when it is created.
         let plan = fault::inject(
             &dir,
@@ -217,6 +217,5 @@ mod tests {
         assert!(read_heads_in_parts(&cold, 1, groups, &mut AlignedBuf::zeroed(0), 3).is_ok(), "the fault was used up");
         fault::clear(&dir);
         drop(cold);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -423,6 +423,8 @@ impl KvStore for TieredKvStore {
     }
 
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
+        // Not `if let`: a borrow returned from it would hold `self` for the rest of the function.
+        #[allow(clippy::unnecessary_unwrap)]
         if self.spare.is_some() {
             return self.spare.as_mut().expect("checked").dense.gather(layer, selection, heads);
         }

@@ -204,7 +204,7 @@ mod tests {
             orders.iter().map(|r| whole_pages(r, 120, 0.7, page_of, members, |t| t != 999)).collect();
         assert_eq!(chosen[0].len(), 120);
         assert!(chosen.iter().all(|c| *c == chosen[0]));
-        let held = |head: usize, t: u32| (t + head as u32) % 3 == 0;
+        let held = |head: usize, t: u32| (t + head as u32).is_multiple_of(3);
         let riders: Vec<Vec<Vec<u32>>> = orders
             .iter()
             .map(|r| hot_riders(&[r.clone(), r.clone()], &[chosen[0].clone(), Vec::new()], held))

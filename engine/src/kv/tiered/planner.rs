@@ -199,7 +199,8 @@ mod tests {
 
     #[test]
     fn profiling_measures_positive_rates_and_caches_them() {
-        let dir = std::env::temp_dir().join(format!("hillside-profile-test-{}", std::process::id()));
+        let scratch = tempfile::Builder::new().prefix("hillside-profile-test-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         let p = profile(&dir, KeyBits::Int4).unwrap();
         for r in
             [p.host_score_bytes_per_s, p.storage_score_bytes_per_s, p.hot_fetch_bytes_per_s, p.cold_read_bytes_per_s]
@@ -213,6 +214,5 @@ mod tests {
             .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".cold"))
             .count();
         assert_eq!(leftovers, 0, "the profiling pool file is removed");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

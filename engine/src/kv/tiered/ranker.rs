@@ -106,6 +106,7 @@ impl Ranker {
     /// keeping each head's best `keep`; with the guard on, the `pinned` tokens are scored too and
     /// every score adds to each head's estimated attention mass (`mass_scale` turns a summed
     /// query's scores into logits).
+    #[allow(clippy::too_many_arguments)]
     pub fn rank(
         &mut self,
         layer: usize,

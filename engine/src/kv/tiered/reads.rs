@@ -230,7 +230,8 @@ mod tests {
 
     #[test]
     fn read_ahead_brings_the_groups_asked_for_and_drops_what_is_not_claimed() {
-        let dir = std::env::temp_dir().join(format!("hillside-read-ahead-{}", std::process::id()));
+        let scratch = tempfile::Builder::new().prefix("hillside-read-ahead-").tempdir().unwrap();
+        let dir = scratch.path().to_path_buf();
         let cold = pool(&dir);
         let gb = cold.layout().disk_group_bytes();
         // An f16 group's `i`th word.
@@ -273,6 +274,5 @@ mod tests {
         assert_eq!(word(staged.group(&buf, 1, 0, gb).unwrap(), 0), 210);
         assert_eq!(word(staged.group(&buf, 0, 2, gb).unwrap(), GROUP_TOKENS), 202);
         drop(cold);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -37,7 +37,10 @@ impl Running {
         let runtime = hillside::serve::runtime()?;
         let (listener, notice) = runtime.block_on(bind(wanted))?;
         let addr = listener.local_addr()?;
-        let app = App::new(engine, config).map_err(|e| anyhow::anyhow!("{e} (is another Hillside using it?)"))?;
+        let app = App::new(engine, config).map_err(|e| match e.is_in_use() {
+            true => anyhow::anyhow!("{e} (is another Hillside using it?)"),
+            false => e.into(),
+        })?;
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new().name("hillside-server".into()).spawn(move || {
             if let Err(e) = runtime.block_on(hillside_server::serve(listener, app, async {
