@@ -63,6 +63,8 @@ test: setup-tests ui
 	HILLSIDE_SIMD=avx2 cargo test -p hillside-tests --test reference_logits
 	# The official openai Python client against `hillside serve`.
 	scripts/openai-client-test.sh
+	# The published OpenAPI document against the server (schemathesis, 20 cases a route).
+	scripts/api-conformance.sh 20
 	# The FPGA scoring kernel's C simulation against the Rust reference's vectors.
 	$(MAKE) -C fpga csim BUILD=$(CARGO_TARGET_DIR)/fpga
 	# The web UI in Chromium against `hillside serve` on the real model.

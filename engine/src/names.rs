@@ -5,6 +5,11 @@
 /// `unknown selector 'x' (tokens, riders, pages)`.
 macro_rules! named_choices {
     ($kind:ty, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $kind {
+            /// Every name the setting takes, in order.
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
+        }
+
         impl std::str::FromStr for $kind {
             type Err = String;
 
@@ -43,5 +48,6 @@ mod tests {
         assert_eq!("pear".parse::<Fruit>(), Ok(Fruit::Pear));
         assert_eq!(Fruit::Apple.to_string(), "apple");
         assert_eq!("plum".parse::<Fruit>(), Err("unknown fruit 'plum' (apple, pear)".to_string()));
+        assert_eq!(Fruit::NAMES, ["apple", "pear"]);
     }
 }

@@ -61,6 +61,26 @@ impl<T: DeserializeOwned + Send> FromRequestParts<Arc<App>> for QueryParams<T> {
     }
 }
 
+/// JSON has one kind of number, and to JSON Schema (so to the published document) `5.0` is the
+/// integer 5: a whole number written with a fraction becomes an integer before the request type
+/// reads it (float fields take integers as they are).
+fn whole_numbers_as_integers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    // Beyond 2^53 a float no longer holds every whole number exactly.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            if f.fract() == 0.0 && f.abs() <= EXACT {
+                *n = if f >= 0.0 { (f as u64).into() } else { (f as i64).into() };
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
+        Value::Object(fields) => fields.values_mut().for_each(whole_numbers_as_integers),
+        _ => {}
+    }
+}
+
 /// `Ok` when the body is declared JSON (`application/json`, with parameters or not, or a
 /// `+json` type).
 pub fn require_json(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
@@ -74,8 +94,9 @@ pub fn require_json(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
 }
 
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let value: serde_json::Value = serde_json::from_slice(bytes)
+    let mut value: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    whole_numbers_as_integers(&mut value);
     serde_path_to_error::deserialize(&value).map_err(|e| {
         let (mut path, mut message) = (e.path().to_string(), e.into_inner().to_string());
         if path == "." {
@@ -91,4 +112,25 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             ApiError::bad_request(format!("invalid value for '{path}': {message}")).with_param(path)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Counted {
+        n: usize,
+        share: f32,
+    }
+
+    #[test]
+    fn a_whole_number_with_a_fraction_reads_as_an_integer_and_a_fraction_does_not() {
+        let counted: Counted = parse(br#"{"n": 5.0, "share": 1}"#).unwrap();
+        assert_eq!((counted.n, counted.share), (5, 1.0));
+        let refused = parse::<Counted>(br#"{"n": 5.5, "share": 0.5}"#).unwrap_err();
+        assert_eq!(refused.detail.param.as_deref(), Some("n"), "{:?}", refused.detail);
+        assert!(parse::<Counted>(br#"{"n": -1.0, "share": 0.5}"#).is_err(), "still not a usize");
+        assert!(parse::<Counted>(br#"{"n": 1e300, "share": 0.5}"#).is_err(), "too large to be exact");
+    }
 }

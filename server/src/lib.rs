@@ -160,7 +160,7 @@ impl App {
     }
 
     /// Each sequence's context in tokens (on a remote engine, each request's).
-    fn context_tokens(&self) -> usize {
+    pub(crate) fn context_tokens(&self) -> usize {
         match &self.backend {
             Backend::Local { engine, .. } => {
                 let model = engine.model();

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 
 /// The most stop strings a request may give (OpenAI takes 4), and the longest.
 pub const MAX_STOP_STRINGS: usize = 16;
-pub const MAX_STOP_BYTES: usize = 256;
+pub const MAX_STOP_CHARS: usize = 256;
 
 /// Engine parameters from the request's fields; `max_tokens` is the one the request named
 /// (chat has two names for it), `prompt_tokens` the prompt's length.
@@ -72,9 +72,10 @@ pub fn params(
         return Err(ApiError::bad_request("stop strings must not be empty").with_param("stop"));
     }
     // Each generated token is matched against every stop string.
-    if stop.len() > MAX_STOP_STRINGS || stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+    // Characters, not bytes: the published schema's maxLength counts them.
+    if stop.len() > MAX_STOP_STRINGS || stop.iter().any(|s| s.chars().count() > MAX_STOP_CHARS) {
         return Err(ApiError::bad_request(format!(
-            "at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_BYTES} bytes each"
+            "at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS} characters each"
         ))
         .with_param("stop"));
     }

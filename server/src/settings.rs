@@ -113,6 +113,21 @@ pub struct ServerFile {
     pub shutdown_grace_s: Option<u64>,
 }
 
+fn names(names: &[&str]) -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(names.iter().copied()))
+        .build()
+}
+
+fn store_names() -> utoipa::openapi::Object {
+    names(StoreKind::NAMES)
+}
+
+fn evaluator_names() -> utoipa::openapi::Object {
+    names(EvaluatorKind::NAMES)
+}
+
 /// Where the config file is looked for when none is named.
 pub fn default_path() -> Option<PathBuf> {
     dirs::config_dir().map(|d| d.join("hillside").join("config.toml"))
@@ -154,28 +169,42 @@ pub fn read(path: &Path) -> Result<FileConfig, ConfigFileError> {
 /// The settings page: what it shows and what it sends back.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+// The schema states the bounds `check` holds, so that a client (or a fuzzer) can know what is
+// accepted without sending it.
 pub struct Settings {
     /// A registry name or a path to a model (`None`: the default model).
+    #[schema(pattern = r"\S")]
     pub model: Option<String>,
-    #[schema(value_type = String)]
+    #[schema(schema_with = store_names)]
     pub store: StoreKind,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub alpha: f32,
     /// `None`: the planner's choice.
+    #[schema(minimum = 1.0)]
     pub hot_budget_mb: Option<f64>,
-    #[schema(value_type = String)]
+    /// An absolute path.
+    #[schema(value_type = String, pattern = "^/")]
     pub cold_dir: PathBuf,
-    #[schema(value_type = String)]
+    #[schema(schema_with = evaluator_names)]
     pub evaluator: EvaluatorKind,
+    #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: f32,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: f32,
     pub top_k: usize,
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: f32,
+    #[schema(exclusive_minimum = 0.0)]
     pub repeat_penalty: f32,
+    /// Ports below 1024 need root.
+    #[schema(minimum = 1024)]
     pub port: u16,
     pub require_api_key: bool,
     /// `local`, or `openai:URL` for a remote OpenAI-compatible engine.
+    #[schema(pattern = "^(local|openai:.+)$")]
     pub engine: String,
     /// The remote's model (`None`: the first it lists).
+    #[schema(pattern = r"\S")]
     pub remote_model: Option<String>,
     /// Plain HTTP to a remote engine on another machine.
     pub allow_insecure_remote: bool,

@@ -10,21 +10,30 @@ use utoipa::ToSchema;
 pub struct SamplingFields {
     /// The model to use (optional: the loaded model).
     pub model: Option<String>,
+    #[schema(minimum = 1)]
     pub max_tokens: Option<usize>,
+    // The bounds are the engine's (SamplingParams::validate).
+    #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: Option<f32>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f32>,
     pub seed: Option<u64>,
     /// Strings that end the completion; they are never part of the output.
     pub stop: Option<Stop>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f32>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f32>,
     /// Choices to generate; only 1 is supported.
+    #[schema(minimum = 1, maximum = 1)]
     pub n: Option<usize>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     /// llama.cpp-style extras.
     pub top_k: Option<usize>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: Option<f32>,
+    #[schema(exclusive_minimum = 0.0)]
     pub repeat_penalty: Option<f32>,
 }
 
@@ -50,11 +59,13 @@ pub struct ChatCompletionRequest {
     pub sampling: SamplingFields,
     /// Newer name of `max_tokens`.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub max_completion_tokens: Option<usize>,
     #[serde(default)]
     pub logprobs: Option<bool>,
     /// Alternatives per token with `logprobs` (0–20).
     #[serde(default)]
+    #[schema(maximum = 20)]
     pub top_logprobs: Option<usize>,
     /// Hillside's extension: ask about documents of the library.
     #[serde(default)]
@@ -96,6 +107,7 @@ pub struct DocumentExcerpt {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct RequestMessage {
     /// system, developer (treated as system), user or assistant.
+    #[schema(pattern = "^(system|developer|user|assistant)$")]
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
@@ -123,6 +135,7 @@ pub struct CompletionRequest {
     pub sampling: SamplingFields,
     /// Alternatives per token to report (0–5); absent: no log-probabilities.
     #[serde(default)]
+    #[schema(maximum = 5)]
     pub logprobs: Option<usize>,
 }
 

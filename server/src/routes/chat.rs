@@ -22,7 +22,8 @@ const MAX_TOP_LOGPROBS: usize = 20;
     path = "/v1/chat/completions",
     request_body = ChatCompletionRequest,
     responses(
-        (status = 200, description = "The completion; with `stream: true`, server-sent `ChatCompletionChunk`s ending in `[DONE]`", body = ChatCompletion),
+        (status = 200, description = "The completion; with `stream: true`, server-sent `ChatCompletionChunk`s ending in `[DONE]`",
+            content((ChatCompletion = "application/json"), (ChatCompletionChunk = "text/event-stream"))),
         GenerationErrors,
     )
 )]

@@ -20,7 +20,8 @@ const MAX_LOGPROBS: usize = 5;
     path = "/v1/completions",
     request_body = CompletionRequest,
     responses(
-        (status = 200, description = "The completion; with `stream: true`, server-sent `Completion` chunks ending in `[DONE]`", body = Completion),
+        (status = 200, description = "The completion; with `stream: true`, server-sent `Completion` chunks ending in `[DONE]`",
+            content((Completion = "application/json"), (Completion = "text/event-stream"))),
         GenerationErrors,
     )
 )]

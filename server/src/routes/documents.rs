@@ -275,6 +275,7 @@ pub async fn get(
 const MAX_PASSAGE_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ByteRange {
     /// First byte of the document's text (a source's `bytes.start`).
     pub start: usize,

@@ -1,0 +1,108 @@
+"""The published OpenAPI document against the server it describes.
+
+schemathesis (pinned) runs every conformance check, in every phase, on every route of a real `hillside serve`
+(the real model, a data folder of its own), for a bounded number of cases per route. A document
+is added first, so that the routes that read one get past their 404.
+
+Run by scripts/api-conformance.sh (part of `make test`):
+    python3 api_conformance.py HILLSIDE_BINARY SCHEMATHESIS_CLI CASES_PER_ROUTE
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Every check but the response time, which is a benchmark's business (`--checks all` adds it).
+CHECKS = ",".join([
+    "not_a_server_error", "status_code_conformance", "content_type_conformance", "response_headers_conformance",
+    "response_schema_conformance", "negative_data_rejection", "positive_data_acceptance", "missing_required_header",
+    "unsupported_method", "allow_header_conformance", "use_after_free", "ensure_resource_availability",
+    "ignored_auth", "object_level_authorization",
+])
+NOTES = (
+    "Minutes of the harbour board.\n\n"
+    "The board met on Tuesday. The new crane is late; the pier repairs finish in May.\n\n"
+    "The ferry timetable changes in June, with two more crossings on Saturdays.\n"
+)
+
+
+def start(binary, work):
+    (work / "config.toml").write_text("")
+    server = subprocess.Popen(
+        [binary, "serve", "--port", "0", "--context", "1024", "--config", str(work / "config.toml"),
+         "--documents-dir", str(work / "documents"), "--cold-dir", str(work / "cold")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    banner = server.stdout.readline()
+    if "http://" not in banner:
+        server.kill()
+        sys.exit(f"no address in the server's banner: {banner!r}")
+    return server, "http://" + banner.split("http://")[1].split()[0].removesuffix("/v1")
+
+
+def post(url, body, content_type):
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
+    with urllib.request.urlopen(request, timeout=300) as reply:
+        return json.load(reply)
+
+
+def add_document(base):
+    boundary = "hillside-conformance"
+    body = (
+        f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"notes.txt\"\r\n"
+        f"Content-Type: text/plain\r\n\r\n{NOTES}\r\n--{boundary}--\r\n"
+    ).encode()
+    return post(f"{base}/v1/hillside/documents", body, f"multipart/form-data; boundary={boundary}")["id"]
+
+
+def served_model(base):
+    with urllib.request.urlopen(f"{base}/v1/models", timeout=60) as reply:
+        return json.load(reply)["data"][0]["id"]
+
+
+def with_ids(document, model):
+    """The checked-in config with the document to read and the model to describe: the fuzzer's
+    uploads are rarely documents, and guessed names never models. Only for the routes that take
+    them, and without the stateful phase, which would carry these ids to routes of other kinds."""
+    text = (ROOT / "schemathesis.toml").read_text()
+    for path, value in [("/v1/models/{id}", model), ("/v1/hillside/documents/{id}", document),
+                        ("/v1/hillside/documents/{id}/text", document),
+                        ("/v1/hillside/documents/{id}/summary", document)]:
+        # Not DELETE, which would take the document away from the routes tested after it.
+        text += f'\n[[operations]]\ninclude-path = "{path}"\nexclude-method = "DELETE"\n'
+        text += f'parameters = {{ "path.id" = {json.dumps(value)} }}\n'
+    return text
+
+
+def main(binary, cli, cases):
+    with tempfile.TemporaryDirectory(prefix="hillside-conformance-") as scratch:
+        work = pathlib.Path(scratch)
+        server, base = start(binary, work)
+
+        def run(config, *only):
+            (work / "schemathesis.toml").write_text(config)
+            return subprocess.run(
+                [cli, "--config-file", str(work / "schemathesis.toml"), "run", f"{base}/openapi.json",
+                 "--checks", CHECKS, "--max-examples", cases, "--workers", "1", "--seed", "1", "--no-color",
+                 "--request-timeout", "300", *only],
+                cwd=work,
+            ).returncode
+
+        try:
+            # Every route in every phase, then the routes that take an id again, with real ones.
+            every = run((ROOT / "schemathesis.toml").read_text())
+            with_real_ids = run(with_ids(add_document(base), served_model(base)), "--phases", "coverage,fuzzing",
+                                "--include-path-regex", "^/v1/(models|hillside/documents)/[{]id[}]")
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+        sys.exit(every or with_real_ids)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
