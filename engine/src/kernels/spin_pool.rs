@@ -1,13 +1,11 @@
 //! The compute threads the kernels split their loops over.
 //!
 //! A decode step runs ~150 parallel loops (every product, every attention), each well under a
-//! millisecond. A pool whose idle threads sleep pays a futex wake-up for each — a fifth of a
-//! small model's step on a 2-core VM, measured. Here idle workers spin for a short while
-//! ([`SPIN`]) before they sleep, so within a step (and between close steps) a loop starts as
-//! soon as it is published; a pool left idle longer costs nothing. While they spin they yield
-//! their core between polls: the tiered store's reader threads and storage worker need it during
-//! the host's serial work, and on 2 cores a worker that only spun kept it from them (cached
-//! tiered 8K, 20.5 → 25.5 tok/s).
+//! millisecond, and a pool whose idle threads sleep pays a futex wake-up for each. Here idle
+//! workers spin for a short while ([`SPIN`]) before they sleep, so within a step (and between
+//! close steps) a loop starts as soon as it is published; a pool left idle longer costs nothing.
+//! While they spin they yield their core between polls: the tiered store's reader threads and
+//! storage worker need it during the host's serial work (docs/decisions/tiered-step-on-two-cores.md).
 //!
 //! One loop runs at a time: a caller that finds the pool busy (two sequences forwarding at
 //! once) runs its tasks on its own thread. A task that panics does not take a worker down: the
@@ -153,7 +151,7 @@ impl Pool {
         // `take_tasks` catches panics, so every claimed task counts itself done. Waiting for the
         // workers' last tasks, the caller yields its core between polls too: a worker the OS
         // took off its core mid-task (for a reader thread, on 2 cores) then gets this one back
-        // sooner (tiered 8K: 14.5 → 16.0 tok/s; the full cache unchanged).
+        // sooner.
         let mut polls = 0u32;
         while shared.done.load(SeqCst) < tasks {
             polls += 1;

@@ -9,9 +9,8 @@
 //! On a computational drive the K/V would never cross to the host: only the partials would
 //! (`n_heads × (head_dim + 2)` floats per layer and token, against the whole cache). Without
 //! one, the storage side is a part of this process reading over direct I/O, so the disk still
-//! delivers the whole cache every step, and the speed is offload's. (Reading the next layer
-//! while the host computes this one, which the storage side could do since it needs every
-//! token, was slower on 2 cores and no faster under memory pressure: see docs/BENCHMARKS.md.)
+//! delivers the whole cache every step, and the speed is offload's. (The storage side does not
+//! read the next layer while the host computes this one: on 2 cores the two take turns.)
 //!
 //! With the X-cache ([`super::x_cache`]), the first layers keep their inputs instead of K/V: the
 //! storage side hands up X, the host rebuilds K/V and attends to all of it itself.

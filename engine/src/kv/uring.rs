@@ -2,9 +2,8 @@
 //!
 //! A selection's cold reads are thousands of requests of a few 4 KiB pages. Issued from a pool of
 //! threads, each costs a system call and a context switch; an io_uring submits them in batches
-//! and keeps a deeper queue (on the development VM, 4 KiB direct reads reached 360–370 MB/s
-//! against 300 from 16 threads; `docs/BENCHMARKS.md`). Each thread that reads keeps its own
-//! ring. Where the kernel refuses io_uring (old kernels, seccomp in containers,
+//! and keeps a deeper queue, which reads small pages faster than many threads. Each thread that
+//! reads keeps its own ring. Where the kernel refuses io_uring (old kernels, seccomp in containers,
 //! `kernel.io_uring_disabled`), [`read_all`] says so and the caller reads another way.
 
 use io_uring::{opcode, types, IoUring};

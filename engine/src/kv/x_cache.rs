@@ -12,9 +12,8 @@
 //!
 //! The rebuild costs the host `input · (q_dim + 2 · kv_dim)` multiply-adds per cached token and
 //! layer every step (the fused q/k/v product, q computed and dropped). On HILOS's GPU that hides
-//! behind the storage side's attention; on a CPU it costs far more than the reads it saves (on
-//! SmolLM2 copied as multi-head attention, 2.1 tok/s against 15.4 at 2K: `docs/BENCHMARKS.md`),
-//! so the share of layers defaults to 0 and users with a slow drive opt in.
+//! behind the storage side's attention; on a CPU it costs far more than the reads it saves, so
+//! the share of layers defaults to 0 and users with a slow drive opt in.
 
 use super::aligned::AlignedBuf;
 use super::backing::DiskBacking;

@@ -154,7 +154,7 @@ impl ColdReader {
     /// groups that their last selection needed, so the reads run while this layer computes;
     /// those the layer selects that were not read ahead are read at its turn. (Reading ahead
     /// only what the last two selections both needed read fewer bytes but left more requests
-    /// for the step to wait on; docs/BENCHMARKS.md.)
+    /// for the step to wait on; docs/decisions/tiered-step-on-two-cores.md.)
     pub fn read_ahead(&mut self, at: Residence<'_>, layer: usize) {
         for next in layer + 1..(layer + 1 + READ_AHEAD_LAYERS).min(self.last_selections.len()) {
             if next < self.dense_layers || self.prefetch.is_issued(next) {

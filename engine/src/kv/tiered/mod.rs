@@ -444,8 +444,7 @@ impl KvStore for TieredKvStore {
             // head's at once for more requests in flight, start at once on a reader thread;
             // the resident rows are copied while both reads run, then each read's rows as it
             // lands. The next layer's read-ahead starts only once the reads land: sharing the
-            // disk with it delays this layer's reads, which the step waits for (8K: 6.3 vs 5.3
-            // tok/s).
+            // disk with it delays this layer's reads, which the step waits for.
             let reading = timed(Phase::ReadIssue, || {
                 let (reader, at) = self.reader_at();
                 reader.start(at, layer, &tokens)
@@ -583,13 +582,12 @@ impl KvStore for TieredKvStore {
 }
 
 /// Tokens of one head that a gather of the whole cache (a prompt chunk, a dense layer) holds at
-/// a time: 1 MB of view for a 64-dimension head, and a 32K prompt in eight spans (at 32K the
-/// spans did not change the prompt's or the decode steps' speed; docs/BENCHMARKS.md).
+/// a time: 1 MB of view for a 64-dimension head, and a 32K prompt in eight spans, so that the
+/// view's memory does not grow with the context.
 const SPAN_TOKENS: usize = 4096;
 
 /// Decode steps after a prompt at which placement `hits` first re-places the cold pool: by then
-/// the hit table holds the prompt's seeds and a few steps' selections (at 8K a head-selection
-/// then touches ~240 pages, against 257 placed by key; docs/BENCHMARKS.md).
+/// the hit table holds the prompt's seeds and a few steps' selections, enough to place by.
 const RELAYOUT_AFTER_STEPS: u64 = 8;
 
 /// Decode steps between later re-placements, as the selections drift through a long answer.

@@ -17,9 +17,8 @@
 //! sinks or recent tokens, which are attended anyway). With pages placed by key similarity, a
 //! page's tokens score alike, so the pages that hold the best tokens hold few poor ones. The
 //! ranked tokens outside those pages whose rows are in memory are attended too ("hot riders"),
-//! at no I/O cost in that step: over 4K tokens at α 0.2 they took perplexity from +1.34% to
-//! +0.40% over full, while the run read a quarter more (riders keep their rows hot, so fewer
-//! of the read pages stay; docs/BENCHMARKS.md).
+//! at no I/O cost in that step; they keep their rows hot, so a run reads somewhat more. Why
+//! whole pages are not the default: docs/decisions/token-wise-selection-stays-the-default.md.
 
 use super::super::cold::GROUP_TOKENS;
 use crate::kernels::ops::exp_shifted;

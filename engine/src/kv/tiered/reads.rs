@@ -152,10 +152,8 @@ type ReadJob = Box<dyn FnOnce() + Send>;
 /// time (all of its requests through the thread's io_uring, or handed to the I/O threads where
 /// there is none) and sleep on a queue in between. A decode step issues two reads a layer (the
 /// layer's own, and the next layer's read-ahead). Spawned on the rayon I/O pool, each woke
-/// workers that spin and yield before they sleep again: on 2 cores that took CPU from the
-/// step, and a read started 0.2 ms after it was issued on average, against 0.02 here (8K
-/// tiered: 6% faster over nine alternated rounds, a quarter less waiting for reads; 32K
-/// unchanged; docs/BENCHMARKS.md).
+/// workers that spin and yield before they sleep again, which on 2 cores took CPU from the step
+/// and started each read ten times later (docs/decisions/tiered-step-on-two-cores.md).
 fn run_on_reader(job: ReadJob) {
     static QUEUE: OnceLock<mpsc::Sender<ReadJob>> = OnceLock::new();
     let queue = QUEUE.get_or_init(|| {

@@ -1,9 +1,8 @@
 //! The spare copy: while the machine has room for a sequence's whole cache on top of what it
 //! leaves free for everyone else, a tiered store also keeps every token's K/V densely in
 //! memory, as the full store does, and attends to all of them through it. Attention is then
-//! exact, and there is nothing to rank, copy or read: at 8K a ranked step took 1.7 times a dense
-//! one with every row hot, and 5 times with a quarter hot and the rest in the page cache
-//! (docs/BENCHMARKS.md).
+//! exact, and there is nothing to rank, copy or read, which on a small CPU costs more than
+//! attending to every token (docs/decisions/a-spare-copy-while-memory-is-free.md).
 //!
 //! The tiers are filled as always, so the copy is only a cache of them: once the measured
 //! headroom no longer holds what the copy will still grow by, or memory pressure rises, it is
