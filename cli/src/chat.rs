@@ -1,7 +1,8 @@
 //! `hillside chat` and `hillside generate`: stream a reply to the terminal.
 
-use crate::{load_engine, ChatArgs, GenerateArgs};
+use crate::{ChatArgs, GenerateArgs};
 use anyhow::Result;
+use hillside_common::load_engine;
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Sequence, Summary};
 use hillside_remote::RemoteEngine;
 use indicatif::{ProgressBar, ProgressStyle};

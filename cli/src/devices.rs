@@ -3,41 +3,11 @@
 //! so which evaluator a tiered store with `--evaluator xrt` will really use — and whether the
 //! model's shapes let near-storage attention keep layer inputs instead of K/V (the X-cache).
 
-use crate::{config, models};
 use anyhow::Result;
 use clap::Args;
+use hillside_common::{config, models, XrtArgs};
 use hillside_engine::score::xrt::{probe, XrtOptions};
 use std::path::PathBuf;
-
-/// Which XRT library, xclbin and card (flags over the config file's `[kv]` table).
-#[derive(Args, Clone, Debug, Default)]
-pub struct XrtArgs {
-    /// Evaluator xrt: XRT's libxrt_coreutil.so (or the emulator built by `make -C fpga emu`)
-    /// [default: $XILINX_XRT/lib, then /opt/xilinx/xrt/lib, then the system's].
-    #[arg(long, env = "HILLSIDE_XRT_LIBRARY")]
-    pub xrt_library: Option<PathBuf>,
-    /// Evaluator xrt: the scoring kernel's xclbin [default: ~/.local/share/hillside/hillside_score.xclbin].
-    #[arg(long, env = "HILLSIDE_XCLBIN")]
-    pub xclbin: Option<PathBuf>,
-    /// Evaluator xrt: which card [default: 0].
-    #[arg(long)]
-    pub xrt_device: Option<u32>,
-}
-
-impl XrtArgs {
-    /// Applies the flags that were given to `kv`.
-    pub fn apply(&self, kv: &mut hillside_engine::kv::KvConfig) {
-        if self.xrt_library.is_some() {
-            kv.xrt_library = self.xrt_library.clone();
-        }
-        if self.xclbin.is_some() {
-            kv.xrt_xclbin = self.xclbin.clone();
-        }
-        if let Some(device) = self.xrt_device {
-            kv.xrt_device = device;
-        }
-    }
-}
 
 #[derive(Args)]
 pub struct DevicesArgs {

@@ -1,12 +1,12 @@
 //! `hillside summarize`, `hillside ask` and `hillside docs`: documents from the command line, on
 //! the same library and kept K/V as `hillside serve` (one Hillside at a time holds the library).
 
-use crate::engine_choice::EngineArgs;
-use crate::{config, load_engine, models, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use hillside_common::engine_choice::EngineArgs;
+use hillside_common::{config, load_engine, local_model_key, models, DocumentsArgs, ModelArgs};
 use hillside_documents::chunks::Mode;
-use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
+use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::questions::question;
 use hillside_documents::sources::Source;
 use hillside_documents::summarize::{
@@ -20,51 +20,6 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// Where documents are kept, for every command that uses them.
-#[derive(Args, Clone, Default)]
-pub struct DocumentsArgs {
-    /// Folder of the document library and its kept K/V [default: ~/.local/share/hillside/documents].
-    #[arg(long, env = "HILLSIDE_DOCUMENTS_DIR")]
-    pub documents_dir: Option<PathBuf>,
-    /// Disk the kept K/V of documents may take, in GB; the least recently used go first [default: 4].
-    #[arg(long)]
-    pub kv_quota_gb: Option<f64>,
-    /// Largest document file, in MB [default: 256].
-    #[arg(long)]
-    pub max_file_mb: Option<u64>,
-}
-
-impl DocumentsArgs {
-    /// These flags over the config file's `[documents]` table over the defaults, for `model`.
-    pub fn config(&self, model: &Path) -> Result<DocumentsConfig> {
-        self.config_for(local_model_key(model)?)
-    }
-
-    /// The same for the model `model_key` names (summaries are kept per model).
-    pub fn config_for(&self, model_key: String) -> Result<DocumentsConfig> {
-        let file = &config::get().documents;
-        let dir = self.documents_dir.clone().or_else(|| file.dir.clone()).unwrap_or_else(|| {
-            dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("hillside").join("documents")
-        });
-        let quota_gb = self.kv_quota_gb.or(file.kv_quota_gb).unwrap_or(4.0);
-        if quota_gb.is_nan() || quota_gb < 0.0 {
-            bail!("kv_quota_gb must be 0 or more");
-        }
-        Ok(DocumentsConfig {
-            dir,
-            kv_quota_bytes: (quota_gb * 1e9) as u64,
-            max_file_bytes: self.max_file_mb.or(file.max_file_mb).unwrap_or(256) * 1_000_000,
-            model_key,
-            chosen_paths: None,
-        })
-    }
-}
-
-/// What names the local model file `model` in the library (its kept summaries and K/V).
-fn local_model_key(model: &Path) -> Result<String> {
-    model_fingerprint(model).with_context(|| format!("reading {}", model.display()))
-}
 
 /// The library and the kept K/V for the model `model_key` names.
 fn open(args: &DocumentsArgs, model_key: String) -> Result<(DocumentsConfig, Arc<Library>, Arc<DocumentKvCache>)> {

@@ -1,3 +1,144 @@
+//! `hillside`: chat with a local model, generate text, serve it (the OpenAI-compatible API and
+//! the web UI), manage models and documents; and the lab's benchmarks and evaluation.
+
+mod chat;
+mod devices;
+mod docs;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use hillside_common::{
+    config, configure_allocator, engine_choice, init_logging, models, serve, ModelArgs, SamplingArgs,
+};
+use std::path::PathBuf;
+
 fn main() {
-    hillside::main();
+    configure_allocator();
+    init_logging();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+#[derive(Parser)]
+#[command(name = "hillside", version, about = "A local LLM for long documents")]
+struct Cli {
+    /// Compute threads (default: all cores).
+    #[arg(long, global = true, env = "HILLSIDE_THREADS")]
+    threads: Option<usize>,
+    /// Config file [default: ~/.config/hillside/config.toml, if it exists].
+    #[arg(long, global = true, env = "HILLSIDE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Chat in the terminal (streams; /reset starts over, /exit or Ctrl-D quits).
+    Chat(ChatArgs),
+    /// Continue one prompt and exit.
+    Generate(GenerateArgs),
+    /// List, fetch and locate models.
+    Models {
+        #[command(subcommand)]
+        command: ModelsCommand,
+    },
+    /// How faithful the sparse KV stores are to the full cache (perplexity, top-1 agreement;
+    /// the lab's `hillside-bench eval`).
+    Eval(hillside_bench::eval::EvalArgs),
+    /// Serve an OpenAI-compatible API on 127.0.0.1 (chat and text completions, streamed or not,
+    /// and documents to summarize and ask about).
+    Serve(serve::ServeArgs),
+    /// Summarize documents (text, Markdown, HTML, PDF, DOCX, EPUB) with the sources of each
+    /// point; several files, or a folder, go as one batch. Adds them to the library.
+    Summarize(docs::SummarizeArgs),
+    /// Ask a question about a document (a file, or a library id); its kept K/V is reused.
+    Ask(docs::AskArgs),
+    /// The document library.
+    Docs {
+        #[command(subcommand)]
+        command: docs::DocsCommand,
+    },
+    /// Storage-side scoring hardware: XRT, SmartSSD cards, the kernel's xclbin, P2P.
+    Devices(devices::DevicesArgs),
+    /// Measure the engine, the stores, the server and the app (the lab, `hillside-bench`).
+    Bench {
+        #[command(subcommand)]
+        command: hillside_bench::BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Known models and whether they are installed.
+    List,
+    /// Fetch a model: a registry name, or a Hugging Face repo with --file.
+    Pull {
+        name: String,
+        #[arg(long)]
+        file: Option<String>,
+    },
+    /// Print the path of an installed model (fetching the default if needed).
+    Path { name: Option<String> },
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub engine: engine_choice::EngineArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A system prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt (a user message, unless --raw).
+    #[arg(long, short)]
+    pub prompt: String,
+    /// Feed the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let file = config::load(cli.config.as_deref())?;
+    if let Some(threads) = cli.threads.or(file.threads) {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
+    }
+    match cli.command {
+        Command::Chat(args) => chat::chat(&args),
+        Command::Generate(args) => chat::generate_once(&args),
+        Command::Models { command } => match command {
+            ModelsCommand::List => {
+                models::list();
+                Ok(())
+            }
+            ModelsCommand::Pull { name, file } => {
+                println!("{}", models::pull(&name, file.as_deref())?.display());
+                Ok(())
+            }
+            ModelsCommand::Path { name } => {
+                println!("{}", models::resolve(name.as_deref())?.display());
+                Ok(())
+            }
+        },
+        Command::Eval(args) => hillside_bench::eval::eval(&args),
+        Command::Serve(args) => serve::serve(&args),
+        Command::Summarize(args) => docs::summarize_files(&args),
+        Command::Ask(args) => docs::ask(&args),
+        Command::Docs { command } => docs::docs(&command),
+        Command::Devices(args) => devices::devices(&args),
+        Command::Bench { command } => hillside_bench::run(command),
+    }
 }

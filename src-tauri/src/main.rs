@@ -5,8 +5,8 @@
 mod core;
 
 fn main() {
-    hillside::configure_allocator();
-    hillside::init_logging();
+    hillside_common::configure_allocator();
+    hillside_common::init_logging();
     if let Err(e) = core::run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);

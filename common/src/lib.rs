@@ -1,120 +1,25 @@
-//! `hillside`: chat with a local model, generate text, manage models, benchmark the engine. A
-//! library too, so that the desktop app starts the same server as `hillside serve`.
+//! What Hillside's programs share: the flags that choose a model, its KV store and its
+//! sampling; the config file under them; the model registry; the local or remote engine; and the
+//! server `hillside serve` and the desktop app start. The `hillside` command, the desktop app and
+//! the lab (`hillside-bench`) are each built on it, as llama.cpp's tools are on `common`.
 
-mod bench;
-mod bench_docs;
-mod bench_engines;
-mod bench_ingest;
-mod bench_kv;
-mod bench_recall;
-mod bench_serve;
-mod bench_ui;
-mod chat;
 pub mod config;
-mod devices;
-mod docs;
-mod engine_choice;
-mod eval;
+pub mod engine_choice;
 pub mod models;
-mod prompt_cache;
 pub mod serve;
 
-use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use hillside_documents::kv_cache::model_fingerprint;
 use hillside_engine::kv::cold_format::ColdType;
 use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::{EvaluatorKind, KvConfig, SelectorKind, StoreKind};
 use hillside_engine::score::KeyBits;
 use hillside_engine::{Engine, GenerateParams};
+use hillside_server::DocumentsConfig;
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-#[derive(Parser)]
-#[command(name = "hillside", version, about = "A local LLM for long documents")]
-struct Cli {
-    /// Compute threads (default: all cores).
-    #[arg(long, global = true, env = "HILLSIDE_THREADS")]
-    threads: Option<usize>,
-    /// Config file [default: ~/.config/hillside/config.toml, if it exists].
-    #[arg(long, global = true, env = "HILLSIDE_CONFIG")]
-    config: Option<PathBuf>,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Chat in the terminal (streams; /reset starts over, /exit or Ctrl-D quits).
-    Chat(ChatArgs),
-    /// Continue one prompt and exit.
-    Generate(GenerateArgs),
-    /// List, fetch and locate models.
-    Models {
-        #[command(subcommand)]
-        command: ModelsCommand,
-    },
-    /// How faithful the sparse KV stores are to the full cache (perplexity, top-1 agreement).
-    Eval(eval::EvalArgs),
-    /// Serve an OpenAI-compatible API on 127.0.0.1 (chat and text completions, streamed or not,
-    /// and documents to summarize and ask about).
-    Serve(serve::ServeArgs),
-    /// Summarize documents (text, Markdown, HTML, PDF, DOCX, EPUB) with the sources of each
-    /// point; several files, or a folder, go as one batch. Adds them to the library.
-    Summarize(docs::SummarizeArgs),
-    /// Ask a question about a document (a file, or a library id); its kept K/V is reused.
-    Ask(docs::AskArgs),
-    /// The document library.
-    Docs {
-        #[command(subcommand)]
-        command: docs::DocsCommand,
-    },
-    /// Storage-side scoring hardware: XRT, SmartSSD cards, the kernel's xclbin, P2P.
-    Devices(devices::DevicesArgs),
-    /// Measure the engine.
-    Bench {
-        #[command(subcommand)]
-        command: BenchCommand,
-    },
-}
-
-#[derive(Subcommand)]
-enum ModelsCommand {
-    /// Known models and whether they are installed.
-    List,
-    /// Fetch a model: a registry name, or a Hugging Face repo with --file.
-    Pull {
-        name: String,
-        #[arg(long)]
-        file: Option<String>,
-    },
-    /// Print the path of an installed model (fetching the default if needed).
-    Path { name: Option<String> },
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Prefill and decode speed (whole cache in memory unless --kv says otherwise), and the
-    /// memory roofline.
-    Decode(bench::DecodeArgs),
-    /// Decode speed, cold-pool traffic and hot-pool hit rate of every KV store, plus a plot.
-    Kv(bench_kv::KvArgs),
-    /// Smaller scoring copies of the keys (r of a head's dimensions, by PCA or by RoPE pairs):
-    /// DRAM per token and recall of the exact top α, beside the store's full-rank copies.
-    Recall(bench_recall::RecallArgs),
-    /// The OpenAI endpoint under load on loopback: requests/s, tokens/s, TTFT and inter-token
-    /// latency at several numbers of concurrent clients.
-    Serve(bench_serve::ServeBenchArgs),
-    /// Documents: time to a summary, the chunk phase batched against one after another, and a
-    /// follow-up question's time to first token with and without K/V reuse.
-    Docs(bench_docs::DocsBenchArgs),
-    /// Reading documents: each file in this process against the isolated reader, which reads
-    /// every upload in a child process.
-    Ingest(bench_ingest::IngestBenchArgs),
-    /// What the UI waits on: the page's files, and a chat's time to first token alone and while
-    /// a document is summarized in the background.
-    Ui(bench_ui::UiBenchArgs),
-}
 
 #[derive(Args, Clone)]
 pub struct ModelArgs {
@@ -154,7 +59,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub evaluator: Option<EvaluatorKind>,
     #[command(flatten)]
-    pub xrt: devices::XrtArgs,
+    pub xrt: XrtArgs,
     /// Tiered: fidelity guard — widen a layer's selection when its top α holds less than this
     /// share of the estimated attention (0: off) [default: 0].
     #[arg(long)]
@@ -320,31 +225,79 @@ impl SamplingArgs {
     }
 }
 
-#[derive(Args)]
-pub struct ChatArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub engine: engine_choice::EngineArgs,
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-    /// A system prompt.
+/// Which XRT library, xclbin and card (flags over the config file's `[kv]` table).
+#[derive(Args, Clone, Debug, Default)]
+pub struct XrtArgs {
+    /// Evaluator xrt: XRT's libxrt_coreutil.so (or the emulator built by `make -C fpga emu`)
+    /// [default: $XILINX_XRT/lib, then /opt/xilinx/xrt/lib, then the system's].
+    #[arg(long, env = "HILLSIDE_XRT_LIBRARY")]
+    pub xrt_library: Option<PathBuf>,
+    /// Evaluator xrt: the scoring kernel's xclbin [default: ~/.local/share/hillside/hillside_score.xclbin].
+    #[arg(long, env = "HILLSIDE_XCLBIN")]
+    pub xclbin: Option<PathBuf>,
+    /// Evaluator xrt: which card [default: 0].
     #[arg(long)]
-    pub system: Option<String>,
+    pub xrt_device: Option<u32>,
 }
 
-#[derive(Args)]
-pub struct GenerateArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-    /// The prompt (a user message, unless --raw).
-    #[arg(long, short)]
-    pub prompt: String,
-    /// Feed the prompt as is, without the chat template.
+impl XrtArgs {
+    /// Applies the flags that were given to `kv`.
+    pub fn apply(&self, kv: &mut hillside_engine::kv::KvConfig) {
+        if self.xrt_library.is_some() {
+            kv.xrt_library = self.xrt_library.clone();
+        }
+        if self.xclbin.is_some() {
+            kv.xrt_xclbin = self.xclbin.clone();
+        }
+        if let Some(device) = self.xrt_device {
+            kv.xrt_device = device;
+        }
+    }
+}
+
+/// Where documents are kept, for every command that uses them.
+#[derive(Args, Clone, Default)]
+pub struct DocumentsArgs {
+    /// Folder of the document library and its kept K/V [default: ~/.local/share/hillside/documents].
+    #[arg(long, env = "HILLSIDE_DOCUMENTS_DIR")]
+    pub documents_dir: Option<PathBuf>,
+    /// Disk the kept K/V of documents may take, in GB; the least recently used go first [default: 4].
     #[arg(long)]
-    pub raw: bool,
+    pub kv_quota_gb: Option<f64>,
+    /// Largest document file, in MB [default: 256].
+    #[arg(long)]
+    pub max_file_mb: Option<u64>,
+}
+
+impl DocumentsArgs {
+    /// These flags over the config file's `[documents]` table over the defaults, for `model`.
+    pub fn config(&self, model: &Path) -> Result<DocumentsConfig> {
+        self.config_for(local_model_key(model)?)
+    }
+
+    /// The same for the model `model_key` names (summaries are kept per model).
+    pub fn config_for(&self, model_key: String) -> Result<DocumentsConfig> {
+        let file = &config::get().documents;
+        let dir = self.documents_dir.clone().or_else(|| file.dir.clone()).unwrap_or_else(|| {
+            dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("hillside").join("documents")
+        });
+        let quota_gb = self.kv_quota_gb.or(file.kv_quota_gb).unwrap_or(4.0);
+        if quota_gb.is_nan() || quota_gb < 0.0 {
+            bail!("kv_quota_gb must be 0 or more");
+        }
+        Ok(DocumentsConfig {
+            dir,
+            kv_quota_bytes: (quota_gb * 1e9) as u64,
+            max_file_bytes: self.max_file_mb.or(file.max_file_mb).unwrap_or(256) * 1_000_000,
+            model_key,
+            chosen_paths: None,
+        })
+    }
+}
+
+/// What names the local model file `model` in the library (its kept summaries and K/V).
+pub fn local_model_key(model: &Path) -> Result<String> {
+    model_fingerprint(model).with_context(|| format!("reading {}", model.display()))
 }
 
 fn set<T>(slot: &mut T, flag: Option<T>) {
@@ -399,60 +352,10 @@ pub fn configure_allocator() {
     }
 }
 
-/// `hillside`'s entry point: logs to stderr (`HILLSIDE_LOG`), runs the command, exits 1 on error.
-pub fn main() {
-    configure_allocator();
-    init_logging();
-    if let Err(e) = run(Cli::parse()) {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
-    }
-}
-
 /// Logs to stderr, filtered by `HILLSIDE_LOG` (warnings by default).
 pub fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HILLSIDE_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
-}
-
-fn run(cli: Cli) -> Result<()> {
-    let file = config::load(cli.config.as_deref())?;
-    if let Some(threads) = cli.threads.or(file.threads) {
-        rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
-    }
-    match cli.command {
-        Command::Chat(args) => chat::chat(&args),
-        Command::Generate(args) => chat::generate_once(&args),
-        Command::Models { command } => match command {
-            ModelsCommand::List => {
-                models::list();
-                Ok(())
-            }
-            ModelsCommand::Pull { name, file } => {
-                println!("{}", models::pull(&name, file.as_deref())?.display());
-                Ok(())
-            }
-            ModelsCommand::Path { name } => {
-                println!("{}", models::resolve(name.as_deref())?.display());
-                Ok(())
-            }
-        },
-        Command::Eval(args) => eval::eval(&args),
-        Command::Serve(args) => serve::serve(&args),
-        Command::Summarize(args) => docs::summarize_files(&args),
-        Command::Ask(args) => docs::ask(&args),
-        Command::Docs { command } => docs::docs(&command),
-        Command::Devices(args) => devices::devices(&args),
-        Command::Bench { command } => match command {
-            BenchCommand::Decode(args) => bench::decode(&args),
-            BenchCommand::Kv(args) => bench_kv::kv(&args),
-            BenchCommand::Recall(args) => bench_recall::recall(&args),
-            BenchCommand::Serve(args) => bench_serve::serve(&args),
-            BenchCommand::Docs(args) => bench_docs::docs(&args),
-            BenchCommand::Ingest(args) => bench_ingest::ingest(&args),
-            BenchCommand::Ui(args) => bench_ui::ui(&args),
-        },
-    }
 }

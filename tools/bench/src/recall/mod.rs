@@ -10,14 +10,17 @@
 //! quantized as the store's copies are (symmetric, one f32 scale per token and KV head), beside
 //! today's full-rank INT8 and INT4 copies.
 
-use crate::{load_engine, ModelArgs};
+mod projection;
+
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_common::{load_engine, ModelArgs};
 use hillside_engine::eval::{teacher_forced, ExactKeys, SelectionWatch, Watched};
 use hillside_engine::kv::{FullKvStore, Selection};
 use hillside_engine::model::config::RopeLayout;
 use hillside_engine::score::{KeyBits, ScoreBlock, ScoringKeys, TopK};
 use hillside_engine::Sequence;
+use projection::{pca, rope_pairs, Projection};
 use rayon::prelude::*;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -29,7 +32,7 @@ pub struct RecallArgs {
     /// sinks and recent tokens).
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Text the context is cut from (default: ../shared/data/pride-and-prejudice.txt).
+    /// Text the context is cut from (default: the shared pride-and-prejudice.txt).
     #[arg(long)]
     pub text: Option<PathBuf>,
     /// Tokens of context each query ranks.
@@ -156,7 +159,7 @@ pub fn recall(args: &RecallArgs) -> Result<()> {
     if args.ranks.iter().any(|&r| r == 0 || r > config.head_dim || r % 2 == 1) {
         bail!("--ranks must be even and at most the head's {} dimensions", config.head_dim);
     }
-    let text_path = args.text.clone().unwrap_or_else(|| PathBuf::from("../shared/data/pride-and-prejudice.txt"));
+    let text_path = args.text.clone().unwrap_or_else(|| crate::report::shared_document("pride-and-prejudice.txt"));
     let text = std::fs::read_to_string(&text_path)
         .with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
     let need = args.tokens + args.queries;
@@ -200,7 +203,7 @@ pub fn recall(args: &RecallArgs) -> Result<()> {
         .collect();
     let copies = measure(shape, setup, &layers, &args.ranks);
 
-    let model = args.model.model().map_or_else(|| crate::models::registry().default, str::to_string);
+    let model = args.model.model().map_or_else(|| hillside_common::models::registry().default, str::to_string);
     println!(
         "hillside bench recall · {model} · {} tokens · recall of the exact top {:.0}% over {} queries",
         args.tokens,
@@ -225,8 +228,8 @@ pub fn recall(args: &RecallArgs) -> Result<()> {
         );
     }
     let report = Report {
-        date: crate::bench::utc_now(),
-        cpu: crate::bench::cpu_name(),
+        date: crate::report::utc_now(),
+        cpu: crate::report::cpu_name(),
         model,
         context_tokens: args.tokens,
         queries: queries.decode.len(),
@@ -234,7 +237,7 @@ pub fn recall(args: &RecallArgs) -> Result<()> {
         alpha: kv.alpha,
         copies,
     };
-    crate::bench::write_json(&args.json, &report)?;
+    crate::report::write_json(&args.json, &report)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }
@@ -264,133 +267,6 @@ struct LayerData<'a> {
     fit_queries: &'a [f32],
     queries: Vec<&'a [f32]>,
 }
-
-/// A way of keeping r coordinates of a head's keys and queries.
-enum Projection {
-    /// These dimensions (whole RoPE pairs).
-    Dims(Vec<usize>),
-    /// Coordinates along these orthonormal directions (`r × head_dim`), keys centered on `mean`
-    /// (the mean's part of q·k is the same for every token, so queries are not centered).
-    Basis { directions: Vec<f32>, mean: Vec<f32> },
-}
-
-impl Projection {
-    fn rank(&self, head_dim: usize) -> usize {
-        match self {
-            Self::Dims(d) => d.len(),
-            Self::Basis { directions, .. } => directions.len() / head_dim,
-        }
-    }
-
-    fn apply(&self, x: &[f32], centered: bool, out: &mut Vec<f32>) {
-        out.clear();
-        match self {
-            Self::Dims(dims) => out.extend(dims.iter().map(|&d| x[d])),
-            Self::Basis { directions, mean } => out.extend(directions.chunks_exact(x.len()).map(|dir| {
-                dir.iter().zip(x).zip(mean).map(|((a, &v), &m)| a * if centered { v - m } else { v }).sum::<f32>()
-            })),
-        }
-    }
-}
-
-/// The `rank`/2 rotary pairs of a head with the largest query × key RMS product over the fitting
-/// tokens (`fit_keys`, `fit_queries`: that head's rows, `head_dim` each).
-fn rope_pairs(
-    layout: RopeLayout,
-    head_dim: usize,
-    fit_keys: &[&[f32]],
-    fit_queries: &[&[f32]],
-    rank: usize,
-) -> Projection {
-    let half = head_dim / 2;
-    let pair = |i: usize| match layout {
-        RopeLayout::Interleaved => (2 * i, 2 * i + 1),
-        RopeLayout::Halves => (i, i + half),
-    };
-    let energy = |rows: &[&[f32]], (a, b): (usize, usize)| {
-        rows.iter().map(|r| r[a] * r[a] + r[b] * r[b]).sum::<f32>() / rows.len().max(1) as f32
-    };
-    let mut pairs: Vec<(f32, usize)> =
-        (0..half).map(|i| (energy(fit_keys, pair(i)).sqrt() * energy(fit_queries, pair(i)).sqrt(), i)).collect();
-    pairs.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let mut dims: Vec<usize> = pairs[..rank / 2].iter().flat_map(|&(_, i)| [pair(i).0, pair(i).1]).collect();
-    dims.sort_unstable();
-    Projection::Dims(dims)
-}
-
-/// The `rank` principal directions of `fit_keys` about their mean.
-fn pca(head_dim: usize, fit_keys: &[&[f32]], rank: usize) -> Projection {
-    let n = fit_keys.len().max(1) as f64;
-    let mut mean = vec![0f64; head_dim];
-    for k in fit_keys {
-        mean.iter_mut().zip(*k).for_each(|(m, &x)| *m += f64::from(x) / n);
-    }
-    let mut cov = vec![0f64; head_dim * head_dim];
-    for k in fit_keys {
-        for i in 0..head_dim {
-            let di = f64::from(k[i]) - mean[i];
-            for j in 0..head_dim {
-                cov[i * head_dim + j] += di * (f64::from(k[j]) - mean[j]) / n;
-            }
-        }
-    }
-    let (values, vectors) = symmetric_eigen(head_dim, cov);
-    let mut order: Vec<usize> = (0..head_dim).collect();
-    order.sort_by(|&a, &b| values[b].total_cmp(&values[a]));
-    let directions = order[..rank]
-        .iter()
-        .flat_map(|&c| (0..head_dim).map(move |i| (c, i)))
-        .map(|(c, i)| vectors[i * head_dim + c] as f32)
-        .collect();
-    Projection::Basis { directions, mean: mean.iter().map(|&m| m as f32).collect() }
-}
-
-/// Eigenvalues and eigenvectors (columns of the row-major result) of the symmetric `n × n`
-/// matrix `a`, by cyclic Jacobi rotations.
-fn symmetric_eigen(n: usize, mut a: Vec<f64>) -> (Vec<f64>, Vec<f64>) {
-    let mut v: Vec<f64> = (0..n * n).map(|i| if i / n == i % n { 1.0 } else { 0.0 }).collect();
-    for _ in 0..JACOBI_SWEEPS {
-        let off: f64 = (0..n)
-            .flat_map(|i| (0..n).filter(move |&j| j != i).map(move |j| (i, j)))
-            .map(|(i, j)| a[i * n + j].powi(2))
-            .sum();
-        if off < 1e-22 {
-            break;
-        }
-        for p in 0..n {
-            for q in p + 1..n {
-                let apq = a[p * n + q];
-                if apq.abs() < 1e-300 {
-                    continue;
-                }
-                let theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
-                let t = theta.signum() / (theta.abs() + (theta * theta + 1.0).sqrt());
-                let t = if theta == 0.0 { 1.0 } else { t };
-                let c = 1.0 / (t * t + 1.0).sqrt();
-                let s = t * c;
-                for k in 0..n {
-                    let (akp, akq) = (a[k * n + p], a[k * n + q]);
-                    a[k * n + p] = c * akp - s * akq;
-                    a[k * n + q] = s * akp + c * akq;
-                }
-                for k in 0..n {
-                    let (apk, aqk) = (a[p * n + k], a[q * n + k]);
-                    a[p * n + k] = c * apk - s * aqk;
-                    a[q * n + k] = s * apk + c * aqk;
-                }
-                for k in 0..n {
-                    let (vkp, vkq) = (v[k * n + p], v[k * n + q]);
-                    v[k * n + p] = c * vkp - s * vkq;
-                    v[k * n + q] = s * vkp + c * vkq;
-                }
-            }
-        }
-    }
-    ((0..n).map(|i| a[i * n + i]).collect(), v)
-}
-
-/// Sweeps after which a 64 × 64 covariance is diagonal to rounding.
-const JACOBI_SWEEPS: usize = 30;
 
 /// `row` rounded as the store's copies are: symmetric, one scale for the row, `max_level` steps.
 fn quantized(row: &mut [f32], max_level: f32) {
@@ -543,20 +419,6 @@ fn measure(shape: Shape, setup: Setup, layers: &[LayerData], ranks: &[usize]) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn jacobi_finds_the_eigenvectors_of_a_known_matrix() {
-        // Q diag(5, 2, 1) Qᵀ for a rotation Q: the eigenvalues and the top direction come back.
-        let (c, s) = (0.6f64, 0.8f64);
-        let q = [c, -s, 0.0, s, c, 0.0, 0.0, 0.0, 1.0];
-        let d = [5.0, 2.0, 1.0];
-        let a: Vec<f64> = (0..9).map(|i| (0..3).map(|k| q[i / 3 * 3 + k] * d[k] * q[i % 3 * 3 + k]).sum()).collect();
-        let (values, vectors) = symmetric_eigen(3, a);
-        let top = (0..3).max_by(|&x, &y| values[x].total_cmp(&values[y])).unwrap();
-        assert!((values[top] - 5.0).abs() < 1e-9, "{values:?}");
-        let dir: Vec<f64> = (0..3).map(|i| vectors[i * 3 + top]).collect();
-        assert!((dir[0].abs() - c).abs() < 1e-9 && (dir[1].abs() - s).abs() < 1e-9, "{dir:?}");
-    }
 
     #[test]
     fn keeping_every_dimension_ranks_exactly_and_pairs_follow_the_layout() {

@@ -1,11 +1,11 @@
 //! `hillside bench serve`: the endpoint under load on loopback — requests/s, tokens/s, time to
 //! first token and inter-token latency at several numbers of concurrent streaming clients.
 
-use crate::bench::{cpu_name, peak_rss_mb};
-use crate::serve::model_names;
-use crate::{load_engine, models, ModelArgs};
+use crate::report::{cpu_name, peak_rss_mb};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_common::serve::model_names;
+use hillside_common::{load_engine, models, ModelArgs};
 use hillside_engine::scheduler::SchedulerConfig;
 use hillside_server::{App, DocumentsConfig, ServerConfig};
 use serde::Serialize;
@@ -135,7 +135,7 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
     server.stop()?;
 
     let report = Report {
-        date: crate::bench::utc_now(),
+        date: crate::report::utc_now(),
         cpu: cpu_name(),
         model: model_id,
         kv_store: args.model.kv_config().store,
@@ -145,7 +145,7 @@ pub fn serve(args: &ServeBenchArgs) -> Result<()> {
         peak_rss_mb: peak_rss_mb(),
     };
     print_table(&report);
-    crate::bench::write_json(&args.json, &report)?;
+    crate::report::write_json(&args.json, &report)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }
@@ -190,7 +190,7 @@ impl BenchServer {
             sampling: hillside_engine::SamplingParams::default(),
             settings_file: None,
         };
-        let runtime = crate::serve::runtime()?;
+        let runtime = hillside_common::serve::runtime()?;
         let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
         let base = format!("http://{}", listener.local_addr()?);
         let app = App::new(engine, config)?;

@@ -3,8 +3,8 @@
 //! and the store's prompt-time bookkeeping for that chunk, are real). A 32K prompt then costs one
 //! prefill of minutes instead of one per store.
 
-use crate::ModelArgs;
 use anyhow::{Context, Result};
+use hillside_common::ModelArgs;
 use hillside_engine::kv::{snapshot, KvStore};
 use hillside_engine::{Engine, Logits, Sequence};
 use sha2::{Digest, Sha256};

@@ -1,8 +1,7 @@
 //! `hillside serve`: the local OpenAI-compatible endpoint over the loaded model.
 
-use crate::docs::DocumentsArgs;
 use crate::engine_choice::EngineArgs;
-use crate::{config, load_engine, models, ModelArgs};
+use crate::{config, load_engine, models, DocumentsArgs, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use hillside_engine::scheduler::SchedulerConfig;
@@ -171,7 +170,7 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
 
 /// The id clients name the model by (its registry name, else the file's stem) and the other
 /// names accepted for it.
-pub(crate) fn model_names(spec: Option<&str>, path: &Path) -> (String, Vec<String>) {
+pub fn model_names(spec: Option<&str>, path: &Path) -> (String, Vec<String>) {
     let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let file = path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let registry = models::registry();

@@ -3,9 +3,9 @@
 //! and hot-pool hit rates.
 //! Prints a table, writes JSON and an SVG plot of tok/s against context.
 
-use crate::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_common::ModelArgs;
 use hillside_engine::kv::headroom::MemoryCap;
 use hillside_engine::kv::tiered::planner::{self, Profile};
 use hillside_engine::kv::{KvConfig, StoreKind};
@@ -24,7 +24,7 @@ pub struct KvArgs {
     pub contexts: Vec<usize>,
     #[arg(long, default_value_t = 32)]
     pub decode_tokens: usize,
-    /// Text the prompts are cut from (default: ../shared/data/pride-and-prejudice.txt).
+    /// Text the prompts are cut from (default: the shared pride-and-prejudice.txt).
     #[arg(long)]
     pub text: Option<PathBuf>,
     #[arg(long, default_value = "bench-kv.json")]
@@ -49,12 +49,12 @@ pub struct KvArgs {
 /// Multiples of the predicted β the sweep tries.
 const BETA_SWEEP: [f64; 5] = [0.25, 0.5, 1.0, 2.0, 4.0];
 
-/// Runs `hillside bench decode` for one store in a child process and returns its report.
+/// Runs `hillside-bench decode` for one store in a child process and returns its report.
 fn run_store(args: &KvArgs, store: StoreKind, contexts: &[usize], hot_budget_mb: Option<usize>) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("hillside-bench-kv-{}-{}.json", std::process::id(), store));
     let contexts: Vec<String> = contexts.iter().map(usize::to_string).collect();
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["bench", "decode", "--kv", &store.to_string(), "--prefill-tokens", "16"])
+    cmd.args(["decode", "--kv", &store.to_string(), "--prefill-tokens", "16"])
         .args(["--contexts", &contexts.join(","), "--decode-tokens", &args.decode_tokens.to_string()])
         .args(
             args.model.to_flags().into_iter().filter(|f| hot_budget_mb.is_none() || !f.starts_with("--hot-budget-mb")),
@@ -159,7 +159,7 @@ pub fn kv(args: &KvArgs) -> Result<()> {
         print_sweep(&sweep);
         json.insert("beta_sweep".into(), serde_json::to_value(&sweep)?);
     }
-    crate::bench::write_json(&args.json, &json)?;
+    crate::report::write_json(&args.json, &json)?;
     std::fs::write(&args.plot, plot(&reports)).with_context(|| format!("writing {}", args.plot.display()))?;
     eprintln!("wrote {} and {}", args.json.display(), args.plot.display());
     Ok(())
@@ -267,7 +267,7 @@ struct Sweep {
 /// Tiered decode at the largest context for hot pools sized by multiples of the predicted β.
 fn beta_sweep(args: &KvArgs) -> Result<Sweep> {
     let context = *args.contexts.iter().max().context("no contexts")?;
-    let engine = crate::load_engine(&args.model)?;
+    let engine = hillside_common::load_engine(&args.model)?;
     let shape = engine.model().kv_shape(context);
     let config = KvConfig { store: StoreKind::Tiered, ..args.model.kv_config() };
     let profile = planner::profile(&config.cold_dir, config.key_bits)?;

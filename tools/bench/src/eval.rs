@@ -2,9 +2,9 @@
 //! text. Prints a table and writes JSON.
 
 use crate::prompt_cache::feed_prompt;
-use crate::{load_engine, ModelArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_common::{load_engine, ModelArgs};
 use hillside_engine::eval::{teacher_forced_from, AttentionMass, AttentionMassProbe, IdealSelector, TeacherForced};
 use hillside_engine::kv::{KvStats, KvStore, StoreKind};
 use hillside_engine::Engine;
@@ -22,7 +22,7 @@ pub struct EvalArgs {
     /// Stores to compare with `full` (which always runs first, as the reference).
     #[arg(long, value_delimiter = ',', default_values = ["tiered"])]
     pub stores: Vec<StoreKind>,
-    /// Text to evaluate on (default: ../shared/data/pride-and-prejudice.txt).
+    /// Text to evaluate on (default: the shared pride-and-prejudice.txt).
     #[arg(long)]
     pub text: Option<PathBuf>,
     /// Tokens in the window.
@@ -299,7 +299,7 @@ fn gpl_path(text: &std::path::Path) -> PathBuf {
 
 pub fn eval(args: &EvalArgs) -> Result<()> {
     let engine = load_engine(&args.model)?;
-    let text_path = args.text.clone().unwrap_or_else(|| PathBuf::from("../shared/data/pride-and-prejudice.txt"));
+    let text_path = args.text.clone().unwrap_or_else(|| crate::report::shared_document("pride-and-prejudice.txt"));
     let text = std::fs::read_to_string(&text_path)
         .with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
     let all = engine.tokenizer().encode(&text)?;
@@ -438,7 +438,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             println!();
         }
     }
-    crate::bench::write_json(&args.json, &report)?;
+    crate::report::write_json(&args.json, &report)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }

@@ -2,9 +2,10 @@
 //! this machine's memory read bandwidth, so each figure can be read against its roofline.
 
 use crate::prompt_cache::feed_prompt;
-use crate::{load_engine, ModelArgs};
+use crate::report::{cpu_name, peak_rss_mb, shared_document, utc_now, write_json};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_common::{load_engine, ModelArgs};
 use hillside_engine::kv::cold::GROUP_TOKENS;
 use hillside_engine::sampling::argmax;
 use hillside_engine::trace;
@@ -18,7 +19,7 @@ use std::time::Instant;
 pub struct DecodeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Text the prompts are cut from (default: ../shared/data/pride-and-prejudice.txt).
+    /// Text the prompts are cut from (default: the shared Pride and Prejudice).
     #[arg(long)]
     pub text: Option<PathBuf>,
     /// Prompt length for the prefill figure.
@@ -145,37 +146,6 @@ struct Report {
     peak_rss_mb: f64,
 }
 
-/// Now, as the reports write it (`2026-11-24 18:30 UTC`).
-pub(crate) fn utc_now() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
-pub(crate) fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
-}
-
-pub(crate) fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kib| kib * 1024.0 / 1e6)
-}
-
-/// Best of a few passes of summing a 512 MiB buffer on every thread (well past any cache).
 fn memory_read_gb_per_s() -> f64 {
     // 512 MiB, far past any cache, or half the room left where a memory cgroup caps this
     // process (bench kv --memory-cap-mb): still past the last-level cache.
@@ -225,7 +195,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
         trace::set_enabled(true);
     }
     let engine = load_engine(&args.model)?;
-    let text_path = args.text.clone().unwrap_or_else(|| PathBuf::from("../shared/data/pride-and-prejudice.txt"));
+    let text_path = args.text.clone().unwrap_or_else(|| shared_document("pride-and-prejudice.txt"));
     let text = std::fs::read_to_string(&text_path)
         .with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
     let config = &engine.model().config;
@@ -337,11 +307,11 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
     }
 
     let report = Report {
-        date: chrono_free_date(),
+        date: utc_now(),
         cpu: cpu_name(),
         threads: rayon::current_num_threads(),
         simd: hillside_engine::kernels::simd_level().name(),
-        model: args.model.model().map_or_else(|| crate::models::registry().default, str::to_string),
+        model: args.model.model().map_or_else(|| hillside_common::models::registry().default, str::to_string),
         kv_store: args.model.kv_config().store,
         weight_bytes,
         kv_bytes_per_token: kv_per_token,
@@ -370,12 +340,6 @@ fn phase_results(totals: Vec<trace::PhaseTotal>, steps: usize, s_per_step: f64) 
             }
         })
         .collect()
-}
-
-/// Writes a benchmark's or evaluation's report as pretty JSON, ending in a newline.
-pub fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
-    std::fs::write(path, serde_json::to_string_pretty(report)? + "\n")
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn print_table(r: &Report) {
@@ -431,21 +395,4 @@ fn print_table(r: &Report) {
         }
     }
     println!("\npeak RSS {:.0} MB", r.peak_rss_mb);
-}
-
-/// Today's date (UTC) as YYYY-MM-DD, from the system clock.
-fn chrono_free_date() -> String {
-    let days =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
 }

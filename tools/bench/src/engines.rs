@@ -2,9 +2,9 @@
 //! the remote one (llama.cpp's llama-server on the same machine and model, say), the same
 //! documents with the same context and requests in flight, one engine after the other.
 
-use crate::bench::{cpu_name, utc_now, write_json};
-use crate::{load_engine, models, ModelArgs};
+use crate::report::{cpu_name, utc_now, write_json};
 use anyhow::{Context, Result};
+use hillside_common::{load_engine, models, ModelArgs};
 use hillside_documents::chunks::Mode;
 use hillside_documents::summarize::{summarize, Backend, NoCheckpoints, Runner};
 use hillside_documents::Document;

@@ -3,7 +3,7 @@
 //! the app read every upload), alternating, and the medians are compared; a one-line text file
 //! gives the bare cost of a child.
 
-use crate::bench::{cpu_name, write_json};
+use crate::report::{cpu_name, write_json};
 use anyhow::{Context, Result};
 use clap::Args;
 use hillside_documents::ingest::isolated::{IsolatedReader, ProcessLimits};
@@ -14,7 +14,7 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct IngestBenchArgs {
-    /// Files to read [default: ../shared/data/gpl-3.0.txt and pride-and-prejudice.txt].
+    /// Files to read [default: the shared gpl-3.0.txt and pride-and-prejudice.txt].
     #[arg(value_delimiter = ',')]
     pub files: Vec<PathBuf>,
     /// Reads of each file each way.
@@ -51,7 +51,7 @@ pub fn ingest(args: &IngestBenchArgs) -> Result<()> {
     let reader = IsolatedReader::locate(ProcessLimits::default()).map_err(anyhow::Error::msg)?;
     let limits = Limits::default();
     let files = if args.files.is_empty() {
-        vec![PathBuf::from("../shared/data/gpl-3.0.txt"), PathBuf::from("../shared/data/pride-and-prejudice.txt")]
+        vec![crate::report::shared_document("gpl-3.0.txt"), crate::report::shared_document("pride-and-prejudice.txt")]
     } else {
         args.files.clone()
     };

@@ -4,11 +4,11 @@
 //! (reading the document, writing the summary), with and without the scheduler's shorter
 //! prefill chunks while a chat waits (`SchedulerConfig::shared_prefill_tokens`).
 
-use crate::bench::{cpu_name, peak_rss_mb};
-use crate::bench_serve::{percentile, stream_one, BenchServer, Timing};
-use crate::ModelArgs;
+use crate::report::{cpu_name, peak_rss_mb};
+use crate::serve::{percentile, stream_one, BenchServer, Timing};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_common::ModelArgs;
 use hillside_engine::scheduler::SHARED_PREFILL_TOKENS;
 use hillside_server::DocumentsConfig;
 use serde::Serialize;
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub struct UiBenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// The document summarized in the background (default: ../shared/data/gpl-3.0.txt).
+    /// The document summarized in the background (default: the shared gpl-3.0.txt).
     #[arg(long)]
     pub document: Option<PathBuf>,
     /// Chat requests timed alone.
@@ -88,7 +88,7 @@ pub fn ui(args: &UiBenchArgs) -> Result<()> {
     if args.requests == 0 {
         bail!("--requests must be at least 1");
     }
-    let document = args.document.clone().unwrap_or_else(|| PathBuf::from("../shared/data/gpl-3.0.txt"));
+    let document = args.document.clone().unwrap_or_else(|| crate::report::shared_document("gpl-3.0.txt"));
     let bytes = std::fs::read(&document).with_context(|| format!("reading {}", document.display()))?;
     let name = document.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "document".into());
 
@@ -116,7 +116,7 @@ pub fn ui(args: &UiBenchArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
 
     let report = Report {
-        date: crate::bench::utc_now(),
+        date: crate::report::utc_now(),
         cpu: cpu_name(),
         model: model_id,
         page_ms_p50: page.0,
@@ -128,7 +128,7 @@ pub fn ui(args: &UiBenchArgs) -> Result<()> {
         peak_rss_mb: peak_rss_mb(),
     };
     print_table(&report);
-    crate::bench::write_json(&args.json, &report)?;
+    crate::report::write_json(&args.json, &report)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }

@@ -4,11 +4,12 @@
 //! after another, and a follow-up question's time to first token without K/V reuse, with it
 //! (in memory, as in the same run), and after a restart (from the kept file).
 
-use crate::bench::{cpu_name, peak_rss_mb};
-use crate::engine_choice::EngineArgs;
-use crate::{bench_engines, load_engine, models, ModelArgs};
+use crate::engines;
+use crate::report::{cpu_name, peak_rss_mb};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_common::engine_choice::EngineArgs;
+use hillside_common::{load_engine, models, ModelArgs};
 use hillside_documents::chunks::{cut, plan, Mode};
 use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::prompt::best_chunk;
@@ -39,11 +40,11 @@ pub struct DocsBenchArgs {
     #[arg(long, default_value_t = 60_000)]
     pub long_slice_bytes: usize,
     /// A document that fits the context, summarized in one pass and then asked about
-    /// (default: ../shared/data/gpl-3.0.txt).
+    /// (default: the shared gpl-3.0.txt).
     #[arg(long)]
     pub whole: Option<PathBuf>,
     /// A book, far longer than the context, summarized hierarchically
-    /// (default: ../shared/data/pride-and-prejudice.txt).
+    /// (default: the shared pride-and-prejudice.txt).
     #[arg(long)]
     pub long: Option<PathBuf>,
     /// The KV stores the book is summarized with, one run each.
@@ -234,7 +235,7 @@ fn first_token(runner: &Runner<'_>, doc: &Document, q: &str) -> Result<(f64, usi
 }
 
 pub fn docs(args: &DocsBenchArgs) -> Result<()> {
-    let shared = |name: &str| PathBuf::from("../shared/data").join(name);
+    let shared = crate::report::shared_document;
     let whole_path = args.whole.clone().unwrap_or_else(|| shared("gpl-3.0.txt"));
     let long_path = args.long.clone().unwrap_or_else(|| shared("pride-and-prejudice.txt"));
     let whole_doc = read_file(&whole_path, &Limits::default()).with_context(|| whole_path.display().to_string())?;
@@ -243,7 +244,7 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
         let cut = long_doc.text.floor_char_boundary(args.long_slice_bytes.min(long_doc.text.len()));
         let slice =
             read_bytes(&format!("{}[..{cut}]", long_doc.name), &long_doc.text.as_bytes()[..cut], &Limits::default())?;
-        return bench_engines::compare(&args.model, &remote, &[whole_doc, slice], &args.json);
+        return engines::compare(&args.model, &remote, &[whole_doc, slice], &args.json);
     }
     let model_path = models::resolve(args.model.model())?;
     let engine = Arc::new(load_engine(&args.model)?);
@@ -360,7 +361,7 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
     }
 
     let report = Report {
-        date: crate::bench::utc_now(),
+        date: crate::report::utc_now(),
         cpu: cpu_name(),
         model: model_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         context,
@@ -374,7 +375,7 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
         peak_rss_mb: peak_so_far_mb.max(peak_rss_mb()),
     };
     print_table(&report);
-    crate::bench::write_json(&args.json, &report)?;
+    crate::report::write_json(&args.json, &report)?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
 }
