@@ -41,7 +41,12 @@ pub enum Error {
     InvalidParameter(String),
 
     #[error("KV cache: {0}")]
-    Kv(String),
+    Kv(#[from] KvMisuse),
+
+    /// Rolling a sequence back after a failed step lost tokens it held (their cold pages could
+    /// not be read back): the sequence cannot go on where it was.
+    #[error("KV cache: {lost} of the sequence's {held} tokens could not be read back")]
+    TokensLost { lost: usize, held: usize },
 
     /// The cold pool's file failed. The message names no path, since it can reach an HTTP
     /// client; the log line written where it happened does.
@@ -61,13 +66,34 @@ pub enum Error {
     Internal(String),
 
     #[error("SmartSSD: {0}")]
-    Xrt(String),
+    Xrt(#[from] crate::score::xrt::XrtError),
 
     #[error("compute device: {0}")]
     Device(String),
 
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+/// A KV store asked for what it cannot give: a caller that broke the store's contract.
+#[derive(Debug, thiserror::Error)]
+pub enum KvMisuse {
+    #[error("{what}: {values} values are not whole rows of {row}")]
+    RowsNotWhole { what: &'static str, values: usize, row: usize },
+    #[error("append: {k} K and {v} V values are not whole rows of {row}")]
+    KvRowsNotWhole { k: usize, v: usize, row: usize },
+    #[error("the full store serves only whole-cache selections")]
+    PartialSelection,
+    #[error("layer {layer} keeps its inputs (X-cache), and {tokens} tokens' K/V came without them")]
+    InputsMissing { layer: usize, tokens: usize },
+    #[error("X-cache: a layer input of {0} values does not split into two halves")]
+    OddInput(usize),
+    #[error("a snapshot of {tokens} tokens from a store holding {held}")]
+    SnapshotBeyondStore { tokens: usize, held: usize },
+    #[error("a snapshot loads only into an empty store")]
+    SnapshotIntoNonEmpty,
+    #[error("the store holds no whole prefix of {tokens} tokens to keep ({in_view} tokens in view)")]
+    NoWholePrefix { tokens: usize, in_view: usize },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -142,7 +142,7 @@ impl Sequence {
     pub(crate) fn roll_back_to(&mut self, held: usize) -> Result<()> {
         match self.truncate(held) {
             kept if kept == held => Ok(()),
-            kept => Err(Error::Kv(format!("{} of the sequence's {held} tokens could not be read back", held - kept))),
+            kept => Err(Error::TokensLost { lost: held - kept, held }),
         }
     }
 

@@ -18,7 +18,7 @@ pub mod score;
 pub mod text;
 pub mod trace;
 
-pub use error::{Error, Result};
+pub use error::{Error, KvMisuse, Result};
 pub use generate::{
     feed_batch, generate, CancelFlag, Event, FinishReason, GenerateParams, Generation, GenerationStream, Next,
     Sequence, Summary, TokenLogprob,

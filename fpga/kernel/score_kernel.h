@@ -1,6 +1,6 @@
 // Hillside's storage-side scoring kernel: raw q·k of quantized keys against each KV head's
 // quantized query, streamed out in score blocks. The contract (layouts, exact scores) is
-// engine/src/score/device.rs; fpga/README.md has the build.
+// engine/src/score/contract.rs; fpga/README.md has the build.
 #pragma once
 
 #include "hls_compat.h"

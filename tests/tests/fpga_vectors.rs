@@ -1,5 +1,5 @@
 //! Test vectors for the FPGA scoring kernel's C simulation (`fpga/`, run by `make test`), made by
-//! the Rust reference scorer (`hillside_engine::score::device`). The committed files must be
+//! the Rust reference scorer (`hillside_engine::score::contract`). The committed files must be
 //! exactly what the reference produces now; `HILLSIDE_WRITE_FPGA_VECTORS=1` rewrites them.
 //!
 //! File format (little-endian): "HSKV", then u32 version, bits, head_dim, n_heads, n_tokens,
@@ -10,7 +10,7 @@
 mod common;
 
 use common::rng::SplitMix64;
-use hillside_engine::score::device::{head_region_bytes, reference_scores, row_bytes, supports};
+use hillside_engine::score::contract::{head_region_bytes, reference_scores, row_bytes, supports};
 use hillside_engine::score::KeyBits;
 use std::path::PathBuf;
 

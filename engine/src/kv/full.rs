@@ -2,7 +2,7 @@
 //! store's maximum length (pages are only touched as tokens arrive).
 
 use super::{KvShape, KvStats, KvStore, KvView, Selection, KV_TILE};
-use crate::error::{Error, Result};
+use crate::error::{KvMisuse, Result};
 use crate::kernels::attention::k_tile_index;
 use half::f16;
 use half::slice::HalfBitsSliceExt;
@@ -79,7 +79,7 @@ impl KvStore for FullKvStore {
 
     fn gather(&mut self, layer: usize, selection: &Selection, heads: std::ops::Range<usize>) -> Result<KvView<'_>> {
         if *selection != Selection::All {
-            return Err(Error::Kv("the full store serves only whole-cache selections".into()));
+            return Err(KvMisuse::PartialSelection.into());
         }
         let head_len = self.stride_tokens * self.shape.head_dim;
         let part = layer * self.layer_len() + heads.start * head_len..layer * self.layer_len() + heads.end * head_len;

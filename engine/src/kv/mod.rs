@@ -30,7 +30,7 @@ pub mod view;
 pub mod window;
 pub mod x_cache;
 
-use crate::error::Result;
+use crate::error::{KvMisuse, Result};
 pub use crate::kernels::attention::{KvView, KV_TILE};
 pub use config::{EvaluatorKind, KvConfig, SelectorKind, StoreKind};
 pub use full::FullKvStore;
@@ -62,12 +62,7 @@ impl KvShape {
     pub fn tokens_to_append(&self, held: usize, k: &[f32], v: &[f32]) -> Result<usize> {
         let n = k.len() / self.kv_dim();
         if k.len() != n * self.kv_dim() || v.len() != k.len() {
-            return Err(crate::Error::Kv(format!(
-                "append: {} K and {} V values are not whole rows of {}",
-                k.len(),
-                v.len(),
-                self.kv_dim()
-            )));
+            return Err(KvMisuse::KvRowsNotWhole { k: k.len(), v: v.len(), row: self.kv_dim() }.into());
         }
         if held + n > self.max_tokens {
             return Err(crate::Error::ContextOverflow { prompt_tokens: held + n, context_tokens: self.max_tokens });

@@ -121,9 +121,7 @@ impl KvStore for NearStorageKvStore {
                 // replay) cannot be kept, and the caller computes the tokens afresh.
                 let n = shape.tokens_to_append(held, k, v)?;
                 if inputs.pending(layer) != n {
-                    return Err(crate::Error::Kv(format!(
-                        "layer {layer} keeps its inputs (X-cache), and {n} tokens' K/V came without them"
-                    )));
+                    return Err(crate::error::KvMisuse::InputsMissing { layer, tokens: n }.into());
                 }
                 Ok(())
             }

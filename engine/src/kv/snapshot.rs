@@ -11,7 +11,7 @@
 //! so a crash leaves the old file or none, never half of one.
 
 use super::{KvShape, KvStore, Selection, KV_TILE};
-use crate::error::{Error, Result};
+use crate::error::{Error, KvMisuse, Result};
 use crate::kernels::attention::k_tile_index;
 use half::f16;
 use std::fs::File;
@@ -61,7 +61,7 @@ pub fn file_bytes(shape: KvShape, tokens: usize) -> u64 {
 pub fn save(kv: &mut dyn KvStore, tokens: usize, tag: &[u8; 32], path: &Path) -> Result<u64> {
     let shape = kv.shape();
     if tokens > kv.len_tokens() {
-        return Err(Error::Kv(format!("a snapshot of {tokens} tokens from a store holding {}", kv.len_tokens())));
+        return Err(KvMisuse::SnapshotBeyondStore { tokens, held: kv.len_tokens() }.into());
     }
     let partial = partial_path(path);
     let file = File::create(&partial).map_err(|e| io_error("create failed", path, e))?;
@@ -111,7 +111,7 @@ fn partial_path(path: &Path) -> PathBuf {
 pub fn load(path: &Path, tag: &[u8; 32], kv: &mut dyn KvStore) -> Result<usize> {
     let shape = kv.shape();
     if kv.len_tokens() != 0 {
-        return Err(Error::Kv("a snapshot loads only into an empty store".into()));
+        return Err(KvMisuse::SnapshotIntoNonEmpty.into());
     }
     let file = File::open(path).map_err(|e| io_error("open failed", path, e))?;
     let mut input = BufReader::with_capacity(1 << 20, file);
@@ -172,10 +172,7 @@ fn layer_rows(kv: &mut dyn KvStore, layer: usize, tokens: usize) -> Result<(Vec<
         let view = kv.gather(layer, &Selection::All, heads.clone())?;
         if view.n_tokens < tokens || view.positions.is_some() || view.head_stride_tokens % KV_TILE != 0 {
             // A store that dropped tokens (`drop`) has no whole prefix to keep.
-            return Err(Error::Kv(format!(
-                "the store holds no whole prefix of {tokens} tokens to keep ({} tokens in view)",
-                view.n_tokens
-            )));
+            return Err(KvMisuse::NoWholePrefix { tokens, in_view: view.n_tokens }.into());
         }
         for (at, head) in heads.enumerate() {
             let (head_k, head_v) =

@@ -22,7 +22,7 @@ use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
 use super::{KvShape, KvView};
-use crate::error::{Error, Result};
+use crate::error::{KvMisuse, Result};
 use half::f16;
 use std::fmt;
 use std::path::PathBuf;
@@ -110,9 +110,7 @@ impl LayerInputs {
     pub fn new(kv_shape: KvShape, layers: usize, cold_dirs: &[PathBuf], rebuild: Arc<dyn KvFromInput>) -> Result<Self> {
         let input_dim = rebuild.input_dim();
         if !input_dim.is_multiple_of(2) {
-            return Err(Error::Kv(format!(
-                "X-cache: a layer input of {input_dim} values does not split into two halves"
-            )));
+            return Err(KvMisuse::OddInput(input_dim).into());
         }
         let x_shape =
             KvShape { n_layers: layers, n_kv_heads: 1, head_dim: input_dim / 2, max_tokens: kv_shape.max_tokens };
@@ -142,7 +140,7 @@ impl LayerInputs {
     pub fn append(&mut self, layer: usize, x: &[f32]) -> Result<()> {
         let dim = self.rebuild.input_dim();
         if !x.len().is_multiple_of(dim) {
-            return Err(Error::Kv(format!("X-cache: {} input values are not whole rows of {dim}", x.len())));
+            return Err(KvMisuse::RowsNotWhole { what: "X-cache input", values: x.len(), row: dim }.into());
         }
         let [first, second] = &mut self.halves;
         first.clear();

@@ -2,7 +2,7 @@
 //! (the storage evaluator), or a SmartSSD's FPGA (the XRT evaluator). Both stream score blocks
 //! of the same arithmetic, so the host merges either the same way.
 
-use super::device::DeviceQuery;
+use super::contract::DeviceQuery;
 use super::storage::ColdScan;
 use super::xrt::XrtEvaluator;
 use super::{ScoreBlock, ScoringKeys, StorageEvaluator};

@@ -2,7 +2,7 @@
 //! computed from them (no softmax, no 1/√d: only the ranking matters), and the streaming top-k
 //! merge of score blocks.
 
-pub mod device;
+pub mod contract;
 pub mod evaluator;
 pub mod keys;
 pub mod storage;

@@ -8,7 +8,7 @@
 //! worker and, once their own tokens are scored, the compute threads each claim the next block,
 //! instead of the compute threads waiting for one thread to finish the scan.
 
-use super::device::DeviceQuery;
+use super::contract::DeviceQuery;
 use super::keys::ScoringKeys;
 use super::topk::ScoreBlock;
 use super::worker::Worker;

@@ -23,7 +23,7 @@
 //! a crashed process are swept the next time a pool is created in that directory.
 //!
 //! For a SmartSSD the file also holds, after the K/V groups, each layer's scoring keys in chunks
-//! laid out for the FPGA kernel ([`crate::score::device::KeyChunkLayout`]), read with direct I/O
+//! laid out for the FPGA kernel ([`crate::score::contract::KeyChunkLayout`]), read with direct I/O
 //! straight into the card's peer-to-peer buffers. They carry no checksum: the host never sees
 //! those bytes, and a damaged one can only misrank a token, never corrupt attention.
 
@@ -33,7 +33,7 @@ use super::aligned::{AlignedBuf, IO_ALIGN};
 use super::cold_format::{decode_q8, encode_q8, ColdType};
 use super::fault::{self, PoolFaults};
 use crate::error::{Error, Result};
-use crate::score::device::CHUNK_TOKENS;
+use crate::score::contract::CHUNK_TOKENS;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::ops::Range;

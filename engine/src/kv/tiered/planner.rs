@@ -12,7 +12,7 @@ use super::super::aligned::AlignedBuf;
 use super::super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
 use crate::error::Result;
 use crate::kv::cold::staged::io_pool;
-use crate::score::device::DeviceQuery;
+use crate::score::contract::DeviceQuery;
 use crate::score::{KeyBits, ScoringKeys, StorageEvaluator};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;

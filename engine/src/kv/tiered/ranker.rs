@@ -11,7 +11,7 @@ use super::super::cold::ColdPool;
 use super::{EvaluatorKind, KvShape, TierStats, TieredSettings};
 use crate::kernels::parallel::map_items;
 use crate::kernels::spin_pool::pool;
-use crate::score::device::{DeviceQuery, KeyChunkLayout};
+use crate::score::contract::{DeviceQuery, KeyChunkLayout};
 use crate::score::xrt::XrtEvaluator;
 use crate::score::{
     BlockMerge, ColdEvaluator, HeadsMass, HeadsTopK, ScoreBlock, ScoringKeys, StorageEvaluator, SCORE_BLOCK_TOKENS,

@@ -1,12 +1,13 @@
 //! XRT's C API (xrt_device.h, xrt_kernel.h, xrt_bo.h), loaded at run time with libloading: no
 //! XRT at build time, none needed to run, and the same code drives a card or the emulator in
 //! `fpga/emu/`. Handles are wrapped so each is closed exactly once; every call's failure becomes
-//! an [`Error::Xrt`] naming the call and errno.
+//! an [`XrtError`] naming the call and errno.
 //!
 //! Never call into a real XRT before [`super::probe`] said it is safe: with `XILINX_XRT` unset
 //! or wrong, XRT 2.13 throws a C++ exception through its C API, which aborts the process.
 
-use crate::error::{Error, Result};
+use super::error::XrtError;
+use crate::error::Result;
 use libloading::Library;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::path::{Path, PathBuf};
@@ -71,7 +72,7 @@ fn check(call: &str, rc: c_int) -> Result<()> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(Error::Xrt(format!("{call} failed: {}", std::io::Error::from_raw_os_error(rc.abs()))))
+        Err(XrtError::Call { call: call.to_string(), source: std::io::Error::from_raw_os_error(rc.abs()) }.into())
     }
 }
 
@@ -82,16 +83,14 @@ impl Xrt {
         // SAFETY: loading runs the library's initializers; XRT's and the emulator's are benign
         // (XRT's risky work happens at the first device call, which the probe guards).
         let lib =
-            unsafe { Library::new(path) }.map_err(|e| Error::Xrt(format!("cannot load {}: {e}", path.display())))?;
+            unsafe { Library::new(path) }.map_err(|source| XrtError::Load { path: path.to_path_buf(), source })?;
         macro_rules! sym {
             ($name:literal) => {
                 // SAFETY: the type is the C prototype of this symbol in XRT 2.13's headers.
-                *unsafe { lib.get($name) }.map_err(|e| {
-                    Error::Xrt(format!(
-                        "{} lacks {}: {e}",
-                        path.display(),
-                        String::from_utf8_lossy(&$name[..$name.len() - 1])
-                    ))
+                *unsafe { lib.get($name) }.map_err(|source| XrtError::MissingSymbol {
+                    path: path.to_path_buf(),
+                    symbol: String::from_utf8_lossy(&$name[..$name.len() - 1]).into_owned(),
+                    source,
                 })?
             };
         }
@@ -142,7 +141,7 @@ impl Device {
     /// Loads an xclbin and returns its UUID.
     pub fn load_xclbin(&self, path: &Path) -> Result<[u8; 16]> {
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| Error::Xrt("xclbin path has a NUL byte".into()))?;
+            .map_err(|_| XrtError::NulByte { what: "the xclbin path" })?;
         // SAFETY: valid handle and NUL-terminated path.
         check(&format!("loading {}", path.display()), unsafe {
             (self.xrt.api.load_xclbin_file)(self.handle, c_path.as_ptr())
@@ -154,11 +153,11 @@ impl Device {
     }
 
     pub fn open_kernel(&self, uuid: &[u8; 16], name: &str) -> Result<Kernel> {
-        let c_name = CString::new(name).map_err(|_| Error::Xrt("kernel name has a NUL byte".into()))?;
+        let c_name = CString::new(name).map_err(|_| XrtError::NulByte { what: "the kernel name" })?;
         // SAFETY: valid handle, 16-byte uuid, NUL-terminated name.
         let handle = unsafe { (self.xrt.api.kernel_open)(self.handle, uuid.as_ptr(), c_name.as_ptr()) };
         if handle.is_null() {
-            return Err(Error::Xrt(format!("the xclbin has no kernel '{name}': {}", errno())));
+            return Err(XrtError::NoKernel { name: name.to_string(), source: errno() }.into());
         }
         Ok(Kernel { xrt: self.xrt.clone(), handle })
     }
@@ -169,15 +168,14 @@ impl Device {
         // SAFETY: valid device handle.
         let handle = unsafe { (self.xrt.api.bo_alloc)(self.handle, bytes, flags, group as u32) };
         if handle.is_null() {
-            let what = if p2p { " peer-to-peer (is P2P enabled on the card?)" } else { "" };
-            return Err(Error::Xrt(format!("cannot allocate a {bytes}-byte{what} buffer: {}", errno())));
+            return Err(XrtError::Allocate { bytes, p2p, source: errno() }.into());
         }
         // SAFETY: valid buffer handle; the mapping lives as long as the buffer.
         let map = unsafe { (self.xrt.api.bo_map)(handle) };
         if map.is_null() {
             // SAFETY: the handle came from bo_alloc and is freed once.
             unsafe { (self.xrt.api.bo_free)(handle) };
-            return Err(Error::Xrt(format!("cannot map a {bytes}-byte buffer: {}", errno())));
+            return Err(XrtError::Map { bytes, source: errno() }.into());
         }
         Ok(Buffer { xrt: self.xrt.clone(), handle, map: map.cast(), bytes })
     }
@@ -207,7 +205,7 @@ impl Kernel {
         // SAFETY: valid kernel handle.
         let group = unsafe { (self.xrt.api.arg_group_id)(self.handle, index) };
         if group < 0 {
-            return Err(Error::Xrt(format!("kernel argument {index} has no memory bank: {}", errno())));
+            return Err(XrtError::NoMemoryBank { index, source: errno() }.into());
         }
         Ok(group)
     }
@@ -218,7 +216,7 @@ impl Kernel {
         // SAFETY: valid kernel handle.
         let handle = unsafe { (self.xrt.api.run_open)(self.handle) };
         if handle.is_null() {
-            return Err(Error::Xrt(format!("xrtRunOpen failed: {}", errno())));
+            return Err(XrtError::Call { call: "xrtRunOpen".into(), source: errno() }.into());
         }
         // From here dropping `run` closes it.
         let run = Run { xrt: self.xrt.clone(), handle };
@@ -249,7 +247,7 @@ impl Run {
         // SAFETY: a started run.
         match unsafe { (self.xrt.api.run_wait)(self.handle) } {
             RUN_COMPLETED => Ok(()),
-            state => Err(Error::Xrt(format!("the kernel run ended in state {state} (ERT_CMD_STATE), not completed"))),
+            state => Err(XrtError::RunNotCompleted(state).into()),
         }
     }
 }

@@ -14,18 +14,20 @@
 //! kept for exactly this): the decode goes on.
 
 mod api;
+mod error;
 pub mod probe;
 
 pub use probe::{probe, Probe};
 
-use super::device::{DeviceQuery, KeyChunkLayout, CHUNK_TOKENS};
+use super::contract::{DeviceQuery, KeyChunkLayout, CHUNK_TOKENS};
 use super::storage::score_on_host;
 use super::worker::Worker;
 use super::{KeyBits, ScoreBlock, ScoringKeys, SCORE_BLOCK_TOKENS};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kv::aligned::AlignedBuf;
 use crate::kv::cold::KeyChunkSection;
 use api::{Arg, Buffer, Device, Kernel, Run, Xrt};
+pub use error::XrtError;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -116,22 +118,17 @@ impl XrtEvaluator {
     /// Opens the card `options` name and prepares the kernel for keys of this shape, or says in
     /// one line why it cannot. `keys` must hold chunks of `layout`'s size.
     pub fn open(options: &XrtOptions, keys: KeyChunkSection, layout: KeyChunkLayout) -> Result<Self> {
-        if !super::device::supports(layout.bits, layout.head_dim) {
-            return Err(Error::Xrt(format!(
-                "the kernel does not take head_dim {} at {}",
-                layout.head_dim, layout.bits
-            )));
+        if !super::contract::supports(layout.bits, layout.head_dim) {
+            return Err(XrtError::UnsupportedShape { head_dim: layout.head_dim, bits: layout.bits }.into());
         }
         let found = probe(options);
         if let Some(problem) = found.problem {
-            return Err(Error::Xrt(problem));
+            return Err(XrtError::Unusable(problem).into());
         }
         // The probe loaded the same library, card and xclbin in a child: safe to do here.
         let xrt = Xrt::load(&found.library)?;
-        let device = xrt
-            .open_device(options.device)
-            .ok_or_else(|| Error::Xrt(format!("device {} went away", options.device)))?;
-        let xclbin = found.xclbin.clone().ok_or_else(|| Error::Xrt("no xclbin".into()))?;
+        let device = xrt.open_device(options.device).ok_or(XrtError::DeviceGone(options.device))?;
+        let xclbin = found.xclbin.clone().ok_or(XrtError::NoXclbin)?;
         let kernel = device.load_xclbin(&xclbin).and_then(|uuid| device.open_kernel(&uuid, KERNEL_NAME))?;
         let session = Session::new(device, kernel, layout)?;
         let description =
@@ -140,7 +137,7 @@ impl XrtEvaluator {
         let worker = {
             let (keys, counters) = (keys.clone(), counters.clone());
             Worker::spawn("hillside-xrt-eval", move |inbox| serve(Some(session), &keys, inbox, &counters))
-                .map_err(|e| Error::Xrt(format!("cannot start the XRT worker: {e}")))?
+                .map_err(XrtError::Worker)?
         };
         Ok(Self {
             worker,
@@ -286,10 +283,7 @@ impl Session {
                 let at = (h * CHUNK_TOKENS + (t - first) as usize) * 8;
                 let entry = u64::from_le_bytes(entries[at..at + 8].try_into().expect("8 bytes"));
                 if entry as u32 != t {
-                    return Err(Error::Xrt(format!(
-                        "the card returned position {} where token {t} belongs",
-                        entry as u32
-                    )));
+                    return Err(XrtError::WrongPosition { returned: entry as u32, expected: t }.into());
                 }
                 block.scores[h * n + i] = query.rescale(h, f32::from_bits((entry >> 32) as u32));
             }
