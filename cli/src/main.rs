@@ -5,12 +5,11 @@ mod chat;
 mod devices;
 mod docs;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use hillside_common::{
-    config, configure_allocator, engine_choice, init_logging, models, serve, ModelArgs, SamplingArgs,
+    configure_allocator, engine_choice, init_logging, models, serve, GlobalArgs, ModelArgs, SamplingArgs,
 };
-use std::path::PathBuf;
 
 fn main() {
     configure_allocator();
@@ -24,12 +23,8 @@ fn main() {
 #[derive(Parser)]
 #[command(name = "hillside", version, about = "A local LLM for long documents")]
 struct Cli {
-    /// Compute threads (default: all cores).
-    #[arg(long, global = true, env = "HILLSIDE_THREADS")]
-    threads: Option<usize>,
-    /// Config file [default: ~/.config/hillside/config.toml, if it exists].
-    #[arg(long, global = true, env = "HILLSIDE_CONFIG")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    global: GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -112,10 +107,7 @@ pub struct GenerateArgs {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let file = config::load(cli.config.as_deref())?;
-    if let Some(threads) = cli.threads.or(file.threads) {
-        rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
-    }
+    cli.global.apply()?;
     match cli.command {
         Command::Chat(args) => chat::chat(&args),
         Command::Generate(args) => chat::generate_once(&args),

@@ -21,6 +21,28 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The flags every command of `hillside` and `hillside-bench` takes.
+#[derive(Args)]
+pub struct GlobalArgs {
+    /// Compute threads (default: all cores).
+    #[arg(long, global = true, env = "HILLSIDE_THREADS")]
+    pub threads: Option<usize>,
+    /// Config file [default: ~/.config/hillside/config.toml, if it exists].
+    #[arg(long, global = true, env = "HILLSIDE_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+impl GlobalArgs {
+    /// Reads the config file and sizes the compute threads, before any command runs.
+    pub fn apply(&self) -> Result<()> {
+        let file = config::load(self.config.as_deref())?;
+        if let Some(threads) = self.threads.or(file.threads) {
+            rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
+        }
+        Ok(())
+    }
+}
+
 #[derive(Args, Clone)]
 pub struct ModelArgs {
     /// A registry name (see `hillside models list`) or a path to a .gguf file or checkpoint folder.

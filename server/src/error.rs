@@ -184,6 +184,14 @@ impl ApiError {
         e
     }
 
+    /// A failure on the server's side: 507 when more disk space would have avoided it, else 500.
+    fn server_side(storage_full: bool, message: String) -> Self {
+        match storage_full {
+            true => Self::new(StatusCode::INSUFFICIENT_STORAGE, "server_error", Some("insufficient_storage"), message),
+            false => Self::internal(message),
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, message)
     }
@@ -223,13 +231,7 @@ impl From<hillside_engine::Error> for ApiError {
             E::InvalidParameter(m) => Self::bad_request(m),
             E::ChatTemplate(m) => Self::bad_request(format!("the messages do not fit the model's chat template: {m}"))
                 .with_param("messages"),
-            full if full.is_storage_full() => Self::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                "server_error",
-                Some("insufficient_storage"),
-                full.to_string(),
-            ),
-            other => Self::internal(other.to_string()),
+            other => Self::server_side(other.is_storage_full(), other.to_string()),
         }
     }
 }
@@ -237,29 +239,13 @@ impl From<hillside_engine::Error> for ApiError {
 impl From<hillside_documents::StoreError> for ApiError {
     fn from(e: hillside_documents::StoreError) -> Self {
         tracing::error!(error = %e, "store");
-        if e.is_storage_full() {
-            return Self::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                "server_error",
-                Some("insufficient_storage"),
-                e.to_string(),
-            );
-        }
-        Self::internal(e.to_string())
+        Self::server_side(e.is_storage_full(), e.to_string())
     }
 }
 
 impl From<crate::settings::ConfigFileError> for ApiError {
     fn from(e: crate::settings::ConfigFileError) -> Self {
-        if e.is_storage_full() {
-            return Self::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                "server_error",
-                Some("insufficient_storage"),
-                e.to_string(),
-            );
-        }
-        Self::internal(e.to_string())
+        Self::server_side(e.is_storage_full(), e.to_string())
     }
 }
 

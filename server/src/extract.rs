@@ -33,33 +33,33 @@ impl<T: DeserializeOwned> FromRequest<Arc<App>> for JsonBody<T> {
     }
 }
 
-/// A path's parameters.
-pub struct PathParams<T>(pub T);
+/// Extractors of a request's parts whose rejection is a 400 in the API's shape.
+macro_rules! parts_in_api_shape {
+    ($(#[$doc:meta])* $name:ident from $axum:ident, $what:literal) => {
+        $(#[$doc])*
+        pub struct $name<T>(pub T);
 
-impl<T: DeserializeOwned + Send> FromRequestParts<Arc<App>> for PathParams<T> {
-    type Rejection = ApiError;
+        impl<T: DeserializeOwned + Send> FromRequestParts<Arc<App>> for $name<T> {
+            type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &Arc<App>) -> Result<Self, ApiError> {
-        axum::extract::Path::<T>::from_request_parts(parts, state)
-            .await
-            .map(|axum::extract::Path(v)| Self(v))
-            .map_err(|rejection| ApiError::bad_request(format!("invalid path: {}", rejection.body_text())))
-    }
+            async fn from_request_parts(parts: &mut Parts, state: &Arc<App>) -> Result<Self, ApiError> {
+                axum::extract::$axum::<T>::from_request_parts(parts, state)
+                    .await
+                    .map(|axum::extract::$axum(v)| Self(v))
+                    .map_err(|rejection| ApiError::bad_request(format!(concat!("invalid ", $what, ": {}"), rejection.body_text())))
+            }
+        }
+    };
 }
 
-/// A request's query parameters.
-pub struct QueryParams<T>(pub T);
-
-impl<T: DeserializeOwned + Send> FromRequestParts<Arc<App>> for QueryParams<T> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &Arc<App>) -> Result<Self, ApiError> {
-        axum::extract::Query::<T>::from_request_parts(parts, state)
-            .await
-            .map(|axum::extract::Query(v)| Self(v))
-            .map_err(|rejection| ApiError::bad_request(format!("invalid query: {}", rejection.body_text())))
-    }
-}
+parts_in_api_shape!(
+    /// A path's parameters.
+    PathParams from Path, "path"
+);
+parts_in_api_shape!(
+    /// A request's query parameters.
+    QueryParams from Query, "query"
+);
 
 /// JSON has one kind of number, and to JSON Schema (so to the published document) `5.0` is the
 /// integer 5: a whole number written with a fraction becomes an integer before the request type

@@ -15,6 +15,8 @@ import sys
 import tempfile
 import urllib.request
 
+from serve import start
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Every check but the response time, which is a benchmark's business (`--checks all` adds it).
 CHECKS = ",".join([
@@ -30,19 +32,10 @@ NOTES = (
 )
 
 
-def start(binary, work):
+def start_in(binary, work):
     (work / "config.toml").write_text("")
-    server = subprocess.Popen(
-        [binary, "serve", "--port", "0", "--context", "1024", "--config", str(work / "config.toml"),
-         "--documents-dir", str(work / "documents"), "--cold-dir", str(work / "cold")],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    banner = server.stdout.readline()
-    if "http://" not in banner:
-        server.kill()
-        sys.exit(f"no address in the server's banner: {banner!r}")
-    return server, "http://" + banner.split("http://")[1].split()[0].removesuffix("/v1")
+    return start(binary, "--context", "1024", "--config", str(work / "config.toml"),
+                 "--documents-dir", str(work / "documents"), "--cold-dir", str(work / "cold"))
 
 
 def post(url, body, content_type):
@@ -82,7 +75,7 @@ def with_ids(document, model):
 def main(binary, cli, cases):
     with tempfile.TemporaryDirectory(prefix="hillside-conformance-") as scratch:
         work = pathlib.Path(scratch)
-        server, base = start(binary, work)
+        server, base = start_in(binary, work)
 
         def run(config, *only):
             (work / "schemathesis.toml").write_text(config)

@@ -3,26 +3,14 @@
 Run by scripts/openai-client-test.sh (part of `make test`): python3 test_openai_client.py HILLSIDE_BINARY
 """
 
-import subprocess
 import sys
 
 import openai
 
+from serve import start
+
 MODEL = "smollm2-135m-instruct"
 KEY = "sk-hillside-test"
-
-
-def start(binary):
-    server = subprocess.Popen(
-        [binary, "serve", "--port", "0", "--context", "2048", "--api-key", KEY],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    banner = server.stdout.readline()
-    if "http://" not in banner:
-        server.kill()
-        sys.exit(f"no address in the server's banner: {banner!r}")
-    return server, banner.split("http://")[1].split()[0]
 
 
 def check(condition, what):
@@ -31,9 +19,9 @@ def check(condition, what):
 
 
 def main(binary):
-    server, base = start(binary)
+    server, base = start(binary, "--context", "2048", "--api-key", KEY)
     try:
-        client = openai.OpenAI(base_url=f"http://{base}", api_key=KEY, max_retries=0)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
         messages = [{"role": "user", "content": "What is the capital of Germany?"}]
 
         check(any(m.id == MODEL for m in client.models.list()), "the model is listed")
@@ -77,7 +65,7 @@ def main(binary):
         except openai.BadRequestError as e:
             check(e.code == "context_length_exceeded", e)
         try:
-            openai.OpenAI(base_url=f"http://{base}", api_key="sk-wrong", max_retries=0).models.list()
+            openai.OpenAI(base_url=f"{base}/v1", api_key="sk-wrong", max_retries=0).models.list()
             raise AssertionError("a wrong key must fail")
         except openai.AuthenticationError:
             pass

@@ -1,20 +1,16 @@
 //! `hillside-bench`: the lab's commands on their own (as `hillside bench …` and `hillside eval …`
 //! run them), with the same global flags as `hillside`.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 use hillside_bench::BenchCommand;
-use std::path::PathBuf;
+use hillside_common::GlobalArgs;
 
 #[derive(Parser)]
 #[command(name = "hillside-bench", version, about = "Measure Hillside's engine, stores, server and app")]
 struct Cli {
-    /// Compute threads (default: all cores).
-    #[arg(long, global = true, env = "HILLSIDE_THREADS")]
-    threads: Option<usize>,
-    /// Config file [default: ~/.config/hillside/config.toml, if it exists].
-    #[arg(long, global = true, env = "HILLSIDE_CONFIG")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    global: GlobalArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -37,10 +33,7 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let file = hillside_common::config::load(cli.config.as_deref())?;
-    if let Some(threads) = cli.threads.or(file.threads) {
-        rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
-    }
+    cli.global.apply()?;
     match cli.command {
         Command::Bench(command) => hillside_bench::run(command),
         Command::Eval(args) => hillside_bench::eval::eval(&args),
