@@ -7,6 +7,7 @@ mod decode;
 mod docs;
 mod engines;
 pub mod eval;
+mod harness;
 mod ingest;
 mod kv;
 mod prompt_cache;

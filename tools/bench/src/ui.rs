@@ -4,8 +4,8 @@
 //! (reading the document, writing the summary), with and without the scheduler's shorter
 //! prefill chunks while a chat waits (`SchedulerConfig::shared_prefill_tokens`).
 
+use crate::harness::{percentile, stream_one, BenchServer, Timing};
 use crate::report::{cpu_name, peak_rss_mb};
-use crate::serve::{percentile, stream_one, BenchServer, Timing};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_common::ModelArgs;
