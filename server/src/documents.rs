@@ -3,7 +3,7 @@
 use crate::error::ApiError;
 use crate::StartError;
 use axum::http::StatusCode;
-use hillside_documents::ingest::isolated::{IsolatedReader, ProcessLimits};
+use hillside_documents::ingest::isolated::{IsolatedReader, ProcessLimits, ReaderMissing};
 use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::{Library, Limits};
 use serde::Serialize;
@@ -55,7 +55,7 @@ pub struct Documents {
     pub model_key: String,
     /// Every file is read in a child process; `Err`: the reader is not installed, and documents
     /// cannot be added (said at start and on each upload).
-    reader: Result<IsolatedReader, String>,
+    reader: Result<IsolatedReader, ReaderMissing>,
 }
 
 impl Documents {

@@ -65,13 +65,22 @@ pub struct IsolatedReader {
     finished: Condvar,
 }
 
+/// Why there is no reader to run: documents cannot be added until there is.
+#[derive(Debug, thiserror::Error)]
+pub enum ReaderMissing {
+    #[error("cannot find this program's folder: {0}")]
+    NoProgramFolder(std::io::Error),
+    #[error("the document reader {} is not installed beside {} (or set HILLSIDE_INGEST)", READER_EXE, .0.display())]
+    NotBeside(PathBuf),
+}
+
 impl IsolatedReader {
     /// The reader installed beside this program; `Err` says where it was looked for.
-    pub fn locate(process: ProcessLimits) -> Result<Self, String> {
+    pub fn locate(process: ProcessLimits) -> Result<Self, ReaderMissing> {
         if let Some(exe) = std::env::var_os("HILLSIDE_INGEST").filter(|v| !v.is_empty()) {
             return Ok(Self::new(PathBuf::from(exe), process));
         }
-        let current = std::env::current_exe().map_err(|e| format!("cannot find this program's folder: {e}"))?;
+        let current = std::env::current_exe().map_err(ReaderMissing::NoProgramFolder)?;
         current
             .ancestors()
             .skip(1)
@@ -79,12 +88,7 @@ impl IsolatedReader {
             .map(|dir| dir.join(READER_EXE))
             .find(|p| p.is_file())
             .map(|exe| Self::new(exe, process))
-            .ok_or_else(|| {
-                format!(
-                    "the document reader {READER_EXE} is not installed beside {} (or set HILLSIDE_INGEST)",
-                    current.display()
-                )
-            })
+            .ok_or(ReaderMissing::NotBeside(current))
     }
 
     pub fn new(exe: PathBuf, process: ProcessLimits) -> Self {
