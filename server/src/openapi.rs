@@ -100,7 +100,8 @@ fn describe_event_streams(doc: &mut Value) {
 }
 
 /// What a `POST` to a collection creates (201, with its `id`) is what the routes under
-/// `{collection}/{id}` (and below it) take: said as Open API links, so that clients and tools can follow them.
+/// `{collection}/{id}` (and below it) take: said as Open API links, which clients and tools
+/// follow.
 fn link_created_resources(doc: &mut Value) {
     let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else { return };
     let items: Vec<(String, String, String)> = paths
