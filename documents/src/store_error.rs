@@ -45,7 +45,7 @@ impl StoreError {
 
     /// The disk is full: the same request can succeed once space is freed.
     pub fn is_storage_full(&self) -> bool {
-        let full = |e: &std::io::Error| e.kind() == std::io::ErrorKind::StorageFull;
+        let full = |e: &std::io::Error| hillside_engine::error::is_disk_full(e.kind());
         match &self.failure {
             StoreFailure::CreateFolder { source, .. } => full(source),
             StoreFailure::Open { source: redb::DatabaseError::Storage(redb::StorageError::Io(e)), .. } => full(e),

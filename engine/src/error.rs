@@ -101,18 +101,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// Whether more disk space would have avoided it.
     pub fn is_storage_full(&self) -> bool {
-        matches!(self, Error::ColdIo { source, .. } if is_full(source.kind()))
+        matches!(self, Error::ColdIo { source, .. } if is_disk_full(source.kind()))
     }
 }
 
-fn is_full(kind: ErrorKind) -> bool {
+/// Whether an I/O error of this kind means the disk (or the user's share of it) is full: what
+/// every store maps to "free space" for the user.
+pub fn is_disk_full(kind: ErrorKind) -> bool {
     matches!(kind, ErrorKind::StorageFull | ErrorKind::QuotaExceeded | ErrorKind::FileTooLarge)
 }
 
 /// What a user can do about an I/O error of the cold pool.
 fn storage_hint(kind: ErrorKind) -> &'static str {
     match kind {
-        k if is_full(k) => " (the disk is full; free space or choose another cold-pool directory)",
+        k if is_disk_full(k) => " (the disk is full; free space or choose another cold-pool directory)",
         ErrorKind::ReadOnlyFilesystem | ErrorKind::PermissionDenied => " (choose a writable cold-pool directory)",
         _ => "",
     }

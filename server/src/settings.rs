@@ -153,7 +153,7 @@ pub enum ConfigFileError {
 impl ConfigFileError {
     /// The disk is full: the same change can be saved once space is freed.
     pub fn is_storage_full(&self) -> bool {
-        matches!(self, Self::Write { source, .. } if source.kind() == std::io::ErrorKind::StorageFull)
+        matches!(self, Self::Write { source, .. } if hillside_engine::error::is_disk_full(source.kind()))
     }
 }
 
