@@ -131,6 +131,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Ask(args) => docs::ask(&args),
         Command::Docs { command } => docs::docs(&command),
         Command::Devices(args) => devices::devices(&args),
-        Command::Bench { command } => hillside_bench::run(command),
+        Command::Bench { command } => hillside_bench::run(command, &["bench"]),
     }
 }

@@ -420,6 +420,34 @@ fn real_xrt_without_a_card_means_no_device_never_an_abort() {
     assert_eq!(cold_files(&dir), 0);
 }
 
+/// `bench kv` runs each store's `decode` in a child process of the program it runs in: here
+/// `hillside`, whose lab commands sit under `bench`.
+#[test]
+fn bench_kv_runs_each_store_in_a_child_of_the_same_program() {
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-bench-kv-").tempdir().unwrap();
+    let dir = scratch.path();
+    let text = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/pride-and-prejudice.txt");
+    let out = hillside()
+        .args(["bench", "kv", "--stores", "full,offload", "--contexts", "512", "--decode-tokens", "2", "--text", text])
+        .arg("--cold-dir")
+        .arg(dir.join("cold"))
+        .arg("--json")
+        .arg(dir.join("kv.json"))
+        .arg("--plot")
+        .arg(dir.join("kv.svg"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("kv.json")).unwrap()).unwrap();
+    for store in ["full", "offload"] {
+        let tokens_per_s = report[store]["decode"][0]["tokens_per_s"].as_f64();
+        assert!(tokens_per_s.is_some_and(|t| t > 0.0), "{store}: {report}");
+    }
+    assert!(dir.join("kv.svg").is_file());
+    assert_eq!(cold_files(&dir.join("cold")), 0);
+}
+
 #[test]
 fn bench_decode_keeps_the_prompt_and_replays_it_and_a_damaged_one_is_computed_again() {
     let scratch = tempfile::Builder::new().prefix("hillside-cli-prompt-cache-").tempdir().unwrap();

@@ -43,11 +43,13 @@ pub enum BenchCommand {
     Ui(ui::UiBenchArgs),
 }
 
-/// Runs one of the benchmarks.
-pub fn run(command: BenchCommand) -> Result<()> {
+/// Runs one of the benchmarks. `lab` is what reaches these commands from the program running
+/// them (`["bench"]` in `hillside`, nothing in `hillside-bench`): `kv` runs `decode` in a child
+/// process of the same program.
+pub fn run(command: BenchCommand, lab: &[&str]) -> Result<()> {
     match command {
         BenchCommand::Decode(args) => decode::decode(&args),
-        BenchCommand::Kv(args) => kv::kv(&args),
+        BenchCommand::Kv(args) => kv::kv(&args, lab),
         BenchCommand::Recall(args) => recall::recall(&args),
         BenchCommand::Serve(args) => serve::serve(&args),
         BenchCommand::Docs(args) => docs::docs(&args),

@@ -35,7 +35,7 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     cli.global.apply()?;
     match cli.command {
-        Command::Bench(command) => hillside_bench::run(command),
+        Command::Bench(command) => hillside_bench::run(command, &[]),
         Command::Eval(args) => hillside_bench::eval::eval(&args),
     }
 }
