@@ -136,6 +136,16 @@ impl Matrix {
     }
 }
 
+impl UqMatrix {
+    /// `out` (n × rows) = `x` (already quantized) · selfᵀ: the kernels alone, as
+    /// `hillside bench kernels` times them.
+    pub fn product(&self, x: &QuantizedActivations, out: &mut [f32]) {
+        assert_eq!(out.len(), x.n * self.rows, "product output shape");
+        let out = OutRows { writer: &DisjointWriter::new(out), stride: self.rows, first_row: 0 };
+        uq_matmul(self, x, &out, super::simd_level());
+    }
+}
+
 fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &OutRows, level: SimdLevel) {
     let rows = w.rows;
     // Enough rows per task that the task's weights are worth a trip through the pool.

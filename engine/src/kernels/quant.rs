@@ -95,7 +95,7 @@ const SUPER_BLOCK: usize = 256;
 
 impl GgufBlockFormat {
     /// Bytes one block occupies in the file.
-    fn block_bytes(self) -> usize {
+    pub fn block_bytes(self) -> usize {
         match self {
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
@@ -109,7 +109,7 @@ impl GgufBlockFormat {
     }
 
     /// Values one block of the file holds.
-    fn block_values(self) -> usize {
+    pub fn block_values(self) -> usize {
         match self {
             Self::Q4K | Self::Q5K | Self::Q6K => SUPER_BLOCK,
             _ => BLOCK,

@@ -9,6 +9,7 @@ mod engines;
 pub mod eval;
 mod harness;
 mod ingest;
+mod kernels;
 mod kv;
 mod prompt_cache;
 mod recall;
@@ -24,6 +25,9 @@ pub enum BenchCommand {
     /// Prefill and decode speed (whole cache in memory unless --kv says otherwise), and the
     /// memory roofline.
     Decode(decode::DecodeArgs),
+    /// One weight format's product kernel alone, one token at a time, with the weights in each
+    /// level of the memory hierarchy (as llama.cpp's test-quantize-perf times its kernels).
+    Kernels(kernels::KernelsArgs),
     /// Decode speed, cold-pool traffic and hot-pool hit rate of every KV store, plus a plot.
     Kv(kv::KvArgs),
     /// Smaller scoring copies of the keys (r of a head's dimensions, by PCA or by RoPE pairs):
@@ -49,6 +53,7 @@ pub enum BenchCommand {
 pub fn run(command: BenchCommand, lab: &[&str]) -> Result<()> {
     match command {
         BenchCommand::Decode(args) => decode::decode(&args),
+        BenchCommand::Kernels(args) => kernels::kernels(&args),
         BenchCommand::Kv(args) => kv::kv(&args, lab),
         BenchCommand::Recall(args) => recall::recall(&args),
         BenchCommand::Serve(args) => serve::serve(&args),

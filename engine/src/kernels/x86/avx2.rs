@@ -327,8 +327,12 @@ unsafe fn f16_group(values: &[f16]) -> __m256 {
         if values.len() == GROUP {
             _mm256_cvtph_ps(_mm_loadu_si128(values.as_ptr().cast()))
         } else {
+            // A loop of fixed length, not `copy_from_slice`, which calls `memcpy` for a length
+            // known only at run time.
             let mut padded = [f16::ZERO; GROUP];
-            padded[..values.len()].copy_from_slice(values);
+            for (i, p) in padded.iter_mut().enumerate() {
+                *p = values.get(i).copied().unwrap_or(f16::ZERO);
+            }
             _mm256_cvtph_ps(_mm_loadu_si128(padded.as_ptr().cast()))
         }
     }
