@@ -212,34 +212,21 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
         let wd = &w.d[row * nb * spb..][..nb * spb];
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
         let mut acc = [_mm256_setzero_ps(); NT];
+        // The blocks' offsets (times the activations' scaled sums) go in with their products.
+        let offsets = match &w.offset {
+            _ if zero_point_off => BlockOffsets::None,
+            Offset::Zero(z) => BlockOffsets::ScaleTimes(-f32::from(*z)),
+            Offset::PerBlock(m) => BlockOffsets::PerBlock(&m[row * nb..][..nb]),
+        };
         let mut b = 0;
-        // SAFETY (both calls): blocks b..b+n ≤ nb lie inside this row's weights and scales and
-        // each token's activations and scales.
+        // SAFETY (both calls): blocks b..b+n ≤ nb lie inside this row's weights, scales and
+        // offsets and each token's activations, scales and sums.
         while b + GROUP <= nb {
-            unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &xq, &xd, b, GROUP, bpb, &mut acc) };
+            unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &offsets, &xq, &xd, &sums, b, GROUP, bpb, &mut acc) };
             b += GROUP;
         }
         if b < nb {
-            unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &xq, &xd, b, nb - b, bpb, &mut acc) };
-        }
-        // The blocks' offsets times the activations' scaled sums, 8 blocks at a time.
-        if !zero_point_off {
-            let (offsets, factor) = match &w.offset {
-                Offset::Zero(z) => (wd, -f32::from(*z)),
-                Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),
-            };
-            for c in (0..nb).step_by(GROUP) {
-                let n = GROUP.min(nb - c);
-                let mask = lane_mask(n);
-                // SAFETY: the loads stay inside blocks c..c+n ≤ nb of the offsets (padded when
-                // short) and, by the mask, of each token's sums.
-                unsafe {
-                    let m = _mm256_mul_ps(f16_group(&offsets[c..c + n]), _mm256_set1_ps(factor));
-                    for t in 0..NT {
-                        acc[t] = _mm256_fmadd_ps(m, _mm256_maskload_ps(sums[t].as_ptr().add(c), mask), acc[t]);
-                    }
-                }
-            }
+            unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &offsets, &xq, &xd, &sums, b, nb - b, bpb, &mut acc) };
         }
         for t in 0..NT {
             out[(row - start) * TOKEN_TILE + t] = hsum(acc[t]);
@@ -247,19 +234,32 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
     }
 }
 
+/// What a row's blocks add beside their products, each times the activations' scaled sum.
+enum BlockOffsets<'a> {
+    /// Nothing: the zero point is taken off in the integer sums.
+    None,
+    /// A zero point: the block's scale times this factor.
+    ScaleTimes(f32),
+    /// An offset of each block's own.
+    PerBlock(&'a [f16]),
+}
+
 /// Adds to `acc[t]` the products of blocks `b..b+n` (n ≤ 8) of one weight row with token t's
-/// activations.
+/// activations, and the blocks' offsets times the token's scaled sums.
 ///
 /// # Safety
-/// Blocks b..b+n lie inside the row (`wq`, `bpb` bytes a block; `wd`) and inside each token's
-/// activations `xq` and scales `xd`; the caller has avx2, fma, f16c (and avxvnni when VNNI).
+/// Blocks b..b+n lie inside the row (`wq`, `bpb` bytes a block; `wd`; `offsets`) and inside
+/// each token's activations `xq`, scales `xd` and `sums`; the caller has avx2, fma, f16c (and
+/// avxvnni when VNNI).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
     wq: *const u8,
     wd: &[f16],
+    offsets: &BlockOffsets,
     xq: &[*const i8; NT],
     xd: &[&[f32]; NT],
+    sums: &[&[f32]; NT],
     b: usize,
     n: usize,
     bpb: usize,
@@ -293,7 +293,15 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
             (d, d)
         };
         let mask = lane_mask(n);
+        let offset = match offsets {
+            BlockOffsets::None => None,
+            BlockOffsets::ScaleTimes(factor) => Some(_mm256_mul_ps(lower_scale, _mm256_set1_ps(*factor))),
+            BlockOffsets::PerBlock(m) => Some(f16_group(&m[b..b + n])),
+        };
         for t in 0..NT {
+            if let Some(offset) = offset {
+                acc[t] = _mm256_fmadd_ps(offset, _mm256_maskload_ps(sums[t].as_ptr().add(b), mask), acc[t]);
+            }
             let mut v = [_mm256_setzero_si256(); GROUP];
             for (i, v) in v[..n].iter_mut().enumerate() {
                 *v = block_dot::<VNNI, BITS>(blocks[i], _mm256_loadu_si256(xq[t].add((b + i) * BLOCK).cast()));
