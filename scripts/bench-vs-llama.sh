@@ -77,17 +77,11 @@ for model in "${model_list[@]}"; do
   done
 done
 
-cpuinfo() { grep -m1 "^$1[[:space:]]*:" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
-cpu=$(cpuinfo 'model name')
-cpu_id="$(cpuinfo vendor_id) family $(cpuinfo 'cpu family') model $(cpuinfo model) stepping $(cpuinfo stepping)"
-flags=$(grep -m1 '^flags' /proc/cpuinfo | grep -o -w -E 'avx2|avx512f|avx512_vnni|avx_vnni' | sort -u | tr '\n' ' ')
+source "$root/scripts/cpu-id.sh"
 # The level each side ran at: Hillside says which kernels it chose; llama.cpp's is what its
-# build enabled (for native, what the compiler's -march=native turns on here).
+# build enabled.
 ours_simd=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["simd"])' "$work/h.json")
-case "$level" in
-  native) theirs_simd=$(cc -march=native -dM -E - </dev/null | grep -o -E '__(AVX2|AVX512F|AVX512VNNI|AVXVNNI)__' | tr -d _ | sort -u | tr '\n' ' ') ;;
-  avx2) theirs_simd="AVX2 FMA F16C (GGML_AVX512=OFF)" ;;
-esac
+theirs_simd=$(llama_simd "$level")
 printf '%s\n' "${rows[@]}" | python3 -c '
 import json, sys, datetime
 level, threads, cpu, cpu_id, flags, ours_simd, theirs_simd, out = sys.argv[1:9]

@@ -3,31 +3,36 @@
 # registry is all this machine reaches), into ~/.cache/hillside/llama.cpp/<level>, and prints
 # the binary's path.
 #
-#   scripts/llama-cpp-build.sh <native|avx2> <llama-bench|llama-server>
+#   scripts/llama-cpp-build.sh <native|avx2> <llama-bench|llama-server|llama-kernels>
 #
 #   native  GGML_NATIVE=ON: the CPU's best level;
 #   avx2    GGML_NATIVE=OFF GGML_AVX2=ON GGML_AVX512=OFF, so an AVX-512 machine can time the
 #           AVX2-only path.
-# Used by `bench-vs-llama.sh` (llama-bench) and by the remote-engine tests and `hillside bench
-# docs --engine` (llama-server, an independent OpenAI-compatible engine).
+# Used by `bench-vs-llama.sh` (llama-bench), `kernels-vs-llama.sh` (llama-kernels: our harness
+# in tools/bench/llama-kernels.c, linked against this build's ggml) and by the remote-engine
+# tests and `hillside bench docs --engine` (llama-server, an independent OpenAI-compatible
+# engine).
 set -euo pipefail
 
 level=${1:?level: native or avx2}
-target=${2:?target: llama-bench or llama-server}
+target=${2:?target: llama-bench, llama-server or llama-kernels}
 case "$level" in
   native) cmake_simd=(-DGGML_NATIVE=ON) ;;
   avx2) cmake_simd=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF) ;;
   *) echo "level is native or avx2" >&2; exit 2 ;;
 esac
 case "$target" in
-  llama-bench | llama-server) ;;
-  *) echo "target is llama-bench or llama-server" >&2; exit 2 ;;
+  llama-bench | llama-server | llama-kernels) ;;
+  *) echo "target is llama-bench, llama-server or llama-kernels" >&2; exit 2 ;;
 esac
 
 cache=$HOME/.cache/hillside/llama.cpp
 sdist_url=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-0.3.36.tar.gz
 sdist_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 bin=$cache/$level/bin/$target
+harness=$(cd "$(dirname "$0")/.." && pwd)/tools/bench/llama-kernels.c
+# The harness is ours, so it is built again whenever it changes.
+[ "$target" != llama-kernels ] || [ ! "$harness" -nt "$bin" ] || rm -f "$bin"
 
 if [ ! -x "$bin" ]; then
   command -v cmake >/dev/null || { echo "installing cmake ..." >&2; ${SUDO:-$( [ "$(id -u)" = 0 ] || echo sudo)} apt-get install -y cmake >&2; }
@@ -44,10 +49,18 @@ if [ ! -x "$bin" ]; then
     mv "$cache/src.part" "$cache/src"
   fi
   echo "building $target ($level) ..." >&2
-  # One configuration serves both tools (the server's own web UI is prebuilt in the sdist).
+  # One configuration serves every tool (the server's own web UI is prebuilt in the sdist).
   cmake -S "$cache/src" -B "$cache/$level" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DGGML_OPENMP=ON "${cmake_simd[@]}" >&2
-  cmake --build "$cache/$level" --target "$target" -j "$(nproc)" >&2
+  if [ "$target" = llama-kernels ]; then
+    cmake --build "$cache/$level" --target ggml -j "$(nproc)" >&2
+    lib=$cache/$level/ggml/src
+    mkdir -p "$(dirname "$bin")"
+    cc -O2 -o "$bin" "$harness" -I "$cache/src/ggml/include" "$lib/libggml.a" "$lib/libggml-cpu.a" \
+      "$lib/libggml-base.a" -fopenmp -lpthread -ldl -lm -lstdc++ >&2
+  else
+    cmake --build "$cache/$level" --target "$target" -j "$(nproc)" >&2
+  fi
 fi
 echo "$bin"

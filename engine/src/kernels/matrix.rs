@@ -12,6 +12,9 @@ use std::ops::Range;
 /// Tokens whose products one kernel call computes together.
 pub const TOKEN_TILE: usize = 8;
 
+/// Weights a prompt's tokens take at a time (see `uq_matmul`).
+const CHUNK_BYTES: usize = 128 * 1024;
+
 /// A dense f32 matrix (safetensors checkpoints, and GGUF types without a quantized kernel).
 #[derive(Debug, Clone)]
 pub struct DenseMatrix {
@@ -151,18 +154,24 @@ fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &OutRows, level: SimdL
     // Enough rows per task that the task's weights are worth a trip through the pool.
     let tasks = task_count(rows, 16);
     let rows_per_task = rows.div_ceil(tasks);
+    // A prompt's tokens take a task's rows a chunk at a time, each chunk for every token, so
+    // that the chunk's weights stay in the core's L2 cache (512 KiB on Zen 2/3, 256 KiB on
+    // older Intel) while every token passes, rather than stream in again for each tile of tokens.
+    let chunk_rows = (CHUNK_BYTES / w.row_bytes().max(1)).clamp(1, rows_per_task.max(1));
     pool().run(tasks, &|task| {
-        let r0 = task * rows_per_task;
-        let r1 = (r0 + rows_per_task).min(rows);
-        let mut sums = vec![0f32; (r1 - r0) * TOKEN_TILE];
-        for t0 in (0..x.n).step_by(TOKEN_TILE) {
-            let nt = TOKEN_TILE.min(x.n - t0);
-            uq_dot_rows(w, r0..r1, x, t0, nt, &mut sums, level);
-            for t in 0..nt {
-                // SAFETY: each task owns rows r0..r1 of every token's output.
-                let dst = unsafe { out.writer.slice((t0 + t) * out.stride + out.first_row + r0, r1 - r0) };
-                for (d, row_sums) in dst.iter_mut().zip(sums.chunks_exact(TOKEN_TILE)) {
-                    *d = row_sums[t];
+        let task_rows = task * rows_per_task..((task + 1) * rows_per_task).min(rows);
+        let mut sums = vec![0f32; chunk_rows.min(task_rows.len()) * TOKEN_TILE];
+        for r0 in task_rows.clone().step_by(chunk_rows) {
+            let r1 = (r0 + chunk_rows).min(task_rows.end);
+            for t0 in (0..x.n).step_by(TOKEN_TILE) {
+                let nt = TOKEN_TILE.min(x.n - t0);
+                uq_dot_rows(w, r0..r1, x, t0, nt, &mut sums, level);
+                for t in 0..nt {
+                    // SAFETY: each task owns rows r0..r1 of every token's output.
+                    let dst = unsafe { out.writer.slice((t0 + t) * out.stride + out.first_row + r0, r1 - r0) };
+                    for (d, row_sums) in dst.iter_mut().zip(sums.chunks_exact(TOKEN_TILE)) {
+                        *d = row_sums[t];
+                    }
                 }
             }
         }
