@@ -449,6 +449,27 @@ fn bench_kv_runs_each_store_in_a_child_of_the_same_program() {
 }
 
 #[test]
+fn bench_kernels_times_each_format_and_refuses_a_width_a_format_cannot_take() {
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-bench-kernels-").tempdir().unwrap();
+    let json = scratch.path().join("kernels.json");
+    let args = ["bench", "kernels", "--threads", "1", "--formats", "q4_0,q6_K", "--values", "512,4096", "--ms", "1"];
+    let out = hillside().args(args).args(["--cols", "256"]).arg("--json").arg(&json).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let shapes: Vec<_> = rows.iter().map(|r| (r["format"].as_str().unwrap(), r["rows"].as_u64().unwrap())).collect();
+    assert_eq!(shapes, [("q4_0", 2), ("q4_0", 16), ("q6_K", 2), ("q6_K", 16)], "{report}");
+    assert!(rows.iter().all(|r| r["ns_per_32_values"].as_f64().is_some_and(|ns| ns > 0.0)), "{report}");
+    assert_eq!(report["threads"], 1);
+
+    // Q6_K's super-blocks are 256 values: a row of 96 is refused, naming the format.
+    let out = hillside().args(args).args(["--cols", "96"]).arg("--json").arg(&json).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("q6_K takes rows of whole 256-value blocks"), "{stderr}");
+}
+
+#[test]
 fn bench_decode_keeps_the_prompt_and_replays_it_and_a_damaged_one_is_computed_again() {
     let scratch = tempfile::Builder::new().prefix("hillside-cli-prompt-cache-").tempdir().unwrap();
     let dir = scratch.path().to_path_buf();

@@ -75,17 +75,22 @@ pub fn kernels(args: &KernelsArgs) -> Result<()> {
     if args.cols == 0 {
         bail!("--cols must be positive");
     }
-    let mut rows = Vec::new();
+    // Every format is checked against the width before anything is timed.
+    let mut formats = Vec::new();
     for name in &args.formats {
         let Some(&(name, format)) = FORMATS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) else {
             let known: Vec<&str> = FORMATS.iter().map(|(n, _)| *n).collect();
             bail!("unknown format {name:?} (one of {})", known.join(", "));
         };
+        if !args.cols.is_multiple_of(format.block_values()) {
+            bail!("{name} takes rows of whole {}-value blocks; --cols {} is not one", format.block_values(), args.cols);
+        }
+        formats.push((name, format));
+    }
+    let mut rows = Vec::new();
+    for (name, format) in formats {
         for &values in &args.values {
             let cols = args.cols;
-            if !cols.is_multiple_of(format.block_values()) {
-                bail!("{name} takes rows of whole {}-value blocks; --cols {cols} is not one", format.block_values());
-            }
             let n_rows = (values / cols).max(1);
             let raw = random_blocks(format, n_rows * cols, 0x5eed ^ values as u64);
             let matrix = UqMatrix::from_gguf(format, &raw, n_rows, cols).expect("whole blocks of a known size");

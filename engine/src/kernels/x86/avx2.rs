@@ -7,7 +7,7 @@
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::{dispatch_rows, row_blocks};
+use super::{dispatch_rows, prefetch_ahead, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -208,9 +208,10 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
     let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
     let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(&w.offset)[(t0 + t) * nb..][..nb]);
     let start = rows.start;
+    let row_bytes = nb * bpb;
     for row in rows {
         let wd = &w.d[row * nb * spb..][..nb * spb];
-        let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
+        let wq = w.qs[row * row_bytes..][..row_bytes].as_ptr();
         let mut acc = [_mm256_setzero_ps(); NT];
         // The blocks' offsets (times the activations' scaled sums) go in with their products.
         let offsets = match &w.offset {
@@ -222,10 +223,16 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
         // SAFETY (both calls): blocks b..b+n ≤ nb lie inside this row's weights, scales and
         // offsets and each token's activations, scales and sums.
         while b + GROUP <= nb {
+            if NT == 1 {
+                prefetch_ahead(wq, b * bpb, GROUP * bpb);
+            }
             unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &offsets, &xq, &xd, &sums, b, GROUP, bpb, &mut acc) };
             b += GROUP;
         }
         if b < nb {
+            if NT == 1 {
+                prefetch_ahead(wq, b * bpb, (nb - b) * bpb);
+            }
             unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &offsets, &xq, &xd, &sums, b, nb - b, bpb, &mut acc) };
         }
         for t in 0..NT {

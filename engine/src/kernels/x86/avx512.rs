@@ -3,7 +3,7 @@
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::{avx2, dispatch_rows, f16_value, row_blocks};
+use super::{avx2, dispatch_rows, f16_value, prefetch_ahead, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -112,6 +112,9 @@ unsafe fn uq_dot_tile<const NT: usize>(
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
         let mut acc = [_mm512_setzero_ps(); NT];
         for p in 0..nb / 2 {
+            if NT == 1 && p % 4 == 0 {
+                prefetch_ahead(wq, 2 * p * bpb, 8 * bpb);
+            }
             // 64 unsigned weights of blocks 2p and 2p+1, in activation order.
             // SAFETY (every raw read in this loop): blocks 2p, 2p+1 < nb lie inside this row's
             // nb·bpb weight bytes, its nb scales, and each token's `cols` activations and nb scales.
