@@ -28,22 +28,10 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-case "$level" in
-  native) hillside_simd="" ;;
-  avx2) hillside_simd=avx2 ;;
-  *) echo "--level is native or avx2" >&2; exit 2 ;;
-esac
-
-root=$(cd "$(dirname "$0")/.." && pwd)
-export PATH="$HOME/.cargo/bin:$PATH"
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/hillside-target}
-bench_bin=$("$root/scripts/llama-cpp-build.sh" "$level" llama-bench)
-
-cargo build --release -q -p hillside --manifest-path "$root/Cargo.toml"
-hillside=$CARGO_TARGET_DIR/release/hillside
+source "$(dirname "$0")/beside-llama.sh"
+beside_llama "$level" llama-bench
+bench_bin=$llama_tool
 models_dir=${HILLSIDE_MODELS_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/hillside/models}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 
 # One llama-bench figure: tokens/s of a prompt (-p N) or of decoding at a depth (-n N -d D).
 llama_tps() {
@@ -77,7 +65,6 @@ for model in "${model_list[@]}"; do
   done
 done
 
-source "$root/scripts/cpu-id.sh"
 # The level each side ran at: Hillside says which kernels it chose; llama.cpp's is what its
 # build enabled.
 ours_simd=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["simd"])' "$work/h.json")

@@ -30,20 +30,8 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-case "$level" in
-  native) hillside_simd="" ;;
-  avx2) hillside_simd=avx2 ;;
-  *) echo "--level is native or avx2" >&2; exit 2 ;;
-esac
-
-root=$(cd "$(dirname "$0")/.." && pwd)
-export PATH="$HOME/.cargo/bin:$PATH"
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/hillside-target}
-theirs=$("$root/scripts/llama-cpp-build.sh" "$level" llama-kernels)
-cargo build --release -q -p hillside --manifest-path "$root/Cargo.toml"
-hillside=$CARGO_TARGET_DIR/release/hillside
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/beside-llama.sh"
+beside_llama "$level" llama-kernels
 
 rows=()
 IFS=, read -ra format_list <<< "$formats"
@@ -59,13 +47,12 @@ for cols in "${col_list[@]}"; do
       HILLSIDE_SIMD=$hillside_simd "$hillside" bench kernels --threads 1 --formats "$format" --values "$v" \
         --cols "$cols" --ms "$ms" --json "$work/h.json" >/dev/null 2>&1
       ours=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["rows"][0]["ns_per_32_values"])' "$work/h.json")
-      read -r _ total n_rows _ bytes ns < <("$theirs" "$format" "$v" "$cols" "$ms")
+      read -r _ total n_rows _ bytes ns < <("$llama_tool" "$format" "$v" "$cols" "$ms")
       rows+=("$format $total $n_rows $cols $bytes $ours $ns")
     done
   done
 done
 
-source "$root/scripts/cpu-id.sh"
 ours_simd=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["simd"])' "$work/h.json")
 theirs_simd=$(llama_simd "$level")
 printf '%s\n' "${rows[@]}" | python3 -c '
