@@ -366,6 +366,44 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_across_row_chunks_gets_every_row_with_the_bits_of_each_token_alone() {
+        // A chunk of rows and half of another in every task, whatever the thread count.
+        let cols = 8 * BLOCK;
+        let probe =
+            UqMatrix::from_gguf(GgufBlockFormat::Q4_1, &random_blocks(GgufBlockFormat::Q4_1, 1, cols, 1), 1, cols)
+                .unwrap();
+        let chunk_rows = CHUNK_BYTES / probe.row_bytes();
+        let rows = 4 * pool().threads() * (chunk_rows + chunk_rows / 2);
+        let n = 9;
+        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
+        let mut prompt = QuantizedActivations::default();
+        prompt.quantize_into(&x, n, cols);
+        let w = UqMatrix::from_gguf(
+            GgufBlockFormat::Q4_1,
+            &random_blocks(GgufBlockFormat::Q4_1, rows, cols, 3),
+            rows,
+            cols,
+        )
+        .unwrap();
+        let dense = dequantized(&w);
+        for level in SimdLevel::supported() {
+            let together = product(&w, &prompt, level);
+            for (r, row) in dense.w.chunks_exact(cols).enumerate() {
+                let magnitude: f32 = row.iter().zip(&x[..cols]).map(|(a, b)| (a * b).abs()).sum();
+                let (got, portable) = (together[r], uq_dot_portable(&w, r, &prompt, 0));
+                assert!((got - portable).abs() < 1e-5 * magnitude, "{level:?} row {r}: {got} vs portable {portable}");
+            }
+            for t in 0..n {
+                let mut alone = QuantizedActivations::default();
+                alone.quantize_into(&x[t * cols..][..cols], 1, cols);
+                let alone = product(&w, &alone, level);
+                let same = alone.iter().zip(&together[t * rows..][..rows]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{level:?}: token {t} of the prompt differs from the token alone");
+            }
+        }
+    }
+
+    #[test]
     fn k_quants_match_candles_dequantization_and_every_level_computes_them() {
         use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
         let (rows, cols, n) = (6, 512, 3);
