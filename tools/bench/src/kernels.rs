@@ -1,12 +1,11 @@
 //! `hillside bench kernels`: one weight format's product kernel alone, as llama.cpp's
 //! `test-quantize-perf --op vec_dot_q` times its `ggml_vec_dot_*` kernels: one token's
 //! activations, quantized beforehand, against a matrix of `--values` weights (rows of
-//! `--cols`), at the SIMD level in
-//! force, on the compute threads (`--threads 1` for the single-core figure that
-//! `scripts/kernels-vs-llama.sh` sets beside llama.cpp's). The sizes default to llama.cpp's
-//! L1, L2, L3 and memory sizes, so the kernel is timed with its weights in each level of the
-//! hierarchy. The weights are random blocks (with finite scales): a kernel's speed does not
-//! depend on the values.
+//! `--cols`), at the SIMD level in force, on the compute threads (`--threads 1` for the
+//! single-core figure that `scripts/kernels-vs-llama.sh` sets beside llama.cpp's). The sizes
+//! default to llama.cpp's L1, L2, L3 and memory sizes, so the kernel is timed with its weights in
+//! each level of the hierarchy. The weights are random blocks (with finite scales): a kernel's
+//! speed does not depend on the values.
 
 use crate::report::{cpu_name, utc_now, write_json};
 use anyhow::{bail, Result};
