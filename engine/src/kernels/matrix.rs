@@ -212,7 +212,7 @@ fn uq_dot_rows(
 pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations, t: usize) -> f32 {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
-    let sums = x.sums_for(&w.offset);
+    let sums = x.sums_for(w);
     let mut acc = 0f32;
     for b in 0..nb {
         let index = row * nb + b;
@@ -220,11 +220,12 @@ pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations
         let xq = &x.qs[(t * nb + b) * BLOCK..][..BLOCK];
         if w.bits == QuantBits::Six {
             let ints = w.block_ints(index);
-            let half_sum = |h: usize| -> i32 {
-                (BLOCK / 2 * h..BLOCK / 2 * (h + 1)).map(|j| (i32::from(ints[j]) - 32) * i32::from(xq[j])).sum()
-            };
-            acc += x.d[t * nb + b]
-                * (w.value_scale(index, 0) * half_sum(0) as f32 + w.value_scale(index, BLOCK / 2) * half_sum(1) as f32);
+            for h in 0..2 {
+                let half = BLOCK / 2 * h..BLOCK / 2 * (h + 1);
+                let isum: i32 = half.clone().map(|j| i32::from(ints[j]) * i32::from(xq[j])).sum();
+                let scale = w.value_scale(index, half.start);
+                acc += scale * x.d[t * nb + b] * isum as f32 - 32.0 * scale * sums[2 * (t * nb + b) + h];
+            }
             continue;
         }
         let isum: i32 = match w.bits {
@@ -456,6 +457,11 @@ mod tests {
                         let magnitude: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
                         let got = out[t * rows + r];
                         assert!((got - dot_f32(wr, xt)).abs() < 0.01 * magnitude, "{format:?} {level:?} t{t} r{r}");
+                        let portable = uq_dot_portable(&w, r, &qx, t);
+                        assert!(
+                            (got - portable).abs() < 1e-5 * magnitude,
+                            "{format:?} {level:?} t{t} r{r}: {got} vs portable {portable}"
+                        );
                     }
                 }
             }

@@ -8,8 +8,8 @@
 //! memory what it takes on disk; a K-quant's 32-value sub-block gets its scale `d·sc` and offset
 //! `−dmin·m` as f16 (a rounding of 2⁻¹¹ at most, far below the 4-bit step, and 11% over the
 //! file's 4.5 bits a weight). Q6_K scales every 16 values, so it keeps two scales a block and
-//! takes its zero point off inside the integer sums (see [`QuantBits::Six`]); it takes 7 bits a
-//! weight against the file's 6.56.
+//! its zero point meets the activations' sums over each half (see [`QuantBits::Six`]); it takes
+//! 7 bits a weight against the file's 6.56.
 //!
 //! Activations: each 32-value block is quantized to int8 with one scale, and the block's sum
 //! times its scale is kept so a weight block's offset costs one multiply per block.
@@ -29,9 +29,8 @@ pub enum QuantBits {
     Eight,
     /// Q6_K: the low four bits as `Four`, then 8 bytes whose byte i holds the top two bits of
     /// values i, i+8, i+16 and i+24 (bits 0–1, 2–3, 4–5, 6–7). A value is `d_h·(q − 32)` with a
-    /// scale per 16 values (`d` holds two a block: values 0–15, then 16–31). The kernels
-    /// subtract 32·Σx in each group of four products' integer sum, so the zero point never goes
-    /// through the activations' block sums.
+    /// scale per 16 values (`d` holds two a block: values 0–15, then 16–31), so the zero point
+    /// multiplies the activations' sum over each half ([`QuantizedActivations::half_sums`]).
     Six,
 }
 
@@ -136,7 +135,7 @@ impl UqMatrix {
     }
 
     /// The value block `b` of row `row` adds per unit of the activations' scaled block sum:
-    /// `m`, or `−zero·d` (not for Q6_K, whose zero point the kernels take off themselves).
+    /// `m`, or `−zero·d` (not for Q6_K, whose zero point goes in half block by half block).
     #[inline]
     pub fn block_offset(&self, index: usize) -> f32 {
         match &self.offset {
@@ -396,6 +395,9 @@ pub struct QuantizedActivations {
     /// llama.cpp's and candle's.
     pub scaled_sums: Vec<f32>,
     pub scaled_sums_f16: Vec<f32>,
+    /// n × blocks × 2: d · Σq over values 0–15, then over 16–31 (exact, as `scaled_sums`),
+    /// which multiply Q6_K's zero point in each half's scale.
+    pub half_sums: Vec<f32>,
 }
 
 impl QuantizedActivations {
@@ -403,10 +405,11 @@ impl QuantizedActivations {
         self.cols / BLOCK
     }
 
-    /// The scaled sums that pair with a matrix's offsets.
+    /// The scaled sums that pair with `w`'s offsets, `w.bits.scales_per_block()` a block.
     #[inline]
-    pub fn sums_for(&self, offset: &Offset) -> &[f32] {
-        match offset {
+    pub fn sums_for(&self, w: &UqMatrix) -> &[f32] {
+        match w.offset {
+            _ if w.bits == QuantBits::Six => &self.half_sums,
             Offset::Zero(_) => &self.scaled_sums,
             Offset::PerBlock(_) => &self.scaled_sums_f16,
         }
@@ -423,13 +426,17 @@ impl QuantizedActivations {
         self.d.resize(blocks, 0.0);
         self.scaled_sums.resize(blocks, 0.0);
         self.scaled_sums_f16.resize(blocks, 0.0);
+        self.half_sums.resize(2 * blocks, 0.0);
         // A prompt's tokens are quantized in parallel (a serial pass took 5% of a prefill).
         let nb = cols / BLOCK;
         let tasks = task_count(n, 8);
         let tokens_per_task = n.div_ceil(tasks);
         let (qs, d) = (DisjointWriter::new(&mut self.qs), DisjointWriter::new(&mut self.d));
-        let (sums, sums_f16) =
-            (DisjointWriter::new(&mut self.scaled_sums), DisjointWriter::new(&mut self.scaled_sums_f16));
+        let (sums, sums_f16, half_sums) = (
+            DisjointWriter::new(&mut self.scaled_sums),
+            DisjointWriter::new(&mut self.scaled_sums_f16),
+            DisjointWriter::new(&mut self.half_sums),
+        );
         pool().run(tasks, &|task| {
             let tokens = task * tokens_per_task..((task + 1) * tokens_per_task).min(n);
             let (first, blocks) = (tokens.start * nb, tokens.len() * nb);
@@ -438,34 +445,45 @@ impl QuantizedActivations {
                 let (x, qs) = (&x[first * BLOCK..][..blocks * BLOCK], qs.slice(first * BLOCK, blocks * BLOCK));
                 let (d, sums, sums_f16) =
                     (d.slice(first, blocks), sums.slice(first, blocks), sums_f16.slice(first, blocks));
+                let half_sums = half_sums.slice(2 * first, 2 * blocks);
                 #[cfg(target_arch = "x86_64")]
                 if super::simd_level() != super::SimdLevel::Portable {
                     // (every level but Portable has avx2, fma and f16c, checked when chosen)
-                    return super::x86::avx2::quantize_blocks(x, qs, d, sums, sums_f16);
+                    return super::x86::avx2::quantize_blocks(x, qs, d, sums, sums_f16, half_sums);
                 }
-                quantize_blocks(x, qs, d, sums, sums_f16)
+                quantize_blocks(x, qs, d, sums, sums_f16, half_sums)
             };
         });
     }
 }
 
 /// The portable quantization: each block of 32 to int8 with its f16-rounded scale.
-fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [f32], sums_f16: &mut [f32]) {
+fn quantize_blocks(
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    sums: &mut [f32],
+    sums_f16: &mut [f32],
+    half_sums: &mut [f32],
+) {
     for (b, (src, dst)) in x.chunks_exact(BLOCK).zip(qs.chunks_exact_mut(BLOCK)).enumerate() {
         let amax = super::ops::abs_max(src);
         let scale = amax / 127.0;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, &v) in dst.iter_mut().zip(src) {
+        let mut halves = [0i32; 2];
+        for (j, (q, &v)) in dst.iter_mut().zip(src).enumerate() {
             let r = (v * inv).round() as i32;
             *q = r as i8;
-            sum += r;
+            halves[j / (BLOCK / 2)] += r;
         }
+        let sum = halves[0] + halves[1];
         // The scale is rounded to f16 as ggml's Q8_0/Q8_1 blocks store it, so products match
         // llama.cpp's and candle's to the last bit of the scale.
         d[b] = f16::from_f32(scale).to_f32();
         sums[b] = d[b] * sum as f32;
         sums_f16[b] = f16::from_f32(scale * sum as f32).to_f32();
+        half_sums[2 * b] = d[b] * halves[0] as f32;
+        half_sums[2 * b + 1] = d[b] * halves[1] as f32;
     }
 }
 
@@ -487,21 +505,31 @@ mod tests {
             ties.iter().copied().chain([0.0; 32]).chain((0..32).map(|i| i as f32 * 1e-30)).chain(irregular).collect();
         let blocks = x.len() / BLOCK;
         let run = |avx2: bool| {
-            let (mut qs, mut d, mut sums, mut sums_f16) =
-                (vec![0i8; x.len()], vec![0f32; blocks], vec![0f32; blocks], vec![0f32; blocks]);
+            let (mut qs, mut d, mut sums, mut sums_f16, mut halves) = (
+                vec![0i8; x.len()],
+                vec![0f32; blocks],
+                vec![0f32; blocks],
+                vec![0f32; blocks],
+                vec![0f32; 2 * blocks],
+            );
             if avx2 {
                 // SAFETY: checked above that the CPU has the features.
-                unsafe { super::super::x86::avx2::quantize_blocks(&x, &mut qs, &mut d, &mut sums, &mut sums_f16) }
+                unsafe {
+                    super::super::x86::avx2::quantize_blocks(&x, &mut qs, &mut d, &mut sums, &mut sums_f16, &mut halves)
+                }
             } else {
-                quantize_blocks(&x, &mut qs, &mut d, &mut sums, &mut sums_f16)
+                quantize_blocks(&x, &mut qs, &mut d, &mut sums, &mut sums_f16, &mut halves)
             }
-            (qs, d, sums, sums_f16)
+            (qs, d, sums, sums_f16, halves)
         };
         let (portable, avx2) = (run(false), run(true));
         assert_eq!(portable.0, avx2.0, "int8 values");
-        for (name, a, b) in
-            [("scales", &portable.1, &avx2.1), ("sums", &portable.2, &avx2.2), ("f16 sums", &portable.3, &avx2.3)]
-        {
+        for (name, a, b) in [
+            ("scales", &portable.1, &avx2.1),
+            ("sums", &portable.2, &avx2.2),
+            ("f16 sums", &portable.3, &avx2.3),
+            ("half sums", &portable.4, &avx2.4),
+        ] {
             assert!(a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: {a:?} vs {b:?}");
         }
         assert!(portable.0[..32].iter().any(|&q| q % 2 != 0), "the tie block rounds to odd values too");

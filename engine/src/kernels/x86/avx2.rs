@@ -7,7 +7,7 @@
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::{dispatch_rows, prefetch_ahead, row_blocks};
+use super::{dispatch_rows, dispatch_tile, format_of, prefetch_ahead, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -117,30 +117,8 @@ unsafe fn uq_dot_rows_with<const VNNI: bool>(
     assert!(
         w.qs.len() >= w.rows * w.row_bytes() && w.d.len() >= w.rows * w.blocks_per_row() * w.bits.scales_per_block()
     );
-    // One instance per format and tile width, so the block loop has no format branches.
-    macro_rules! tiles {
-        ($bits:expr) => {
-            match nt {
-                1 => uq_dot_tile::<1, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
-                2 => uq_dot_tile::<2, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
-                3 => uq_dot_tile::<3, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
-                4 => uq_dot_tile::<4, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
-                5 => uq_dot_tile::<5, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
-                6 => uq_dot_tile::<6, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
-                7 => uq_dot_tile::<7, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
-                _ => uq_dot_tile::<8, VNNI, { $bits as u8 }>(w, rows, x, t0, out),
-            }
-        };
-    }
-    // SAFETY (all arms): features per the callers' contracts; bounds asserted above.
-    unsafe {
-        match w.bits {
-            QuantBits::Four => tiles!(QuantBits::Four),
-            QuantBits::Five => tiles!(QuantBits::Five),
-            QuantBits::Six => tiles!(QuantBits::Six),
-            QuantBits::Eight => tiles!(QuantBits::Eight),
-        }
-    }
+    // SAFETY: features per the callers' contracts; bounds asserted above.
+    unsafe { dispatch_tile!(w.bits, nt, uq_dot_tile::<NT, VNNI, BITS>(w, rows, x, t0, out)) }
 }
 
 /// Block `ptr`'s 32 weights as bytes for [`block_dot`]: unsigned ints, or for 8-bit weights
@@ -157,20 +135,13 @@ unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8) -> __m256
                 _mm256_xor_si256(q, _mm256_set1_epi8(-128))
             }
         } else {
-            let bits = if BITS == QuantBits::Four as u8 {
-                QuantBits::Four
-            } else if BITS == QuantBits::Five as u8 {
-                QuantBits::Five
-            } else {
-                QuantBits::Six
-            };
-            unpack_block(bits, ptr)
+            unpack_block(format_of(BITS), ptr)
         }
     }
 }
 
-/// Sums of four products (i32 lanes) of a block from [`load_block`] with 32 activations. Q6_K's
-/// zero point comes off here: lanes 0–3 are values 0–15, lanes 4–7 values 16–31.
+/// Sums of four products (i32 lanes) of a block from [`load_block`] with 32 activations: lanes
+/// 0–3 are values 0–15, lanes 4–7 values 16–31.
 #[inline(always)]
 unsafe fn block_dot<const VNNI: bool, const BITS: u8>(wv: __m256i, xv: __m256i) -> __m256i {
     // SAFETY: the callers are compiled with avx2 (and avxvnni when VNNI).
@@ -178,8 +149,6 @@ unsafe fn block_dot<const VNNI: bool, const BITS: u8>(wv: __m256i, xv: __m256i) 
         let zero = _mm256_setzero_si256();
         if BITS == QuantBits::Eight as u8 && !VNNI {
             dot_i8i8::<VNNI>(zero, wv, xv)
-        } else if BITS == QuantBits::Six as u8 {
-            _mm256_sub_epi32(dot_u8i8::<VNNI>(zero, wv, xv), dot_u8i8::<VNNI>(zero, _mm256_set1_epi8(32), xv))
         } else {
             dot_u8i8::<VNNI>(zero, wv, xv)
         }
@@ -200,13 +169,10 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
 ) {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
-    // 8-bit weights without VNNI are multiplied signed (see the module comment), and Q6_K's
-    // zero point is taken off in the integer sums.
-    let zero_point_off = (!VNNI && BITS == QuantBits::Eight as u8) || BITS == QuantBits::Six as u8;
     let spb = w.bits.scales_per_block();
     let xq: [*const i8; NT] = std::array::from_fn(|t| x.qs[(t0 + t) * w.cols..][..w.cols].as_ptr());
     let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
-    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(&w.offset)[(t0 + t) * nb..][..nb]);
+    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb * spb..][..nb * spb]);
     let start = rows.start;
     let row_bytes = nb * bpb;
     for row in rows {
@@ -214,8 +180,10 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
         let wq = w.qs[row * row_bytes..][..row_bytes].as_ptr();
         let mut acc = [_mm256_setzero_ps(); NT];
         // The blocks' offsets (times the activations' scaled sums) go in with their products.
+        // 8-bit weights without VNNI are multiplied signed (see the module comment), so their
+        // zero point is off already.
         let offsets = match &w.offset {
-            _ if zero_point_off => BlockOffsets::None,
+            _ if !VNNI && BITS == QuantBits::Eight as u8 => BlockOffsets::None,
             Offset::Zero(z) => BlockOffsets::ScaleTimes(-f32::from(*z)),
             Offset::PerBlock(m) => BlockOffsets::PerBlock(&m[row * nb..][..nb]),
         };
@@ -245,10 +213,20 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
 enum BlockOffsets<'a> {
     /// Nothing: the zero point is taken off in the integer sums.
     None,
-    /// A zero point: the block's scale times this factor.
+    /// A zero point: the block's scale (Q6_K: each half's) times this factor.
     ScaleTimes(f32),
     /// An offset of each block's own.
     PerBlock(&'a [f16]),
+}
+
+/// [`BlockOffsets`] of one group of blocks, as lanes.
+#[derive(Clone, Copy)]
+enum Offsets {
+    None,
+    /// One a block.
+    Blocks(__m256),
+    /// One a half block (Q6_K), as its scales are stored: blocks 0–3, then 4–7.
+    Halves(__m256, __m256),
 }
 
 /// Adds to `acc[t]` the products of blocks `b..b+n` (n ≤ 8) of one weight row with token t's
@@ -281,33 +259,50 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
         }
         // Per block, the scale of its values 0–15 (`lower`) and 16–31 (`upper`): one for both
         // but in Q6_K, which keeps two (`d·sc` of each half, stored side by side).
-        let (lower_scale, upper_scale) = if six {
-            let pairs = _mm256_castps_pd(f16_group(&wd[2 * b..2 * (b + n.min(4))]));
-            let rest =
-                _mm256_castps_pd(if n > 4 { f16_group(&wd[2 * (b + 4)..2 * (b + n)]) } else { _mm256_setzero_ps() });
+        let (lower_scale, upper_scale, offset) = if six {
+            // Each half's scale, as stored: blocks 0–3, then 4–7.
+            let pairs = f16_group(&wd[2 * b..2 * (b + n.min(4))]);
+            let rest = if n > 4 { f16_group(&wd[2 * (b + 4)..2 * (b + n)]) } else { _mm256_setzero_ps() };
             // [l0 u0 l1 u1 | l2 u2 l3 u3] and the same of blocks 4–7, to [l0..l7] and [u0..u7]
             // (then 64-bit pairs [l0 l1 | l4 l5 | l2 l3 | l6 l7] back in order)
-            let lower =
-                _mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(_mm256_castpd_ps(pairs), _mm256_castpd_ps(rest)));
-            let upper =
-                _mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(_mm256_castpd_ps(pairs), _mm256_castpd_ps(rest)));
+            let lower = _mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(pairs, rest));
+            let upper = _mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(pairs, rest));
+            // The zero point goes in half by half, with the halves' sums stored as the scales.
+            let offset = match offsets {
+                BlockOffsets::ScaleTimes(factor) => {
+                    let factor = _mm256_set1_ps(*factor);
+                    Offsets::Halves(_mm256_mul_ps(pairs, factor), _mm256_mul_ps(rest, factor))
+                }
+                _ => unreachable!("Q6_K has one zero point"),
+            };
             (
                 _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(lower)),
                 _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(upper)),
+                offset,
             )
         } else {
             let d = f16_group(&wd[b..b + n]);
-            (d, d)
+            let offset = match offsets {
+                BlockOffsets::None => Offsets::None,
+                BlockOffsets::ScaleTimes(factor) => Offsets::Blocks(_mm256_mul_ps(d, _mm256_set1_ps(*factor))),
+                BlockOffsets::PerBlock(m) => Offsets::Blocks(f16_group(&m[b..b + n])),
+            };
+            (d, d, offset)
         };
         let mask = lane_mask(n);
-        let offset = match offsets {
-            BlockOffsets::None => None,
-            BlockOffsets::ScaleTimes(factor) => Some(_mm256_mul_ps(lower_scale, _mm256_set1_ps(*factor))),
-            BlockOffsets::PerBlock(m) => Some(f16_group(&m[b..b + n])),
-        };
         for t in 0..NT {
-            if let Some(offset) = offset {
-                acc[t] = _mm256_fmadd_ps(offset, _mm256_maskload_ps(sums[t].as_ptr().add(b), mask), acc[t]);
+            match offset {
+                Offsets::None => {}
+                Offsets::Blocks(offset) => {
+                    acc[t] = _mm256_fmadd_ps(offset, _mm256_maskload_ps(sums[t].as_ptr().add(b), mask), acc[t]);
+                }
+                Offsets::Halves(first, rest) => {
+                    let sums = sums[t].as_ptr().add(2 * b);
+                    acc[t] = _mm256_fmadd_ps(first, _mm256_maskload_ps(sums, lane_mask(2 * n.min(4))), acc[t]);
+                    if n > 4 {
+                        acc[t] = _mm256_fmadd_ps(rest, _mm256_maskload_ps(sums.add(8), lane_mask(2 * n - 8)), acc[t]);
+                    }
+                }
             }
             let mut v = [_mm256_setzero_si256(); GROUP];
             for (i, v) in v[..n].iter_mut().enumerate() {
@@ -389,9 +384,17 @@ fn hsum_i32(v: __m256i) -> i32 {
 /// # Safety
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [f32], sums_f16: &mut [f32]) {
+pub unsafe fn quantize_blocks(
+    x: &[f32],
+    qs: &mut [i8],
+    d: &mut [f32],
+    sums: &mut [f32],
+    sums_f16: &mut [f32],
+    half_sums: &mut [f32],
+) {
     let blocks = x.len() / BLOCK;
     assert!(qs.len() >= blocks * BLOCK && d.len() >= blocks && sums.len() >= blocks && sums_f16.len() >= blocks);
+    assert!(half_sums.len() >= 2 * blocks);
     let sign = _mm256_set1_ps(-0.0);
     let below_half = _mm256_set1_ps(0.5 - f32::EPSILON / 4.0);
     // Dwords of two rounds of packing back in value order.
@@ -417,7 +420,8 @@ pub unsafe fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mu
             // Half away from zero: add just under ½ with y's sign, then truncate.
             q[i] = _mm256_cvttps_epi32(_mm256_add_ps(y, _mm256_or_ps(_mm256_and_ps(y, sign), below_half)));
         }
-        let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        let halves = [hsum_i32(_mm256_add_epi32(q[0], q[1])), hsum_i32(_mm256_add_epi32(q[2], q[3]))];
+        let sum = halves[0] + halves[1];
         let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         // SAFETY: the 32 bytes of block b, inside `qs`.
         unsafe {
@@ -426,6 +430,8 @@ pub unsafe fn quantize_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mu
         d[b] = round_to_f16(scale);
         sums[b] = d[b] * sum as f32;
         sums_f16[b] = round_to_f16(scale * sum as f32);
+        half_sums[2 * b] = d[b] * halves[0] as f32;
+        half_sums[2 * b + 1] = d[b] * halves[1] as f32;
     }
 }
 

@@ -3,7 +3,7 @@
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::{avx2, dispatch_rows, f16_value, prefetch_ahead, row_blocks};
+use super::{avx2, dispatch_rows, dispatch_tile, f16_value, format_of, prefetch_ahead, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -74,38 +74,28 @@ pub unsafe fn uq_dot_rows(
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
     assert!(out.len() >= rows.len() * TOKEN_TILE);
     // SAFETY (all arms): features per this function's contract; bounds asserted above.
-    unsafe {
-        match nt {
-            1 => uq_dot_tile::<1>(w, rows, x, t0, out),
-            2 => uq_dot_tile::<2>(w, rows, x, t0, out),
-            3 => uq_dot_tile::<3>(w, rows, x, t0, out),
-            4 => uq_dot_tile::<4>(w, rows, x, t0, out),
-            5 => uq_dot_tile::<5>(w, rows, x, t0, out),
-            6 => uq_dot_tile::<6>(w, rows, x, t0, out),
-            7 => uq_dot_tile::<7>(w, rows, x, t0, out),
-            _ => uq_dot_tile::<8>(w, rows, x, t0, out),
-        }
-    }
+    unsafe { dispatch_tile!(w.bits, nt, uq_dot_tile::<NT, BITS>(w, rows, x, t0, out)) }
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn uq_dot_tile<const NT: usize>(
+unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
     w: &UqMatrix,
     rows: Range<usize>,
     x: &QuantizedActivations,
     t0: usize,
     out: &mut [f32],
 ) {
+    let bits = format_of(BITS);
     let nb = w.blocks_per_row();
-    let bpb = w.bits.bytes_per_block();
+    let bpb = bits.bytes_per_block();
     let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
     let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
-    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(&w.offset)[(t0 + t) * nb..][..nb]);
+    let six = bits == QuantBits::Six;
+    let spb = bits.scales_per_block();
+    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb * spb..][..nb * spb]);
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let (pair, quad) = (pair_index(), quad_index());
-    let six = w.bits == QuantBits::Six;
-    let spb = w.bits.scales_per_block();
     let start = rows.start;
     for row in rows {
         let wd = &w.d[row * nb * spb..][..nb * spb];
@@ -119,7 +109,7 @@ unsafe fn uq_dot_tile<const NT: usize>(
             // SAFETY (every raw read in this loop): blocks 2p, 2p+1 < nb lie inside this row's
             // nb·bpb weight bytes, its nb scales, and each token's `cols` activations and nb scales.
             let wv = unsafe {
-                match w.bits {
+                match bits {
                     QuantBits::Four => {
                         let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
                         let lo = _mm256_and_si256(raw, low_nibbles);
@@ -128,7 +118,7 @@ unsafe fn uq_dot_tile<const NT: usize>(
                         let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
                         _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
                     }
-                    QuantBits::Five | QuantBits::Six => unpack_pair(w.bits, wq.add(2 * p * bpb), bpb),
+                    QuantBits::Five | QuantBits::Six => unpack_pair(bits, wq.add(2 * p * bpb), bpb),
                     QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
                 }
             };
@@ -142,11 +132,9 @@ unsafe fn uq_dot_tile<const NT: usize>(
             };
             for t in 0..NT {
                 let xv = unsafe { _mm512_loadu_si512(xq[t].as_ptr().add(p * 64) as *const __m512i) };
-                let mut isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
                 let dx = unsafe { _mm_castpd_ps(_mm_load_sd(xd[t].as_ptr().add(2 * p) as *const f64)) };
                 let scale = if six {
-                    isum =
-                        _mm512_sub_epi32(isum, _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(32), xv));
                     _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_unpacklo_ps(dx, dx))))
                 } else {
                     _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)))
@@ -154,15 +142,16 @@ unsafe fn uq_dot_tile<const NT: usize>(
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
             }
         }
-        // The blocks' offsets times the activations' scaled sums, 16 blocks at a time (Q6_K's
-        // zero point is off already).
+        // The blocks' offsets times the activations' scaled sums, 16 at a time (Q6_K's zero
+        // point half block by half block, with the halves' sums).
         let (offsets, factor) = match &w.offset {
             Offset::Zero(z) => (wd, -f32::from(*z)),
             Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),
         };
-        for c in (0..if six { 0 } else { nb }).step_by(16) {
-            let mask: __mmask16 = ((1u32 << (nb - c).min(16)) - 1) as __mmask16;
-            // SAFETY: the mask covers only blocks c.. < nb of the row's offsets and each token's sums.
+        let n_offsets = nb * spb;
+        for c in (0..n_offsets).step_by(16) {
+            let mask: __mmask16 = ((1u32 << (n_offsets - c).min(16)) - 1) as __mmask16;
+            // SAFETY: the mask covers only offsets c.. < n_offsets of the row and each token's sums.
             let m = _mm512_cvtph_ps(unsafe { _mm256_maskz_loadu_epi16(mask, offsets.as_ptr().add(c).cast()) });
             let m = _mm512_mul_ps(m, _mm512_set1_ps(factor));
             for t in 0..NT {
@@ -176,7 +165,7 @@ unsafe fn uq_dot_tile<const NT: usize>(
                 let b = nb - 1;
                 // SAFETY: the last block lies inside the row; its 32 activations inside the token's.
                 let isum = unsafe {
-                    let wv = match w.bits {
+                    let wv = match bits {
                         QuantBits::Eight => _mm256_loadu_si256(wq.add(b * bpb).cast()),
                         QuantBits::Six => unreachable!("Q6_K rows are whole super-blocks: 8 blocks each"),
                         bits => avx2::unpack_block(bits, wq.add(b * bpb)),

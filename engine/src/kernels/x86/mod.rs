@@ -6,6 +6,7 @@
 pub mod avx2;
 pub mod avx512;
 
+use super::quant::QuantBits;
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -42,6 +43,52 @@ macro_rules! dispatch_rows {
     };
 }
 pub(crate) use dispatch_rows;
+
+/// Expands to a `match` that evaluates `$call` with the consts `NT`, a tile of `$nt` tokens (1
+/// to 8), and `BITS`, the weight format `$bits` as `u8`: one kernel instance each, so a block
+/// loop has no format or width branches.
+macro_rules! dispatch_tile {
+    ($bits:expr, $nt:expr, $call:expr) => {
+        match $bits {
+            QuantBits::Four => dispatch_tile!(@nt Four, $nt, $call),
+            QuantBits::Five => dispatch_tile!(@nt Five, $nt, $call),
+            QuantBits::Six => dispatch_tile!(@nt Six, $nt, $call),
+            QuantBits::Eight => dispatch_tile!(@nt Eight, $nt, $call),
+        }
+    };
+    (@nt $format:ident, $nt:expr, $call:expr) => {{
+        const BITS: u8 = QuantBits::$format as u8;
+        match $nt {
+            1 => dispatch_tile!(@call 1, $call),
+            2 => dispatch_tile!(@call 2, $call),
+            3 => dispatch_tile!(@call 3, $call),
+            4 => dispatch_tile!(@call 4, $call),
+            5 => dispatch_tile!(@call 5, $call),
+            6 => dispatch_tile!(@call 6, $call),
+            7 => dispatch_tile!(@call 7, $call),
+            _ => dispatch_tile!(@call 8, $call),
+        }
+    }};
+    (@call $nt:literal, $call:expr) => {{
+        const NT: usize = $nt;
+        $call
+    }};
+}
+pub(crate) use dispatch_tile;
+
+/// The weight format a kernel instance of [`dispatch_tile`] takes (its `BITS`).
+#[inline(always)]
+pub(crate) const fn format_of(bits: u8) -> QuantBits {
+    if bits == QuantBits::Four as u8 {
+        QuantBits::Four
+    } else if bits == QuantBits::Five as u8 {
+        QuantBits::Five
+    } else if bits == QuantBits::Six as u8 {
+        QuantBits::Six
+    } else {
+        QuantBits::Eight
+    }
+}
 
 /// How far ahead of its loads a one-token product asks for the weights: it streams them once,
 /// and one core's loads alone leave the memory's bandwidth idle while each waits.
