@@ -188,20 +188,30 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
             Offset::PerBlock(m) => BlockOffsets::PerBlock(&m[row * nb..][..nb]),
         };
         let mut b = 0;
-        // SAFETY (both calls): blocks b..b+n ≤ nb lie inside this row's weights, scales and
+        // SAFETY (every call): blocks b..b+N ≤ nb lie inside this row's weights, scales and
         // offsets and each token's activations, scales and sums.
         while b + GROUP <= nb {
             if NT == 1 {
                 prefetch_ahead(wq, b * bpb, GROUP * bpb);
             }
-            unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &offsets, &xq, &xd, &sums, b, GROUP, bpb, &mut acc) };
+            unsafe { group_products::<NT, VNNI, BITS, GROUP>(wq, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
             b += GROUP;
         }
+        // The last nb % 8 blocks go in groups of 4, 2 and 1 of fixed length: a group of a
+        // length known only at run time keeps its blocks in memory, not in registers.
+        if NT == 1 && b < nb {
+            prefetch_ahead(wq, b * bpb, (nb - b) * bpb);
+        }
+        if b + 4 <= nb {
+            unsafe { group_products::<NT, VNNI, BITS, 4>(wq, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            b += 4;
+        }
+        if b + 2 <= nb {
+            unsafe { group_products::<NT, VNNI, BITS, 2>(wq, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            b += 2;
+        }
         if b < nb {
-            if NT == 1 {
-                prefetch_ahead(wq, b * bpb, (nb - b) * bpb);
-            }
-            unsafe { group_products::<NT, VNNI, BITS>(wq, wd, &offsets, &xq, &xd, &sums, b, nb - b, bpb, &mut acc) };
+            unsafe { group_products::<NT, VNNI, BITS, 1>(wq, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
         }
         for t in 0..NT {
             out[(row - start) * TOKEN_TILE + t] = hsum(acc[t]);
@@ -229,16 +239,16 @@ enum Offsets {
     Halves(__m256, __m256),
 }
 
-/// Adds to `acc[t]` the products of blocks `b..b+n` (n ≤ 8) of one weight row with token t's
+/// Adds to `acc[t]` the products of blocks `b..b+N` (N ≤ 8) of one weight row with token t's
 /// activations, and the blocks' offsets times the token's scaled sums.
 ///
 /// # Safety
-/// Blocks b..b+n lie inside the row (`wq`, `bpb` bytes a block; `wd`; `offsets`) and inside
+/// Blocks b..b+N lie inside the row (`wq`, `bpb` bytes a block; `wd`; `offsets`) and inside
 /// each token's activations `xq`, scales `xd` and `sums`; the caller has avx2, fma, f16c (and
 /// avxvnni when VNNI).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
+unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, const N: usize>(
     wq: *const u8,
     wd: &[f16],
     offsets: &BlockOffsets,
@@ -246,7 +256,6 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
     xd: &[&[f32]; NT],
     sums: &[&[f32]; NT],
     b: usize,
-    n: usize,
     bpb: usize,
     acc: &mut [__m256; NT],
 ) {
@@ -254,15 +263,15 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
     // SAFETY: per the contract.
     unsafe {
         let mut blocks = [_mm256_setzero_si256(); GROUP];
-        for (i, block) in blocks[..n].iter_mut().enumerate() {
+        for (i, block) in blocks[..N].iter_mut().enumerate() {
             *block = load_block::<VNNI, BITS>(wq.add((b + i) * bpb));
         }
         // Per block, the scale of its values 0–15 (`lower`) and 16–31 (`upper`): one for both
         // but in Q6_K, which keeps two (`d·sc` of each half, stored side by side).
         let (lower_scale, upper_scale, offset) = if six {
             // Each half's scale, as stored: blocks 0–3, then 4–7.
-            let pairs = f16_group(&wd[2 * b..2 * (b + n.min(4))]);
-            let rest = if n > 4 { f16_group(&wd[2 * (b + 4)..2 * (b + n)]) } else { _mm256_setzero_ps() };
+            let pairs = f16_group(&wd[2 * b..2 * (b + N.min(4))]);
+            let rest = if N > 4 { f16_group(&wd[2 * (b + 4)..2 * (b + N)]) } else { _mm256_setzero_ps() };
             // [l0 u0 l1 u1 | l2 u2 l3 u3] and the same of blocks 4–7, to [l0..l7] and [u0..u7]
             // (then 64-bit pairs [l0 l1 | l4 l5 | l2 l3 | l6 l7] back in order)
             let lower = _mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(pairs, rest));
@@ -281,15 +290,15 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
                 offset,
             )
         } else {
-            let d = f16_group(&wd[b..b + n]);
+            let d = f16_group(&wd[b..b + N]);
             let offset = match offsets {
                 BlockOffsets::None => Offsets::None,
                 BlockOffsets::ScaleTimes(factor) => Offsets::Blocks(_mm256_mul_ps(d, _mm256_set1_ps(*factor))),
-                BlockOffsets::PerBlock(m) => Offsets::Blocks(f16_group(&m[b..b + n])),
+                BlockOffsets::PerBlock(m) => Offsets::Blocks(f16_group(&m[b..b + N])),
             };
             (d, d, offset)
         };
-        let mask = lane_mask(n);
+        let mask = lane_mask(N);
         for t in 0..NT {
             match offset {
                 Offsets::None => {}
@@ -298,14 +307,14 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8>(
                 }
                 Offsets::Halves(first, rest) => {
                     let sums = sums[t].as_ptr().add(2 * b);
-                    acc[t] = _mm256_fmadd_ps(first, _mm256_maskload_ps(sums, lane_mask(2 * n.min(4))), acc[t]);
-                    if n > 4 {
-                        acc[t] = _mm256_fmadd_ps(rest, _mm256_maskload_ps(sums.add(8), lane_mask(2 * n - 8)), acc[t]);
+                    acc[t] = _mm256_fmadd_ps(first, _mm256_maskload_ps(sums, lane_mask(2 * N.min(4))), acc[t]);
+                    if N > 4 {
+                        acc[t] = _mm256_fmadd_ps(rest, _mm256_maskload_ps(sums.add(8), lane_mask(2 * N - 8)), acc[t]);
                     }
                 }
             }
             let mut v = [_mm256_setzero_si256(); GROUP];
-            for (i, v) in v[..n].iter_mut().enumerate() {
+            for (i, v) in v[..N].iter_mut().enumerate() {
                 *v = block_dot::<VNNI, BITS>(blocks[i], _mm256_loadu_si256(xq[t].add((b + i) * BLOCK).cast()));
             }
             // [blocks 0–3's sums of lanes 0–3 | of lanes 4–7], the same of blocks 4–7; then
