@@ -27,10 +27,14 @@ pub enum QuantBits {
     /// As `Four`, then 4 bytes whose bit j (little-endian) is value j's fifth bit.
     Five,
     Eight,
-    /// Q6_K: the low four bits as `Four`, then 8 bytes whose byte i holds the top two bits of
-    /// values i, i+8, i+16 and i+24 (bits 0–1, 2–3, 4–5, 6–7). A value is `d_h·(q − 32)` with a
-    /// scale per 16 values (`d` holds two a block: values 0–15, then 16–31), so the zero point
-    /// multiplies the activations' sum over each half ([`QuantizedActivations::half_sums`]).
+    /// Q6_K, kept as the file lays out each super-block's 256 values (8 blocks): two halves of
+    /// 128 values, each 64 bytes of low nibbles then, after both, 32 bytes of high bit pairs.
+    /// Block r of a half (32 values) takes its low four bits from nibble r/2 (low, high) of
+    /// bytes 32·(r%2).. of the half's nibbles and its top two from bit pair r of the half's high
+    /// bytes, so one 32-byte load of high bits serves four blocks and one of nibbles two. A value
+    /// is `d_h·(q − 32)` with a scale per 16 values (`d` holds two a block: values 0–15, then
+    /// 16–31), so the zero point multiplies the activations' sum over each half
+    /// ([`QuantizedActivations::half_sums`]).
     Six,
 }
 
@@ -252,7 +256,7 @@ impl UqMatrix {
     }
 
     /// Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales,
-    /// then d) as 32-value blocks of six bits a value and two scales `d·sc`.
+    /// then d): the nibbles and bit pairs as they are, and two scales `d·sc` a block.
     /// The caller has checked the sizes.
     fn from_q6_k(raw: &[u8], rows: usize, cols: usize) -> Self {
         let n_blocks = rows * cols / BLOCK;
@@ -266,25 +270,9 @@ impl UqMatrix {
             offset: Offset::Zero(32),
         };
         for block in raw.chunks_exact(GgufBlockFormat::Q6K.block_bytes()) {
-            let (low, high, scales) = (&block[..128], &block[128..192], &block[192..208]);
             let d = f16::from_le_bytes([block[208], block[209]]).to_f32();
-            w.d.extend(scales.iter().map(|&sc| f16::from_f32(d * f32::from(sc as i8))));
-            // Each half of the super-block is four runs of 32 values: run r takes its low bits
-            // from nibble r/2 of low bytes 32·(r%2).., its high bits from bit pair r of the
-            // half's 32 high bytes.
-            for half in 0..2 {
-                let (low, high) = (&low[64 * half..][..64], &high[32 * half..][..32]);
-                for run in 0..4 {
-                    let nibbles = &low[32 * (run % 2)..][..32];
-                    let values: [u8; BLOCK] = std::array::from_fn(|l| {
-                        ((nibbles[l] >> (4 * (run / 2))) & 0x0f) | (((high[l] >> (2 * run)) & 3) << 4)
-                    });
-                    w.qs.extend((0..BLOCK / 2).map(|i| (values[i] & 0x0f) | (values[i + BLOCK / 2] & 0x0f) << 4));
-                    w.qs.extend(
-                        (0..BLOCK / 4).map(|i| (0..4).fold(0u8, |byte, k| byte | (values[8 * k + i] >> 4) << (2 * k))),
-                    );
-                }
-            }
+            w.d.extend(block[192..208].iter().map(|&sc| f16::from_f32(d * f32::from(sc as i8))));
+            w.qs.extend_from_slice(&block[..192]);
         }
         w
     }
@@ -302,10 +290,18 @@ impl UqMatrix {
     #[inline]
     pub fn block_ints(&self, index: usize) -> [u8; BLOCK] {
         let bpb = self.bits.bytes_per_block();
+        if self.bits == QuantBits::Six {
+            let blocks_per_super = SUPER_BLOCK / BLOCK;
+            let super_block = &self.qs[index / blocks_per_super * blocks_per_super * bpb..][..blocks_per_super * bpb];
+            let (half, r) = (index % blocks_per_super / 4, index % 4);
+            let nibbles = &super_block[64 * half + 32 * (r % 2)..][..BLOCK];
+            let high = &super_block[128 + 32 * half..][..BLOCK];
+            return std::array::from_fn(|j| ((nibbles[j] >> (4 * (r / 2))) & 0x0f) | (((high[j] >> (2 * r)) & 3) << 4));
+        }
         let qs = &self.qs[index * bpb..][..bpb];
         let mut q = [0u8; BLOCK];
         match self.bits {
-            QuantBits::Four | QuantBits::Five | QuantBits::Six => {
+            QuantBits::Four | QuantBits::Five => {
                 for j in 0..BLOCK / 2 {
                     q[j] = qs[j] & 0x0f;
                     q[j + BLOCK / 2] = qs[j] >> 4;
@@ -316,13 +312,9 @@ impl UqMatrix {
                         *v |= (((high >> j) & 1) as u8) << 4;
                     }
                 }
-                if self.bits == QuantBits::Six {
-                    for (j, v) in q.iter_mut().enumerate() {
-                        *v |= ((qs[16 + j % 8] >> (2 * (j / 8))) & 3) << 4;
-                    }
-                }
             }
             QuantBits::Eight => q.copy_from_slice(qs),
+            QuantBits::Six => unreachable!("taken above"),
         }
         q
     }

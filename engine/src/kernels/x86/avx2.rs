@@ -32,7 +32,7 @@ unsafe fn dot_i8i8<const VNNI: bool>(acc: __m256i, a: __m256i, b: __m256i) -> __
     unsafe { dot_u8i8::<VNNI>(acc, _mm256_abs_epi8(a), _mm256_sign_epi8(b, a)) }
 }
 
-/// The 32 unsigned ints of one weight block, in value order (4-, 5- and 6-bit formats).
+/// The 32 unsigned ints of one weight block, in value order (4- and 5-bit formats).
 ///
 /// # Safety
 /// `ptr` points at the block's `bits.bytes_per_block()` bytes; the CPU has avx2.
@@ -45,13 +45,6 @@ pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
         let lo = _mm_and_si128(raw, low_nibbles);
         let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low_nibbles);
         let q = _mm256_set_m128i(hi, lo);
-        if bits == QuantBits::Six {
-            // Bytes 8k..8k+7 take bit pair k of the 8 high bytes: each 64-bit lane gets all
-            // eight, shifted right by 2k.
-            let high = _mm256_set1_epi64x((ptr.add(16) as *const i64).read_unaligned());
-            let pairs = _mm256_and_si256(_mm256_srlv_epi64(high, _mm256_set_epi64x(6, 4, 2, 0)), _mm256_set1_epi8(3));
-            return _mm256_or_si256(q, _mm256_slli_epi16(pairs, 4));
-        }
         if bits != QuantBits::Five {
             return q;
         }
@@ -65,6 +58,31 @@ pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
         let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
         let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
         _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+    }
+}
+
+/// The 32 unsigned ints of block `block` (0–7) of a Q6_K super-block, in value order (see
+/// [`QuantBits::Six`]). With `block` known when inlined, the shifts are immediates and the
+/// eight blocks of a super-block share their loads: three of 32 bytes a half.
+///
+/// # Safety
+/// `ptr` points at the super-block's 192 bytes; the CPU has avx2.
+#[inline(always)]
+unsafe fn unpack_six(ptr: *const u8, block: usize) -> __m256i {
+    let (half, r) = (block / 4, block % 4);
+    // SAFETY: both loads lie inside the super-block per the contract.
+    unsafe {
+        let nibbles = _mm256_loadu_si256(ptr.add(64 * half + 32 * (r % 2)).cast());
+        let low =
+            _mm256_and_si256(_mm256_srl_epi16(nibbles, _mm_cvtsi32_si128(4 * (r / 2) as i32)), _mm256_set1_epi8(0x0f));
+        // Bit pair r of each high byte to bits 4–5.
+        let high = _mm256_loadu_si256(ptr.add(128 + 32 * half).cast());
+        let high = if r <= 2 {
+            _mm256_sll_epi16(high, _mm_cvtsi32_si128(4 - 2 * r as i32))
+        } else {
+            _mm256_srli_epi16(high, 2)
+        };
+        _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)))
     }
 }
 
@@ -122,7 +140,7 @@ unsafe fn uq_dot_rows_with<const VNNI: bool>(
 }
 
 /// Block `ptr`'s 32 weights as bytes for [`block_dot`]: unsigned ints, or for 8-bit weights
-/// without VNNI, signed (q − 128).
+/// without VNNI, signed (q − 128). Not for Q6_K, whose blocks are not apart ([`unpack_six`]).
 #[inline(always)]
 unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8) -> __m256i {
     // SAFETY: the caller passes a pointer to one whole block.
@@ -260,11 +278,14 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, cons
     acc: &mut [__m256; NT],
 ) {
     let six = BITS == QuantBits::Six as u8;
+    debug_assert!(!six || b.is_multiple_of(GROUP), "a Q6_K group starts a super-block");
     // SAFETY: per the contract.
     unsafe {
         let mut blocks = [_mm256_setzero_si256(); GROUP];
         for (i, block) in blocks[..N].iter_mut().enumerate() {
-            *block = load_block::<VNNI, BITS>(wq.add((b + i) * bpb));
+            // A group of Q6_K is one super-block: its rows are whole super-blocks, so b is a
+            // multiple of 8.
+            *block = if six { unpack_six(wq.add(b * bpb), i) } else { load_block::<VNNI, BITS>(wq.add((b + i) * bpb)) };
         }
         // Per block, the scale of its values 0–15 (`lower`) and 16–31 (`upper`): one for both
         // but in Q6_K, which keeps two (`d·sc` of each half, stored side by side).

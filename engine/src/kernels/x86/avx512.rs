@@ -22,14 +22,14 @@ fn quad_index() -> __m512i {
     _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
 }
 
-/// The 64 unsigned ints of two consecutive 5- or 6-bit blocks (`bpb` bytes each) at `ptr`, in
-/// value order: the nibbles of both at once, then the high bits (Q5_0's 32-bit mask of each
-/// block is a byte mask here; Q6_K's 2-bit planes shift into place).
+/// The 64 unsigned ints of two consecutive 5-bit blocks (`bpb` bytes each) at `ptr`, in value
+/// order: the nibbles of both at once, then the fifth bits (the 32-bit mask of each block is a
+/// byte mask here).
 ///
 /// # Safety
 /// `ptr` points at the two blocks' 2·bpb bytes; the CPU has avx512f and avx512bw.
 #[inline(always)]
-unsafe fn unpack_pair(bits: QuantBits, ptr: *const u8, bpb: usize) -> __m512i {
+unsafe fn unpack_five_pair(ptr: *const u8, bpb: usize) -> __m512i {
     // SAFETY: the loads read the two blocks' own bytes per the contract.
     unsafe {
         let second = ptr.add(bpb);
@@ -40,20 +40,30 @@ unsafe fn unpack_pair(bits: QuantBits, ptr: *const u8, bpb: usize) -> __m512i {
         // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
         let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
         let nibbles = _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00);
-        if bits == QuantBits::Five {
-            let mask = u64::from((ptr.add(16) as *const u32).read_unaligned())
-                | u64::from((second.add(16) as *const u32).read_unaligned()) << 32;
-            return _mm512_mask_add_epi8(nibbles, mask, nibbles, _mm512_set1_epi8(0x10));
-        }
-        // Q6_K: bytes 8k..8k+7 of a block take bit pair k of its 8 high bytes.
-        let high = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_set1_epi64x((ptr.add(16) as *const i64).read_unaligned())),
-            _mm256_set1_epi64x((second.add(16) as *const i64).read_unaligned()),
-            1,
-        );
-        let pairs =
-            _mm512_and_si512(_mm512_srlv_epi64(high, _mm512_set_epi64(6, 4, 2, 0, 6, 4, 2, 0)), _mm512_set1_epi8(3));
-        _mm512_or_si512(nibbles, _mm512_slli_epi16(pairs, 4))
+        let mask = u64::from((ptr.add(16) as *const u32).read_unaligned())
+            | u64::from((second.add(16) as *const u32).read_unaligned()) << 32;
+        _mm512_mask_add_epi8(nibbles, mask, nibbles, _mm512_set1_epi8(0x10))
+    }
+}
+
+/// The 64 unsigned ints of blocks `2·pair` and `2·pair + 1` (pair 0–3) of a Q6_K super-block at
+/// `ptr`, in value order (see [`QuantBits::Six`]): both blocks' nibbles are one 64-byte load,
+/// their high bits one 32-byte load.
+///
+/// # Safety
+/// `ptr` points at the super-block's 192 bytes; the CPU has avx512f and avx512bw.
+#[inline(always)]
+unsafe fn unpack_six_pair(ptr: *const u8, pair: usize) -> __m512i {
+    let (half, r) = (pair / 2, 2 * (pair % 2));
+    // SAFETY: both loads lie inside the super-block per the contract.
+    unsafe {
+        let nibbles = _mm512_loadu_si512(ptr.add(64 * half).cast());
+        let low = _mm512_and_si512(_mm512_srl_epi16(nibbles, _mm_cvtsi32_si128(2 * r as i32)), _mm512_set1_epi8(0x0f));
+        // Bit pairs r and r + 1 of the high bytes, for the two blocks, to bits 4–5.
+        let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(ptr.add(128 + 32 * half).cast()));
+        let shifts = _mm512_inserti64x4(_mm512_set1_epi64(2 * r as i64), _mm256_set1_epi64x(2 * r as i64 + 2), 1);
+        let pairs = _mm512_and_si512(_mm512_srlv_epi64(high, shifts), _mm512_set1_epi8(3));
+        _mm512_or_si512(low, _mm512_slli_epi16(pairs, 4))
     }
 }
 
@@ -94,54 +104,34 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
     let six = bits == QuantBits::Six;
     let spb = bits.scales_per_block();
     let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb * spb..][..nb * spb]);
-    let low_nibbles = _mm256_set1_epi8(0x0f);
-    let (pair, quad) = (pair_index(), quad_index());
     let start = rows.start;
+    // Pairs a step: Q6_K takes a super-block (four pairs) a step, so that its shifts are
+    // immediates and its pairs share their loads.
+    let step = if six { 4 } else { 2 };
     for row in rows {
         let wd = &w.d[row * nb * spb..][..nb * spb];
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
-        let mut acc = [_mm512_setzero_ps(); NT];
-        for p in 0..nb / 2 {
-            if NT == 1 && p % 4 == 0 {
-                prefetch_ahead(wq, 2 * p * bpb, 8 * bpb);
+        // Two accumulators a token, for the even and the odd pairs: with one, a one-token
+        // product waits on each FMA's latency in turn.
+        let mut acc = [[_mm512_setzero_ps(); 2]; NT];
+        let pairs = nb / 2;
+        let mut p = 0;
+        // SAFETY (both loops): pairs p.. < nb / 2 lie inside the row's weights and scales and
+        // each token's activations and scales.
+        while p + step <= pairs {
+            if NT == 1 {
+                prefetch_ahead(wq, 2 * p * bpb, 2 * step * bpb);
             }
-            // 64 unsigned weights of blocks 2p and 2p+1, in activation order.
-            // SAFETY (every raw read in this loop): blocks 2p, 2p+1 < nb lie inside this row's
-            // nb·bpb weight bytes, its nb scales, and each token's `cols` activations and nb scales.
-            let wv = unsafe {
-                match bits {
-                    QuantBits::Four => {
-                        let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
-                        let lo = _mm256_and_si256(raw, low_nibbles);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
-                        // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
-                        let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                        _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
-                    }
-                    QuantBits::Five | QuantBits::Six => unpack_pair(bits, wq.add(2 * p * bpb), bpb),
-                    QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
-                }
-            };
-            // Q6_K: four scales, one for each group of four lanes (16 values).
-            let dw = unsafe {
-                if six {
-                    _mm_cvtph_ps(_mm_loadl_epi64(wd.as_ptr().add(4 * p).cast()))
-                } else {
-                    _mm_cvtph_ps(_mm_cvtsi32_si128((wd.as_ptr().add(2 * p) as *const i32).read_unaligned()))
-                }
-            };
-            for t in 0..NT {
-                let xv = unsafe { _mm512_loadu_si512(xq[t].as_ptr().add(p * 64) as *const __m512i) };
-                let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-                let dx = unsafe { _mm_castpd_ps(_mm_load_sd(xd[t].as_ptr().add(2 * p) as *const f64)) };
-                let scale = if six {
-                    _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_unpacklo_ps(dx, dx))))
-                } else {
-                    _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(_mm_mul_ps(dw, dx)))
-                };
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
+            for k in 0..step {
+                unsafe { pair_products::<NT, BITS>(wq, wd, &xq, &xd, p, k, bpb, &mut acc, k % 2) };
             }
+            p += step;
         }
+        while p < pairs {
+            unsafe { pair_products::<NT, BITS>(wq, wd, &xq, &xd, p, 0, bpb, &mut acc, 0) };
+            p += 1;
+        }
+        let mut acc: [__m512; NT] = std::array::from_fn(|t| _mm512_add_ps(acc[t][0], acc[t][1]));
         // The blocks' offsets times the activations' scaled sums, 16 at a time (Q6_K's zero
         // point half block by half block, with the halves' sums).
         let (offsets, factor) = match &w.offset {
@@ -177,6 +167,67 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
                 total += lanes.iter().sum::<i32>() as f32 * f16_value(wd[b]) * xd[t][b];
             }
             out[(row - start) * TOKEN_TILE + t] = total;
+        }
+    }
+}
+
+/// Adds to `acc[t][lane]` the products of pair `first + k` (blocks 2·(first + k) and the next)
+/// of one weight row with token t's activations, scaled. For Q6_K, `first` is a multiple of 4:
+/// pair k of the super-block that starts there.
+///
+/// # Safety
+/// The pair lies inside the row (`wq`, `bpb` bytes a block; `wd`) and inside each token's
+/// activations `xq` and scales `xd`; the CPU has what [`uq_dot_rows`] needs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pair_products<const NT: usize, const BITS: u8>(
+    wq: *const u8,
+    wd: &[f16],
+    xq: &[&[i8]; NT],
+    xd: &[&[f32]; NT],
+    first: usize,
+    k: usize,
+    bpb: usize,
+    acc: &mut [[__m512; 2]; NT],
+    lane: usize,
+) {
+    let bits = format_of(BITS);
+    let p = first + k;
+    // SAFETY: the reads lie inside the row and the tokens per the contract.
+    unsafe {
+        // 64 unsigned weights of blocks 2p and 2p+1, in activation order.
+        let wv = match bits {
+            QuantBits::Four => {
+                let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
+                let low_nibbles = _mm256_set1_epi8(0x0f);
+                let lo = _mm256_and_si256(raw, low_nibbles);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
+                // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
+                let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
+            }
+            QuantBits::Five => unpack_five_pair(wq.add(2 * p * bpb), bpb),
+            QuantBits::Six => unpack_six_pair(wq.add(2 * first * bpb), k),
+            QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
+        };
+        // The scales of the pair's blocks (Q6_K: of its four halves), a lane each.
+        let dw = if bits == QuantBits::Six {
+            _mm_cvtph_ps(_mm_loadl_epi64(wd.as_ptr().add(4 * p).cast()))
+        } else {
+            _mm_cvtph_ps(_mm_cvtsi32_si128((wd.as_ptr().add(2 * p) as *const i32).read_unaligned()))
+        };
+        for t in 0..NT {
+            let xv = _mm512_loadu_si512(xq[t].as_ptr().add(p * 64) as *const __m512i);
+            let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
+            let dx = _mm_castpd_ps(_mm_load_sd(xd[t].as_ptr().add(2 * p) as *const f64));
+            // Each scale to the lanes of its values: Q6_K's four to four lanes each, the two
+            // blocks' to eight each.
+            let scale = if bits == QuantBits::Six {
+                _mm512_permutexvar_ps(quad_index(), _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_unpacklo_ps(dx, dx))))
+            } else {
+                _mm512_permutexvar_ps(pair_index(), _mm512_castps128_ps512(_mm_mul_ps(dw, dx)))
+            };
+            acc[t][lane] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t][lane]);
         }
     }
 }
