@@ -245,6 +245,9 @@ pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations
                     .sum()
             }
             QuantBits::Eight => wq.iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum(),
+            QuantBits::FourPaired => {
+                w.block_ints(index).iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum()
+            }
             QuantBits::Six => unreachable!("taken above"),
         };
         acc += w.d[index].to_f32() * x.d[t * nb + b] * isum as f32 + w.block_offset(index) * sums[t * nb + b];

@@ -1,15 +1,16 @@
 //! Block-quantized formats as the kernels want them.
 //!
 //! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and the K-quants Q4_K, Q5_K and Q6_K, all
-//! become one layout of unsigned ints per 32-value block with an f16 scale `d`, so one int8
+//! become unsigned ints in 32-value blocks, each block with an f16 scale `d`, so one int8
 //! dot-product kernel serves them. A block's values are `d·(q − zero)` for the symmetric formats
 //! (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as q+128 with zero 128) and `d·q + m` with a per-block
 //! f16 `m` for the others. Scales stay f16 as in the file, so a legacy-format model takes in
 //! memory what it takes on disk; a K-quant's 32-value sub-block gets its scale `d·sc` and offset
 //! `−dmin·m` as f16 (a rounding of 2⁻¹¹ at most, far below the 4-bit step, and 11% over the
-//! file's 4.5 bits a weight). Q6_K scales every 16 values, so it keeps two scales a block and
-//! its zero point meets the activations' sums over each half (see [`QuantBits::Six`]); it takes
-//! 7 bits a weight against the file's 6.56.
+//! file's 4.5 bits a weight). Q4_K and Q6_K keep the file's layout of their ints, which serves
+//! several blocks from one load (see [`QuantBits`]). Q6_K scales every 16 values, so it keeps
+//! two scales a block and its zero point meets the activations' sums over each half (see
+//! [`QuantBits::Six`]); it takes 7 bits a weight against the file's 6.56.
 //!
 //! Activations: each 32-value block is quantized to int8 with one scale, and the block's sum
 //! times its scale is kept so a weight block's offset costs one multiply per block.
@@ -36,12 +37,15 @@ pub enum QuantBits {
     /// 16–31), so the zero point multiplies the activations' sum over each half
     /// ([`QuantizedActivations::half_sums`]).
     Six,
+    /// Q4_K, kept as the file lays out each pair of blocks: 32 bytes whose low nibbles are the
+    /// first block's values and high nibbles the second's, so one 32-byte load serves both.
+    FourPaired,
 }
 
 impl QuantBits {
     pub fn bytes_per_block(self) -> usize {
         match self {
-            Self::Four => BLOCK / 2,
+            Self::Four | Self::FourPaired => BLOCK / 2,
             Self::Five => BLOCK / 2 + BLOCK / 8,
             Self::Six => BLOCK / 2 + BLOCK / 4,
             Self::Eight => BLOCK,
@@ -202,11 +206,12 @@ impl UqMatrix {
     }
 
     /// Q4_K and Q5_K super-blocks (d, dmin, twelve bytes of 6-bit sub-block scales and mins,
-    /// for Q5_K 32 bytes of fifth bits, then the nibbles) as 32-value blocks of this layout.
+    /// for Q5_K 32 bytes of fifth bits, then the nibbles) as 32-value blocks with a scale and an
+    /// offset each: Q4_K's nibbles as they are, Q5_K's values repacked as [`QuantBits::Five`].
     /// The caller has checked the sizes.
     fn from_k_quants(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
         let five = format == GgufBlockFormat::Q5K;
-        let bits = if five { QuantBits::Five } else { QuantBits::Four };
+        let bits = if five { QuantBits::Five } else { QuantBits::FourPaired };
         let n_blocks = rows * cols / BLOCK;
         let mut w = Self {
             rows,
@@ -222,6 +227,9 @@ impl UqMatrix {
             let (d, dmin) = (half_at(block, 0), half_at(block, 2));
             let scales = &block[4..16];
             let (high, nibbles) = if five { (&block[16..48], &block[48..176]) } else { (&[][..], &block[16..144]) };
+            if !five {
+                w.qs.extend_from_slice(nibbles);
+            }
             for sub in 0..SUPER_BLOCK / BLOCK {
                 // 6-bit scale and min of sub-block `sub`: the first four whole in bytes 0–7,
                 // the last four split between bytes 8–11 and the top bits of bytes 0–7.
@@ -235,21 +243,18 @@ impl UqMatrix {
                 };
                 w.d.push(f16::from_f32(d * f32::from(sc)));
                 offsets.push(f16::from_f32(-dmin * f32::from(m)));
+                if !five {
+                    continue;
+                }
                 // Sub-blocks 2j and 2j+1 share 32 bytes: low nibbles, then high nibbles.
                 let pair = &nibbles[sub / 2 * BLOCK..][..BLOCK];
                 let values: [u8; BLOCK] = std::array::from_fn(|l| {
                     let q = if sub % 2 == 0 { pair[l] & 0x0f } else { pair[l] >> 4 };
-                    if five {
-                        q | (((high[l] >> sub) & 1) << 4)
-                    } else {
-                        q
-                    }
+                    q | (((high[l] >> sub) & 1) << 4)
                 });
                 w.qs.extend((0..BLOCK / 2).map(|i| (values[i] & 0x0f) | (values[i + BLOCK / 2] & 0x0f) << 4));
-                if five {
-                    let mask = (0..BLOCK).fold(0u32, |mask, i| mask | (u32::from(values[i] >> 4) << i));
-                    w.qs.extend_from_slice(&mask.to_le_bytes());
-                }
+                let mask = (0..BLOCK).fold(0u32, |mask, i| mask | (u32::from(values[i] >> 4) << i));
+                w.qs.extend_from_slice(&mask.to_le_bytes());
             }
         }
         w
@@ -298,6 +303,10 @@ impl UqMatrix {
             let high = &super_block[128 + 32 * half..][..BLOCK];
             return std::array::from_fn(|j| ((nibbles[j] >> (4 * (r / 2))) & 0x0f) | (((high[j] >> (2 * r)) & 3) << 4));
         }
+        if self.bits == QuantBits::FourPaired {
+            let pair = &self.qs[index / 2 * 2 * bpb..][..2 * bpb];
+            return std::array::from_fn(|j| (pair[j] >> (4 * (index % 2))) & 0x0f);
+        }
         let qs = &self.qs[index * bpb..][..bpb];
         let mut q = [0u8; BLOCK];
         match self.bits {
@@ -314,7 +323,7 @@ impl UqMatrix {
                 }
             }
             QuantBits::Eight => q.copy_from_slice(qs),
-            QuantBits::Six => unreachable!("taken above"),
+            QuantBits::Six | QuantBits::FourPaired => unreachable!("taken above"),
         }
         q
     }

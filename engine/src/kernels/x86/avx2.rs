@@ -38,6 +38,7 @@ unsafe fn dot_i8i8<const VNNI: bool>(acc: __m256i, a: __m256i, b: __m256i) -> __
 /// `ptr` points at the block's `bits.bytes_per_block()` bytes; the CPU has avx2.
 #[inline(always)]
 pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
+    debug_assert!(matches!(bits, QuantBits::Four | QuantBits::Five), "{bits:?} blocks are not apart");
     // SAFETY: the loads read the block's own bytes per the contract.
     unsafe {
         let low_nibbles = _mm_set1_epi8(0x0f);
@@ -58,6 +59,21 @@ pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
         let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
         let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
         _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)))
+    }
+}
+
+/// The 32 unsigned ints of the first or the `second` block of a Q4_K pair of blocks at `ptr`
+/// (see [`QuantBits::FourPaired`]); the two share their load when inlined side by side.
+///
+/// # Safety
+/// `ptr` points at the pair's 32 bytes; the CPU has avx2.
+#[inline(always)]
+unsafe fn unpack_paired(ptr: *const u8, second: bool) -> __m256i {
+    // SAFETY: the load reads the pair's 32 bytes per the contract.
+    unsafe {
+        let nibbles = _mm256_loadu_si256(ptr.cast());
+        let nibbles = if second { _mm256_srli_epi16(nibbles, 4) } else { nibbles };
+        _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0f))
     }
 }
 
@@ -140,7 +156,8 @@ unsafe fn uq_dot_rows_with<const VNNI: bool>(
 }
 
 /// Block `ptr`'s 32 weights as bytes for [`block_dot`]: unsigned ints, or for 8-bit weights
-/// without VNNI, signed (q − 128). Not for Q6_K, whose blocks are not apart ([`unpack_six`]).
+/// without VNNI, signed (q − 128). Not for Q4_K and Q6_K, whose blocks are not apart
+/// ([`unpack_paired`], [`unpack_six`]).
 #[inline(always)]
 unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8) -> __m256i {
     // SAFETY: the caller passes a pointer to one whole block.
@@ -278,14 +295,22 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, cons
     acc: &mut [__m256; NT],
 ) {
     let six = BITS == QuantBits::Six as u8;
+    let paired = BITS == QuantBits::FourPaired as u8;
     debug_assert!(!six || b.is_multiple_of(GROUP), "a Q6_K group starts a super-block");
+    debug_assert!(!paired || b.is_multiple_of(2), "a Q4_K group starts a pair");
     // SAFETY: per the contract.
     unsafe {
         let mut blocks = [_mm256_setzero_si256(); GROUP];
         for (i, block) in blocks[..N].iter_mut().enumerate() {
-            // A group of Q6_K is one super-block: its rows are whole super-blocks, so b is a
-            // multiple of 8.
-            *block = if six { unpack_six(wq.add(b * bpb), i) } else { load_block::<VNNI, BITS>(wq.add((b + i) * bpb)) };
+            // A group of Q6_K is one super-block, and of Q4_K whole pairs: their rows are whole
+            // super-blocks, so b is a multiple of 8.
+            *block = if six {
+                unpack_six(wq.add(b * bpb), i)
+            } else if paired {
+                unpack_paired(wq.add((b + i / 2 * 2) * bpb), i % 2 == 1)
+            } else {
+                load_block::<VNNI, BITS>(wq.add((b + i) * bpb))
+            };
         }
         // Per block, the scale of its values 0–15 (`lower`) and 16–31 (`upper`): one for both
         // but in Q6_K, which keeps two (`d·sc` of each half, stored side by side).

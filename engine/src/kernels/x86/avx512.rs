@@ -157,7 +157,9 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
                 let isum = unsafe {
                     let wv = match bits {
                         QuantBits::Eight => _mm256_loadu_si256(wq.add(b * bpb).cast()),
-                        QuantBits::Six => unreachable!("Q6_K rows are whole super-blocks: 8 blocks each"),
+                        QuantBits::Six | QuantBits::FourPaired => {
+                            unreachable!("K-quant rows are whole super-blocks: 8 blocks each")
+                        }
                         bits => avx2::unpack_block(bits, wq.add(b * bpb)),
                     };
                     let xv = _mm256_loadu_si256(xq[t][b * BLOCK..][..BLOCK].as_ptr().cast());
@@ -205,6 +207,13 @@ unsafe fn pair_products<const NT: usize, const BITS: u8>(
                 // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
                 let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
                 _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
+            }
+            QuantBits::FourPaired => {
+                let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
+                let low_nibbles = _mm256_set1_epi8(0x0f);
+                let first = _mm256_and_si256(raw, low_nibbles);
+                let second = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
+                _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1)
             }
             QuantBits::Five => unpack_five_pair(wq.add(2 * p * bpb), bpb),
             QuantBits::Six => unpack_six_pair(wq.add(2 * first * bpb), k),

@@ -54,6 +54,7 @@ macro_rules! dispatch_tile {
             QuantBits::Five => dispatch_tile!(@nt Five, $nt, $call),
             QuantBits::Six => dispatch_tile!(@nt Six, $nt, $call),
             QuantBits::Eight => dispatch_tile!(@nt Eight, $nt, $call),
+            QuantBits::FourPaired => dispatch_tile!(@nt FourPaired, $nt, $call),
         }
     };
     (@nt $format:ident, $nt:expr, $call:expr) => {{
@@ -85,6 +86,8 @@ pub(crate) const fn format_of(bits: u8) -> QuantBits {
         QuantBits::Five
     } else if bits == QuantBits::Six as u8 {
         QuantBits::Six
+    } else if bits == QuantBits::FourPaired as u8 {
+        QuantBits::FourPaired
     } else {
         QuantBits::Eight
     }
