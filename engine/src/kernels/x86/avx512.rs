@@ -3,7 +3,9 @@
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::{avx2, dispatch_rows, dispatch_tile, f16_value, format_of, prefetch_ahead, row_blocks};
+use super::{
+    avx2, dispatch_rows, dispatch_tile, f16_value, format_of, prefetch_ahead, prefetch_row_offsets, row_blocks,
+};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -114,6 +116,9 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
         // Two accumulators a token, for the even and the odd pairs: with one, a one-token
         // product waits on each FMA's latency in turn.
         let mut acc = [[_mm512_setzero_ps(); 2]; NT];
+        if NT == 1 {
+            prefetch_row_offsets(w, row);
+        }
         let pairs = nb / 2;
         let mut p = 0;
         // SAFETY (both loops): pairs p.. < nb / 2 lie inside the row's weights and scales and

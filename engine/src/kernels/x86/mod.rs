@@ -6,7 +6,7 @@
 pub mod avx2;
 pub mod avx512;
 
-use super::quant::QuantBits;
+use super::quant::{Offset, QuantBits, UqMatrix};
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -104,6 +104,29 @@ pub(crate) fn prefetch_ahead(row: *const u8, from: usize, len: usize) {
     for line in (0..len).step_by(64) {
         // SAFETY: a prefetch never faults, wherever the address lies.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(from + PREFETCH_BYTES + line).cast()) };
+    }
+}
+
+/// Asks for the offsets of the row that a one-token product's weight prefetch reaches while it
+/// starts `row`, for a kernel that reads a row's offsets after its blocks: a stream of their
+/// own, which that prefetch does not cover.
+#[inline(always)]
+pub(crate) fn prefetch_row_offsets(w: &UqMatrix, row: usize) {
+    let Offset::PerBlock(m) = &w.offset else { return };
+    let ahead = row + PREFETCH_BYTES.div_ceil(w.row_bytes());
+    if ahead < w.rows {
+        let nb = w.blocks_per_row();
+        prefetch_lines(&m[ahead * nb..][..nb]);
+    }
+}
+
+/// Asks for the cache lines `values` lie in.
+#[inline(always)]
+fn prefetch_lines(values: &[f16]) {
+    let (start, end) = (values.as_ptr() as usize, values.as_ptr_range().end as usize);
+    for line in (start & !63..end).step_by(64) {
+        // SAFETY: a prefetch never faults, wherever the address lies.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
     }
 }
 
