@@ -443,30 +443,38 @@ impl QuantizedActivations {
             let (first, blocks) = (tokens.start * nb, tokens.len() * nb);
             // SAFETY: each task owns its tokens' values and blocks.
             unsafe {
-                let (x, qs) = (&x[first * BLOCK..][..blocks * BLOCK], qs.slice(first * BLOCK, blocks * BLOCK));
-                let (d, sums, sums_f16) =
-                    (d.slice(first, blocks), sums.slice(first, blocks), sums_f16.slice(first, blocks));
-                let half_sums = half_sums.slice(2 * first, 2 * blocks);
+                let x = &x[first * BLOCK..][..blocks * BLOCK];
+                let out = QuantizedBlocks {
+                    qs: qs.slice(first * BLOCK, blocks * BLOCK),
+                    d: d.slice(first, blocks),
+                    sums: sums.slice(first, blocks),
+                    sums_f16: sums_f16.slice(first, blocks),
+                    half_sums: half_sums.slice(2 * first, 2 * blocks),
+                };
                 #[cfg(target_arch = "x86_64")]
                 if super::simd_level() != super::SimdLevel::Portable {
                     // (every level but Portable has avx2, fma and f16c, checked when chosen)
-                    return super::x86::avx2::quantize_blocks(x, qs, d, sums, sums_f16, half_sums);
+                    return super::x86::avx2::quantize_blocks(x, out);
                 }
-                quantize_blocks(x, qs, d, sums, sums_f16, half_sums)
+                quantize_blocks(x, out)
             };
         });
     }
 }
 
+/// Where the quantization of a run of blocks goes: their parts of [`QuantizedActivations`]'
+/// `qs`, `d`, `scaled_sums`, `scaled_sums_f16` and `half_sums`.
+pub(super) struct QuantizedBlocks<'a> {
+    pub qs: &'a mut [i8],
+    pub d: &'a mut [f32],
+    pub sums: &'a mut [f32],
+    pub sums_f16: &'a mut [f32],
+    pub half_sums: &'a mut [f32],
+}
+
 /// The portable quantization: each block of 32 to int8 with its f16-rounded scale.
-fn quantize_blocks(
-    x: &[f32],
-    qs: &mut [i8],
-    d: &mut [f32],
-    sums: &mut [f32],
-    sums_f16: &mut [f32],
-    half_sums: &mut [f32],
-) {
+fn quantize_blocks(x: &[f32], out: QuantizedBlocks) {
+    let QuantizedBlocks { qs, d, sums, sums_f16, half_sums } = out;
     for (b, (src, dst)) in x.chunks_exact(BLOCK).zip(qs.chunks_exact_mut(BLOCK)).enumerate() {
         let amax = super::ops::abs_max(src);
         let scale = amax / 127.0;
@@ -513,13 +521,18 @@ mod tests {
                 vec![0f32; blocks],
                 vec![0f32; 2 * blocks],
             );
+            let out = QuantizedBlocks {
+                qs: &mut qs,
+                d: &mut d,
+                sums: &mut sums,
+                sums_f16: &mut sums_f16,
+                half_sums: &mut halves,
+            };
             if avx2 {
                 // SAFETY: checked above that the CPU has the features.
-                unsafe {
-                    super::super::x86::avx2::quantize_blocks(&x, &mut qs, &mut d, &mut sums, &mut sums_f16, &mut halves)
-                }
+                unsafe { super::super::x86::avx2::quantize_blocks(&x, out) }
             } else {
-                quantize_blocks(&x, &mut qs, &mut d, &mut sums, &mut sums_f16, &mut halves)
+                quantize_blocks(&x, out)
             }
             (qs, d, sums, sums_f16, halves)
         };

@@ -6,7 +6,7 @@
 
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
-use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
+use super::super::quant::{Offset, QuantBits, QuantizedActivations, QuantizedBlocks, UqMatrix, BLOCK};
 use super::{dispatch_rows, dispatch_tile, format_of, prefetch_ahead, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
@@ -439,14 +439,8 @@ fn hsum_i32(v: __m256i) -> i32 {
 /// # Safety
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn quantize_blocks(
-    x: &[f32],
-    qs: &mut [i8],
-    d: &mut [f32],
-    sums: &mut [f32],
-    sums_f16: &mut [f32],
-    half_sums: &mut [f32],
-) {
+pub(in super::super) unsafe fn quantize_blocks(x: &[f32], out: QuantizedBlocks) {
+    let QuantizedBlocks { qs, d, sums, sums_f16, half_sums } = out;
     let blocks = x.len() / BLOCK;
     assert!(qs.len() >= blocks * BLOCK && d.len() >= blocks && sums.len() >= blocks && sums_f16.len() >= blocks);
     assert!(half_sums.len() >= 2 * blocks);
