@@ -71,20 +71,20 @@ ours_simd=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["sim
 theirs_simd=$(llama_simd "$level")
 printf '%s\n' "${rows[@]}" | python3 -c '
 import json, sys, datetime
-level, threads, cpu, cpu_id, flags, ours_simd, theirs_simd, out = sys.argv[1:9]
+level, threads, cpu, cpu_id, flags, ours_simd, theirs_simd, commit, out = sys.argv[1:10]
 rows = []
 for line in sys.stdin:
     model, kind, tokens, ours, theirs = line.split()
     rows.append(dict(model=model, figure=kind, tokens=int(tokens), hillside_tokens_per_s=float(ours),
                      llama_cpp_tokens_per_s=float(theirs), ratio=float(ours) / float(theirs)))
 print(f"# {cpu} ({cpu_id}; {flags.strip()}), {threads} threads, level {level}")
-print(f"# SIMD: Hillside {ours_simd}, llama.cpp {theirs_simd.strip()}")
+print(f"# SIMD: Hillside {ours_simd} (commit {commit}), llama.cpp {theirs_simd.strip()}")
 print(f"| model | figure | tokens | Hillside tok/s | llama.cpp tok/s | ratio |")
 print(f"| --- | --- | ---: | ---: | ---: | ---: |")
 for r in rows:
     print("| {model} | {figure} | {tokens} | {hillside_tokens_per_s:.1f} | {llama_cpp_tokens_per_s:.1f} | {ratio:.2f}x |".format(**r))
 json.dump(dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), cpu=cpu, cpu_id=cpu_id, flags=flags.split(),
-               threads=int(threads), level=level, simd=dict(hillside=ours_simd, llama_cpp=theirs_simd.strip()),
+               threads=int(threads), level=level, commit=commit, simd=dict(hillside=ours_simd, llama_cpp=theirs_simd.strip()),
                llama_cpp="llama-cpp-python 0.3.36 sdist", rows=rows), open(out, "w"), indent=2)
 print(f"wrote {out}")
-' "$level" "$threads" "$cpu" "$cpu_id" "$flags" "$ours_simd" "$theirs_simd" "bench-vs-llama-$level.json"
+' "$level" "$threads" "$cpu" "$cpu_id" "$flags" "$ours_simd" "$theirs_simd" "$commit" "bench-vs-llama-$level.json"

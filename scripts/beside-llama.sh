@@ -7,6 +7,7 @@
 #     llama_tool     llama.cpp's TOOL built at LEVEL by llama-cpp-build.sh
 #     hillside       a release build of this checkout's hillside
 #     work           a scratch folder, removed on exit
+#     commit         the checkout's commit (with -dirty when it has changes)
 #   cpu, cpu_id, flags   the CPU's model name; vendor, family, model and stepping; the SIMD
 #                        extensions the kernels choose between
 #   llama_simd LEVEL     prints what llama.cpp's build at LEVEL enables
@@ -23,6 +24,7 @@ beside_llama() {
   llama_tool=$("$root/scripts/llama-cpp-build.sh" "$1" "$2")
   cargo build --release -q -p hillside --manifest-path "$root/Cargo.toml"
   hillside=$CARGO_TARGET_DIR/release/hillside
+  commit=$(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
 }

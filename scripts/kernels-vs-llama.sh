@@ -57,7 +57,7 @@ ours_simd=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["sim
 theirs_simd=$(llama_simd "$level")
 printf '%s\n' "${rows[@]}" | python3 -c '
 import json, sys, datetime
-level, cpu, cpu_id, flags, ours_simd, theirs_simd, out = sys.argv[1:8]
+level, cpu, cpu_id, flags, ours_simd, theirs_simd, commit, out = sys.argv[1:9]
 rows = []
 for line in sys.stdin:
     fmt, values, n_rows, cols, ggml_bytes, ours, theirs = line.split()
@@ -65,15 +65,15 @@ for line in sys.stdin:
                      ggml_weight_bytes=int(ggml_bytes), hillside_ns_per_32=float(ours),
                      llama_cpp_ns_per_32=float(theirs), ratio=float(theirs) / float(ours)))
 print(f"# {cpu} ({cpu_id}; {flags.strip()}), 1 thread, level {level}")
-print(f"# SIMD: Hillside {ours_simd}, llama.cpp {theirs_simd.strip()}")
+print(f"# SIMD: Hillside {ours_simd} (commit {commit}), llama.cpp {theirs_simd.strip()}")
 print("| format | matrix | MB | Hillside ns / 32 | llama.cpp ns / 32 | llama.cpp ÷ Hillside |")
 print("| --- | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
     print("| {format} | {rows} × {cols} | {mb:.2f} | {hillside_ns_per_32:.3f} | {llama_cpp_ns_per_32:.3f} | {ratio:.2f}x |"
           .format(mb=r["ggml_weight_bytes"] / 1e6, **r))
 json.dump(dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), cpu=cpu,
-               cpu_id=cpu_id, flags=flags.split(), threads=1, level=level,
+               cpu_id=cpu_id, flags=flags.split(), threads=1, level=level, commit=commit,
                simd=dict(hillside=ours_simd, llama_cpp=theirs_simd.strip()),
                llama_cpp="llama-cpp-python 0.3.36 sdist, ggml vec_dot", rows=rows), open(out, "w"), indent=2)
 print(f"wrote {out}")
-' "$level" "$cpu" "$cpu_id" "$flags" "$ours_simd" "$theirs_simd" "kernels-vs-llama-$level.json"
+' "$level" "$cpu" "$cpu_id" "$flags" "$ours_simd" "$theirs_simd" "$commit" "kernels-vs-llama-$level.json"
