@@ -4,7 +4,8 @@ use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
 use super::{
-    avx2, dispatch_rows, dispatch_tile, f16_value, format_of, prefetch_ahead, prefetch_row_offsets, row_blocks,
+    avx2, dispatch_rows, dispatch_tile, f16_value, format_of, prefetch_ahead, prefetch_row_offsets,
+    prefetch_rows_ahead, row_blocks,
 };
 use half::f16;
 use std::arch::x86_64::*;
@@ -110,6 +111,8 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
     // Pairs a step: Q6_K takes a super-block (four pairs) a step, so that its shifts are
     // immediates and its pairs share their loads.
     let step = if six { 4 } else { 2 };
+    // How far ahead a one-token product asks for offsets (a division, done once, not a row).
+    let offsets_ahead = prefetch_rows_ahead(w);
     for row in rows {
         let wd = &w.d[row * nb * spb..][..nb * spb];
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
@@ -117,7 +120,7 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
         // product waits on each FMA's latency in turn.
         let mut acc = [[_mm512_setzero_ps(); 2]; NT];
         if NT == 1 {
-            prefetch_row_offsets(w, row);
+            prefetch_row_offsets(w, row + offsets_ahead);
         }
         let pairs = nb / 2;
         let mut p = 0;

@@ -107,16 +107,19 @@ pub(crate) fn prefetch_ahead(row: *const u8, from: usize, len: usize) {
     }
 }
 
-/// Asks for the offsets of the row that a one-token product's weight prefetch reaches while it
-/// starts `row`, for a kernel that reads a row's offsets after its blocks: a stream of their
-/// own, which that prefetch does not cover.
+/// Rows from the one a one-token product starts to the one its weight prefetch reaches then.
+#[inline(always)]
+pub(crate) fn prefetch_rows_ahead(w: &UqMatrix) -> usize {
+    PREFETCH_BYTES.div_ceil(w.row_bytes())
+}
+
+/// Asks for the offsets of row `row` (if there is one), for a kernel that reads a row's offsets
+/// after its blocks: a stream of their own, which the weight prefetch does not cover.
 #[inline(always)]
 pub(crate) fn prefetch_row_offsets(w: &UqMatrix, row: usize) {
-    let Offset::PerBlock(m) = &w.offset else { return };
-    let ahead = row + PREFETCH_BYTES.div_ceil(w.row_bytes());
-    if ahead < w.rows {
+    if let (Offset::PerBlock(m), true) = (&w.offset, row < w.rows) {
         let nb = w.blocks_per_row();
-        prefetch_lines(&m[ahead * nb..][..nb]);
+        prefetch_lines(&m[row * nb..][..nb]);
     }
 }
 
