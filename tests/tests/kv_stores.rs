@@ -400,13 +400,14 @@ fn tiered_store_stays_close_to_full_within_its_budget() {
     assert_eq!(checked, 256);
     assert!(tier.cold_hits > 0 && tier.promotions > 0 && tier.demotions > 0, "all tiers in play: {tier:?}");
     // Each layer's cold groups were read ahead from the groups its last selection needed, most
-    // of them rightly (84.2% here; 87.5% reading ahead only what the last two both needed).
+    // of them rightly: 78% here, where the page cache holds the pool and groups are read in
+    // place; 84% when every group was copied, gaps of two bridged (bridges are often needed).
     assert!(
-        tier.read_ahead_used > 0 && tier.read_ahead_used * 100 > tier.read_ahead_groups * 80,
+        tier.read_ahead_used > 0 && tier.read_ahead_used * 100 > tier.read_ahead_groups * 70,
         "read-ahead: {tier:?}"
     );
-    // Measured here (α 0.2, INT4 keys, per-KV-head selection, 2K context): +0.93% perplexity,
-    // 92.6% top-1 agreement. These bounds guard against regressions; `hillside eval` tracks the targets.
+    // Measured here (α 0.2, INT4 keys, per-KV-head selection, 2K context): +0.27% perplexity,
+    // 93.8% top-1 agreement. These bounds guard against regressions; `hillside eval` tracks the targets.
     assert!(ppl_ratio < 1.02, "tiered perplexity {:+.2}% above full", 100.0 * (ppl_ratio - 1.0));
     assert!(agree > 0.88, "top-1 agreement {agree}");
     drop(seq);

@@ -63,6 +63,23 @@ impl ColdType {
         }
     }
 
+    /// Asks the CPU to start loading row `within` of a group as the file keeps it, which
+    /// [`ColdType::decode_row`] reads soon after.
+    pub fn prefetch_row(self, group: &[u8], head_dim: usize, within: usize) {
+        let values = 2 * GROUP_TOKENS * head_dim;
+        let (k_at, v_at) = (within * head_dim, values / 2 + within * head_dim);
+        match self {
+            Self::F16 => {
+                prefetch(&group[2 * k_at..][..2 * head_dim]);
+                prefetch(&group[2 * v_at..][..2 * head_dim]);
+            }
+            Self::Q8 => {
+                prefetch(&group[k_at..][..head_dim]);
+                prefetch(&group[v_at..][..head_dim]);
+            }
+        }
+    }
+
     /// A whole group as the file keeps it, as f16 rows (bits: K's, then V's) into `out`.
     pub fn decode_group(self, group: &[u8], head_dim: usize, out: &mut [u16]) {
         match self {
@@ -77,6 +94,16 @@ impl ColdType {
             Self::F16 => super::aligned::IO_ALIGN,
             Self::Q8 => SECTOR_BYTES,
         }
+    }
+}
+
+/// Asks for the cache lines `bytes` lie in.
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (bytes.as_ptr() as usize & !63..bytes.as_ptr_range().end as usize).step_by(64) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is a hint; it never faults, wherever the address lies.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
     }
 }
 

@@ -16,7 +16,7 @@
 //! storage side hands up X, the host rebuilds K/V and attends to all of it itself.
 
 use super::aligned::AlignedBuf;
-use super::cold::staged::read_heads;
+use super::cold::staged::{read_heads, ReadPlan};
 use super::cold::{ColdPool, GROUP_TOKENS};
 use super::cold_format::ColdType;
 use super::view::ViewBuffers;
@@ -249,15 +249,13 @@ impl StorageAttention {
         n_heads: usize,
     ) -> Result<Partial<'_>> {
         let every_group = vec![(0..cold_groups).collect(); self.shape.n_kv_heads];
-        let staged = read_heads(cold, layer, every_group, &mut self.buf)?;
+        let staged = read_heads(cold, layer, ReadPlan::new(cold, layer, every_group), &mut self.buf)?;
         let layout = cold.layout();
         let mut page = vec![0u16; 2 * layout.group_values()];
         self.view.reset(self.shape.n_kv_heads, cold_groups * GROUP_TOKENS);
         for head in 0..self.shape.n_kv_heads {
             for g in 0..cold_groups {
-                let group = staged
-                    .group(&self.buf, head, g, layout.disk_group_bytes())
-                    .expect("every group of the layer was read");
+                let group = staged.group(cold, &self.buf, head, g).expect("every group of the layer was read");
                 layout.cold_type.decode_group(group, layout.head_dim, &mut page);
                 self.view.set_group(g * GROUP_TOKENS, head, &page);
             }

@@ -17,7 +17,8 @@
 //! direct I/O, so that under memory pressure the cache neither competes with the hot pool nor
 //! hides the device's real cost; the owner sets the split from measured headroom
 //! ([`super::headroom`]). Direct writes invalidate the cached pages they overwrite, so both
-//! paths read what was last written. Where the filesystem refuses O_DIRECT (tmpfs, some network
+//! paths read what was last written. Through the page cache, a group read once is read in place
+//! after that, through a mapping of the file ([`mapped`]), until it is written again. Where the filesystem refuses O_DIRECT (tmpfs, some network
 //! filesystems) the pool falls back to buffered I/O and says so in the log. Every group carries a CRC32 (kept in DRAM), so a damaged block is an
 //! error, never garbage attention. The file is removed when the pool is dropped; files left by
 //! a crashed process are swept the next time a pool is created in that directory.
@@ -27,6 +28,7 @@
 //! straight into the card's peer-to-peer buffers. They carry no checksum: the host never sees
 //! those bytes, and a damaged one can only misrank a token, never corrupt attention.
 
+mod mapped;
 pub mod staged;
 
 use super::aligned::{AlignedBuf, IO_ALIGN};
@@ -34,6 +36,7 @@ use super::cold_format::{decode_q8, encode_q8, ColdType};
 use super::fault::{self, PoolFaults};
 use crate::error::{Error, Result};
 use crate::score::contract::CHUNK_TOKENS;
+use mapped::MappedFile;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::ops::Range;
@@ -127,6 +130,9 @@ struct PoolFile {
     file: File,
     /// The same file opened for buffered reads, through the page cache.
     cached: File,
+    /// Its K/V groups mapped for reading in place what the page cache holds; `None` where the
+    /// mapping failed (then every read copies).
+    mapping: Option<MappedFile>,
     path: PathBuf,
     /// Bytes of K/V groups read from this file (a share of [`ColdIoStats::bytes_read`]).
     bytes_read: AtomicU64,
@@ -150,9 +156,33 @@ pub struct ColdPool {
     blocks: Vec<AtomicU32>,
     /// `[lane]`: the physical block that holds none.
     spare: Vec<AtomicU32>,
+    /// Groups (by their place in the file) read through the page cache since they were last
+    /// written, so read in place from now on (see [`ColdPool::take_in_cache`]).
+    in_cache: GroupBits,
     pub stats: ColdIoStats,
     /// Injected by tests ([`super::fault`]); `None` otherwise.
     faults: Option<PoolFaults>,
+}
+
+/// A bit per group of the pool, shared by its readers.
+struct GroupBits(Vec<AtomicU64>);
+
+impl GroupBits {
+    fn new(groups: usize) -> Self {
+        Self((0..groups.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    fn get(&self, i: usize) -> bool {
+        self.0[i / 64].load(Ordering::Relaxed) >> (i % 64) & 1 == 1
+    }
+
+    fn set(&self, i: usize) {
+        self.0[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+    }
+
+    fn clear(&self, i: usize) {
+        self.0[i / 64].fetch_and(!(1 << (i % 64)), Ordering::Relaxed);
+    }
 }
 
 /// The error of an I/O call on the pool's file: its path goes to the log, not into the error.
@@ -175,7 +205,7 @@ impl PoolFile {
         let path = dir.join(name);
         let file = open_pool_file(&path, alignment)?;
         match File::open(&path) {
-            Ok(cached) => Ok(Self { file, cached, path, bytes_read: AtomicU64::new(0) }),
+            Ok(cached) => Ok(Self { file, cached, mapping: None, path, bytes_read: AtomicU64::new(0) }),
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 Err(io_error("cannot open its file for cached reads", &path, e))
@@ -237,7 +267,7 @@ impl ColdPool {
             .take(layout.n_kv_heads)
             .map(|dir| PoolFile::create(dir, alignment))
             .collect::<Result<Vec<_>>>()?;
-        let pool = Self {
+        let mut pool = Self {
             files,
             cached_lanes: AtomicUsize::new(0),
             layout,
@@ -251,12 +281,18 @@ impl ColdPool {
             spare: (0..layout.n_layers * layout.n_kv_heads)
                 .map(|_| AtomicU32::new(layout.lane_blocks() as u32))
                 .collect(),
+            in_cache: GroupBits::new(layout.n_layers * layout.n_kv_heads * layout.lane_groups()),
             stats: ColdIoStats::default(),
             faults: fault::for_new_pool(&dirs[0]),
         };
         let keys = (pool.layout.n_layers * pool.max_key_chunks() * pool.key_chunk_bytes) as u64;
-        for (device, file) in pool.files.iter().enumerate() {
-            file.preallocate(pool.device_group_bytes(device) + if device == 0 { keys } else { 0 })?;
+        for device in 0..pool.files.len() {
+            let group_bytes = pool.device_group_bytes(device);
+            let file = &mut pool.files[device];
+            file.preallocate(group_bytes + if device == 0 { keys } else { 0 })?;
+            file.mapping = MappedFile::map(&file.cached, group_bytes as usize)
+                .inspect_err(|e| tracing::warn!(path = %file.path.display(), error = %e, "cold pool: cannot map its file; every read copies"))
+                .ok();
         }
         Ok(pool)
     }
@@ -401,6 +437,7 @@ impl ColdPool {
         for (offset, index, groups) in self.stretches(layer, head, first, whole) {
             let bytes = &disk[groups.start * dgb..groups.end * dgb];
             let file = self.file_of(head);
+            self.forget_cached(layer, head, index - self.layout.group_index(layer, head, 0), groups.len());
             file.file.write_all_at(bytes, offset).map_err(|e| io_error("write failed", &file.path, e))?;
             for (j, group) in bytes.chunks_exact(dgb).enumerate() {
                 self.checksums[index + j].store(WRITTEN | u64::from(crc32fast::hash(group)), Ordering::Release);
@@ -431,6 +468,7 @@ impl ColdPool {
         let file = self.file_of(head);
         let mut encoded = None;
         let disk = self.on_disk(&src[..BLOCK_GROUPS * gb], &mut encoded);
+        self.forget_cached(layer, head, spare * BLOCK_GROUPS, BLOCK_GROUPS);
         let written = file.file.write_all_at(&disk[..whole * dgb], self.file_offset(layer, head, spare * BLOCK_GROUPS));
         written.and(failing.map_or(Ok(()), |(_, e)| Err(e))).map_err(|e| io_error("write failed", &file.path, e))?;
         for (i, group) in disk.chunks_exact(dgb).enumerate() {
@@ -591,26 +629,111 @@ impl ColdPool {
         Ok(())
     }
 
-    /// Checks each group a run read against its checksum.
+    /// Checks each group a run read against its checksum; those read through the page cache
+    /// are read in place from now on.
     fn check_read(&self, layer: usize, run: &GroupRun<'_>) -> Result<()> {
         let dgb = self.layout.disk_group_bytes();
-        for (i, chunk) in run.dst[self.encoded_range(run)].chunks_exact(dgb).enumerate() {
-            let (head, group) = (run.head, run.first + i);
-            match self.checksums[self.locate(layer, head, group).1].load(Ordering::Acquire) {
-                0 => {
-                    return Err(Error::Internal(format!(
-                        "cold pool: layer {layer} head {head} group {group} was read but never written"
-                    )))
-                }
-                sum if sum == WRITTEN | u64::from(crc32fast::hash(chunk)) => {}
-                _ => {
-                    let tokens = group * GROUP_TOKENS..(group + 1) * GROUP_TOKENS;
-                    tracing::error!(path = %self.file_of(head).path.display(), layer, head, ?tokens, "cold pool block fails its checksum");
-                    return Err(Error::ColdBlockDamaged { layer, head, tokens });
-                }
+        let cached = layer * self.layout.n_kv_heads + run.head < self.cached_lanes();
+        for (i, bytes) in run.dst[self.encoded_range(run)].chunks_exact(dgb).enumerate() {
+            let group = run.first + i;
+            let index = self.locate(layer, run.head, group).1;
+            self.check_group(layer, run.head, group, index, bytes)?;
+            if cached {
+                self.in_cache.set(index);
             }
         }
         Ok(())
+    }
+
+    /// Checks (layer, head)'s group `group`, read as `bytes`, against the checksum at `index`.
+    fn check_group(&self, layer: usize, head: usize, group: usize, index: usize, bytes: &[u8]) -> Result<()> {
+        match self.checksums[index].load(Ordering::Acquire) {
+            0 => Err(Error::Internal(format!(
+                "cold pool: layer {layer} head {head} group {group} was read but never written"
+            ))),
+            sum if sum == WRITTEN | u64::from(crc32fast::hash(bytes)) => Ok(()),
+            _ => {
+                let tokens = group * GROUP_TOKENS..(group + 1) * GROUP_TOKENS;
+                tracing::error!(path = %self.file_of(head).path.display(), layer, head, ?tokens, "cold pool block fails its checksum");
+                Err(Error::ColdBlockDamaged { layer, head, tokens })
+            }
+        }
+    }
+
+    /// Takes out of `groups` (ascending) of (layer, head) those to read in place, and returns
+    /// them as (group, where it lies in the lane): where the lane is read through the page
+    /// cache, the groups read that way since they were last written. (Asking the kernel which
+    /// pages it holds, with `mincore`, cost more than the copies it saved: it looks up each
+    /// page of the lane that is not mapped yet.)
+    pub(super) fn take_in_cache(&self, layer: usize, head: usize, groups: &mut Vec<usize>) -> Vec<(usize, usize)> {
+        if self.file_of(head).mapping.is_none()
+            || groups.is_empty()
+            || layer * self.layout.n_kv_heads + head >= self.cached_lanes()
+        {
+            return Vec::new();
+        }
+        let mut in_place = Vec::new();
+        groups.retain(|&group| {
+            let physical = self.physical_group(layer, head, group);
+            let index = self.layout.group_index(layer, head, physical);
+            let cached = self.in_cache.get(index);
+            if cached {
+                in_place.push((group, physical));
+            }
+            !cached
+        });
+        in_place
+    }
+
+    /// A direct write of (layer, head)'s physical groups `first .. first + count` drops the
+    /// pages they lie in from the page cache, with any neighbour that shares one (q8 groups
+    /// are not whole pages): they are read through it again before they are read in place.
+    fn forget_cached(&self, layer: usize, head: usize, first: usize, count: usize) {
+        let dgb = self.layout.disk_group_bytes();
+        let pages = first * dgb / IO_ALIGN..((first + count) * dgb).div_ceil(IO_ALIGN);
+        let groups = pages.start * IO_ALIGN / dgb..(pages.end * IO_ALIGN).div_ceil(dgb).min(self.layout.lane_groups());
+        let base = self.layout.group_index(layer, head, 0);
+        for index in base + groups.start..base + groups.end {
+            self.in_cache.clear(index);
+        }
+    }
+
+    /// Checks the groups [`ColdPool::take_in_cache`] took against their checksums where they
+    /// lie, counting them as bytes read through the page cache. Each read checks them again:
+    /// a page the cache dropped and read back may have come from a damaged disk, and nothing
+    /// says which did. (Trusting a group while its pages stayed mapped, as `/proc/self/pagemap`
+    /// tells, saved no time: the rows copied then miss the cache instead.)
+    pub(super) fn check_in_place(&self, layer: usize, head: usize, in_place: &[(usize, usize)]) -> Result<()> {
+        let Some(&(first, _)) = in_place.first() else { return Ok(()) };
+        let file = self.file_of(head);
+        if let Some(faults) = &self.faults {
+            faults.on_read(layer, head, first);
+            if let Some(e) = faults.on_read_done(layer) {
+                return Err(io_error("read failed", &file.path, e));
+            }
+        }
+        let (lane, dgb) = (self.lane_in_place(layer, head), self.layout.disk_group_bytes());
+        for &(group, physical) in in_place {
+            let index = self.layout.group_index(layer, head, physical);
+            self.check_group(layer, head, group, index, &lane[physical * dgb..][..dgb])?;
+        }
+        let bytes = (in_place.len() * dgb) as u64;
+        self.stats.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        self.stats.bytes_read_cached.fetch_add(bytes, Ordering::Relaxed);
+        file.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// (layer, head)'s region of its file as the page cache holds it, for groups read in place.
+    pub(super) fn lane_in_place(&self, layer: usize, head: usize) -> &[u8] {
+        let mapping = self.file_of(head).mapping.as_ref().expect("groups are read in place only from a mapped file");
+        mapping.bytes(self.lane_range(layer, head))
+    }
+
+    /// Bytes of (layer, head)'s region (its blocks and the spare) in its head's file.
+    fn lane_range(&self, layer: usize, head: usize) -> Range<usize> {
+        let start = self.file_offset(layer, head, 0) as usize;
+        start..start + self.layout.lane_groups() * self.layout.disk_group_bytes()
     }
 }
 

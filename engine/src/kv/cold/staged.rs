@@ -4,96 +4,191 @@
 //!
 //! Groups are staged as the pool keeps them ([`Staging::AsKept`]): a q8 group takes 2,560 bytes
 //! instead of its 4,096 decoded, and the rows a view uses are decoded as they are copied in.
+//! Groups the page cache already holds, of lanes read through it, are not copied at all: they
+//! are checked where they lie and read in place ([`ColdPool::take_in_cache`]).
+//!
+//! The pool's owner never rewrites a group while a read of it is staged: a step's reads are
+//! claimed or dropped before it commits, and truncations and re-placements wait for reads in
+//! flight. So the groups read in place hold still for as long as a `Staged` is in use.
 
 use super::{ColdPool, GroupRun, Staging};
 use crate::error::Result;
 use crate::kv::aligned::AlignedBuf;
 use std::sync::OnceLock;
 
-/// The groups read for one layer, per head, laid out head after head in some buffer.
+/// The groups read for one layer, per head: copied head after head into some buffer, or read
+/// in place.
 #[derive(Debug, Default)]
 pub(in crate::kv) struct Staged {
+    layer: usize,
     heads: Vec<StagedHead>,
 }
 
 #[derive(Debug)]
 struct StagedHead {
-    /// Groups read (ascending).
+    /// Groups copied into the buffer (ascending).
     groups: Vec<usize>,
     /// Where the first one starts in the buffer, in bytes.
     offset: usize,
+    /// Groups read in place (ascending), each with where it lies in the lane's region.
+    in_place: Vec<(usize, usize)>,
 }
+
+/// [`HeadPages::at`]'s mark for a group read in place; the rest of the word is where it lies in
+/// the lane's region.
+const IN_PLACE: u32 = 1 << 31;
 
 impl Staged {
-    /// Group `group` of `head` as the pool keeps it (`group_bytes` long), if it was read into
-    /// `buf`.
-    pub fn group<'a>(&self, buf: &'a AlignedBuf, head: usize, group: usize, group_bytes: usize) -> Option<&'a [u8]> {
-        let h = self.heads.get(head)?;
-        let i = h.groups.binary_search(&group).ok()?;
-        Some(&buf.as_bytes()[h.offset + i * group_bytes..][..group_bytes])
+    /// Group `group` of `head` as the pool keeps it, if it was read (into `buf`, or in place).
+    pub fn group<'a>(&self, cold: &'a ColdPool, buf: &'a AlignedBuf, head: usize, group: usize) -> Option<&'a [u8]> {
+        let (h, gb) = (self.heads.get(head)?, cold.layout().disk_group_bytes());
+        if let Ok(i) = h.groups.binary_search(&group) {
+            return Some(&buf.as_bytes()[h.offset + i * gb..][..gb]);
+        }
+        let i = h.in_place.binary_search_by_key(&group, |&(g, _)| g).ok()?;
+        Some(&cold.lane_in_place(self.layer, head)[h.in_place[i].1 * gb..][..gb])
     }
 
-    /// `head`'s groups in `buf`, indexed for lookups by the thousand.
-    pub fn head_pages<'a>(&self, buf: &'a AlignedBuf, head: usize, group_bytes: usize) -> HeadPages<'a> {
-        let Some(h) = self.heads.get(head) else { return HeadPages { bytes: &[], group_bytes, at: Vec::new() } };
-        let mut at = vec![0u32; h.groups.last().map_or(0, |&g| g + 1)];
+    /// `head`'s groups (in `buf`, or in place), indexed for lookups by the thousand.
+    pub fn head_pages<'a>(&self, cold: &'a ColdPool, buf: &'a AlignedBuf, head: usize) -> HeadPages<'a> {
+        let group_bytes = cold.layout().disk_group_bytes();
+        let Some(h) = self.heads.get(head) else {
+            return HeadPages { staged: &[], lane: &[], group_bytes, at: Vec::new() };
+        };
+        let end = h.groups.last().into_iter().chain(h.in_place.last().map(|(g, _)| g)).max().map_or(0, |&g| g + 1);
+        let mut at = vec![0u32; end];
         h.groups.iter().enumerate().for_each(|(i, &g)| at[g] = i as u32 + 1);
-        HeadPages { bytes: &buf.as_bytes()[h.offset..][..h.groups.len() * group_bytes], group_bytes, at }
+        h.in_place.iter().for_each(|&(g, physical)| at[g] = IN_PLACE | physical as u32);
+        HeadPages {
+            staged: &buf.as_bytes()[h.offset..][..h.groups.len() * group_bytes],
+            lane: if h.in_place.is_empty() { &[] } else { cold.lane_in_place(self.layer, head) },
+            group_bytes,
+            at,
+        }
     }
 }
 
-/// One head's staged groups, by group number (see [`Staged::head_pages`]).
+/// One head's groups read, by group number (see [`Staged::head_pages`]).
 pub(in crate::kv) struct HeadPages<'a> {
-    bytes: &'a [u8],
+    staged: &'a [u8],
+    /// The head's region of the pool as the page cache holds it, where groups were read in place.
+    lane: &'a [u8],
     group_bytes: usize,
-    /// `[group]`: 1 + its place among the staged groups, or 0 where it was not read.
+    /// `[group]`: 1 + its place among the staged groups, [`IN_PLACE`] with where it lies in
+    /// `lane`, or 0 where it was not read.
     at: Vec<u32>,
 }
 
 impl<'a> HeadPages<'a> {
     /// Group `group` as the pool keeps it, if it was read.
     pub fn get(&self, group: usize) -> Option<&'a [u8]> {
-        let i = (*self.at.get(group)?).checked_sub(1)? as usize;
-        Some(&self.bytes[i * self.group_bytes..][..self.group_bytes])
+        let at = *self.at.get(group)?;
+        let (bytes, i) = match at {
+            0 => return None,
+            _ if at & IN_PLACE != 0 => (self.lane, (at & !IN_PLACE) as usize),
+            _ => (self.staged, at as usize - 1),
+        };
+        Some(&bytes[i * self.group_bytes..][..self.group_bytes])
     }
 }
 
-/// Reads each head's `groups` (ascending) of `layer` into `buf` (grown if too small), head after
-/// head, as the pool keeps them: one request per run of consecutive groups, many in flight at
-/// once (an SSD needs a deep queue for its random-read rate): through this thread's io_uring,
-/// or where there is none from the I/O threads.
-pub(in crate::kv) fn read_heads(
-    cold: &ColdPool,
-    layer: usize,
-    groups: Vec<Vec<usize>>,
-    buf: &mut AlignedBuf,
-) -> Result<Staged> {
-    let total: usize = groups.iter().map(Vec::len).sum();
-    read_heads_in_parts(cold, layer, groups, buf, read_parts(total * cold.layout().disk_group_bytes()))
+/// Unneeded groups read anyway to join two needed ones into one request: an SSD serves a few
+/// more sequential pages faster than one more random read (on the disk here, random 4 KiB
+/// reads reach a quarter to a third of the sequential rate). Groups read in place join nothing.
+const MAX_BRIDGED_GROUPS: usize = 2;
+
+/// Which of one layer's groups a read takes, per head, and how: in place those the page cache
+/// holds (of lanes read through it), the rest copied, small gaps between them bridged.
+#[derive(Debug, Default, Clone)]
+pub(in crate::kv) struct ReadPlan {
+    /// Per head: groups read in place (ascending), each with where it lies in the lane.
+    in_place: Vec<Vec<(usize, usize)>>,
+    /// Per head: groups copied (ascending), bridges included.
+    copied: Vec<Vec<usize>>,
+}
+
+impl ReadPlan {
+    /// Plans reading each head's `needed` groups (ascending) of `layer`.
+    pub fn new(cold: &ColdPool, layer: usize, mut needed: Vec<Vec<usize>>) -> Self {
+        let in_place = needed.iter_mut().enumerate().map(|(head, g)| cold.take_in_cache(layer, head, g)).collect();
+        let copied = needed.iter().map(|g| bridged(g, MAX_BRIDGED_GROUPS)).collect();
+        Self { in_place, copied }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups() == 0
+    }
+
+    /// Groups it reads, in place or copied.
+    pub fn groups(&self) -> usize {
+        self.in_place.iter().map(Vec::len).sum::<usize>() + self.copied.iter().map(Vec::len).sum::<usize>()
+    }
+
+    /// Bytes its copies take in a buffer.
+    pub fn copied_bytes(&self, cold: &ColdPool) -> usize {
+        self.copied.iter().map(Vec::len).sum::<usize>() * cold.layout().disk_group_bytes()
+    }
+
+    /// Whether it reads `head`'s group `group`.
+    pub fn covers(&self, head: usize, group: usize) -> bool {
+        let copied = self.copied.get(head).is_some_and(|g| g.binary_search(&group).is_ok());
+        copied || self.in_place.get(head).is_some_and(|g| g.binary_search_by_key(&group, |&(g, _)| g).is_ok())
+    }
+}
+
+/// `groups` (ascending) with every gap of at most `max_gap` groups between two of them filled in.
+fn bridged(groups: &[usize], max_gap: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::with_capacity(groups.len());
+    for &g in groups {
+        if let Some(&last) = out.last() {
+            if g - last - 1 <= max_gap {
+                out.extend(last + 1..g);
+            }
+        }
+        out.push(g);
+    }
+    out
+}
+
+/// Reads what `plan` says of `layer`: checks the groups it reads in place, and copies the rest
+/// into `buf` (grown if too small), head after head, as the pool keeps them: one request per run
+/// of consecutive groups, many in flight at once (an SSD needs a deep queue for its random-read
+/// rate): through this thread's io_uring, or where there is none from the I/O threads.
+pub(in crate::kv) fn read_heads(cold: &ColdPool, layer: usize, plan: ReadPlan, buf: &mut AlignedBuf) -> Result<Staged> {
+    let parts = read_parts(plan.groups() * cold.layout().disk_group_bytes());
+    read_heads_in_parts(cold, layer, plan, buf, parts)
 }
 
 /// [`read_heads`], its requests shared by `parts` I/O threads.
 fn read_heads_in_parts(
     cold: &ColdPool,
     layer: usize,
-    groups: Vec<Vec<usize>>,
+    plan: ReadPlan,
     buf: &mut AlignedBuf,
     parts: usize,
 ) -> Result<Staged> {
+    use rayon::prelude::*;
+    let ReadPlan { in_place, copied: groups } = plan;
+    let check = |(head, in_place): (usize, &Vec<(usize, usize)>)| cold.check_in_place(layer, head, in_place);
+    if parts > 1 {
+        io_pool().install(|| in_place.par_iter().enumerate().try_for_each(check))?;
+    } else {
+        in_place.iter().enumerate().try_for_each(check)?;
+    }
     let gb = cold.layout().disk_group_bytes();
     let total: usize = groups.iter().map(Vec::len).sum();
     if buf.len() < total * gb {
         *buf = AlignedBuf::zeroed(total * gb);
     }
-    let mut staged = Staged { heads: Vec::with_capacity(groups.len()) };
+    let mut staged = Staged { layer, heads: Vec::with_capacity(groups.len()) };
     let mut offset = 0;
-    for g in groups {
+    for (g, in_place) in groups.into_iter().zip(in_place) {
         let n = g.len();
-        staged.heads.push(StagedHead { groups: g, offset });
+        staged.heads.push(StagedHead { groups: g, offset, in_place });
         offset += n * gb;
     }
     if total == 0 {
-        return Ok(staged); // nothing cold: no hand-off to the I/O threads
+        return Ok(staged); // nothing to copy: no hand-off to the I/O threads
     }
     let mut rest = &mut buf.as_bytes_mut()[..total * gb];
     let mut runs = Vec::new();
@@ -110,7 +205,6 @@ fn read_heads_in_parts(
             i = j;
         }
     }
-    use rayon::prelude::*;
     if parts > 1 {
         let per_part = runs.len().div_ceil(parts);
         io_pool().install(|| runs.par_chunks_mut(per_part).try_for_each(|part| read_all(cold, layer, part)))?;
@@ -167,8 +261,116 @@ const IO_THREADS: usize = 16;
 mod tests {
     use super::*;
     use crate::kv::cold::ColdLayout;
+    use crate::kv::cold_format::ColdType;
     use crate::kv::fault::{self, ColdFaults, FailingRead};
+    use std::os::unix::fs::FileExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A scratch directory on the disk, not /tmp (which may be tmpfs, where nothing is direct).
+    fn on_disk(name: &str) -> tempfile::TempDir {
+        let parent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch");
+        std::fs::create_dir_all(&parent).unwrap();
+        tempfile::Builder::new().prefix(&format!("hillside-{name}-")).tempdir_in(parent).unwrap()
+    }
+
+    /// What a plan of `groups` (per head) of layer 0 reads in place, per head.
+    fn in_place(cold: &ColdPool, groups: &[Vec<usize>]) -> Vec<Vec<usize>> {
+        let plan = ReadPlan::new(cold, 0, groups.to_vec());
+        plan.in_place.iter().map(|g| g.iter().map(|&(g, _)| g).collect()).collect()
+    }
+
+    #[test]
+    fn groups_read_through_the_page_cache_are_then_read_in_place_until_rewritten() {
+        for cold_type in [ColdType::F16, ColdType::Q8] {
+            let scratch = on_disk("in-place");
+            let layout = ColdLayout { cold_type, ..ColdLayout::f16(1, 2, 64, 40) };
+            let cold = ColdPool::create(scratch.path(), layout).unwrap();
+            let write = |head: usize, group: usize, seed: usize| {
+                let mut page = cold.buffer(1);
+                let words = page.as_u16_mut();
+                words.iter_mut().enumerate().for_each(|(i, w)| {
+                    *w = half::f16::from_f32(((i * 31 + group * 7 + head * 3 + seed) % 200) as f32 / 100.0).to_bits()
+                });
+                cold.write_group(0, head, group, &page).unwrap();
+            };
+            (0..2).for_each(|head| (0..40).for_each(|group| write(head, group, 0)));
+            let groups = vec![vec![0, 1, 2, 3, 4, 9], vec![5, 6, 30]];
+            let read = |want_in_place: &[&[usize]]| {
+                let got = in_place(&cold, &groups);
+                assert_eq!(got, want_in_place, "{cold_type:?}: groups read in place");
+                let mut buf = AlignedBuf::zeroed(0);
+                let staged = read_heads(&cold, 0, ReadPlan::new(&cold, 0, groups.clone()), &mut buf).unwrap();
+                let mut check = AlignedBuf::zeroed(layout.disk_group_bytes());
+                for (head, g) in groups.iter().enumerate().flat_map(|(h, g)| g.iter().map(move |&g| (h, g))) {
+                    // The same bytes as a read of that one group.
+                    let mut run = vec![GroupRun {
+                        head,
+                        first: g,
+                        count: 1,
+                        dst: check.as_bytes_mut(),
+                        staging: Staging::AsKept,
+                    }];
+                    read_all(&cold, 0, &mut run).unwrap();
+                    let want = &check.as_bytes()[..layout.disk_group_bytes()];
+                    assert_eq!(staged.group(&cold, &buf, head, g), Some(want), "{cold_type:?}: head {head} group {g}");
+                }
+            };
+            // Written directly, nothing is in the page cache: the pool reads through it, and
+            // from then on in place.
+            read(&[&[], &[]]);
+            cold.set_cached_lanes(2);
+            read(&[&[], &[]]);
+            let requests = cold.stats.reads.load(Ordering::Relaxed);
+            read(&[&[0, 1, 2, 3, 4, 9], &[5, 6, 30]]);
+            assert_eq!(
+                cold.stats.reads.load(Ordering::Relaxed) - requests,
+                (groups[0].len() + groups[1].len()) as u64,
+                "{cold_type:?}: only the checking reads of one group each made requests"
+            );
+            // A rewritten group is read through the page cache again, and so are the neighbours
+            // that share one of its pages: q8 groups take five eighths of a page.
+            write(0, 2, 1);
+            let next_to_2: &[usize] = if cold_type == ColdType::Q8 { &[0, 4, 9] } else { &[0, 1, 3, 4, 9] };
+            read(&[next_to_2, &[5, 6, 30]]);
+            read(&[&[0, 1, 2, 3, 4, 9], &[5, 6, 30]]);
+            // Lanes the page cache no longer holds are read directly again.
+            cold.set_cached_lanes(1);
+            read(&[&[0, 1, 2, 3, 4, 9], &[]]);
+        }
+    }
+
+    #[test]
+    fn a_group_damaged_on_the_disk_fails_its_read_in_place() {
+        let scratch = on_disk("in-place-damage");
+        let layout = ColdLayout::f16(1, 1, 64, 40);
+        let cold = ColdPool::create(scratch.path(), layout).unwrap();
+        let page = cold.buffer(1);
+        (0..40).for_each(|g| cold.write_group(0, 0, g, &page).unwrap());
+        cold.set_cached_lanes(1);
+        let read = || read_heads(&cold, 0, ReadPlan::new(&cold, 0, vec![vec![3, 7]]), &mut AlignedBuf::zeroed(0));
+        read().unwrap();
+        read().unwrap();
+        assert_eq!(in_place(&cold, &[vec![3, 7]]), [[3, 7]]);
+        // A byte of group 7 flips on the disk, behind the pool's back (a direct write, which the
+        // page cache then reads back).
+        let mut damaged = cold.buffer(1);
+        damaged.as_bytes_mut()[100] ^= 0x5a;
+        let file = &cold.files[0];
+        file.file.write_all_at(damaged.as_bytes(), cold.file_offset(0, 0, 7)).unwrap();
+        let error = read().unwrap_err();
+        assert!(
+            matches!(error, crate::error::Error::ColdBlockDamaged { head: 0, ref tokens, .. } if tokens.start == 7 * 16),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn small_gaps_are_bridged_and_large_ones_kept() {
+        assert_eq!(bridged(&[0, 2, 5, 9, 10], 2), vec![0, 1, 2, 3, 4, 5, 9, 10]);
+        assert_eq!(bridged(&[3, 7], 2), vec![3, 7]);
+        assert_eq!(bridged(&[62, 65, 130, 191, 192], 2), vec![62, 63, 64, 65, 130, 191, 192]);
+        assert_eq!(bridged(&[], 2), Vec::<usize>::new());
+    }
 
     #[test]
     fn a_read_shared_by_threads_stages_what_one_thread_would_and_fails_as_one() {
@@ -196,13 +398,14 @@ mod tests {
         let groups = vec![vec![0, 1, 2, 5, 9, 10, 30], vec![], vec![3, 4, 7, 8, 11, 12, 13, 14, 39]];
         let staged_bytes = |parts: usize| {
             let mut buf = AlignedBuf::zeroed(0);
-            let staged = read_heads_in_parts(&cold, 1, groups.clone(), &mut buf, parts).unwrap();
-            let gb = layout.disk_group_bytes();
+            let staged =
+                read_heads_in_parts(&cold, 1, ReadPlan::new(&cold, 1, groups.clone()), &mut buf, parts).unwrap();
             let bytes: Vec<Vec<u8>> = (0..3)
                 .flat_map(|h| (0..40).map(move |g| (h, g)))
-                .filter_map(|(h, g)| staged.group(&buf, h, g, gb).map(<[u8]>::to_vec))
+                .filter_map(|(h, g)| staged.group(&cold, &buf, h, g).map(<[u8]>::to_vec))
                 .collect();
-            assert_eq!(bytes.len(), 16, "{parts} parts: every group asked for is staged");
+            // The 16 asked for, and the gaps of two groups or less between them.
+            assert_eq!(bytes.len(), 22, "{parts} parts: every group asked for is staged, gaps bridged");
             bytes
         };
         let whole = staged_bytes(1);
@@ -212,9 +415,10 @@ mod tests {
         }
         // A failure in any part fails the read, with the pool's error.
         plan.failing_read.as_ref().unwrap().times.store(1, Ordering::Relaxed);
-        let error = read_heads_in_parts(&cold, 1, groups.clone(), &mut AlignedBuf::zeroed(0), 3).unwrap_err();
+        let plan = || ReadPlan::new(&cold, 1, groups.clone());
+        let error = read_heads_in_parts(&cold, 1, plan(), &mut AlignedBuf::zeroed(0), 3).unwrap_err();
         assert!(error.to_string().contains("read failed"), "{error}");
-        assert!(read_heads_in_parts(&cold, 1, groups, &mut AlignedBuf::zeroed(0), 3).is_ok(), "the fault was used up");
+        assert!(read_heads_in_parts(&cold, 1, plan(), &mut AlignedBuf::zeroed(0), 3).is_ok(), "the fault was used up");
         fault::clear(&dir);
         drop(cold);
     }

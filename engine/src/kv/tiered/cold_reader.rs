@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::kernels::parallel::map_items;
 use crate::kv::aligned::AlignedBuf;
 use crate::kv::backing::DiskBacking;
-use crate::kv::cold::staged::{read_heads, Staged};
+use crate::kv::cold::staged::{read_heads, ReadPlan, Staged};
 use crate::kv::cold::GROUP_TOKENS;
 use crate::kv::hot::HotPool;
 use crate::kv::{Selection, TierStats};
@@ -19,11 +19,6 @@ use std::time::Instant;
 
 /// Layers whose likely cold groups are read ahead of their turn.
 const READ_AHEAD_LAYERS: usize = 1;
-
-/// Unneeded groups read anyway to join two needed ones into one request: an SSD serves a few
-/// more sequential pages faster than one more random read (on the disk here, random 4 KiB
-/// reads reach a quarter to a third of the sequential rate).
-const MAX_BRIDGED_GROUPS: usize = 2;
 
 /// Where a layer's rows live: in the write-back window (from the cold pool's end on), in the
 /// hot pool, or in a slot of the cold pool.
@@ -43,7 +38,7 @@ impl<'a> Residence<'a> {
     }
 
     /// For each head of `layer`, the cold groups (ascending) holding those of `tokens(head)`
-    /// that are neither hot nor in the window, small gaps bridged. (Asked for every layer
+    /// that are neither hot nor in the window. (Asked for every layer
     /// three times a step, over thousands of tokens per head: the groups are marked in a
     /// bitmap, not sorted, and the heads go to the compute threads.)
     pub fn cold_groups<'t>(self, layer: usize, tokens: impl Fn(usize) -> &'t [u32] + Sync) -> Vec<Vec<usize>> {
@@ -58,7 +53,7 @@ impl<'a> Residence<'a> {
                     marked[g / 64] |= 1 << (g % 64);
                 }
             }
-            bridged_groups(&marked, MAX_BRIDGED_GROUPS)
+            marked_groups(&marked)
         })
     }
 }
@@ -95,21 +90,22 @@ impl ColdReader {
         tokens: &(impl Fn(usize) -> &'t [u32] + Sync),
     ) -> Option<PendingRead> {
         let mut groups = at.cold_groups(layer, tokens);
-        if let Some(ahead) = self.prefetch.issued_groups(layer) {
+        if let Some(ahead) = self.prefetch.issued(layer) {
             let mut used = 0;
-            for (g, ahead) in groups.iter_mut().zip(ahead) {
+            for (head, g) in groups.iter_mut().enumerate() {
                 let before = g.len();
-                g.retain(|g| ahead.binary_search(g).is_err());
+                g.retain(|&g| !ahead.covers(head, g));
                 used += before - g.len();
             }
             self.stats.read_ahead_used += used as u64;
         }
-        if groups.iter().all(Vec::is_empty) {
+        let cold = at.backing.cold();
+        let plan = ReadPlan::new(cold, layer, groups);
+        if plan.is_empty() {
             return None;
         }
-        let cold = at.backing.cold();
-        let buf = self.prefetch.buffer(cold, &groups);
-        Some(PendingRead::start(cold, layer, groups, buf))
+        let buf = self.prefetch.buffer(cold, &plan);
+        Some(PendingRead::start(cold, layer, plan, buf))
     }
 
     /// What was read ahead for `layer`, once it has landed.
@@ -135,8 +131,9 @@ impl ColdReader {
         layer: usize,
         groups: Vec<Vec<usize>>,
     ) -> Result<(Staged, AlignedBuf)> {
-        let mut buf = self.prefetch.buffer(at.backing.cold(), &groups);
-        match read_heads(at.backing.cold(), layer, groups, &mut buf) {
+        let plan = ReadPlan::new(at.backing.cold(), layer, groups);
+        let mut buf = self.prefetch.buffer(at.backing.cold(), &plan);
+        match read_heads(at.backing.cold(), layer, plan, &mut buf) {
             Ok(staged) => Ok((staged, buf)),
             Err(e) => {
                 self.prefetch.recycle(buf);
@@ -162,10 +159,10 @@ impl ColdReader {
             }
             let Some(last) = &self.last_selections[next] else { continue };
             let groups = at.cold_groups(next, |head| last.head(head).unwrap_or(&[]));
-            let count: usize = groups.iter().map(Vec::len).sum();
-            if count > 0 {
-                self.stats.read_ahead_groups += count as u64;
-                self.prefetch.issue(at.backing.cold(), next, groups);
+            let plan = ReadPlan::new(at.backing.cold(), next, groups);
+            if !plan.is_empty() {
+                self.stats.read_ahead_groups += plan.groups() as u64;
+                self.prefetch.issue(at.backing.cold(), next, plan);
             }
         }
     }
@@ -227,40 +224,15 @@ impl ColdReader {
     }
 }
 
-/// The groups marked in `marked` (bit `g % 64` of word `g / 64`), ascending, with every gap
-/// of at most `max_gap` groups between two of them filled in.
-fn bridged_groups(marked: &[u64], max_gap: usize) -> Vec<usize> {
-    let mut out: Vec<usize> = Vec::new();
+/// The groups marked in `marked` (bit `g % 64` of word `g / 64`), ascending.
+fn marked_groups(marked: &[u64]) -> Vec<usize> {
+    let mut out = Vec::new();
     for (w, &word) in marked.iter().enumerate() {
         let mut bits = word;
         while bits != 0 {
-            let g = w * 64 + bits.trailing_zeros() as usize;
+            out.push(w * 64 + bits.trailing_zeros() as usize);
             bits &= bits - 1;
-            if let Some(&last) = out.last() {
-                if g - last - 1 <= max_gap {
-                    out.extend(last + 1..g);
-                }
-            }
-            out.push(g);
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn small_gaps_are_bridged_and_large_ones_kept() {
-        let marked = |groups: &[usize]| {
-            let mut bits = vec![0u64; 4];
-            groups.iter().for_each(|&g| bits[g / 64] |= 1 << (g % 64));
-            bits
-        };
-        assert_eq!(bridged_groups(&marked(&[0, 2, 5, 9, 10]), 2), vec![0, 1, 2, 3, 4, 5, 9, 10]);
-        assert_eq!(bridged_groups(&marked(&[3, 7]), 2), vec![3, 7]);
-        assert_eq!(bridged_groups(&marked(&[62, 65, 130, 191, 192]), 2), vec![62, 63, 64, 65, 130, 191, 192]);
-        assert_eq!(bridged_groups(&marked(&[]), 2), Vec::<usize>::new());
-    }
 }

@@ -111,10 +111,10 @@ impl TieredKvStore {
             return;
         }
         let (hd, lane0) = (self.shape.head_dim, self.lane(layer, 0));
-        let layout = self.backing.cold().layout();
-        let (cold_type, group_bytes) = (layout.cold_type, layout.disk_group_bytes());
         let (backing, hot) = (&self.backing, &self.hot);
-        let pages: Vec<HeadPages<'_>> = heads.clone().map(|head| staged.head_pages(buf, head, group_bytes)).collect();
+        let cold_type = backing.cold().layout().cold_type;
+        let pages: Vec<HeadPages<'_>> =
+            heads.clone().map(|head| staged.head_pages(backing.cold(), buf, head)).collect();
         let tasks: Vec<_> = self
             .view
             .slot_runs_mut(0..heads.len(), RUN_SLOTS)
@@ -137,10 +137,17 @@ impl TieredKvStore {
             // V per slot of the tile, and written together.
             let mut tile_rows = vec![0u16; KV_TILE * 2 * hd];
             let (mut tile, mut filled) = (0, 0u32);
-            for &row in rows {
-                let token = row.token as usize;
-                let cold_slot = backing.lane_slot(lane, token);
-                let Some(page) = pages.get(cold_slot / GROUP_TOKENS) else {
+            // The run's rows are found (and their loads started) before any is decoded.
+            let mut found = [None; RUN_SLOTS];
+            for (row, found) in rows.iter().zip(&mut found) {
+                let cold_slot = backing.lane_slot(lane, row.token as usize);
+                *found = pages.get(cold_slot / GROUP_TOKENS).map(|page| {
+                    cold_type.prefetch_row(page, hd, cold_slot % GROUP_TOKENS);
+                    (page, cold_slot)
+                });
+            }
+            for (&row, found) in rows.iter().zip(found) {
+                let Some((page, cold_slot)) = found else {
                     copy.missing.push(row);
                     continue;
                 };

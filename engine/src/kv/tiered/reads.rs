@@ -8,7 +8,7 @@
 //! the pool's read statistics like any other read.
 
 use super::super::aligned::AlignedBuf;
-use super::super::cold::staged::{read_heads, Staged};
+use super::super::cold::staged::{read_heads, ReadPlan, Staged};
 use super::super::cold::ColdPool;
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
@@ -18,18 +18,18 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 pub(super) struct PendingRead(mpsc::Receiver<(Result<Staged>, AlignedBuf)>);
 
 impl PendingRead {
-    /// Starts reading each head's `groups` (ascending) of `layer` into `buf`, grown here if too
-    /// small: buffers allocated on the reader threads would land in their own malloc arenas and
-    /// keep the process's memory up.
-    pub fn start(cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>, mut buf: AlignedBuf) -> Self {
-        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().disk_group_bytes();
+    /// Starts reading what `plan` says of `layer`, copies into `buf`, grown here if too small:
+    /// buffers allocated on the reader threads would land in their own malloc arenas and keep
+    /// the process's memory up.
+    pub fn start(cold: &Arc<ColdPool>, layer: usize, plan: ReadPlan, mut buf: AlignedBuf) -> Self {
+        let need = plan.copied_bytes(cold);
         if buf.len() < need {
             buf = AlignedBuf::zeroed(need);
         }
         let (tx, done) = mpsc::channel();
         let cold = cold.clone();
         run_on_reader(Box::new(move || {
-            let staged = read_heads(&cold, layer, groups, &mut buf);
+            let staged = read_heads(&cold, layer, plan, &mut buf);
             let _ = tx.send((staged, buf)); // the store may have moved on; then the read is dropped
         }));
         Self(done)
@@ -51,8 +51,8 @@ pub(super) struct Prefetched {
 
 struct InFlight {
     layer: usize,
-    /// The groups being read, per head (ascending).
-    groups: Vec<Vec<usize>>,
+    /// The groups being read.
+    plan: ReadPlan,
     read: PendingRead,
 }
 
@@ -70,24 +70,24 @@ impl Prefetcher {
         self.in_flight.iter().any(|f| f.layer == layer)
     }
 
-    /// The groups (per head, ascending) being read ahead for `layer`, if any: known before
-    /// they land, so that the layer's other reads start without waiting for them.
-    pub fn issued_groups(&self, layer: usize) -> Option<&[Vec<usize>]> {
-        self.in_flight.iter().find(|f| f.layer == layer).map(|f| &f.groups[..])
+    /// What is being read ahead for `layer`, if anything: known before it lands, so that the
+    /// layer's other reads start without waiting for it.
+    pub fn issued(&self, layer: usize) -> Option<&ReadPlan> {
+        self.in_flight.iter().find(|f| f.layer == layer).map(|f| &f.plan)
     }
 
-    /// Starts reading `groups` (per head, ascending) of `layer` on a reader thread.
-    pub fn issue(&mut self, cold: &Arc<ColdPool>, layer: usize, groups: Vec<Vec<usize>>) {
-        let buf = self.buffer(cold, &groups);
-        let read = PendingRead::start(cold, layer, groups.clone(), buf);
-        self.in_flight.push_back(InFlight { layer, groups, read });
+    /// Starts reading what `plan` says of `layer` on a reader thread.
+    pub fn issue(&mut self, cold: &Arc<ColdPool>, layer: usize, plan: ReadPlan) {
+        let buf = self.buffer(cold, &plan);
+        let read = PendingRead::start(cold, layer, plan.clone(), buf);
+        self.in_flight.push_back(InFlight { layer, plan, read });
     }
 
-    /// A buffer for reading `groups` (per head): the smallest spare one that holds them, or a
-    /// new one with some room to grow. A decode step's reads use two at a time (the layer's
-    /// reads, and the read-ahead they overlap), so two circulate.
-    pub fn buffer(&mut self, cold: &ColdPool, groups: &[Vec<usize>]) -> AlignedBuf {
-        let need = groups.iter().map(Vec::len).sum::<usize>() * cold.layout().disk_group_bytes();
+    /// A buffer for the copies `plan` makes: the smallest spare one that holds them, or a new
+    /// one with some room to grow. A decode step's reads use two at a time (the layer's reads,
+    /// and the read-ahead they overlap), so two circulate.
+    pub fn buffer(&mut self, cold: &ColdPool, plan: &ReadPlan) -> AlignedBuf {
+        let need = plan.copied_bytes(cold);
         let by_size = |(_, b): &(usize, &AlignedBuf)| b.len();
         let fitting = self.spare.iter().enumerate().filter(|(_, b)| b.len() >= need).min_by_key(by_size);
         if let Some((i, _)) = fitting {
@@ -235,22 +235,28 @@ mod tests {
         // An f16 group's `i`th word.
         let word = |page: &[u8], i: usize| u16::from_le_bytes([page[2 * i], page[2 * i + 1]]) as usize;
         let mut prefetch = Prefetcher::default();
-        prefetch.issue(&cold, 1, vec![vec![0, 1, 4], vec![5]]);
-        prefetch.issue(&cold, 2, vec![vec![2], vec![]]);
+        let plan = |layer, groups| ReadPlan::new(&cold, layer, groups);
+        prefetch.issue(&cold, 1, plan(1, vec![vec![0, 1, 4], vec![5]]));
+        prefetch.issue(&cold, 2, plan(2, vec![vec![2], vec![]]));
         assert!(prefetch.is_issued(1) && prefetch.is_issued(2) && !prefetch.is_issued(0));
         assert!(prefetch.take(0).is_none(), "nothing was read ahead for layer 0");
 
         let got = prefetch.take(1).expect("layer 1 was read ahead");
-        for (head, group) in [(0, 0), (0, 1), (0, 4), (1, 5)] {
-            let page = got.staged.group(&got.buf, head, group, gb).unwrap();
+        // Groups 2 and 3 of head 0 bridge two that were asked for.
+        for (head, group) in [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 5)] {
+            let page = got.staged.group(&cold, &got.buf, head, group).unwrap();
             assert!((0..gb / 2).all(|i| word(page, i) == 100 + head * 10 + group), "layer 1 head {head} group {group}");
         }
-        assert!(got.staged.group(&got.buf, 0, 2, gb).is_none() && got.staged.group(&got.buf, 1, 0, gb).is_none());
+        assert!(got.staged.group(&cold, &got.buf, 0, 5).is_none() && got.staged.group(&cold, &got.buf, 1, 0).is_none());
         // The dense index finds the same groups, and none that were not read.
         for head in 0..3 {
-            let pages = got.staged.head_pages(&got.buf, head, gb);
+            let pages = got.staged.head_pages(&cold, &got.buf, head);
             for group in 0..8 {
-                assert_eq!(pages.get(group), got.staged.group(&got.buf, head, group, gb), "head {head} group {group}");
+                assert_eq!(
+                    pages.get(group),
+                    got.staged.group(&cold, &got.buf, head, group),
+                    "head {head} group {group}"
+                );
             }
         }
         prefetch.recycle(got.buf);
@@ -260,17 +266,17 @@ mod tests {
         prefetch.clear();
         assert!(!prefetch.is_issued(2) && prefetch.take(2).is_none());
         // Claiming a layer drops the unclaimed reads of the layers before it.
-        prefetch.issue(&cold, 0, vec![vec![3], vec![3]]);
-        prefetch.issue(&cold, 2, vec![vec![3], vec![]]);
+        prefetch.issue(&cold, 0, plan(0, vec![vec![3], vec![3]]));
+        prefetch.issue(&cold, 2, plan(2, vec![vec![3], vec![]]));
         let got = prefetch.take(2).expect("layer 2 was read ahead");
-        assert_eq!(word(got.staged.group(&got.buf, 0, 3, gb).unwrap(), 0), 203);
+        assert_eq!(word(got.staged.group(&cold, &got.buf, 0, 3).unwrap(), 0), 203);
         assert!(!prefetch.is_issued(0));
 
         // The same reads at the layer's turn.
         let mut buf = AlignedBuf::zeroed(0);
-        let staged = read_heads(&cold, 2, vec![vec![1, 2], vec![0]], &mut buf).unwrap();
-        assert_eq!(word(staged.group(&buf, 1, 0, gb).unwrap(), 0), 210);
-        assert_eq!(word(staged.group(&buf, 0, 2, gb).unwrap(), GROUP_TOKENS), 202);
+        let staged = read_heads(&cold, 2, plan(2, vec![vec![1, 2], vec![0]]), &mut buf).unwrap();
+        assert_eq!(word(staged.group(&cold, &buf, 1, 0).unwrap(), 0), 210);
+        assert_eq!(word(staged.group(&cold, &buf, 0, 2).unwrap(), GROUP_TOKENS), 202);
         drop(cold);
     }
 }
