@@ -12,9 +12,10 @@ use crate::kernels::parallel::map_items;
 use crate::kv::aligned::AlignedBuf;
 use crate::kv::backing::DiskBacking;
 use crate::kv::cold::staged::{read_heads, ReadPlan, Staged};
-use crate::kv::cold::GROUP_TOKENS;
+use crate::kv::cold::{ColdPool, GROUP_TOKENS};
 use crate::kv::hot::HotPool;
 use crate::kv::{Selection, TierStats};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Layers whose likely cold groups are read ahead of their turn.
@@ -60,9 +61,9 @@ impl<'a> Residence<'a> {
 
 pub(super) struct ColdReader {
     prefetch: Prefetcher,
-    /// `[layer]`: what the layer selected in the last decode step, which predicts what it
-    /// reads next.
-    last_selections: Vec<Option<Selection>>,
+    /// `[layer]`: per head, the cold groups (ascending) the layer's last decode step needed,
+    /// which predict what it reads next.
+    last_cold_groups: Vec<Option<Vec<Vec<usize>>>>,
     /// Layers below this attend densely: nothing of theirs is read ahead.
     dense_layers: usize,
     /// Two bits per cold-pool group, for counting the groups a selection touches and reads.
@@ -74,7 +75,7 @@ impl ColdReader {
     pub fn new(n_layers: usize, dense_layers: usize) -> Self {
         Self {
             prefetch: Prefetcher::default(),
-            last_selections: vec![None; n_layers],
+            last_cold_groups: vec![None; n_layers],
             dense_layers,
             group_bits: Vec::new(),
             stats: TierStats::default(),
@@ -147,33 +148,34 @@ impl ColdReader {
         self.prefetch.recycle(buf);
     }
 
-    /// Starts reading, for the next [`READ_AHEAD_LAYERS`] layers after `layer`, the still-cold
-    /// groups that their last selection needed, so the reads run while this layer computes;
+    /// Starts reading, for the next [`READ_AHEAD_LAYERS`] layers after `layer`, the cold
+    /// groups that their last decode step needed, so the reads run while this layer computes;
     /// those the layer selects that were not read ahead are read at its turn. (Reading ahead
     /// only what the last two selections both needed read fewer bytes but left more requests
-    /// for the step to wait on; docs/decisions/tiered-step-on-two-cores.md.)
-    pub fn read_ahead(&mut self, at: Residence<'_>, layer: usize) {
-        for next in layer + 1..(layer + 1 + READ_AHEAD_LAYERS).min(self.last_selections.len()) {
+    /// for the step to wait on; docs/decisions/tiered-step-on-two-cores.md.) The groups are
+    /// those [`ColdReader::remember`] found, before the last commit moved rows between the
+    /// tiers: finding them again here cost more than the few it misses or reads for nothing.
+    pub fn read_ahead(&mut self, cold: &Arc<ColdPool>, layer: usize) {
+        for next in layer + 1..(layer + 1 + READ_AHEAD_LAYERS).min(self.last_cold_groups.len()) {
             if next < self.dense_layers || self.prefetch.is_issued(next) {
                 continue;
             }
-            let Some(last) = &self.last_selections[next] else { continue };
-            let groups = at.cold_groups(next, |head| last.head(head).unwrap_or(&[]));
-            let plan = ReadPlan::new(at.backing.cold(), next, groups);
+            let Some(groups) = &self.last_cold_groups[next] else { continue };
+            let plan = ReadPlan::new(cold, next, groups.clone());
             if !plan.is_empty() {
                 self.stats.read_ahead_groups += plan.groups() as u64;
-                self.prefetch.issue(at.backing.cold(), next, plan);
+                self.prefetch.issue(cold, next, plan);
             }
         }
     }
 
-    /// A decode step's `selection` of `layer`, which predicts what the layer reads next step;
-    /// counts the cold-pool groups each head's selection touches, and those of them it had to
-    /// read (see [`TierStats::selections`]).
+    /// A decode step's `selection` of `layer`: keeps the cold groups it needed, which predict
+    /// what the layer reads next step, and counts the cold-pool groups each head's selection
+    /// touches, and those of them it had to read (see [`TierStats::selections`]).
     pub fn remember(&mut self, at: Residence<'_>, layer: usize, selection: &Selection) {
-        self.last_selections[layer] = Some(selection.clone());
         let base = at.backing.cold_end();
         let words = base.div_ceil(GROUP_TOKENS).div_ceil(64);
+        let mut cold_groups = Vec::with_capacity(at.n_kv_heads);
         // Groups touched in the first half, groups with a token not hot in the second.
         self.group_bits.clear();
         self.group_bits.resize(2 * words, 0);
@@ -188,6 +190,7 @@ impl ColdReader {
             }
             self.stats.selections += 1;
             let (touched, read) = self.group_bits.split_at_mut(words);
+            cold_groups.push(marked_groups(read));
             for word in touched {
                 self.stats.selected_groups += u64::from(word.count_ones());
                 *word = 0;
@@ -197,6 +200,7 @@ impl ColdReader {
                 *word = 0;
             }
         }
+        self.last_cold_groups[layer] = Some(cold_groups);
     }
 
     /// The step is over: reads ahead that no layer claimed are dropped (normally there are none).
@@ -207,7 +211,7 @@ impl ColdReader {
     /// The cache was cut: nothing read or selected before predicts what comes next.
     pub fn reset(&mut self) {
         self.prefetch.clear();
-        self.last_selections.fill(None);
+        self.last_cold_groups.fill(None);
     }
 
     pub fn bytes(&self) -> usize {

@@ -459,7 +459,7 @@ impl KvStore for TieredKvStore {
             }
             let read_ahead = |store: &mut Self| {
                 let (reader, at) = store.reader_at();
-                timed(Phase::ReadAhead, || reader.read_ahead(at, layer));
+                timed(Phase::ReadAhead, || reader.read_ahead(at.backing.cold(), layer));
             };
             if let Some(reading) = reading {
                 let (staged, buf) = timed(Phase::ReadWait, || self.reader.wait(reading));
@@ -479,7 +479,7 @@ impl KvStore for TieredKvStore {
             let first_span = !matches!(selection, Selection::Span(span) if span.start > 0);
             let (reader, at) = self.reader_at();
             if at.backing.pending(layer) == 1 && heads.start == 0 && first_span {
-                reader.read_ahead(at, layer); // a dense layer's decode step
+                reader.read_ahead(at.backing.cold(), layer); // a dense layer's decode step
             }
             let groups = at.cold_groups(layer, |h| if heads.contains(&h) { tokens(h) } else { &[] });
             let (staged, buf) = reader.read_now(at, layer, groups)?;
