@@ -18,10 +18,11 @@
 //! hides the device's real cost; the owner sets the split from measured headroom
 //! ([`super::headroom`]). Direct writes invalidate the cached pages they overwrite, so both
 //! paths read what was last written. Through the page cache, a group read once is read in place
-//! after that, through a mapping of the file ([`mapped`]), until it is written again. Where the filesystem refuses O_DIRECT (tmpfs, some network
-//! filesystems) the pool falls back to buffered I/O and says so in the log. Every group carries a CRC32 (kept in DRAM), so a damaged block is an
-//! error, never garbage attention. The file is removed when the pool is dropped; files left by
-//! a crashed process are swept the next time a pool is created in that directory.
+//! after that, through a mapping of the file ([`mapped`]), until it is written again. Where the
+//! filesystem refuses O_DIRECT (tmpfs, some network filesystems) the pool falls back to buffered
+//! I/O and says so in the log. Every group carries a CRC32 (kept in DRAM), so a damaged block is
+//! an error, never garbage attention. The file is removed when the pool is dropped; files left
+//! by a crashed process are swept the next time a pool is created in that directory.
 //!
 //! For a SmartSSD the file also holds, after the K/V groups, each layer's scoring keys in chunks
 //! laid out for the FPGA kernel ([`crate::score::contract::KeyChunkLayout`]), read with direct I/O

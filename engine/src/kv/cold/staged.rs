@@ -97,8 +97,9 @@ impl<'a> HeadPages<'a> {
 /// reads reach a quarter to a third of the sequential rate). Groups read in place join nothing.
 const MAX_BRIDGED_GROUPS: usize = 2;
 
-/// Which of one layer's groups a read takes, per head, and how: in place those the page cache
-/// holds (of lanes read through it), the rest copied, small gaps between them bridged.
+/// Which of one layer's groups a read takes, per head, and how: in place those of lanes read
+/// through the page cache that were read through it since last written, the rest copied, small
+/// gaps between those bridged.
 #[derive(Debug, Default, Clone)]
 pub(in crate::kv) struct ReadPlan {
     /// Per head: groups read in place (ascending), each with where it lies in the lane.
