@@ -39,9 +39,9 @@ impl<'a> Residence<'a> {
     }
 
     /// For each head of `layer`, the cold groups (ascending) holding those of `tokens(head)`
-    /// that are neither hot nor in the window. (Asked for every layer
-    /// three times a step, over thousands of tokens per head: the groups are marked in a
-    /// bitmap, not sorted, and the heads go to the compute threads.)
+    /// that are neither hot nor in the window. (Asked for every layer each step, over
+    /// thousands of tokens per head: the groups are marked in a bitmap, not sorted, and the
+    /// heads go to the compute threads.)
     pub fn cold_groups<'t>(self, layer: usize, tokens: impl Fn(usize) -> &'t [u32] + Sync) -> Vec<Vec<usize>> {
         let (held, backing, lane0) = (self.in_memory(layer), self.backing, layer * self.n_kv_heads);
         let words = backing.cold_end().div_ceil(GROUP_TOKENS).div_ceil(64);
@@ -215,7 +215,8 @@ impl ColdReader {
     }
 
     pub fn bytes(&self) -> usize {
-        self.prefetch.bytes() + 8 * self.group_bits.capacity()
+        let last: usize = self.last_cold_groups.iter().flatten().flatten().map(|g| 8 * g.capacity()).sum();
+        self.prefetch.bytes() + 8 * self.group_bits.capacity() + last
     }
 
     /// Writes the reader's counters into `tier`.
