@@ -274,33 +274,35 @@ mod tests {
         tempfile::Builder::new().prefix(&format!("hillside-{name}-")).tempdir_in(parent).unwrap()
     }
 
-    /// What a plan of `groups` (per head) of layer 0 reads in place, per head.
-    fn in_place(cold: &ColdPool, groups: &[Vec<usize>]) -> Vec<Vec<usize>> {
-        let plan = ReadPlan::new(cold, 0, groups.to_vec());
+    /// What a plan of `groups` (per head) of `layer` reads in place, per head.
+    fn in_place(cold: &ColdPool, layer: usize, groups: &[Vec<usize>]) -> Vec<Vec<usize>> {
+        let plan = ReadPlan::new(cold, layer, groups.to_vec());
         plan.in_place.iter().map(|g| g.iter().map(|&(g, _)| g).collect()).collect()
     }
 
     #[test]
     fn groups_read_through_the_page_cache_are_then_read_in_place_until_rewritten() {
+        // Layer 1 of three KV heads dealt across two files: heads 0 and 2 in the first.
+        const LAYER: usize = 1;
         for cold_type in [ColdType::F16, ColdType::Q8] {
-            let scratch = on_disk("in-place");
-            let layout = ColdLayout { cold_type, ..ColdLayout::f16(1, 2, 64, 40) };
-            let cold = ColdPool::create(scratch.path(), layout).unwrap();
+            let scratch = [on_disk("in-place-a"), on_disk("in-place-b")];
+            let layout = ColdLayout { cold_type, ..ColdLayout::f16(2, 3, 64, 40) };
+            let cold = ColdPool::create_in(&scratch.each_ref().map(|d| d.path().to_path_buf()), layout, 0).unwrap();
             let write = |head: usize, group: usize, seed: usize| {
                 let mut page = cold.buffer(1);
                 let words = page.as_u16_mut();
                 words.iter_mut().enumerate().for_each(|(i, w)| {
                     *w = half::f16::from_f32(((i * 31 + group * 7 + head * 3 + seed) % 200) as f32 / 100.0).to_bits()
                 });
-                cold.write_group(0, head, group, &page).unwrap();
+                cold.write_group(LAYER, head, group, &page).unwrap();
             };
-            (0..2).for_each(|head| (0..40).for_each(|group| write(head, group, 0)));
-            let groups = vec![vec![0, 1, 2, 3, 4, 9], vec![5, 6, 30]];
+            (0..3).for_each(|head| (0..40).for_each(|group| write(head, group, 0)));
+            let groups = vec![vec![0, 1, 2, 3, 4, 9], vec![5, 6, 30], vec![7, 8]];
             let read = |want_in_place: &[&[usize]]| {
-                let got = in_place(&cold, &groups);
+                let got = in_place(&cold, LAYER, &groups);
                 assert_eq!(got, want_in_place, "{cold_type:?}: groups read in place");
                 let mut buf = AlignedBuf::zeroed(0);
-                let staged = read_heads(&cold, 0, ReadPlan::new(&cold, 0, groups.clone()), &mut buf).unwrap();
+                let staged = read_heads(&cold, LAYER, ReadPlan::new(&cold, LAYER, groups.clone()), &mut buf).unwrap();
                 let mut check = AlignedBuf::zeroed(layout.disk_group_bytes());
                 for (head, g) in groups.iter().enumerate().flat_map(|(h, g)| g.iter().map(move |&g| (h, g))) {
                     // The same bytes as a read of that one group.
@@ -311,32 +313,33 @@ mod tests {
                         dst: check.as_bytes_mut(),
                         staging: Staging::AsKept,
                     }];
-                    read_all(&cold, 0, &mut run).unwrap();
+                    read_all(&cold, LAYER, &mut run).unwrap();
                     let want = &check.as_bytes()[..layout.disk_group_bytes()];
                     assert_eq!(staged.group(&cold, &buf, head, g), Some(want), "{cold_type:?}: head {head} group {g}");
                 }
             };
             // Written directly, nothing is in the page cache: the pool reads through it, and
             // from then on in place.
-            read(&[&[], &[]]);
-            cold.set_cached_lanes(2);
-            read(&[&[], &[]]);
+            read(&[&[], &[], &[]]);
+            cold.set_cached_lanes(6);
+            read(&[&[], &[], &[]]);
             let requests = cold.stats.reads.load(Ordering::Relaxed);
-            read(&[&[0, 1, 2, 3, 4, 9], &[5, 6, 30]]);
+            read(&[&[0, 1, 2, 3, 4, 9], &[5, 6, 30], &[7, 8]]);
             assert_eq!(
                 cold.stats.reads.load(Ordering::Relaxed) - requests,
-                (groups[0].len() + groups[1].len()) as u64,
+                groups.iter().map(Vec::len).sum::<usize>() as u64,
                 "{cold_type:?}: only the checking reads of one group each made requests"
             );
             // A rewritten group is read through the page cache again, and so are the neighbours
             // that share one of its pages: q8 groups take five eighths of a page.
             write(0, 2, 1);
             let next_to_2: &[usize] = if cold_type == ColdType::Q8 { &[0, 4, 9] } else { &[0, 1, 3, 4, 9] };
-            read(&[next_to_2, &[5, 6, 30]]);
-            read(&[&[0, 1, 2, 3, 4, 9], &[5, 6, 30]]);
-            // Lanes the page cache no longer holds are read directly again.
-            cold.set_cached_lanes(1);
-            read(&[&[0, 1, 2, 3, 4, 9], &[]]);
+            read(&[next_to_2, &[5, 6, 30], &[7, 8]]);
+            read(&[&[0, 1, 2, 3, 4, 9], &[5, 6, 30], &[7, 8]]);
+            // Lanes the page cache no longer holds are read directly again (layer 1's first
+            // lane is the pool's fourth).
+            cold.set_cached_lanes(4);
+            read(&[&[0, 1, 2, 3, 4, 9], &[], &[]]);
         }
     }
 
@@ -351,7 +354,7 @@ mod tests {
         let read = || read_heads(&cold, 0, ReadPlan::new(&cold, 0, vec![vec![3, 7]]), &mut AlignedBuf::zeroed(0));
         read().unwrap();
         read().unwrap();
-        assert_eq!(in_place(&cold, &[vec![3, 7]]), [[3, 7]]);
+        assert_eq!(in_place(&cold, 0, &[vec![3, 7]]), [[3, 7]]);
         // A byte of group 7 flips on the disk, behind the pool's back (a direct write, which the
         // page cache then reads back).
         let mut damaged = cold.buffer(1);
