@@ -66,6 +66,20 @@ impl SimdLevel {
     }
 }
 
+/// Asks the CPU to start loading the cache lines `values` lie in, for reads soon after (a hint:
+/// nothing where the target has no prefetch instruction).
+#[inline(always)]
+pub(crate) fn prefetch_lines<T>(values: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (values.as_ptr() as usize & !63..values.as_ptr_range().end as usize).step_by(64) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch never faults, wherever the address lies.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = values;
+}
+
 /// The level in force: the fastest this CPU runs, or the one `HILLSIDE_SIMD`
 /// (`avx512|avx-vnni|avx2|portable`) names, so any machine can test and time every path it has.
 pub fn simd_level() -> SimdLevel {

@@ -10,6 +10,7 @@
 
 use super::cold::GROUP_TOKENS;
 use crate::kernels::kv_q8::{self, ScaleAxis};
+use crate::kernels::prefetch_lines;
 use serde::{Deserialize, Serialize};
 
 /// Sector size: the direct-I/O alignment that q8 groups need (f16 groups are whole pages).
@@ -70,12 +71,12 @@ impl ColdType {
         let (k_at, v_at) = (within * head_dim, values / 2 + within * head_dim);
         match self {
             Self::F16 => {
-                prefetch(&group[2 * k_at..][..2 * head_dim]);
-                prefetch(&group[2 * v_at..][..2 * head_dim]);
+                prefetch_lines(&group[2 * k_at..][..2 * head_dim]);
+                prefetch_lines(&group[2 * v_at..][..2 * head_dim]);
             }
             Self::Q8 => {
-                prefetch(&group[k_at..][..head_dim]);
-                prefetch(&group[v_at..][..head_dim]);
+                prefetch_lines(&group[k_at..][..head_dim]);
+                prefetch_lines(&group[v_at..][..head_dim]);
             }
         }
     }
@@ -94,16 +95,6 @@ impl ColdType {
             Self::F16 => super::aligned::IO_ALIGN,
             Self::Q8 => SECTOR_BYTES,
         }
-    }
-}
-
-/// Asks for the cache lines `bytes` lie in.
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in (bytes.as_ptr() as usize & !63..bytes.as_ptr_range().end as usize).step_by(64) {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch is a hint; it never faults, wherever the address lies.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
     }
 }
 

@@ -119,12 +119,7 @@ impl HotPool {
     pub fn get_prefetched(&self, lane: usize, token: u32) -> Option<(&[u16], &[u16])> {
         let slot = self.slot(lane, token)?;
         let row = self.slots.row(slot);
-        #[cfg(target_arch = "x86_64")]
-        for line in row.chunks(32) {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            // SAFETY: a prefetch is a hint; it never faults, and the address is in bounds.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
-        }
+        crate::kernels::prefetch_lines(row);
         Some(row.split_at(self.row_words))
     }
 

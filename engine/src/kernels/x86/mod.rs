@@ -119,17 +119,7 @@ pub(crate) fn prefetch_rows_ahead(w: &UqMatrix) -> usize {
 pub(crate) fn prefetch_row_offsets(w: &UqMatrix, row: usize) {
     if let (Offset::PerBlock(m), true) = (&w.offset, row < w.rows) {
         let nb = w.blocks_per_row();
-        prefetch_lines(&m[row * nb..][..nb]);
-    }
-}
-
-/// Asks for the cache lines `values` lie in.
-#[inline(always)]
-fn prefetch_lines(values: &[f16]) {
-    let (start, end) = (values.as_ptr() as usize, values.as_ptr_range().end as usize);
-    for line in (start & !63..end).step_by(64) {
-        // SAFETY: a prefetch never faults, wherever the address lies.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
+        super::prefetch_lines(&m[row * nb..][..nb]);
     }
 }
 
