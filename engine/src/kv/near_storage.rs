@@ -255,7 +255,7 @@ impl StorageAttention {
         self.view.reset(self.shape.n_kv_heads, cold_groups * GROUP_TOKENS);
         for head in 0..self.shape.n_kv_heads {
             for g in 0..cold_groups {
-                let group = staged.group(cold, &self.buf, head, g).expect("every group of the layer was read");
+                let group = staged.group(cold, &self.buf, head, g)?.expect("every group of the layer was read");
                 layout.cold_type.decode_group(group, layout.head_dim, &mut page);
                 self.view.set_group(g * GROUP_TOKENS, head, &page);
             }

@@ -699,12 +699,12 @@ impl ColdPool {
         }
     }
 
-    /// Checks the groups [`ColdPool::take_in_cache`] took against their checksums where they
-    /// lie, counting them as bytes read through the page cache. Each read checks them again:
-    /// a page the cache dropped and read back may have come from a damaged disk, and nothing
-    /// says which did. (Trusting a group while its pages stayed mapped, as `/proc/self/pagemap`
-    /// tells, saved no time: the rows copied then miss the cache instead.)
-    pub(super) fn check_in_place(&self, layer: usize, head: usize, in_place: &[(usize, usize)]) -> Result<()> {
+    /// Reads the groups [`ColdPool::take_in_cache`] took in place: counts them as bytes read
+    /// through the page cache. Their checksums are checked where they lie as their rows are
+    /// used ([`ColdPool::group_in_place`]), on the threads that copy those rows: a check here
+    /// would bring every group into a cache far from the copies, and check groups read ahead
+    /// that the step then does not use.
+    pub(super) fn read_in_place(&self, layer: usize, head: usize, in_place: &[(usize, usize)]) -> Result<()> {
         let Some(&(first, _)) = in_place.first() else { return Ok(()) };
         let file = self.file_of(head);
         if let Some(faults) = &self.faults {
@@ -713,20 +713,33 @@ impl ColdPool {
                 return Err(io_error("read failed", &file.path, e));
             }
         }
-        let (lane, dgb) = (self.lane_in_place(layer, head), self.layout.disk_group_bytes());
-        for &(group, physical) in in_place {
-            let index = self.layout.group_index(layer, head, physical);
-            self.check_group(layer, head, group, index, &lane[physical * dgb..][..dgb])?;
-        }
-        let bytes = (in_place.len() * dgb) as u64;
+        let bytes = (in_place.len() * self.layout.disk_group_bytes()) as u64;
         self.stats.bytes_read.fetch_add(bytes, Ordering::Relaxed);
         self.stats.bytes_read_cached.fetch_add(bytes, Ordering::Relaxed);
         file.bytes_read.fetch_add(bytes, Ordering::Relaxed);
         Ok(())
     }
 
+    /// (layer, head)'s group `group`, read in place where it lies (`physical`), once checked
+    /// against its checksum. Each read checks it again: a page the cache dropped and read back
+    /// may have come from a damaged disk, and nothing says which did. (Trusting a group while
+    /// its pages stayed mapped, as `/proc/self/pagemap` tells, saved no time: the rows copied
+    /// then miss the cache instead.)
+    pub(super) fn group_in_place(&self, layer: usize, head: usize, group: usize, physical: usize) -> Result<&[u8]> {
+        let dgb = self.layout.disk_group_bytes();
+        let bytes = &self.lane_in_place(layer, head)[physical * dgb..][..dgb];
+        self.check_in_place(layer, head, group, physical, bytes)?;
+        Ok(bytes)
+    }
+
+    /// Checks (layer, head)'s group `group`, read in place as `bytes` where it lies
+    /// (`physical`), against its checksum.
+    fn check_in_place(&self, layer: usize, head: usize, group: usize, physical: usize, bytes: &[u8]) -> Result<()> {
+        self.check_group(layer, head, group, self.layout.group_index(layer, head, physical), bytes)
+    }
+
     /// (layer, head)'s region of its file as the page cache holds it, for groups read in place.
-    pub(super) fn lane_in_place(&self, layer: usize, head: usize) -> &[u8] {
+    fn lane_in_place(&self, layer: usize, head: usize) -> &[u8] {
         let mapping = self.file_of(head).mapping.as_ref().expect("groups are read in place only from a mapped file");
         mapping.bytes(self.lane_range(layer, head))
     }

@@ -5,7 +5,8 @@
 //! Groups are staged as the pool keeps them ([`Staging::AsKept`]): a q8 group takes 2,560 bytes
 //! instead of its 4,096 decoded, and the rows a view uses are decoded as they are copied in.
 //! Groups the page cache already holds, of lanes read through it, are not copied at all: they
-//! are checked where they lie and read in place ([`ColdPool::take_in_cache`]).
+//! are read in place ([`ColdPool::take_in_cache`]), each checked where it lies when it is first
+//! asked for.
 //!
 //! The pool's owner never rewrites a group while a read of it is staged: a step's reads are
 //! claimed or dropped before it commits, and truncations and re-placements wait for reads in
@@ -14,6 +15,7 @@
 use super::{ColdPool, GroupRun, Staging};
 use crate::error::Result;
 use crate::kv::aligned::AlignedBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// The groups read for one layer, per head: copied head after head into some buffer, or read
@@ -39,37 +41,53 @@ struct StagedHead {
 const IN_PLACE: u32 = 1 << 31;
 
 impl Staged {
-    /// Group `group` of `head` as the pool keeps it, if it was read (into `buf`, or in place).
-    pub fn group<'a>(&self, cold: &'a ColdPool, buf: &'a AlignedBuf, head: usize, group: usize) -> Option<&'a [u8]> {
-        let (h, gb) = (self.heads.get(head)?, cold.layout().disk_group_bytes());
+    /// Group `group` of `head` as the pool keeps it, if it was read (into `buf`, or in place:
+    /// then checked against its checksum).
+    pub fn group<'a>(
+        &self,
+        cold: &'a ColdPool,
+        buf: &'a AlignedBuf,
+        head: usize,
+        group: usize,
+    ) -> Result<Option<&'a [u8]>> {
+        let (Some(h), gb) = (self.heads.get(head), cold.layout().disk_group_bytes()) else { return Ok(None) };
         if let Ok(i) = h.groups.binary_search(&group) {
-            return Some(&buf.as_bytes()[h.offset + i * gb..][..gb]);
+            return Ok(Some(&buf.as_bytes()[h.offset + i * gb..][..gb]));
         }
-        let i = h.in_place.binary_search_by_key(&group, |&(g, _)| g).ok()?;
-        Some(&cold.lane_in_place(self.layer, head)[h.in_place[i].1 * gb..][..gb])
+        let Ok(i) = h.in_place.binary_search_by_key(&group, |&(g, _)| g) else { return Ok(None) };
+        cold.group_in_place(self.layer, head, group, h.in_place[i].1).map(Some)
     }
 
     /// `head`'s groups (in `buf`, or in place), indexed for lookups by the thousand.
     pub fn head_pages<'a>(&self, cold: &'a ColdPool, buf: &'a AlignedBuf, head: usize) -> HeadPages<'a> {
         let group_bytes = cold.layout().disk_group_bytes();
         let Some(h) = self.heads.get(head) else {
-            return HeadPages { staged: &[], lane: &[], group_bytes, at: Vec::new() };
+            let (staged, lane, at, checked) = (&[][..], &[][..], Vec::new(), Vec::new());
+            return HeadPages { cold, layer: self.layer, head, staged, lane, group_bytes, at, checked };
         };
         let end = h.groups.last().into_iter().chain(h.in_place.last().map(|(g, _)| g)).max().map_or(0, |&g| g + 1);
         let mut at = vec![0u32; end];
         h.groups.iter().enumerate().for_each(|(i, &g)| at[g] = i as u32 + 1);
         h.in_place.iter().for_each(|&(g, physical)| at[g] = IN_PLACE | physical as u32);
         HeadPages {
+            cold,
+            layer: self.layer,
+            head,
             staged: &buf.as_bytes()[h.offset..][..h.groups.len() * group_bytes],
             lane: if h.in_place.is_empty() { &[] } else { cold.lane_in_place(self.layer, head) },
             group_bytes,
+            checked: (0..if h.in_place.is_empty() { 0 } else { end.div_ceil(64) }).map(|_| AtomicU64::new(0)).collect(),
             at,
         }
     }
 }
 
-/// One head's groups read, by group number (see [`Staged::head_pages`]).
+/// One head's groups read, by group number (see [`Staged::head_pages`]). The threads copying
+/// rows out of them share it.
 pub(in crate::kv) struct HeadPages<'a> {
+    cold: &'a ColdPool,
+    layer: usize,
+    head: usize,
     staged: &'a [u8],
     /// The head's region of the pool as the page cache holds it, where groups were read in place.
     lane: &'a [u8],
@@ -77,18 +95,28 @@ pub(in crate::kv) struct HeadPages<'a> {
     /// `[group]`: 1 + its place among the staged groups, [`IN_PLACE`] with where it lies in
     /// `lane`, or 0 where it was not read.
     at: Vec<u32>,
+    /// A bit per group read in place that was checked against its checksum.
+    checked: Vec<AtomicU64>,
 }
 
 impl<'a> HeadPages<'a> {
-    /// Group `group` as the pool keeps it, if it was read.
-    pub fn get(&self, group: usize) -> Option<&'a [u8]> {
-        let at = *self.at.get(group)?;
-        let (bytes, i) = match at {
-            0 => return None,
-            _ if at & IN_PLACE != 0 => (self.lane, (at & !IN_PLACE) as usize),
-            _ => (self.staged, at as usize - 1),
-        };
-        Some(&bytes[i * self.group_bytes..][..self.group_bytes])
+    /// Group `group` as the pool keeps it, if it was read. A group read in place is checked
+    /// against its checksum the first time it is asked for (two threads asking at once may
+    /// both check it).
+    pub fn get(&self, group: usize) -> Result<Option<&'a [u8]>> {
+        let at = self.at.get(group).copied().unwrap_or(0);
+        if at & IN_PLACE == 0 {
+            let i = at as usize;
+            return Ok((i > 0).then(|| &self.staged[(i - 1) * self.group_bytes..][..self.group_bytes]));
+        }
+        let physical = (at & !IN_PLACE) as usize;
+        let bytes = &self.lane[physical * self.group_bytes..][..self.group_bytes];
+        let (word, bit) = (&self.checked[group / 64], 1 << (group % 64));
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            self.cold.check_in_place(self.layer, self.head, group, physical, bytes)?;
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+        Ok(Some(bytes))
     }
 }
 
@@ -151,7 +179,7 @@ fn bridged(groups: &[usize], max_gap: usize) -> Vec<usize> {
     out
 }
 
-/// Reads what `plan` says of `layer`: checks the groups it reads in place, and copies the rest
+/// Reads what `plan` says of `layer`: counts the groups it reads in place, and copies the rest
 /// into `buf` (grown if too small), head after head, as the pool keeps them: one request per run
 /// of consecutive groups, many in flight at once (an SSD needs a deep queue for its random-read
 /// rate): through this thread's io_uring, or where there is none from the I/O threads.
@@ -170,12 +198,7 @@ fn read_heads_in_parts(
 ) -> Result<Staged> {
     use rayon::prelude::*;
     let ReadPlan { in_place, copied: groups } = plan;
-    let check = |(head, in_place): (usize, &Vec<(usize, usize)>)| cold.check_in_place(layer, head, in_place);
-    if parts > 1 {
-        io_pool().install(|| in_place.par_iter().enumerate().try_for_each(check))?;
-    } else {
-        in_place.iter().enumerate().try_for_each(check)?;
-    }
+    in_place.iter().enumerate().try_for_each(|(head, in_place)| cold.read_in_place(layer, head, in_place))?;
     let gb = cold.layout().disk_group_bytes();
     let total: usize = groups.iter().map(Vec::len).sum();
     if buf.len() < total * gb {
@@ -315,7 +338,11 @@ mod tests {
                     }];
                     read_all(&cold, LAYER, &mut run).unwrap();
                     let want = &check.as_bytes()[..layout.disk_group_bytes()];
-                    assert_eq!(staged.group(&cold, &buf, head, g), Some(want), "{cold_type:?}: head {head} group {g}");
+                    assert_eq!(
+                        staged.group(&cold, &buf, head, g).unwrap(),
+                        Some(want),
+                        "{cold_type:?}: head {head} group {g}"
+                    );
                 }
             };
             // Written directly, nothing is in the page cache: the pool reads through it, and
@@ -344,16 +371,17 @@ mod tests {
     }
 
     #[test]
-    fn a_group_damaged_on_the_disk_fails_its_read_in_place() {
+    fn a_group_damaged_on_the_disk_fails_when_it_is_read_in_place() {
         let scratch = on_disk("in-place-damage");
         let layout = ColdLayout::f16(1, 1, 64, 40);
         let cold = ColdPool::create(scratch.path(), layout).unwrap();
         let page = cold.buffer(1);
         (0..40).for_each(|g| cold.write_group(0, 0, g, &page).unwrap());
         cold.set_cached_lanes(1);
-        let read = || read_heads(&cold, 0, ReadPlan::new(&cold, 0, vec![vec![3, 7]]), &mut AlignedBuf::zeroed(0));
-        read().unwrap();
-        read().unwrap();
+        let mut buf = AlignedBuf::zeroed(0);
+        let mut read = || read_heads(&cold, 0, ReadPlan::new(&cold, 0, vec![vec![3, 7]]), &mut buf).unwrap();
+        read();
+        read();
         assert_eq!(in_place(&cold, 0, &[vec![3, 7]]), [[3, 7]]);
         // A byte of group 7 flips on the disk, behind the pool's back (a direct write, which the
         // page cache then reads back).
@@ -361,11 +389,20 @@ mod tests {
         damaged.as_bytes_mut()[100] ^= 0x5a;
         let file = &cold.files[0];
         file.file.write_all_at(damaged.as_bytes(), cold.file_offset(0, 0, 7)).unwrap();
-        let error = read().unwrap_err();
-        assert!(
-            matches!(error, crate::error::Error::ColdBlockDamaged { head: 0, ref tokens, .. } if tokens.start == 7 * 16),
-            "{error}"
-        );
+        // The read takes both in place; group 3 still reads, and group 7 fails when it is asked
+        // for, each time, by either lookup.
+        let staged = read();
+        let pages = staged.head_pages(&cold, &buf, 0);
+        assert_eq!(pages.get(3).unwrap(), Some(page.as_bytes()));
+        assert_eq!(staged.group(&cold, &buf, 0, 3).unwrap(), Some(page.as_bytes()));
+        for error in
+            [pages.get(7).unwrap_err(), pages.get(7).unwrap_err(), staged.group(&cold, &buf, 0, 7).unwrap_err()]
+        {
+            assert!(
+                matches!(error, crate::error::Error::ColdBlockDamaged { head: 0, ref tokens, .. } if tokens.start == 7 * 16),
+                "{error}"
+            );
+        }
     }
 
     #[test]
@@ -406,7 +443,7 @@ mod tests {
                 read_heads_in_parts(&cold, 1, ReadPlan::new(&cold, 1, groups.clone()), &mut buf, parts).unwrap();
             let bytes: Vec<Vec<u8>> = (0..3)
                 .flat_map(|h| (0..40).map(move |g| (h, g)))
-                .filter_map(|(h, g)| staged.group(&cold, &buf, h, g).map(<[u8]>::to_vec))
+                .filter_map(|(h, g)| staged.group(&cold, &buf, h, g).unwrap().map(<[u8]>::to_vec))
                 .collect();
             // The 16 asked for, and the gaps of two groups or less between them.
             assert_eq!(bytes.len(), 22, "{parts} parts: every group asked for is staged, gaps bridged");

@@ -88,8 +88,9 @@ impl TieredKvStore {
         });
         let (reader, at) = self.reader_at();
         let (staged, buf) = reader.read_now(at, layer, groups)?;
-        self.copy_cold_rows(layer, rows, &staged, &buf, heads, true);
+        let copied = self.copy_cold_rows(layer, rows, &staged, &buf, heads, true);
         self.reader.recycle(buf);
+        copied?;
         assert!(rows.is_empty(), "every cold group a selection needs is read");
         Ok(())
     }
@@ -98,6 +99,7 @@ impl TieredKvStore {
     /// whose groups `staged` holds in `buf`, decoding each row as it is copied, in parallel runs
     /// of slots on the compute threads (a head per task left most of 16 cores idle), and keeps
     /// in `rows` those it could not. `decode` counts cold hits and offers the rows for promotion.
+    /// A group that fails its checksum fails the copy, which then counts and offers nothing.
     pub(super) fn copy_cold_rows(
         &mut self,
         layer: usize,
@@ -106,9 +108,9 @@ impl TieredKvStore {
         buf: &AlignedBuf,
         heads: Range<usize>,
         decode: bool,
-    ) {
+    ) -> Result<()> {
         if rows.is_empty() {
-            return;
+            return Ok(());
         }
         let (hd, lane0) = (self.shape.head_dim, self.lane(layer, 0));
         let (backing, hot) = (&self.backing, &self.hot);
@@ -128,7 +130,7 @@ impl TieredKvStore {
             })
             .filter(|(_, rows)| !rows.is_empty())
             .collect();
-        let copied: Vec<RunCopy<'_>> = map_items(tasks, |(mut run, rows)| {
+        let copied = map_items(tasks, |(mut run, rows)| -> Result<RunCopy<'_>> {
             let head = heads.start + run.head;
             let lane = lane0 + head;
             let pages = &pages[run.head];
@@ -141,7 +143,7 @@ impl TieredKvStore {
             let mut found = [None; RUN_SLOTS];
             for (row, found) in rows.iter().zip(&mut found) {
                 let cold_slot = backing.lane_slot(lane, row.token as usize);
-                *found = pages.get(cold_slot / GROUP_TOKENS).map(|page| {
+                *found = pages.get(cold_slot / GROUP_TOKENS)?.map(|page| {
                     cold_type.prefetch_row(page, hd, cold_slot % GROUP_TOKENS);
                     (page, cold_slot)
                 });
@@ -168,8 +170,9 @@ impl TieredKvStore {
                 }
             }
             put_tile(&mut run, tile, &tile_rows, filled, hd);
-            copy
+            Ok(copy)
         });
+        let copied = copied.into_iter().collect::<Result<Vec<_>>>()?;
         rows.clear();
         let mut row = vec![0u16; 2 * hd];
         for copy in copied {
@@ -183,6 +186,7 @@ impl TieredKvStore {
             }
             rows.extend(copy.missing);
         }
+        Ok(())
     }
 }
 

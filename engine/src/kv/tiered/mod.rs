@@ -452,10 +452,11 @@ impl KvStore for TieredKvStore {
             let mut cold_rows =
                 timed(Phase::CopyResident, || self.copy_resident_rows(layer, &tokens, heads.clone(), true));
             if let Some(ahead) = timed(Phase::ReadWait, || self.reader.claim_ahead(layer)) {
-                timed(Phase::CopyCold, || {
+                let copied = timed(Phase::CopyCold, || {
                     self.copy_cold_rows(layer, &mut cold_rows, &ahead.staged, &ahead.buf, heads.clone(), true)
                 });
                 self.reader.recycle(ahead.buf); // for the next layer's read-ahead
+                copied?;
             }
             let read_ahead = |store: &mut Self| {
                 let (reader, at) = store.reader_at();
@@ -465,10 +466,11 @@ impl KvStore for TieredKvStore {
                 let (staged, buf) = timed(Phase::ReadWait, || self.reader.wait(reading));
                 let staged = staged?;
                 read_ahead(self);
-                timed(Phase::CopyCold, || {
+                let copied = timed(Phase::CopyCold, || {
                     self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads.clone(), true)
                 });
                 self.reader.recycle(buf);
+                copied?;
             } else {
                 read_ahead(self);
             }
@@ -484,8 +486,9 @@ impl KvStore for TieredKvStore {
             let groups = at.cold_groups(layer, |h| if heads.contains(&h) { tokens(h) } else { &[] });
             let (staged, buf) = reader.read_now(at, layer, groups)?;
             let mut cold_rows = self.copy_resident_rows(layer, &tokens, heads.clone(), false);
-            self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, false);
+            let copied = self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, false);
             self.reader.recycle(buf);
+            copied?;
         }
         let positions = match selection {
             Selection::Tokens { .. } => Some(&self.positions[..]),

@@ -244,17 +244,18 @@ mod tests {
         let got = prefetch.take(1).expect("layer 1 was read ahead");
         // Groups 2 and 3 of head 0 bridge two that were asked for.
         for (head, group) in [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 5)] {
-            let page = got.staged.group(&cold, &got.buf, head, group).unwrap();
+            let page = got.staged.group(&cold, &got.buf, head, group).unwrap().unwrap();
             assert!((0..gb / 2).all(|i| word(page, i) == 100 + head * 10 + group), "layer 1 head {head} group {group}");
         }
-        assert!(got.staged.group(&cold, &got.buf, 0, 5).is_none() && got.staged.group(&cold, &got.buf, 1, 0).is_none());
+        assert!(got.staged.group(&cold, &got.buf, 0, 5).unwrap().is_none());
+        assert!(got.staged.group(&cold, &got.buf, 1, 0).unwrap().is_none());
         // The dense index finds the same groups, and none that were not read.
         for head in 0..3 {
             let pages = got.staged.head_pages(&cold, &got.buf, head);
             for group in 0..8 {
                 assert_eq!(
-                    pages.get(group),
-                    got.staged.group(&cold, &got.buf, head, group),
+                    pages.get(group).unwrap(),
+                    got.staged.group(&cold, &got.buf, head, group).unwrap(),
                     "head {head} group {group}"
                 );
             }
@@ -269,14 +270,14 @@ mod tests {
         prefetch.issue(&cold, 0, plan(0, vec![vec![3], vec![3]]));
         prefetch.issue(&cold, 2, plan(2, vec![vec![3], vec![]]));
         let got = prefetch.take(2).expect("layer 2 was read ahead");
-        assert_eq!(word(got.staged.group(&cold, &got.buf, 0, 3).unwrap(), 0), 203);
+        assert_eq!(word(got.staged.group(&cold, &got.buf, 0, 3).unwrap().unwrap(), 0), 203);
         assert!(!prefetch.is_issued(0));
 
         // The same reads at the layer's turn.
         let mut buf = AlignedBuf::zeroed(0);
         let staged = read_heads(&cold, 2, plan(2, vec![vec![1, 2], vec![0]]), &mut buf).unwrap();
-        assert_eq!(word(staged.group(&cold, &buf, 1, 0).unwrap(), 0), 210);
-        assert_eq!(word(staged.group(&cold, &buf, 0, 2).unwrap(), GROUP_TOKENS), 202);
+        assert_eq!(word(staged.group(&cold, &buf, 1, 0).unwrap().unwrap(), 0), 210);
+        assert_eq!(word(staged.group(&cold, &buf, 0, 2).unwrap().unwrap(), GROUP_TOKENS), 202);
         drop(cold);
     }
 }
