@@ -14,7 +14,7 @@ use crate::kv::backing::DiskBacking;
 use crate::kv::cold::staged::{read_heads, ReadPlan, Staged};
 use crate::kv::cold::{ColdPool, GROUP_TOKENS};
 use crate::kv::hot::HotPool;
-use crate::kv::{Selection, TierStats};
+use crate::kv::TierStats;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -39,24 +39,39 @@ impl<'a> Residence<'a> {
     }
 
     /// For each head of `layer`, the cold groups (ascending) holding those of `tokens(head)`
-    /// that are neither hot nor in the window. (Asked for every layer each step, over
-    /// thousands of tokens per head: the groups are marked in a bitmap, not sorted, and the
-    /// heads go to the compute threads.)
+    /// that are neither hot nor in the window.
     pub fn cold_groups<'t>(self, layer: usize, tokens: impl Fn(usize) -> &'t [u32] + Sync) -> Vec<Vec<usize>> {
+        self.selected_groups(layer, tokens).into_iter().map(|head| head.cold).collect()
+    }
+
+    /// For each head of `layer`, the cold-pool groups `tokens(head)` touch. (Asked for every
+    /// layer each step, over thousands of tokens per head: the groups are marked in bitmaps,
+    /// not sorted, and the heads go to the compute threads.)
+    pub fn selected_groups<'t>(self, layer: usize, tokens: impl Fn(usize) -> &'t [u32] + Sync) -> Vec<HeadGroups> {
         let (held, backing, lane0) = (self.in_memory(layer), self.backing, layer * self.n_kv_heads);
-        let words = backing.cold_end().div_ceil(GROUP_TOKENS).div_ceil(64);
+        let base = backing.cold_end();
+        let words = base.div_ceil(GROUP_TOKENS).div_ceil(64);
         map_items((0..self.n_kv_heads).collect(), |head| {
             let lane = lane0 + head;
-            let mut marked = vec![0u64; words];
-            for &t in tokens(head) {
+            let (mut touched, mut cold) = (vec![0u64; words], vec![0u64; words]);
+            for &t in tokens(head).iter().filter(|&&t| (t as usize) < base) {
+                let g = backing.lane_slot(lane, t as usize) / GROUP_TOKENS;
+                touched[g / 64] |= 1 << (g % 64);
                 if !held(head, t) {
-                    let g = backing.lane_slot(lane, t as usize) / GROUP_TOKENS;
-                    marked[g / 64] |= 1 << (g % 64);
+                    cold[g / 64] |= 1 << (g % 64);
                 }
             }
-            marked_groups(&marked)
+            HeadGroups { cold: marked_groups(&cold), touched: touched.iter().map(|w| w.count_ones() as usize).sum() }
         })
     }
+}
+
+/// The cold-pool groups one head's selection touches.
+pub(super) struct HeadGroups {
+    /// Those holding a selected token that is not hot: the groups to read (ascending).
+    pub cold: Vec<usize>,
+    /// How many hold a selected token, hot or not.
+    pub touched: usize,
 }
 
 pub(super) struct ColdReader {
@@ -66,8 +81,6 @@ pub(super) struct ColdReader {
     last_cold_groups: Vec<Option<Vec<Vec<usize>>>>,
     /// Layers below this attend densely: nothing of theirs is read ahead.
     dense_layers: usize,
-    /// Two bits per cold-pool group, for counting the groups a selection touches and reads.
-    group_bits: Vec<u64>,
     stats: TierStats,
 }
 
@@ -77,20 +90,20 @@ impl ColdReader {
             prefetch: Prefetcher::default(),
             last_cold_groups: vec![None; n_layers],
             dense_layers,
-            group_bits: Vec::new(),
             stats: TierStats::default(),
         }
     }
 
-    /// Starts reading the cold groups that each head's `tokens(head)` need and that the
-    /// read-ahead is not already reading for the layer; `None` when there are none.
+    /// A decode step's selection of `layer` (`tokens(head)`): remembers the cold groups it
+    /// needs and starts reading those the read-ahead is not already reading for the layer;
+    /// `None` when there are none. (Found once, here, for both.)
     pub fn start<'t>(
         &mut self,
         at: Residence<'_>,
         layer: usize,
         tokens: &(impl Fn(usize) -> &'t [u32] + Sync),
     ) -> Option<PendingRead> {
-        let mut groups = at.cold_groups(layer, tokens);
+        let mut groups = self.remember(layer, at.selected_groups(layer, tokens));
         if let Some(ahead) = self.prefetch.issued(layer) {
             let mut used = 0;
             for (head, g) in groups.iter_mut().enumerate() {
@@ -153,8 +166,9 @@ impl ColdReader {
     /// those the layer selects that were not read ahead are read at its turn. (Reading ahead
     /// only what the last two selections both needed read fewer bytes but left more requests
     /// for the step to wait on; docs/decisions/tiered-step-on-two-cores.md.) The groups are
-    /// those [`ColdReader::remember`] found, before the last commit moved rows between the
-    /// tiers: finding them again here cost more than the few it misses or reads for nothing.
+    /// those the layer's last [`ColdReader::start`] found, before the last commit moved rows
+    /// between the tiers: finding them again here cost more than the few it misses or reads for
+    /// nothing.
     pub fn read_ahead(&mut self, cold: &Arc<ColdPool>, layer: usize) {
         for next in layer + 1..(layer + 1 + READ_AHEAD_LAYERS).min(self.last_cold_groups.len()) {
             if next < self.dense_layers || self.prefetch.is_issued(next) {
@@ -169,38 +183,21 @@ impl ColdReader {
         }
     }
 
-    /// A decode step's `selection` of `layer`: keeps the cold groups it needed, which predict
-    /// what the layer reads next step, and counts the cold-pool groups each head's selection
-    /// touches, and those of them it had to read (see [`TierStats::selections`]).
-    pub fn remember(&mut self, at: Residence<'_>, layer: usize, selection: &Selection) {
-        let base = at.backing.cold_end();
-        let words = base.div_ceil(GROUP_TOKENS).div_ceil(64);
-        let mut cold_groups = Vec::with_capacity(at.n_kv_heads);
-        // Groups touched in the first half, groups with a token not hot in the second.
-        self.group_bits.clear();
-        self.group_bits.resize(2 * words, 0);
-        for head in 0..at.n_kv_heads {
-            let lane = layer * at.n_kv_heads + head;
-            for &t in selection.head(head).unwrap_or(&[]).iter().take_while(|&&t| (t as usize) < base) {
-                let g = at.backing.slot(layer, head, t as usize) / GROUP_TOKENS;
-                self.group_bits[g / 64] |= 1 << (g % 64);
-                if !at.hot.contains(lane, t) {
-                    self.group_bits[words + g / 64] |= 1 << (g % 64);
-                }
-            }
-            self.stats.selections += 1;
-            let (touched, read) = self.group_bits.split_at_mut(words);
-            cold_groups.push(marked_groups(read));
-            for word in touched {
-                self.stats.selected_groups += u64::from(word.count_ones());
-                *word = 0;
-            }
-            for word in read {
-                self.stats.selected_cold_groups += u64::from(word.count_ones());
-                *word = 0;
-            }
-        }
-        self.last_cold_groups[layer] = Some(cold_groups);
+    /// The groups a decode step's selection of `layer` touches: keeps the cold ones, which
+    /// predict what the layer reads next step, and counts them all (see
+    /// [`TierStats::selections`]); returns the cold ones.
+    fn remember(&mut self, layer: usize, selected: Vec<HeadGroups>) -> Vec<Vec<usize>> {
+        let cold: Vec<Vec<usize>> = selected
+            .into_iter()
+            .map(|head| {
+                self.stats.selections += 1;
+                self.stats.selected_groups += head.touched as u64;
+                self.stats.selected_cold_groups += head.cold.len() as u64;
+                head.cold
+            })
+            .collect();
+        self.last_cold_groups[layer] = Some(cold.clone());
+        cold
     }
 
     /// The step is over: reads ahead that no layer claimed are dropped (normally there are none).
@@ -216,7 +213,7 @@ impl ColdReader {
 
     pub fn bytes(&self) -> usize {
         let last: usize = self.last_cold_groups.iter().flatten().flatten().map(|g| 8 * g.capacity()).sum();
-        self.prefetch.bytes() + 8 * self.group_bits.capacity() + last
+        self.prefetch.bytes() + last
     }
 
     /// Writes the reader's counters into `tier`.

@@ -503,10 +503,6 @@ impl KvStore for TieredKvStore {
     }
 
     fn observe(&mut self, layer: usize, selection: &Selection) {
-        if matches!(selection, Selection::Tokens { .. }) {
-            let (reader, at) = self.reader_at();
-            reader.remember(at, layer, selection);
-        }
         for head in 0..self.shape.n_kv_heads {
             let Some(tokens) = selection.head(head) else { return };
             self.hot.count_hits(self.lane(layer, head), tokens);
