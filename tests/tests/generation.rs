@@ -231,7 +231,7 @@ fn a_finished_request_is_counted_before_its_owner_hears_it_is_done() {
     assert!(stats.iter().any(|s| s.prompt_tokens >= prompt.len()), "the cached sequence holds its tokens: {stats:?}");
 }
 
-/// A group of eight requests counts as one against a queue of one: it is taken whole, its
+/// A group of eight requests counts as one against the queue's limit: it is taken whole, its
 /// members start as slots free, and a request that arrives behind it gets the next free slot
 /// rather than waiting for all of them.
 #[test]
@@ -239,10 +239,11 @@ fn a_group_counts_as_one_queued_request_and_takes_turns_with_the_others() {
     use hillside_engine::kv::KvConfig;
     use hillside_engine::scheduler::{Scheduler, SchedulerConfig, SubmitError, Update};
     use std::sync::mpsc;
+    use std::time::Duration;
     let engine = engine();
     let config = SchedulerConfig {
         max_live: 2,
-        max_queued: 1,
+        max_queued: 2,
         kv: KvConfig::default(),
         context_tokens: Some(512),
         cached_sequences: 0,
@@ -258,20 +259,39 @@ fn a_group_counts_as_one_queued_request_and_takes_turns_with_the_others() {
             Update::Event(_) => true,
         })
     };
+    // A request whose second update holds the worker until the queue is filled, so that
+    // nothing starts or ends meanwhile however busy the machine is. (Its first comes as it is
+    // taken from the queue; by the second it counts as live.)
+    let (held_tx, held_rx) = mpsc::channel::<()>();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let holder = sink("holder".into());
+    let (mut updates, mut hold) = (0, Some((held_tx, release_rx)));
+    let holding = Box::new(move |u: Update| {
+        updates += 1;
+        if let Some((held, release)) = hold.take_if(|_| updates == 2) {
+            held.send(()).unwrap();
+            let _ = release.recv_timeout(Duration::from_secs(300));
+        }
+        holder(u)
+    });
+    scheduler.submit(prompt(99), greedy(16), holding).unwrap();
+    held_rx.recv_timeout(Duration::from_secs(300)).unwrap();
     let group = scheduler.open_group().unwrap();
     for i in 0..8 {
         group.submit_with_prefix(prompt(i), None, greedy(16), sink(format!("member {i}"))).unwrap();
     }
     scheduler.submit(prompt(100), greedy(16), sink("chat".into())).unwrap();
-    // The group, the chat and a third: that is over one waiting beyond the two free slots.
+    // The holder is live, so one slot is free: the group, the chat and a third fill it and the
+    // queue's two places, and a fourth is refused.
     scheduler.submit(prompt(101), greedy(16), sink("other".into())).unwrap();
     assert!(matches!(
         scheduler.submit(prompt(102), greedy(1), sink("refused".into())),
         Err(SubmitError::QueueFull { .. })
     ));
+    release_tx.send(()).unwrap();
     let done: Vec<String> = rx
         .iter()
-        .take(10)
+        .take(11)
         .map(|(name, tokens)| {
             assert!(tokens.is_ok(), "{name}: {tokens:?}");
             name

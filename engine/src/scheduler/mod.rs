@@ -398,33 +398,45 @@ fn run(engine: &Engine, shared: &Shared) {
             let n = free.min(state.queue.len());
             (0..n).map_while(|_| state.queue.next()).collect()
         };
-        for job in admitted {
-            if let Some(l) = admit(engine, &shared.config, &mut cache, job) {
-                live.push(l);
+        if !admitted.is_empty() {
+            for job in admitted {
+                if let Some(l) = admit(engine, &shared.config, &mut cache, job) {
+                    live.push(l);
+                }
             }
+            // Requests taken from the queue count as live from now, not after their first
+            // round (a whole prefill chunk): until then the queue would admit past its limit,
+            // and a shutdown would not wait for them.
+            publish(shared, &mut live, &cache, &mut totals);
         }
         run_round(engine, shared, &mut live, &mut cache, &mut totals);
         cache.trim();
-        let cached = cache.sequences().iter().map(|seq| SequenceStats {
-            id: 0,
-            phase: Phase::Cached,
-            prompt_tokens: seq.tokens.len(),
-            generated_tokens: 0,
-            kv: Some(seq.kv.stats()),
-        });
-        let mut stats: Vec<SequenceStats> = Vec::with_capacity(live.len() + cache.sequences().len());
-        for l in &mut live {
-            let now = live_stats(l);
-            l.counted = totals.add_growth(l.counted, Totals::of(&now));
-            stats.push(now);
-        }
-        stats.extend(cached);
-        let mut state = shared.lock();
-        state.live = stats;
-        state.totals = totals;
-        drop(state);
-        shared.changed.notify_all();
+        publish(shared, &mut live, &cache, &mut totals);
     }
+}
+
+/// Shows the live sequences and the cached ones to the callers (admission, stats, shutdown),
+/// and counts what the live ones grew by since the last time.
+fn publish(shared: &Shared, live: &mut [Live], cache: &PrefixCache, totals: &mut Totals) {
+    let cached = cache.sequences().iter().map(|seq| SequenceStats {
+        id: 0,
+        phase: Phase::Cached,
+        prompt_tokens: seq.tokens.len(),
+        generated_tokens: 0,
+        kv: Some(seq.kv.stats()),
+    });
+    let mut stats: Vec<SequenceStats> = Vec::with_capacity(live.len() + cache.sequences().len());
+    for l in live {
+        let now = live_stats(l);
+        l.counted = totals.add_growth(l.counted, Totals::of(&now));
+        stats.push(now);
+    }
+    stats.extend(cached);
+    let mut state = shared.lock();
+    state.live = stats;
+    state.totals = *totals;
+    drop(state);
+    shared.changed.notify_all();
 }
 
 /// Gives the job a sequence — the cached one sharing the longest prefix with its prompt, else a
