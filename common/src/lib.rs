@@ -66,7 +66,7 @@ pub struct ModelArgs {
     /// Tiered: share of the cached tokens each step attends to [default: 0.2].
     #[arg(long)]
     pub alpha: Option<f32>,
-    /// Tiered: DRAM budget in MB for hot K/V, scoring keys and the write-back window
+    /// Tiered: DRAM budget in MB for hot K/V, scoring keys, the write-back window and read staging
     /// [default: a quarter of the full cache].
     #[arg(long)]
     pub hot_budget_mb: Option<usize>,

@@ -195,7 +195,7 @@ fn spare_copy_child() {
     let config = KvConfig {
         store: StoreKind::Tiered,
         cold_dir: dir.clone(),
-        hot_budget_bytes: Some(12_000_000),
+        hot_budget_bytes: Some(18_500_000),
         ..KvConfig::default()
     };
     let mut store = TieredKvStore::new(SHAPE, std::slice::from_ref(&dir), config.tiered_settings(SHAPE), None).unwrap();

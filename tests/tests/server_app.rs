@@ -158,7 +158,7 @@ fn the_tier_view_counts_what_a_tiered_store_did() {
     let kv = KvConfig {
         store: StoreKind::Tiered,
         cold_dir: cold_dir.to_path_buf(),
-        hot_budget_bytes: Some(12_000_000),
+        hot_budget_bytes: Some(16_000_000),
         spare_copy: false,
         ..KvConfig::default()
     };
@@ -185,7 +185,7 @@ fn the_tier_view_counts_what_a_tiered_store_did() {
     // The finished sequence is cached: its store still holds its tokens.
     assert_eq!(after["live_sequences"], 0);
     assert!(
-        after["tokens"].as_u64().unwrap() > 400 && after["hot_budget_bytes"].as_u64() == Some(12_000_000),
+        after["tokens"].as_u64().unwrap() > 400 && after["hot_budget_bytes"].as_u64() == Some(16_000_000),
         "{after}"
     );
     assert!(after["unix_ms"].as_u64() > before["unix_ms"].as_u64());

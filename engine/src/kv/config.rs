@@ -106,7 +106,7 @@ pub struct KvConfig {
     /// Tiered and drop: share of the cached tokens each decode step attends to (tiered) or that
     /// is kept beyond the sinks and recent tokens (drop).
     pub alpha: f32,
-    /// Tiered: DRAM for hot rows, scoring keys and the write-back window (default: what the β
+    /// Tiered: DRAM for hot rows, scoring keys, the write-back window and read staging (default: what the β
     /// planner asks for, at most a quarter of the full cache at the sequence's maximum length;
     /// where a quarter cannot even hold the fixed parts, as for short sequences, half again
     /// what they need).

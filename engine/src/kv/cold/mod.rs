@@ -79,6 +79,11 @@ impl ColdLayout {
         (2 * self.group_values() * 2).div_ceil(IO_ALIGN) * IO_ALIGN
     }
 
+    /// Bytes one layer takes, every head's groups.
+    pub fn layer_bytes(&self) -> usize {
+        self.n_kv_heads * self.max_groups * self.disk_group_bytes()
+    }
+
     /// Bytes a group occupies in the file, as its [`ColdType`] keeps it.
     pub fn disk_group_bytes(&self) -> usize {
         self.cold_type.disk_bytes(2 * self.group_values(), self.head_dim)

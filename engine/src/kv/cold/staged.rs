@@ -155,7 +155,45 @@ impl ReadPlan {
 
     /// Bytes its copies take in a buffer.
     pub fn copied_bytes(&self, cold: &ColdPool) -> usize {
-        self.copied.iter().map(Vec::len).sum::<usize>() * cold.layout().disk_group_bytes()
+        self.copied_groups() * cold.layout().disk_group_bytes()
+    }
+
+    /// The plan cut to copies of at most `max_bytes`: each head keeps the same share of its
+    /// copied groups, its first ones (groups read in place stage nothing and all stay).
+    pub fn truncated(mut self, cold: &ColdPool, max_bytes: usize) -> Self {
+        let (total, allowed) = (self.copied_groups(), max_bytes / cold.layout().disk_group_bytes());
+        if total > allowed {
+            for groups in &mut self.copied {
+                groups.truncate(groups.len() * allowed / total);
+            }
+        }
+        self
+    }
+
+    /// The plan as pieces whose copies take at most `max_bytes` each (at least one group), in
+    /// head and group order; the groups read in place go with the first.
+    pub fn into_pieces(self, cold: &ColdPool, max_bytes: usize) -> Vec<Self> {
+        let per_piece = (max_bytes / cold.layout().disk_group_bytes()).max(1);
+        let n_heads = self.copied.len();
+        let mut pieces = vec![Self { in_place: self.in_place, copied: vec![Vec::new(); n_heads] }];
+        let mut room = per_piece;
+        for (head, groups) in self.copied.into_iter().enumerate() {
+            let mut rest = &groups[..];
+            while !rest.is_empty() {
+                if room == 0 {
+                    pieces.push(Self { in_place: vec![Vec::new(); n_heads], copied: vec![Vec::new(); n_heads] });
+                    room = per_piece;
+                }
+                let (taken, left) = rest.split_at(room.min(rest.len()));
+                pieces.last_mut().expect("one piece at least").copied[head].extend_from_slice(taken);
+                (room, rest) = (room - taken.len(), left);
+            }
+        }
+        pieces
+    }
+
+    fn copied_groups(&self) -> usize {
+        self.copied.iter().map(Vec::len).sum()
     }
 
     /// Whether it reads `head`'s group `group`.
@@ -295,6 +333,33 @@ mod tests {
         let parent = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-scratch");
         std::fs::create_dir_all(&parent).unwrap();
         tempfile::Builder::new().prefix(&format!("hillside-{name}-")).tempdir_in(parent).unwrap()
+    }
+
+    #[test]
+    fn a_plan_cut_to_a_cap_or_into_pieces_stages_no_more_than_it_is_allowed() {
+        let scratch = on_disk("pieces");
+        let cold = ColdPool::create(scratch.path(), ColdLayout::f16(1, 2, 64, 64)).unwrap();
+        let gb = cold.layout().disk_group_bytes();
+        let groups = vec![(0..10).collect::<Vec<_>>(), vec![3, 4, 20]];
+        let plan = || ReadPlan::new(&cold, 0, groups.clone());
+        assert_eq!(
+            (plan().copied, plan().copied_bytes(&cold)),
+            (groups.clone(), 13 * gb),
+            "nothing cached: all copied"
+        );
+
+        let pieces = plan().into_pieces(&cold, 4 * gb);
+        assert!(pieces.iter().all(|p| p.copied_bytes(&cold) <= 4 * gb), "{pieces:?}");
+        for (head, want) in groups.iter().enumerate() {
+            let read: Vec<usize> = pieces.iter().flat_map(|p| p.copied[head].clone()).collect();
+            assert_eq!(&read, want, "every group of head {head} once, in order");
+        }
+        assert_eq!(pieces.len(), 4, "13 groups in pieces of 4");
+        assert_eq!(plan().into_pieces(&cold, 1).len(), 13, "a piece takes a group at least");
+
+        let cut = plan().truncated(&cold, 6 * gb);
+        assert_eq!(cut.copied, vec![(0..4).collect::<Vec<_>>(), vec![3]], "each head its share, its first groups");
+        assert_eq!(plan().truncated(&cold, 13 * gb).copied, groups, "a plan under the cap stays whole");
     }
 
     /// What a plan of `groups` (per head) of `layer` reads in place, per head.

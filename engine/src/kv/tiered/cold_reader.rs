@@ -6,7 +6,7 @@
 //! of the cold pool) it learns from a [`Residence`], and the bytes come through the pool's
 //! staged reads ([`super::reads`]).
 
-use super::reads::{PendingRead, Prefetched, Prefetcher};
+use super::reads::{LayerReads, Prefetched, Prefetcher, READ_AHEAD_BYTES, READ_PIECE_BYTES};
 use crate::error::Result;
 use crate::kernels::parallel::map_items;
 use crate::kv::aligned::AlignedBuf;
@@ -85,9 +85,10 @@ pub(super) struct ColdReader {
 }
 
 impl ColdReader {
-    pub fn new(n_layers: usize, dense_layers: usize) -> Self {
+    /// A reader for `n_layers` layers, each of which takes `layer_bytes` in the cold pool.
+    pub fn new(n_layers: usize, dense_layers: usize, layer_bytes: usize) -> Self {
         Self {
-            prefetch: Prefetcher::default(),
+            prefetch: Prefetcher::new(layer_bytes),
             last_cold_groups: vec![None; n_layers],
             dense_layers,
             stats: TierStats::default(),
@@ -102,7 +103,7 @@ impl ColdReader {
         at: Residence<'_>,
         layer: usize,
         tokens: &(impl Fn(usize) -> &'t [u32] + Sync),
-    ) -> Option<PendingRead> {
+    ) -> Option<LayerReads> {
         let mut groups = self.remember(layer, at.selected_groups(layer, tokens));
         if let Some(ahead) = self.prefetch.issued(layer) {
             let mut used = 0;
@@ -118,8 +119,7 @@ impl ColdReader {
         if plan.is_empty() {
             return None;
         }
-        let buf = self.prefetch.buffer(cold, &plan);
-        Some(PendingRead::start(cold, layer, plan, buf))
+        Some(LayerReads::start(cold, layer, plan, &mut self.prefetch))
     }
 
     /// What was read ahead for `layer`, once it has landed.
@@ -130,40 +130,53 @@ impl ColdReader {
         ahead
     }
 
-    /// Waits for a read [`ColdReader::start`] began.
-    pub fn wait(&mut self, reading: PendingRead) -> (Result<Staged>, AlignedBuf) {
+    /// Waits for the next piece of the reads [`ColdReader::start`] began (starting those the
+    /// buffers handed back since make room for); `None` once all have landed.
+    pub fn next_landed(
+        &mut self,
+        cold: &Arc<ColdPool>,
+        reads: &mut LayerReads,
+    ) -> Option<(Result<Staged>, AlignedBuf)> {
+        reads.top_up(cold, &mut self.prefetch);
+        let reading = reads.next()?;
         let waiting = Instant::now();
         let landed = reading.wait();
         self.stats.cold_read_wait_ns += waiting.elapsed().as_nanos() as u64;
-        landed
+        Some(landed)
     }
 
-    /// Reads `groups` (per head, ascending) of `layer` on this thread.
-    pub fn read_now(
-        &mut self,
-        at: Residence<'_>,
-        layer: usize,
-        groups: Vec<Vec<usize>>,
-    ) -> Result<(Staged, AlignedBuf)> {
-        let plan = ReadPlan::new(at.backing.cold(), layer, groups);
-        let mut buf = self.prefetch.buffer(at.backing.cold(), &plan);
+    /// The reads of `groups` (per head, ascending) of `layer`, in pieces of bounded staging,
+    /// for [`ColdReader::read_now`] one after the other.
+    pub fn plan_pieces(&self, at: Residence<'_>, layer: usize, groups: Vec<Vec<usize>>) -> Vec<ReadPlan> {
+        ReadPlan::new(at.backing.cold(), layer, groups).into_pieces(at.backing.cold(), READ_PIECE_BYTES)
+    }
+
+    /// Reads one piece of [`ColdReader::plan_pieces`] on this thread.
+    pub fn read_now(&mut self, at: Residence<'_>, layer: usize, plan: ReadPlan) -> Result<(Staged, AlignedBuf)> {
+        let mut buf = self.prefetch.piece_buffer();
         match read_heads(at.backing.cold(), layer, plan, &mut buf) {
             Ok(staged) => Ok((staged, buf)),
             Err(e) => {
-                self.prefetch.recycle(buf);
+                self.prefetch.recycle_piece(buf);
                 Err(e)
             }
         }
     }
 
-    /// A read's buffer, done with, for the next reads.
+    /// A piece's buffer, done with, for the next reads.
     pub fn recycle(&mut self, buf: AlignedBuf) {
-        self.prefetch.recycle(buf);
+        self.prefetch.recycle_piece(buf);
+    }
+
+    /// A read-ahead's buffer, done with, for the next layer's.
+    pub fn recycle_ahead(&mut self, buf: AlignedBuf) {
+        self.prefetch.recycle_ahead(buf);
     }
 
     /// Starts reading, for the next [`READ_AHEAD_LAYERS`] layers after `layer`, the cold
-    /// groups that their last decode step needed, so the reads run while this layer computes;
-    /// those the layer selects that were not read ahead are read at its turn. (Reading ahead
+    /// groups that their last decode step needed (up to [`READ_AHEAD_BYTES`] of them), so the
+    /// reads run while this layer computes; those the layer selects that were not read ahead
+    /// are read at its turn. (Reading ahead
     /// only what the last two selections both needed read fewer bytes but left more requests
     /// for the step to wait on; docs/decisions/tiered-step-on-two-cores.md.) The groups are
     /// those the layer's last [`ColdReader::start`] found, before the last commit moved rows
@@ -175,7 +188,7 @@ impl ColdReader {
                 continue;
             }
             let Some(groups) = &self.last_cold_groups[next] else { continue };
-            let plan = ReadPlan::new(cold, next, groups.clone());
+            let plan = ReadPlan::new(cold, next, groups.clone()).truncated(cold, READ_AHEAD_BYTES);
             if !plan.is_empty() {
                 self.stats.read_ahead_groups += plan.groups() as u64;
                 self.prefetch.issue(cold, next, plan);
@@ -211,9 +224,14 @@ impl ColdReader {
         self.last_cold_groups.fill(None);
     }
 
-    pub fn bytes(&self) -> usize {
-        let last: usize = self.last_cold_groups.iter().flatten().flatten().map(|g| 8 * g.capacity()).sum();
-        self.prefetch.bytes() + last
+    /// Memory its read buffers hold (at most [`super::reads::staging_bound_bytes`]).
+    pub fn staging_bytes(&self) -> usize {
+        self.prefetch.bytes()
+    }
+
+    /// Memory its remembered selections hold.
+    pub fn bookkeeping_bytes(&self) -> usize {
+        self.last_cold_groups.iter().flatten().flatten().map(|g| 8 * g.capacity()).sum()
     }
 
     /// Writes the reader's counters into `tier`.

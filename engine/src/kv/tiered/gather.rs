@@ -86,12 +86,30 @@ impl TieredKvStore {
             g.sort_unstable();
             g.dedup();
         });
-        let (reader, at) = self.reader_at();
-        let (staged, buf) = reader.read_now(at, layer, groups)?;
-        let copied = self.copy_cold_rows(layer, rows, &staged, &buf, heads, true);
-        self.reader.recycle(buf);
-        copied?;
+        self.read_cold_rows(layer, rows, groups, heads, true)?;
         assert!(rows.is_empty(), "every cold group a selection needs is read");
+        Ok(())
+    }
+
+    /// Reads `groups` (per head, ascending) of `layer` on this thread, piece after piece, and
+    /// fills the cold slots `rows` whose groups each piece holds (see
+    /// [`TieredKvStore::copy_cold_rows`]).
+    pub(super) fn read_cold_rows(
+        &mut self,
+        layer: usize,
+        rows: &mut Vec<ColdRow>,
+        groups: Vec<Vec<usize>>,
+        heads: Range<usize>,
+        decode: bool,
+    ) -> Result<()> {
+        let (reader, at) = self.reader_at();
+        for piece in reader.plan_pieces(at, layer, groups) {
+            let (reader, at) = self.reader_at();
+            let (staged, buf) = reader.read_now(at, layer, piece)?;
+            let copied = self.copy_cold_rows(layer, rows, &staged, &buf, heads.clone(), decode);
+            self.reader.recycle(buf);
+            copied?;
+        }
         Ok(())
     }
 

@@ -49,7 +49,7 @@ use std::time::Instant;
 pub struct TieredSettings {
     /// Share of the cached tokens each decode step attends to.
     pub alpha: f32,
-    /// DRAM for hot K/V rows, scoring keys and the write-back window together.
+    /// DRAM for hot K/V rows, scoring keys, the write-back window and read staging together.
     pub hot_budget_bytes: usize,
     /// First tokens, always attended to and always hot.
     pub sink_tokens: usize,
@@ -84,7 +84,14 @@ pub fn budget_floor_bytes(shape: KvShape, s: &TieredSettings) -> usize {
     let sparse_layers = shape.n_layers - s.dense_layers.min(shape.n_layers);
     let keys = sparse_layers * shape.max_tokens * s.key_bits.bytes_per_token(shape.n_kv_heads, shape.head_dim);
     let window = shape.n_layers * GROUP_TOKENS * row;
-    keys + window + pinned_rows_bytes(shape, s)
+    keys + window + staging_reserve_bytes(shape) + pinned_rows_bytes(shape, s)
+}
+
+/// Read staging the budget sets aside: the most a step's read buffers hold at once, with f16
+/// groups (q8's are smaller), so that the cold type leaves the hot rows as they are.
+fn staging_reserve_bytes(shape: KvShape) -> usize {
+    let group_bytes = ColdType::F16.disk_bytes(2 * GROUP_TOKENS * shape.head_dim, shape.head_dim);
+    reads::staging_bound_bytes(shape.n_kv_heads * shape.max_tokens.div_ceil(GROUP_TOKENS) * group_bytes)
 }
 
 /// K/V rows that are always hot: dense layers, sinks and the recent window.
@@ -143,7 +150,7 @@ impl TieredKvStore {
         let floor = budget_floor_bytes(shape, &settings);
         if settings.hot_budget_bytes < floor {
             return Err(Error::InvalidParameter(format!(
-                "hot budget {} MB is below the {} MB that scoring keys, dense layers and pinned tokens need at {} tokens",
+                "hot budget {} MB is below the {} MB that scoring keys, read staging, dense layers and pinned tokens need at {} tokens",
                 settings.hot_budget_bytes / 1_000_000,
                 floor.div_ceil(1_000_000),
                 shape.max_tokens
@@ -160,7 +167,7 @@ impl TieredKvStore {
             ),
             view: ViewBuffers::new(shape.head_dim),
             positions: Vec::new(),
-            reader: ColdReader::new(shape.n_layers, settings.dense_layers),
+            reader: ColdReader::new(shape.n_layers, settings.dense_layers, backing.cold().layout().layer_bytes()),
             decode_steps: 0,
             prompt_hits: Vec::new(),
             spare: if settings.spare_copy { SpareCopy::if_room(shape) } else { None },
@@ -188,21 +195,28 @@ impl TieredKvStore {
 
     /// DRAM in use now, counted against the hot budget.
     pub fn hot_bytes(&self) -> usize {
-        let window_tokens = self.backing.window_tokens();
-        self.hot.bytes() + self.ranker.key_bytes() + window_tokens * self.hot.pool().row_bytes() * self.shape.n_kv_heads
+        self.hot.bytes() + self.keys_and_window_bytes() + self.reader.staging_bytes()
     }
 
-    /// Bookkeeping beside the budget: the hot tier's (hits, the pool's index, candidates, the
-    /// demotion reserve) and the placement maps (about 9 bytes per token and lane).
+    /// Scoring keys and the write-back window.
+    fn keys_and_window_bytes(&self) -> usize {
+        let window_tokens = self.backing.window_tokens();
+        self.ranker.key_bytes() + window_tokens * self.hot.pool().row_bytes() * self.shape.n_kv_heads
+    }
+
+    /// Bookkeeping beside the budget: the hot tier's (hits, the pool's index, the demotion
+    /// reserve), the reader's last selections and the placement maps (about 9 bytes
+    /// per token and lane).
     fn bookkeeping_bytes(&self) -> usize {
         let seeds: usize = self.prompt_hits.iter().map(|h| 2 * h.capacity()).sum();
-        self.hot.bookkeeping_bytes() + seeds + self.backing.placement_bytes()
+        self.hot.bookkeeping_bytes() + self.reader.bookkeeping_bytes() + seeds + self.backing.placement_bytes()
     }
 
     /// Lets the hot tier decide which rows stay in DRAM after a step.
     fn rebalance(&mut self) {
-        // Scoring keys and the write-back window: what the rows share the budget with.
-        let fixed = self.hot_bytes() - self.hot.bytes();
+        // What the rows share the budget with. Read staging is set aside at its bound, not at
+        // what the buffers hold now, so that the next step's reads never push the store over.
+        let fixed = self.keys_and_window_bytes() + staging_reserve_bytes(self.shape);
         let (slot, unpinned, cold_end) = {
             let backing = &self.backing;
             let unpinned =
@@ -455,22 +469,27 @@ impl KvStore for TieredKvStore {
                 let copied = timed(Phase::CopyCold, || {
                     self.copy_cold_rows(layer, &mut cold_rows, &ahead.staged, &ahead.buf, heads.clone(), true)
                 });
-                self.reader.recycle(ahead.buf); // for the next layer's read-ahead
+                self.reader.recycle_ahead(ahead.buf); // for the next layer's read-ahead
                 copied?;
             }
             let read_ahead = |store: &mut Self| {
                 let (reader, at) = store.reader_at();
                 timed(Phase::ReadAhead, || reader.read_ahead(at.backing.cold(), layer));
             };
-            if let Some(reading) = reading {
-                let (staged, buf) = timed(Phase::ReadWait, || self.reader.wait(reading));
-                let staged = staged?;
-                read_ahead(self);
-                let copied = timed(Phase::CopyCold, || {
-                    self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads.clone(), true)
-                });
-                self.reader.recycle(buf);
-                copied?;
+            if let Some(mut reading) = reading {
+                let cold = self.backing.cold().clone();
+                while let Some((staged, buf)) = timed(Phase::ReadWait, || self.reader.next_landed(&cold, &mut reading))
+                {
+                    let staged = staged?;
+                    if reading.all_started() {
+                        read_ahead(self);
+                    }
+                    let copied = timed(Phase::CopyCold, || {
+                        self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads.clone(), true)
+                    });
+                    self.reader.recycle(buf);
+                    copied?;
+                }
             } else {
                 read_ahead(self);
             }
@@ -484,11 +503,8 @@ impl KvStore for TieredKvStore {
                 reader.read_ahead(at.backing.cold(), layer); // a dense layer's decode step
             }
             let groups = at.cold_groups(layer, |h| if heads.contains(&h) { tokens(h) } else { &[] });
-            let (staged, buf) = reader.read_now(at, layer, groups)?;
             let mut cold_rows = self.copy_resident_rows(layer, &tokens, heads.clone(), false);
-            let copied = self.copy_cold_rows(layer, &mut cold_rows, &staged, &buf, heads, false);
-            self.reader.recycle(buf);
-            copied?;
+            self.read_cold_rows(layer, &mut cold_rows, groups, heads, false)?;
         }
         let positions = match selection {
             Selection::Tokens { .. } => Some(&self.positions[..]),
@@ -564,7 +580,6 @@ impl KvStore for TieredKvStore {
             tokens: self.backing.len(),
             resident_bytes: self.hot_bytes()
                 + self.view.bytes()
-                + self.reader.bytes()
                 + self.bookkeeping_bytes()
                 + self.spare.as_ref().map_or(0, SpareCopy::bytes),
             cold_bytes: self.backing.cold_bytes(),

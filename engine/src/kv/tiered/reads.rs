@@ -1,4 +1,4 @@
-//! The tiered store's cold reads: a layer's own, on a reader thread while the resident rows are
+//! The tiered store's cold reads: a layer's own, on reader threads while the resident rows are
 //! copied, and the same reads issued ahead of a layer's turn.
 //!
 //! A layer's query exists only once the layer before it has run, but consecutive steps select
@@ -6,13 +6,35 @@
 //! groups that layers l+1.. selected last step and that are still cold; at their turn only the
 //! groups the prediction missed are read. Groups read for nothing cost bandwidth, and count in
 //! the pool's read statistics like any other read.
+//!
+//! Staging is bounded whatever the context: a read-ahead stages at most [`READ_AHEAD_BYTES`],
+//! and a layer's own reads go in pieces of [`READ_PIECE_BYTES`], a few in flight, each copied
+//! out as it lands. The hot budget reserves [`staging_bound_bytes`] for them.
 
-use super::super::aligned::AlignedBuf;
+use super::super::aligned::{AlignedBuf, IO_ALIGN};
 use super::super::cold::staged::{read_heads, ReadPlan, Staged};
 use super::super::cold::ColdPool;
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
+
+/// Bytes a layer's read-ahead stages at most: about what the disk reads while a layer computes.
+/// The rest of the layer's predicted groups are read at its turn, with the prediction's misses.
+pub(super) const READ_AHEAD_BYTES: usize = 8 << 20;
+
+/// Bytes one piece of a layer's own reads stages at most.
+pub(super) const READ_PIECE_BYTES: usize = 1 << 20;
+
+/// Pieces of a layer's own reads in flight at once: one lands and is copied out while the next
+/// is read.
+const PIECES_IN_FLIGHT: usize = 2;
+
+/// The most the store's read buffers hold at once (a read-ahead, and a layer's own pieces in
+/// flight), for a cache whose whole layer takes `layer_bytes` in the cold pool.
+pub fn staging_bound_bytes(layer_bytes: usize) -> usize {
+    let whole_pages = |bytes: usize| bytes.next_multiple_of(IO_ALIGN);
+    whole_pages(READ_AHEAD_BYTES.min(layer_bytes)) + PIECES_IN_FLIGHT * whole_pages(READ_PIECE_BYTES.min(layer_bytes))
+}
 
 /// A read running on a reader thread, with the buffer it reads into.
 pub(super) struct PendingRead(mpsc::Receiver<(Result<Staged>, AlignedBuf)>);
@@ -57,15 +79,33 @@ struct InFlight {
 }
 
 /// Reads issued ahead of their layer's turn, in layer order, and the buffers that every
-/// cold-pool read of the store (ahead or at a layer's turn) reads into.
-#[derive(Default)]
+/// cold-pool read of the store (ahead or at a layer's turn) reads into: one for the read-ahead
+/// and one for each piece in flight, each made once at the most it may hold (pages it never
+/// writes take no memory), so that staging stays within [`staging_bound_bytes`] and buffers
+/// are not reallocated as reads vary (freed, they would go back to the heap, not the system).
 pub(super) struct Prefetcher {
     in_flight: VecDeque<InFlight>,
-    /// Buffers handed back, for the next reads.
-    spare: Vec<AlignedBuf>,
+    /// The size of the read-ahead's buffer, and of each piece's.
+    ahead_bytes: usize,
+    piece_bytes: usize,
+    /// The read-ahead's buffer, between reads.
+    ahead_buf: Option<AlignedBuf>,
+    /// The pieces' buffers, between reads.
+    piece_bufs: Vec<AlignedBuf>,
 }
 
 impl Prefetcher {
+    /// Buffers for a cache whose whole layer takes `layer_bytes` in the cold pool.
+    pub fn new(layer_bytes: usize) -> Self {
+        Self {
+            in_flight: VecDeque::new(),
+            ahead_bytes: READ_AHEAD_BYTES.min(layer_bytes),
+            piece_bytes: READ_PIECE_BYTES.min(layer_bytes),
+            ahead_buf: None,
+            piece_bufs: Vec::new(),
+        }
+    }
+
     pub fn is_issued(&self, layer: usize) -> bool {
         self.in_flight.iter().any(|f| f.layer == layer)
     }
@@ -76,28 +116,29 @@ impl Prefetcher {
         self.in_flight.iter().find(|f| f.layer == layer).map(|f| &f.plan)
     }
 
-    /// Starts reading what `plan` says of `layer` on a reader thread.
+    /// Starts reading what `plan` says of `layer` on a reader thread (its copies at most
+    /// [`READ_AHEAD_BYTES`]: see [`ReadPlan::truncated`]).
     pub fn issue(&mut self, cold: &Arc<ColdPool>, layer: usize, plan: ReadPlan) {
-        let buf = self.buffer(cold, &plan);
+        let buf = self.ahead_buf.take().unwrap_or_else(|| AlignedBuf::zeroed(self.ahead_bytes));
         let read = PendingRead::start(cold, layer, plan.clone(), buf);
         self.in_flight.push_back(InFlight { layer, plan, read });
     }
 
-    /// A buffer for the copies `plan` makes: the smallest spare one that holds them, or a new
-    /// one with some room to grow. A decode step's reads use two at a time (the layer's reads,
-    /// and the read-ahead they overlap), so two circulate.
-    pub fn buffer(&mut self, cold: &ColdPool, plan: &ReadPlan) -> AlignedBuf {
-        let need = plan.copied_bytes(cold);
-        let by_size = |(_, b): &(usize, &AlignedBuf)| b.len();
-        let fitting = self.spare.iter().enumerate().filter(|(_, b)| b.len() >= need).min_by_key(by_size);
-        if let Some((i, _)) = fitting {
-            return self.spare.swap_remove(i);
+    /// A buffer for a piece of a layer's own reads (at most [`READ_PIECE_BYTES`]).
+    pub fn piece_buffer(&mut self) -> AlignedBuf {
+        self.piece_bufs.pop().unwrap_or_else(|| AlignedBuf::zeroed(self.piece_bytes))
+    }
+
+    /// A piece's buffer, done with.
+    pub fn recycle_piece(&mut self, buf: AlignedBuf) {
+        if self.piece_bufs.len() < PIECES_IN_FLIGHT {
+            self.piece_bufs.push(buf);
         }
-        // Replace a buffer that is too small rather than keep it beside the new one.
-        if let Some((i, _)) = self.spare.iter().enumerate().max_by_key(by_size) {
-            self.spare.swap_remove(i);
-        }
-        AlignedBuf::zeroed(need + need / 4)
+    }
+
+    /// A read-ahead's buffer, done with (one is kept, should two have been in use).
+    pub fn recycle_ahead(&mut self, buf: AlignedBuf) {
+        self.ahead_buf.get_or_insert(buf);
     }
 
     /// What was read ahead for `layer`, once it is there; reads for earlier layers that were
@@ -110,23 +151,19 @@ impl Prefetcher {
             let f = self.in_flight.pop_front()?;
             let (staged, buf) = f.read.wait();
             if f.layer < layer {
-                self.spare.push(buf);
+                self.recycle_ahead(buf);
                 continue;
             }
             return match staged {
                 Ok(staged) => Some(Prefetched { staged, buf }),
                 Err(e) => {
                     tracing::warn!(error = %e, layer, "read-ahead failed; reading at the layer's turn");
-                    self.spare.push(buf);
+                    self.recycle_ahead(buf);
                     None
                 }
             };
         }
         None
-    }
-
-    pub fn recycle(&mut self, buf: AlignedBuf) {
-        self.spare.push(buf);
     }
 
     /// Waits for every read in flight and drops what it read, unseen: after a truncation or a
@@ -135,13 +172,58 @@ impl Prefetcher {
     pub fn clear(&mut self) {
         while let Some(f) = self.in_flight.pop_front() {
             let (_, buf) = f.read.wait();
-            self.spare.push(buf);
+            self.recycle_ahead(buf);
         }
     }
 
-    /// Memory held by spare buffers.
+    /// Memory held by buffers between reads.
     pub fn bytes(&self) -> usize {
-        self.spare.iter().map(AlignedBuf::len).sum()
+        self.ahead_buf.as_ref().map_or(0, AlignedBuf::len) + self.piece_bufs.iter().map(AlignedBuf::len).sum::<usize>()
+    }
+}
+
+/// A layer's own reads at its turn, in pieces: [`PIECES_IN_FLIGHT`] read at once, the next one
+/// started as a landed one's buffer comes back.
+pub(super) struct LayerReads {
+    layer: usize,
+    waiting: VecDeque<ReadPlan>,
+    in_flight: VecDeque<PendingRead>,
+}
+
+impl LayerReads {
+    /// Starts reading `plan` of `layer`, in pieces, with buffers from `buffers`.
+    pub fn start(cold: &Arc<ColdPool>, layer: usize, plan: ReadPlan, buffers: &mut Prefetcher) -> Self {
+        let waiting = plan.into_pieces(cold, READ_PIECE_BYTES).into();
+        let mut reads = Self { layer, waiting, in_flight: VecDeque::new() };
+        reads.top_up(cold, buffers);
+        reads
+    }
+
+    /// Starts pieces until [`PIECES_IN_FLIGHT`] are in flight, or none are left to start.
+    pub fn top_up(&mut self, cold: &Arc<ColdPool>, buffers: &mut Prefetcher) {
+        while self.in_flight.len() < PIECES_IN_FLIGHT {
+            let Some(plan) = self.waiting.pop_front() else { return };
+            let buf = buffers.piece_buffer();
+            self.in_flight.push_back(PendingRead::start(cold, self.layer, plan, buf));
+        }
+    }
+
+    /// The next piece in flight, to wait for; `None` once all have landed.
+    pub fn next(&mut self) -> Option<PendingRead> {
+        self.in_flight.pop_front()
+    }
+
+    /// Whether every piece has been started, so that the one being waited for is the last.
+    pub fn all_started(&self) -> bool {
+        self.waiting.is_empty() && self.in_flight.is_empty()
+    }
+}
+
+impl Drop for LayerReads {
+    /// Pieces left in flight (after a failed one) are waited for: no read may outlive its
+    /// layer's turn, as the groups it reads may be rewritten after (see [`Prefetcher::clear`]).
+    fn drop(&mut self) {
+        self.in_flight.drain(..).for_each(|read| drop(read.wait()));
     }
 }
 
@@ -234,7 +316,7 @@ mod tests {
         let gb = cold.layout().disk_group_bytes();
         // An f16 group's `i`th word.
         let word = |page: &[u8], i: usize| u16::from_le_bytes([page[2 * i], page[2 * i + 1]]) as usize;
-        let mut prefetch = Prefetcher::default();
+        let mut prefetch = Prefetcher::new(2 * 6 * gb);
         let plan = |layer, groups| ReadPlan::new(&cold, layer, groups);
         prefetch.issue(&cold, 1, plan(1, vec![vec![0, 1, 4], vec![5]]));
         prefetch.issue(&cold, 2, plan(2, vec![vec![2], vec![]]));
@@ -260,7 +342,7 @@ mod tests {
                 );
             }
         }
-        prefetch.recycle(got.buf);
+        prefetch.recycle_ahead(got.buf);
 
         // A read for a later layer waits for its turn; clear forgets it.
         assert!(prefetch.take(1).is_none() && prefetch.is_issued(2));

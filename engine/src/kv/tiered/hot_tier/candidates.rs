@@ -7,10 +7,10 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-/// Candidates may hold this share of the hot budget (a thirty-second: at 8K tokens 5.7K rows
-/// and at 32K 12.3K, while a steady step promotes ~2.6K at either). Candidates are kept best
-/// first in the rebalance's own order, so the cap changes nothing as long as a step promotes
-/// fewer rows than it holds.
+/// Candidates may hold this share of the hot budget, which sets it aside for them (a
+/// thirty-second: at 8K tokens 5.7K rows and at 32K 12.3K, while a steady step promotes ~2.6K
+/// at either). Candidates are kept best first in the rebalance's own order, so the cap changes
+/// nothing as long as a step promotes fewer rows than it holds.
 const CANDIDATE_BUDGET_DIVISOR: usize = 32;
 
 /// A row's place in the rebalance's ranking, best highest: most hits, then already hot (a hot
@@ -88,8 +88,17 @@ impl Candidates {
     }
 
     pub fn bytes(&self) -> usize {
-        let (row, heap_entry) = (std::mem::size_of::<(u32, u32, u64)>(), std::mem::size_of::<Reverse<(u64, u32)>>());
-        2 * (self.k.capacity() + self.v.capacity()) + self.rows.capacity() * row + self.weakest.capacity() * heap_entry
+        self.rows.capacity() * self.bytes_per_row()
+    }
+
+    /// What they hold once the first is offered (their buffers are reserved then, for good).
+    pub fn max_bytes(&self) -> usize {
+        self.max_rows * self.bytes_per_row()
+    }
+
+    /// A row's K and V, its entry and its place in the heap.
+    fn bytes_per_row(&self) -> usize {
+        2 * 2 * self.row_words + std::mem::size_of::<(u32, u32, u64)>() + std::mem::size_of::<Reverse<(u64, u32)>>()
     }
 
     /// The candidates' slots, best first, with their rank keys.

@@ -136,13 +136,15 @@ impl HotTier {
 
     /// Decides which rows the pool keeps after a step: of the unpinned hot rows and the
     /// candidates, the most-selected ones that fit `budget_bytes` beside `fixed_bytes` of other
-    /// memory (a hot row wins a tie, so equals do not swap places). Candidates go best first into
+    /// memory and the candidates' share (a hot row wins a tie, so equals do not swap places). Candidates go best first into
     /// free room, then into the places of weaker hot rows, which are demoted (the weakest first,
     /// from the reserve); demotion needs no I/O, as every row is already in the cold pool.
     /// Ranking promotions against the hot rows, instead of promoting every fetched row and
     /// evicting others for it, is what keeps the tiers from ping-ponging.
     pub fn rebalance(&mut self, standing: &Standing<'_>, budget_bytes: usize, fixed_bytes: usize) {
         let row_bytes = self.pool.row_bytes();
+        // The candidates' share is set aside whether or not this step filled it.
+        let fixed_bytes = fixed_bytes + self.candidates.max_bytes();
         self.offer_newly_unpinned_rows(standing);
         // The pinned rows grew (this step's tokens): make room for them first.
         while fixed_bytes + self.pool.bytes() > budget_bytes && self.demote_weakest_below(standing, u64::MAX) {}
@@ -193,15 +195,15 @@ impl HotTier {
         self.pool.compact();
     }
 
-    /// Memory for the rows, counted against the budget.
+    /// Memory for the rows and the candidates, counted against the budget.
     pub fn bytes(&self) -> usize {
-        self.pool.bytes()
+        self.pool.bytes() + self.candidates.bytes()
     }
 
-    /// Memory beside the rows: the pool's index, the hit tables, the candidates and the reserve.
+    /// Memory beside them: the pool's index, the hit tables and the reserve.
     pub fn bookkeeping_bytes(&self) -> usize {
         let hits: usize = self.hits.iter().map(|h| 2 * h.capacity()).sum();
-        self.pool.index_bytes() + hits + self.candidates.bytes() + self.weakest.bytes()
+        self.pool.index_bytes() + hits + self.weakest.bytes()
     }
 
     /// Offers the demotion reserve the hot rows that left the recent window since the last
@@ -278,11 +280,12 @@ mod tests {
     fn a_failed_step_leaves_the_hits_and_the_cutoff_as_they_were() {
         let standing = |n: u32| (move |_: usize, t: u32| t, 0..n, n);
         // Two lanes of one-word rows (4 bytes each); room for eight candidates, and the
-        // rebalance's budget holds two hot rows.
+        // rebalance's budget holds two hot rows beside the candidates' share.
         let mut tier = HotTier::new(2, 0..2, 1, 8 * 32 * 4, 64);
         let rebalance = |tier: &mut HotTier, n: u32| {
             let (slot, unpinned, cold_end) = standing(n);
-            tier.rebalance(&Standing { slot: &slot, unpinned, cold_end }, 2 * 4, 0);
+            let budget = 2 * 4 + tier.candidates.max_bytes();
+            tier.rebalance(&Standing { slot: &slot, unpinned, cold_end }, budget, 0);
         };
         for token in 0..3u32 {
             tier.count_hits(0, &[token, token, token][..token as usize + 1]);
