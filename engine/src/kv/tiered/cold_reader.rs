@@ -176,9 +176,9 @@ impl ColdReader {
     /// Starts reading, for the next [`READ_AHEAD_LAYERS`] layers after `layer`, the cold
     /// groups that their last decode step needed (up to [`READ_AHEAD_BYTES`] of them), so the
     /// reads run while this layer computes; those the layer selects that were not read ahead
-    /// are read at its turn. (Reading ahead
-    /// only what the last two selections both needed read fewer bytes but left more requests
-    /// for the step to wait on; docs/decisions/tiered-step-on-two-cores.md.) The groups are
+    /// are read at its turn. (Reading ahead only what the last two selections both needed read
+    /// fewer bytes but left more requests for the step to wait on;
+    /// docs/decisions/tiered-step-on-two-cores.md.) The groups are
     /// those the layer's last [`ColdReader::start`] found, before the last commit moved rows
     /// between the tiers: finding them again here cost more than the few it misses or reads for
     /// nothing.

@@ -455,10 +455,10 @@ impl KvStore for TieredKvStore {
         if let Selection::Tokens { .. } = selection {
             debug_assert_eq!(heads, 0..self.shape.n_kv_heads, "a decode step gathers every head at once");
             // A decode step: the cold groups the read-ahead is not already reading, every
-            // head's at once for more requests in flight, start at once on a reader thread;
-            // the resident rows are copied while both reads run, then each read's rows as it
-            // lands. The next layer's read-ahead starts only once the reads land: sharing the
-            // disk with it delays this layer's reads, which the step waits for.
+            // head's at once for more requests in flight, start at once on reader threads, in
+            // pieces; the resident rows are copied while the reads run, then each read's rows
+            // as it lands. The next layer's read-ahead starts only once the last piece lands:
+            // sharing the disk with it delays this layer's reads, which the step waits for.
             let reading = timed(Phase::ReadIssue, || {
                 let (reader, at) = self.reader_at();
                 reader.start(at, layer, &tokens)
@@ -481,7 +481,7 @@ impl KvStore for TieredKvStore {
                 while let Some((staged, buf)) = timed(Phase::ReadWait, || self.reader.next_landed(&cold, &mut reading))
                 {
                     let staged = staged?;
-                    if reading.all_started() {
+                    if reading.is_drained() {
                         read_ahead(self);
                     }
                     let copied = timed(Phase::CopyCold, || {

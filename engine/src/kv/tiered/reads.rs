@@ -213,8 +213,8 @@ impl LayerReads {
         self.in_flight.pop_front()
     }
 
-    /// Whether every piece has been started, so that the one being waited for is the last.
-    pub fn all_started(&self) -> bool {
+    /// Whether the piece [`LayerReads::next`] gave last was the last one.
+    pub fn is_drained(&self) -> bool {
         self.waiting.is_empty() && self.in_flight.is_empty()
     }
 }
