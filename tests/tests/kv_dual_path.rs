@@ -6,6 +6,8 @@
 //! The capped parts run in a child process (this test binary again), moved into a cgroup the
 //! test makes, so that the cap applies to the pool and to nothing else.
 
+mod common;
+
 use hillside_engine::kv::backing::DiskBacking;
 use hillside_engine::kv::cold::GROUP_TOKENS;
 use hillside_engine::kv::cold_format::ColdType;
@@ -189,7 +191,7 @@ fn a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_rea
 /// four more steps; each step's view checked token by token.
 fn spare_copy_child() {
     use hillside_engine::kv::tiered::TieredKvStore;
-    use hillside_engine::kv::{KvConfig, KvStore, Selection, StoreKind};
+    use hillside_engine::kv::{KvConfig, KvStore, StoreKind};
     wait_for_parent();
     let dir = cold_dir("spare-copy");
     let config = KvConfig {
@@ -199,41 +201,7 @@ fn spare_copy_child() {
         ..KvConfig::default()
     };
     let mut store = TieredKvStore::new(SHAPE, std::slice::from_ref(&dir), config.tiered_settings(SHAPE), None).unwrap();
-    let per_token = SHAPE.n_kv_heads * SHAPE.head_dim;
-    let rows = |tokens: std::ops::Range<usize>| {
-        let k: Vec<f32> =
-            tokens.clone().flat_map(|t| (0..per_token).map(move |i| ((t * 7 + i) % 13) as f32 - 6.0)).collect();
-        let v: Vec<f32> = tokens.flat_map(|t| std::iter::repeat_n((t % 2048) as f32, per_token)).collect();
-        (k, v)
-    };
-    for chunk in (0..2048).step_by(256) {
-        let (k, v) = rows(chunk..chunk + 256);
-        (0..SHAPE.n_layers).for_each(|layer| store.append(layer, &k, &v).unwrap());
-        store.commit(256).unwrap();
-    }
-    // One decode step: says how many of its sparse layers ranked a selection, and checks that
-    // every slot of every view holds its token's V.
-    let step = |store: &mut TieredKvStore| {
-        let t = store.len_tokens();
-        let (k, v) = rows(t..t + 1);
-        let mut ranked = 0;
-        for layer in 0..SHAPE.n_layers {
-            store.append(layer, &k, &v).unwrap();
-            let selection = store.select(layer, &k, &[t]).unwrap();
-            ranked += usize::from(matches!(selection, Selection::Tokens { .. }));
-            let view = store.gather(layer, &selection, 0..SHAPE.n_kv_heads).unwrap();
-            for head in 0..SHAPE.n_kv_heads {
-                for slot in 0..view.n_tokens {
-                    let token = view.positions.map_or(slot, |p| p[head * view.n_tokens + slot] as usize);
-                    let value = view.v[(head * view.head_stride_tokens + slot) * SHAPE.head_dim].to_f32();
-                    assert_eq!(value, (token % 2048) as f32, "layer {layer} head {head} slot {slot}");
-                }
-            }
-            store.observe(layer, &selection);
-        }
-        store.commit(1).unwrap();
-        ranked
-    };
+    common::tagged::fill(&mut store, 2048, 256);
     let spare_bytes = |store: &TieredKvStore| store.stats().tier.unwrap().spare_copy_bytes;
     let report = |store: &TieredKvStore, idle_bytes: usize, ranked: usize| {
         let tier = store.stats().tier.unwrap();
@@ -242,13 +210,13 @@ fn spare_copy_child() {
             tier.spare_copy_bytes, tier.spare_copy_steps
         );
     };
-    let ranked: usize = (0..4).map(|_| step(&mut store)).sum();
+    let ranked: usize = (0..4).map(|_| common::tagged::decode_step(&mut store)).sum();
     report(&store, spare_bytes(&store), ranked);
     wait_for_parent();
     std::thread::sleep(std::time::Duration::from_millis(1100)); // past the next measurement
     store.trim();
     let idle_bytes = spare_bytes(&store);
-    let ranked: usize = (0..4).map(|_| step(&mut store)).sum();
+    let ranked: usize = (0..4).map(|_| common::tagged::decode_step(&mut store)).sum();
     report(&store, idle_bytes, ranked);
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);

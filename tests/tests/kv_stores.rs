@@ -370,7 +370,7 @@ fn with_memory_to_spare_the_tiered_store_attends_through_a_dense_copy_exactly_as
 fn a_tiered_stores_reads_come_in_pieces_whose_staging_the_budget_holds() {
     use hillside_engine::kv::tiered::TieredKvStore;
     // A layer's cold pool takes 16 MiB, more than the read-ahead and a layer's own pieces stage
-    // together, and in text order the tokens a step selects (their keys repeat every 17 tokens)
+    // together, and in text order the tokens a step selects (their keys repeat every 13 tokens)
     // lie in every group of it: its reads take several pieces.
     const SHAPE: KvShape = KvShape { n_layers: 3, n_kv_heads: 4, head_dim: 128, max_tokens: 8192 };
     let dir = cold_dir("pieces");
@@ -383,37 +383,10 @@ fn a_tiered_stores_reads_come_in_pieces_whose_staging_the_budget_holds() {
         ..KvConfig::default()
     };
     let mut store = TieredKvStore::new(SHAPE, &[dir.to_path_buf()], config.tiered_settings(SHAPE), None).unwrap();
-    let per_token = SHAPE.n_kv_heads * SHAPE.head_dim;
-    let rows = |tokens: std::ops::Range<usize>| {
-        let k: Vec<f32> =
-            tokens.clone().flat_map(|t| (0..per_token).map(move |i| ((t * 7 + i * 3) % 17) as f32 - 8.0)).collect();
-        // V says which token it belongs to, modulo what f16 holds exactly.
-        let v: Vec<f32> = tokens.flat_map(|t| std::iter::repeat_n((t % 2048) as f32, per_token)).collect();
-        (k, v)
-    };
-    for chunk in (0..8064).step_by(896) {
-        let (k, v) = rows(chunk..chunk + 896);
-        (0..SHAPE.n_layers).for_each(|layer| store.append(layer, &k, &v).unwrap());
-        store.commit(896).unwrap();
-    }
+    common::tagged::fill(&mut store, 8064, 896);
     for step in 0..4 {
-        let t = store.len_tokens();
-        let (k, v) = rows(t..t + 1);
         let read_before = store.stats().cold_bytes_read;
-        for layer in 0..SHAPE.n_layers {
-            store.append(layer, &k, &v).unwrap();
-            let selection = store.select(layer, &k, &[t]).unwrap();
-            let view = store.gather(layer, &selection, 0..SHAPE.n_kv_heads).unwrap();
-            for head in 0..SHAPE.n_kv_heads {
-                for slot in 0..view.n_tokens {
-                    let token = view.positions.map_or(slot, |p| p[head * view.n_tokens + slot] as usize);
-                    let value = view.v[(head * view.head_stride_tokens + slot) * SHAPE.head_dim].to_f32();
-                    assert_eq!(value, (token % 2048) as f32, "step {step} layer {layer} head {head} slot {slot}");
-                }
-            }
-            store.observe(layer, &selection);
-        }
-        store.commit(1).unwrap();
+        common::tagged::decode_step(&mut store);
         let stats = store.stats();
         let tier = stats.tier.unwrap();
         assert!(tier.hot_bytes <= tier.hot_budget_bytes, "step {step}: over budget, read staging included: {tier:?}");

@@ -6,6 +6,7 @@ pub mod hostile;
 pub mod mha;
 pub mod rng;
 pub mod server;
+pub mod tagged;
 
 use std::path::{Path, PathBuf};
 
