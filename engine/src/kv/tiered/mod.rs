@@ -25,7 +25,7 @@ mod reads;
 mod spare;
 
 use super::backing::DiskBacking;
-use super::cold::GROUP_TOKENS;
+use super::cold::{ColdLayout, GROUP_TOKENS};
 use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
@@ -90,8 +90,10 @@ pub fn budget_floor_bytes(shape: KvShape, s: &TieredSettings) -> usize {
 /// Read staging the budget sets aside: the most a step's read buffers hold at once, with f16
 /// groups (q8's are smaller), so that the cold type leaves the hot rows as they are.
 fn staging_reserve_bytes(shape: KvShape) -> usize {
-    let group_bytes = ColdType::F16.disk_bytes(2 * GROUP_TOKENS * shape.head_dim, shape.head_dim);
-    reads::staging_bound_bytes(shape.n_kv_heads * shape.max_tokens.div_ceil(GROUP_TOKENS) * group_bytes)
+    let max_groups = shape.max_tokens.div_ceil(GROUP_TOKENS);
+    reads::staging_bound_bytes(
+        ColdLayout::f16(shape.n_layers, shape.n_kv_heads, shape.head_dim, max_groups).layer_bytes(),
+    )
 }
 
 /// K/V rows that are always hot: dense layers, sinks and the recent window.
