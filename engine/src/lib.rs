@@ -61,8 +61,9 @@ impl Engine {
         let name_of = |key: &str| {
             metadata.get(key).and_then(|v| v.to_u32().ok()).and_then(|id| tokenizer.token_text(id)).unwrap_or_default()
         };
+        let fallback = text::chat::fallback_template(tokenizer.token_id("<start_of_turn>").is_some());
         let chat_template = ChatTemplate::new(
-            template.map(String::as_str),
+            Some(template.map_or(fallback, String::as_str)),
             &name_of("tokenizer.ggml.bos_token_id"),
             &name_of("tokenizer.ggml.eos_token_id"),
         )?;

@@ -1,11 +1,25 @@
 //! Chat templates: the model's own Jinja template (GGUF `tokenizer.chat_template` or
-//! `tokenizer_config.json`) rendered with minijinja, ChatML where a model has none.
+//! `tokenizer_config.json`) rendered with minijinja; where a model has none, Gemma's turns for a
+//! vocabulary that has them (base Gemma files carry no template), else ChatML.
 
 use crate::error::{Error, Result};
 use minijinja::{context, Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Gemma's turns (a system message opens the first user turn, as Gemma's own template does).
+const GEMMA: &str = "{% for message in messages %}{% if message['role'] == 'system' %}{{ '<start_of_turn>user\n' + message['content'] + '\n\n' }}{% else %}{% if message['role'] == 'user' and not (loop.index0 == 1 and messages[0]['role'] == 'system') %}{{ '<start_of_turn>user\n' }}{% elif message['role'] != 'user' %}{{ '<start_of_turn>model\n' }}{% endif %}{{ message['content'] + '<end_of_turn>\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+
+/// The template to use for a model without one of its own, by whether its vocabulary has
+/// Gemma's turn markers.
+pub fn fallback_template(has_gemma_turns: bool) -> &'static str {
+    if has_gemma_turns {
+        GEMMA
+    } else {
+        CHATML
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
@@ -64,6 +78,22 @@ mod tests {
         let t = ChatTemplate::new(None, "", "").unwrap();
         let text = t.render(&[ChatMessage::new("user", "Hi")], true).unwrap();
         assert_eq!(text, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn gemma_fallback_renders_turns_with_the_system_message_in_the_first_user_turn() {
+        let t = ChatTemplate::new(Some(fallback_template(true)), "<bos>", "<eos>").unwrap();
+        let messages = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", "Hello."),
+            ChatMessage::new("user", "Bye"),
+        ];
+        assert_eq!(
+            t.render(&messages, true).unwrap(),
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
     }
 
     #[test]

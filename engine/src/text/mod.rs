@@ -2,6 +2,7 @@
 
 mod bpe;
 pub mod chat;
+mod spm;
 pub mod stop;
 pub mod stream;
 pub mod tokenizer;

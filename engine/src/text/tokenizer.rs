@@ -1,8 +1,10 @@
 //! Tokenizers built from GGUF metadata (BPE vocabulary, merges and pre-tokenizer name) or from a
 //! `tokenizer.json`, both through the `tokenizers` crate; a GGUF's BPE runs on our packed model
-//! (`bpe.rs`), which holds a large vocabulary in a fraction of the crate's memory.
+//! (`bpe.rs`), which holds a large vocabulary in a fraction of the crate's memory. A GGUF's
+//! SentencePiece vocabulary (Gemma's) runs on `spm.rs`, llama.cpp's algorithm.
 
 use super::bpe::PackedBpe;
+use super::spm::SentencePiece;
 use crate::error::{Error, Result};
 use crate::model::gguf::Metadata;
 use candle_core::quantized::gguf_file::Value;
@@ -39,17 +41,7 @@ type PackedTokenizer =
 enum Inner {
     Gguf(PackedTokenizer),
     File(tokenizers::Tokenizer),
-}
-
-/// `$body` with `$t` bound to whichever pipeline the tokenizer has (their types differ only in
-/// the model).
-macro_rules! with_inner {
-    ($inner:expr, $t:ident => $body:expr) => {
-        match $inner {
-            Inner::Gguf($t) => $body,
-            Inner::File($t) => $body,
-        }
-    };
+    SentencePiece(SentencePiece),
 }
 
 pub struct Tokenizer {
@@ -133,14 +125,31 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
     })
 }
 
+/// The stop tokens of a vocabulary: its end-of-sequence and end-of-turn ids, and the usual
+/// end-of-turn markers it has.
+fn stop_ids(metadata: &Metadata, token_to_id: impl Fn(&str) -> Option<u32>) -> HashSet<u32> {
+    let mut stop_ids: HashSet<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+        .iter()
+        .filter_map(|k| token_id(metadata, k))
+        .collect();
+    for end_of_turn in ["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<end_of_turn>"] {
+        stop_ids.extend(token_to_id(end_of_turn));
+    }
+    stop_ids
+}
+
 impl Tokenizer {
     pub fn from_gguf(metadata: &Metadata) -> Result<Self> {
         let model = metadata.get("tokenizer.ggml.model").and_then(|v| v.to_string().ok()).map(String::as_str);
-        if model != Some("gpt2") {
-            return Err(Error::Tokenizer(format!(
-                "GGUF tokenizer model {model:?} is not supported (byte-level BPE, 'gpt2', is); \
-                 put the model's tokenizer.json next to the file"
-            )));
+        match model {
+            Some("gpt2") => {}
+            Some("llama") => return Self::sentence_piece_from_gguf(metadata),
+            _ => {
+                return Err(Error::Tokenizer(format!(
+                    "GGUF tokenizer model {model:?} is not supported (byte-level BPE, 'gpt2', and \
+                     SentencePiece, 'llama', are); put the model's tokenizer.json next to the file"
+                )))
+            }
         }
         let tokens = strings(metadata, "tokenizer.ggml.tokens")?;
         let merges = strings(metadata, "tokenizer.ggml.merges")?;
@@ -161,20 +170,45 @@ impl Tokenizer {
             .collect();
         inner.add_special_tokens(special).map_err(tok_err)?;
 
-        let mut stop_ids: HashSet<u32> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
-            .iter()
-            .filter_map(|k| token_id(metadata, k))
-            .collect();
-        for end_of_turn in ["<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>"] {
-            if let Some(id) = inner.token_to_id(end_of_turn) {
-                stop_ids.insert(id);
-            }
-        }
+        let stop_ids = stop_ids(metadata, |t| inner.token_to_id(t));
         let add_bos = matches!(metadata.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true)));
         Ok(Self {
             inner: Inner::Gguf(inner),
             bos: token_id(metadata, "tokenizer.ggml.bos_token_id"),
             add_bos,
+            stop_ids,
+        })
+    }
+
+    /// A GGUF's SentencePiece vocabulary (tokens, scores, types); a BOS token unless the file
+    /// says otherwise, as llama.cpp assumes for this kind.
+    fn sentence_piece_from_gguf(metadata: &Metadata) -> Result<Self> {
+        let tokens: Vec<String> = strings(metadata, "tokenizer.ggml.tokens")?.into_iter().map(String::from).collect();
+        let numbers = |key: &str| -> Result<Vec<&Value>> {
+            Ok(metadata
+                .get(key)
+                .map(|v| v.to_vec())
+                .transpose()
+                .map_err(tok_err)?
+                .map(|v| v.iter().collect())
+                .unwrap_or_default())
+        };
+        let mut scores: Vec<f32> =
+            numbers("tokenizer.ggml.scores")?.iter().map(|v| v.to_f32().unwrap_or(0.0)).collect();
+        let mut types: Vec<i32> =
+            numbers("tokenizer.ggml.token_type")?.iter().map(|v| v.to_i32().unwrap_or(1)).collect();
+        scores.resize(tokens.len(), 0.0);
+        types.resize(tokens.len(), 1);
+        let flag = |key: &str, default: bool| match metadata.get(key) {
+            Some(Value::Bool(b)) => *b,
+            _ => default,
+        };
+        let spm = SentencePiece::new(tokens, scores, types, flag("tokenizer.ggml.add_space_prefix", true))?;
+        let stop_ids = stop_ids(metadata, |t| spm.token_to_id(t));
+        Ok(Self {
+            inner: Inner::SentencePiece(spm),
+            bos: token_id(metadata, "tokenizer.ggml.bos_token_id"),
+            add_bos: flag("tokenizer.ggml.add_bos_token", true),
             stop_ids,
         })
     }
@@ -211,21 +245,39 @@ impl Tokenizer {
             }
             // A tokenizer.json's pre-tokenizer may treat a text's start specially (a prefix space).
             Inner::File(t) => ids.extend_from_slice(t.encode(text, false).map_err(tok_err)?.get_ids()),
+            Inner::SentencePiece(t) => t.encode(text, &mut ids),
         }
         Ok(ids)
     }
 
     /// Text of `ids`, special tokens left out.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        with_inner!(&self.inner, t => t.decode(ids, true)).map_err(tok_err)
+        match &self.inner {
+            Inner::Gguf(t) => t.decode(ids, true).map_err(tok_err),
+            Inner::File(t) => t.decode(ids, true).map_err(tok_err),
+            Inner::SentencePiece(t) => Ok(t.decode(ids, true)),
+        }
     }
 
     pub fn is_stop(&self, id: u32) -> bool {
         self.stop_ids.contains(&id)
     }
 
+    /// The id of the token whose text is `text`, if the vocabulary has one.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        match &self.inner {
+            Inner::Gguf(t) => t.token_to_id(text),
+            Inner::File(t) => t.token_to_id(text),
+            Inner::SentencePiece(t) => t.token_to_id(text),
+        }
+    }
+
     pub fn token_text(&self, id: u32) -> Option<String> {
-        with_inner!(&self.inner, t => t.id_to_token(id))
+        match &self.inner {
+            Inner::Gguf(t) => t.id_to_token(id),
+            Inner::File(t) => t.id_to_token(id),
+            Inner::SentencePiece(t) => t.id_to_token(id).map(String::from),
+        }
     }
 
     /// The tokenizer as a `tokenizer.json` document (to export a GGUF model's tokenizer): a GGUF's
@@ -234,6 +286,9 @@ impl Tokenizer {
         let packed = match &self.inner {
             Inner::File(t) => return t.to_string(true).map_err(tok_err),
             Inner::Gguf(packed) => packed,
+            Inner::SentencePiece(_) => {
+                return Err(Error::Tokenizer("a SentencePiece vocabulary is not exported as tokenizer.json".into()))
+            }
         };
         let model = packed.get_model();
         let merges = model.merge_texts().map(|(a, b)| (a.to_string(), b.to_string())).collect();
