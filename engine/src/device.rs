@@ -113,12 +113,21 @@ fn attend_on(
     // holds token j at position j). A decode step's selection usually needs no mask at all.
     let position = |h: usize, j: usize| view.positions.map_or(j, |p| p[h * n_tokens + j] as usize);
     let earliest = q_positions.iter().copied().min().unwrap_or(0);
-    let masked = (0..n_kv).any(|h| (0..n_tokens).any(|j| position(h, j) > earliest));
+    let masked = view.window_tokens.is_some() || (0..n_kv).any(|h| (0..n_tokens).any(|j| position(h, j) > earliest));
     let scores = if masked {
         // Built on the host: a prompt chunk's mask is as large as its scores (a GPU holds it).
         let mask: Vec<f32> = (0..n_kv)
             .flat_map(|h| q_positions.iter().flat_map(move |&p| std::iter::repeat_n((h, p), group)))
-            .flat_map(|(h, p)| (0..n_tokens).map(move |j| if position(h, j) <= p { 0.0 } else { f32::NEG_INFINITY }))
+            .flat_map(|(h, p)| {
+                (0..n_tokens).map(move |j| {
+                    let key = position(h, j);
+                    if key <= p && !view.before_window(key, p) {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
             .collect();
         (scores + Tensor::from_vec(mask, (n_kv, n * group, n_tokens), device)?)?
     } else {
@@ -171,7 +180,10 @@ mod tests {
         let later: Vec<u32> = (0..n_kv).flat_map(|h| (0..n as u32).map(move |t| t * 2 + h as u32)).collect();
         let earlier: Vec<u32> = (0..n_kv).flat_map(|h| (0..n as u32).map(move |t| t / 2 + h as u32)).collect();
         let n_heads = n_kv * group;
-        for (queries, positions) in [(40, None), (1, None), (1, Some(&later)), (1, Some(&earlier))] {
+        let cases = [(40, None, None), (1, None, None), (1, Some(&later), None), (1, Some(&earlier), None)];
+        // And through a sliding window, where keys sit at their index and where they do not.
+        let windowed = [(40, None, Some(50)), (1, Some(&earlier), Some(30))];
+        for (queries, positions, window_tokens) in cases.into_iter().chain(windowed) {
             let q: Vec<f32> = (0..queries * n_heads * hd).map(|i| ((i * 13) % 17) as f32 / 8.0 - 1.0).collect();
             let q_positions: Vec<usize> = (n - queries..n).collect();
             let view = KvView {
@@ -182,12 +194,16 @@ mod tests {
                 k: &k,
                 v: &v,
                 positions: positions.map(|p| &p[..]),
+                window_tokens,
             };
             let (mut host, mut dev) = (vec![0f32; q.len()], vec![0f32; q.len()]);
             Attention::Host.attend(&q, &q_positions, n_heads, &view, &mut host).unwrap();
             Attention::Device(Device::Cpu).attend(&q, &q_positions, n_heads, &view, &mut dev).unwrap();
             let worst = host.iter().zip(&dev).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(worst < 1e-4, "queries {queries}, positions {positions:?}: max |Δ| {worst}");
+            assert!(
+                worst < 1e-4,
+                "queries {queries}, positions {positions:?}, window {window_tokens:?}: max |Δ| {worst}"
+            );
         }
     }
 
@@ -206,6 +222,7 @@ mod tests {
             k: &k,
             v: &v,
             positions: Some(&span),
+            window_tokens: None,
         };
         let n_heads = n_kv * group;
         let q_positions: Vec<usize> = (90..120).chain([400]).collect();

@@ -13,7 +13,12 @@ pub enum Error {
     #[error("{path} is not a usable model file: {reason}")]
     BadModelFile { path: PathBuf, reason: String },
 
-    #[error("unsupported model architecture '{0}' (supported: llama, qwen2)")]
+    #[error(
+        "unsupported model architecture '{0}' (Hillside runs {supported}); to use this model, serve it with \
+         another engine (llama.cpp's llama-server, vLLM) and point Hillside at it with \
+         `--engine openai:http://HOST:PORT/v1`",
+        supported = crate::model::config::Architecture::supported_names()
+    )]
     UnsupportedArchitecture(String),
 
     #[error("model is missing tensor '{0}'")]

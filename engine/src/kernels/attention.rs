@@ -62,15 +62,37 @@ pub struct KvView<'a> {
     /// Position of each token slot, `[kv_head][token]` (heads may hold different tokens);
     /// `None` means token j sits at position j in every head.
     pub positions: Option<&'a [u32]>,
+    /// A sliding-window layer's window: the query at position p sees keys at positions
+    /// `p + 1 - window ..= p` only. `None`: every earlier key.
+    pub window_tokens: Option<usize>,
 }
 
 impl KvView<'_> {
+    /// The same view, seen through a sliding window (or none).
+    pub fn windowed(self, window_tokens: Option<usize>) -> Self {
+        Self { window_tokens, ..self }
+    }
+
     /// Keys `0..n` the query at `position` may attend to (later ones are masked, if any).
     fn key_limit(&self, position: usize) -> usize {
         match self.positions {
             None => self.n_tokens.min(position + 1),
             Some(_) => self.n_tokens,
         }
+    }
+
+    /// The first key the query at `position` may attend to where keys sit at their index (a
+    /// window's start); 0 where any key may be visible.
+    fn key_start(&self, position: usize) -> usize {
+        match (self.positions, self.window_tokens) {
+            (None, Some(window)) => (position + 1).saturating_sub(window),
+            _ => 0,
+        }
+    }
+
+    /// Whether a key at `key` is outside the window of the query at `position`.
+    pub(crate) fn before_window(&self, key: usize, position: usize) -> bool {
+        self.window_tokens.is_some_and(|window| key + window <= position)
     }
 }
 
@@ -200,9 +222,12 @@ pub(crate) fn attend_at(
     let blocks = n.div_ceil(block_tokens);
     let rows = block_tokens * group;
     let max_keys = q_positions.iter().map(|&p| view.key_limit(p)).max().unwrap_or(0);
+    // Keys before every query's window are never read (a tile-aligned start, as the kernels need).
+    let first_key = q_positions.iter().map(|&p| view.key_start(p)).min().unwrap_or(0) / KV_TILE * KV_TILE;
+    let span_keys = max_keys.saturating_sub(first_key);
     let threads = pool().threads();
-    let splits = (4 * threads).div_ceil(n_kv * blocks).min(max_keys.div_ceil(4 * KEY_CHUNK)).max(1);
-    let split_tokens = max_keys.div_ceil(splits).div_ceil(KV_TILE) * KV_TILE;
+    let splits = (4 * threads).div_ceil(n_kv * blocks).min(span_keys.div_ceil(4 * KEY_CHUNK)).max(1);
+    let split_tokens = span_keys.div_ceil(splits).div_ceil(KV_TILE) * KV_TILE;
     let tasks = n_kv * blocks * splits;
     let stride = rows * (hd + 2);
     let mut partials = vec![0f32; tasks * stride];
@@ -223,7 +248,7 @@ pub(crate) fn attend_at(
             }
         }
         let limit = positions.iter().map(|&p| view.key_limit(p)).max().unwrap_or(0);
-        let start = (split * split_tokens).min(limit);
+        let start = (first_key + split * split_tokens).min(limit);
         let end = (start + split_tokens).min(limit);
         let (max, rest) = part.split_at_mut(rows);
         let (sum, acc) = rest.split_at_mut(rows);
@@ -305,7 +330,7 @@ fn attend_range(
         let scores = &mut scratch.scores[..rows * len];
         score_keys(head_k, hd, &scratch.q, rows, c0, len, scores, level);
         if let Some(key_positions) = view.positions {
-            mask_future_keys(&key_positions[h * view.n_tokens + c0..][..len], positions, group, scores);
+            mask_unseen_keys(view, &key_positions[h * view.n_tokens + c0..][..len], positions, group, scores);
         }
         for r in 0..rows {
             // Where keys sit at their index, those past the row's token are a tail that counts
@@ -318,6 +343,11 @@ fn attend_range(
             };
             let (row, future) = scores[r * len..][..len].split_at_mut(visible);
             future.fill(0.0);
+            if view.positions.is_none() {
+                // Keys before the row's window, where keys sit at their index.
+                let before = view.key_start(positions[r / group]).saturating_sub(c0).min(row.len());
+                row[..before].fill(f32::NEG_INFINITY);
+            }
             let chunk_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             if chunk_max == f32::NEG_INFINITY {
                 row.fill(0.0);
@@ -335,13 +365,13 @@ fn attend_range(
 }
 
 /// Sets to −∞ the scores (`rows × len`) of keys whose positions (`key_positions`, one per
-/// score column) come after their row's token.
-fn mask_future_keys(key_positions: &[u32], positions: &[usize], group: usize, scores: &mut [f32]) {
+/// score column) come after their row's token, or before its window.
+fn mask_unseen_keys(view: &KvView<'_>, key_positions: &[u32], positions: &[usize], group: usize, scores: &mut [f32]) {
     let len = key_positions.len();
     for (token_rows, &position) in scores.chunks_exact_mut(group * len).zip(positions) {
         for row in token_rows.chunks_exact_mut(len) {
             for (s, &p) in row.iter_mut().zip(key_positions) {
-                if p as usize > position {
+                if p as usize > position || view.before_window(p as usize, position) {
                     *s = f32::NEG_INFINITY;
                 }
             }
@@ -479,6 +509,18 @@ mod tests {
     /// Checks every level's attention for queries at `positions` against [`reference`], over a
     /// cache of `n_tokens` tokens at their own positions.
     fn check_against_reference(hd: usize, n_heads: usize, n_kv: usize, n_tokens: usize, positions: &[usize]) {
+        check_windowed(hd, n_heads, n_kv, n_tokens, positions, None)
+    }
+
+    /// [`check_against_reference`] through a sliding window, if any.
+    fn check_windowed(
+        hd: usize,
+        n_heads: usize,
+        n_kv: usize,
+        n_tokens: usize,
+        positions: &[usize],
+        window_tokens: Option<usize>,
+    ) {
         let (k, v, stride) = cache(hd, n_kv, n_tokens);
         let as_f32 = |h: usize, salt: usize| -> Vec<Vec<f32>> {
             (0..n_tokens).map(|j| (0..hd).map(|d| f16::from_f32(val(h, j, d, salt)).to_f32()).collect()).collect()
@@ -492,6 +534,7 @@ mod tests {
             k: &k,
             v: &v,
             positions: None,
+            window_tokens,
         };
         let q: Vec<f32> = (0..positions.len() * n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
         for level in SimdLevel::supported() {
@@ -500,16 +543,33 @@ mod tests {
             for (t, &pos) in positions.iter().enumerate() {
                 for head in 0..n_heads {
                     let h = head / (n_heads / n_kv);
-                    let want = reference(&q[(t * n_heads + head) * hd..][..hd], &kk[h], &vv[h], pos + 1);
+                    let first = window_tokens.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let want = reference(
+                        &q[(t * n_heads + head) * hd..][..hd],
+                        &kk[h][first..],
+                        &vv[h][first..],
+                        pos + 1 - first,
+                    );
                     let got = &out[(t * n_heads + head) * hd..][..hd];
                     for (a, b) in got.iter().zip(&want) {
                         assert!(
                             (a - b).abs() < 1e-4,
-                            "{level:?} hd {hd} heads {n_heads}/{n_kv} tokens {n_tokens} pos {pos}: {a} vs {b}"
+                            "{level:?} hd {hd} heads {n_heads}/{n_kv} tokens {n_tokens} pos {pos} window {window_tokens:?}: {a} vs {b}"
                         );
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_sees_only_its_last_keys() {
+        // A prompt whose early queries see every key and later ones a window (which starts
+        // inside a tile and past whole key chunks), and one decoding token far along.
+        let prompt: Vec<usize> = (0..300).collect();
+        for (window, positions) in [(24, &prompt[..]), (100, &prompt[250..]), (512, &[1499][..]), (7, &[1499][..])] {
+            let n_tokens = positions.last().unwrap() + 1;
+            check_windowed(64, 8, 2, n_tokens, positions, Some(window));
         }
     }
 
@@ -563,6 +623,7 @@ mod tests {
             k: &k,
             v: &v,
             positions: None,
+            window_tokens: None,
         };
         let (old_k, old_v, old_stride) = cache(hd, n_kv, split);
         let old = KvView {
@@ -573,6 +634,7 @@ mod tests {
             k: &old_k,
             v: &old_v,
             positions: None,
+            window_tokens: None,
         };
         // The recent tokens, slot j holding position split + j.
         let (recent_k, recent_v, recent_stride) = cache_of(hd, n_kv, split..n_tokens);
@@ -586,6 +648,7 @@ mod tests {
             k: &recent_k,
             v: &recent_v,
             positions: Some(&recent_positions),
+            window_tokens: None,
         };
         // A decoding query, and a chunk of prompt queries; one whose position sees no recent token.
         for positions in [vec![n_tokens - 1], (250..260).collect(), vec![split - 1, n_tokens - 1]] {
@@ -626,6 +689,7 @@ mod tests {
             k: &k,
             v: &v,
             positions: None,
+            window_tokens: None,
         };
         let positions: Vec<usize> = (480..n_tokens).step_by(7).collect();
         let q: Vec<f32> = (0..positions.len() * n_heads * hd).map(|i| ((i * 11) % 31) as f32 / 15.0 - 1.0).collect();
@@ -646,6 +710,7 @@ mod tests {
                 k: &k,
                 v: &v,
                 positions: positions_of,
+                window_tokens: None,
             };
             let (mut out, mut max, mut sum) = (vec![0f32; q.len()], vec![0f32; rows], vec![0f32; rows]);
             attend_partial(&q, &positions, n_heads, &view, &mut out, &mut max, &mut sum);
@@ -690,6 +755,7 @@ mod tests {
                 k: &k,
                 v: &v,
                 positions: None,
+                window_tokens: None,
             };
             let width = n_heads * hd;
             let q: Vec<f32> = (0..n_tokens * width).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();
@@ -736,6 +802,7 @@ mod tests {
             k: &k,
             v: &v,
             positions: Some(&positions),
+            window_tokens: None,
         };
         let query_position = 24; // masks head 0's positions past 24 and head 1's past 23
         let q: Vec<f32> = (0..n_heads * hd).map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0).collect();

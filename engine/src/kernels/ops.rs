@@ -117,6 +117,20 @@ multiversioned! {
 }
 
 multiversioned! {
+    /// [`rms_norm`] in place: each row of `x` (rows of `weight.len()`) normalized and weighted.
+    pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+        let dim = weight.len();
+        for row in x.chunks_exact_mut(dim) {
+            let mean_square = dot_lanes(row, row) / dim as f32;
+            let inv = 1.0 / (mean_square + eps).sqrt();
+            for (v, &w) in row.iter_mut().zip(weight) {
+                *v = *v * inv * w;
+            }
+        }
+    }
+}
+
+multiversioned! {
     /// Replaces each value with exp(value − max) and returns their sum.
     pub fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
         row.iter_mut().for_each(|s| *s = exp_approx(*s - max));
@@ -144,6 +158,30 @@ multiversioned! {
     }
 }
 
+/// GeGLU in place, as [`swiglu_in_place`] with the tanh approximation of GELU on the gate:
+/// `gelu(gate) · up` as rows of `width` at the start of `gate_up`, returned.
+pub fn geglu_in_place(gate_up: &mut [f32], width: usize) -> &[f32] {
+    let n = gate_up.len() / (2 * width);
+    geglu_rows(gate_up, width);
+    &gate_up[..n * width]
+}
+
+multiversioned! {
+    fn geglu_rows(gate_up: &mut [f32], width: usize) {
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        for t in 0..gate_up.len() / (2 * width) {
+            let (gate, up) = gate_up[2 * t * width..][..2 * width].split_at_mut(width);
+            gate.iter_mut().zip(&*up).for_each(|(g, &u)| {
+                let x = *g;
+                // 0.5·x·(1 + tanh(y)) = x · σ(2y), one exponential.
+                let y = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+                *g = x / (1.0 + exp_approx(-2.0 * y)) * u;
+            });
+            gate_up.copy_within(2 * t * width..(2 * t + 1) * width, t * width);
+        }
+    }
+}
+
 multiversioned! {
     pub fn add_in_place(acc: &mut [f32], x: &[f32]) {
         acc.iter_mut().zip(x).for_each(|(a, b)| *a += b)
@@ -161,6 +199,8 @@ pub fn add_bias(rows: &mut [f32], bias: &[f32]) {
 pub struct Rope {
     inv_freq: Vec<f32>,
     position_scale: f32,
+    /// What cos and sin are multiplied by (LongRoPE's attention factor; 1 elsewhere).
+    magnitude: f32,
     layout: RopeLayout,
 }
 
@@ -174,9 +214,10 @@ impl Rope {
     ) -> Self {
         let mut inv_freq: Vec<f32> =
             (0..head_dim / 2).map(|i| 1.0 / theta.powf(2.0 * i as f32 / head_dim as f32)).collect();
-        let mut position_scale = 1.0;
+        let (mut position_scale, mut magnitude) = (1.0, 1.0);
         match scaling {
             RopeScaling::None => {}
+            RopeScaling::LongRope { attn_factor } => magnitude = *attn_factor,
             RopeScaling::Linear { factor } => position_scale = 1.0 / factor,
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context_tokens } => {
                 let old = *original_context_tokens as f32;
@@ -195,7 +236,7 @@ impl Rope {
         if let Some(factors) = freq_factors {
             inv_freq.iter_mut().zip(factors).for_each(|(f, s)| *f /= s);
         }
-        Self { inv_freq, position_scale, layout }
+        Self { inv_freq, position_scale, magnitude, layout }
     }
 
     /// cos and sin tables (`positions × head_dim/2`) for the given positions.
@@ -206,8 +247,8 @@ impl Rope {
         for &p in positions {
             for &f in &self.inv_freq {
                 let angle = p as f32 * self.position_scale * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
+                cos.push(angle.cos() * self.magnitude);
+                sin.push(angle.sin() * self.magnitude);
             }
         }
         (cos, sin)
@@ -267,6 +308,32 @@ mod tests {
         for (got, want) in swiglu_in_place(&mut buf, width).iter().zip(&expected) {
             assert!((got - want).abs() <= 1e-6 * (1.0 + want.abs()), "{got} vs {want}");
         }
+    }
+
+    #[test]
+    fn geglu_in_place_matches_the_tanh_formula() {
+        let (n, width) = (3, 9);
+        let gate_up: Vec<f32> = (0..n * 2 * width).map(|i| (i as f32 * 0.61).cos() * 4.0).collect();
+        let gelu = |x: f32| 0.5 * x * (1.0 + (0.797_884_6 * (x + 0.044_715 * x * x * x)).tanh());
+        let expected: Vec<f32> = gate_up
+            .chunks_exact(2 * width)
+            .flat_map(|row| (0..width).map(move |i| gelu(row[i]) * row[width + i]))
+            .collect();
+        let mut buf = gate_up.clone();
+        for (got, want) in geglu_in_place(&mut buf, width).iter().zip(&expected) {
+            assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn rms_norm_in_place_is_rms_norm() {
+        let x: Vec<f32> = (0..48).map(|i| (i as f32 * 0.3).sin()).collect();
+        let w: Vec<f32> = (0..16).map(|i| 0.5 + i as f32 * 0.1).collect();
+        let mut want = vec![0f32; x.len()];
+        rms_norm(&x, &w, 1e-6, &mut want);
+        let mut got = x.clone();
+        rms_norm_in_place(&mut got, &w, 1e-6);
+        assert_eq!(got, want);
     }
 
     #[test]

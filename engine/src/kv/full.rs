@@ -91,6 +91,7 @@ impl KvStore for FullKvStore {
             k: self.k[part.clone()].reinterpret_cast(),
             v: self.v[part].reinterpret_cast(),
             positions: None,
+            window_tokens: None,
         })
     }
 

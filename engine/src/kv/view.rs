@@ -137,6 +137,7 @@ impl ViewBuffers {
             k: self.k.reinterpret_cast(),
             v: self.v.reinterpret_cast(),
             positions,
+            window_tokens: None,
         }
     }
 }

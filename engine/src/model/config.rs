@@ -2,18 +2,30 @@
 
 use crate::error::{Error, Result};
 
-/// The model families the engine runs. Both are "llama-shaped"; qwen2 adds q/k/v biases.
+/// The model families the engine runs; each has a file of its own beside this one that says
+/// how its blocks are assembled from the shared pieces (`layers.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
     Qwen2,
+    Qwen3,
+    Gemma3,
+    Phi3,
+    Qwen3Moe,
 }
 
 impl Architecture {
+    /// Every family, by its GGUF name (what an unsupported file's error lists).
+    pub const ALL: [Self; 6] = [Self::Llama, Self::Qwen2, Self::Qwen3, Self::Qwen3Moe, Self::Gemma3, Self::Phi3];
+
     pub fn from_name(name: &str) -> Result<Self> {
         match name {
             "llama" | "LlamaForCausalLM" => Ok(Self::Llama),
             "qwen2" | "Qwen2ForCausalLM" => Ok(Self::Qwen2),
+            "qwen3" | "Qwen3ForCausalLM" => Ok(Self::Qwen3),
+            "gemma3" | "Gemma3ForCausalLM" => Ok(Self::Gemma3),
+            "phi3" | "Phi3ForCausalLM" => Ok(Self::Phi3),
+            "qwen3moe" | "Qwen3MoeForCausalLM" => Ok(Self::Qwen3Moe),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -22,8 +34,29 @@ impl Architecture {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Gemma3 => "gemma3",
+            Self::Phi3 => "phi3",
+            Self::Qwen3Moe => "qwen3moe",
         }
     }
+
+    /// The families' names, comma-separated.
+    pub fn supported_names() -> String {
+        Self::ALL.map(Self::name).join(", ")
+    }
+}
+
+/// Layers that attend only to the last `tokens` positions (their own included), as Gemma 3
+/// interleaves them with global ones; each kind of layer has its own rotary base.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    pub tokens: usize,
+    /// Per layer: whether it is windowed.
+    pub layers: Vec<bool>,
+    /// The windowed layers' own rotary base, unscaled, where they have one (Gemma 3); `None`:
+    /// they rotate as the global layers do.
+    pub rope_theta: Option<f32>,
 }
 
 /// How rotary embeddings pair up the dimensions of a head.
@@ -49,6 +82,20 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_context_tokens: usize,
     },
+    /// Phi-3's LongRoPE: per-frequency factors (a tensor of the file), and cos and sin scaled
+    /// by `attn_factor`.
+    LongRope {
+        attn_factor: f32,
+    },
+}
+
+/// A mixture of experts' shape: how many experts a layer has, how many each token uses, and
+/// each one's feed-forward width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertShape {
+    pub count: usize,
+    pub used: usize,
+    pub intermediate_size: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -66,9 +113,22 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     pub rope_layout: RopeLayout,
     pub rope_scaling: RopeScaling,
+    pub sliding_window: Option<SlidingWindow>,
+    /// What the token embeddings are multiplied by (Gemma: √hidden); 1 for most families.
+    pub embedding_scale: f32,
+    /// What queries are multiplied by before attention's softmax, where a family departs from
+    /// 1/√head_dim (Gemma 3 27B: 1/√(hidden/heads)).
+    pub attention_scale: Option<f32>,
+    /// Routed experts in place of the dense feed-forward network (qwen3moe).
+    pub experts: Option<ExpertShape>,
 }
 
 impl ModelConfig {
+    /// The attention window of layer `layer`, if it has one.
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        self.sliding_window.as_ref().filter(|w| w.layers.get(layer).copied().unwrap_or(false)).map(|w| w.tokens)
+    }
+
     pub fn group_size(&self) -> usize {
         self.n_heads / self.n_kv_heads
     }
@@ -109,6 +169,11 @@ impl ModelConfig {
         }
         if self.context_tokens == 0 {
             return bad("context length must be non-zero");
+        }
+        if let Some(w) = &self.sliding_window {
+            if w.tokens == 0 || w.layers.len() != self.n_layers {
+                return bad("a sliding window needs a non-zero length and a pattern entry for every layer");
+            }
         }
         Ok(())
     }

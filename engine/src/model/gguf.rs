@@ -1,7 +1,9 @@
 //! Reading a model from a GGUF file (llama.cpp's format) with candle's GGUF parser.
 
 use super::config::{Architecture, ModelConfig, RopeLayout, RopeScaling};
-use super::weights::{LayerWeights, Weights};
+use super::layers::{Activation, Block, Experts, FeedForward, Mlp, SelfAttention};
+use super::weights::Weights;
+use super::{gemma3, llama, phi3, qwen2, qwen3, qwen3moe};
 use crate::error::{Error, Result};
 use crate::kernels::matrix::{DenseMatrix, Matrix};
 use crate::kernels::quant::{GgufBlockFormat, UqMatrix};
@@ -36,14 +38,15 @@ pub struct GgufFile {
 const VOCABULARY_KEYS: [&str; 4] =
     ["tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"];
 
-struct Reader {
+/// A GGUF file's header and its tensors, read one by one as a family's loader asks for them.
+pub(super) struct Reader {
     path: PathBuf,
     file: BufReader<File>,
     content: Content,
 }
 
 impl Reader {
-    fn bad(&self, reason: impl Into<String>) -> Error {
+    pub(super) fn bad(&self, reason: impl Into<String>) -> Error {
         Error::BadModelFile { path: self.path.clone(), reason: reason.into() }
     }
 
@@ -56,21 +59,14 @@ impl Reader {
             .map_err(|e| Error::BadModelFile { path: self.path.clone(), reason: format!("tensor '{name}': {e}") })
     }
 
-    fn matrix(&mut self, name: &str) -> Result<Matrix> {
+    pub(super) fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    pub(super) fn matrix(&mut self, name: &str) -> Result<Matrix> {
         let t = self.qtensor(name)?;
         let (rows, cols) = t.shape().dims2().map_err(|_| self.bad(format!("tensor '{name}' is not a matrix")))?;
-        let format = match t.dtype() {
-            GgmlDType::Q4_0 => Some(GgufBlockFormat::Q4_0),
-            GgmlDType::Q4_1 => Some(GgufBlockFormat::Q4_1),
-            GgmlDType::Q5_0 => Some(GgufBlockFormat::Q5_0),
-            GgmlDType::Q5_1 => Some(GgufBlockFormat::Q5_1),
-            GgmlDType::Q8_0 => Some(GgufBlockFormat::Q8_0),
-            GgmlDType::Q4K => Some(GgufBlockFormat::Q4K),
-            GgmlDType::Q5K => Some(GgufBlockFormat::Q5K),
-            GgmlDType::Q6K => Some(GgufBlockFormat::Q6K),
-            _ => None,
-        };
-        if let Some(format) = format {
+        if let Some(format) = block_format(t.dtype()) {
             let raw = t.data()?;
             return UqMatrix::from_gguf(format, &raw, rows, cols)
                 .map(Matrix::Quantized)
@@ -81,35 +77,180 @@ impl Reader {
         Ok(Matrix::Dense(DenseMatrix { rows, cols, w }))
     }
 
-    fn vector(&mut self, name: &str) -> Result<Vec<f32>> {
+    pub(super) fn vector(&mut self, name: &str) -> Result<Vec<f32>> {
         let t = self.qtensor(name)?;
         Ok(t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?)
     }
 
-    fn optional_vector(&mut self, name: &str) -> Result<Option<Vec<f32>>> {
+    pub(super) fn optional_vector(&mut self, name: &str) -> Result<Option<Vec<f32>>> {
         match self.vector(name) {
             Err(Error::MissingTensor(_)) => Ok(None),
             other => other.map(Some),
         }
     }
 
-    fn meta(&self, key: &str) -> Option<&Value> {
+    pub(super) fn meta(&self, key: &str) -> Option<&Value> {
         self.content.metadata.get(key)
     }
 
-    fn meta_usize(&self, key: &str) -> Result<usize> {
+    pub(super) fn meta_usize(&self, key: &str) -> Result<usize> {
         self.optional_usize(key)?.ok_or_else(|| Error::Metadata(format!("missing key '{key}'")))
     }
 
-    fn optional_usize(&self, key: &str) -> Result<Option<usize>> {
+    pub(super) fn optional_usize(&self, key: &str) -> Result<Option<usize>> {
         self.meta(key)
             .map(|v| v.to_u64().or_else(|_| v.to_u32().map(u64::from)).map(|x| x as usize))
             .transpose()
             .map_err(|e| Error::Metadata(format!("'{key}': {e}")))
     }
 
-    fn optional_f32(&self, key: &str) -> Result<Option<f32>> {
+    pub(super) fn optional_f32(&self, key: &str) -> Result<Option<f32>> {
         self.meta(key).map(|v| v.to_f32()).transpose().map_err(|e| Error::Metadata(format!("'{key}': {e}")))
+    }
+
+    /// Layer `i`'s self-attention: separate q, k and v projections stacked into one, with the
+    /// biases and per-head norms the family has, rotated by the model's rope number `rope`.
+    pub(super) fn attention(&mut self, i: usize, biases: bool, head_norms: bool, rope: usize) -> Result<SelfAttention> {
+        let p = |name: &str| format!("blk.{i}.{name}");
+        let (q, k, v) =
+            (self.matrix(&p("attn_q.weight"))?, self.matrix(&p("attn_k.weight"))?, self.matrix(&p("attn_v.weight"))?);
+        let qkv_bias = if biases {
+            let mut bias = self.vector(&p("attn_q.bias"))?;
+            bias.extend(self.vector(&p("attn_k.bias"))?);
+            bias.extend(self.vector(&p("attn_v.bias"))?);
+            Some(bias)
+        } else {
+            None
+        };
+        let (q_norm, k_norm) = if head_norms {
+            (Some(self.vector(&p("attn_q_norm.weight"))?), Some(self.vector(&p("attn_k_norm.weight"))?))
+        } else {
+            (None, None)
+        };
+        Ok(SelfAttention {
+            qkv: Matrix::stack(&[&q, &k, &v])
+                .map_err(|e| self.bad(format!("layer {i}'s attn_q, attn_k and attn_v: {e}")))?,
+            qkv_bias,
+            q_norm,
+            k_norm,
+            output: self.matrix(&p("attn_output.weight"))?,
+            rope,
+        })
+    }
+
+    /// Layer `i`'s self-attention from one fused q/k/v projection (`attn_qkv`, as phi3 files
+    /// have it), or from separate ones where the file has those.
+    pub(super) fn fused_attention(&mut self, i: usize, rope: usize) -> Result<SelfAttention> {
+        let name = format!("blk.{i}.attn_qkv.weight");
+        if !self.has_tensor(&name) {
+            return self.attention(i, false, false, rope);
+        }
+        Ok(SelfAttention {
+            qkv: self.matrix(&name)?,
+            qkv_bias: None,
+            q_norm: None,
+            k_norm: None,
+            output: self.matrix(&format!("blk.{i}.attn_output.weight"))?,
+            rope,
+        })
+    }
+
+    /// Layer `i`'s gated feed-forward network from one fused projection whose first half is
+    /// the gate and second half the up projection (`ffn_up`, `2·intermediate` rows: phi3).
+    pub(super) fn fused_feed_forward(&mut self, i: usize, activation: Activation) -> Result<FeedForward> {
+        Ok(FeedForward {
+            gate_up: self.matrix(&format!("blk.{i}.ffn_up.weight"))?,
+            down: self.matrix(&format!("blk.{i}.ffn_down.weight"))?,
+            activation,
+        })
+    }
+
+    /// Layer `i`'s routed experts: the router, and each expert's slice of the stacked gate, up
+    /// and down tensors (`ffn_gate_exps`: experts × width × hidden).
+    pub(super) fn experts(
+        &mut self,
+        i: usize,
+        used: usize,
+        normalize: bool,
+        activation: Activation,
+    ) -> Result<Experts> {
+        let p = |name: &str| format!("blk.{i}.{name}");
+        let router = self.matrix(&p("ffn_gate_inp.weight"))?;
+        let gates = self.expert_matrices(&p("ffn_gate_exps.weight"))?;
+        let ups = self.expert_matrices(&p("ffn_up_exps.weight"))?;
+        let downs = self.expert_matrices(&p("ffn_down_exps.weight"))?;
+        if gates.len() != ups.len() || gates.len() != downs.len() {
+            return Err(self.bad(format!("layer {i}'s expert tensors hold different numbers of experts")));
+        }
+        let mut experts = Vec::with_capacity(gates.len());
+        for (x, ((gate, up), down)) in gates.iter().zip(&ups).zip(downs).enumerate() {
+            let gate_up =
+                Matrix::stack(&[gate, up]).map_err(|e| self.bad(format!("layer {i}'s expert {x} gate and up: {e}")))?;
+            experts.push(FeedForward { gate_up, down, activation });
+        }
+        Ok(Experts { router, experts, used, normalize })
+    }
+
+    /// The experts of a stacked expert tensor (`experts × rows × cols`), each a matrix of its
+    /// own over its slice of the file's blocks.
+    fn expert_matrices(&mut self, name: &str) -> Result<Vec<Matrix>> {
+        let t = self.qtensor(name)?;
+        let (count, rows, cols) =
+            t.shape().dims3().map_err(|_| self.bad(format!("tensor '{name}' is not a stack of matrices")))?;
+        let format = block_format(t.dtype());
+        if let Some(format) = format {
+            let raw = t.data()?;
+            let per_expert = raw.len() / count.max(1);
+            return raw
+                .chunks_exact(per_expert)
+                .map(|bytes| {
+                    UqMatrix::from_gguf(format, bytes, rows, cols)
+                        .map(Matrix::Quantized)
+                        .ok_or_else(|| self.bad(format!("tensor '{name}' has inconsistent block data")))
+                })
+                .collect();
+        }
+        let w = t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(w.chunks_exact(rows * cols).map(|w| Matrix::Dense(DenseMatrix { rows, cols, w: w.to_vec() })).collect())
+    }
+
+    /// Layer `i`'s gated feed-forward network from separate gate and up projections.
+    pub(super) fn feed_forward(&mut self, i: usize, activation: Activation) -> Result<FeedForward> {
+        let p = |name: &str| format!("blk.{i}.{name}");
+        let (gate, up) = (self.matrix(&p("ffn_gate.weight"))?, self.matrix(&p("ffn_up.weight"))?);
+        Ok(FeedForward {
+            gate_up: Matrix::stack(&[&gate, &up])
+                .map_err(|e| self.bad(format!("layer {i}'s ffn_gate and ffn_up: {e}")))?,
+            down: self.matrix(&p("ffn_down.weight"))?,
+            activation,
+        })
+    }
+
+    /// The pre-norm block most families share: norm, attention, norm, feed-forward.
+    pub(super) fn pre_norm_block(&mut self, i: usize, attention: SelfAttention, mlp: Mlp) -> Result<Block> {
+        Ok(Block {
+            attn_norm: self.vector(&format!("blk.{i}.attn_norm.weight"))?,
+            attention,
+            attn_post_norm: None,
+            ffn_norm: self.vector(&format!("blk.{i}.ffn_norm.weight"))?,
+            mlp,
+            ffn_post_norm: None,
+        })
+    }
+}
+
+/// The kernels' block format for a GGUF tensor type, where they have one.
+fn block_format(dtype: GgmlDType) -> Option<GgufBlockFormat> {
+    match dtype {
+        GgmlDType::Q4_0 => Some(GgufBlockFormat::Q4_0),
+        GgmlDType::Q4_1 => Some(GgufBlockFormat::Q4_1),
+        GgmlDType::Q5_0 => Some(GgufBlockFormat::Q5_0),
+        GgmlDType::Q5_1 => Some(GgufBlockFormat::Q5_1),
+        GgmlDType::Q8_0 => Some(GgufBlockFormat::Q8_0),
+        GgmlDType::Q4K => Some(GgufBlockFormat::Q4K),
+        GgmlDType::Q5K => Some(GgufBlockFormat::Q5K),
+        GgmlDType::Q6K => Some(GgufBlockFormat::Q6K),
+        _ => None,
     }
 }
 
@@ -179,7 +320,7 @@ pub fn open(path: &Path) -> Result<GgufFile> {
         Some("linear") => RopeScaling::Linear { factor: r.optional_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0) },
         _ => RopeScaling::None,
     };
-    let config = ModelConfig {
+    let mut config = ModelConfig {
         architecture,
         hidden_size,
         intermediate_size: r.meta_usize(&key("feed_forward_length"))?,
@@ -191,19 +332,33 @@ pub fn open(path: &Path) -> Result<GgufFile> {
         context_tokens: r.meta_usize(&key("context_length"))?,
         rms_norm_eps: r.optional_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
         rope_theta: r.optional_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
-        // llama.cpp permutes llama's q/k rows to pair dimensions (2i, 2i+1); qwen2 keeps HF's halves.
-        rope_layout: match architecture {
-            Architecture::Llama => RopeLayout::Interleaved,
-            Architecture::Qwen2 => RopeLayout::Halves,
-        },
+        // llama.cpp permutes llama's q/k rows to pair dimensions (2i, 2i+1); the others keep HF's halves.
+        rope_layout: RopeLayout::Halves,
         rope_scaling,
+        sliding_window: None,
+        embedding_scale: 1.0,
+        attention_scale: None,
+        experts: None,
     };
+    if let Some(rotated) = r.optional_usize(&key("rope.dimension_count"))? {
+        if rotated != head_dim {
+            return Err(Error::Metadata(format!(
+                "rotary embeddings over {rotated} of each head's {head_dim} dimensions are not supported yet"
+            )));
+        }
+    }
+    match architecture {
+        Architecture::Llama => llama::configure(&r, &arch_name, &mut config)?,
+        Architecture::Qwen2 | Architecture::Qwen3 => {}
+        Architecture::Phi3 => phi3::configure(&r, &arch_name, &mut config)?,
+        Architecture::Qwen3Moe => qwen3moe::configure(&r, &arch_name, &mut config)?,
+        Architecture::Gemma3 => gemma3::configure(&r, &arch_name, &mut config)?,
+    }
     config.validate()?;
     Ok(GgufFile { reader: r, config })
 }
 
 fn read_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
-    let architecture = config.architecture;
     // The largest tensors first: loading holds one tensor's file bytes beside its repacked
     // copy, and that is cheapest before everything else is resident.
     let embedding = r.matrix("token_embd.weight")?;
@@ -211,39 +366,26 @@ fn read_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
         Err(Error::MissingTensor(_)) => None,
         other => Some(other?),
     };
-    let mut layers = Vec::with_capacity(config.n_layers);
+    let mut blocks = Vec::with_capacity(config.n_layers);
     for i in 0..config.n_layers {
-        let p = |name: &str| format!("blk.{i}.{name}");
-        let (q, k, v) =
-            (r.matrix(&p("attn_q.weight"))?, r.matrix(&p("attn_k.weight"))?, r.matrix(&p("attn_v.weight"))?);
-        let qkv_bias = match architecture {
-            Architecture::Qwen2 => {
-                let mut bias = r.vector(&p("attn_q.bias"))?;
-                bias.extend(r.vector(&p("attn_k.bias"))?);
-                bias.extend(r.vector(&p("attn_v.bias"))?);
-                Some(bias)
-            }
-            Architecture::Llama => None,
-        };
-        let (gate, up) = (r.matrix(&p("ffn_gate.weight"))?, r.matrix(&p("ffn_up.weight"))?);
-        layers.push(LayerWeights {
-            attn_norm: r.vector(&p("attn_norm.weight"))?,
-            qkv: Matrix::stack(&[&q, &k, &v])
-                .map_err(|e| r.bad(format!("layer {i}'s attn_q, attn_k and attn_v: {e}")))?,
-            qkv_bias,
-            attn_output: r.matrix(&p("attn_output.weight"))?,
-            ffn_norm: r.vector(&p("ffn_norm.weight"))?,
-            gate_up: Matrix::stack(&[&gate, &up])
-                .map_err(|e| r.bad(format!("layer {i}'s ffn_gate and ffn_up: {e}")))?,
-            down: r.matrix(&p("ffn_down.weight"))?,
+        blocks.push(match config.architecture {
+            Architecture::Llama => llama::block(&mut r, i)?,
+            Architecture::Qwen2 => qwen2::block(&mut r, i)?,
+            Architecture::Qwen3 => qwen3::block(&mut r, i)?,
+            Architecture::Gemma3 => gemma3::block(&mut r, i, config)?,
+            Architecture::Phi3 => phi3::block(&mut r, i)?,
+            Architecture::Qwen3Moe => qwen3moe::block(&mut r, i, config)?,
         });
     }
     let weights = Weights {
         embedding,
-        layers,
+        blocks,
         output_norm: r.vector("output_norm.weight")?,
         lm_head,
-        rope_freq_factors: r.optional_vector("rope_freqs.weight")?,
+        rope_freq_factors: match config.architecture {
+            Architecture::Phi3 => phi3::rope_factors(&mut r, config)?,
+            _ => r.optional_vector("rope_freqs.weight")?,
+        },
     };
     weights.validate(config).map_err(|e| r.bad(e.to_string()))?;
     Ok(weights)

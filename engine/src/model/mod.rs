@@ -1,20 +1,30 @@
-//! The transformer: embedding, `n_layers` blocks of RMSNorm → GQA attention → RMSNorm → SwiGLU,
-//! and the output projection. Attention reads and writes the cache only through [`KvStore`].
+//! The transformer: embedding, `n_layers` blocks assembled by each family from the shared
+//! pieces of [`layers`] (norms, GQA attention with an optional window, a gated feed-forward
+//! network), and the output projection. Attention reads and writes the cache only through
+//! [`KvStore`].
 
 pub mod config;
+mod gemma3;
 pub mod gguf;
+pub mod layers;
+mod llama;
+mod phi3;
+mod qwen2;
+mod qwen3;
+mod qwen3moe;
 pub mod safetensors;
 pub mod weights;
 
 use crate::device::Attention;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{Partial, RunningPartials};
-use crate::kernels::ops::{add_bias, add_in_place, rms_norm, swiglu_in_place, Rope};
+use crate::kernels::ops::{add_in_place, rms_norm, Rope};
 use crate::kernels::quant::QuantizedActivations;
 use crate::kv::x_cache::KvFromInput;
 use crate::kv::{HeadsPart, KvShape, KvStore, Selection};
 use crate::trace::{span, timed, Phase};
-use config::ModelConfig;
+use config::{ModelConfig, RopeScaling};
+use layers::{post_norm, MlpBuffers, ProjectionBuffers};
 use std::ops::Range;
 use std::sync::Arc;
 use weights::Weights;
@@ -42,20 +52,26 @@ pub struct Model {
     pub config: ModelConfig,
     /// Shared with the X-cache's K/V rebuilds ([`Model::kv_from_input`]).
     weights: Arc<Weights>,
-    rope: Rope,
+    /// The rotary embeddings the layers use ([`layers::SelfAttention::rope`] indexes them).
+    ropes: Arc<[Rope]>,
     attention: Attention,
+}
+
+/// The model's rotary embeddings: the main one, and the windowed layers' own where they have
+/// one ([`layers::WINDOW_ROPE`]).
+fn ropes(config: &ModelConfig, freq_factors: Option<&[f32]>) -> Arc<[Rope]> {
+    let c = config;
+    let main = Rope::new(c.head_dim, c.rope_theta, &c.rope_scaling, c.rope_layout, freq_factors);
+    match c.sliding_window.as_ref().and_then(|w| w.rope_theta) {
+        Some(theta) => vec![main, Rope::new(c.head_dim, theta, &RopeScaling::None, c.rope_layout, None)].into(),
+        None => vec![main.clone(), main].into(),
+    }
 }
 
 impl Model {
     pub fn new(config: ModelConfig, weights: Weights) -> Self {
-        let rope = Rope::new(
-            config.head_dim,
-            config.rope_theta,
-            &config.rope_scaling,
-            config.rope_layout,
-            weights.rope_freq_factors.as_deref(),
-        );
-        Self { config, weights: Arc::new(weights), rope, attention: Attention::Host }
+        let ropes = ropes(&config, weights.rope_freq_factors.as_deref());
+        Self { config, weights: Arc::new(weights), ropes, attention: Attention::Host }
     }
 
     /// Where attention over each layer's gathered K/V runs (the CPU kernel unless set).
@@ -83,7 +99,7 @@ impl Model {
         Arc::new(KvProjection {
             config: self.config.clone(),
             weights: Arc::clone(&self.weights),
-            rope: self.rope.clone(),
+            ropes: Arc::clone(&self.ropes),
         })
     }
 
@@ -128,6 +144,9 @@ impl Model {
         let tokens = items.iter().flat_map(|item| item.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(hidden).zip(tokens) {
             self.weights.embedding.dequantize_row(t as usize, row);
+            if c.embedding_scale != 1.0 {
+                row.iter_mut().for_each(|v| *v *= c.embedding_scale);
+            }
         }
         self.blocks(items, &rows_of, &positions, &mut x)?;
         for (item, rows) in items.iter_mut().zip(&rows_of) {
@@ -170,32 +189,25 @@ impl Model {
     ) -> Result<()> {
         let c = &self.config;
         let n = positions.len();
-        let (hidden, q_dim, kv_dim, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let (cos, sin) = self.rope.tables(positions);
+        let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let tables: Vec<(Vec<f32>, Vec<f32>)> = self.ropes.iter().map(|rope| rope.tables(positions)).collect();
 
         let mut h = vec![0f32; n * hidden];
-        let mut qkv = vec![0f32; n * (q_dim + 2 * kv_dim)];
         let (mut q, mut k, mut v) = (vec![0f32; n * q_dim], vec![0f32; n * kv_dim], vec![0f32; n * kv_dim]);
         let mut attn = vec![0f32; n * q_dim];
-        let mut gate_up = vec![0f32; n * 2 * inter];
+        let mut mlp_buffers = MlpBuffers::default();
+        let mut buffers = ProjectionBuffers::default();
         let mut scratch = QuantizedActivations::default();
 
-        for (l, layer) in self.weights.layers.iter().enumerate() {
+        for (l, block) in self.weights.blocks.iter().enumerate() {
             let projections = span(Phase::Projections);
-            rms_norm(x, &layer.attn_norm, c.rms_norm_eps, &mut h);
-            layer.qkv.matmul(&h, n, &mut scratch, &mut qkv);
-            if let Some(bias) = &layer.qkv_bias {
-                add_bias(&mut qkv, bias);
-            }
-            for (t, row) in qkv.chunks_exact(q_dim + 2 * kv_dim).enumerate() {
-                q[t * q_dim..][..q_dim].copy_from_slice(&row[..q_dim]);
-                k[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim..][..kv_dim]);
-                v[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim + kv_dim..][..kv_dim]);
-            }
-            self.rope.apply(&mut q, c.n_heads, &cos, &sin);
-            self.rope.apply(&mut k, c.n_kv_heads, &cos, &sin);
+            let a = &block.attention;
+            rms_norm(x, &block.attn_norm, c.rms_norm_eps, &mut h);
+            let (cos, sin) = &tables[a.rope];
+            a.project(c, &self.ropes[a.rope], (cos, sin), &h, n, &mut scratch, &mut buffers, &mut q, &mut k, &mut v);
             drop(projections);
 
+            let window = c.window_of(l);
             for (item, rows) in items.iter_mut().zip(rows_of) {
                 let (qs, kvs) = (rows.start * q_dim..rows.end * q_dim, rows.start * kv_dim..rows.end * kv_dim);
                 let kv = &mut *item.kv;
@@ -203,18 +215,22 @@ impl Model {
                     kv.append_input(l, &h[rows.start * hidden..rows.end * hidden])?;
                     kv.append(l, &k[kvs.clone()], &v[kvs])
                 })?;
-                // Stores that attend next to the data (near-storage) do it here, in one call.
-                if let Some(attended) = timed(Phase::Attention, || {
-                    kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()])
-                }) {
-                    attended?;
-                    continue;
+                // Stores that attend next to the data (near-storage) do it here, in one call;
+                // a windowed layer's mask is the model's, so it takes the gathered road.
+                if window.is_none() {
+                    if let Some(attended) = timed(Phase::Attention, || {
+                        kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()])
+                    }) {
+                        attended?;
+                        continue;
+                    }
                 }
                 let plan = timed(Phase::Prepare, || kv.prepare(l, &q[qs.clone()], &positions[rows.clone()]))?;
                 for part in &plan.parts {
                     self.attend_part(
                         kv,
                         l,
+                        window,
                         &plan.selection,
                         part,
                         &q[qs.clone()],
@@ -226,13 +242,13 @@ impl Model {
             }
 
             let _mlp = span(Phase::Mlp);
-            layer.attn_output.matmul(&attn, n, &mut scratch, &mut h);
+            a.output.matmul(&attn, n, &mut scratch, &mut h);
+            post_norm(block.attn_post_norm.as_ref(), &mut h, c.rms_norm_eps);
             add_in_place(x, &h);
 
-            rms_norm(x, &layer.ffn_norm, c.rms_norm_eps, &mut h);
-            layer.gate_up.matmul(&h, n, &mut scratch, &mut gate_up);
-            let act = swiglu_in_place(&mut gate_up, inter);
-            layer.down.matmul(act, n, &mut scratch, &mut h);
+            rms_norm(x, &block.ffn_norm, c.rms_norm_eps, &mut h);
+            block.mlp.forward(&mut h, n, &mut scratch, &mut mlp_buffers);
+            post_norm(block.ffn_post_norm.as_ref(), &mut h, c.rms_norm_eps);
             add_in_place(x, &h);
         }
         Ok(())
@@ -246,6 +262,7 @@ impl Model {
         &self,
         kv: &mut dyn KvStore,
         layer: usize,
+        window: Option<usize>,
         selection: &Selection,
         part: &HeadsPart,
         q: &[f32],
@@ -255,7 +272,7 @@ impl Model {
         let c = &self.config;
         let heads = part.heads.start.min(c.n_kv_heads)..part.heads.end.min(c.n_kv_heads);
         if heads.len() == c.n_kv_heads && part.spans.is_empty() {
-            let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?;
+            let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?.windowed(window);
             return timed(Phase::Attention, || self.attention.attend(q, q_positions, c.n_heads, &view, out));
         }
         // The heads' columns of each row, gathered into rows of their own and scattered back.
@@ -265,14 +282,15 @@ impl Model {
         let part_heads = columns.len() / c.head_dim;
         let mut part_out = vec![0f32; part_q.len()];
         if part.spans.is_empty() {
-            let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?;
+            let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?.windowed(window);
             timed(Phase::Attention, || self.attention.attend(&part_q, q_positions, part_heads, &view, &mut part_out))?;
         } else {
             let rows = q_positions.len() * part_heads;
             let (mut max, mut sum) = (vec![0f32; rows], vec![0f32; rows]);
             let mut merged = RunningPartials::new(rows, c.head_dim);
             for span in &part.spans {
-                let view = timed(Phase::Gather, || kv.gather(layer, &Selection::Span(span.clone()), heads.clone()))?;
+                let view = timed(Phase::Gather, || kv.gather(layer, &Selection::Span(span.clone()), heads.clone()))?
+                    .windowed(window);
                 timed(Phase::Attention, || {
                     self.attention.attend_partial(
                         &part_q,
@@ -295,11 +313,11 @@ impl Model {
     }
 }
 
-/// A layer's K and V projections and RoPE, as [`Model::blocks`] computes them.
+/// A layer's K and V projections, norms and RoPE, as [`Model::blocks`] computes them.
 struct KvProjection {
     config: ModelConfig,
     weights: Arc<Weights>,
-    rope: Rope,
+    ropes: Arc<[Rope]>,
 }
 
 impl KvFromInput for KvProjection {
@@ -313,8 +331,10 @@ impl KvFromInput for KvProjection {
         const CHUNK_TOKENS: usize = 256;
         let c = &self.config;
         let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
-        let layer = &self.weights.layers[layer];
-        let mut qkv = Vec::new();
+        let attention = &self.weights.blocks[layer].attention;
+        let rope = &self.ropes[attention.rope];
+        let mut q = Vec::new();
+        let mut buffers = ProjectionBuffers::default();
         let mut scratch = QuantizedActivations::default();
         let chunks = x
             .chunks(CHUNK_TOKENS * hidden)
@@ -322,18 +342,10 @@ impl KvFromInput for KvProjection {
             .zip(v.chunks_mut(CHUNK_TOKENS * kv_dim));
         for (i, ((x, k), v)) in chunks.enumerate() {
             let n = x.len() / hidden;
-            qkv.resize(n * (q_dim + 2 * kv_dim), 0.0);
-            layer.qkv.matmul(x, n, &mut scratch, &mut qkv);
-            if let Some(bias) = &layer.qkv_bias {
-                add_bias(&mut qkv, bias);
-            }
-            for (t, row) in qkv.chunks_exact(q_dim + 2 * kv_dim).enumerate() {
-                k[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim..][..kv_dim]);
-                v[t * kv_dim..][..kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
-            }
+            q.resize(n * q_dim, 0.0);
             let first = first_position + i * CHUNK_TOKENS;
-            let (cos, sin) = self.rope.tables(&(first..first + n).collect::<Vec<_>>());
-            self.rope.apply(k, c.n_kv_heads, &cos, &sin);
+            let (cos, sin) = rope.tables(&(first..first + n).collect::<Vec<_>>());
+            attention.project(c, rope, (&cos, &sin), x, n, &mut scratch, &mut buffers, &mut q, k, v);
         }
     }
 }

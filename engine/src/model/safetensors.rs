@@ -2,7 +2,8 @@
 //! (f32, f16 or bf16), with candle's safetensors reader.
 
 use super::config::{Architecture, ModelConfig, RopeLayout, RopeScaling};
-use super::weights::{LayerWeights, Weights};
+use super::layers::{Activation, Block, FeedForward, Mlp, SelfAttention, MAIN_ROPE};
+use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::kernels::matrix::{DenseMatrix, Matrix};
 use candle_core::safetensors::MmapedSafetensors;
@@ -74,7 +75,16 @@ impl HfConfig {
             rope_theta: self.rope_theta.unwrap_or(10_000.0),
             rope_layout: RopeLayout::Halves,
             rope_scaling,
+            sliding_window: None,
+            embedding_scale: 1.0,
+            attention_scale: None,
+            experts: None,
         };
+        if !matches!(config.architecture, Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3) {
+            return Err(Error::Metadata(format!(
+                "{arch_name} checkpoints load from GGUF files only (llama.cpp's convert_hf_to_gguf.py makes one)"
+            )));
+        }
         config.validate()?;
         Ok(config)
     }
@@ -144,7 +154,7 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
     let vector = |name: &str| tensor(name).map(|(_, v)| v);
     let bad = |reason: String| Error::BadModelFile { path: path.to_path_buf(), reason };
 
-    let mut layers = Vec::with_capacity(config.n_layers);
+    let mut blocks = Vec::with_capacity(config.n_layers);
     for i in 0..config.n_layers {
         let p = |name: &str| format!("model.layers.{i}.{name}");
         let attn = |proj: &str| matrix(&p(&format!("self_attn.{proj}_proj.weight")));
@@ -155,19 +165,35 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
                 bias.extend(vector(&p("self_attn.v_proj.bias"))?);
                 Some(bias)
             }
-            Architecture::Llama => None,
+            _ => None,
+        };
+        let (q_norm, k_norm) = match config.architecture {
+            Architecture::Qwen3 => {
+                (Some(vector(&p("self_attn.q_norm.weight"))?), Some(vector(&p("self_attn.k_norm.weight"))?))
+            }
+            _ => (None, None),
         };
         let (gate, up) = (matrix(&p("mlp.gate_proj.weight"))?, matrix(&p("mlp.up_proj.weight"))?);
-        layers.push(LayerWeights {
+        blocks.push(Block {
             attn_norm: vector(&p("input_layernorm.weight"))?,
-            qkv: Matrix::stack(&[&attn("q")?, &attn("k")?, &attn("v")?])
-                .map_err(|e| bad(format!("layer {i}'s q, k and v projections: {e}")))?,
-            qkv_bias,
-            attn_output: attn("o")?,
+            attention: SelfAttention {
+                qkv: Matrix::stack(&[&attn("q")?, &attn("k")?, &attn("v")?])
+                    .map_err(|e| bad(format!("layer {i}'s q, k and v projections: {e}")))?,
+                qkv_bias,
+                q_norm,
+                k_norm,
+                output: attn("o")?,
+                rope: MAIN_ROPE,
+            },
+            attn_post_norm: None,
             ffn_norm: vector(&p("post_attention_layernorm.weight"))?,
-            gate_up: Matrix::stack(&[&gate, &up])
-                .map_err(|e| bad(format!("layer {i}'s gate and up projections: {e}")))?,
-            down: matrix(&p("mlp.down_proj.weight"))?,
+            mlp: Mlp::Dense(FeedForward {
+                gate_up: Matrix::stack(&[&gate, &up])
+                    .map_err(|e| bad(format!("layer {i}'s gate and up projections: {e}")))?,
+                down: matrix(&p("mlp.down_proj.weight"))?,
+                activation: Activation::Silu,
+            }),
+            ffn_post_norm: None,
         });
     }
     let lm_head = if hf.tie_word_embeddings {
@@ -180,7 +206,7 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
     };
     let weights = Weights {
         embedding: matrix("model.embed_tokens.weight")?,
-        layers,
+        blocks,
         output_norm: vector("model.norm.weight")?,
         lm_head,
         rope_freq_factors: None,
