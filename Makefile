@@ -53,8 +53,11 @@ test: setup-tests ui
 	cargo fmt --all --check
 	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) clippy --workspace --all-targets -- -D warnings
 	# The desktop app (which needs WebKit) is tested on its own, below. The remote-engine tests
-	# run against llama.cpp's llama-server, built once from the PyPI sdist outside the clone.
-	HILLSIDE_LLAMA_SERVER=$$(scripts/llama-cpp-build.sh native llama-server) cargo test --workspace --exclude hillside-desktop
+	# run against llama.cpp's llama-server, and the model families' against libllama
+	# (llama-logits), built once from the PyPI sdist outside the clone.
+	HILLSIDE_LLAMA_SERVER=$$(scripts/llama-cpp-build.sh native llama-server) \
+	  HILLSIDE_LLAMA_LOGITS=$$(scripts/llama-cpp-build.sh native llama-logits) \
+	  cargo test --workspace --exclude hillside-desktop
 	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level
 	# in force, so they run again portable, and so do the real models' logits against candle's
 	# (the run above took the fastest level), at AVX2 too (a CPU without it falls back).

@@ -6,7 +6,7 @@
 # what only the tests use: Debian's XRT user-space library (libxrt-dev), for the "XRT present, no
 # card" test, qpdf (to encrypt a PDF), Chromium (the UI's browser tests), Xvfb and the X tools
 # (the desktop app's window test), CMake (llama.cpp's server, for the remote-engine tests), and
-# the second model (Qwen2.5-Coder Q4_K_M). Safe to run again.
+# the second and third models (Qwen2.5-Coder Q4_K_M, Gemma 3 270M Q4_K_M). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for_tests=false
@@ -55,6 +55,7 @@ python3 models/fetch.py >&2
 # tree, and rustfmt, which checks its format.
 if $for_tests; then
   python3 models/fetch.py qwen2.5-coder-0.5b-instruct >&2
+  python3 models/fetch.py gemma-3-270m >&2
   msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
   "$HOME/.cargo/bin/rustup" toolchain list | grep -q "^$msrv-" ||
     "$HOME/.cargo/bin/rustup" toolchain install "$msrv" --profile minimal >&2

@@ -99,7 +99,7 @@ fn tiny_qwen2_gguf_runs_with_biases_and_gqa() {
     let tensors = tiny_tensors(true, 2);
     write_gguf(&path, &tiny_metadata("qwen2", 2), &tensors);
     let loaded = gguf::load(&path).unwrap();
-    assert!(loaded.weights.layers[0].qkv_bias.is_some());
+    assert!(loaded.weights.blocks[0].attention.qkv_bias.is_some());
     check_consistent(&Model::new(loaded.config, loaded.weights));
 }
 

@@ -32,6 +32,18 @@ pub fn qwen_model_path() -> PathBuf {
     path
 }
 
+/// Gemma 3 270M Q4_K_M, fetched by `make test` (`python3 models/fetch.py gemma-3-270m`): the
+/// gemma3 family and a SentencePiece vocabulary, with real weights.
+pub fn gemma_model_path() -> PathBuf {
+    let path = models_dir().join("gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.exists(),
+        "model not found at {}: run `python3 models/fetch.py gemma-3-270m` (make test does)",
+        path.display()
+    );
+    path
+}
+
 /// Where `models/fetch.py` puts models: `$HILLSIDE_MODELS_DIR`, else `$XDG_DATA_HOME/hillside/models`.
 fn models_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("HILLSIDE_MODELS_DIR") {

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Writes a small GGUF with random weights for one model family, with the family's real tensor
+names and metadata (written with the `gguf` package from PyPI), for the families' tests to run
+through Hillside and through llama.cpp side by side.
+
+    tiny_gguf.py FAMILY OUT.gguf --vocab-from REAL.gguf [--seed N]
+
+The vocabulary and tokenizer metadata are copied from a real GGUF (SmolLM2's byte-level BPE),
+so both engines tokenize alike; the weights are random (never a claim about quality). The
+matrices are Q8_0 and Q4_0, norms F32, as quantized files mix them.
+"""
+import argparse
+import sys
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf.quants import quantize
+
+# hidden, heads, kv heads, head size, feed-forward width, blocks
+SHAPES = {
+    "llama": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, blocks=3),
+    "qwen2": dict(hidden=256, heads=8, kv_heads=2, head_dim=32, ffn=512, blocks=3),
+    "qwen3": dict(hidden=256, heads=4, kv_heads=2, head_dim=128, ffn=512, blocks=3),
+    # Eight experts, two used per token, each 192 wide.
+    "qwen3moe": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, blocks=3, experts=8, used=2, expert_ffn=192),
+    "phi3": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, blocks=3),
+    # Seven blocks: windowed ones, the global sixth, one more windowed.
+    "gemma3": dict(hidden=256, heads=4, kv_heads=1, head_dim=128, ffn=768, blocks=7),
+}
+WINDOW_TOKENS = 24
+
+
+def copy_vocabulary(writer: GGUFWriter, source: str) -> int:
+    reader = GGUFReader(source)
+    n_vocab = 0
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer.") or name == "tokenizer.chat_template":
+            continue
+        kind = field.types[0]
+        if kind == GGUFValueType.ARRAY:
+            inner = field.types[1]
+            if inner == GGUFValueType.STRING:
+                values = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+            else:
+                values = [field.parts[i].tolist()[0] for i in field.data]
+            if name == "tokenizer.ggml.tokens":
+                n_vocab = len(values)
+            writer.add_array(name, values)
+        elif kind == GGUFValueType.STRING:
+            writer.add_string(name, bytes(field.parts[-1]).decode("utf-8"))
+        elif kind == GGUFValueType.BOOL:
+            writer.add_bool(name, bool(field.parts[-1][0]))
+        else:
+            writer.add_uint32(name, int(field.parts[-1][0]))
+    return n_vocab
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("family", choices=sorted(SHAPES))
+    ap.add_argument("out")
+    ap.add_argument("--vocab-from", required=True)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+    s = SHAPES[args.family]
+    rng = np.random.default_rng(args.seed)
+    arch = args.family
+    w = GGUFWriter(args.out, arch)
+    n_vocab = copy_vocabulary(w, args.vocab_from)
+    hidden, heads, kv_heads, hd, ffn, blocks = (s[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "ffn", "blocks"))
+    w.add_context_length(4096)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_block_count(blocks)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1_000_000.0 if arch in ("qwen3", "gemma3") else 10_000.0)
+    if arch == "gemma3":
+        w.add_sliding_window(WINDOW_TOKENS)
+    if "experts" in s:
+        w.add_expert_count(s["experts"])
+        w.add_expert_used_count(s["used"])
+        w.add_expert_feed_forward_length(s["expert_ffn"])
+
+    def matrix(name: str, rows: int, cols: int, qtype=GGMLQuantizationType.Q8_0, gain: float = 1.0) -> None:
+        # Scaled so each product keeps its inputs' magnitude: the logits stay far from ties.
+        x = rng.standard_normal((rows, cols), dtype=np.float32) * (gain / np.sqrt(cols))
+        w.add_tensor(name, quantize(x, qtype), raw_dtype=qtype)
+
+    def vector(name: str, n: int, around: float = 1.0) -> None:
+        w.add_tensor(name, (around + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    w.add_tensor(
+        "token_embd.weight",
+        quantize(rng.standard_normal((n_vocab, hidden), dtype=np.float32), GGMLQuantizationType.Q8_0),
+        raw_dtype=GGMLQuantizationType.Q8_0,
+    )
+    vector("output_norm.weight", hidden)
+    # An output head of its own (the families' loaders take one, or tie it to the embedding):
+    # with the embedding as head, a random model only repeats the token it was given.
+    matrix("output.weight", n_vocab, hidden, gain=4.0)
+    for i in range(blocks):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", hidden)
+        vector(p + "ffn_norm.weight", hidden)
+        # Q4_0 in some projections, Q8_0 in others, as a quantized file mixes them.
+        if arch == "phi3":
+            # Fused: q, k and v in one projection.
+            matrix(p + "attn_qkv.weight", (heads + 2 * kv_heads) * hd, hidden, gain=2.0)
+        else:
+            matrix(p + "attn_q.weight", heads * hd, hidden, GGMLQuantizationType.Q4_0, gain=2.0)
+            matrix(p + "attn_k.weight", kv_heads * hd, hidden, gain=2.0)
+            matrix(p + "attn_v.weight", kv_heads * hd, hidden)
+        matrix(p + "attn_output.weight", hidden, heads * hd)
+        if arch == "qwen2":
+            for proj, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
+                vector(p + f"attn_{proj}.bias", n, around=0.0)
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
+            vector(p + "attn_q_norm.weight", hd)
+            vector(p + "attn_k_norm.weight", hd)
+        if arch == "gemma3":
+            vector(p + "post_attention_norm.weight", hidden)
+            vector(p + "post_ffw_norm.weight", hidden)
+
+        if "experts" in s:
+            e, f = s["experts"], s["expert_ffn"]
+            # The router in F32, as converted files keep it, spread wide so that each token's
+            # choice of experts is clear-cut.
+            w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((e, hidden)) * 0.5).astype(np.float32))
+            for name, rows, cols, qtype in (
+                ("ffn_gate_exps", f, hidden, GGMLQuantizationType.Q8_0),
+                ("ffn_up_exps", f, hidden, GGMLQuantizationType.Q4_0),
+                ("ffn_down_exps", hidden, f, GGMLQuantizationType.Q8_0),
+            ):
+                x = rng.standard_normal((e, rows, cols), dtype=np.float32) / np.sqrt(cols)
+                w.add_tensor(p + name + ".weight", quantize(x, qtype), raw_dtype=qtype)
+            continue
+        if arch == "phi3":
+            # Fused: the gate, then the up projection.
+            matrix(p + "ffn_up.weight", 2 * ffn, hidden, GGMLQuantizationType.Q4_0)
+        else:
+            matrix(p + "ffn_gate.weight", ffn, hidden)
+            matrix(p + "ffn_up.weight", ffn, hidden, GGMLQuantizationType.Q4_0)
+        matrix(p + "ffn_down.weight", hidden, ffn)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
