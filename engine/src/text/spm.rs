@@ -25,7 +25,8 @@ pub struct SentencePiece {
     scores: Vec<f32>,
     types: Vec<i32>,
     ids: AHashMap<String, u32>,
-    byte_ids: [Option<u32>; 256],
+    /// The token of each byte (`<0x41>`), for characters that are no token.
+    byte_ids: Vec<Option<u32>>,
     /// Special and user-defined tokens, cut out of a text before it is tokenized: for each
     /// first byte, the lengths such tokens have, longest first.
     special_lengths: Vec<Vec<usize>>,
@@ -78,7 +79,7 @@ impl SentencePiece {
             )));
         }
         let mut ids = AHashMap::with_capacity(texts.len());
-        let mut byte_ids = [None; 256];
+        let mut byte_ids = vec![None; 256];
         let mut special_lengths = vec![Vec::new(); 256];
         for (id, (text, &kind)) in texts.iter().zip(&types).enumerate() {
             let id = id as u32;
