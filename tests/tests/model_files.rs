@@ -281,6 +281,9 @@ fn x_cache_rebuilds_the_k_v_it_did_not_keep() {
     // The first layer's K/V differ from the model's by the f16 rounding of X, which moves a few
     // of its int8-quantized values by a step; later layers and the logits carry that on (a
     // random-weight model amplifies it more than a trained one: `hillside eval` measures real ones).
+    // The top token may change only where the full cache's two best logits lie closer than
+    // twice the row's largest deviation (AVX2's rounding flips 11 of 100 such near ties here,
+    // AVX-512's fewer); everywhere else it must stay.
     let compare_logits = |want: &[Vec<f32>], got: &[Vec<f32>]| {
         let (want, got) = (want.concat(), got.concat());
         let top = |row: &[f32]| row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i);
@@ -289,10 +292,21 @@ fn x_cache_rebuilds_the_k_v_it_did_not_keep() {
         eprintln!(
             "X-cache against full: top-1 agrees at {agree} of {rows} positions, logits off by {worst} of their largest"
         );
-        assert!(
-            10 * agree >= 9 * rows && worst < 0.1,
-            "top-1 agrees at {agree} of {rows}; logits off by {worst} of their largest"
-        );
+        assert!(worst < 0.1, "logits off by {worst} of their largest");
+        assert!(5 * agree >= 4 * rows, "top-1 agrees at only {agree} of {rows}");
+        for (i, (w, g)) in want.chunks(VOCAB).zip(got.chunks(VOCAB)).enumerate() {
+            let best = top(w).unwrap();
+            let second = w.iter().enumerate().filter(|&(j, _)| j != best).map(|(_, &x)| x).fold(f32::MIN, f32::max);
+            let deviation = w.iter().zip(g).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            if w[best] - second > 2.0 * deviation {
+                assert_eq!(
+                    top(g),
+                    Some(best),
+                    "position {i}: the top token changed where it led by {}",
+                    w[best] - second
+                );
+            }
+        }
     };
     compare_logits(&run(&tokens, &mut full), &run(&tokens, &mut *x_cache));
 
