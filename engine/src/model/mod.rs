@@ -58,13 +58,13 @@ pub struct Model {
 }
 
 /// The model's rotary embeddings: the main one, and the windowed layers' own where they have
-/// one ([`layers::WINDOW_ROPE`]).
+/// one ([`layers::WINDOW_ROPE`], which only a family that sets that base uses).
 fn ropes(config: &ModelConfig, freq_factors: Option<&[f32]>) -> Arc<[Rope]> {
     let c = config;
     let main = Rope::new(c.head_dim, c.rope_theta, &c.rope_scaling, c.rope_layout, freq_factors);
     match c.sliding_window.as_ref().and_then(|w| w.rope_theta) {
         Some(theta) => vec![main, Rope::new(c.head_dim, theta, &RopeScaling::None, c.rope_layout, None)].into(),
-        None => vec![main.clone(), main].into(),
+        None => vec![main].into(),
     }
 }
 
