@@ -59,11 +59,11 @@ fn child_server(name: &str, dir: &Path) -> (std::process::Child, String) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let base = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .find(|l| l.starts_with("http://"))
-        .expect("the child serves");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok);
+    let base = lines.by_ref().find(|l| l.starts_with("http://")).expect("the child serves");
+    // The pipe stays read: libtest's "running for over 60 seconds" notice into a closed pipe
+    // would end the child on its own, before the kill this test is about.
+    std::thread::spawn(move || lines.for_each(drop));
     (child, base)
 }
 
@@ -263,7 +263,8 @@ fn long_text() -> String {
 /// Reads a summary's events from `reader` until `stop` says so or the stream ends.
 fn events_until(reader: &mut impl BufRead, mut stop: impl FnMut(&Value) -> bool) -> Vec<Value> {
     let mut events = Vec::new();
-    for line in reader.lines().map_while(Result::ok) {
+    for line in reader.lines() {
+        let line = line.unwrap_or_else(|e| panic!("the stream broke after {events:?}: {e}"));
         let Some(data) = line.strip_prefix("data: ") else { continue };
         if data == "[DONE]" {
             break;
@@ -309,6 +310,7 @@ fn a_long_summary_is_one_request_and_resumes_after_a_kill_with_the_same_result()
     assert_eq!((status, doc["mode"].as_str()), (201, Some("hierarchical")), "{doc}");
     let id = doc["id"].as_str().unwrap().to_string();
     let before = events_until(&mut summary_stream(&base, &id), |e| e["stage"] == "chunk_summarized" && e["done"] == 2);
+    assert_eq!(before.last().map(|e| e["done"] == 2), Some(true), "the stream ended before two chunks: {before:?}");
     let planned = &before[0];
     let chunks = planned["chunks"].as_array().unwrap().len();
     assert!(chunks > 4, "more chunks than 2 slots and 2 waiting places: {planned}");

@@ -159,10 +159,12 @@ pub fn ensure_reader() {
     BUILT.get_or_init(|| super::ensure_bin("hillside-documents", "hillside-ingest"));
 }
 
+/// A client whose timeout only catches a hang: a long summary's stream on two slow cores runs
+/// for minutes.
 pub fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(120)))
+        .timeout_global(Some(Duration::from_secs(900)))
         .build()
         .into()
 }
