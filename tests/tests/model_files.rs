@@ -31,7 +31,7 @@ fn truncated_empty_and_foreign_files_are_clear_errors() {
     let truncated = dir.join("truncated.gguf");
     std::fs::write(&truncated, &real[..real.len() / 2]).unwrap();
     let msg = load_err(&truncated);
-    assert!(msg.contains("truncated.gguf") && msg.contains("remaining"), "{msg}");
+    assert!(msg.contains("truncated.gguf") && msg.contains("the file is truncated"), "{msg}");
     assert!(matches!(gguf::load(&truncated), Err(Error::BadModelFile { .. })), "{msg}");
 
     let header_only = dir.join("header-only.gguf");

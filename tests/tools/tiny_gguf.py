@@ -3,11 +3,14 @@
 names and metadata (written with the `gguf` package from PyPI), for the families' tests to run
 through Hillside and through llama.cpp side by side.
 
-    tiny_gguf.py FAMILY OUT.gguf --vocab-from REAL.gguf [--seed N]
+    tiny_gguf.py FAMILY OUT.gguf --vocab-from REAL.gguf [--seed N] [--formats mixed|table|iq4xs|iq4xs-as-nl]
 
 The vocabulary and tokenizer metadata are copied from a real GGUF (SmolLM2's byte-level BPE),
 so both engines tokenize alike; the weights are random (never a claim about quality). The
-matrices are Q8_0 and Q4_0, norms F32, as quantized files mix them.
+matrices are Q8_0 and Q4_0 (`mixed`), MXFP4 and IQ4_NL (`table`, MXFP4 experts as gpt-oss has
+them), IQ4_XS wherever a row is whole 256-value super-blocks (`iq4xs`), or those IQ4_XS
+matrices written as the IQ4_NL blocks they stand for, each with its f16 scale (`iq4xs-as-nl`);
+norms F32, as quantized files mix them.
 """
 import argparse
 import sys
@@ -28,6 +31,64 @@ SHAPES = {
     "gemma3": dict(hidden=256, heads=4, kv_heads=1, head_dim=128, ffn=768, blocks=7),
 }
 WINDOW_TOKENS = 24
+
+Q = GGMLQuantizationType
+# The projections' formats by tensor name, for --formats table and iq4xs.
+FORMATS = {
+    "table": {
+        "attn_q": Q.MXFP4, "attn_k": Q.IQ4_NL, "attn_v": Q.MXFP4, "attn_output": Q.IQ4_NL,
+        "ffn_gate": Q.MXFP4, "ffn_up": Q.IQ4_NL, "ffn_down": Q.MXFP4,
+        "ffn_gate_exps": Q.MXFP4, "ffn_up_exps": Q.MXFP4, "ffn_down_exps": Q.MXFP4,
+    },
+    "iq4xs": {"attn_q": Q.IQ4_XS, "attn_output": Q.IQ4_XS, "ffn_gate": Q.IQ4_XS, "ffn_up": Q.IQ4_XS},
+}
+FORMATS["iq4xs-as-nl"] = FORMATS["iq4xs"]
+# ggml's kvalues_iq4nl.
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
+
+
+def iq4_codes(blocks: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """The nearest IQ4_NL value's index for each of `blocks` (n × 32) at scales `d` (n × 1),
+    packed as ggml does: value j in the low nibble of byte j, value j+16 in its high one."""
+    q = np.abs(d[..., None] * IQ4_NL_VALUES - blocks[..., None]).argmin(-1).astype(np.uint8)
+    return q[:, :16] | (q[:, 16:] << 4)
+
+
+def quantize_iq4(x: np.ndarray, qtype) -> np.ndarray:
+    """IQ4_NL or IQ4_XS blocks of `x` (gguf-py only reads them): a plain nearest-value encoding,
+    which any reader must decode as ggml does."""
+    if qtype == Q.IQ4_NL:
+        blocks = x.reshape(-1, 32)
+        d = (np.abs(blocks).max(-1, keepdims=True) / 127).astype(np.float16)
+        out = np.concatenate([d.view(np.uint8), iq4_codes(blocks, d.astype(np.float32))], axis=-1)
+    else:
+        sub = x.reshape(-1, 8, 32)
+        want = np.abs(sub).max(-1) / 127
+        d = (want.max(-1, keepdims=True) / 31).astype(np.float16)
+        df = d.astype(np.float32)
+        ls = np.clip(np.round(want / np.where(df > 0, df, 1)), 0, 31).astype(np.int32) + 32
+        qs = iq4_codes(sub.reshape(-1, 32), (df * (ls - 32)).reshape(-1, 1)).reshape(-1, 128)
+        high = sum(((ls[:, i] >> 4) & 3) << (2 * i) for i in range(8)).astype(np.uint16)
+        low = np.stack([(ls[:, 2 * j] & 0xF) | ((ls[:, 2 * j + 1] & 0xF) << 4) for j in range(4)], -1).astype(np.uint8)
+        out = np.concatenate([d.view(np.uint8), high.reshape(-1, 1).view(np.uint8), low, qs], axis=-1)
+    return out.reshape(*x.shape[:-1], -1)
+
+
+def iq4_xs_as_nl(xs: np.ndarray) -> np.ndarray:
+    """IQ4_XS super-blocks as the eight IQ4_NL blocks they stand for: each sub-block's scale
+    d·(ls − 32) rounded to f16, its nibbles as they are."""
+    b = xs.reshape(-1, 136)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    high = b[:, 2:4].copy().view(np.uint16).astype(np.int32)
+    low = b[:, 4:8].astype(np.int32)
+    ls = np.stack([((low[:, i // 2] >> (4 * (i % 2))) & 0xF) | (((high[:, 0] >> (2 * i)) & 3) << 4) for i in range(8)], -1)
+    scales = (d * (ls - 32)).astype(np.float16).reshape(-1, 1)
+    nl = np.concatenate([scales.view(np.uint8), b[:, 8:].reshape(-1, 16)], axis=-1)
+    return nl.reshape(*xs.shape[:-1], -1)
+
+
+def encode(x: np.ndarray, qtype) -> np.ndarray:
+    return quantize_iq4(x, qtype) if qtype in (Q.IQ4_NL, Q.IQ4_XS) else quantize(x, qtype)
 
 
 def copy_vocabulary(writer: GGUFWriter, source: str) -> int:
@@ -61,6 +122,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--vocab-from", required=True)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--formats", choices=["mixed", *FORMATS], default="mixed")
     args = ap.parse_args()
     s = SHAPES[args.family]
     rng = np.random.default_rng(args.seed)
@@ -85,10 +147,18 @@ def main() -> None:
         w.add_expert_used_count(s["used"])
         w.add_expert_feed_forward_length(s["expert_ffn"])
 
+    def format_of(name: str, qtype):
+        kind = name.split(".")[-2]
+        return FORMATS.get(args.formats, {}).get(kind, qtype)
+
     def matrix(name: str, rows: int, cols: int, qtype=GGMLQuantizationType.Q8_0, gain: float = 1.0) -> None:
         # Scaled so each product keeps its inputs' magnitude: the logits stay far from ties.
         x = rng.standard_normal((rows, cols), dtype=np.float32) * (gain / np.sqrt(cols))
-        w.add_tensor(name, quantize(x, qtype), raw_dtype=qtype)
+        qtype = format_of(name, qtype)
+        if args.formats == "iq4xs-as-nl" and qtype == Q.IQ4_XS:
+            w.add_tensor(name, iq4_xs_as_nl(encode(x, qtype)), raw_dtype=Q.IQ4_NL)
+        else:
+            w.add_tensor(name, encode(x, qtype), raw_dtype=qtype)
 
     def vector(name: str, n: int, around: float = 1.0) -> None:
         w.add_tensor(name, (around + 0.1 * rng.standard_normal(n)).astype(np.float32))
@@ -136,7 +206,8 @@ def main() -> None:
                 ("ffn_down_exps", hidden, f, GGMLQuantizationType.Q8_0),
             ):
                 x = rng.standard_normal((e, rows, cols), dtype=np.float32) / np.sqrt(cols)
-                w.add_tensor(p + name + ".weight", quantize(x, qtype), raw_dtype=qtype)
+                qtype = format_of(p + name + ".weight", qtype)
+                w.add_tensor(p + name + ".weight", encode(x, qtype), raw_dtype=qtype)
             continue
         if arch == "phi3":
             # Fused: the gate, then the up projection.

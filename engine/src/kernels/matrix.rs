@@ -245,7 +245,7 @@ pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations
                     .sum()
             }
             QuantBits::Eight => wq.iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum(),
-            QuantBits::FourPaired => {
+            QuantBits::FourPaired | QuantBits::FourTable => {
                 w.block_ints(index).iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum()
             }
             QuantBits::Six => unreachable!("taken above"),
@@ -308,6 +308,9 @@ mod tests {
             (state >> 33) as u32
         };
         let mut raw = Vec::new();
+        if format.block_values() > BLOCK || matches!(format, GgufBlockFormat::Iq4Nl | GgufBlockFormat::Mxfp4) {
+            return random_table_blocks(format, rows * cols, &mut next);
+        }
         for _ in 0..rows * cols / BLOCK {
             raw.extend_from_slice(&half::f16::from_f32((next() % 1000) as f32 / 50_000.0).to_le_bytes());
             if matches!(format, GgufBlockFormat::Q4_1 | GgufBlockFormat::Q5_1) {
@@ -317,13 +320,58 @@ mod tests {
                 GgufBlockFormat::Q4_0 | GgufBlockFormat::Q4_1 => 16,
                 GgufBlockFormat::Q5_0 | GgufBlockFormat::Q5_1 => 20,
                 GgufBlockFormat::Q8_0 => 32,
-                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => {
-                    unreachable!("32-value formats only")
-                }
+                _ => unreachable!("taken above"),
             };
             raw.extend((0..payload).map(|_| (next() & 0xff) as u8));
         }
         raw
+    }
+
+    /// Random blocks of a table format for `values` values: scales of a few hundredths, any
+    /// nibbles (MXFP4: exponents around 2⁻⁶, a few far enough out to be f16 subnormals).
+    fn random_table_blocks(format: GgufBlockFormat, values: usize, next: &mut impl FnMut() -> u32) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for _ in 0..values / format.block_values() {
+            match format {
+                GgufBlockFormat::Mxfp4 => {
+                    let base = if next().is_multiple_of(16) { 100 } else { 118 };
+                    raw.push(base + (next() % 8) as u8)
+                }
+                _ => {
+                    raw.extend_from_slice(&half::f16::from_f32((next() % 1000) as f32 / 200_000.0 + 1e-4).to_le_bytes())
+                }
+            }
+            let payload = format.block_bytes() - raw.len() % format.block_bytes();
+            raw.extend((0..payload).map(|_| (next() & 0xff) as u8));
+        }
+        raw
+    }
+
+    #[test]
+    fn table_formats_hold_ggmls_values_in_four_bits() {
+        for format in [GgufBlockFormat::Iq4Nl, GgufBlockFormat::Iq4Xs, GgufBlockFormat::Mxfp4] {
+            let (rows, cols) = (5, 512);
+            let raw = random_blocks(format, rows, cols, 11);
+            let w = UqMatrix::from_gguf(format, &raw, rows, cols).unwrap();
+            assert_eq!(w.qs.len(), rows * cols / 2, "{format:?}: four bits a value");
+            // An f16 scale a block where MXFP4 has a byte and IQ4_XS 4.25 bits: at most 1/16 more.
+            assert!(w.bytes() * 16 <= raw.len() * 17, "{format:?}: {} bytes for the file's {}", w.bytes(), raw.len());
+            let ggml = crate::kernels::quant::dequantize_table_format(format, &raw).unwrap();
+            let ours = dequantized(&w).w;
+            for (i, (a, b)) in ours.iter().zip(&ggml).enumerate() {
+                // IQ4_XS's sub-block scales are rounded to f16; an MXFP4 scale below f16's
+                // least flushes to zero (its values are under 12·2⁻²⁵); the rest is exact.
+                let tolerance = match format {
+                    GgufBlockFormat::Iq4Xs => b.abs() / 1024.0,
+                    _ => 12.0 * 2f32.powi(-25),
+                };
+                assert!((a - b).abs() <= tolerance, "{format:?} value {i}: {a} vs ggml's {b}");
+            }
+        }
+        // An MXFP4 scale of 2¹⁶ or more is past f16: refused, for the dense path to take.
+        let mut raw = random_blocks(GgufBlockFormat::Mxfp4, 1, 32, 1);
+        raw[0] = 144;
+        assert!(UqMatrix::from_gguf(GgufBlockFormat::Mxfp4, &raw, 1, 32).is_none());
     }
 
     #[test]
@@ -340,6 +388,8 @@ mod tests {
             GgufBlockFormat::Q5_0,
             GgufBlockFormat::Q5_1,
             GgufBlockFormat::Q8_0,
+            GgufBlockFormat::Iq4Nl,
+            GgufBlockFormat::Mxfp4,
         ];
         for (seed, format) in formats.into_iter().enumerate() {
             let raw = random_blocks(format, rows, cols, seed as u64 + 7);
@@ -371,38 +421,35 @@ mod tests {
 
     #[test]
     fn a_prompt_across_row_chunks_gets_every_row_with_the_bits_of_each_token_alone() {
-        // A chunk of rows and half of another in every task, whatever the thread count.
-        let cols = 8 * BLOCK;
-        let probe =
-            UqMatrix::from_gguf(GgufBlockFormat::Q4_1, &random_blocks(GgufBlockFormat::Q4_1, 1, cols, 1), 1, cols)
-                .unwrap();
-        let chunk_rows = CHUNK_BYTES / probe.row_bytes();
-        let rows = 4 * pool().threads() * (chunk_rows + chunk_rows / 2);
-        let n = 9;
-        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
-        let mut prompt = QuantizedActivations::default();
-        prompt.quantize_into(&x, n, cols);
-        let w = UqMatrix::from_gguf(
-            GgufBlockFormat::Q4_1,
-            &random_blocks(GgufBlockFormat::Q4_1, rows, cols, 3),
-            rows,
-            cols,
-        )
-        .unwrap();
-        let dense = dequantized(&w);
-        for level in SimdLevel::supported() {
-            let together = product(&w, &prompt, level);
-            for (r, row) in dense.w.chunks_exact(cols).enumerate() {
-                let magnitude: f32 = row.iter().zip(&x[..cols]).map(|(a, b)| (a * b).abs()).sum();
-                let (got, portable) = (together[r], uq_dot_portable(&w, r, &prompt, 0));
-                assert!((got - portable).abs() < 1e-5 * magnitude, "{level:?} row {r}: {got} vs portable {portable}");
-            }
-            for t in 0..n {
-                let mut alone = QuantizedActivations::default();
-                alone.quantize_into(&x[t * cols..][..cols], 1, cols);
-                let alone = product(&w, &alone, level);
-                let same = alone.iter().zip(&together[t * rows..][..rows]).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{level:?}: token {t} of the prompt differs from the token alone");
+        for format in [GgufBlockFormat::Q4_1, GgufBlockFormat::Mxfp4] {
+            // A chunk of rows and half of another in every task, whatever the thread count.
+            let cols = 8 * BLOCK;
+            let probe = UqMatrix::from_gguf(format, &random_blocks(format, 1, cols, 1), 1, cols).unwrap();
+            let chunk_rows = CHUNK_BYTES / probe.row_bytes();
+            let rows = 4 * pool().threads() * (chunk_rows + chunk_rows / 2);
+            let n = 9;
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
+            let mut prompt = QuantizedActivations::default();
+            prompt.quantize_into(&x, n, cols);
+            let w = UqMatrix::from_gguf(format, &random_blocks(format, rows, cols, 3), rows, cols).unwrap();
+            let dense = dequantized(&w);
+            for level in SimdLevel::supported() {
+                let together = product(&w, &prompt, level);
+                for (r, row) in dense.w.chunks_exact(cols).enumerate() {
+                    let magnitude: f32 = row.iter().zip(&x[..cols]).map(|(a, b)| (a * b).abs()).sum();
+                    let (got, portable) = (together[r], uq_dot_portable(&w, r, &prompt, 0));
+                    assert!(
+                        (got - portable).abs() < 1e-5 * magnitude,
+                        "{format:?} {level:?} row {r}: {got} vs portable {portable}"
+                    );
+                }
+                for t in 0..n {
+                    let mut alone = QuantizedActivations::default();
+                    alone.quantize_into(&x[t * cols..][..cols], 1, cols);
+                    let alone = product(&w, &alone, level);
+                    let same = alone.iter().zip(&together[t * rows..][..rows]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{format:?} {level:?}: token {t} of the prompt differs from the token alone");
+                }
             }
         }
     }

@@ -1,8 +1,8 @@
 //! Block-quantized formats as the kernels want them.
 //!
-//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and the K-quants Q4_K, Q5_K and Q6_K, all
-//! become unsigned ints in 32-value blocks, each block with an f16 scale `d`, so one int8
-//! dot-product kernel serves them. A block's values are `d·(q − zero)` for the symmetric formats
+//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, the K-quants Q4_K, Q5_K and Q6_K, and the
+//! table formats IQ4_NL, IQ4_XS and MXFP4 all become unsigned ints in 32-value blocks, each
+//! block with an f16 scale `d`, so one int8 dot-product kernel serves them. A block's values are `d·(q − zero)` for the symmetric formats
 //! (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as q+128 with zero 128) and `d·q + m` with a per-block
 //! f16 `m` for the others. Scales stay f16 as in the file, so a legacy-format model takes in
 //! memory what it takes on disk; a K-quant's 32-value sub-block gets its scale `d·sc` and offset
@@ -40,12 +40,15 @@ pub enum QuantBits {
     /// Q4_K, kept as the file lays out each pair of blocks: 32 bytes whose low nibbles are the
     /// first block's values and high nibbles the second's, so one 32-byte load serves both.
     FourPaired,
+    /// IQ4_NL, IQ4_XS and MXFP4: nibbles in `Four`'s order, each an index into the matrix's
+    /// [`UqMatrix::table`] of 16 values, so the file's 4 bits a value stay 4 bits in memory.
+    FourTable,
 }
 
 impl QuantBits {
     pub fn bytes_per_block(self) -> usize {
         match self {
-            Self::Four | Self::FourPaired => BLOCK / 2,
+            Self::Four | Self::FourPaired | Self::FourTable => BLOCK / 2,
             Self::Five => BLOCK / 2 + BLOCK / 8,
             Self::Six => BLOCK / 2 + BLOCK / 4,
             Self::Eight => BLOCK,
@@ -82,6 +85,34 @@ pub struct UqMatrix {
     /// rows × blocks_per_row × bits.scales_per_block()
     pub d: Vec<f16>,
     pub offset: Offset,
+    /// For [`QuantBits::FourTable`]: the unsigned int each nibble stands for (the format's
+    /// signed value + 128, with the zero point 128, as Q8_0 is kept).
+    pub table: Option<&'static [u8; 16]>,
+}
+
+/// IQ4_NL's (and IQ4_XS's) non-linear values, ggml's `kvalues_iq4nl`, plus 128.
+const IQ4_NL_TABLE: [u8; 16] = [1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241];
+/// MXFP4's E2M1 values doubled (ggml's `kvalues_mxfp4`: 0, 1, 2, 3, 4, 6, 8, 12 and their
+/// negatives), plus 128; the doubling is undone by halving each block's scale.
+const MXFP4_TABLE: [u8; 16] = [128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116];
+
+/// The scale of 32-value block `sub` of an IQ4_XS super-block: `d·(ls − 32)`, its 6-bit `ls`
+/// split into four low bits (bytes 4–7, two a byte) and two high ones (bytes 2–3).
+fn iq4_xs_scale(block: &[u8], sub: usize) -> f32 {
+    let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+    let high = u16::from_le_bytes([block[2], block[3]]);
+    let low = (block[4 + sub / 2] >> (4 * (sub % 2))) & 0x0f;
+    d * (i32::from(low | (((high >> (2 * sub)) & 3) as u8) << 4) - 32) as f32
+}
+
+/// MXFP4's E8M0 block scale, halved for [`MXFP4_TABLE`]'s doubled values: 2^(e − 128), as
+/// ggml's `GGML_E8M0_TO_FP32_HALF`.
+fn mxfp4_scale(e: u8) -> f32 {
+    if e < 2 {
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits(u32::from(e - 1) << 23)
+    }
 }
 
 /// The GGUF block formats that map onto [`UqMatrix`].
@@ -95,6 +126,9 @@ pub enum GgufBlockFormat {
     Q4K,
     Q5K,
     Q6K,
+    Iq4Nl,
+    Iq4Xs,
+    Mxfp4,
 }
 
 /// Values in a K-quant super-block.
@@ -112,13 +146,16 @@ impl GgufBlockFormat {
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
+            Self::Iq4Nl => 18,
+            Self::Iq4Xs => 136,
+            Self::Mxfp4 => 17,
         }
     }
 
     /// Values one block of the file holds.
     pub fn block_values(self) -> usize {
         match self {
-            Self::Q4K | Self::Q5K | Self::Q6K => SUPER_BLOCK,
+            Self::Q4K | Self::Q5K | Self::Q6K | Self::Iq4Xs => SUPER_BLOCK,
             _ => BLOCK,
         }
     }
@@ -152,7 +189,8 @@ impl UqMatrix {
         }
     }
 
-    /// Repacks raw GGUF blocks (as stored in the file) of a `rows × cols` matrix.
+    /// Repacks raw GGUF blocks (as stored in the file) of a `rows × cols` matrix; `None` if
+    /// their size is not the shape's, or (MXFP4) a block's scale is beyond f16's range.
     pub fn from_gguf(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
         if !cols.is_multiple_of(format.block_values()) {
             return None;
@@ -169,6 +207,9 @@ impl UqMatrix {
             GgufBlockFormat::Q8_0 => (QuantBits::Eight, Offset::Zero(128)),
             GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => return Some(Self::from_k_quants(format, raw, rows, cols)),
             GgufBlockFormat::Q6K => return Some(Self::from_q6_k(raw, rows, cols)),
+            GgufBlockFormat::Iq4Nl | GgufBlockFormat::Iq4Xs | GgufBlockFormat::Mxfp4 => {
+                return Self::from_table_format(format, raw, rows, cols)
+            }
         };
         let mut w = Self {
             rows,
@@ -177,6 +218,7 @@ impl UqMatrix {
             qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
             d: Vec::with_capacity(n_blocks),
             offset,
+            table: None,
         };
         let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
         for block in raw.chunks_exact(format.block_bytes()) {
@@ -197,9 +239,12 @@ impl UqMatrix {
                     w.qs.extend_from_slice(&block[4..8]);
                 }
                 GgufBlockFormat::Q8_0 => w.qs.extend(block[2..34].iter().map(|&q| q ^ 0x80)),
-                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => {
-                    unreachable!("K-quants are repacked on their own")
-                }
+                GgufBlockFormat::Q4K
+                | GgufBlockFormat::Q5K
+                | GgufBlockFormat::Q6K
+                | GgufBlockFormat::Iq4Nl
+                | GgufBlockFormat::Iq4Xs
+                | GgufBlockFormat::Mxfp4 => unreachable!("repacked on their own"),
             }
         }
         Some(w)
@@ -220,6 +265,7 @@ impl UqMatrix {
             qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
             d: Vec::with_capacity(n_blocks),
             offset: Offset::PerBlock(Vec::with_capacity(n_blocks)),
+            table: None,
         };
         let Offset::PerBlock(offsets) = &mut w.offset else { unreachable!() };
         let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
@@ -273,6 +319,7 @@ impl UqMatrix {
             qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
             d: Vec::with_capacity(2 * n_blocks),
             offset: Offset::Zero(32),
+            table: None,
         };
         for block in raw.chunks_exact(GgufBlockFormat::Q6K.block_bytes()) {
             let d = f16::from_le_bytes([block[208], block[209]]).to_f32();
@@ -280,6 +327,47 @@ impl UqMatrix {
             w.qs.extend_from_slice(&block[..192]);
         }
         w
+    }
+
+    /// IQ4_NL (an f16 scale and 16 bytes of nibbles a block), IQ4_XS (super-blocks of eight:
+    /// an f16 scale, 6-bit sub-block scales split into high and low bits, the nibbles) and
+    /// MXFP4 (an E8M0 scale and the nibbles): the nibbles as they are, each block's scale as
+    /// f16 (IQ4_XS's `d·(ls − 32)` rounded to it, as the K-quants' are; an MXFP4 scale under
+    /// f16's least, 2⁻²⁴, flushed to zero: its values are under 12·2⁻²⁵). The caller has
+    /// checked the sizes.
+    fn from_table_format(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        let n_blocks = rows * cols / BLOCK;
+        let table = if format == GgufBlockFormat::Mxfp4 { &MXFP4_TABLE } else { &IQ4_NL_TABLE };
+        let mut w = Self {
+            rows,
+            cols,
+            bits: QuantBits::FourTable,
+            qs: Vec::with_capacity(n_blocks * BLOCK / 2),
+            d: Vec::with_capacity(n_blocks),
+            offset: Offset::Zero(128),
+            table: Some(table),
+        };
+        for block in raw.chunks_exact(format.block_bytes()) {
+            match format {
+                GgufBlockFormat::Iq4Nl => {
+                    w.d.push(f16::from_le_bytes([block[0], block[1]]));
+                    w.qs.extend_from_slice(&block[2..18]);
+                }
+                GgufBlockFormat::Mxfp4 => {
+                    let d = f16::from_f32(mxfp4_scale(block[0]));
+                    if d.is_infinite() {
+                        return None;
+                    }
+                    w.d.push(d);
+                    w.qs.extend_from_slice(&block[1..17]);
+                }
+                _ => {
+                    w.d.extend((0..SUPER_BLOCK / BLOCK).map(|sub| f16::from_f32(iq4_xs_scale(block, sub))));
+                    w.qs.extend_from_slice(&block[8..136]);
+                }
+            }
+        }
+        Some(w)
     }
 
     /// The scale of value `j` of block `index` (row-major block index).
@@ -307,6 +395,10 @@ impl UqMatrix {
             let pair = &self.qs[index / 2 * 2 * bpb..][..2 * bpb];
             return std::array::from_fn(|j| (pair[j] >> (4 * (index % 2))) & 0x0f);
         }
+        if let Some(table) = self.table {
+            let qs = &self.qs[index * bpb..][..bpb];
+            return std::array::from_fn(|j| table[usize::from((qs[j % 16] >> (4 * (j / 16))) & 0x0f)]);
+        }
         let qs = &self.qs[index * bpb..][..bpb];
         let mut q = [0u8; BLOCK];
         match self.bits {
@@ -323,7 +415,7 @@ impl UqMatrix {
                 }
             }
             QuantBits::Eight => q.copy_from_slice(qs),
-            QuantBits::Six | QuantBits::FourPaired => unreachable!("taken above"),
+            QuantBits::Six | QuantBits::FourPaired | QuantBits::FourTable => unreachable!("taken above"),
         }
         q
     }
@@ -355,7 +447,10 @@ impl UqMatrix {
             (Offset::PerBlock(_), Offset::PerBlock(_)) => true,
             _ => false,
         };
-        if parts.iter().any(|p| p.cols != first.cols || p.bits != first.bits || !same_offsets(p)) {
+        if parts
+            .iter()
+            .any(|p| p.cols != first.cols || p.bits != first.bits || p.table != first.table || !same_offsets(p))
+        {
             return None;
         }
         let offset = match &first.offset {
@@ -377,8 +472,38 @@ impl UqMatrix {
             qs: parts.iter().map(|p| p.qs.as_slice()).collect::<Vec<_>>().concat(),
             d: parts.iter().map(|p| p.d.as_slice()).collect::<Vec<_>>().concat(),
             offset,
+            table: first.table,
         })
     }
+}
+
+/// The values of raw IQ4_NL, IQ4_XS or MXFP4 blocks as ggml computes them, with f32 scales:
+/// for a tensor whose scales the kernels' f16 cannot hold (MXFP4's reach 2¹²⁷), and as the
+/// tests' reference. Other formats give `None`.
+pub fn dequantize_table_format(format: GgufBlockFormat, raw: &[u8]) -> Option<Vec<f32>> {
+    let table = match format {
+        GgufBlockFormat::Mxfp4 => &MXFP4_TABLE,
+        GgufBlockFormat::Iq4Nl | GgufBlockFormat::Iq4Xs => &IQ4_NL_TABLE,
+        _ => return None,
+    };
+    let mut out = Vec::with_capacity(raw.len() / format.block_bytes() * format.block_values());
+    let mut push_block = |d: f32, qs: &[u8]| {
+        let value = |q: u8| d * (f32::from(table[usize::from(q)]) - 128.0);
+        out.extend(qs.iter().map(|&q| value(q & 0x0f)));
+        out.extend(qs.iter().map(|&q| value(q >> 4)));
+    };
+    for block in raw.chunks_exact(format.block_bytes()) {
+        match format {
+            GgufBlockFormat::Mxfp4 => push_block(mxfp4_scale(block[0]), &block[1..17]),
+            GgufBlockFormat::Iq4Nl => push_block(f16::from_le_bytes([block[0], block[1]]).to_f32(), &block[2..18]),
+            _ => {
+                for sub in 0..SUPER_BLOCK / BLOCK {
+                    push_block(iq4_xs_scale(block, sub), &block[8 + 16 * sub..][..16]);
+                }
+            }
+        }
+    }
+    Some(out)
 }
 
 /// `n` activation vectors of `cols` values, each block quantized to int8.

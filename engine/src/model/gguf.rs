@@ -1,18 +1,21 @@
-//! Reading a model from a GGUF file (llama.cpp's format) with candle's GGUF parser.
+//! Reading a model from a GGUF file (llama.cpp's format): the header by [`gguf_header`], the
+//! tensors into the kernels' layouts, or dequantized by candle where the kernels have none.
 
 use super::config::{Architecture, ModelConfig, RopeLayout, RopeScaling};
+use super::gguf_header::{self, GgufHeader, TensorType};
 use super::layers::{Activation, Block, Experts, FeedForward, Mlp, SelfAttention};
 use super::weights::Weights;
 use super::{gemma3, llama, phi3, qwen2, qwen3, qwen3moe};
 use crate::error::{Error, Result};
 use crate::kernels::matrix::{DenseMatrix, Matrix};
-use crate::kernels::quant::{GgufBlockFormat, UqMatrix};
-use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{GgmlDType, QTensor};
+use crate::kernels::quant::{dequantize_table_format, GgufBlockFormat, UqMatrix};
+use candle_core::quantized::ggml_file::qtensor_from_ggml;
+use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::GgmlDType;
 use candle_core::Device;
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read, Seek};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 pub type Metadata = HashMap<String, Value>;
@@ -41,8 +44,8 @@ const VOCABULARY_KEYS: [&str; 4] =
 /// A GGUF file's header and its tensors, read one by one as a family's loader asks for them.
 pub(super) struct Reader {
     path: PathBuf,
-    file: BufReader<File>,
-    content: Content,
+    file: File,
+    header: GgufHeader,
 }
 
 impl Reader {
@@ -50,36 +53,76 @@ impl Reader {
         Error::BadModelFile { path: self.path.clone(), reason: reason.into() }
     }
 
-    fn qtensor(&mut self, name: &str) -> Result<QTensor> {
-        if !self.content.tensor_infos.contains_key(name) {
-            return Err(Error::MissingTensor(name.to_string()));
-        }
-        self.content
-            .tensor(&mut self.file, name, &Device::Cpu)
-            .map_err(|e| Error::BadModelFile { path: self.path.clone(), reason: format!("tensor '{name}': {e}") })
+    /// Tensor `name`'s type, shape and bytes.
+    fn tensor(&mut self, name: &str) -> Result<(TensorType, Vec<usize>, Vec<u8>)> {
+        let info = self.header.tensors.get(name).ok_or_else(|| Error::MissingTensor(name.to_string()))?;
+        let (kind, dims) = (info.kind, info.dims.clone());
+        let mut raw = vec![0u8; info.size_bytes];
+        let offset = info.offset_bytes;
+        self.file
+            .seek(SeekFrom::Start(offset))
+            .and_then(|_| self.file.read_exact(&mut raw))
+            .map_err(|source| Error::ModelIo { path: self.path.clone(), source })?;
+        Ok((kind, dims, raw))
     }
 
     pub(super) fn has_tensor(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.header.tensors.contains_key(name)
     }
 
     pub(super) fn matrix(&mut self, name: &str) -> Result<Matrix> {
-        let t = self.qtensor(name)?;
-        let (rows, cols) = t.shape().dims2().map_err(|_| self.bad(format!("tensor '{name}' is not a matrix")))?;
-        if let Some(format) = block_format(t.dtype()) {
-            let raw = t.data()?;
-            return UqMatrix::from_gguf(format, &raw, rows, cols)
-                .map(Matrix::Quantized)
-                .ok_or_else(|| self.bad(format!("tensor '{name}' has inconsistent block data")));
+        let (kind, dims, raw) = self.tensor(name)?;
+        let &[rows, cols] = dims.as_slice() else {
+            return Err(self.bad(format!("tensor '{name}' is not a matrix")));
+        };
+        self.matrix_of(name, kind, &raw, rows, cols)
+    }
+
+    /// A `rows × cols` matrix of tensor `name`'s type from its bytes `raw`: in the kernels'
+    /// layout, or dense (correct, slower) for a format they do not have.
+    fn matrix_of(&self, name: &str, kind: TensorType, raw: &[u8], rows: usize, cols: usize) -> Result<Matrix> {
+        // The header checked the bytes against the shape, so a refusal here is a scale the
+        // kernels' f16 cannot hold (MXFP4's), and that matrix runs dense.
+        if let Some(w) = block_format(kind).and_then(|format| UqMatrix::from_gguf(format, raw, rows, cols)) {
+            return Ok(Matrix::Quantized(w));
         }
-        // Formats without a dedicated kernel run dense (correct, slower).
-        let w = t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+        let w = self.dequantize(name, kind, raw, vec![rows, cols])?;
         Ok(Matrix::Dense(DenseMatrix { rows, cols, w }))
     }
 
-    pub(super) fn vector(&mut self, name: &str) -> Result<Vec<f32>> {
-        let t = self.qtensor(name)?;
+    /// Tensor `name`'s values (`dims`, outermost first) from its bytes.
+    fn dequantize(&self, name: &str, kind: TensorType, raw: &[u8], dims: Vec<usize>) -> Result<Vec<f32>> {
+        if let Some(values) = block_format(kind).and_then(|format| dequantize_table_format(format, raw)) {
+            return Ok(values);
+        }
+        let dtype = match kind {
+            TensorType::F32 => GgmlDType::F32,
+            TensorType::F16 => GgmlDType::F16,
+            TensorType::Bf16 => GgmlDType::BF16,
+            TensorType::Q4_0 => GgmlDType::Q4_0,
+            TensorType::Q4_1 => GgmlDType::Q4_1,
+            TensorType::Q5_0 => GgmlDType::Q5_0,
+            TensorType::Q5_1 => GgmlDType::Q5_1,
+            TensorType::Q8_0 => GgmlDType::Q8_0,
+            TensorType::Q8_1 => GgmlDType::Q8_1,
+            TensorType::Q2K => GgmlDType::Q2K,
+            TensorType::Q3K => GgmlDType::Q3K,
+            TensorType::Q4K => GgmlDType::Q4K,
+            TensorType::Q5K => GgmlDType::Q5K,
+            TensorType::Q6K => GgmlDType::Q6K,
+            TensorType::Q8K => GgmlDType::Q8K,
+            TensorType::Iq4Nl | TensorType::Iq4Xs | TensorType::Mxfp4 => unreachable!("dequantized above"),
+            TensorType::Other(format) => {
+                return Err(self.bad(format!("tensor '{name}' is stored as {format}, which Hillside does not read yet")))
+            }
+        };
+        let t = qtensor_from_ggml(dtype, raw, dims, &Device::Cpu)?;
         Ok(t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+
+    pub(super) fn vector(&mut self, name: &str) -> Result<Vec<f32>> {
+        let (kind, dims, raw) = self.tensor(name)?;
+        self.dequantize(name, kind, &raw, dims)
     }
 
     pub(super) fn optional_vector(&mut self, name: &str) -> Result<Option<Vec<f32>>> {
@@ -90,7 +133,7 @@ impl Reader {
     }
 
     pub(super) fn meta(&self, key: &str) -> Option<&Value> {
-        self.content.metadata.get(key)
+        self.header.metadata.get(key)
     }
 
     pub(super) fn meta_usize(&self, key: &str) -> Result<usize> {
@@ -194,24 +237,14 @@ impl Reader {
     /// The experts of a stacked expert tensor (`experts × rows × cols`), each a matrix of its
     /// own over its slice of the file's blocks.
     fn expert_matrices(&mut self, name: &str) -> Result<Vec<Matrix>> {
-        let t = self.qtensor(name)?;
-        let (count, rows, cols) =
-            t.shape().dims3().map_err(|_| self.bad(format!("tensor '{name}' is not a stack of matrices")))?;
-        let format = block_format(t.dtype());
-        if let Some(format) = format {
-            let raw = t.data()?;
-            let per_expert = raw.len() / count.max(1);
-            return raw
-                .chunks_exact(per_expert)
-                .map(|bytes| {
-                    UqMatrix::from_gguf(format, bytes, rows, cols)
-                        .map(Matrix::Quantized)
-                        .ok_or_else(|| self.bad(format!("tensor '{name}' has inconsistent block data")))
-                })
-                .collect();
+        let (kind, dims, raw) = self.tensor(name)?;
+        let &[count, rows, cols] = dims.as_slice() else {
+            return Err(self.bad(format!("tensor '{name}' is not a stack of matrices")));
+        };
+        if count == 0 {
+            return Err(self.bad(format!("tensor '{name}' holds no experts")));
         }
-        let w = t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
-        Ok(w.chunks_exact(rows * cols).map(|w| Matrix::Dense(DenseMatrix { rows, cols, w: w.to_vec() })).collect())
+        raw.chunks_exact(raw.len() / count).map(|bytes| self.matrix_of(name, kind, bytes, rows, cols)).collect()
     }
 
     /// Layer `i`'s gated feed-forward network from separate gate and up projections.
@@ -240,16 +273,19 @@ impl Reader {
 }
 
 /// The kernels' block format for a GGUF tensor type, where they have one.
-fn block_format(dtype: GgmlDType) -> Option<GgufBlockFormat> {
-    match dtype {
-        GgmlDType::Q4_0 => Some(GgufBlockFormat::Q4_0),
-        GgmlDType::Q4_1 => Some(GgufBlockFormat::Q4_1),
-        GgmlDType::Q5_0 => Some(GgufBlockFormat::Q5_0),
-        GgmlDType::Q5_1 => Some(GgufBlockFormat::Q5_1),
-        GgmlDType::Q8_0 => Some(GgufBlockFormat::Q8_0),
-        GgmlDType::Q4K => Some(GgufBlockFormat::Q4K),
-        GgmlDType::Q5K => Some(GgufBlockFormat::Q5K),
-        GgmlDType::Q6K => Some(GgufBlockFormat::Q6K),
+fn block_format(kind: TensorType) -> Option<GgufBlockFormat> {
+    match kind {
+        TensorType::Q4_0 => Some(GgufBlockFormat::Q4_0),
+        TensorType::Q4_1 => Some(GgufBlockFormat::Q4_1),
+        TensorType::Q5_0 => Some(GgufBlockFormat::Q5_0),
+        TensorType::Q5_1 => Some(GgufBlockFormat::Q5_1),
+        TensorType::Q8_0 => Some(GgufBlockFormat::Q8_0),
+        TensorType::Q4K => Some(GgufBlockFormat::Q4K),
+        TensorType::Q5K => Some(GgufBlockFormat::Q5K),
+        TensorType::Q6K => Some(GgufBlockFormat::Q6K),
+        TensorType::Iq4Nl => Some(GgufBlockFormat::Iq4Nl),
+        TensorType::Iq4Xs => Some(GgufBlockFormat::Iq4Xs),
+        TensorType::Mxfp4 => Some(GgufBlockFormat::Mxfp4),
         _ => None,
     }
 }
@@ -265,14 +301,14 @@ impl GgufFile {
     }
 
     pub fn metadata(&self) -> &Metadata {
-        &self.reader.content.metadata
+        &self.reader.header.metadata
     }
 
     /// Frees the vocabulary arrays (once the tokenizer is built, before the weights come in,
     /// so they do not add to the load's peak memory).
     pub fn drop_vocabulary(&mut self) {
         for key in VOCABULARY_KEYS {
-            self.reader.content.metadata.remove(key);
+            self.reader.header.metadata.remove(key);
         }
     }
 
@@ -286,18 +322,12 @@ impl GgufFile {
 /// Reads the header and the model configuration.
 pub fn open(path: &Path) -> Result<GgufFile> {
     let io_err = |source| Error::ModelIo { path: path.to_path_buf(), source };
-    let file = File::open(path).map_err(io_err)?;
-    if !is_gguf(path) {
-        return Err(Error::BadModelFile {
-            path: path.to_path_buf(),
-            reason: "not a GGUF file (the first bytes are not 'GGUF')".into(),
-        });
-    }
-    let mut file = BufReader::new(file);
-    file.rewind().map_err(io_err)?;
-    let content = Content::read(&mut file)
-        .map_err(|e| Error::BadModelFile { path: path.to_path_buf(), reason: format!("unreadable header: {e}") })?;
-    let r = Reader { path: path.to_path_buf(), file, content };
+    let mut file = File::open(path).map_err(io_err)?;
+    let header = gguf_header::read(&mut BufReader::new(&mut file)).map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidData => Error::BadModelFile { path: path.to_path_buf(), reason: e.to_string() },
+        _ => io_err(e),
+    })?;
+    let r = Reader { path: path.to_path_buf(), file, header };
 
     let arch_name = r
         .meta("general.architecture")

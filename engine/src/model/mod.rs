@@ -6,6 +6,7 @@
 pub mod config;
 mod gemma3;
 pub mod gguf;
+mod gguf_header;
 pub mod layers;
 mod llama;
 mod phi3;

@@ -1,8 +1,8 @@
 //! x86-64-v3 kernels (AVX2, FMA, F16C), each also built with the VEX-encoded VNNI dot products
 //! (`VNNI = true`) for the CPUs that have them. Without VNNI an unsigned × signed byte product
 //! takes `maddubs` (pairs into saturating i16) and `madd` (pairs into i32); its operands are kept
-//! where no pair can saturate: 4-, 5- and 6-bit weights (≤ 63·127·2), and 8-bit values
-//! multiplied as |a| × sign(b, a) (≤ 128·127·2 < 2¹⁵).
+//! where no pair can saturate: 4-, 5- and 6-bit weights (≤ 63·127·2), and 8-bit values (Q8_0's,
+//! and a table format's looked-up ones) multiplied as |a| × sign(b, a) (≤ 128·127·2 < 2¹⁵).
 
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
@@ -155,22 +155,44 @@ unsafe fn uq_dot_rows_with<const VNNI: bool>(
     unsafe { dispatch_tile!(w.bits, nt, uq_dot_tile::<NT, VNNI, BITS>(w, rows, x, t0, out)) }
 }
 
-/// Block `ptr`'s 32 weights as bytes for [`block_dot`]: unsigned ints, or for 8-bit weights
-/// without VNNI, signed (q − 128). Not for Q4_K and Q6_K, whose blocks are not apart
-/// ([`unpack_paired`], [`unpack_six`]).
+/// Whether weights of format `BITS` are multiplied as signed bytes (q − 128): 8-bit ones
+/// without VNNI, whose unsigned pairs could saturate `maddubs`.
+const fn signed_weights<const VNNI: bool, const BITS: u8>() -> bool {
+    !VNNI && (BITS == QuantBits::Eight as u8 || BITS == QuantBits::FourTable as u8)
+}
+
+/// Block `ptr`'s 32 weights as bytes for [`block_dot`]: unsigned ints (a table format's
+/// nibbles looked up in `table`, the matrix's table in both lanes), or signed when
+/// [`signed_weights`]. Not for Q4_K and Q6_K, whose blocks are not apart ([`unpack_paired`],
+/// [`unpack_six`]).
 #[inline(always)]
-unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8) -> __m256i {
+unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8, table: __m256i) -> __m256i {
     // SAFETY: the caller passes a pointer to one whole block.
     unsafe {
-        if BITS == QuantBits::Eight as u8 {
-            let q = _mm256_loadu_si256(ptr.cast());
-            if VNNI {
-                q
-            } else {
-                _mm256_xor_si256(q, _mm256_set1_epi8(-128))
-            }
+        let q = if BITS == QuantBits::Eight as u8 {
+            _mm256_loadu_si256(ptr.cast())
+        } else if BITS == QuantBits::FourTable as u8 {
+            _mm256_shuffle_epi8(table, unpack_block(QuantBits::Four, ptr))
         } else {
             unpack_block(format_of(BITS), ptr)
+        };
+        if signed_weights::<VNNI, BITS>() {
+            _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+        } else {
+            q
+        }
+    }
+}
+
+/// A table format's 16 unsigned values in both 128-bit lanes, for `_mm256_shuffle_epi8`; zero
+/// for the other formats.
+#[inline(always)]
+pub(super) unsafe fn table_lanes(w: &UqMatrix) -> __m256i {
+    // SAFETY: the caller has avx2; the load reads the table's own 16 bytes.
+    unsafe {
+        match w.table {
+            Some(table) => _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast())),
+            None => _mm256_setzero_si256(),
         }
     }
 }
@@ -182,7 +204,7 @@ unsafe fn block_dot<const VNNI: bool, const BITS: u8>(wv: __m256i, xv: __m256i) 
     // SAFETY: the callers are compiled with avx2 (and avxvnni when VNNI).
     unsafe {
         let zero = _mm256_setzero_si256();
-        if BITS == QuantBits::Eight as u8 && !VNNI {
+        if signed_weights::<VNNI, BITS>() {
             dot_i8i8::<VNNI>(zero, wv, xv)
         } else {
             dot_u8i8::<VNNI>(zero, wv, xv)
@@ -210,6 +232,8 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
     let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb * spb..][..nb * spb]);
     let start = rows.start;
     let row_bytes = nb * bpb;
+    // SAFETY: the callers have avx2.
+    let table = unsafe { table_lanes(w) };
     for row in rows {
         let wd = &w.d[row * nb * spb..][..nb * spb];
         let wq = w.qs[row * row_bytes..][..row_bytes].as_ptr();
@@ -218,7 +242,7 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
         // 8-bit weights without VNNI are multiplied signed (see the module comment), so their
         // zero point is off already.
         let offsets = match &w.offset {
-            _ if !VNNI && BITS == QuantBits::Eight as u8 => BlockOffsets::None,
+            _ if signed_weights::<VNNI, BITS>() => BlockOffsets::None,
             Offset::Zero(z) => BlockOffsets::ScaleTimes(-f32::from(*z)),
             Offset::PerBlock(m) => BlockOffsets::PerBlock(&m[row * nb..][..nb]),
         };
@@ -229,7 +253,9 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
             if NT == 1 {
                 prefetch_ahead(wq, b * bpb, GROUP * bpb);
             }
-            unsafe { group_products::<NT, VNNI, BITS, GROUP>(wq, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe {
+                group_products::<NT, VNNI, BITS, GROUP>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc)
+            };
             b += GROUP;
         }
         // The last nb % 8 blocks go in groups of 4, 2 and 1 of fixed length: a group of a
@@ -238,15 +264,15 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
             prefetch_ahead(wq, b * bpb, (nb - b) * bpb);
         }
         if b + 4 <= nb {
-            unsafe { group_products::<NT, VNNI, BITS, 4>(wq, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe { group_products::<NT, VNNI, BITS, 4>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
             b += 4;
         }
         if b + 2 <= nb {
-            unsafe { group_products::<NT, VNNI, BITS, 2>(wq, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe { group_products::<NT, VNNI, BITS, 2>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
             b += 2;
         }
         if b < nb {
-            unsafe { group_products::<NT, VNNI, BITS, 1>(wq, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe { group_products::<NT, VNNI, BITS, 1>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
         }
         for t in 0..NT {
             out[(row - start) * TOKEN_TILE + t] = hsum(acc[t]);
@@ -275,7 +301,8 @@ enum Offsets {
 }
 
 /// Adds to `acc[t]` the products of blocks `b..b+N` (N ≤ 8) of one weight row with token t's
-/// activations, and the blocks' offsets times the token's scaled sums.
+/// activations, and the blocks' offsets times the token's scaled sums (`table`: the matrix's
+/// [`table_lanes`]).
 ///
 /// # Safety
 /// Blocks b..b+N lie inside the row (`wq`, `bpb` bytes a block; `wd`; `offsets`) and inside
@@ -285,6 +312,7 @@ enum Offsets {
 #[allow(clippy::too_many_arguments)]
 unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, const N: usize>(
     wq: *const u8,
+    table: __m256i,
     wd: &[f16],
     offsets: &BlockOffsets,
     xq: &[*const i8; NT],
@@ -309,7 +337,7 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, cons
             } else if paired {
                 unpack_paired(wq.add((b + i / 2 * 2) * bpb), i % 2 == 1)
             } else {
-                load_block::<VNNI, BITS>(wq.add((b + i) * bpb))
+                load_block::<VNNI, BITS>(wq.add((b + i) * bpb), table)
             };
         }
         // Per block, the scale of its values 0–15 (`lower`) and 16–31 (`upper`): one for both

@@ -113,6 +113,8 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
     let step = if six { 4 } else { 2 };
     // How far ahead a one-token product asks for offsets (a division, done once, not a row).
     let offsets_ahead = prefetch_rows_ahead(w);
+    // SAFETY: the caller has avx2.
+    let table = unsafe { avx2::table_lanes(w) };
     for row in rows {
         let wd = &w.d[row * nb * spb..][..nb * spb];
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
@@ -131,12 +133,12 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
                 prefetch_ahead(wq, 2 * p * bpb, 2 * step * bpb);
             }
             for k in 0..step {
-                unsafe { pair_products::<NT, BITS>(wq, wd, &xq, &xd, p, k, bpb, &mut acc, k % 2) };
+                unsafe { pair_products::<NT, BITS>(wq, table, wd, &xq, &xd, p, k, bpb, &mut acc, k % 2) };
             }
             p += step;
         }
         while p < pairs {
-            unsafe { pair_products::<NT, BITS>(wq, wd, &xq, &xd, p, 0, bpb, &mut acc, 0) };
+            unsafe { pair_products::<NT, BITS>(wq, table, wd, &xq, &xd, p, 0, bpb, &mut acc, 0) };
             p += 1;
         }
         let mut acc: [__m512; NT] = std::array::from_fn(|t| _mm512_add_ps(acc[t][0], acc[t][1]));
@@ -168,6 +170,9 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
                         QuantBits::Six | QuantBits::FourPaired => {
                             unreachable!("K-quant rows are whole super-blocks: 8 blocks each")
                         }
+                        QuantBits::FourTable => {
+                            _mm256_shuffle_epi8(table, avx2::unpack_block(QuantBits::Four, wq.add(b * bpb)))
+                        }
                         bits => avx2::unpack_block(bits, wq.add(b * bpb)),
                     };
                     let xv = _mm256_loadu_si256(xq[t][b * BLOCK..][..BLOCK].as_ptr().cast());
@@ -183,7 +188,7 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
 
 /// Adds to `acc[t][lane]` the products of pair `first + k` (blocks 2·(first + k) and the next)
 /// of one weight row with token t's activations, scaled. For Q6_K, `first` is a multiple of 4:
-/// pair k of the super-block that starts there.
+/// pair k of the super-block that starts there. `table`: the matrix's [`avx2::table_lanes`].
 ///
 /// # Safety
 /// The pair lies inside the row (`wq`, `bpb` bytes a block; `wd`) and inside each token's
@@ -192,6 +197,7 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
 #[allow(clippy::too_many_arguments)]
 unsafe fn pair_products<const NT: usize, const BITS: u8>(
     wq: *const u8,
+    table: __m256i,
     wd: &[f16],
     xq: &[&[i8]; NT],
     xd: &[&[f32]; NT],
@@ -207,14 +213,19 @@ unsafe fn pair_products<const NT: usize, const BITS: u8>(
     unsafe {
         // 64 unsigned weights of blocks 2p and 2p+1, in activation order.
         let wv = match bits {
-            QuantBits::Four => {
+            QuantBits::Four | QuantBits::FourTable => {
                 let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
                 let low_nibbles = _mm256_set1_epi8(0x0f);
                 let lo = _mm256_and_si256(raw, low_nibbles);
                 let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
                 // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
                 let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00)
+                let codes = _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00);
+                if bits == QuantBits::FourTable {
+                    _mm512_shuffle_epi8(_mm512_broadcast_i64x4(table), codes)
+                } else {
+                    codes
+                }
             }
             QuantBits::FourPaired => {
                 let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);

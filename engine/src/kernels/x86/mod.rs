@@ -55,6 +55,7 @@ macro_rules! dispatch_tile {
             QuantBits::Six => dispatch_tile!(@nt Six, $nt, $call),
             QuantBits::Eight => dispatch_tile!(@nt Eight, $nt, $call),
             QuantBits::FourPaired => dispatch_tile!(@nt FourPaired, $nt, $call),
+            QuantBits::FourTable => dispatch_tile!(@nt FourTable, $nt, $call),
         }
     };
     (@nt $format:ident, $nt:expr, $call:expr) => {{
@@ -88,6 +89,8 @@ pub(crate) const fn format_of(bits: u8) -> QuantBits {
         QuantBits::Six
     } else if bits == QuantBits::FourPaired as u8 {
         QuantBits::FourPaired
+    } else if bits == QuantBits::FourTable as u8 {
+        QuantBits::FourTable
     } else {
         QuantBits::Eight
     }
