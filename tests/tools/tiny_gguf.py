@@ -27,7 +27,7 @@ SHAPES = {
     # Eight experts, two used per token, each 192 wide.
     "qwen3moe": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, blocks=3, experts=8, used=2, expert_ffn=192),
     "phi3": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, blocks=3),
-    # Seven blocks: windowed ones, the global sixth, one more windowed.
+    # Seven blocks, global at 2 and 6 (a flag per layer), windowed at the others.
     "gemma3": dict(hidden=256, heads=4, kv_heads=1, head_dim=128, ffn=768, blocks=7),
 }
 WINDOW_TOKENS = 24
@@ -142,6 +142,9 @@ def main() -> None:
     w.add_rope_freq_base(1_000_000.0 if arch in ("qwen3", "gemma3") else 10_000.0)
     if arch == "gemma3":
         w.add_sliding_window(WINDOW_TOKENS)
+        # A flag per layer (as llama.cpp's converter writes newer files), not the default
+        # period: global layers 2 and 6 here, where the period of six would make only 5 global.
+        w.add_array(f"{arch}.attention.sliding_window_pattern", [i not in (2, 6) for i in range(s["blocks"])])
     if "experts" in s:
         w.add_expert_count(s["experts"])
         w.add_expert_used_count(s["used"])
