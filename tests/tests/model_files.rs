@@ -8,6 +8,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use common::rng::SplitMix64;
 use common::Scratch;
+use hillside_engine::kernels::matrix::Matrix;
 use hillside_engine::model::{gguf, safetensors, Model};
 use hillside_engine::{Engine, Error, Logits};
 use std::collections::HashMap;
@@ -133,6 +134,9 @@ fn tiny_llama_safetensors_runs_on_dense_weights() {
     )
     .unwrap();
     let (config, weights) = safetensors::load(&dir).unwrap();
+    // BF16 stays 16-bit: two bytes a weight, as in the file.
+    assert!(matches!(&weights.embedding, Matrix::Half(_)), "the embedding was widened");
+    assert_eq!(weights.blocks[0].attention.output.weight_bytes(), 2 * 64 * 64);
     check_consistent(&Model::new(config, weights));
 
     // With tokenizer.json and tokenizer_config.json beside it, it is a whole model to chat with.

@@ -7,6 +7,8 @@ use super::parallel::{task_count, DisjointWriter};
 use super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
 use super::spin_pool::pool;
 use super::SimdLevel;
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 use std::ops::Range;
 
 /// Tokens whose products one kernel call computes together.
@@ -23,10 +25,49 @@ pub struct DenseMatrix {
     pub w: Vec<f32>,
 }
 
+/// A matrix of 16-bit floats as the file stores them (F16 or BF16): half the memory of f32, and
+/// half the bytes a product reads. Each row is widened to f32 (exactly) before its products,
+/// which are then those of the [`DenseMatrix`] of the same values, to the bit.
+#[derive(Debug, Clone)]
+pub struct HalfMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub w: HalfValues,
+}
+
+/// rows × cols values, row-major.
+#[derive(Debug, Clone)]
+pub enum HalfValues {
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+}
+
+impl HalfMatrix {
+    /// Row `row` widened into `out` (`cols` values).
+    pub fn row_into(&self, row: usize, out: &mut [f32]) {
+        let range = row * self.cols..(row + 1) * self.cols;
+        match &self.w {
+            HalfValues::F16(w) => w[range].convert_to_f32_slice(out),
+            HalfValues::Bf16(w) => w[range].convert_to_f32_slice(out),
+        }
+    }
+
+    /// The matrix of `a`'s rows, then `b`'s; `None` if their value types differ.
+    fn stack(a: &Self, b: &Self) -> Option<Self> {
+        let w = match (&a.w, &b.w) {
+            (HalfValues::F16(x), HalfValues::F16(y)) => HalfValues::F16([x.as_slice(), y].concat()),
+            (HalfValues::Bf16(x), HalfValues::Bf16(y)) => HalfValues::Bf16([x.as_slice(), y].concat()),
+            _ => return None,
+        };
+        Some(Self { rows: a.rows + b.rows, cols: a.cols, w })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Matrix {
     Quantized(UqMatrix),
     Dense(DenseMatrix),
+    Half(HalfMatrix),
     /// Matrices of different formats stacked by rows, each product through its own kernel
     /// (a K-quant file gives q and k one format and v another in some layers).
     Stacked(Vec<Matrix>),
@@ -44,6 +85,7 @@ impl Matrix {
         match self {
             Self::Quantized(q) => q.rows,
             Self::Dense(d) => d.rows,
+            Self::Half(h) => h.rows,
             Self::Stacked(parts) => parts.iter().map(Self::rows).sum(),
         }
     }
@@ -52,6 +94,7 @@ impl Matrix {
         match self {
             Self::Quantized(q) => q.cols,
             Self::Dense(d) => d.cols,
+            Self::Half(h) => h.cols,
             Self::Stacked(parts) => parts[0].cols(),
         }
     }
@@ -61,6 +104,7 @@ impl Matrix {
         match self {
             Self::Quantized(q) => q.bytes(),
             Self::Dense(d) => 4 * d.w.len(),
+            Self::Half(h) => 2 * h.rows * h.cols,
             Self::Stacked(parts) => parts.iter().map(Self::weight_bytes).sum(),
         }
     }
@@ -69,6 +113,7 @@ impl Matrix {
         match self {
             Self::Quantized(q) => q.dequantize_row(row, out),
             Self::Dense(d) => out.copy_from_slice(&d.w[row * d.cols..][..d.cols]),
+            Self::Half(h) => h.row_into(row, &mut out[..h.cols]),
             Self::Stacked(parts) => {
                 let mut row = row;
                 for part in parts {
@@ -100,6 +145,7 @@ impl Matrix {
                     cols: a.cols,
                     w: [a.w.as_slice(), &b.w].concat(),
                 })),
+                (Some(Self::Half(a)), Self::Half(b)) => HalfMatrix::stack(a, b).map(Self::Half),
                 _ => None,
             };
             match merged {
@@ -116,7 +162,7 @@ impl Matrix {
         assert_eq!(x.len(), n * self.cols(), "matmul input shape");
         assert_eq!(out.len(), n * self.rows(), "matmul output shape");
         // Quantized once, for every quantized part.
-        if !matches!(self, Self::Dense(_)) {
+        if !matches!(self, Self::Dense(_) | Self::Half(_)) {
             scratch.quantize_into(x, n, self.cols());
         }
         let stride = self.rows();
@@ -128,6 +174,7 @@ impl Matrix {
         match self {
             Self::Quantized(w) => uq_matmul(w, quantized, out, super::simd_level()),
             Self::Dense(w) => dense_matmul(w, x, n, out),
+            Self::Half(w) => half_matmul(w, x, n, out),
             Self::Stacked(parts) => {
                 let mut first_row = out.first_row;
                 for part in parts {
@@ -266,6 +313,25 @@ fn dense_matmul(w: &DenseMatrix, x: &[f32], n: usize, out: &OutRows) {
             let xt = &x[t * w.cols..][..w.cols];
             for r in r0..r1 {
                 let s = dot_f32(&w.w[r * w.cols..][..w.cols], xt);
+                // SAFETY: each task owns rows r0..r1 of every token's output.
+                unsafe { out.writer.write(t * out.stride + out.first_row + r, s) };
+            }
+        }
+    });
+}
+
+fn half_matmul(w: &HalfMatrix, x: &[f32], n: usize, out: &OutRows) {
+    let rows = w.rows;
+    let tasks = task_count(rows, 8);
+    let rows_per_task = rows.div_ceil(tasks);
+    pool().run(tasks, &|task| {
+        let (r0, r1) = (task * rows_per_task, ((task + 1) * rows_per_task).min(rows));
+        // One row widened at a time, then multiplied with every token while it is in L1.
+        let mut row = vec![0f32; w.cols];
+        for r in r0..r1 {
+            w.row_into(r, &mut row);
+            for t in 0..n {
+                let s = dot_f32(&row, &x[t * w.cols..][..w.cols]);
                 // SAFETY: each task owns rows r0..r1 of every token's output.
                 unsafe { out.writer.write(t * out.stride + out.first_row + r, s) };
             }
@@ -515,6 +581,43 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn half_matrices_take_two_bytes_a_value_and_give_the_dense_products_to_the_bit() {
+        let (rows, cols, n) = (19, 96, 5);
+        let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 2001) as f32 / 700.0 - 1.4).collect();
+        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 104_729) % 997) as f32 / 400.0 - 1.2).collect();
+        let mut scratch = QuantizedActivations::default();
+        let product = |m: &Matrix| {
+            let mut out = vec![0f32; n * m.rows()];
+            m.matmul(&x, n, &mut QuantizedActivations::default(), &mut out);
+            out
+        };
+        let halves = [
+            HalfValues::F16(values.iter().map(|&v| f16::from_f32(v)).collect()),
+            HalfValues::Bf16(values.iter().map(|&v| bf16::from_f32(v)).collect()),
+        ];
+        for w in halves {
+            let half = Matrix::Half(HalfMatrix { rows, cols, w });
+            assert_eq!(half.weight_bytes(), 2 * rows * cols);
+            let mut widened = vec![0f32; rows * cols];
+            for (r, row) in widened.chunks_exact_mut(cols).enumerate() {
+                half.dequantize_row(r, row);
+            }
+            let dense = Matrix::Dense(DenseMatrix { rows, cols, w: widened });
+            let (ours, reference) = (product(&half), product(&dense));
+            assert!(ours.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{half:?}");
+            // Stacked with another of its kind, the two stay one matrix of 16-bit values.
+            let stacked = Matrix::stack(&[&half, &half]).unwrap();
+            assert!(matches!(&stacked, Matrix::Half(h) if h.rows == 2 * rows), "{stacked:?}");
+            let mut out = vec![0f32; n * 2 * rows];
+            stacked.matmul(&x, n, &mut scratch, &mut out);
+            assert_eq!(
+                out[..rows].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                ours[..rows].iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
         }
     }
 

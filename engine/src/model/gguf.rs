@@ -7,7 +7,7 @@ use super::layers::{Activation, Block, Experts, FeedForward, Mlp, SelfAttention}
 use super::weights::Weights;
 use super::{gemma3, llama, phi3, qwen2, qwen3, qwen3moe};
 use crate::error::{Error, Result};
-use crate::kernels::matrix::{DenseMatrix, Matrix};
+use crate::kernels::matrix::{DenseMatrix, HalfMatrix, HalfValues, Matrix};
 use crate::kernels::quant::{dequantize_table_format, GgufBlockFormat, UqMatrix};
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::gguf_file::Value;
@@ -79,8 +79,17 @@ impl Reader {
     }
 
     /// A `rows × cols` matrix of tensor `name`'s type from its bytes `raw`: in the kernels'
-    /// layout, or dense (correct, slower) for a format they do not have.
+    /// layout, 16-bit floats as they are, or dense f32 (correct, slower) for the rest.
     fn matrix_of(&self, name: &str, kind: TensorType, raw: &[u8], rows: usize, cols: usize) -> Result<Matrix> {
+        let halves = || raw.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let half = match kind {
+            TensorType::F16 => Some(HalfValues::F16(halves().map(half::f16::from_bits).collect())),
+            TensorType::Bf16 => Some(HalfValues::Bf16(halves().map(half::bf16::from_bits).collect())),
+            _ => None,
+        };
+        if let Some(w) = half {
+            return Ok(Matrix::Half(HalfMatrix { rows, cols, w }));
+        }
         // The header checked the bytes against the shape, so a refusal here is a scale the
         // kernels' f16 cannot hold (MXFP4's), and that matrix runs dense.
         if let Some(w) = block_format(kind).and_then(|format| UqMatrix::from_gguf(format, raw, rows, cols)) {

@@ -5,7 +5,7 @@ use super::config::{Architecture, ModelConfig, RopeLayout, RopeScaling};
 use super::layers::{Activation, Block, FeedForward, Mlp, SelfAttention, MAIN_ROPE};
 use super::weights::Weights;
 use crate::error::{Error, Result};
-use crate::kernels::matrix::{DenseMatrix, Matrix};
+use crate::kernels::matrix::{DenseMatrix, HalfMatrix, HalfValues, Matrix};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::DType;
 use serde::Deserialize;
@@ -144,12 +144,18 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
         let dims = t.dims().to_vec();
         Ok((dims, t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?))
     };
+    // 16-bit floats stay as the checkpoint has them; other types become f32.
     let matrix = |name: &str| -> Result<Matrix> {
-        let (dims, w) = tensor(name)?;
-        match dims[..] {
-            [rows, cols] => Ok(Matrix::Dense(DenseMatrix { rows, cols, w })),
-            _ => Err(Error::TensorShape { name: name.into(), expected: vec![0, 0], actual: dims }),
-        }
+        let t = st.load(name, &candle_core::Device::Cpu).map_err(|_| Error::MissingTensor(name.to_string()))?;
+        let &[rows, cols] = t.dims() else {
+            return Err(Error::TensorShape { name: name.into(), expected: vec![0, 0], actual: t.dims().to_vec() });
+        };
+        let values = t.flatten_all()?;
+        Ok(match t.dtype() {
+            DType::F16 => Matrix::Half(HalfMatrix { rows, cols, w: HalfValues::F16(values.to_vec1()?) }),
+            DType::BF16 => Matrix::Half(HalfMatrix { rows, cols, w: HalfValues::Bf16(values.to_vec1()?) }),
+            _ => Matrix::Dense(DenseMatrix { rows, cols, w: values.to_dtype(DType::F32)?.to_vec1()? }),
+        })
     };
     let vector = |name: &str| tensor(name).map(|(_, v)| v);
     let bad = |reason: String| Error::BadModelFile { path: path.to_path_buf(), reason };
