@@ -98,6 +98,37 @@ fn margin(logits: &[f32]) -> f32 {
     logits[top] - second
 }
 
+/// llama.cpp's greedy continuation of `prompt` for `steps` tokens, and its logits (`vocab` a
+/// row) at every prompt position, then at every step.
+fn llama_cpp_greedy(model: &Path, prompt: &[u32], steps: usize, dir: &Path) -> (Vec<u32>, Vec<f32>) {
+    let logits_file = dir.join("logits.f32");
+    let greedy = ids(&oracle(model, &["eval", logits_file.to_str().unwrap(), &steps.to_string()], &joined(prompt)));
+    let raw = std::fs::read(&logits_file).unwrap();
+    (greedy, raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect())
+}
+
+/// How many of llama.cpp's greedy tokens `theirs` our own greedy text from `prompt` repeats;
+/// where the two part, llama.cpp's lead there (from `their_logits`, as [`llama_cpp_greedy`]
+/// gives them) must be a near tie.
+fn same_greedy_tokens(engine: &Engine, prompt: &[u32], theirs: &[u32], their_logits: &[f32], what: &str) -> usize {
+    let vocab = engine.model().config.vocab_size;
+    let mut seq = engine.new_sequence(Some(1024));
+    let mut logits = engine.model().forward(prompt, seq.kv.as_mut(), Logits::Last).unwrap();
+    for (same, &expected) in theirs.iter().enumerate() {
+        let next = argmax(&logits);
+        if next != expected {
+            let lead = margin(&their_logits[(prompt.len() - 1 + same) * vocab..][..vocab]);
+            assert!(
+                lead < NEAR_TIE_LOGITS,
+                "{what}: greedy text parts from llama.cpp's at token {same}, where its lead was {lead}"
+            );
+            return same;
+        }
+        logits = engine.model().forward(&[next], seq.kv.as_mut(), Logits::Last).unwrap();
+    }
+    theirs.len()
+}
+
 /// The family's tiny model through Hillside and llama.cpp: the same tokens; a prompt's logits
 /// at every position, then 64 decode steps on llama.cpp's greedy tokens, each within
 /// [`KL_LIMIT`]; and our own greedy text, identical to llama.cpp's but where the two part at a
@@ -115,11 +146,7 @@ fn matches_llama_cpp(family: &str, formats: &str) {
     let prompt = &ours_ids[..ours_ids.len().min(80)];
 
     const STEPS: usize = 64;
-    let logits_file = dir.join("logits.f32");
-    let greedy_theirs =
-        ids(&oracle(&path, &["eval", logits_file.to_str().unwrap(), &STEPS.to_string()], &joined(prompt)));
-    let raw = std::fs::read(&logits_file).unwrap();
-    let theirs: Vec<f32> = raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let (greedy_theirs, theirs) = llama_cpp_greedy(&path, prompt, STEPS, &dir);
     let vocab = engine.model().config.vocab_size;
     assert_eq!(theirs.len(), (prompt.len() + STEPS) * vocab, "{family}: llama.cpp's logits");
     let row = |i: usize| &theirs[i * vocab..][..vocab];
@@ -152,23 +179,7 @@ fn matches_llama_cpp(family: &str, formats: &str) {
         }
     }
 
-    // Our own greedy text from the prompt.
-    let mut seq = engine.new_sequence(Some(1024));
-    let mut logits = engine.model().forward(prompt, seq.kv.as_mut(), Logits::Last).unwrap();
-    let mut same = 0;
-    while same < STEPS {
-        let next = argmax(&logits);
-        if next != greedy_theirs[same] {
-            let lead = margin(row(prompt.len() - 1 + same));
-            assert!(
-                lead < NEAR_TIE_LOGITS,
-                "{family}: greedy text parts from llama.cpp's at token {same}, where its lead was {lead}"
-            );
-            break;
-        }
-        logits = engine.model().forward(&[next], seq.kv.as_mut(), Logits::Last).unwrap();
-        same += 1;
-    }
+    let same = same_greedy_tokens(&engine, prompt, &greedy_theirs, &theirs, family);
     eprintln!(
         "{family}: worst KL {worst:.5} over {} prompt positions and {STEPS} decode steps (routing ties: {routing_ties:?}); \
          greedy text identical for {same} of {STEPS} tokens",
@@ -339,26 +350,8 @@ fn gemma3_270m_perplexity_matches_llama_cpp() {
     // 64 greedy tokens after the book's first 32, as llama.cpp writes them (but at a near tie).
     let prompt = &tokens[..32];
     let dir = common::Scratch::new("gemma-greedy");
-    let logits_file = dir.join("logits.f32");
-    let greedy_theirs = ids(&oracle(&path, &["eval", logits_file.to_str().unwrap(), "64"], &joined(prompt)));
-    let raw = std::fs::read(&logits_file).unwrap();
-    let theirs_logits: Vec<f32> = raw.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
-    let mut seq = engine.new_sequence(Some(1024));
-    let mut logits = engine.model().forward(prompt, seq.kv.as_mut(), Logits::Last).unwrap();
-    let mut same = 0;
-    while same < greedy_theirs.len() {
-        let next = argmax(&logits);
-        if next != greedy_theirs[same] {
-            let lead = margin(&theirs_logits[(prompt.len() - 1 + same) * vocab..][..vocab]);
-            assert!(
-                lead < NEAR_TIE_LOGITS,
-                "greedy text parts from llama.cpp's at token {same}, where its lead was {lead}"
-            );
-            break;
-        }
-        logits = engine.model().forward(&[next], seq.kv.as_mut(), Logits::Last).unwrap();
-        same += 1;
-    }
+    let (greedy_theirs, theirs_logits) = llama_cpp_greedy(&path, prompt, 64, &dir);
+    let same = same_greedy_tokens(&engine, prompt, &greedy_theirs, &theirs_logits, "gemma 3 270M");
     eprintln!("gemma 3 270M: greedy text identical to llama.cpp's for {same} of 64 tokens");
 }
 
