@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Each weight format's product kernel, Hillside's beside llama.cpp's, on one core in one run.
 #
-#   scripts/kernels-vs-llama.sh [--level avx2|native] [--formats q4_1,q5_0,q8_0,q4_K,q6_K]
+#   scripts/kernels-vs-llama.sh [--level avx2|native] [--formats q4_1,q5_0,q8_0,q4_K,q6_K,iq4_nl,iq4_xs,mxfp4]
 #                               [--values 65536,655360,65536000] [--cols 896,4864] [--ms 300]
 #
 # Both sides take one token's activations, quantized beforehand, against the same shape of
@@ -10,7 +10,7 @@
 # calls ggml's CPU vec_dot for each row, built by `llama-cpp-build.sh` against llama.cpp's ggml).
 #   native  both at the CPU's best level;
 #   avx2    HILLSIDE_SIMD=avx2 against ggml built without AVX-512.
-# A row width a format cannot take (K-quants need multiples of 256 values) is skipped. Prints
+# A row width a format cannot take (K-quants and IQ4_XS need multiples of 256 values) is skipped. Prints
 # ns per 32 weights and llama.cpp ÷ Hillside (above 1: Hillside is faster) and writes it as JSON
 # (kernels-vs-llama-<level>.json).
 set -euo pipefail
@@ -40,7 +40,7 @@ IFS=, read -ra col_list <<< "$cols_list"
 for cols in "${col_list[@]}"; do
   for format in "${format_list[@]}"; do
     case "$format" in
-      *_K) [ $((cols % 256)) -eq 0 ] || { echo "$format: rows of $cols values are not whole blocks; skipped" >&2; continue; } ;;
+      *_K|iq4_xs) [ $((cols % 256)) -eq 0 ] || { echo "$format: rows of $cols values are not whole blocks; skipped" >&2; continue; } ;;
     esac
     for v in "${value_list[@]}"; do
       echo "$format: $v weights in rows of $cols ..." >&2

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// The formats, by the names ggml gives them.
-const FORMATS: [(&str, GgufBlockFormat); 8] = [
+const FORMATS: [(&str, GgufBlockFormat); 11] = [
     ("q4_0", GgufBlockFormat::Q4_0),
     ("q4_1", GgufBlockFormat::Q4_1),
     ("q5_0", GgufBlockFormat::Q5_0),
@@ -26,6 +26,9 @@ const FORMATS: [(&str, GgufBlockFormat); 8] = [
     ("q4_K", GgufBlockFormat::Q4K),
     ("q5_K", GgufBlockFormat::Q5K),
     ("q6_K", GgufBlockFormat::Q6K),
+    ("iq4_nl", GgufBlockFormat::Iq4Nl),
+    ("iq4_xs", GgufBlockFormat::Iq4Xs),
+    ("mxfp4", GgufBlockFormat::Mxfp4),
 ];
 
 #[derive(Args)]
@@ -166,7 +169,8 @@ fn fastest_fifth(budget: Duration, mut call: impl FnMut()) -> f64 {
 }
 
 /// `values` weights of `format` as the file stores them: random bytes, with every scale a
-/// small finite f16 (random bits there could be infinities or NaN).
+/// small finite f16 (random bits there could be infinities or NaN), and MXFP4's an exponent
+/// near 2⁻⁶.
 fn random_blocks(format: GgufBlockFormat, values: usize, seed: u64) -> Vec<u8> {
     let mut state = seed;
     let mut next = move || {
@@ -182,6 +186,10 @@ fn random_blocks(format: GgufBlockFormat, values: usize, seed: u64) -> Vec<u8> {
         _ => &[0],
     };
     for block in raw.chunks_exact_mut(bytes) {
+        if format == GgufBlockFormat::Mxfp4 {
+            block[0] = 118 + (next() % 8) as u8;
+            continue;
+        }
         for &at in scale_offsets {
             let scale = half::f16::from_f32((next() % 1000 + 1) as f32 / 100_000.0);
             block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
