@@ -16,7 +16,7 @@ import argparse
 import sys
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, RopeScalingType
 from gguf.quants import quantize
 
 # hidden, heads, kv heads, head size, feed-forward width, blocks
@@ -140,6 +140,11 @@ def main() -> None:
     w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1_000_000.0 if arch in ("qwen3", "gemma3") else 10_000.0)
+    if arch == "qwen3":
+        # YaRN, as Qwen3's long-context files have it: a fourfold context over 4,096 tokens.
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
     if arch == "gemma3":
         w.add_sliding_window(WINDOW_TOKENS)
         # A flag per layer (as llama.cpp's converter writes newer files), not the default

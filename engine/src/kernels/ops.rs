@@ -219,6 +219,21 @@ impl Rope {
             RopeScaling::None => {}
             RopeScaling::LongRope { attn_factor } => magnitude = *attn_factor,
             RopeScaling::Linear { factor } => position_scale = 1.0 / factor,
+            RopeScaling::Yarn { factor, original_context_tokens, beta_fast, beta_slow, attn_factor } => {
+                // The pair whose wavelength fits `rotations` times in the original context
+                // (ggml's ggml_rope_yarn_corr_dim, as transformers' find_correction_dim).
+                let dims = head_dim as f32;
+                let pair = |rotations: f32| {
+                    dims * (*original_context_tokens as f32 / (rotations * 2.0 * std::f32::consts::PI)).ln()
+                        / (2.0 * theta.ln())
+                };
+                let (low, high) = (pair(*beta_fast).floor().max(0.0), pair(*beta_slow).ceil().min(dims - 1.0));
+                for (i, f) in inv_freq.iter_mut().enumerate() {
+                    let kept = 1.0 - ((i as f32 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+                    *f *= (1.0 - kept) / factor + kept;
+                }
+                magnitude = attn_factor * if *factor > 1.0 { 1.0 + 0.1 * factor.ln() } else { 1.0 };
+            }
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context_tokens } => {
                 let old = *original_context_tokens as f32;
                 let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);

@@ -87,6 +87,16 @@ pub enum RopeScaling {
     LongRope {
         attn_factor: f32,
     },
+    /// YaRN (Qwen3's long-context files, gpt-oss): the high frequencies kept, the low ones
+    /// divided by `factor`, a ramp between them set by `beta_fast` and `beta_slow` rotations in
+    /// `original_context_tokens`; cos and sin scaled by (1 + 0.1·ln factor)·`attn_factor`.
+    Yarn {
+        factor: f32,
+        original_context_tokens: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        attn_factor: f32,
+    },
 }
 
 /// A mixture of experts' shape: how many experts a layer has, how many each token uses, and

@@ -357,7 +357,17 @@ pub fn open(path: &Path) -> Result<GgufFile> {
     };
     let rope_scaling = match r.meta(&key("rope.scaling.type")).and_then(|v| v.to_string().ok()).map(String::as_str) {
         Some("linear") => RopeScaling::Linear { factor: r.optional_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0) },
-        _ => RopeScaling::None,
+        // llama.cpp's defaults where the file gives none.
+        Some("yarn") => RopeScaling::Yarn {
+            factor: r.optional_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+            original_context_tokens: r.meta_usize(&key("rope.scaling.original_context_length"))?,
+            beta_fast: r.optional_f32(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
+            beta_slow: r.optional_f32(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+            attn_factor: r.optional_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0),
+        },
+        // LongRoPE's factors are tensors the family reads (phi3).
+        Some("none" | "longrope") | None => RopeScaling::None,
+        Some(other) => return Err(Error::Metadata(format!("unsupported rope scaling '{other}'"))),
     };
     let mut config = ModelConfig {
         architecture,

@@ -19,6 +19,9 @@ struct HfRopeScaling {
     low_freq_factor: Option<f32>,
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<usize>,
+    beta_fast: Option<f32>,
+    beta_slow: Option<f32>,
+    attention_factor: Option<f32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -58,6 +61,21 @@ impl HfConfig {
                     high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
                     original_context_tokens: s.original_max_position_embeddings.unwrap_or(8192),
                 },
+                // transformers' defaults; its `attention_factor`, where given, replaces YaRN's
+                // own 1 + 0.1·ln factor.
+                Some("yarn") => {
+                    let factor = s.factor.unwrap_or(1.0);
+                    let own = if factor > 1.0 { 1.0 + 0.1 * factor.ln() } else { 1.0 };
+                    RopeScaling::Yarn {
+                        factor,
+                        original_context_tokens: s
+                            .original_max_position_embeddings
+                            .unwrap_or(self.max_position_embeddings),
+                        beta_fast: s.beta_fast.unwrap_or(32.0),
+                        beta_slow: s.beta_slow.unwrap_or(1.0),
+                        attn_factor: s.attention_factor.map_or(1.0, |a| a / own),
+                    }
+                }
                 other => return Err(Error::Metadata(format!("unsupported rope scaling {other:?}"))),
             },
         };
