@@ -160,6 +160,35 @@ fn tiny_llama_safetensors_runs_on_dense_weights() {
     assert!(summary.completion_tokens <= 5);
 }
 
+/// A llama-shaped file with a sliding window (Mistral's key) attends within it: the first token
+/// lies beyond both layers' reach together (2 × 7 positions) from the last, so changing it
+/// changes none of the last logits, where without the window it does; and one by one gives
+/// what one pass gives.
+#[test]
+fn a_llama_file_with_a_sliding_window_forgets_what_lies_beyond_it() {
+    let dir = tempdir("llama-window");
+    let model = |window: Option<u32>| {
+        let path = dir.join(format!("window-{window:?}.gguf"));
+        let mut metadata = tiny_metadata("llama", 2);
+        metadata.extend(window.map(|w| ("llama.attention.sliding_window", Value::U32(w))));
+        write_gguf(&path, &metadata, &tiny_tensors(false, 2));
+        let loaded = gguf::load(&path).unwrap();
+        Model::new(loaded.config, loaded.weights)
+    };
+    let last_logits = |model: &Model, first: u32| {
+        let tokens: Vec<u32> = std::iter::once(first).chain((1..30).map(|i| i * 37 % 128)).collect();
+        let mut kv = hillside_engine::kv::FullKvStore::new(model.kv_shape(64));
+        model.forward(&tokens, &mut kv, Logits::Last).unwrap()
+    };
+    let bits = |logits: Vec<f32>| logits.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let windowed = model(Some(8));
+    assert_eq!(windowed.config.window_of(1), Some(8));
+    assert_eq!(bits(last_logits(&windowed, 5)), bits(last_logits(&windowed, 99)), "the first token reached the last");
+    let unwindowed = model(None);
+    assert_ne!(bits(last_logits(&unwindowed, 5)), bits(last_logits(&unwindowed, 99)));
+    check_consistent(&windowed);
+}
+
 /// Logits are finite and the same whether the tokens go through at once or one by one.
 fn check_consistent(model: &Model) {
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 % 128) as u32).collect();
