@@ -20,21 +20,18 @@ setup-tests:
 ui:
 	cd ui && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; } && npm run build
 
-# Every cargo command here selects the whole workspace (--workspace; the test targets with it):
-# cargo resolves dependencies' features per selection, so `-p hillside` or `--exclude` built
-# candle, serde and all above them again with other features, minutes each on a cold machine.
-# `cargo test --workspace --no-run` builds the programs too: `hillside`, `hillside-ingest`.
-BUILD_ALL := cargo test --workspace --no-run
-
 # The UI in Chromium (headless) against a real `hillside serve`.
 ui-test: ui
-	$(BUILD_ALL)
+	cargo build -p hillside -p hillside-documents --bin hillside --bin hillside-ingest
 	cd ui && HILLSIDE_BIN=$(CARGO_TARGET_DIR)/debug/hillside npx playwright test
 
 # The desktop app on a virtual display (Xvfb): its window, its endpoint, a clean exit; and a
-# dropped file reaching the documents API (`make test` runs these with the rest).
+# dropped file reaching the documents API.
 desktop-test: ui
-	cargo test --workspace --bin hillside-desktop --test window
+	# The document reader beside the app (`make test` built it already; built alone, its
+	# dependencies would build again with fewer features).
+	[ -x $(CARGO_TARGET_DIR)/debug/hillside-ingest ] || cargo build -p hillside -p hillside-documents --bin hillside-ingest
+	cargo test -p hillside-desktop
 
 run: setup ui
 	# hillside-xrt-probe looks for a SmartSSD, and hillside-ingest reads each document, in a
@@ -55,18 +52,18 @@ test: setup-tests ui
 	# workspace builds with that Rust), before anything runs. It has a target dir of its own.
 	cargo fmt --all --check
 	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) clippy --workspace --all-targets -- -D warnings
-	# Everything, the desktop app (WebKitGTK, on Xvfb) included. The remote-engine tests run
-	# against llama.cpp's llama-server, and the model families' against libllama (llama-logits),
-	# built once from the PyPI sdist outside the clone.
+	# The desktop app (which needs WebKit) is tested on its own, below. The remote-engine tests
+	# run against llama.cpp's llama-server, and the model families' against libllama
+	# (llama-logits), built once from the PyPI sdist outside the clone.
 	HILLSIDE_LLAMA_SERVER=$$(scripts/llama-cpp-build.sh native llama-server) \
 	  HILLSIDE_LLAMA_LOGITS=$$(scripts/llama-cpp-build.sh native llama-logits) \
-	  cargo test --workspace
+	  cargo test --workspace --exclude hillside-desktop
 	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level
-	# in force, so the unit tests run again portable, and so do the real models' logits against
-	# candle's (the run above took the fastest level); at AVX2 too where that was not AVX2.
-	HILLSIDE_SIMD=portable cargo test --workspace --lib
-	HILLSIDE_SIMD=portable cargo test --workspace --test reference_logits
-	if grep -qw avx512f /proc/cpuinfo; then HILLSIDE_SIMD=avx2 cargo test --workspace --test reference_logits; fi
+	# in force, so they run again portable, and so do the real models' logits against candle's
+	# (the run above took the fastest level); at AVX2 too where that was not AVX2.
+	HILLSIDE_SIMD=portable cargo test -p hillside-engine --lib
+	HILLSIDE_SIMD=portable cargo test -p hillside-tests --test reference_logits
+	if grep -qw avx512f /proc/cpuinfo; then HILLSIDE_SIMD=avx2 cargo test -p hillside-tests --test reference_logits; fi
 	# The official openai Python client against `hillside serve`.
 	scripts/openai-client-test.sh
 	# The published OpenAPI document against the server (schemathesis, 20 cases a route).
@@ -75,6 +72,7 @@ test: setup-tests ui
 	$(MAKE) -C fpga csim BUILD=$(CARGO_TARGET_DIR)/fpga
 	# The web UI in Chromium against `hillside serve` on the real model.
 	$(MAKE) ui-test
+	$(MAKE) desktop-test
 
 bench: setup
 	cargo run --release -p hillside -- bench decode --json docs/bench-decode.json

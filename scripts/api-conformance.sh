@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 venv="$HOME/.cache/hillside/schemathesis-4.32.5"
-# The server and the document reader beside it, built as `make test` builds them: for the whole
-# workspace, whose features a narrower selection would change (and so build everything again).
-cargo test -q --workspace --no-run
+# The server, and the document reader it runs beside it (built together, so that they share
+# their dependencies' build).
+cargo build -q -p hillside -p hillside-documents --bin hillside --bin hillside-ingest
 if [ ! -x "$venv/bin/st" ]; then
   echo "installing schemathesis 4.32.5 into $venv" >&2
   python3 -m venv "$venv"

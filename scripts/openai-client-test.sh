@@ -5,9 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 venv="${HILLSIDE_TEST_VENV:-$HOME/.cache/hillside-test-venv}"
-# The server and the document reader beside it, built as `make test` builds them: for the whole
-# workspace, whose features a narrower selection would change (and so build everything again).
-cargo test -q --workspace --no-run
+cargo build -q -p hillside
 if ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
   echo "installing the openai Python client into $venv" >&2
   python3 -m venv "$venv"
