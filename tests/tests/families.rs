@@ -251,24 +251,49 @@ fn gemma3_matches_llama_cpp() {
     matches_llama_cpp("gemma3", "mixed");
 }
 
+/// Windowed layers (24 tokens) in turn with global ones, q/k/v and output biases, a sink logit
+/// per head in every softmax, YaRN, and MXFP4 experts with biases through the clamped SwiGLU,
+/// weighted by the softmax of the chosen experts' logits.
+#[test]
+fn gpt_oss_matches_llama_cpp() {
+    matches_llama_cpp("gpt-oss", "mixed");
+}
+
+/// Text in several scripts, with runs of whitespace, digits and contractions.
+const SCRIPTS: [&str; 8] = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune",
+    "  two spaces,\ttabs,\n\nblank lines\n   and indented code: fn main() { println!(\"hi\"); }",
+    "Größe, Ärger und Öl — naïve façade, déjà vu; «guillemets» and “quotes”. HTML's <b>BOLD</b>'S 12345678",
+    "Война и мир — роман Льва Николаевича Толстого.",
+    "東京は日本の首都です。人口は約1400万人。",
+    "नमस्ते दुनिया, यह एक परीक्षण है।",
+    "مرحبا بالعالم، هذا اختبار.",
+    "Emoji 🦀🚀 and rare characters: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢, ꙮ, \u{1}\u{7f}",
+];
+
+/// o200k's pre-tokenizer split (gpt-oss's `gpt-4o`), over SmolLM2's pieces in the tiny gpt-oss
+/// file, on text in several scripts, as llama.cpp tokenizes it.
+#[test]
+fn o200k_split_tokens_match_llama_cpp_in_several_scripts() {
+    let dir = common::Scratch::new("family-o200k");
+    let path = tiny_model("gpt-oss", "mixed", &dir);
+    let engine = Engine::load(&path).unwrap();
+    for text in SCRIPTS {
+        let theirs = ids(&oracle(&path, &["tokenize"], text));
+        let ours = engine.tokenizer().encode(text).unwrap();
+        assert_eq!(ours, theirs, "tokens of {text:?}");
+        assert_eq!(engine.tokenizer().decode(&ours).unwrap(), text);
+    }
+}
+
 /// Gemma's SentencePiece vocabulary (262,144 pieces, byte fallback, user-defined whitespace
 /// tokens) on text in several scripts, as llama.cpp tokenizes it.
 #[test]
 fn gemma_tokens_match_llama_cpp_in_several_scripts() {
     let path = common::gemma_model_path();
     let engine = Engine::load(&path).unwrap();
-    let texts = [
-        "It is a truth universally acknowledged, that a single man in possession of a good fortune",
-        "  two spaces,\ttabs,\n\nblank lines\n   and indented code: fn main() { println!(\"hi\"); }",
-        "Größe, Ärger und Öl — naïve façade, déjà vu; «guillemets» and “quotes”.",
-        "Война и мир — роман Льва Николаевича Толстого.",
-        "東京は日本の首都です。人口は約1400万人。",
-        "नमस्ते दुनिया, यह एक परीक्षण है।",
-        "مرحبا بالعالم، هذا اختبار.",
-        "Emoji 🦀🚀 and rare characters: 𝔘𝔫𝔦𝔠𝔬𝔡𝔢, ꙮ, \u{1}\u{7f}",
-        "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
-    ];
-    for text in texts {
+    let turn = "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n";
+    for text in SCRIPTS.into_iter().chain([turn]) {
         let theirs = ids(&oracle(&path, &["tokenize"], text));
         let ours = engine.tokenizer().encode(text).unwrap();
         assert_eq!(ours, theirs, "tokens of {text:?}");
@@ -367,7 +392,7 @@ fn an_unknown_family_is_named_with_the_supported_ones_and_the_way_out() {
     bytes[at..at + 5].copy_from_slice(b"mamba");
     std::fs::write(&path, bytes).unwrap();
     let err = Engine::load(&path).err().expect("a mamba file loaded").to_string();
-    for part in ["'mamba'", "llama, qwen2, qwen3, qwen3moe, gemma3, phi3", "--engine openai:"] {
+    for part in ["'mamba'", "llama, qwen2, qwen3, qwen3moe, gemma3, phi3, gpt-oss", "--engine openai:"] {
         assert!(err.contains(part), "{err}");
     }
 }

@@ -5,8 +5,8 @@ through Hillside and through llama.cpp side by side.
 
     tiny_gguf.py FAMILY OUT.gguf --vocab-from REAL.gguf [--seed N] [--formats mixed|table|iq4xs|iq4xs-as-nl]
 
-The vocabulary and tokenizer metadata are copied from a real GGUF (SmolLM2's byte-level BPE),
-so both engines tokenize alike; the weights are random (never a claim about quality). The
+The vocabulary and tokenizer metadata are copied from a real GGUF (SmolLM2's byte-level BPE;
+gpt-oss's file with o200k's pre-tokenizer split), so both engines tokenize alike; the weights are random (never a claim about quality). The
 matrices are Q8_0 and Q4_0 (`mixed`), MXFP4 and IQ4_NL (`table`, MXFP4 experts as gpt-oss has
 them), IQ4_XS wherever a row is whole 256-value super-blocks (`iq4xs`), or those IQ4_XS
 matrices written as the IQ4_NL blocks they stand for, each with its f16 scale (`iq4xs-as-nl`);
@@ -29,6 +29,8 @@ SHAPES = {
     "phi3": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, blocks=3),
     # Seven blocks, global at 2 and 6 (a flag per layer), windowed at the others.
     "gemma3": dict(hidden=256, heads=4, kv_heads=1, head_dim=128, ffn=768, blocks=7),
+    # Four blocks, windowed and global in turn; eight experts, two used (gpt-oss-20b: 32, 4).
+    "gpt-oss": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, blocks=4, experts=8, used=2, expert_ffn=192),
 }
 WINDOW_TOKENS = 24
 
@@ -91,7 +93,8 @@ def encode(x: np.ndarray, qtype) -> np.ndarray:
     return quantize_iq4(x, qtype) if qtype in (Q.IQ4_NL, Q.IQ4_XS) else quantize(x, qtype)
 
 
-def copy_vocabulary(writer: GGUFWriter, source: str) -> int:
+def copy_vocabulary(writer: GGUFWriter, source: str, pre: str | None = None) -> int:
+    """Copies the tokenizer's metadata from `source`, with `pre` as its pre-tokenizer if given."""
     reader = GGUFReader(source)
     n_vocab = 0
     for name, field in reader.fields.items():
@@ -108,7 +111,8 @@ def copy_vocabulary(writer: GGUFWriter, source: str) -> int:
                 n_vocab = len(values)
             writer.add_array(name, values)
         elif kind == GGUFValueType.STRING:
-            writer.add_string(name, bytes(field.parts[-1]).decode("utf-8"))
+            value = bytes(field.parts[-1]).decode("utf-8")
+            writer.add_string(name, pre if pre and name == "tokenizer.ggml.pre" else value)
         elif kind == GGUFValueType.BOOL:
             writer.add_bool(name, bool(field.parts[-1][0]))
         else:
@@ -128,7 +132,8 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     arch = args.family
     w = GGUFWriter(args.out, arch)
-    n_vocab = copy_vocabulary(w, args.vocab_from)
+    # gpt-oss's files split text as o200k does (`gpt-4o`), here over SmolLM2's pieces.
+    n_vocab = copy_vocabulary(w, args.vocab_from, pre="gpt-4o" if arch == "gpt-oss" else None)
     hidden, heads, kv_heads, hd, ffn, blocks = (s[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "ffn", "blocks"))
     w.add_context_length(4096)
     w.add_embedding_length(hidden)
@@ -140,11 +145,13 @@ def main() -> None:
     w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1_000_000.0 if arch in ("qwen3", "gemma3") else 10_000.0)
-    if arch == "qwen3":
+    if arch in ("qwen3", "gpt-oss"):
         # YaRN, as Qwen3's long-context files have it: a fourfold context over 4,096 tokens.
         w.add_rope_scaling_type(RopeScalingType.YARN)
         w.add_rope_scaling_factor(4.0)
         w.add_rope_scaling_orig_ctx_len(4096)
+    if arch == "gpt-oss":
+        w.add_sliding_window(WINDOW_TOKENS)
     if arch == "gemma3":
         w.add_sliding_window(WINDOW_TOKENS)
         # A flag per layer (as llama.cpp's converter writes newer files), not the default
@@ -183,7 +190,8 @@ def main() -> None:
     for i in range(blocks):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", hidden)
-        vector(p + "ffn_norm.weight", hidden)
+        # gpt-oss names its norm before the experts post_attention_norm.
+        vector(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), hidden)
         # Q4_0 in some projections, Q8_0 in others, as a quantized file mixes them.
         if arch == "phi3":
             # Fused: q, k and v in one projection.
@@ -193,7 +201,11 @@ def main() -> None:
             matrix(p + "attn_k.weight", kv_heads * hd, hidden, gain=2.0)
             matrix(p + "attn_v.weight", kv_heads * hd, hidden)
         matrix(p + "attn_output.weight", hidden, heads * hd)
-        if arch == "qwen2":
+        if arch == "gpt-oss":
+            vector(p + "attn_output.bias", hidden, around=0.0)
+            # Sinks of the size real ones have: a head's sink takes a share of its softmax.
+            w.add_tensor(p + "attn_sinks.weight", rng.normal(1.0, 1.5, heads).astype(np.float32))
+        if arch in ("qwen2", "gpt-oss"):
             for proj, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
                 vector(p + f"attn_{proj}.bias", n, around=0.0)
         if arch in ("qwen3", "qwen3moe", "gemma3"):
@@ -208,13 +220,19 @@ def main() -> None:
             # The router in F32, as converted files keep it, spread wide so that each token's
             # choice of experts is clear-cut.
             w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((e, hidden)) * 0.5).astype(np.float32))
+            if arch == "gpt-oss":
+                vector(p + "ffn_gate_inp.bias", e, around=0.0)
+                # Biases of the size that makes the clamps at ±7 bite now and then.
+                for name, n in (("ffn_gate_exps", f), ("ffn_up_exps", f), ("ffn_down_exps", hidden)):
+                    w.add_tensor(p + name + ".bias", (3.0 * rng.standard_normal((e, n))).astype(np.float32))
             for name, rows, cols, qtype in (
                 ("ffn_gate_exps", f, hidden, GGMLQuantizationType.Q8_0),
                 ("ffn_up_exps", f, hidden, GGMLQuantizationType.Q4_0),
                 ("ffn_down_exps", hidden, f, GGMLQuantizationType.Q8_0),
             ):
                 x = rng.standard_normal((e, rows, cols), dtype=np.float32) / np.sqrt(cols)
-                qtype = format_of(p + name + ".weight", qtype)
+                # gpt-oss ships its experts in MXFP4.
+                qtype = Q.MXFP4 if arch == "gpt-oss" else format_of(p + name + ".weight", qtype)
                 w.add_tensor(p + name + ".weight", encode(x, qtype), raw_dtype=qtype)
             continue
         if arch == "phi3":

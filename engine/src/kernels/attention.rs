@@ -185,6 +185,16 @@ impl RunningPartials {
         }
     }
 
+    /// A sink logit in `row`'s softmax: a key with no value, which takes its share of the
+    /// attention mass and gives nothing back (gpt-oss's per-head sinks).
+    pub fn add_sink(&mut self, row: usize, logit: f32) {
+        let max = self.max[row].max(logit);
+        let (kept, added) = ((self.max[row] - max).exp(), (logit - max).exp());
+        self.acc[row * self.head_dim..][..self.head_dim].iter_mut().for_each(|a| *a *= kept);
+        self.sum[row] = self.sum[row] * kept + added;
+        self.max[row] = max;
+    }
+
     /// The merged attention output (0 for a row that no part had a key for).
     pub fn finish(&self, out: &mut [f32]) {
         for ((dst, acc), &sum) in

@@ -158,6 +158,23 @@ multiversioned! {
     }
 }
 
+/// gpt-oss's clamped SwiGLU in place, as [`swiglu_in_place`]: `g·σ(α·g) · (u + 1)` with
+/// `g = min(gate, limit)` and `u = clamp(up, ±limit)` (α 1.702, limit 7: ggml's `swiglu_oai`).
+pub fn swiglu_clamped_in_place(gate_up: &mut [f32], width: usize) -> &[f32] {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    let n = gate_up.len() / (2 * width);
+    for t in 0..n {
+        let (gate, up) = gate_up[2 * t * width..][..2 * width].split_at_mut(width);
+        for (g, &u) in gate.iter_mut().zip(&*up) {
+            let x = g.min(LIMIT);
+            *g = x / (1.0 + (-ALPHA * x).exp()) * (u.clamp(-LIMIT, LIMIT) + 1.0);
+        }
+        gate_up.copy_within(2 * t * width..(2 * t + 1) * width, t * width);
+    }
+    &gate_up[..n * width]
+}
+
 /// GeGLU in place, as [`swiglu_in_place`] with the tanh approximation of GELU on the gate:
 /// `gelu(gate) · up` as rows of `width` at the start of `gate_up`, returned.
 pub fn geglu_in_place(gate_up: &mut [f32], width: usize) -> &[f32] {
@@ -321,6 +338,17 @@ mod tests {
             .collect();
         let mut buf = gate_up.clone();
         for (got, want) in swiglu_in_place(&mut buf, width).iter().zip(&expected) {
+            assert!((got - want).abs() <= 1e-6 * (1.0 + want.abs()), "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn the_clamped_swiglu_clamps_the_gate_above_and_the_up_projection_both_ways() {
+        let width = 4;
+        let mut gate_up = vec![-2.0, 0.5, 9.0, 30.0, -20.0, 3.0, 8.0, -9.0];
+        let silu = |x: f32| x / (1.0 + (-1.702 * x).exp());
+        let expected = [silu(-2.0) * -6.0, silu(0.5) * 4.0, silu(7.0) * 8.0, silu(7.0) * -6.0];
+        for (got, want) in swiglu_clamped_in_place(&mut gate_up, width).iter().zip(expected) {
             assert!((got - want).abs() <= 1e-6 * (1.0 + want.abs()), "{got} vs {want}");
         }
     }

@@ -12,11 +12,13 @@ pub enum Architecture {
     Gemma3,
     Phi3,
     Qwen3Moe,
+    GptOss,
 }
 
 impl Architecture {
     /// Every family, by its GGUF name (what an unsupported file's error lists).
-    pub const ALL: [Self; 6] = [Self::Llama, Self::Qwen2, Self::Qwen3, Self::Qwen3Moe, Self::Gemma3, Self::Phi3];
+    pub const ALL: [Self; 7] =
+        [Self::Llama, Self::Qwen2, Self::Qwen3, Self::Qwen3Moe, Self::Gemma3, Self::Phi3, Self::GptOss];
 
     pub fn from_name(name: &str) -> Result<Self> {
         match name {
@@ -26,6 +28,7 @@ impl Architecture {
             "gemma3" | "Gemma3ForCausalLM" => Ok(Self::Gemma3),
             "phi3" | "Phi3ForCausalLM" => Ok(Self::Phi3),
             "qwen3moe" | "Qwen3MoeForCausalLM" => Ok(Self::Qwen3Moe),
+            "gpt-oss" | "GptOssForCausalLM" => Ok(Self::GptOss),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -38,6 +41,7 @@ impl Architecture {
             Self::Gemma3 => "gemma3",
             Self::Phi3 => "phi3",
             Self::Qwen3Moe => "qwen3moe",
+            Self::GptOss => "gpt-oss",
         }
     }
 
@@ -129,7 +133,7 @@ pub struct ModelConfig {
     /// What queries are multiplied by before attention's softmax, where a family departs from
     /// 1/√head_dim (Gemma 3 27B: 1/√(hidden/heads)).
     pub attention_scale: Option<f32>,
-    /// Routed experts in place of the dense feed-forward network (qwen3moe).
+    /// Routed experts in place of the dense feed-forward network (qwen3moe, gpt-oss).
     pub experts: Option<ExpertShape>,
 }
 

@@ -5,7 +5,7 @@ use super::config::{Architecture, ModelConfig, RopeLayout, RopeScaling};
 use super::gguf_header::{self, GgufHeader, TensorType};
 use super::layers::{Activation, Block, Experts, FeedForward, Mlp, SelfAttention};
 use super::weights::Weights;
-use super::{gemma3, llama, phi3, qwen2, qwen3, qwen3moe};
+use super::{gemma3, gpt_oss, llama, phi3, qwen2, qwen3, qwen3moe};
 use crate::error::{Error, Result};
 use crate::kernels::matrix::{DenseMatrix, HalfMatrix, HalfValues, Matrix};
 use crate::kernels::quant::{dequantize_table_format, GgufBlockFormat, UqMatrix};
@@ -186,6 +186,8 @@ impl Reader {
             q_norm,
             k_norm,
             output: self.matrix(&p("attn_output.weight"))?,
+            output_bias: None,
+            sinks: None,
             rope,
         })
     }
@@ -203,6 +205,8 @@ impl Reader {
             q_norm: None,
             k_norm: None,
             output: self.matrix(&format!("blk.{i}.attn_output.weight"))?,
+            output_bias: None,
+            sinks: None,
             rope,
         })
     }
@@ -214,6 +218,8 @@ impl Reader {
             gate_up: self.matrix(&format!("blk.{i}.ffn_up.weight"))?,
             down: self.matrix(&format!("blk.{i}.ffn_down.weight"))?,
             activation,
+            gate_up_bias: None,
+            down_bias: None,
         })
     }
 
@@ -238,9 +244,23 @@ impl Reader {
         for (x, ((gate, up), down)) in gates.iter().zip(&ups).zip(downs).enumerate() {
             let gate_up =
                 Matrix::stack(&[gate, up]).map_err(|e| self.bad(format!("layer {i}'s expert {x} gate and up: {e}")))?;
-            experts.push(FeedForward { gate_up, down, activation });
+            experts.push(FeedForward { gate_up, down, activation, gate_up_bias: None, down_bias: None });
         }
-        Ok(Experts { router, experts, used, normalize })
+        Ok(Experts { router, router_bias: None, experts, used, normalize })
+    }
+
+    /// The biases of a stacked expert tensor (`experts × len`, one row per expert), where the
+    /// file has them (gpt-oss).
+    pub(super) fn expert_biases(&mut self, name: &str) -> Result<Option<Vec<Vec<f32>>>> {
+        if !self.has_tensor(name) {
+            return Ok(None);
+        }
+        let (kind, dims, raw) = self.tensor(name)?;
+        let &[_, len] = dims.as_slice() else {
+            return Err(self.bad(format!("tensor '{name}' is not one bias per expert")));
+        };
+        let values = self.dequantize(name, kind, &raw, dims.clone())?;
+        Ok(Some(values.chunks_exact(len.max(1)).map(<[f32]>::to_vec).collect()))
     }
 
     /// The experts of a stacked expert tensor (`experts × rows × cols`), each a matrix of its
@@ -265,6 +285,8 @@ impl Reader {
                 .map_err(|e| self.bad(format!("layer {i}'s ffn_gate and ffn_up: {e}")))?,
             down: self.matrix(&p("ffn_down.weight"))?,
             activation,
+            gate_up_bias: None,
+            down_bias: None,
         })
     }
 
@@ -401,6 +423,7 @@ pub fn open(path: &Path) -> Result<GgufFile> {
         Architecture::Qwen2 | Architecture::Qwen3 => {}
         Architecture::Phi3 => phi3::configure(&r, &arch_name, &mut config)?,
         Architecture::Qwen3Moe => qwen3moe::configure(&r, &arch_name, &mut config)?,
+        Architecture::GptOss => gpt_oss::configure(&r, &arch_name, &mut config)?,
         Architecture::Gemma3 => gemma3::configure(&r, &arch_name, &mut config)?,
     }
     config.validate()?;
@@ -424,6 +447,7 @@ fn read_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
             Architecture::Gemma3 => gemma3::block(&mut r, i, config)?,
             Architecture::Phi3 => phi3::block(&mut r, i)?,
             Architecture::Qwen3Moe => qwen3moe::block(&mut r, i, config)?,
+            Architecture::GptOss => gpt_oss::block(&mut r, i, config)?,
         });
     }
     let weights = Weights {

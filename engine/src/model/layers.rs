@@ -6,7 +6,9 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::matrix::Matrix;
-use crate::kernels::ops::{add_bias, geglu_in_place, rms_norm_in_place, swiglu_in_place, Rope};
+use crate::kernels::ops::{
+    add_bias, geglu_in_place, rms_norm_in_place, swiglu_clamped_in_place, swiglu_in_place, Rope,
+};
 use crate::kernels::quant::QuantizedActivations;
 use crate::model::config::ModelConfig;
 
@@ -22,6 +24,9 @@ pub enum Activation {
     Silu,
     /// gelu_tanh(gate) · up (gemma).
     GeluTanh,
+    /// gpt-oss's SwiGLU, clamped: `g·σ(1.702·g) · (u + 1)`, with `g = min(gate, 7)` and `u` the
+    /// up projection clamped to ±7.
+    SiluClamped,
 }
 
 /// Self-attention's weights: the q, k and v projections stacked into one product, and what a
@@ -34,6 +39,10 @@ pub struct SelfAttention {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub output: Matrix,
+    pub output_bias: Option<Vec<f32>>,
+    /// A learned logit per query head that joins every row's softmax with no value of its own,
+    /// so a head can attend to nothing (gpt-oss).
+    pub sinks: Option<Vec<f32>>,
     /// Which of the model's rotary embeddings this layer uses (windowed layers may have their own).
     pub rope: usize,
 }
@@ -44,6 +53,9 @@ pub struct FeedForward {
     pub gate_up: Matrix,
     pub down: Matrix,
     pub activation: Activation,
+    /// Biases of the gate and up rows (`2·intermediate`) and of the output (gpt-oss's experts).
+    pub gate_up_bias: Option<Vec<f32>>,
+    pub down_bias: Option<Vec<f32>>,
 }
 
 /// Routed experts (a mixture of experts): for each token the router's softmax picks `used` of
@@ -53,6 +65,7 @@ pub struct FeedForward {
 pub struct Experts {
     /// `experts.len() × hidden`.
     pub router: Matrix,
+    pub router_bias: Option<Vec<f32>>,
     pub experts: Vec<FeedForward>,
     pub used: usize,
     pub normalize: bool,
@@ -163,6 +176,9 @@ impl Experts {
         let MlpBuffers { gate_up, router, rows, out } = buffers;
         router.resize(n * n_experts, 0.0);
         self.router.matmul(h, n, scratch, router);
+        if let Some(bias) = &self.router_bias {
+            add_bias(router, bias);
+        }
         // Each expert's tokens and their weights.
         let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_experts];
         let mut order: Vec<usize> = Vec::with_capacity(n_experts);
@@ -206,11 +222,18 @@ impl FeedForward {
         let width = self.gate_up.rows() / 2;
         gate_up.resize(n * 2 * width, 0.0);
         self.gate_up.matmul(h, n, scratch, gate_up);
+        if let Some(bias) = &self.gate_up_bias {
+            add_bias(gate_up, bias);
+        }
         let act = match self.activation {
             Activation::Silu => swiglu_in_place(gate_up, width),
             Activation::GeluTanh => geglu_in_place(gate_up, width),
+            Activation::SiluClamped => swiglu_clamped_in_place(gate_up, width),
         };
         self.down.matmul(act, n, scratch, h);
+        if let Some(bias) = &self.down_bias {
+            add_bias(&mut h[..n * self.down.rows()], bias);
+        }
     }
 }
 
@@ -240,6 +263,9 @@ impl Block {
                     )));
                 }
                 check(&format!("layer {i} router"), &e.router, count, c.hidden_size)?;
+                if let Some(bias) = &e.router_bias {
+                    check_vec(&format!("layer {i} router bias"), bias, count)?;
+                }
                 for (x, ffn) in e.experts.iter().enumerate() {
                     ffn.validate(&format!("layer {i} expert {x}"), width, c.hidden_size)?;
                 }
@@ -251,6 +277,8 @@ impl Block {
             ("qkv bias", &a.qkv_bias, c.q_dim() + 2 * c.kv_dim()),
             ("q norm", &a.q_norm, c.head_dim),
             ("k norm", &a.k_norm, c.head_dim),
+            ("attention output bias", &a.output_bias, c.hidden_size),
+            ("attention sinks", &a.sinks, c.n_heads),
             ("post-attention norm", &self.attn_post_norm, c.hidden_size),
             ("post-ffn norm", &self.ffn_post_norm, c.hidden_size),
         ];
@@ -271,7 +299,14 @@ impl Block {
 impl FeedForward {
     fn validate(&self, name: &str, width: usize, hidden: usize) -> Result<()> {
         check(&format!("{name} gate/up"), &self.gate_up, 2 * width, hidden)?;
-        check(&format!("{name} down"), &self.down, hidden, width)
+        check(&format!("{name} down"), &self.down, hidden, width)?;
+        if let Some(bias) = &self.gate_up_bias {
+            check_vec(&format!("{name} gate/up bias"), bias, 2 * width)?;
+        }
+        if let Some(bias) = &self.down_bias {
+            check_vec(&format!("{name} down bias"), bias, hidden)?;
+        }
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ pub mod config;
 mod gemma3;
 pub mod gguf;
 mod gguf_header;
+mod gpt_oss;
 pub mod layers;
 mod llama;
 mod phi3;
@@ -19,7 +20,7 @@ pub mod weights;
 use crate::device::Attention;
 use crate::error::{Error, Result};
 use crate::kernels::attention::{Partial, RunningPartials};
-use crate::kernels::ops::{add_in_place, rms_norm, Rope};
+use crate::kernels::ops::{add_bias, add_in_place, rms_norm, Rope};
 use crate::kernels::quant::QuantizedActivations;
 use crate::kv::x_cache::KvFromInput;
 use crate::kv::{HeadsPart, KvShape, KvStore, Selection};
@@ -217,8 +218,9 @@ impl Model {
                     kv.append(l, &k[kvs.clone()], &v[kvs])
                 })?;
                 // Stores that attend next to the data (near-storage) do it here, in one call;
-                // a windowed layer's mask is the model's, so it takes the gathered road.
-                if window.is_none() {
+                // a windowed layer's mask and a layer's sinks are the model's, so those take
+                // the gathered road.
+                if window.is_none() && a.sinks.is_none() {
                     if let Some(attended) = timed(Phase::Attention, || {
                         kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()])
                     }) {
@@ -231,7 +233,7 @@ impl Model {
                     self.attend_part(
                         kv,
                         l,
-                        window,
+                        (window, a.sinks.as_deref()),
                         &plan.selection,
                         part,
                         &q[qs.clone()],
@@ -244,6 +246,9 @@ impl Model {
 
             let _mlp = span(Phase::Mlp);
             a.output.matmul(&attn, n, &mut scratch, &mut h);
+            if let Some(bias) = &a.output_bias {
+                add_bias(&mut h, bias);
+            }
             post_norm(block.attn_post_norm.as_ref(), &mut h, c.rms_norm_eps);
             add_in_place(x, &h);
 
@@ -257,13 +262,14 @@ impl Model {
 
     /// Attention of the query heads that share the KV heads of `part` (one of the views the
     /// store planned) over what `selection` chose, into their columns of `out`: over one view,
-    /// or over the part's spans gathered in turn and merged by their softmax statistics.
+    /// or over the part's spans gathered in turn and merged by their softmax statistics, with
+    /// the layer's sink logits (one per query head) joining each row's softmax.
     #[allow(clippy::too_many_arguments)]
     fn attend_part(
         &self,
         kv: &mut dyn KvStore,
         layer: usize,
-        window: Option<usize>,
+        (window, sinks): (Option<usize>, Option<&[f32]>),
         selection: &Selection,
         part: &HeadsPart,
         q: &[f32],
@@ -272,7 +278,7 @@ impl Model {
     ) -> Result<()> {
         let c = &self.config;
         let heads = part.heads.start.min(c.n_kv_heads)..part.heads.end.min(c.n_kv_heads);
-        if heads.len() == c.n_kv_heads && part.spans.is_empty() {
+        if heads.len() == c.n_kv_heads && part.spans.is_empty() && sinks.is_none() {
             let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?.windowed(window);
             return timed(Phase::Attention, || self.attention.attend(q, q_positions, c.n_heads, &view, out));
         }
@@ -282,16 +288,22 @@ impl Model {
         let part_q: Vec<f32> = q.chunks_exact(c.q_dim()).flat_map(|row| &row[columns.clone()]).copied().collect();
         let part_heads = columns.len() / c.head_dim;
         let mut part_out = vec![0f32; part_q.len()];
-        if part.spans.is_empty() {
+        if part.spans.is_empty() && sinks.is_none() {
             let view = timed(Phase::Gather, || kv.gather(layer, selection, heads))?.windowed(window);
             timed(Phase::Attention, || self.attention.attend(&part_q, q_positions, part_heads, &view, &mut part_out))?;
         } else {
             let rows = q_positions.len() * part_heads;
             let (mut max, mut sum) = (vec![0f32; rows], vec![0f32; rows]);
             let mut merged = RunningPartials::new(rows, c.head_dim);
-            for span in &part.spans {
-                let view = timed(Phase::Gather, || kv.gather(layer, &Selection::Span(span.clone()), heads.clone()))?
-                    .windowed(window);
+            // The selection as one view where the store planned no spans (a layer with sinks).
+            let spans: Vec<Option<Range<usize>>> =
+                if part.spans.is_empty() { vec![None] } else { part.spans.iter().cloned().map(Some).collect() };
+            for span in spans {
+                let view = timed(Phase::Gather, || match span {
+                    Some(span) => kv.gather(layer, &Selection::Span(span), heads.clone()),
+                    None => kv.gather(layer, selection, heads.clone()),
+                })?
+                .windowed(window);
                 timed(Phase::Attention, || {
                     self.attention.attend_partial(
                         &part_q,
@@ -304,6 +316,12 @@ impl Model {
                     )
                 })?;
                 merged.add(&Partial { out: &part_out, max: &max, sum: &sum });
+            }
+            if let Some(sinks) = sinks {
+                let first_head = columns.start / c.head_dim;
+                for row in 0..rows {
+                    merged.add_sink(row, sinks[first_head + row % part_heads]);
+                }
             }
             merged.finish(&mut part_out);
         }

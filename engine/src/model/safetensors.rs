@@ -207,6 +207,8 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
                 q_norm,
                 k_norm,
                 output: attn("o")?,
+                output_bias: None,
+                sinks: None,
                 rope: MAIN_ROPE,
             },
             attn_post_norm: None,
@@ -216,6 +218,8 @@ pub fn load(path: &Path) -> Result<(ModelConfig, Weights)> {
                     .map_err(|e| bad(format!("layer {i}'s gate and up projections: {e}")))?,
                 down: matrix(&p("mlp.down_proj.weight"))?,
                 activation: Activation::Silu,
+                gate_up_bias: None,
+                down_bias: None,
             }),
             ffn_post_norm: None,
         });

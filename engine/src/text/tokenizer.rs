@@ -26,6 +26,14 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 const QWEN2_SPLIT: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// o200k's split (gpt-oss, Llama 4: `gpt-4o` in GGUF): a word takes its capitals and an
+/// apostrophe's ending, digits go by threes, and punctuation keeps its trailing newlines.
+const O200K_SPLIT: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+);
+
 /// A GGUF's tokenizer encodes a long text a piece of about this many bytes at a time: the
 /// `tokenizers` pipeline holds ~100 bytes of bookkeeping per byte of text while it runs (a
 /// 785 KB book encoded at once raised resident memory by 75 MiB; in pieces, by 5).
@@ -117,6 +125,7 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
         "smollm" => Sequence::new(vec![Digits::new(true).into(), ByteLevel::new(false, true, true).into()]).into(),
         "llama-bpe" | "llama3" | "smaug-bpe" => split(LLAMA3_SPLIT)?,
         "qwen2" | "deepseek-r1-qwen" => split(QWEN2_SPLIT)?,
+        "gpt-4o" | "llama4" => split(O200K_SPLIT)?,
         "gpt2" | "default" | "" => ByteLevel::new(false, true, true).into(),
         other => {
             tracing::warn!(pre = other, "unknown GGUF pre-tokenizer; using GPT-2's byte-level split");
