@@ -1,7 +1,7 @@
 //! Reading a model from a GGUF file (llama.cpp's format): the header by [`gguf_header`], the
 //! tensors into the kernels' layouts, or dequantized by candle where the kernels have none.
 
-use super::config::{Architecture, ModelConfig, RopeLayout, RopeScaling};
+use super::config::{Architecture, ExpertShape, ModelConfig, RopeLayout, RopeScaling};
 use super::gguf_header::{self, GgufHeader, TensorType};
 use super::layers::{Activation, Block, Experts, FeedForward, Mlp, SelfAttention};
 use super::weights::Weights;
@@ -154,6 +154,19 @@ impl Reader {
             .map(|v| v.to_u64().or_else(|_| v.to_u32().map(u64::from)).map(|x| x as usize))
             .transpose()
             .map_err(|e| Error::Metadata(format!("'{key}': {e}")))
+    }
+
+    /// The routed experts' shape from the file's `expert_*` keys (the feed-forward width where
+    /// it gives no expert width of its own).
+    pub(super) fn expert_shape(&self, arch: &str, c: &ModelConfig) -> Result<ExpertShape> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let count = self.meta_usize(&key("expert_count"))?;
+        let used = self.meta_usize(&key("expert_used_count"))?;
+        if used == 0 || used > count {
+            return Err(Error::Metadata(format!("{used} of {count} experts used per token")));
+        }
+        let intermediate_size = self.optional_usize(&key("expert_feed_forward_length"))?.unwrap_or(c.intermediate_size);
+        Ok(ExpertShape { count, used, intermediate_size })
     }
 
     pub(super) fn optional_f32(&self, key: &str) -> Result<Option<f32>> {

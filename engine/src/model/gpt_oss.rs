@@ -5,7 +5,7 @@
 //! chosen experts weighted by the softmax of their router logits alone. The norm before the
 //! experts is the file's `post_attention_norm`.
 
-use super::config::{ExpertShape, ModelConfig, SlidingWindow};
+use super::config::{ModelConfig, SlidingWindow};
 use super::gguf::Reader;
 use super::layers::{Activation, Block, Mlp, MAIN_ROPE};
 use crate::error::{Error, Result};
@@ -14,15 +14,8 @@ use crate::error::{Error, Result};
 const WINDOW_PERIOD: usize = 2;
 
 pub(super) fn configure(r: &Reader, arch: &str, c: &mut ModelConfig) -> Result<()> {
-    let key = |k: &str| format!("{arch}.{k}");
-    let count = r.meta_usize(&key("expert_count"))?;
-    let used = r.meta_usize(&key("expert_used_count"))?;
-    if used == 0 || used > count {
-        return Err(Error::Metadata(format!("{used} of {count} experts used per token")));
-    }
-    let intermediate_size = r.optional_usize(&key("expert_feed_forward_length"))?.unwrap_or(c.intermediate_size);
-    c.experts = Some(ExpertShape { count, used, intermediate_size });
-    let tokens = r.meta_usize(&key("attention.sliding_window"))?;
+    c.experts = Some(r.expert_shape(arch, c)?);
+    let tokens = r.meta_usize(&format!("{arch}.attention.sliding_window"))?;
     if tokens > 0 {
         let layers = (0..c.n_layers).map(|l| l % WINDOW_PERIOD < WINDOW_PERIOD - 1).collect();
         c.sliding_window = Some(SlidingWindow { tokens, layers, rope_theta: None });
