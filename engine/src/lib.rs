@@ -28,7 +28,7 @@ pub use sampling::SamplingParams;
 pub use text::chat::{ChatMessage, ChatTemplate};
 pub use text::tokenizer::Tokenizer;
 
-use kv::FullKvStore;
+use kv::sliding::SlidingWindowLayers;
 use std::path::Path;
 
 /// A loaded model with its tokenizer and chat template.
@@ -117,14 +117,19 @@ impl Engine {
     /// A new, empty sequence with the whole cache in memory, for up to `max_tokens` tokens
     /// (the model's context when `None`).
     pub fn new_sequence(&self, max_tokens: Option<usize>) -> Sequence {
-        let max = max_tokens.unwrap_or(self.model.config.context_tokens);
-        Sequence { kv: Box::new(FullKvStore::new(self.model.kv_shape(max))), tokens: Vec::new() }
+        self.new_sequence_with(&kv::KvConfig::default(), max_tokens).expect("the full store needs no disk")
     }
 
     /// A new, empty sequence in the store `kv` describes.
     pub fn new_sequence_with(&self, kv: &kv::KvConfig, max_tokens: Option<usize>) -> Result<Sequence> {
         let max = max_tokens.unwrap_or(self.model.config.context_tokens);
-        Ok(Sequence { kv: kv.build(self.model.kv_shape(max), Some(self.model.kv_from_input()))?, tokens: Vec::new() })
+        let store = SlidingWindowLayers::around(
+            self.model.kv_shape(max),
+            &self.model.config.layer_windows(),
+            Some(self.model.kv_from_input()),
+            |shape, layers, rebuild| kv.for_layers(layers).build(shape, rebuild),
+        )?;
+        Ok(Sequence { kv: store, tokens: Vec::new() })
     }
 
     /// The prompt tokens for a chat, with the assistant's turn opened.

@@ -232,6 +232,12 @@ impl KvConfig {
         self.startup.clone().unwrap_or_else(|| Arc::new(self.find_startup()))
     }
 
+    /// The same store for some of a model's layers (`layers`, ascending: the global layers of
+    /// a model with windowed ones): the leading layers that attend densely stay the model's.
+    pub fn for_layers(&self, layers: &[usize]) -> Self {
+        Self { dense_layers: layers.iter().filter(|&&l| l < self.dense_layers).count(), ..self.clone() }
+    }
+
     /// Every cold-pool directory: `cold_dir`, then `extra_cold_dirs`.
     pub fn cold_dirs(&self) -> Vec<PathBuf> {
         std::iter::once(self.cold_dir.clone()).chain(self.extra_cold_dirs.iter().cloned()).collect()

@@ -22,6 +22,7 @@ pub mod hot;
 pub mod near_storage;
 pub mod offload;
 pub mod placement;
+pub mod sliding;
 pub mod slab;
 pub mod snapshot;
 pub mod tiered;
@@ -168,6 +169,8 @@ pub struct KvStats {
     /// into memory to attend; only the partial attention outputs and their softmax statistics,
     /// for near-storage attention, where a computational drive keeps its reads to itself.
     pub bytes_to_host: u64,
+    /// Bytes the sliding-window layers' rings hold in memory (part of `resident_bytes`).
+    pub window_bytes: usize,
     /// Hot/cold bookkeeping, for stores with tiers.
     pub tier: Option<TierStats>,
 }

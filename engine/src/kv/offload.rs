@@ -109,6 +109,7 @@ impl KvStore for OffloadKvStore {
             cold_lanes,
             bytes_to_host: cold_bytes_read,
             tier: None,
+            ..KvStats::default()
         }
     }
 }

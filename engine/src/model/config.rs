@@ -143,6 +143,11 @@ impl ModelConfig {
         self.sliding_window.as_ref().filter(|w| w.layers.get(layer).copied().unwrap_or(false)).map(|w| w.tokens)
     }
 
+    /// Every layer's window, in order.
+    pub fn layer_windows(&self) -> Vec<Option<usize>> {
+        (0..self.n_layers).map(|l| self.window_of(l)).collect()
+    }
+
     pub fn group_size(&self) -> usize {
         self.n_heads / self.n_kv_heads
     }

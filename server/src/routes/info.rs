@@ -130,6 +130,12 @@ pub struct TiersReport {
     pub spare_copy_bytes: usize,
     /// K/V in the cold pools on disk.
     pub cold_bytes: usize,
+    /// The model's sliding-window layers: each keeps only its last `window_tokens` positions,
+    /// in memory, and never reaches the chosen store; `window_bytes` is what they hold (part of
+    /// `resident_bytes`).
+    pub windowed_layers: Vec<usize>,
+    pub window_tokens: Option<usize>,
+    pub window_bytes: usize,
     #[schema(value_type = Object)]
     pub totals: Totals,
 }
@@ -138,7 +144,9 @@ pub struct TiersReport {
     (status = 200, description = "KV tier occupancy and counters, summed over the sequences", body = TiersReport),
     (status = 409, description = "The server runs on a remote engine, which has no KV tiers to show", body = ErrorBody)))]
 pub async fn tiers(State(app): State<Arc<App>>) -> Result<Json<TiersReport>, ApiError> {
-    let scheduler = app.local()?.1;
+    let (engine, scheduler) = app.local()?;
+    let model = &engine.model().config;
+    let windowed_layers: Vec<usize> = (0..model.n_layers).filter(|&l| model.window_of(l).is_some()).collect();
     let stats = scheduler.stats();
     let kvs = || stats.iter().filter_map(|s| s.kv.as_ref());
     let tiers = || kvs().filter_map(|kv| kv.tier.as_ref());
@@ -153,6 +161,9 @@ pub async fn tiers(State(app): State<Arc<App>>) -> Result<Json<TiersReport>, Api
         hot_budget_bytes: tiers().map(|t| t.hot_budget_bytes).sum(),
         spare_copy_bytes: tiers().map(|t| t.spare_copy_bytes).sum(),
         cold_bytes: kvs().map(|kv| kv.cold_bytes).sum(),
+        window_tokens: windowed_layers.first().and_then(|&l| model.window_of(l)),
+        windowed_layers,
+        window_bytes: kvs().map(|kv| kv.window_bytes).sum(),
         totals: scheduler.totals(),
     }))
 }

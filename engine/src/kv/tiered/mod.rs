@@ -593,6 +593,7 @@ impl KvStore for TieredKvStore {
             cold_lanes,
             bytes_to_host: cold_bytes_read,
             tier: Some(self.tier_stats()),
+            ..KvStats::default()
         }
     }
 }
