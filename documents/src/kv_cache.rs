@@ -184,7 +184,7 @@ impl KeptPrefix for DocumentPrefix {
                 cache.stats.saved.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot keep a document's K/V; questions will read the document again");
+                tracing::warn!(error = %e, "cannot keep a document's K/V on disk; after a restart, questions will read the document again");
                 let _ = std::fs::remove_file(&path);
             }
         }

@@ -377,3 +377,55 @@ fn a_document_too_long_to_summarize_is_refused_at_upload() {
     assert_eq!(s.get("/v1/hillside/documents").1["data"], json!([]), "nothing stored");
     drop(s);
 }
+
+/// Gemma 3 270M, whose layers attend within 512 tokens but for every sixth, in the app with the
+/// tiered store: a summary with sources and a question about the document, in Gemma's turns.
+/// The windowed layers keep their window in memory, so the cold pool holds the global layers
+/// alone; the question goes back to the document's end from past the summary, through the
+/// window the rings kept aside there, and reads only itself.
+#[test]
+fn gemma_summarizes_with_sources_and_answers_without_reading_the_document_again() {
+    let dir = Scratch::new("docs-http-gemma");
+    let engine = std::sync::Arc::new(hillside_engine::Engine::load(&common::gemma_model_path()).unwrap());
+    let base = tiered(&dir);
+    let documents = DocumentsConfig { model_key: "gemma-test".into(), ..base.documents.clone().unwrap() };
+    let scheduler = SchedulerConfig { cached_sequences: 2, ..base.scheduler.clone() };
+    let s = Server::start_on(engine, ServerConfig { documents: Some(documents), scheduler, ..base });
+    let (status, doc) = upload(&s, "gpl-start.txt", gpl_start().as_bytes());
+    assert_eq!(status, 201, "{doc}");
+    let id = doc["id"].as_str().unwrap().to_string();
+    let tokens = doc["tokens"].as_u64().unwrap();
+    assert!(tokens > 1000, "{doc}: past the window");
+
+    let events = s.stream(&format!("/v1/hillside/documents/{id}/summary"), &json!({}));
+    let summary: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(summary["object"], "hillside.summary", "{summary}");
+    let points = summary["points"].as_array().unwrap();
+    assert!(points.iter().any(|p| !p["sources"].as_array().unwrap().is_empty()), "{summary}");
+
+    let (_, tiers) = s.get("/v1/hillside/tiers");
+    let windowed: Vec<u64> = (0..18).filter(|l| l % 6 != 5).collect();
+    assert_eq!(tiers["windowed_layers"], json!(windowed), "{tiers}");
+    assert_eq!(tiers["window_tokens"], 512, "{tiers}");
+    let (held, cold, window) = (
+        tiers["tokens"].as_u64().unwrap(),
+        tiers["cold_bytes"].as_u64().unwrap(),
+        tiers["window_bytes"].as_u64().unwrap(),
+    );
+    // One KV head of 256 dimensions: 1,024 bytes of f16 K and V per token and layer.
+    assert!(held > tokens && cold > 0 && cold < 4 * 1024 * held, "the cold pool holds three layers: {tiers}");
+    // Each ring: its window, a prefill chunk (256), the slack (64), and the window kept aside
+    // at the document's end; however long the document.
+    assert!(
+        window > 0 && window <= 15 * 1024 * (2 * 512 + 256 + 64 + 16),
+        "the rings hold their windows alone: {tiers}"
+    );
+
+    let reply = ask(&s, &id, "Who may copy this license document?");
+    let usage = &reply["usage"];
+    let (prompt, cached) =
+        (usage["prompt_tokens"].as_u64().unwrap(), usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+    assert!(prompt - cached < 40, "{usage}");
+    assert!(!reply["choices"][0]["message"]["content"].as_str().unwrap().trim().is_empty(), "{reply}");
+    drop(s);
+}

@@ -22,8 +22,8 @@ pub mod hot;
 pub mod near_storage;
 pub mod offload;
 pub mod placement;
-pub mod sliding;
 pub mod slab;
+pub mod sliding;
 pub mod snapshot;
 pub mod tiered;
 mod uring;
@@ -294,6 +294,11 @@ pub trait KvStore: Send {
     /// part of what it should keep cannot be read back; the caller must believe it and run the
     /// tokens after that again. Keeping fewer is always possible, so this cannot fail.
     fn truncate(&mut self, n_tokens: usize) -> usize;
+
+    /// The sequence will be asked to go back to its first `n_tokens` tokens (a document's, for
+    /// the questions after its summary). Stores that forget old tokens keep, from when they
+    /// hold it, what a [`KvStore::truncate`] to there needs; the others keep it anyway.
+    fn keep_prefix(&mut self, _n_tokens: usize) {}
 
     fn stats(&self) -> KvStats;
 

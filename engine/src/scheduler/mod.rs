@@ -467,6 +467,9 @@ fn admit(engine: &Engine, config: &SchedulerConfig, cache: &mut PrefixCache, mut
                 seq = kept;
             }
         }
+        if let Some(prefix) = &job.prefix {
+            seq.kv.keep_prefix(prefix.tokens());
+        }
         let (sink, cancel) = (&mut job.sink, &job.cancel);
         let generation = Generation::start(&mut seq, std::mem::take(&mut job.prompt), job.params.clone(), &mut |e| {
             forward(sink, cancel, e)

@@ -5,7 +5,8 @@
 //! the K/V a dense model of its shape would.
 //!
 //! The price is llama.cpp's too: a truncation further back than the rings' slack keeps nothing,
-//! since the window before it is gone, and the sequence's tokens are run again.
+//! since the window before it is gone, and the sequence's tokens are run again; but for the
+//! prefix the caller marks (a document's), whose window the rings keep aside.
 
 mod ring;
 
@@ -30,6 +31,8 @@ pub struct SlidingWindowLayers {
     /// The global layers' store; `None` when every layer is windowed.
     global: Option<Box<dyn KvStore>>,
     len: usize,
+    /// The prefix the rings keep a checkpoint at, once the sequence reaches it.
+    kept_prefix: Option<usize>,
 }
 
 impl SlidingWindowLayers {
@@ -67,7 +70,7 @@ impl SlidingWindowLayers {
                 Some(build(KvShape { n_layers: n, ..shape }, &global_layers, rebuild)?)
             }
         };
-        Ok(Box::new(Self { shape, homes, rings, global, len: 0 }))
+        Ok(Box::new(Self { shape, homes, rings, global, len: 0, kept_prefix: None }))
     }
 
     fn global(&mut self) -> &mut dyn KvStore {
@@ -163,6 +166,10 @@ impl KvStore for SlidingWindowLayers {
 
     fn commit(&mut self, n_tokens: usize) -> Result<()> {
         self.len += n_tokens;
+        if let Some(at) = self.kept_prefix.filter(|&at| at > self.len - n_tokens && at <= self.len) {
+            // The step's tokens reached the prefix: the rings still hold the window before it.
+            self.rings.iter_mut().for_each(|ring| ring.checkpoint(at));
+        }
         match &mut self.global {
             Some(global) => global.commit(n_tokens),
             None => Ok(()),
@@ -181,6 +188,13 @@ impl KvStore for SlidingWindowLayers {
         self.rings.iter_mut().for_each(|ring| ring.truncate(kept));
         self.len = kept;
         kept
+    }
+
+    fn keep_prefix(&mut self, n_tokens: usize) {
+        self.kept_prefix = Some(n_tokens);
+        if n_tokens <= self.len {
+            self.rings.iter_mut().for_each(|ring| ring.checkpoint(n_tokens));
+        }
     }
 
     fn stats(&self) -> KvStats {
@@ -245,16 +259,29 @@ mod tests {
         let positions: Vec<usize> = (full.len_tokens()..full.len_tokens() + n).collect();
         assert_eq!(sliding.len_tokens(), full.len_tokens());
         for layer in 0..s.n_layers {
-            let (k, v, q) = (values.take(n * s.kv_dim()), values.take(n * s.kv_dim()), values.take(n * N_HEADS * s.head_dim));
+            let (k, v, q) =
+                (values.take(n * s.kv_dim()), values.take(n * s.kv_dim()), values.take(n * N_HEADS * s.head_dim));
             sliding.append(layer, &k, &v).unwrap();
             full.append(layer, &k, &v).unwrap();
             let window = (layer == 0).then_some(WINDOW);
             let mut want = vec![0f32; q.len()];
-            attend(&q, &positions, N_HEADS, &full.gather(layer, &Selection::All, 0..2).unwrap().windowed(window), &mut want);
+            attend(
+                &q,
+                &positions,
+                N_HEADS,
+                &full.gather(layer, &Selection::All, 0..2).unwrap().windowed(window),
+                &mut want,
+            );
             let plan = sliding.prepare(layer, &q, &positions).unwrap();
             assert_eq!(plan.parts, HeadsPart::all(s.n_kv_heads));
             let mut got = vec![0f32; q.len()];
-            attend(&q, &positions, N_HEADS, &sliding.gather(layer, &plan.selection, 0..2).unwrap().windowed(window), &mut got);
+            attend(
+                &q,
+                &positions,
+                N_HEADS,
+                &sliding.gather(layer, &plan.selection, 0..2).unwrap().windowed(window),
+                &mut got,
+            );
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 // The ring's slots hold keys out of order once it wraps: the sums round differently.
                 assert!((g - w).abs() < 1e-5, "layer {layer}, positions {positions:?}, value {i}: {g} vs {w}");
@@ -294,6 +321,33 @@ mod tests {
         for n in [40, 1, 1, 1] {
             step(sliding.as_mut(), &mut full, &mut values, n);
         }
+    }
+
+    #[test]
+    fn a_kept_prefix_can_be_gone_back_to_from_far_past_it() {
+        let (mut sliding, mut full, mut values) = (sliding(), FullKvStore::new(shape()), Values(0x5851_f42d_4c95_7f2d));
+        // A document of 90 tokens, its prefix marked before it is prefilled in chunks of 32.
+        sliding.keep_prefix(90);
+        for n in [32, 32, 32].into_iter().chain([1; 150]) {
+            step(sliding.as_mut(), &mut full, &mut values, n);
+        }
+        let bytes_with_checkpoint = sliding.stats().window_bytes;
+        for back_to in [93, 90] {
+            assert_eq!(sliding.truncate(back_to), 90, "the rings go back to the checkpoint");
+            full.truncate(90);
+            for n in [5, 1, 1].into_iter().chain([1; 80]) {
+                step(sliding.as_mut(), &mut full, &mut values, n);
+            }
+        }
+        assert_eq!(sliding.stats().window_bytes, bytes_with_checkpoint);
+        // Before the checkpoint, nothing is kept; marked after its tokens went by, nothing is kept aside.
+        assert_eq!(sliding.truncate(60), 0);
+        full.truncate(0);
+        for n in [32].into_iter().chain([1; 100]) {
+            step(sliding.as_mut(), &mut full, &mut values, n);
+        }
+        sliding.keep_prefix(20);
+        assert_eq!(sliding.truncate(25), 0);
     }
 
     #[test]

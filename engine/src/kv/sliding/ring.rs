@@ -1,7 +1,9 @@
 //! One sliding-window layer's recent K/V: a ring of token slots in memory, position `p` in
 //! slot `p % capacity`. Its queries see only the last `window` positions, so the ring keeps
 //! those, room for the tokens a step appends, and a little slack for rolling back a few tokens
-//! (a chat's next turn often re-renders the end of the last one).
+//! (a chat's next turn often re-renders the end of the last one). A checkpoint keeps the
+//! window before one marked position (a document's end), so a sequence can go back there from
+//! anywhere after it.
 
 use crate::kernels::attention::k_tile_index;
 use crate::kv::{KvView, KV_TILE};
@@ -31,6 +33,14 @@ pub struct SlidingRing {
     /// Positions `first..end` are held (`end` includes what this step appended).
     first: usize,
     end: usize,
+    checkpoint: Option<Checkpoint>,
+}
+
+/// The window before position `at`: positions `at - rows..at`, each `[kv_head][dim]` f16 bits.
+struct Checkpoint {
+    at: usize,
+    k: Vec<u16>,
+    v: Vec<u16>,
 }
 
 impl SlidingRing {
@@ -45,6 +55,7 @@ impl SlidingRing {
             positions: Vec::new(),
             first: 0,
             end: 0,
+            checkpoint: None,
         };
         ring.grow_for(1);
         ring
@@ -53,29 +64,39 @@ impl SlidingRing {
     /// Appends K/V rows (`n × n_kv_heads·head_dim`) of the positions from `end` on. The ring
     /// grows first if the oldest query of the step would otherwise lose a key of its window.
     pub fn append(&mut self, k: &[f32], v: &[f32]) {
-        let (hd, kv_dim) = (self.head_dim, self.n_kv_heads * self.head_dim);
+        let kv_dim = self.n_kv_heads * self.head_dim;
         let n = k.len() / kv_dim;
         if self.window - 1 + n > self.capacity {
             self.grow_for(n);
         }
-        let stride = self.capacity * hd;
+        let bits = |row: &[f32]| row.iter().map(|&x| f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
         for (t, (k_row, v_row)) in k.chunks_exact(kv_dim).zip(v.chunks_exact(kv_dim)).enumerate() {
-            let position = self.end + t;
-            let slot = position % self.capacity;
-            for h in 0..self.n_kv_heads {
-                let k_head = &mut self.k[h * stride..][..stride];
-                for (d, &x) in k_row[h * hd..][..hd].iter().enumerate() {
-                    k_head[k_tile_index(slot, d, hd)] = f16::from_f32(x).to_bits();
-                }
-                let v_slot = &mut self.v[h * stride + slot * hd..][..hd];
-                for (dst, &x) in v_slot.iter_mut().zip(&v_row[h * hd..][..hd]) {
-                    *dst = f16::from_f32(x).to_bits();
-                }
-                self.positions[h * self.capacity + slot] = position as u32;
-            }
+            self.put(self.end + t, &bits(k_row), &bits(v_row));
         }
         self.end += n;
         self.first = self.first.max(self.end.saturating_sub(self.capacity));
+    }
+
+    /// Writes position `position`'s rows (`[kv_head][dim]` f16 bits) into its slot.
+    fn put(&mut self, position: usize, k_row: &[u16], v_row: &[u16]) {
+        let (hd, stride, slot) = (self.head_dim, self.capacity * self.head_dim, position % self.capacity);
+        for h in 0..self.n_kv_heads {
+            let k_head = &mut self.k[h * stride..][..stride];
+            for (d, &x) in k_row[h * hd..][..hd].iter().enumerate() {
+                k_head[k_tile_index(slot, d, hd)] = x;
+            }
+            self.v[h * stride + slot * hd..][..hd].copy_from_slice(&v_row[h * hd..][..hd]);
+            self.positions[h * self.capacity + slot] = position as u32;
+        }
+    }
+
+    /// Appends position `position`'s rows (`[kv_head][dim]` f16 bits) to `k_row` and `v_row`.
+    fn read(&self, position: usize, k_row: &mut Vec<u16>, v_row: &mut Vec<u16>) {
+        let (hd, stride, slot) = (self.head_dim, self.capacity * self.head_dim, position % self.capacity);
+        for h in 0..self.n_kv_heads {
+            k_row.extend((0..hd).map(|d| self.k[h * stride + k_tile_index(slot, d, hd)]));
+            v_row.extend_from_slice(&self.v[h * stride + slot * hd..][..hd]);
+        }
     }
 
     /// Whether slot `j` holds position `j` for every held token: then the view names no
@@ -103,14 +124,38 @@ impl SlidingRing {
         }
     }
 
+    /// Positions of the window before `n_tokens` (those its next query sees besides itself).
+    fn window_before(&self, n_tokens: usize) -> std::ops::Range<usize> {
+        (n_tokens + 1).saturating_sub(self.window)..n_tokens
+    }
+
+    /// Whether the ring holds what a query at position `n_tokens` sees before itself (nothing,
+    /// at 0).
+    fn holds_window_before(&self, n_tokens: usize) -> bool {
+        n_tokens == 0 || self.window_before(n_tokens).start >= self.first
+    }
+
+    /// Keeps the window before position `at` aside, if the ring holds it, for a later
+    /// [`Self::truncate`] to `at`; it replaces the last checkpoint.
+    pub fn checkpoint(&mut self, at: usize) {
+        if at > self.end || !self.holds_window_before(at) {
+            return;
+        }
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for p in self.window_before(at) {
+            self.read(p, &mut k, &mut v);
+        }
+        self.checkpoint = Some(Checkpoint { at, k, v });
+    }
+
     /// The most of the first `n_tokens` positions this ring can serve the next query from: all
-    /// of them if it still holds the window before `n_tokens`, else none.
+    /// of them if it still holds the window before `n_tokens`, else the checkpoint's, else none.
     pub fn keepable(&self, n_tokens: usize) -> usize {
         let n = n_tokens.min(self.end);
-        if (n + 1).saturating_sub(self.window) >= self.first {
+        if self.holds_window_before(n) {
             n
         } else {
-            0
+            self.checkpoint.as_ref().map_or(0, |c| if c.at <= n { c.at } else { 0 })
         }
     }
 
@@ -119,43 +164,50 @@ impl SlidingRing {
     /// after its position can see it.
     pub fn truncate(&mut self, n_tokens: usize) {
         debug_assert_eq!(self.keepable(n_tokens), n_tokens.min(self.end));
-        self.end = self.end.min(n_tokens);
+        if self.checkpoint.as_ref().is_some_and(|c| c.at > n_tokens) {
+            self.checkpoint = None;
+        }
+        if self.holds_window_before(n_tokens.min(self.end)) {
+            self.end = self.end.min(n_tokens);
+        } else if let Some(c) = self.checkpoint.take() {
+            let window = self.window_before(c.at);
+            let row = self.n_kv_heads * self.head_dim;
+            for (i, p) in window.clone().enumerate() {
+                self.put(p, &c.k[i * row..][..row], &c.v[i * row..][..row]);
+            }
+            (self.first, self.end) = (window.start, c.at);
+            self.checkpoint = Some(c);
+        }
         if self.end == 0 {
             self.first = 0;
         }
     }
 
-    /// Bytes of K/V the ring holds in memory.
+    /// Bytes of K/V the ring and its checkpoint hold in memory.
     pub fn bytes(&self) -> usize {
-        2 * 2 * self.k.len()
+        2 * (self.k.len() + self.v.len()) + self.checkpoint.as_ref().map_or(0, |c| 2 * (c.k.len() + c.v.len()))
     }
 
     /// Makes room for the window plus a step of `n_tokens` (and the slack), keeping every held
     /// token.
     fn grow_for(&mut self, n_tokens: usize) {
         let capacity = (self.window - 1 + n_tokens + SLACK_TOKENS).div_ceil(KV_TILE) * KV_TILE;
-        let (hd, words) = (self.head_dim, self.n_kv_heads * capacity * self.head_dim);
+        let words = self.n_kv_heads * capacity * self.head_dim;
         let mut grown = Self {
             capacity,
             k: vec![0; words],
             v: vec![0; words],
             positions: vec![EMPTY; self.n_kv_heads * capacity],
-            first: self.first,
-            end: self.first,
+            checkpoint: self.checkpoint.take(),
             ..*self
         };
+        let (mut k_row, mut v_row) = (Vec::new(), Vec::new());
         for p in self.first..self.end {
-            let (from, to) = (p % self.capacity, p % capacity);
-            for h in 0..self.n_kv_heads {
-                let (old, new) = (h * self.capacity * hd, h * capacity * hd);
-                for d in 0..hd {
-                    grown.k[new + k_tile_index(to, d, hd)] = self.k[old + k_tile_index(from, d, hd)];
-                }
-                grown.v[new + to * hd..][..hd].copy_from_slice(&self.v[old + from * hd..][..hd]);
-                grown.positions[h * capacity + to] = p as u32;
-            }
+            k_row.clear();
+            v_row.clear();
+            self.read(p, &mut k_row, &mut v_row);
+            grown.put(p, &k_row, &v_row);
         }
-        grown.end = self.end;
         *self = grown;
     }
 }
