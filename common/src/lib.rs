@@ -73,7 +73,8 @@ pub struct ModelArgs {
     /// Tiered: precision of the scoring copy of the keys, int8 or int4 [default: int4].
     #[arg(long)]
     pub key_bits: Option<KeyBits>,
-    /// Tiered: leading layers that attend to every token [default: 1].
+    /// Tiered: leading layers that attend to every token (of a model with windowed layers, its
+    /// global ones) [default: 1].
     #[arg(long)]
     pub dense_layers: Option<usize>,
     /// Tiered: who scores cold tokens: host, storage (a worker beside the cold pool) or xrt

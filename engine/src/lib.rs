@@ -127,7 +127,7 @@ impl Engine {
             self.model.kv_shape(max),
             &self.model.config.layer_windows(),
             Some(self.model.kv_from_input()),
-            |shape, layers, rebuild| kv.for_layers(layers).build(shape, rebuild),
+            |shape, rebuild| kv.build(shape, rebuild),
         )?;
         Ok(Sequence { kv: store, tokens: Vec::new() })
     }

@@ -115,7 +115,8 @@ pub struct KvConfig {
     pub sink_tokens: usize,
     /// Tiered and drop: most recent tokens always attended to.
     pub recent_tokens: usize,
-    /// Tiered: leading layers that attend densely.
+    /// Tiered: leading layers that attend densely, counting only those that attend beyond a
+    /// window (in a model with windowed layers, the global ones).
     pub dense_layers: usize,
     /// Tiered: precision of the scoring copy of the keys.
     pub key_bits: KeyBits,
@@ -230,12 +231,6 @@ impl KvConfig {
 
     fn startup(&self) -> Arc<KvStartup> {
         self.startup.clone().unwrap_or_else(|| Arc::new(self.find_startup()))
-    }
-
-    /// The same store for some of a model's layers (`layers`, ascending: the global layers of
-    /// a model with windowed ones): the leading layers that attend densely stay the model's.
-    pub fn for_layers(&self, layers: &[usize]) -> Self {
-        Self { dense_layers: layers.iter().filter(|&&l| l < self.dense_layers).count(), ..self.clone() }
     }
 
     /// Every cold-pool directory: `cold_dir`, then `extra_cold_dirs`.

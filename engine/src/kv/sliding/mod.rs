@@ -38,17 +38,17 @@ pub struct SlidingWindowLayers {
 impl SlidingWindowLayers {
     /// The store for a model with a cache of `shape` whose layer `l` attends within
     /// `windows[l]` tokens (`None`: to every earlier one). `build` makes the global layers'
-    /// store for their shape, their indices among the model's layers and their K/V projection;
-    /// a model without a window shorter than `shape`'s length gets that store alone.
+    /// store for their shape and their K/V projection; a model without a window shorter than
+    /// `shape`'s length gets that store alone.
     pub fn around(
         shape: KvShape,
         windows: &[Option<usize>],
         rebuild: Option<Arc<dyn KvFromInput>>,
-        build: impl FnOnce(KvShape, &[usize], Option<Arc<dyn KvFromInput>>) -> Result<Box<dyn KvStore>>,
+        build: impl FnOnce(KvShape, Option<Arc<dyn KvFromInput>>) -> Result<Box<dyn KvStore>>,
     ) -> Result<Box<dyn KvStore>> {
         let ring_window = |l: usize| windows.get(l).copied().flatten().filter(|&w| w > 0 && w < shape.max_tokens);
         if (0..shape.n_layers).all(|l| ring_window(l).is_none()) {
-            return build(shape, &(0..shape.n_layers).collect::<Vec<_>>(), rebuild);
+            return build(shape, rebuild);
         }
         let (mut homes, mut rings, mut global_layers) = (Vec::new(), Vec::new(), Vec::new());
         for l in 0..shape.n_layers {
@@ -66,8 +66,8 @@ impl SlidingWindowLayers {
         let global = match global_layers.len() {
             0 => None,
             n => {
-                let rebuild = rebuild.map(|inner| Arc::new(GlobalLayers { inner, layers: global_layers.clone() }) as _);
-                Some(build(KvShape { n_layers: n, ..shape }, &global_layers, rebuild)?)
+                let rebuild = rebuild.map(|inner| Arc::new(GlobalLayers { inner, layers: global_layers }) as _);
+                Some(build(KvShape { n_layers: n, ..shape }, rebuild)?)
             }
         };
         Ok(Box::new(Self { shape, homes, rings, global, len: 0, kept_prefix: None }))
@@ -228,9 +228,8 @@ mod tests {
 
     /// Layer 0 windowed, layer 1 global (kept by a full store).
     fn sliding() -> Box<dyn KvStore> {
-        SlidingWindowLayers::around(shape(), &[Some(WINDOW), None], None, |global, layers, _| {
+        SlidingWindowLayers::around(shape(), &[Some(WINDOW), None], None, |global, _| {
             assert_eq!(global, KvShape { n_layers: 1, ..shape() }, "only the global layer reaches the chosen store");
-            assert_eq!(layers, [1]);
             Ok(Box::new(FullKvStore::new(global)))
         })
         .unwrap()
@@ -354,8 +353,7 @@ mod tests {
     fn a_model_without_a_short_window_gets_the_chosen_store_alone() {
         let built = |windows: &[Option<usize>]| {
             let mut shapes = Vec::new();
-            SlidingWindowLayers::around(shape(), windows, None, |s, layers, _| {
-                assert_eq!(layers.len(), s.n_layers);
+            SlidingWindowLayers::around(shape(), windows, None, |s, _| {
                 shapes.push(s);
                 Ok(Box::new(FullKvStore::new(s)))
             })
