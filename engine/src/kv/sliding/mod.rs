@@ -150,6 +150,14 @@ impl KvStore for SlidingWindowLayers {
         }
     }
 
+    /// The global store's cut (a ring serves any range of heads, whole).
+    fn parts(&self, selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {
+        match &self.global {
+            Some(global) => global.parts(selection, cached_tokens),
+            None => HeadsPart::all(self.shape.n_kv_heads),
+        }
+    }
+
     fn gather(&mut self, layer: usize, selection: &Selection, heads: Range<usize>) -> Result<KvView<'_>> {
         match self.homes[layer] {
             Home::Ring(_) if *selection != Selection::All => Err(KvMisuse::PartialSelection.into()),
@@ -347,6 +355,23 @@ mod tests {
         }
         sliding.keep_prefix(20);
         assert_eq!(sliding.truncate(25), 0);
+    }
+
+    #[test]
+    fn a_snapshot_keeps_a_prefix_the_rings_hold_whole_and_refuses_one_they_do_not() {
+        let scratch = tempfile::Builder::new().prefix("hillside-sliding-").tempdir().unwrap();
+        let path = scratch.path().join("prefix.kv");
+        let (mut sliding, mut full, mut values) = (sliding(), FullKvStore::new(shape()), Values(0x2545_f491_4f6c_dd1d));
+        step(sliding.as_mut(), &mut full, &mut values, 30);
+        crate::kv::snapshot::save(sliding.as_mut(), 30, &[7; 32], &path).unwrap();
+        let mut loaded = self::sliding();
+        assert_eq!(crate::kv::snapshot::load(&path, &[7; 32], loaded.as_mut()).unwrap(), 30);
+        // The loaded store goes on where the whole cache does, past the end of its rings.
+        for _ in 0..100 {
+            step(loaded.as_mut(), &mut full, &mut values, 1);
+        }
+        let held = loaded.len_tokens();
+        assert!(crate::kv::snapshot::save(loaded.as_mut(), held, &[7; 32], &path).is_err(), "the rings wrapped");
     }
 
     #[test]
