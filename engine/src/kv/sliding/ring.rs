@@ -69,9 +69,13 @@ impl SlidingRing {
         if self.window - 1 + n > self.capacity {
             self.grow_for(n);
         }
-        let bits = |row: &[f32]| row.iter().map(|&x| f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+        let (mut k_bits, mut v_bits) = (Vec::with_capacity(kv_dim), Vec::with_capacity(kv_dim));
         for (t, (k_row, v_row)) in k.chunks_exact(kv_dim).zip(v.chunks_exact(kv_dim)).enumerate() {
-            self.put(self.end + t, &bits(k_row), &bits(v_row));
+            for (bits, row) in [(&mut k_bits, k_row), (&mut v_bits, v_row)] {
+                bits.clear();
+                bits.extend(row.iter().map(|&x| f16::from_f32(x).to_bits()));
+            }
+            self.put(self.end + t, &k_bits, &v_bits);
         }
         self.end += n;
         self.first = self.first.max(self.end.saturating_sub(self.capacity));
