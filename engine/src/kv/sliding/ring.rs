@@ -159,7 +159,7 @@ impl SlidingRing {
         if self.holds_window_before(n) {
             n
         } else {
-            self.checkpoint.as_ref().map_or(0, |c| if c.at <= n { c.at } else { 0 })
+            self.checkpoint.as_ref().filter(|c| c.at <= n).map_or(0, |c| c.at)
         }
     }
 
