@@ -14,7 +14,7 @@ use hillside_documents::kv_cache::model_fingerprint;
 use hillside_engine::kv::cold_format::ColdType;
 use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::{EvaluatorKind, KvConfig, SelectorKind, StoreKind};
-use hillside_engine::score::KeyBits;
+use hillside_engine::score::KeyPrecision;
 use hillside_engine::{Engine, GenerateParams};
 use hillside_server::DocumentsConfig;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -70,9 +70,10 @@ pub struct ModelArgs {
     /// [default: a quarter of the full cache].
     #[arg(long)]
     pub hot_budget_mb: Option<usize>,
-    /// Tiered: precision of the scoring copy of the keys, int8 or int4 [default: int4].
+    /// Tiered: precision of the scoring copy of the keys: int8, int4, or auto (int8 for KV heads
+    /// wider than 128 dimensions, as Gemma 3's, else int4) [default: auto].
     #[arg(long)]
-    pub key_bits: Option<KeyBits>,
+    pub key_bits: Option<KeyPrecision>,
     /// Tiered: leading layers that attend to every token (of a model with windowed layers, its
     /// global ones) [default: 1].
     #[arg(long)]

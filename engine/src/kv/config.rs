@@ -10,7 +10,7 @@ use super::x_cache::{KvFromInput, XCachePlan};
 use super::{FullKvStore, KvShape, KvStore, OffloadKvStore};
 use crate::error::Result;
 use crate::score::xrt::{self, XrtOptions};
-use crate::score::KeyBits;
+use crate::score::{KeyBits, KeyPrecision};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -118,8 +118,8 @@ pub struct KvConfig {
     /// Tiered: leading layers that attend densely, counting only those that attend beyond a
     /// window (in a model with windowed layers, the global ones).
     pub dense_layers: usize,
-    /// Tiered: precision of the scoring copy of the keys.
-    pub key_bits: KeyBits,
+    /// Tiered: precision of the scoring copy of the keys (`auto`: by the model's head width).
+    pub key_bits: KeyPrecision,
     /// Tiered: who scores the cold tokens.
     pub evaluator: EvaluatorKind,
     /// Evaluator `xrt`: XRT's `libxrt_coreutil.so` (default: `HILLSIDE_XRT_LIBRARY`, then
@@ -159,9 +159,9 @@ pub struct KvConfig {
 /// so that no sequence's first step pays for it while others stream.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KvStartup {
-    /// The β planner's rates for the cold directory (`None` if profiling failed: the hot pool
-    /// then gets a quarter of the cache).
-    pub profile: Option<Profile>,
+    /// The β planner's rates for the cold directory, for each key precision the configuration
+    /// may use (none if profiling failed: the hot pool then gets a quarter of the cache).
+    pub profiles: Vec<(KeyBits, Profile)>,
     /// Evaluator `xrt`: why the card cannot score (`None` when it can).
     pub xrt_problem: Option<String>,
 }
@@ -178,7 +178,7 @@ impl Default for KvConfig {
             sink_tokens: 4,
             recent_tokens: 64,
             dense_layers: 1,
-            key_bits: KeyBits::Int4,
+            key_bits: KeyPrecision::Auto,
             evaluator: EvaluatorKind::Storage,
             xrt_library: None,
             xrt_xclbin: None,
@@ -218,15 +218,23 @@ impl KvConfig {
         if self.store != StoreKind::Tiered {
             return KvStartup::default();
         }
-        let profile = match self.hot_budget_bytes {
-            Some(_) => None,
-            None => planner::profile(&self.cold_dir, self.key_bits)
-                .inspect_err(|e| tracing::warn!(error = %e, "could not profile the cold pool; the hot pool gets a quarter of the cache"))
-                .ok(),
+        let profiles = match self.hot_budget_bytes {
+            Some(_) => Vec::new(),
+            None => self
+                .key_bits
+                .candidates()
+                .iter()
+                .map_while(|&bits| {
+                    planner::profile(&self.cold_dir, bits)
+                        .inspect_err(|e| tracing::warn!(error = %e, "could not profile the cold pool; the hot pool gets a quarter of the cache"))
+                        .ok()
+                        .map(|p| (bits, p))
+                })
+                .collect(),
         };
         let xrt_problem =
             (self.evaluator == EvaluatorKind::Xrt).then(|| xrt::probe(&self.xrt_options()).problem).flatten();
-        KvStartup { profile, xrt_problem }
+        KvStartup { profiles, xrt_problem }
     }
 
     fn startup(&self) -> Arc<KvStartup> {
@@ -266,19 +274,19 @@ impl KvConfig {
     /// The hot budget that holds β·M_s of the K/V in DRAM (M = the whole cache at `shape`'s
     /// length), plus the scoring keys and the write-back window, uncapped.
     pub fn budget_for_beta(&self, shape: KvShape, beta: f64) -> usize {
-        let settings = self.tiered_settings_with_budget(0);
+        let settings = self.tiered_settings_with_budget(shape, 0);
         let fixed = budget_floor_bytes(shape, &settings) - pinned_rows_bytes(shape, &settings);
         fixed + Profile::hot_share(beta, shape.max_tokens * shape.bytes_per_token())
     }
 
-    fn tiered_settings_with_budget(&self, hot_budget_bytes: usize) -> TieredSettings {
+    fn tiered_settings_with_budget(&self, shape: KvShape, hot_budget_bytes: usize) -> TieredSettings {
         TieredSettings {
             alpha: self.alpha,
             hot_budget_bytes,
             sink_tokens: self.sink_tokens,
             recent_tokens: self.recent_tokens,
             dense_layers: self.dense_layers,
-            key_bits: self.key_bits,
+            key_bits: self.key_bits.bits_for(shape.head_dim),
             evaluator: self.evaluator,
             xrt: self.xrt_options(),
             guard_mass: self.guard_mass,
@@ -300,7 +308,7 @@ impl KvConfig {
     }
 
     fn tiered_settings_after(&self, shape: KvShape, startup: &KvStartup) -> TieredSettings {
-        let mut settings = self.tiered_settings_with_budget(0);
+        let mut settings = self.tiered_settings_with_budget(shape, 0);
         settings.hot_budget_bytes = self.hot_budget_bytes.unwrap_or_else(|| {
             let kv_bytes = shape.max_tokens * shape.bytes_per_token();
             let floor = budget_floor_bytes(shape, &settings);
@@ -309,8 +317,10 @@ impl KvConfig {
                 return floor * 3 / 2;
             }
             // The β planner sizes the hot pool; the quarter of the cache is the DRAM cap.
-            match &startup.profile {
-                Some(profile) => self.budget_for_beta(shape, profile.beta(f64::from(self.alpha))).clamp(floor, quarter),
+            match startup.profiles.iter().find(|(bits, _)| *bits == settings.key_bits) {
+                Some((_, profile)) => {
+                    self.budget_for_beta(shape, profile.beta(f64::from(self.alpha))).clamp(floor, quarter)
+                }
                 None => quarter,
             }
         });
@@ -328,8 +338,8 @@ mod tests {
         let scratch = tempfile::Builder::new().prefix("hillside-startup-").tempdir().unwrap();
         let dir = scratch.path().to_path_buf();
         let config = KvConfig { store: StoreKind::Tiered, cold_dir: dir.clone(), ..KvConfig::default() };
-        let with = |profile: Option<Profile>| {
-            let startup = KvStartup { profile, xrt_problem: None };
+        let with = |profiles: Vec<(KeyBits, Profile)>| {
+            let startup = KvStartup { profiles, xrt_problem: None };
             KvConfig { startup: Some(Arc::new(startup)), ..config.clone() }.tiered_settings(shape).hot_budget_bytes
         };
         // A storage side far faster than the host asks for a small hot pool; a slow disk for the cap.
@@ -340,14 +350,32 @@ mod tests {
             cold_read_bytes_per_s,
         };
         let quarter = shape.max_tokens * shape.bytes_per_token() / 4;
-        let (fast, slow) = (with(Some(rates(100e9))), with(Some(rates(0.1e9))));
+        // 64-dim heads score from INT4 rows: the INT4 profile is the one that counts.
+        let (fast, slow) = (with(vec![(KeyBits::Int4, rates(100e9))]), with(vec![(KeyBits::Int4, rates(0.1e9))]));
         assert!(fast < slow && slow == quarter, "fast disk {fast}, slow disk {slow}, cap {quarter}");
-        assert_eq!(with(None), quarter, "no profile: a quarter of the cache");
+        assert_eq!(with(Vec::new()), quarter, "no profile: a quarter of the cache");
+        assert_eq!(with(vec![(KeyBits::Int8, rates(100e9))]), quarter, "only another precision's profile");
         // Nothing was measured: the cold directory holds no profile.
         assert!(!dir.exists() || std::fs::read_dir(&dir).unwrap().next().is_none());
-        // Starting up measures once, where the planner caches it.
+        // Starting up measures once for each precision `auto` may pick, where the planner caches it.
         let started = config.clone().start_up();
-        assert!(started.startup.as_ref().unwrap().profile.is_some());
-        assert!(dir.join(format!("hillside-profile-{}.json", config.key_bits)).exists());
+        assert_eq!(started.startup.as_ref().unwrap().profiles.len(), 2);
+        for bits in [KeyBits::Int4, KeyBits::Int8] {
+            assert!(dir.join(format!("hillside-profile-{bits}.json")).exists());
+        }
+    }
+
+    #[test]
+    fn auto_scores_wide_heads_from_int8_rows() {
+        let settings = |key_bits: KeyPrecision, head_dim: usize| {
+            let shape = KvShape { n_layers: 4, n_kv_heads: 1, head_dim, max_tokens: 1024 };
+            let config = KvConfig { key_bits, hot_budget_bytes: Some(1 << 30), ..KvConfig::default() };
+            config.tiered_settings(shape).key_bits
+        };
+        assert_eq!(settings(KeyPrecision::Auto, 64), KeyBits::Int4);
+        assert_eq!(settings(KeyPrecision::Auto, 128), KeyBits::Int4);
+        assert_eq!(settings(KeyPrecision::Auto, 256), KeyBits::Int8);
+        assert_eq!(settings(KeyPrecision::Int4, 256), KeyBits::Int4);
+        assert_eq!(settings(KeyPrecision::Int8, 64), KeyBits::Int8);
     }
 }

@@ -19,6 +19,45 @@ pub enum KeyBits {
 
 named_choices!(KeyBits, "key precision", { Int8 => "int8", Int4 => "int4" });
 
+/// The precision a user asks for: one of [`KeyBits`], or `auto`, which picks per model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyPrecision {
+    #[default]
+    Auto,
+    Int8,
+    Int4,
+}
+
+named_choices!(KeyPrecision, "key precision", { Auto => "auto", Int8 => "int8", Int4 => "int4" });
+
+/// Widest KV head that `auto` scores from INT4 rows.
+const WIDEST_INT4_HEAD_DIM: usize = 128;
+
+impl KeyPrecision {
+    /// The precision for KV heads of `head_dim` dimensions. `auto` gives INT8 to heads wider
+    /// than 128: a row's one scale follows its largest value, and the more values a row has,
+    /// the further that largest one stands above the rest, so INT4 leaves the typical value
+    /// fewer levels (Gemma 3's 256-wide heads rank well enough only in INT8: BENCHMARKS.md).
+    pub fn bits_for(self, head_dim: usize) -> KeyBits {
+        match self {
+            Self::Int8 => KeyBits::Int8,
+            Self::Int4 => KeyBits::Int4,
+            Self::Auto if head_dim > WIDEST_INT4_HEAD_DIM => KeyBits::Int8,
+            Self::Auto => KeyBits::Int4,
+        }
+    }
+
+    /// Every precision this choice may resolve to, for a model not yet known.
+    pub fn candidates(self) -> &'static [KeyBits] {
+        match self {
+            Self::Int8 => &[KeyBits::Int8],
+            Self::Int4 => &[KeyBits::Int4],
+            Self::Auto => &[KeyBits::Int4, KeyBits::Int8],
+        }
+    }
+}
+
 impl KeyBits {
     fn max_level(self) -> f32 {
         match self {

@@ -11,7 +11,7 @@ mod worker;
 pub mod xrt;
 
 pub use evaluator::ColdEvaluator;
-pub use keys::{KeyBits, ScoringKeys};
+pub use keys::{KeyBits, KeyPrecision, ScoringKeys};
 pub use storage::StorageEvaluator;
 pub use topk::{BlockMerge, HeadsMass, HeadsTopK, ScoreBlock, TopK};
 

@@ -277,7 +277,7 @@ fn beta_sweep(args: &KvArgs, lab: &[&str]) -> Result<Sweep> {
     let engine = hillside_common::load_engine(&args.model)?;
     let shape = engine.model().kv_shape(context);
     let config = KvConfig { store: StoreKind::Tiered, ..args.model.kv_config() };
-    let profile = planner::profile(&config.cold_dir, config.key_bits)?;
+    let profile = planner::profile(&config.cold_dir, config.key_bits.bits_for(shape.head_dim))?;
     let predicted = profile.beta(f64::from(config.alpha));
     let kv_bytes = shape.max_tokens * shape.bytes_per_token();
     let planned_budget = config.tiered_settings(shape).hot_budget_bytes;
