@@ -3,6 +3,10 @@
 #
 #   scripts/bench-vs-llama.sh [--level avx2|native] [--models smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct]
 #                             [--contexts 512,4096,8192] [--prefill 512,8192] [--threads 2] [--decode-tokens 32]
+#                             [--json bench-vs-llama-LEVEL.json]
+#
+# --models takes names from models/registry.json or paths to GGUF files (such as the files of
+# real shapes and random weights that tests/tools/tiny-gguf.sh --real-shape writes).
 #
 # llama.cpp's `llama-bench` is built once by `llama-cpp-build.sh` (from the PyPI sdist):
 #   native  against Hillside at the CPU's best level;
@@ -17,6 +21,7 @@ contexts=512,4096,8192
 prefills=512,8192
 threads=2
 decode_tokens=32
+json=
 while [ $# -gt 0 ]; do
   case "$1" in
     --level) level=$2; shift 2 ;;
@@ -25,6 +30,7 @@ while [ $# -gt 0 ]; do
     --prefill) prefills=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --decode-tokens) decode_tokens=$2; shift 2 ;;
+    --json) json=$2; shift 2 ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -33,10 +39,28 @@ beside_llama "$level" llama-bench
 bench_bin=$llama_tool
 models_dir=${HILLSIDE_MODELS_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/hillside/models}
 
+# Runs a command and writes its peak RSS in MB to $work/rss.
+measured() {
+  python3 -c 'import resource, subprocess, sys
+done = subprocess.run(sys.argv[2:])
+open(sys.argv[1], "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 // 1_000_000))
+sys.exit(done.returncode)' "$work/rss" "$@"
+}
+
 # One llama-bench figure: tokens/s of a prompt (-p N) or of decoding at a depth (-n N -d D).
 llama_tps() {
-  "$bench_bin" -m "$1" -t "$threads" -r 2 -o json "${@:2}" 2>/dev/null |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["avg_ts"])'
+  measured "$bench_bin" -m "$1" -t "$threads" -r 2 -o json "${@:2}" 2>/dev/null >"$work/l.json"
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["avg_ts"])' "$work/l.json"
+}
+
+# One Hillside figure from `bench decode`'s JSON: $1 is a Python expression on it, `r`. Its peak
+# RSS is the one `bench decode` reads before its memory-bandwidth probe (a 512 MiB buffer).
+hillside_tps() {
+  local figure=$1; shift
+  HILLSIDE_SIMD=$hillside_simd "$hillside" bench decode --model "$path" --threads "$threads" \
+    --json "$work/h.json" "$@" >/dev/null 2>&1
+  python3 -c 'import json,sys; r = json.load(open(sys.argv[1])); print(round(r["peak_rss_mb"]), file=open(sys.argv[3], "w")); print(eval(sys.argv[2]))' \
+    "$work/h.json" "$figure" "$work/rss"
 }
 
 rows=()
@@ -44,24 +68,27 @@ IFS=, read -ra model_list <<< "$models"
 IFS=, read -ra prefill_list <<< "$prefills"
 IFS=, read -ra context_list <<< "$contexts"
 for model in "${model_list[@]}"; do
-  file=$(python3 -c 'import json,sys; print(next(m["file"] for m in json.load(open(sys.argv[1]))["models"] if m["name"] == sys.argv[2]))' "$root/models/registry.json" "$model")
-  path=$models_dir/$file
-  [ -f "$path" ] || python3 "$root/models/fetch.py" "$model" >&2
+  if [[ $model == *.gguf ]]; then
+    path=$(realpath "$model")
+    model=$(basename "$model" .gguf)
+  else
+    file=$(python3 -c 'import json,sys; print(next(m["file"] for m in json.load(open(sys.argv[1]))["models"] if m["name"] == sys.argv[2]))' "$root/models/registry.json" "$model")
+    path=$models_dir/$file
+    [ -f "$path" ] || python3 "$root/models/fetch.py" "$model" >&2
+  fi
   for p in "${prefill_list[@]}"; do
     echo "$model: prefill $p ..." >&2
-    HILLSIDE_SIMD=$hillside_simd "$hillside" bench decode --model "$model" --threads "$threads" \
-      --prefill-tokens "$p" --contexts 2 --decode-tokens 1 --json "$work/h.json" >/dev/null 2>&1
-    ours=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["prefill"]["tokens_per_s"])' "$work/h.json")
+    ours=$(hillside_tps 'r["prefill"]["tokens_per_s"]' --prefill-tokens "$p" --contexts 2 --decode-tokens 1)
+    ours_rss=$(cat "$work/rss")
     theirs=$(llama_tps "$path" -p "$p" -n 0)
-    rows+=("$model prefill $p $ours $theirs")
+    rows+=("$model prefill $p $ours $theirs $ours_rss $(cat "$work/rss")")
   done
   for c in "${context_list[@]}"; do
     echo "$model: decode at $c ..." >&2
-    HILLSIDE_SIMD=$hillside_simd "$hillside" bench decode --model "$model" --threads "$threads" \
-      --prefill-tokens 1 --contexts "$c" --decode-tokens "$decode_tokens" --json "$work/h.json" >/dev/null 2>&1
-    ours=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["decode"][0]["tokens_per_s"])' "$work/h.json")
+    ours=$(hillside_tps 'r["decode"][0]["tokens_per_s"]' --prefill-tokens 1 --contexts "$c" --decode-tokens "$decode_tokens")
+    ours_rss=$(cat "$work/rss")
     theirs=$(llama_tps "$path" -p 0 -n "$decode_tokens" -d "$((c - decode_tokens))")
-    rows+=("$model decode $c $ours $theirs")
+    rows+=("$model decode $c $ours $theirs $ours_rss $(cat "$work/rss")")
   done
 done
 
@@ -74,17 +101,19 @@ import json, sys, datetime
 level, threads, cpu, cpu_id, flags, ours_simd, theirs_simd, commit, out = sys.argv[1:10]
 rows = []
 for line in sys.stdin:
-    model, kind, tokens, ours, theirs = line.split()
+    model, kind, tokens, ours, theirs, ours_rss, theirs_rss = line.split()
     rows.append(dict(model=model, figure=kind, tokens=int(tokens), hillside_tokens_per_s=float(ours),
-                     llama_cpp_tokens_per_s=float(theirs), ratio=float(ours) / float(theirs)))
+                     llama_cpp_tokens_per_s=float(theirs), ratio=float(ours) / float(theirs),
+                     hillside_peak_rss_mb=int(ours_rss), llama_cpp_peak_rss_mb=int(theirs_rss)))
 print(f"# {cpu} ({cpu_id}; {flags.strip()}), {threads} threads, level {level}")
 print(f"# SIMD: Hillside {ours_simd} (commit {commit}), llama.cpp {theirs_simd.strip()}")
-print(f"| model | figure | tokens | Hillside tok/s | llama.cpp tok/s | ratio |")
-print(f"| --- | --- | ---: | ---: | ---: | ---: |")
+print(f"| model | figure | tokens | Hillside tok/s | llama.cpp tok/s | ratio | peak RSS MB (Hillside / llama.cpp) |")
+print(f"| --- | --- | ---: | ---: | ---: | ---: | ---: |")
 for r in rows:
-    print("| {model} | {figure} | {tokens} | {hillside_tokens_per_s:.1f} | {llama_cpp_tokens_per_s:.1f} | {ratio:.2f}x |".format(**r))
+    print("| {model} | {figure} | {tokens} | {hillside_tokens_per_s:.1f} | {llama_cpp_tokens_per_s:.1f} | {ratio:.2f}x "
+          "| {hillside_peak_rss_mb} / {llama_cpp_peak_rss_mb} |".format(**r))
 json.dump(dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), cpu=cpu, cpu_id=cpu_id, flags=flags.split(),
                threads=int(threads), level=level, commit=commit, simd=dict(hillside=ours_simd, llama_cpp=theirs_simd.strip()),
                llama_cpp="llama-cpp-python 0.3.36 sdist", rows=rows), open(out, "w"), indent=2)
 print(f"wrote {out}")
-' "$level" "$threads" "$cpu" "$cpu_id" "$flags" "$ours_simd" "$theirs_simd" "$commit" "bench-vs-llama-$level.json"
+' "$level" "$threads" "$cpu" "$cpu_id" "$flags" "$ours_simd" "$theirs_simd" "$commit" "${json:-bench-vs-llama-$level.json}"
