@@ -3,7 +3,9 @@
 use crate::{ChatArgs, GenerateArgs};
 use anyhow::Result;
 use hillside_common::load_engine;
-use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Sequence, Summary};
+use hillside_engine::{
+    generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, ReasoningFormat, Sequence, Summary,
+};
 use hillside_remote::RemoteEngine;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufRead, Write};
@@ -48,6 +50,13 @@ fn stream_reply(
                 b.set_position(done_tokens as u64);
             }
         }
+        // Reasoning goes dimmed to stderr: stdout and the history keep the answer alone.
+        Event::Reasoning(delta) => {
+            if let Some(b) = bar.take() {
+                b.finish_and_clear();
+            }
+            eprint!("\x1b[2m{delta}\x1b[0m");
+        }
         Event::Text(delta) => {
             if let Some(b) = bar.take() {
                 b.finish_and_clear();
@@ -87,7 +96,8 @@ pub fn generate_once(args: &GenerateArgs) -> Result<()> {
         engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?
     };
     let mut seq = args.model.new_sequence(&engine)?;
-    stream_reply(&engine, &mut seq, &prompt, &args.sampling.params())?;
+    let reasoning = if args.raw { ReasoningFormat::None } else { engine.tokenizer().reasoning_format_after(&prompt) };
+    stream_reply(&engine, &mut seq, &prompt, &GenerateParams { reasoning, ..args.sampling.params() })?;
     Ok(())
 }
 
@@ -116,7 +126,9 @@ impl Chatting {
         match self {
             Chatting::Local { engine, seq } => {
                 let prompt = engine.chat_prompt(messages)?;
-                Ok(stream_reply(engine, seq, &prompt, params)?.0)
+                let params =
+                    GenerateParams { reasoning: engine.tokenizer().reasoning_format_after(&prompt), ..params.clone() };
+                Ok(stream_reply(engine, seq, &prompt, &params)?.0)
             }
             Chatting::Remote(remote) => {
                 let (mut reply, mut stdout) = (String::new(), std::io::stdout());

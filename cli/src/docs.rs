@@ -345,6 +345,8 @@ pub fn ask(args: &AskArgs) -> Result<()> {
             (request, _) => {
                 let (tokens, prefix) = request.into_local().context("a remote request for the local engine")?;
                 let (tx, rx) = std::sync::mpsc::channel();
+                let params =
+                    hillside_engine::GenerateParams { reasoning: runner.reasoning_format_after(&tokens), ..params };
                 runner.scheduler().context("no scheduler")?.submit_with_prefix(
                     tokens,
                     prefix,

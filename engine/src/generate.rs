@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::kv::KvStore;
 use crate::model::{BatchItem, Logits};
 use crate::sampling::{Sampler, SamplingParams};
+use crate::text::reasoning::{ReasoningFormat, ReasoningSplit};
 use crate::text::stop::StopMatcher;
 use crate::text::stream::TextStream;
 use crate::Engine;
@@ -24,6 +25,9 @@ pub struct GenerateParams {
     pub prefill_chunk_tokens: usize,
     /// Report each drawn token's log-probability and this many alternatives (`Event::Logprob`).
     pub logprobs: Option<usize>,
+    /// How the model marks its reasoning, to send it apart (`Event::Reasoning`) from the answer;
+    /// `None` sends all text as answer. Chat asks for the tokenizer's format, raw completions not.
+    pub reasoning: ReasoningFormat,
 }
 
 impl Default for GenerateParams {
@@ -34,6 +38,7 @@ impl Default for GenerateParams {
             sampling: SamplingParams::default(),
             prefill_chunk_tokens: 256,
             logprobs: None,
+            reasoning: ReasoningFormat::None,
         }
     }
 }
@@ -54,6 +59,8 @@ pub enum Event {
     Prefill { done_tokens: usize, total_tokens: usize },
     /// A piece of generated text, whole characters only.
     Text(String),
+    /// A piece of the model's reasoning, before its answer (see [`GenerateParams::reasoning`]).
+    Reasoning(String),
     /// A token was drawn (sent before its text, when `GenerateParams::logprobs` asks for it).
     Logprob(TokenLogprob),
 }
@@ -234,6 +241,7 @@ pub struct Generation {
     logits: Vec<f32>,
     generated: Vec<u32>,
     text: TextStream,
+    reasoning: ReasoningSplit,
     stops: StopMatcher,
     started: Instant,
     /// Set when the prompt is done.
@@ -265,6 +273,7 @@ impl Generation {
         on_event(Event::Prefill { done_tokens: reused, total_tokens: prompt.len() });
         Ok(Self {
             stops: StopMatcher::new(&params.stop),
+            reasoning: ReasoningSplit::new(params.reasoning),
             prompt,
             params,
             sampler,
@@ -326,7 +335,11 @@ impl Generation {
         }
         self.generated.push(token);
         if let Some(delta) = self.text.push(tokenizer, token)? {
-            let (out, hit) = self.stops.push(&delta);
+            let parts = self.reasoning.push(&delta);
+            if !parts.reasoning.is_empty() {
+                on_event(Event::Reasoning(parts.reasoning));
+            }
+            let (out, hit) = self.stops.push(&parts.content);
             if !out.is_empty() {
                 on_event(Event::Text(out));
             }
@@ -366,7 +379,14 @@ impl Generation {
         reason: FinishReason,
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Summary> {
-        let mut tail = self.text.finish(tokenizer)?.map(|rest| self.stops.push(&rest).0).unwrap_or_default();
+        let mut parts = self.text.finish(tokenizer)?.map(|rest| self.reasoning.push(&rest)).unwrap_or_default();
+        let last = self.reasoning.finish();
+        parts.reasoning.push_str(&last.reasoning);
+        parts.content.push_str(&last.content);
+        if !parts.reasoning.is_empty() {
+            on_event(Event::Reasoning(parts.reasoning));
+        }
+        let mut tail = self.stops.push(&parts.content).0;
         tail.push_str(&self.stops.finish());
         if !tail.is_empty() {
             on_event(Event::Text(tail));

@@ -26,6 +26,7 @@ pub use generate::{
 pub use model::{BatchItem, Logits, Model};
 pub use sampling::SamplingParams;
 pub use text::chat::{ChatMessage, ChatTemplate};
+pub use text::reasoning::ReasoningFormat;
 pub use text::tokenizer::Tokenizer;
 
 use kv::sliding::SlidingWindowLayers;

@@ -153,11 +153,28 @@ pub fn submit_remote(app: &App, remote: &Arc<RemoteEngine>, prompt: RemotePrompt
     Running { updates, stop: Stop::Flag(stop) }
 }
 
+/// A whole generation: its answer, its reasoning (if the model wrote one), every token's
+/// log-probability, the summary.
+pub struct Collected {
+    pub text: String,
+    pub reasoning: Option<String>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub summary: Summary,
+}
+
 /// A generation as its consumers see it: text with the log-probabilities of the tokens that
 /// made it, then the end.
 pub enum Piece {
-    Text { text: String, logprobs: Vec<TokenLogprob> },
-    Done { summary: Summary, logprobs: Vec<TokenLogprob> },
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// The model's reasoning, before its answer (chat only).
+    Reasoning(String),
+    Done {
+        summary: Summary,
+        logprobs: Vec<TokenLogprob>,
+    },
 }
 
 impl Running {
@@ -174,6 +191,7 @@ impl Running {
                 Update::Event(Event::Text(text)) => {
                     return Some(Ok(Piece::Text { text, logprobs: std::mem::take(pending) }))
                 }
+                Update::Event(Event::Reasoning(text)) => return Some(Ok(Piece::Reasoning(text))),
                 Update::Done(Ok(summary)) if summary.finish_reason == FinishReason::Cancelled => {
                     return Some(Err(ApiError::shutting_down()))
                 }
@@ -185,18 +203,21 @@ impl Running {
         }
     }
 
-    /// Waits for the whole generation: its text, every token's log-probability, the summary.
-    pub async fn collect(mut self) -> Result<(String, Vec<TokenLogprob>, Summary), ApiError> {
-        let (mut text, mut logprobs, mut pending) = (String::new(), Vec::new(), Vec::new());
+    /// Waits for the whole generation.
+    pub async fn collect(mut self) -> Result<Collected, ApiError> {
+        let (mut text, mut reasoning, mut logprobs, mut pending) =
+            (String::new(), String::new(), Vec::new(), Vec::new());
         while let Some(piece) = self.next(&mut pending).await {
             match piece? {
                 Piece::Text { text: t, logprobs: lp } => {
                     text.push_str(&t);
                     logprobs.extend(lp);
                 }
+                Piece::Reasoning(r) => reasoning.push_str(&r),
                 Piece::Done { summary, logprobs: lp } => {
                     logprobs.extend(lp);
-                    return Ok((text, logprobs, summary));
+                    let reasoning = (!reasoning.is_empty()).then_some(reasoning);
+                    return Ok(Collected { text, reasoning, logprobs, summary });
                 }
             }
         }

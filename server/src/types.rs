@@ -198,6 +198,10 @@ pub struct ChatChoice {
 pub struct ResponseMessage {
     pub role: &'static str,
     pub content: String,
+    /// The model's reasoning before its answer, for models that write one (as llama.cpp and
+    /// vLLM return it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, ToSchema)]
@@ -249,6 +253,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

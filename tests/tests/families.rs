@@ -7,8 +7,10 @@
 
 mod common;
 
+use common::llama_server::{self, LlamaServer};
 use hillside_engine::sampling::argmax;
-use hillside_engine::{Engine, Logits};
+use hillside_engine::text::reasoning::{Parts, ReasoningSplit};
+use hillside_engine::{ChatMessage, Engine, Logits, ReasoningFormat};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -51,11 +53,17 @@ fn joined(ids: &[u32]) -> String {
 /// A random-weight GGUF of `family` in `dir`, with SmolLM2's vocabulary, its matrices in the
 /// `formats` tiny_gguf.py names (`mixed`: Q8_0 and Q4_0; `table`: IQ4_NL, IQ4_XS and MXFP4).
 fn tiny_model(family: &str, formats: &str, dir: &Path) -> PathBuf {
+    tiny_model_with(family, formats, dir, &[])
+}
+
+/// [`tiny_model`], with tiny_gguf.py's further `args`.
+fn tiny_model_with(family: &str, formats: &str, dir: &Path, args: &[&std::ffi::OsStr]) -> PathBuf {
     let path = dir.join(format!("tiny-{family}-{formats}.gguf"));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/tiny-gguf.sh");
     let status = Command::new(script)
         .arg(family)
         .arg(&path)
+        .args(args)
         .args(["--formats", formats, "--vocab-from"])
         .arg(common::model_path())
         .stdout(Stdio::null())
@@ -381,6 +389,90 @@ fn gemma3_270m_perplexity_matches_llama_cpp() {
     let (greedy_theirs, theirs_logits) = llama_cpp_greedy(&path, prompt, 64, &dir);
     let same = same_greedy_tokens(&engine, prompt, &greedy_theirs, &theirs_logits, "gemma 3 270M");
     eprintln!("gemma 3 270M: greedy text identical to llama.cpp's for {same} of 64 tokens");
+}
+
+/// gpt-oss's own chat template (harmony's, as llama.cpp's sdist ships it) rendered as llama.cpp's
+/// server renders it; a harmony reply keeps its markers through the tokenizer, so the reasoning
+/// can be split from the answer; and `<|end|>` ends a message, not the turn.
+#[test]
+fn gpt_oss_chat_template_and_reply_markers_are_as_llama_cpp_has_them() {
+    let dir = common::Scratch::new("family-harmony");
+    let template = llama_server::llama_cpp_source().join("models/templates/openai-gpt-oss-120b.jinja");
+    let path = tiny_model_with("gpt-oss", "mixed", &dir, &["--chat-template".as_ref(), template.as_os_str()]);
+    let engine = Engine::load(&path).unwrap();
+    let messages = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+        ChatMessage::new("assistant", "Hello."),
+        ChatMessage::new("user", "What is 2 + 2?"),
+    ];
+    let server = LlamaServer::start(&path, &["--jinja", "-c", "2048"]);
+    let theirs: serde_json::Value = ureq::post(&format!("{}/apply-template", server.url()))
+        .send_json(serde_json::json!({ "messages": messages }))
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
+    let ours = engine.chat_text(&messages).unwrap();
+    assert!(ours.contains("<|start|>developer<|message|># Instructions\n\nBe brief."), "{ours}");
+    assert_eq!(ours, theirs["prompt"].as_str().unwrap());
+
+    let tokenizer = engine.tokenizer();
+    assert_eq!(tokenizer.reasoning_format(), ReasoningFormat::Harmony);
+    let id = |t: &str| tokenizer.token_id(t).unwrap();
+    assert!(tokenizer.is_stop(id("<|return|>")) && tokenizer.is_stop(id("<|call|>")));
+    assert!(!tokenizer.is_stop(id("<|end|>")), "<|end|> ends the reasoning; the answer follows");
+    let reply = "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant<|channel|>final<|message|>4";
+    let ids = tokenizer.encode(reply).unwrap();
+    assert!(ids.contains(&id("<|channel|>")), "the markers are single tokens: {ids:?}");
+    assert_eq!(tokenizer.decode(&ids).unwrap(), reply);
+    let mut split = ReasoningSplit::new(tokenizer.reasoning_format());
+    assert_eq!(split.push(reply), Parts { reasoning: "Add them.".into(), content: "4".into() });
+}
+
+/// A thinking model over HTTP: a template that opens `<think>` for the model (as Qwen3's thinking
+/// models' do), a tiny Qwen3 that never closes it in a few greedy tokens: chat returns all of it
+/// as `reasoning_content`, streamed and whole, and an empty answer; a raw completion of the same
+/// prompt returns the same text as plain text.
+#[test]
+fn a_thinking_model_s_reasoning_comes_apart_from_its_answer_over_http() {
+    let dir = common::Scratch::new("family-thinking");
+    let template = dir.join("thinking.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}",
+    )
+    .unwrap();
+    let path = tiny_model_with("qwen3", "mixed", &dir, &["--chat-template".as_ref(), template.as_os_str()]);
+    let engine = std::sync::Arc::new(Engine::load(&path).unwrap());
+    assert_eq!(engine.tokenizer().reasoning_format(), ReasoningFormat::Think);
+    let server = common::server::Server::start_on(engine.clone(), common::server::config());
+    let ask = serde_json::json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0});
+
+    let (status, whole) = server.post("/v1/chat/completions", &ask);
+    assert_eq!(status, 200, "{whole}");
+    let message = &whole["choices"][0]["message"];
+    let reasoning = message["reasoning_content"].as_str().expect("reasoning_content").to_string();
+    assert!(!reasoning.is_empty() && !reasoning.contains("</think>"), "{message}");
+    assert_eq!(message["content"], "", "the model never closed its reasoning: no answer");
+
+    let mut streamed = (String::new(), String::new());
+    let mut streaming = ask.clone();
+    streaming["stream"] = true.into();
+    for payload in server.stream("/v1/chat/completions", &streaming) {
+        let Ok(chunk) = serde_json::from_str::<serde_json::Value>(&payload) else { continue };
+        let delta = &chunk["choices"][0]["delta"];
+        streamed.0 += delta["reasoning_content"].as_str().unwrap_or("");
+        streamed.1 += delta["content"].as_str().unwrap_or("");
+    }
+    assert_eq!(streamed, (reasoning.clone(), String::new()));
+
+    let prompt = engine.chat_text(&[ChatMessage::new("user", "Hi")]).unwrap();
+    let (status, raw) =
+        server.post("/v1/completions", &serde_json::json!({"prompt": prompt, "max_tokens": 8, "temperature": 0}));
+    assert_eq!(status, 200, "{raw}");
+    assert_eq!(raw["choices"][0]["text"].as_str().unwrap().trim_start(), reasoning);
 }
 
 /// A file of a family Hillside does not run: the error names it, lists the families that run

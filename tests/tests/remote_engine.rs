@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::llama_server::LlamaServer;
 use common::server::Server;
 use hillside_server::{DocumentsConfig, ServerConfig};
 use serde_json::{json, Value};
@@ -20,79 +21,17 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 /// Each of llama-server's slots gets this context (its `-c` is shared by its slots).
 const SLOT_CONTEXT: usize = 2048;
 const SLOTS: usize = 4;
 
-/// `llama-server` on a free port, killed when dropped.
-struct LlamaServer {
-    child: Child,
-    port: u16,
-    /// One server at a time: four of them and Hillside's own work on two cores would make a
-    /// test's requests wait out the client's hang timeout.
-    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
-}
-
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-impl LlamaServer {
-    fn start() -> Self {
-        let one_at_a_time = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let bin = match std::env::var_os("HILLSIDE_LLAMA_SERVER") {
-            Some(bin) => PathBuf::from(bin),
-            None => {
-                let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama-cpp-build.sh");
-                let out =
-                    Command::new(script).args(["native", "llama-server"]).stderr(Stdio::inherit()).output().unwrap();
-                assert!(out.status.success(), "building llama-server failed");
-                PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-            }
-        };
-        let port = free_port();
-        let child = Command::new(bin)
-            .args([
-                "-m",
-                common::model_path().to_str().unwrap(),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--alias",
-                "smollm2",
-            ])
-            .args(["-c", &(SLOT_CONTEXT * SLOTS).to_string(), "-np", &SLOTS.to_string(), "-t", "2", "--no-webui"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let server = Self { child, port, _one_at_a_time: one_at_a_time };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while ureq::get(&format!("{}/health", server.url())).call().map_or(true, |r| r.status() != 200) {
-            assert!(Instant::now() < deadline, "llama-server did not become ready");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for LlamaServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// llama-server with the default model and four slots.
+fn start_llama_server() -> LlamaServer {
+    let context = (SLOT_CONTEXT * SLOTS).to_string();
+    LlamaServer::start(&common::model_path(), &["--alias", "smollm2", "-c", &context, "-np", &SLOTS.to_string()])
 }
 
 fn connect(url: &str) -> Arc<RemoteEngine> {
@@ -125,7 +64,7 @@ impl Checkpoints for Kept {
 
 #[test]
 fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
-    let server = LlamaServer::start();
+    let server = start_llama_server();
     let remote = connect(&server.url());
     assert_eq!(remote.model(), "smollm2");
     assert_eq!(remote.models().iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["smollm2"]);
@@ -193,7 +132,7 @@ fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
 
 #[test]
 fn a_remote_killed_mid_summary_gives_a_clear_error_and_keeps_only_finished_steps() {
-    let mut server = LlamaServer::start();
+    let mut server = start_llama_server();
     let remote = Arc::new(
         RemoteEngine::connect(&RemoteConfig { url: server.url(), concurrency: 1, ..RemoteConfig::default() }).unwrap(),
     );
@@ -275,7 +214,7 @@ fn proxy(upstream: u16, busy: usize, garbage: bool) -> (u16, Arc<AtomicUsize>) {
 
 #[test]
 fn busy_answers_are_retried_as_the_remote_asks_and_garbage_is_a_clear_error() {
-    let server = LlamaServer::start();
+    let server = start_llama_server();
     let (port, seen) = proxy(server.port, 3, false);
     let remote = connect(&format!("http://127.0.0.1:{port}/v1"));
     let mut text = String::new();
@@ -304,7 +243,7 @@ fn busy_answers_are_retried_as_the_remote_asks_and_garbage_is_a_clear_error() {
 
 #[test]
 fn the_server_on_a_remote_engine_serves_the_api_and_documents_and_refuses_the_tier_view() {
-    let mut llama = LlamaServer::start();
+    let mut llama = start_llama_server();
     let remote = connect(&llama.url());
     let dir = common::Scratch::new("remote-server");
     let documents = DocumentsConfig {

@@ -4,19 +4,27 @@ names and metadata (written with the `gguf` package from PyPI), for the families
 through Hillside and through llama.cpp side by side.
 
     tiny_gguf.py FAMILY OUT.gguf --vocab-from REAL.gguf [--seed N] [--formats mixed|table|iq4xs|iq4xs-as-nl]
+                 [--chat-template FILE]
+    tiny_gguf.py --real-shape gpt-oss-20b OUT.gguf --vocab-from REAL.gguf [--blocks N]
 
 The vocabulary and tokenizer metadata are copied from a real GGUF (SmolLM2's byte-level BPE;
-gpt-oss's file with o200k's pre-tokenizer split), so both engines tokenize alike; the weights are random (never a claim about quality). The
+gpt-oss's file with o200k's pre-tokenizer split; the tokens a family adds, such as harmony's
+and Qwen3's reasoning markers, after them), so both engines tokenize alike; the weights are random (never a claim about quality). The
 matrices are Q8_0 and Q4_0 (`mixed`), MXFP4 and IQ4_NL (`table`, MXFP4 experts as gpt-oss has
 them), IQ4_XS wherever a row is whole 256-value super-blocks (`iq4xs`), or those IQ4_XS
 matrices written as the IQ4_NL blocks they stand for, each with its f16 scale (`iq4xs-as-nl`);
 norms F32, as quantized files mix them.
+
+`--real-shape` writes a named model's shapes instead (its widths, heads, experts and vocabulary
+size, the vocabulary padded with placeholder tokens; `--blocks` cuts its depth), with random
+block bytes in the formats its published file uses, for speed runs beside llama.cpp
+(`scripts/bench-vs-llama.sh`): such weights decode to noise, fine for timing and nothing else.
 """
 import argparse
 import sys
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, RopeScalingType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, RopeScalingType
 from gguf.quants import quantize
 
 # hidden, heads, kv heads, head size, feed-forward width, blocks
@@ -33,6 +41,20 @@ SHAPES = {
     "gpt-oss": dict(hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512, blocks=4, experts=8, used=2, expert_ffn=192),
 }
 WINDOW_TOKENS = 24
+
+# Published models' shapes and the formats of their usual GGUF (Q4_K_M: Q4_K with a Q6_K head;
+# gpt-oss: MXFP4 experts, the rest Q8_0). `rope`: base; `yarn`: (factor, original context).
+REAL_SHAPES = {
+    "qwen3-0.6b": dict(family="qwen3", hidden=1024, heads=16, kv_heads=8, head_dim=128, ffn=3072, blocks=28,
+                       vocab=151936, rope=1_000_000.0, tied=True),
+    "qwen3-30b-a3b": dict(family="qwen3moe", hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=6144, blocks=48,
+                          experts=128, used=8, expert_ffn=768, vocab=151936, rope=1_000_000.0, tied=False),
+    "gpt-oss-20b": dict(family="gpt-oss", hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880, blocks=24,
+                        experts=32, used=4, expert_ffn=2880, vocab=201088, rope=150_000.0, yarn=(32.0, 4096),
+                        window=128, tied=False),
+    "phi-4": dict(family="phi3", hidden=5120, heads=40, kv_heads=10, head_dim=128, ffn=17920, blocks=40,
+                  vocab=100352, rope=250_000.0, tied=False),
+}
 
 Q = GGMLQuantizationType
 # The projections' formats by tensor name, for --formats table and iq4xs.
@@ -93,10 +115,40 @@ def encode(x: np.ndarray, qtype) -> np.ndarray:
     return quantize_iq4(x, qtype) if qtype in (Q.IQ4_NL, Q.IQ4_XS) else quantize(x, qtype)
 
 
-def copy_vocabulary(writer: GGUFWriter, source: str, pre: str | None = None) -> int:
-    """Copies the tokenizer's metadata from `source`, with `pre` as its pre-tokenizer if given."""
+def random_blocks(rng, shape: tuple, qtype) -> np.ndarray:
+    """Random bytes in `qtype`'s blocks for a matrix of `shape`, each block's scales set so the
+    values stay small and finite."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, (*shape[:-1], shape[-1] // block, size), dtype=np.uint8)
+    f16 = lambda x: np.frombuffer(np.float16(x).tobytes(), dtype=np.uint8)
+    # Where each format keeps its f16 scale (and minimum), as ggml lays its blocks out.
+    if qtype in (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K):
+        data[..., 0:2] = f16(0.002)
+    if qtype in (Q.Q4_K, Q.Q5_K):
+        data[..., 2:4] = f16(0.001)
+    if qtype == Q.Q6_K:
+        data[..., size - 2 : size] = f16(0.0002)
+    if qtype == Q.MXFP4:
+        data[..., 0] = rng.integers(118, 122, data.shape[:-1], dtype=np.uint8)
+    return data.reshape(*shape[:-1], -1)
+
+
+TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED = 1, 3, 4
+# Tokens a family's vocabulary adds, with their types: the control tokens of OpenAI's harmony
+# format (gpt-oss), and Qwen3's reasoning tags, which are text.
+ADDED_TOKENS = {
+    "gpt-oss": [(t, TOKEN_TYPE_CONTROL) for t in
+                ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]],
+    "qwen3": [("<think>", TOKEN_TYPE_USER_DEFINED), ("</think>", TOKEN_TYPE_USER_DEFINED)],
+}
+
+
+def copy_vocabulary(writer: GGUFWriter, source: str, pre: str | None = None, pad_to: int = 0, added=()) -> int:
+    """Copies the tokenizer's metadata from `source`, with `pre` as its pre-tokenizer if given,
+    then the `added` (token, type) pairs, then placeholder tokens up to `pad_to`."""
     reader = GGUFReader(source)
-    n_vocab = 0
+    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    padding = max(pad_to - n_vocab - len(added), 0)
     for name, field in reader.fields.items():
         if not name.startswith("tokenizer.") or name == "tokenizer.chat_template":
             continue
@@ -107,8 +159,13 @@ def copy_vocabulary(writer: GGUFWriter, source: str, pre: str | None = None) -> 
                 values = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
             else:
                 values = [field.parts[i].tolist()[0] for i in field.data]
-            if name == "tokenizer.ggml.tokens":
-                n_vocab = len(values)
+            if len(values) == n_vocab:
+                if name == "tokenizer.ggml.tokens":
+                    values += [t for t, _ in added] + [f"<pad{i}>" for i in range(padding)]
+                elif name == "tokenizer.ggml.token_type":
+                    values += [kind for _, kind in added] + [TOKEN_TYPE_NORMAL] * padding
+                else:
+                    values += [0.0] * (len(added) + padding)
             writer.add_array(name, values)
         elif kind == GGUFValueType.STRING:
             value = bytes(field.parts[-1]).decode("utf-8")
@@ -117,23 +174,32 @@ def copy_vocabulary(writer: GGUFWriter, source: str, pre: str | None = None) -> 
             writer.add_bool(name, bool(field.parts[-1][0]))
         else:
             writer.add_uint32(name, int(field.parts[-1][0]))
-    return n_vocab
+    return n_vocab + len(added) + padding
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("family", choices=sorted(SHAPES))
+    ap.add_argument("family", nargs="?", choices=sorted(SHAPES))
     ap.add_argument("out")
     ap.add_argument("--vocab-from", required=True)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--formats", choices=["mixed", *FORMATS], default="mixed")
+    ap.add_argument("--chat-template", help="a Jinja file to give the model as its chat template")
+    ap.add_argument("--real-shape", choices=sorted(REAL_SHAPES))
+    ap.add_argument("--blocks", type=int, help="with --real-shape: how many of its blocks to keep")
     args = ap.parse_args()
+    if (args.family is None) == (args.real_shape is None):
+        ap.error("give a family or --real-shape")
+    if args.real_shape:
+        return write_real_shape(args)
     s = SHAPES[args.family]
     rng = np.random.default_rng(args.seed)
     arch = args.family
     w = GGUFWriter(args.out, arch)
     # gpt-oss's files split text as o200k does (`gpt-4o`), here over SmolLM2's pieces.
-    n_vocab = copy_vocabulary(w, args.vocab_from, pre="gpt-4o" if arch == "gpt-oss" else None)
+    n_vocab = copy_vocabulary(w, args.vocab_from, pre="gpt-4o" if arch == "gpt-oss" else None, added=ADDED_TOKENS.get(arch, []))
+    if args.chat_template:
+        w.add_chat_template(open(args.chat_template, encoding="utf-8").read())
     hidden, heads, kv_heads, hd, ffn, blocks = (s[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "ffn", "blocks"))
     w.add_context_length(4096)
     w.add_embedding_length(hidden)
@@ -166,9 +232,21 @@ def main() -> None:
         kind = name.split(".")[-2]
         return FORMATS.get(args.formats, {}).get(kind, qtype)
 
+    # The added tokens' rows come from a stream of their own, so that the rest of a family's
+    # weights stay the ones its test was measured with (a mixture of experts' routing ties
+    # depend on every draw).
+    added_rng = np.random.default_rng(args.seed + 1)
+    n_added = len(ADDED_TOKENS.get(arch, []))
+
+    def normal(rows: int, cols: int) -> np.ndarray:
+        if rows != n_vocab or not n_added:
+            return rng.standard_normal((rows, cols), dtype=np.float32)
+        base = rng.standard_normal((rows - n_added, cols), dtype=np.float32)
+        return np.concatenate([base, added_rng.standard_normal((n_added, cols), dtype=np.float32)])
+
     def matrix(name: str, rows: int, cols: int, qtype=GGMLQuantizationType.Q8_0, gain: float = 1.0) -> None:
         # Scaled so each product keeps its inputs' magnitude: the logits stay far from ties.
-        x = rng.standard_normal((rows, cols), dtype=np.float32) * (gain / np.sqrt(cols))
+        x = normal(rows, cols) * (gain / np.sqrt(cols))
         qtype = format_of(name, qtype)
         if args.formats == "iq4xs-as-nl" and qtype == Q.IQ4_XS:
             w.add_tensor(name, iq4_xs_as_nl(encode(x, qtype)), raw_dtype=Q.IQ4_NL)
@@ -180,7 +258,7 @@ def main() -> None:
 
     w.add_tensor(
         "token_embd.weight",
-        quantize(rng.standard_normal((n_vocab, hidden), dtype=np.float32), GGMLQuantizationType.Q8_0),
+        quantize(normal(n_vocab, hidden), GGMLQuantizationType.Q8_0),
         raw_dtype=GGMLQuantizationType.Q8_0,
     )
     vector("output_norm.weight", hidden)
@@ -241,6 +319,90 @@ def main() -> None:
         else:
             matrix(p + "ffn_gate.weight", ffn, hidden)
             matrix(p + "ffn_up.weight", ffn, hidden, GGMLQuantizationType.Q4_0)
+        matrix(p + "ffn_down.weight", hidden, ffn)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(args.out)
+
+
+def write_real_shape(args) -> None:
+    s = REAL_SHAPES[args.real_shape]
+    rng = np.random.default_rng(args.seed)
+    arch = s["family"]
+    hidden, heads, kv_heads, hd, ffn, vocab = (s[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab"))
+    blocks = min(args.blocks or s["blocks"], s["blocks"])
+    w = GGUFWriter(args.out, arch)
+    w.add_name(f"{args.real_shape} shapes, {blocks} blocks, random weights")
+    copy_vocabulary(w, args.vocab_from, pre="gpt-4o" if arch == "gpt-oss" else None, pad_to=vocab, added=ADDED_TOKENS.get(arch, []))
+    w.add_context_length(32768)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_block_count(blocks)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(s["rope"])
+    if "yarn" in s:
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s["yarn"][0])
+        w.add_rope_scaling_orig_ctx_len(s["yarn"][1])
+    if "window" in s:
+        w.add_sliding_window(s["window"])
+    if "experts" in s:
+        w.add_expert_count(s["experts"])
+        w.add_expert_used_count(s["used"])
+        w.add_expert_feed_forward_length(s["expert_ffn"])
+    dense = Q.Q8_0 if arch == "gpt-oss" else Q.Q4_K
+    head = Q.Q8_0 if arch == "gpt-oss" else Q.Q6_K
+
+    def matrix(name: str, rows: int, cols: int, qtype=dense) -> None:
+        w.add_tensor(name, random_blocks(rng, (rows, cols), qtype), raw_dtype=qtype)
+
+    def vector(name: str, n: int, around: float = 1.0) -> None:
+        w.add_tensor(name, (around + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    matrix("token_embd.weight", vocab, hidden)
+    vector("output_norm.weight", hidden)
+    if not s["tied"]:
+        matrix("output.weight", vocab, hidden, head)
+    for i in range(blocks):
+        p = f"blk.{i}."
+        vector(p + "attn_norm.weight", hidden)
+        vector(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), hidden)
+        if arch == "phi3":
+            matrix(p + "attn_qkv.weight", (heads + 2 * kv_heads) * hd, hidden)
+        else:
+            for proj, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
+                matrix(p + f"attn_{proj}.weight", n, hidden)
+        matrix(p + "attn_output.weight", hidden, heads * hd)
+        if arch in ("qwen3", "qwen3moe"):
+            vector(p + "attn_q_norm.weight", hd)
+            vector(p + "attn_k_norm.weight", hd)
+        if arch == "gpt-oss":
+            vector(p + "attn_output.bias", hidden, around=0.0)
+            w.add_tensor(p + "attn_sinks.weight", rng.normal(1.0, 1.5, heads).astype(np.float32))
+            for proj, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
+                vector(p + f"attn_{proj}.bias", n, around=0.0)
+        if "experts" in s:
+            e, f = s["experts"], s["expert_ffn"]
+            w.add_tensor(p + "ffn_gate_inp.weight", (rng.standard_normal((e, hidden)) * 0.5).astype(np.float32))
+            experts = Q.MXFP4 if arch == "gpt-oss" else Q.Q4_K
+            for name, rows, cols in (("ffn_gate_exps", f, hidden), ("ffn_up_exps", f, hidden), ("ffn_down_exps", hidden, f)):
+                w.add_tensor(p + name + ".weight", random_blocks(rng, (e, rows, cols), experts), raw_dtype=experts)
+                if arch == "gpt-oss":
+                    w.add_tensor(p + name + ".bias", (0.1 * rng.standard_normal((e, rows))).astype(np.float32))
+            if arch == "gpt-oss":
+                vector(p + "ffn_gate_inp.bias", e, around=0.0)
+            continue
+        if arch == "phi3":
+            matrix(p + "ffn_up.weight", 2 * ffn, hidden)
+        else:
+            matrix(p + "ffn_gate.weight", ffn, hidden)
+            matrix(p + "ffn_up.weight", ffn, hidden)
         matrix(p + "ffn_down.weight", hidden, ffn)
     w.write_header_to_file()
     w.write_kv_data_to_file()

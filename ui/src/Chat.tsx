@@ -116,6 +116,11 @@ export function Chat({ id, onSaved }: { id: number | null; onSaved: (id: number)
         "/v1/chat/completions",
         body,
         (event) => {
+          const thought = event.choices?.[0]?.delta?.reasoning_content;
+          if (thought) {
+            first ||= performance.now();
+            change(index, (m) => ({ ...m, meta: { ...m.meta, reasoning: (m.meta?.reasoning ?? "") + thought } }));
+          }
           const delta = event.choices?.[0]?.delta?.content;
           if (delta) {
             first ||= performance.now();
@@ -380,8 +385,14 @@ function MessageView({ message, writing, onEdit, onRegenerate }: { message: Mess
   };
   return (
     <article class={`message ${message.role}`} aria-busy={writing}>
+      {meta.reasoning && (
+        <details class="reasoning">
+          <summary>{writing && !message.content ? "Reasoning…" : "Reasoning"}</summary>
+          <div class="plain">{meta.reasoning}</div>
+        </details>
+      )}
       {message.role === "assistant" ? (
-        <div class="markdown" dangerouslySetInnerHTML={{ __html: renderMarkdown(message.content || (writing ? "…" : "")) }} />
+        <div class="markdown" dangerouslySetInnerHTML={{ __html: renderMarkdown(message.content || (writing && !meta.reasoning ? "…" : "")) }} />
       ) : (
         <div class="plain">{message.content}</div>
       )}

@@ -110,6 +110,8 @@ export type Role = "system" | "user" | "assistant";
 /** What the UI shows beside a message; the server keeps it as given. */
 export interface MessageMeta {
   kind?: "document" | "summary";
+  /** The model's reasoning before its answer (`reasoning_content`), shown folded. */
+  reasoning?: string;
   tokensPerSecond?: number;
   promptTokens?: number;
   cachedTokens?: number;

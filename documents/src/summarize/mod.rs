@@ -21,7 +21,7 @@ use crate::kv_cache::DocumentKvCache;
 use crate::prompt::{document_messages, document_prompt, PromptError};
 use crate::sources::{Source, SourceIndex};
 use hillside_engine::scheduler::{Group, KeptPrefix, Scheduler, Ticket, Update};
-use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
+use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, ReasoningFormat, SamplingParams};
 use hillside_remote::{RemoteEngine, RemoteError};
 use pace::Pace;
 use remote_pool::{RemotePool, Reply};
@@ -182,6 +182,15 @@ impl<'a> Runner<'a> {
         match self.backend {
             Backend::Local { scheduler, .. } => Some(scheduler),
             Backend::Remote(_) => None,
+        }
+    }
+
+    /// How the local model marks its reasoning in a reply to `prompt`, so that only its answer
+    /// goes into a note (a remote engine splits its reasoning off itself).
+    pub fn reasoning_format_after(&self, prompt: &[u32]) -> ReasoningFormat {
+        match self.backend {
+            Backend::Local { engine, .. } => engine.tokenizer().reasoning_format_after(prompt),
+            Backend::Remote(_) => ReasoningFormat::None,
         }
     }
 
@@ -436,9 +445,11 @@ impl<'r, 'a> Job<'r, 'a> {
                     let tx = tx.clone();
                     let sink = Box::new(move |u| tx.send((i, Reply::Update(u))).is_ok());
                     let group = self.group.as_ref().expect("a local request runs in a group");
+                    let params =
+                        GenerateParams { reasoning: self.runner.reasoning_format_after(&tokens), ..params.clone() };
                     running.tickets.push(
                         group
-                            .submit_with_prefix(tokens, prefix, params.clone(), sink)
+                            .submit_with_prefix(tokens, prefix, params, sink)
                             .map_err(|e| SummaryError::Refused(e.to_string()))?,
                     );
                 }

@@ -2,6 +2,7 @@
 
 mod bpe;
 pub mod chat;
+pub mod reasoning;
 mod spm;
 pub mod stop;
 pub mod stream;

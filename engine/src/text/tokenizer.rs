@@ -4,6 +4,7 @@
 //! SentencePiece vocabulary (Gemma's) runs on `spm.rs`, llama.cpp's algorithm.
 
 use super::bpe::PackedBpe;
+use super::reasoning::{ReasoningFormat, HARMONY_STRUCTURE};
 use super::spm::SentencePiece;
 use crate::error::{Error, Result};
 use crate::model::gguf::Metadata;
@@ -58,6 +59,10 @@ pub struct Tokenizer {
     add_bos: bool,
     /// Tokens that end a generation (end-of-sequence and end-of-turn).
     stop_ids: HashSet<u32>,
+    /// How the model marks reasoning in what it writes.
+    reasoning: ReasoningFormat,
+    /// Special tokens decoded as their text: the markers that split reasoning from the answer.
+    kept_in_text: HashSet<u32>,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> Error {
@@ -181,12 +186,7 @@ impl Tokenizer {
 
         let stop_ids = stop_ids(metadata, |t| inner.token_to_id(t));
         let add_bos = matches!(metadata.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true)));
-        Ok(Self {
-            inner: Inner::Gguf(inner),
-            bos: token_id(metadata, "tokenizer.ggml.bos_token_id"),
-            add_bos,
-            stop_ids,
-        })
+        Ok(Self::assemble(Inner::Gguf(inner), token_id(metadata, "tokenizer.ggml.bos_token_id"), add_bos, stop_ids))
     }
 
     /// A GGUF's SentencePiece vocabulary (tokens, scores, types); a BOS token unless the file
@@ -214,12 +214,13 @@ impl Tokenizer {
         };
         let spm = SentencePiece::new(tokens, scores, types, flag("tokenizer.ggml.add_space_prefix", true))?;
         let stop_ids = stop_ids(metadata, |t| spm.token_to_id(t));
-        Ok(Self {
-            inner: Inner::SentencePiece(spm),
-            bos: token_id(metadata, "tokenizer.ggml.bos_token_id"),
-            add_bos: flag("tokenizer.ggml.add_bos_token", true),
+        let add_bos = flag("tokenizer.ggml.add_bos_token", true);
+        Ok(Self::assemble(
+            Inner::SentencePiece(spm),
+            token_id(metadata, "tokenizer.ggml.bos_token_id"),
+            add_bos,
             stop_ids,
-        })
+        ))
     }
 
     /// Loads `tokenizer.json`; stop tokens come from the checkpoint's `config.json`/`generation_config.json`
@@ -233,7 +234,38 @@ impl Tokenizer {
                 stop_ids.insert(id);
             }
         }
-        Ok(Self { inner: Inner::File(inner), bos, add_bos, stop_ids })
+        Ok(Self::assemble(Inner::File(inner), bos, add_bos, stop_ids))
+    }
+
+    /// A tokenizer of `inner`, with what its vocabulary says about reasoning. A harmony model
+    /// (gpt-oss) ends its turn with `<|return|>` or `<|call|>`; its `<|end|>` ends only a message,
+    /// such as its reasoning, after which the answer follows (llama.cpp drops it from the stop
+    /// tokens the same way).
+    fn assemble(inner: Inner, bos: Option<u32>, add_bos: bool, mut stop_ids: HashSet<u32>) -> Self {
+        let mut tokenizer = Self {
+            inner,
+            bos,
+            add_bos,
+            stop_ids: HashSet::new(),
+            reasoning: ReasoningFormat::None,
+            kept_in_text: HashSet::new(),
+        };
+        let id = |t: &str| tokenizer.token_id(t);
+        let reasoning = ReasoningFormat::of_vocabulary(|t| id(t).is_some());
+        let mut kept_in_text = HashSet::new();
+        if reasoning == ReasoningFormat::Harmony {
+            if let (Some(ret), Some(call)) = (id("<|return|>"), id("<|call|>")) {
+                stop_ids.extend([ret, call]);
+                if let Some(end) = id("<|end|>") {
+                    stop_ids.remove(&end);
+                }
+            }
+            kept_in_text.extend(HARMONY_STRUCTURE.iter().chain(&["<|constrain|>"]).filter_map(|t| id(t)));
+        }
+        tokenizer.stop_ids = stop_ids;
+        tokenizer.reasoning = reasoning;
+        tokenizer.kept_in_text = kept_in_text;
+        tokenizer
     }
 
     /// Token ids of `text`; special-token text (like `<|im_start|>`) becomes the special token.
@@ -259,8 +291,37 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    /// Text of `ids`, special tokens left out.
+    /// Text of `ids`, special tokens left out, except the markers of the model's reasoning
+    /// format (see [`Self::reasoning_format`]).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        if !ids.iter().any(|id| self.kept_in_text.contains(id)) {
+            return self.decode_text(ids);
+        }
+        let mut text = String::new();
+        for run in ids.split_inclusive(|id| self.kept_in_text.contains(id)) {
+            match run.split_last() {
+                Some((last, before)) if self.kept_in_text.contains(last) => {
+                    text += &self.decode_text(before)?;
+                    text += &self.token_text(*last).unwrap_or_default();
+                }
+                _ => text += &self.decode_text(run)?,
+            }
+        }
+        Ok(text)
+    }
+
+    /// How the model marks reasoning apart from its answer.
+    pub fn reasoning_format(&self) -> ReasoningFormat {
+        self.reasoning
+    }
+
+    /// How the model's reply to `prompt` marks its reasoning (the prompt may have opened it).
+    pub fn reasoning_format_after(&self, prompt: &[u32]) -> ReasoningFormat {
+        let end = self.decode(&prompt[prompt.len().saturating_sub(4)..]).unwrap_or_default();
+        self.reasoning.after(&end)
+    }
+
+    fn decode_text(&self, ids: &[u32]) -> Result<String> {
         match &self.inner {
             Inner::Gguf(t) => t.decode(ids, true).map_err(tok_err),
             Inner::File(t) => t.decode(ids, true).map_err(tok_err),

@@ -4,14 +4,14 @@
 use crate::error::{ApiError, GenerationErrors};
 use crate::extract::JsonBody;
 use crate::routes::documents;
-use crate::run::{self, Piece, RemotePrompt};
+use crate::run::{self, Collected, Piece, RemotePrompt};
 use crate::types::*;
 use crate::{unix_now_s, App, Backend};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hillside_documents::summarize::Request as DocumentRequest;
-use hillside_engine::{ChatMessage, TokenLogprob};
+use hillside_engine::{ChatMessage, GenerateParams, TokenLogprob};
 use std::sync::Arc;
 
 /// OpenAI's limit on alternatives per token.
@@ -63,7 +63,10 @@ pub async fn chat_completions(
                     .ok_or_else(|| ApiError::internal("a question for the local engine came out for another"))?;
                 (tokens, prefix, Some(read))
             };
-            let params = run::params(&app, &req.sampling, max_tokens, prompt.len(), top_logprobs)?;
+            let params = GenerateParams {
+                reasoning: app.local()?.0.tokenizer().reasoning_format_after(&prompt),
+                ..run::params(&app, &req.sampling, max_tokens, prompt.len(), top_logprobs)?
+            };
             (run::submit(&app, prompt, prefix, params)?, read)
         }
         Backend::Remote(remote) => {
@@ -96,7 +99,7 @@ pub async fn chat_completions(
     let head = Head { id: app.response_id("chatcmpl"), created: unix_now_s(), model: app.config.model_id.clone() };
     let with_logprobs = top_logprobs.is_some();
     if !req.sampling.stream.unwrap_or(false) {
-        let (text, logprobs, summary) = running.collect().await?;
+        let Collected { text, reasoning, logprobs, summary } = running.collect().await?;
         return Ok(Json(ChatCompletion {
             id: head.id,
             object: "chat.completion",
@@ -104,7 +107,7 @@ pub async fn chat_completions(
             model: head.model,
             choices: vec![ChatChoice {
                 index: 0,
-                message: ResponseMessage { role: "assistant", content: text },
+                message: ResponseMessage { role: "assistant", content: text, reasoning_content: reasoning },
                 logprobs: with_logprobs.then(|| chat_logprobs(&logprobs)),
                 finish_reason: run::finish_reason(summary.finish_reason),
             }],
@@ -121,7 +124,7 @@ pub async fn chat_completions(
         if !role_sent {
             role_sent = true;
             chunks.push(head.chunk(
-                Delta { role: Some("assistant"), content: Some(String::new()) },
+                Delta { role: Some("assistant"), content: Some(String::new()), ..Delta::default() },
                 None,
                 None,
                 include_usage,
@@ -132,6 +135,12 @@ pub async fn chat_completions(
             Piece::Text { text, logprobs: lp } => chunks.push(head.chunk(
                 Delta { content: Some(text), ..Delta::default() },
                 logprobs(&lp),
+                None,
+                include_usage,
+            )),
+            Piece::Reasoning(text) => chunks.push(head.chunk(
+                Delta { reasoning_content: Some(text), ..Delta::default() },
+                None,
                 None,
                 include_usage,
             )),

@@ -94,7 +94,7 @@ pub async fn completions(
         usage,
     };
     if !req.sampling.stream.unwrap_or(false) {
-        let (text, logprobs, summary) = running.collect().await?;
+        let run::Collected { text, logprobs, summary, .. } = running.collect().await?;
         let logprobs = with_logprobs.then(|| legacy_logprobs(&logprobs, 0));
         let usage = Usage::of(&summary);
         return Ok(Json(response(text, logprobs, Some(run::finish_reason(summary.finish_reason)), Some(Some(usage))))
@@ -112,6 +112,8 @@ pub async fn completions(
                 offset += text.len();
                 chunks.push(response(text, lp, None, usage_field.clone()));
             }
+            // Raw completions do not split reasoning out: a model's text comes back whole.
+            Piece::Reasoning(_) => {}
             Piece::Done { summary, logprobs } => {
                 let lp = (with_logprobs && !logprobs.is_empty()).then(|| legacy_logprobs(&logprobs, offset));
                 chunks.push(response(

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod hostile;
+pub mod llama_server;
 pub mod mha;
 pub mod rng;
 pub mod server;
