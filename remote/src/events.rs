@@ -11,6 +11,9 @@ const MAX_LINE_BYTES: u64 = 1 << 20;
 #[derive(Debug, PartialEq)]
 pub enum Chunk {
     Text(String),
+    /// The model's reasoning, apart from its answer (`reasoning_content`, as llama.cpp and vLLM
+    /// send it).
+    Reasoning(String),
     /// The choice ended (`stop` or `length`).
     Finished(String),
     Usage(Usage),
@@ -69,6 +72,8 @@ struct Choice {
 struct Delta {
     #[serde(default)]
     content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
 }
 
 /// The next meaningful line's chunks (a payload may end a choice and carry text at once);
@@ -104,7 +109,9 @@ fn parse(data: &str) -> Result<Vec<Chunk>, String> {
     }
     let mut chunks = Vec::new();
     for choice in payload.choices {
-        if let Some(text) = choice.delta.and_then(|d| d.content).or(choice.text).filter(|t| !t.is_empty()) {
+        let (content, reasoning) = choice.delta.map_or((None, None), |d| (d.content, d.reasoning_content));
+        chunks.extend(reasoning.filter(|t| !t.is_empty()).map(Chunk::Reasoning));
+        if let Some(text) = content.or(choice.text).filter(|t| !t.is_empty()) {
             chunks.push(Chunk::Text(text));
         }
         if let Some(reason) = choice.finish_reason {
@@ -152,6 +159,8 @@ mod tests {
                 Chunk::Done
             ]
         );
+        let reasoning = "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"Hmm.\"}}]}\n";
+        assert_eq!(next(&mut reasoning.as_bytes()).unwrap().unwrap(), [Chunk::Reasoning("Hmm.".into())]);
         let text_completion = "data: {\"choices\":[{\"text\":\" there\",\"finish_reason\":\"length\"}]}\n";
         assert_eq!(
             next(&mut text_completion.as_bytes()).unwrap().unwrap(),

@@ -76,6 +76,12 @@ pub struct RemoteModel {
 pub trait ReplySink {
     /// Takes a piece of the reply; `false` stops the request (the client went away).
     fn text(&mut self, text: &str) -> bool;
+
+    /// Takes a piece of the model's reasoning, which the remote sends apart from the reply
+    /// (left out unless the sink wants it); `false` stops the request.
+    fn reasoning(&mut self, _text: &str) -> bool {
+        true
+    }
 }
 
 impl<F: FnMut(&str) -> bool> ReplySink for F {
@@ -247,6 +253,12 @@ impl RemoteEngine {
                         pieces += 1;
                         if !sink.text(&text) {
                             // Dropping the reader closes the connection, which stops the remote.
+                            return Ok(summary(usage, FinishReason::Cancelled, pieces, started, first_text));
+                        }
+                    }
+                    Chunk::Reasoning(text) => {
+                        first_text.get_or_insert_with(|| started.elapsed());
+                        if !sink.reasoning(&text) {
                             return Ok(summary(usage, FinishReason::Cancelled, pieces, started, first_text));
                         }
                     }

@@ -12,7 +12,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use hillside_engine::scheduler::{KeptPrefix, Ticket, Update};
 use hillside_engine::{ChatMessage, Event, FinishReason, GenerateParams, SamplingParams, Summary, TokenLogprob};
-use hillside_remote::RemoteEngine;
+use hillside_remote::{RemoteEngine, ReplySink};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -139,11 +139,7 @@ pub fn submit_remote(app: &App, remote: &Arc<RemoteEngine>, prompt: RemotePrompt
     let stop = Arc::new(AtomicBool::new(false));
     let (remote, flag, stopping) = (remote.clone(), stop.clone(), app.stopping.clone());
     tokio::task::spawn_blocking(move || {
-        let mut sink = |text: &str| {
-            !flag.load(Ordering::Relaxed)
-                && !stopping.load(Ordering::Relaxed)
-                && tx.send(Ok(Update::Event(Event::Text(text.to_string())))).is_ok()
-        };
+        let mut sink = RemoteSink { tx: &tx, stop: &flag, stopping: &stopping };
         let reply = match prompt {
             RemotePrompt::Chat(messages) => remote.chat(&messages, &params, &mut sink),
             RemotePrompt::Text(text) => remote.complete(&text, &params, &mut sink),
@@ -160,6 +156,31 @@ pub struct Collected {
     pub reasoning: Option<String>,
     pub logprobs: Vec<TokenLogprob>,
     pub summary: Summary,
+}
+
+/// Where a remote's reply goes: into the generation's updates, until it is stopped.
+struct RemoteSink<'a> {
+    tx: &'a mpsc::UnboundedSender<Result<Update, ApiError>>,
+    stop: &'a AtomicBool,
+    stopping: &'a AtomicBool,
+}
+
+impl RemoteSink<'_> {
+    fn send(&self, event: Event) -> bool {
+        !self.stop.load(Ordering::Relaxed)
+            && !self.stopping.load(Ordering::Relaxed)
+            && self.tx.send(Ok(Update::Event(event))).is_ok()
+    }
+}
+
+impl ReplySink for RemoteSink<'_> {
+    fn text(&mut self, text: &str) -> bool {
+        self.send(Event::Text(text.to_string()))
+    }
+
+    fn reasoning(&mut self, text: &str) -> bool {
+        self.send(Event::Reasoning(text.to_string()))
+    }
 }
 
 /// A generation as its consumers see it: text with the log-probabilities of the tokens that
