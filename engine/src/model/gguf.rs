@@ -257,8 +257,8 @@ impl Reader {
         // Each expert's gate and up go as soon as they are stacked: holding them all until the
         // layer is done would keep the layer's gates and ups twice over while it loads.
         for (x, ((gate, up), down)) in gates.into_iter().zip(ups).zip(downs).enumerate() {
-            let gate_up =
-                Matrix::stack(&[&gate, &up]).map_err(|e| self.bad(format!("layer {i}'s expert {x} gate and up: {e}")))?;
+            let gate_up = Matrix::stack(&[&gate, &up])
+                .map_err(|e| self.bad(format!("layer {i}'s expert {x} gate and up: {e}")))?;
             experts.push(FeedForward { gate_up, down, activation, gate_up_bias: None, down_bias: None });
         }
         Ok(Experts { router, router_bias: None, experts, used, normalize })
