@@ -17,13 +17,7 @@ use std::process::{Command, Stdio};
 
 /// The oracle's binary: `$HILLSIDE_LLAMA_LOGITS`, else built (once) by the build script.
 fn llama_logits() -> PathBuf {
-    if let Some(bin) = std::env::var_os("HILLSIDE_LLAMA_LOGITS") {
-        return PathBuf::from(bin);
-    }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama-cpp-build.sh");
-    let out = Command::new(script).args(["native", "llama-logits"]).stderr(Stdio::inherit()).output().unwrap();
-    assert!(out.status.success(), "building llama-logits failed");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    llama_server::tool("llama-logits", "HILLSIDE_LLAMA_LOGITS")
 }
 
 /// Runs the oracle on `model` with `input` on its standard input; its standard output.

@@ -177,6 +177,21 @@ def copy_vocabulary(writer: GGUFWriter, source: str, pre: str | None = None, pad
     return n_vocab + len(added) + padding
 
 
+def add_shape(w: GGUFWriter, context: int, hidden: int, ffn: int, blocks: int, heads: int, kv_heads: int,
+              head_dim: int, rope_base: float) -> None:
+    """The metadata of a model's widths, depth, heads and RoPE base."""
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_block_count(blocks)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(rope_base)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("family", nargs="?", choices=sorted(SHAPES))
@@ -201,16 +216,7 @@ def main() -> None:
     if args.chat_template:
         w.add_chat_template(open(args.chat_template, encoding="utf-8").read())
     hidden, heads, kv_heads, hd, ffn, blocks = (s[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "ffn", "blocks"))
-    w.add_context_length(4096)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_block_count(blocks)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1_000_000.0 if arch in ("qwen3", "gemma3") else 10_000.0)
+    add_shape(w, 4096, hidden, ffn, blocks, heads, kv_heads, hd, 1_000_000.0 if arch in ("qwen3", "gemma3") else 10_000.0)
     if arch in ("qwen3", "gpt-oss"):
         # YaRN, as Qwen3's long-context files have it: a fourfold context over 4,096 tokens.
         w.add_rope_scaling_type(RopeScalingType.YARN)
@@ -336,16 +342,7 @@ def write_real_shape(args) -> None:
     w = GGUFWriter(args.out, arch)
     w.add_name(f"{args.real_shape} shapes, {blocks} blocks, random weights")
     copy_vocabulary(w, args.vocab_from, pre="gpt-4o" if arch == "gpt-oss" else None, pad_to=vocab, added=ADDED_TOKENS.get(arch, []))
-    w.add_context_length(32768)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_block_count(blocks)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(s["rope"])
+    add_shape(w, 32768, hidden, ffn, blocks, heads, kv_heads, hd, s["rope"])
     if "yarn" in s:
         w.add_rope_scaling_type(RopeScalingType.YARN)
         w.add_rope_scaling_factor(s["yarn"][0])

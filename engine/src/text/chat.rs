@@ -93,7 +93,7 @@ const WEEKDAYS: [&str; 7] = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursd
 
 /// `format` with C's `strftime` directives filled in for `unix_s` seconds, in UTC: the date and
 /// time ones (`%Y %y %m %d %e %B %b %A %a %H %M %S %%`); any other is left as written.
-fn strftime(format: &str, unix_s: u64) -> String {
+pub fn strftime(format: &str, unix_s: u64) -> String {
     let days = (unix_s / 86_400) as i64;
     let (year, month, day) = civil_from_days(days);
     let second_of_day = unix_s % 86_400;

@@ -17,15 +17,20 @@ pub struct LlamaServer {
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// The binary: `$HILLSIDE_LLAMA_SERVER`, else built (once) by the build script.
-fn binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os("HILLSIDE_LLAMA_SERVER") {
+/// llama.cpp's `tool` (llama-server, llama-logits): the path in `$env_var`, else built (once)
+/// by the build script.
+pub fn tool(tool: &str, env_var: &str) -> PathBuf {
+    if let Some(bin) = std::env::var_os(env_var) {
         return PathBuf::from(bin);
     }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/llama-cpp-build.sh");
-    let out = Command::new(script).args(["native", "llama-server"]).stderr(Stdio::inherit()).output().unwrap();
-    assert!(out.status.success(), "building llama-server failed");
+    let out = Command::new(script).args(["native", tool]).stderr(Stdio::inherit()).output().unwrap();
+    assert!(out.status.success(), "building {tool} failed");
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn binary() -> PathBuf {
+    tool("llama-server", "HILLSIDE_LLAMA_SERVER")
 }
 
 /// llama.cpp's source tree, as the build script unpacks it from the sdist (its chat templates
