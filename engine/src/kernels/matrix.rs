@@ -3,8 +3,9 @@
 //! One call serves decode (one token: a GEMV) and prefill (many tokens: each weight block is
 //! unpacked once and used for a tile of tokens while it sits in registers).
 
+use super::k_quant::{KQuantFormat, KQuantMatrix, SuperBlockActivations, TILE_TOKENS as K_QUANT_TILE};
 use super::parallel::{task_count, DisjointWriter};
-use super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK};
+use super::quant::{GgufBlockFormat, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
 use super::spin_pool::pool;
 use super::SimdLevel;
 use half::slice::HalfFloatSliceExt;
@@ -66,6 +67,8 @@ impl HalfMatrix {
 #[derive(Debug, Clone)]
 pub enum Matrix {
     Quantized(UqMatrix),
+    /// Q4_K and Q5_K, as the file has them.
+    KQuant(KQuantMatrix),
     Dense(DenseMatrix),
     Half(HalfMatrix),
     /// Matrices of different formats stacked by rows, each product through its own kernel
@@ -81,9 +84,20 @@ struct OutRows<'w, 'a> {
 }
 
 impl Matrix {
+    /// Raw GGUF blocks of a `rows × cols` matrix in the kernels' layout; `None` if their size is
+    /// not the shape's or (MXFP4) a block's scale is beyond f16's range.
+    pub fn from_gguf_blocks(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Matrix> {
+        match format {
+            GgufBlockFormat::Q4K => KQuantMatrix::from_gguf(KQuantFormat::Q4K, raw, rows, cols).map(Self::KQuant),
+            GgufBlockFormat::Q5K => KQuantMatrix::from_gguf(KQuantFormat::Q5K, raw, rows, cols).map(Self::KQuant),
+            _ => UqMatrix::from_gguf(format, raw, rows, cols).map(Self::Quantized),
+        }
+    }
+
     pub fn rows(&self) -> usize {
         match self {
             Self::Quantized(q) => q.rows,
+            Self::KQuant(q) => q.rows,
             Self::Dense(d) => d.rows,
             Self::Half(h) => h.rows,
             Self::Stacked(parts) => parts.iter().map(Self::rows).sum(),
@@ -93,6 +107,7 @@ impl Matrix {
     pub fn cols(&self) -> usize {
         match self {
             Self::Quantized(q) => q.cols,
+            Self::KQuant(q) => q.cols,
             Self::Dense(d) => d.cols,
             Self::Half(h) => h.cols,
             Self::Stacked(parts) => parts[0].cols(),
@@ -103,6 +118,7 @@ impl Matrix {
     pub fn weight_bytes(&self) -> usize {
         match self {
             Self::Quantized(q) => q.bytes(),
+            Self::KQuant(q) => q.raw.len(),
             Self::Dense(d) => 4 * d.w.len(),
             Self::Half(h) => 2 * h.rows * h.cols,
             Self::Stacked(parts) => parts.iter().map(Self::weight_bytes).sum(),
@@ -112,6 +128,7 @@ impl Matrix {
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         match self {
             Self::Quantized(q) => q.dequantize_row(row, out),
+            Self::KQuant(q) => q.dequantize_row(row, out),
             Self::Dense(d) => out.copy_from_slice(&d.w[row * d.cols..][..d.cols]),
             Self::Half(h) => h.row_into(row, &mut out[..h.cols]),
             Self::Stacked(parts) => {
@@ -140,6 +157,7 @@ impl Matrix {
         for &part in parts {
             let merged = match (joined.last(), part) {
                 (Some(Self::Quantized(a)), Self::Quantized(b)) => UqMatrix::stack(&[a, b]).map(Self::Quantized),
+                (Some(Self::KQuant(a)), Self::KQuant(b)) => KQuantMatrix::stack(&[a, b]).map(Self::KQuant),
                 (Some(Self::Dense(a)), Self::Dense(b)) if a.cols == b.cols => Some(Self::Dense(DenseMatrix {
                     rows: a.rows + b.rows,
                     cols: a.cols,
@@ -161,18 +179,51 @@ impl Matrix {
     pub fn matmul(&self, x: &[f32], n: usize, scratch: &mut QuantizedActivations, out: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols(), "matmul input shape");
         assert_eq!(out.len(), n * self.rows(), "matmul output shape");
-        // Quantized once, for every quantized part.
-        if !matches!(self, Self::Dense(_) | Self::Half(_)) {
-            scratch.quantize_into(x, n, self.cols());
-        }
+        self.quantize_activations(x, n, scratch);
         let stride = self.rows();
         self.product(x, n, scratch, &OutRows { writer: &DisjointWriter::new(out), stride, first_row: 0 });
+    }
+
+    /// Quantizes `x` (n × cols) into `scratch` once in each form some part takes.
+    pub fn quantize_activations(&self, x: &[f32], n: usize, scratch: &mut QuantizedActivations) {
+        let forms = self.activation_forms();
+        if forms.blocks {
+            scratch.quantize_into(x, n, self.cols());
+        }
+        if forms.super_blocks {
+            scratch.super_blocks.quantize_into(x, n, self.cols());
+        }
+    }
+
+    /// The quantizations of the activations the parts' products take.
+    pub fn activation_forms(&self) -> ActivationForms {
+        match self {
+            Self::Quantized(_) => ActivationForms { blocks: true, super_blocks: false },
+            Self::KQuant(_) => ActivationForms { blocks: false, super_blocks: true },
+            Self::Dense(_) | Self::Half(_) => ActivationForms::default(),
+            Self::Stacked(parts) => {
+                parts.iter().map(Self::activation_forms).fold(ActivationForms::default(), |a, b| ActivationForms {
+                    blocks: a.blocks || b.blocks,
+                    super_blocks: a.super_blocks || b.super_blocks,
+                })
+            }
+        }
+    }
+
+    /// `out` (n × rows) = `x` · selfᵀ with `x` already quantized by
+    /// [`Self::quantize_activations`]: the kernels alone, as `hillside bench kernels` times them.
+    pub fn product_of_quantized(&self, x: &QuantizedActivations, out: &mut [f32]) {
+        assert!(!matches!(self, Self::Dense(_) | Self::Half(_)), "a float matrix takes its activations unquantized");
+        let n = if self.activation_forms().blocks { x.n } else { x.super_blocks.n };
+        assert_eq!(out.len(), n * self.rows(), "product output shape");
+        self.product(&[], n, x, &OutRows { writer: &DisjointWriter::new(out), stride: self.rows(), first_row: 0 });
     }
 
     /// The product, with `quantized` holding `x` quantized where a part needs it.
     fn product(&self, x: &[f32], n: usize, quantized: &QuantizedActivations, out: &OutRows) {
         match self {
             Self::Quantized(w) => uq_matmul(w, quantized, out, super::simd_level()),
+            Self::KQuant(w) => k_quant_matmul(w, &quantized.super_blocks, out, super::simd_level()),
             Self::Dense(w) => dense_matmul(w, x, n, out),
             Self::Half(w) => half_matmul(w, x, n, out),
             Self::Stacked(parts) => {
@@ -186,37 +237,53 @@ impl Matrix {
     }
 }
 
-impl UqMatrix {
-    /// `out` (n × rows) = `x` (already quantized) · selfᵀ: the kernels alone, as
-    /// `hillside bench kernels` times them.
-    pub fn product(&self, x: &QuantizedActivations, out: &mut [f32]) {
-        assert_eq!(out.len(), x.n * self.rows, "product output shape");
-        let out = OutRows { writer: &DisjointWriter::new(out), stride: self.rows, first_row: 0 };
-        uq_matmul(self, x, &out, super::simd_level());
-    }
+/// Which quantizations of the activations a product takes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ActivationForms {
+    /// 32-value blocks ([`QuantizedActivations`]' own)
+    pub blocks: bool,
+    /// 256-value super-blocks ([`QuantizedActivations::super_blocks`])
+    pub super_blocks: bool,
 }
 
 fn uq_matmul(w: &UqMatrix, x: &QuantizedActivations, out: &OutRows, level: SimdLevel) {
-    let rows = w.rows;
+    tiled_matmul(w.rows, w.row_bytes(), x.n, TOKEN_TILE, out, &|rows, t0, nt, sums| {
+        uq_dot_rows(w, rows, x, t0, nt, sums, level)
+    });
+}
+
+fn k_quant_matmul(w: &KQuantMatrix, x: &SuperBlockActivations, out: &OutRows, level: SimdLevel) {
+    tiled_matmul(w.rows, w.row_bytes(), x.n, K_QUANT_TILE, out, &|rows, t0, nt, sums| {
+        k_quant_dot_rows(w, rows, x, t0, nt, sums, level)
+    });
+}
+
+/// Products of some weight rows with a tile of tokens (see [`tiled_matmul`]).
+type DotRows<'a> = dyn Fn(Range<usize>, usize, usize, &mut [f32]) + Sync + 'a;
+
+/// A product of `rows` weight rows of `row_bytes` each with `n` tokens, split among the
+/// threads by rows, tokens `tile` at a time: `dot_rows(rows, t0, nt, sums)` puts the products
+/// of `rows` with tokens `t0..t0+nt` at `sums[(row - rows.start) · tile + t]`.
+fn tiled_matmul(rows: usize, row_bytes: usize, n: usize, tile: usize, out: &OutRows, dot_rows: &DotRows) {
     // Enough rows per task that the task's weights are worth a trip through the pool.
     let tasks = task_count(rows, 16);
     let rows_per_task = rows.div_ceil(tasks);
     // A prompt's tokens take a task's rows a chunk at a time, each chunk for every token, so
     // that the chunk's weights stay in the core's L2 cache (512 KiB on Zen 2/3, 256 KiB on
     // older Intel) while every token passes, rather than stream in again for each tile of tokens.
-    let chunk_rows = (CHUNK_BYTES / w.row_bytes().max(1)).clamp(1, rows_per_task.max(1));
+    let chunk_rows = (CHUNK_BYTES / row_bytes.max(1)).clamp(1, rows_per_task.max(1));
     pool().run(tasks, &|task| {
         let task_rows = task * rows_per_task..((task + 1) * rows_per_task).min(rows);
-        let mut sums = vec![0f32; chunk_rows.min(task_rows.len()) * TOKEN_TILE];
+        let mut sums = vec![0f32; chunk_rows.min(task_rows.len()) * tile];
         for r0 in task_rows.clone().step_by(chunk_rows) {
             let r1 = (r0 + chunk_rows).min(task_rows.end);
-            for t0 in (0..x.n).step_by(TOKEN_TILE) {
-                let nt = TOKEN_TILE.min(x.n - t0);
-                uq_dot_rows(w, r0..r1, x, t0, nt, &mut sums, level);
+            for t0 in (0..n).step_by(tile) {
+                let nt = tile.min(n - t0);
+                dot_rows(r0..r1, t0, nt, &mut sums);
                 for t in 0..nt {
                     // SAFETY: each task owns rows r0..r1 of every token's output.
                     let dst = unsafe { out.writer.slice((t0 + t) * out.stride + out.first_row + r0, r1 - r0) };
-                    for (d, row_sums) in dst.iter_mut().zip(sums.chunks_exact(TOKEN_TILE)) {
+                    for (d, row_sums) in dst.iter_mut().zip(sums.chunks_exact(tile)) {
                         *d = row_sums[t];
                     }
                 }
@@ -252,6 +319,31 @@ fn uq_dot_rows(
                     out[(r - start) * TOKEN_TILE + t] = uq_dot_portable(w, r, x, t0 + t);
                 }
             }
+        }
+    }
+}
+
+/// [`uq_dot_rows`] of a K-quant matrix: the AVX2 kernel at every x86 level (see `x86::k_quant`).
+#[inline]
+fn k_quant_dot_rows(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+    level: SimdLevel,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level != SimdLevel::Portable {
+        // SAFETY: every level but Portable has avx2, fma and f16c, checked when chosen.
+        return unsafe { super::x86::k_quant::dot_rows(w, rows, x, t0, nt, out) };
+    }
+    let _ = level;
+    let start = rows.start;
+    for r in rows {
+        for t in 0..nt {
+            out[(r - start) * K_QUANT_TILE + t] = w.dot_portable(r, x, t0 + t);
         }
     }
 }
@@ -292,7 +384,7 @@ pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations
                     .sum()
             }
             QuantBits::Eight => wq.iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum(),
-            QuantBits::FourPaired | QuantBits::FourTable => {
+            QuantBits::FourTable => {
                 w.block_ints(index).iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum()
             }
             QuantBits::Six => unreachable!("taken above"),
@@ -520,65 +612,137 @@ mod tests {
         }
     }
 
+    /// `x · wᵀ` of a K-quant matrix at `level`.
+    fn k_quant_product(w: &KQuantMatrix, x: &SuperBlockActivations, level: SimdLevel) -> Vec<f32> {
+        let mut out = vec![0f32; x.n * w.rows];
+        let rows = OutRows { writer: &DisjointWriter::new(&mut out), stride: w.rows, first_row: 0 };
+        k_quant_matmul(w, x, &rows, level);
+        out
+    }
+
+    /// Random K-quant super-blocks (random bytes throughout, with small d and dmin, or Q6_K's
+    /// d, so values stay in range).
+    fn random_k_quant_blocks(format: GgufBlockFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let block_bytes = format.block_bytes();
+        let mut raw = random_blocks(GgufBlockFormat::Q8_0, rows * cols / 256 * block_bytes / 34 + 1, 32, seed);
+        raw.truncate(rows * cols / 256 * block_bytes);
+        for block in raw.chunks_exact_mut(block_bytes) {
+            if format == GgufBlockFormat::Q6K {
+                block[208..].copy_from_slice(&half::f16::from_f32(0.0003).to_le_bytes());
+            } else {
+                block[..2].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
+                block[2..4].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+            }
+        }
+        raw
+    }
+
     #[test]
     fn k_quants_match_candles_dequantization_and_every_level_computes_them() {
         use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
-        let (rows, cols, n) = (6, 512, 3);
-        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
-        let mut qx = QuantizedActivations::default();
-        qx.quantize_into(&x, n, cols);
-        let k_quants = [
-            (GgufBlockFormat::Q4K, GgmlDType::Q4K, 144),
-            (GgufBlockFormat::Q5K, GgmlDType::Q5K, 176),
-            (GgufBlockFormat::Q6K, GgmlDType::Q6K, 210),
-        ];
-        for (format, dtype, block_bytes) in k_quants {
-            // Random bytes throughout, with small d (and dmin) so values stay in range.
-            let mut raw = random_blocks(GgufBlockFormat::Q8_0, rows * cols / 256 * block_bytes / 34 + 1, 32, 3);
-            raw.truncate(rows * cols / 256 * block_bytes);
-            for block in raw.chunks_exact_mut(block_bytes) {
-                if format == GgufBlockFormat::Q6K {
-                    block[208..].copy_from_slice(&half::f16::from_f32(0.0003).to_le_bytes());
-                } else {
-                    block[..2].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes());
-                    block[2..4].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+        // One token (decode's kernel), 3 (one group of four, short), 11 (three groups) and 21
+        // (a whole K-quant tile of 16 and a short one; for the other formats, tiles of 8).
+        for n in [1, 3, 11, 21] {
+            let (rows, cols) = (6, 512);
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
+            let mut qx = QuantizedActivations::default();
+            qx.quantize_into(&x, n, cols);
+            qx.super_blocks.quantize_into(&x, n, cols);
+            let k_quants = [
+                (GgufBlockFormat::Q4K, GgmlDType::Q4K),
+                (GgufBlockFormat::Q5K, GgmlDType::Q5K),
+                (GgufBlockFormat::Q6K, GgmlDType::Q6K),
+            ];
+            for (format, dtype) in k_quants {
+                let raw = random_k_quant_blocks(format, rows, cols, 3);
+                let reference = qtensor_from_ggml(dtype, &raw, vec![rows, cols], &candle_core::Device::Cpu)
+                    .unwrap()
+                    .dequantize(&candle_core::Device::Cpu)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap();
+                let w = Matrix::from_gguf_blocks(format, &raw, rows, cols).unwrap();
+                let mut dense = vec![0f32; rows * cols];
+                for (r, row) in dense.chunks_exact_mut(cols).enumerate() {
+                    w.dequantize_row(r, row);
+                }
+                let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+                match &w {
+                    // Q4_K and Q5_K: the file's bytes, and ggml's values to the bit.
+                    Matrix::KQuant(_) => {
+                        assert_eq!(w.weight_bytes(), raw.len(), "{format:?}");
+                        assert!(dense.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?}");
+                    }
+                    // Q6_K: only the f16 rounding of each half block's scale.
+                    _ => {
+                        assert!(w.weight_bytes() <= raw.len() * 9 / 8, "{format:?}: {} bytes", w.weight_bytes());
+                        for (i, (a, b)) in dense.iter().zip(&reference).enumerate() {
+                            assert!((a - b).abs() <= 1e-3 * largest, "{format:?} value {i}: {a} vs candle's {b}");
+                        }
+                    }
+                }
+                for level in SimdLevel::supported() {
+                    type Portable<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
+                    let (out, portable): (Vec<f32>, Portable) = match &w {
+                        Matrix::KQuant(k) => (
+                            k_quant_product(k, &qx.super_blocks, level),
+                            Box::new(|r, t| k.dot_portable(r, &qx.super_blocks, t)),
+                        ),
+                        Matrix::Quantized(q) => {
+                            (product(q, &qx, level), Box::new(|r, t| uq_dot_portable(q, r, &qx, t)))
+                        }
+                        _ => unreachable!("block formats"),
+                    };
+                    for t in 0..n {
+                        for r in 0..rows {
+                            let (wr, xt) = (&reference[r * cols..][..cols], &x[t * cols..][..cols]);
+                            let magnitude: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
+                            let got = out[t * rows + r];
+                            let exact = dot_f32(wr, xt);
+                            assert!(
+                                (got - exact).abs() < 0.01 * magnitude,
+                                "{format:?} {level:?} t{t} r{r}: {got} vs {exact}"
+                            );
+                            let portable = portable(r, t);
+                            // Q4_K and Q5_K: the portable product's bits at every level.
+                            let same = match &w {
+                                Matrix::KQuant(_) => got.to_bits() == portable.to_bits(),
+                                _ => (got - portable).abs() < 1e-5 * magnitude,
+                            };
+                            assert!(same, "{format:?} {level:?} t{t} r{r}: {got} vs portable {portable}");
+                        }
+                    }
                 }
             }
-            let reference = qtensor_from_ggml(dtype, &raw, vec![rows, cols], &candle_core::Device::Cpu)
-                .unwrap()
-                .dequantize(&candle_core::Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            let w = UqMatrix::from_gguf(format, &raw, rows, cols).unwrap();
-            assert!(
-                w.bytes() <= raw.len() * 9 / 8,
-                "{format:?} takes {} bytes for the file's {}",
-                w.bytes(),
-                raw.len()
-            );
-            let dense = dequantized(&w);
-            let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
-            for (i, (a, b)) in dense.w.iter().zip(&reference).enumerate() {
-                // Only the f16 rounding of each sub-block's scale and offset.
-                assert!((a - b).abs() <= 1e-3 * largest, "{format:?} value {i}: {a} vs candle's {b}");
-            }
+        }
+    }
+
+    #[test]
+    fn a_k_quant_prompt_across_row_chunks_gets_each_token_s_bits_alone() {
+        for format in [GgufBlockFormat::Q4K, GgufBlockFormat::Q5K] {
+            // Rows of 19 super-blocks: two whole panels of a tile's and a short one.
+            let cols = 19 * 256;
+            let chunk_rows = CHUNK_BYTES / (cols / 256 * format.block_bytes());
+            let rows = 4 * pool().threads() * (chunk_rows + chunk_rows / 2);
+            let n = 9;
+            let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
+            let mut prompt = SuperBlockActivations::default();
+            prompt.quantize_into(&x, n, cols);
+            let Some(Matrix::KQuant(w)) =
+                Matrix::from_gguf_blocks(format, &random_k_quant_blocks(format, rows, cols, 5), rows, cols)
+            else {
+                panic!("{format:?} is kept as the file has it")
+            };
             for level in SimdLevel::supported() {
-                let out = product(&w, &qx, level);
+                let together = k_quant_product(&w, &prompt, level);
                 for t in 0..n {
-                    for r in 0..rows {
-                        let (wr, xt) = (&reference[r * cols..][..cols], &x[t * cols..][..cols]);
-                        let magnitude: f32 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs()).sum();
-                        let got = out[t * rows + r];
-                        assert!((got - dot_f32(wr, xt)).abs() < 0.01 * magnitude, "{format:?} {level:?} t{t} r{r}");
-                        let portable = uq_dot_portable(&w, r, &qx, t);
-                        assert!(
-                            (got - portable).abs() < 1e-5 * magnitude,
-                            "{format:?} {level:?} t{t} r{r}: {got} vs portable {portable}"
-                        );
-                    }
+                    let mut alone = SuperBlockActivations::default();
+                    alone.quantize_into(&x[t * cols..][..cols], 1, cols);
+                    let alone = k_quant_product(&w, &alone, level);
+                    let same = alone.iter().zip(&together[t * rows..][..rows]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{format:?} {level:?}: token {t} of the prompt differs from the token alone");
                 }
             }
         }
@@ -668,12 +832,13 @@ mod tests {
         assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4_1, &q4_1[..q4_1.len() - 1], 2, 64).is_none(), "truncated");
         assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4_1, &q4_1, 2, 48).is_none(), "rows not whole blocks");
         let q4_k = vec![0u8; 2 * 144];
-        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4K, &q4_k, 1, 512).is_some());
-        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4K, &q4_k[..287], 1, 512).is_none(), "truncated super-block");
-        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q4K, &q4_k, 2, 256 + 32).is_none(), "rows not whole super-blocks");
-        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q5K, &q4_k, 1, 512).is_none(), "Q5_K blocks are 176 bytes");
-        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q6K, &q4_k, 1, 512).is_none(), "Q6_K blocks are 210 bytes");
-        assert!(UqMatrix::from_gguf(GgufBlockFormat::Q6K, &[0u8; 420], 1, 512).is_some());
+        let matrix = |format, raw: &[u8], rows, cols| Matrix::from_gguf_blocks(format, raw, rows, cols);
+        assert!(matrix(GgufBlockFormat::Q4K, &q4_k, 1, 512).is_some());
+        assert!(matrix(GgufBlockFormat::Q4K, &q4_k[..287], 1, 512).is_none(), "truncated super-block");
+        assert!(matrix(GgufBlockFormat::Q4K, &q4_k, 2, 256 + 32).is_none(), "rows not whole super-blocks");
+        assert!(matrix(GgufBlockFormat::Q5K, &q4_k, 1, 512).is_none(), "Q5_K blocks are 176 bytes");
+        assert!(matrix(GgufBlockFormat::Q6K, &q4_k, 1, 512).is_none(), "Q6_K blocks are 210 bytes");
+        assert!(matrix(GgufBlockFormat::Q6K, &[0u8; 420], 1, 512).is_some());
     }
 
     #[test]

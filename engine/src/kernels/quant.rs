@@ -1,20 +1,20 @@
 //! Block-quantized formats as the kernels want them.
 //!
-//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, the K-quants Q4_K, Q5_K and Q6_K, and the
-//! table formats IQ4_NL, IQ4_XS and MXFP4 all become unsigned ints in 32-value blocks, each
-//! block with an f16 scale `d`, so one int8 dot-product kernel serves them. A block's values are `d·(q − zero)` for the symmetric formats
-//! (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as q+128 with zero 128) and `d·q + m` with a per-block
-//! f16 `m` for the others. Scales stay f16 as in the file, so a legacy-format model takes in
-//! memory what it takes on disk; a K-quant's 32-value sub-block gets its scale `d·sc` and offset
-//! `−dmin·m` as f16 (a rounding of 2⁻¹¹ at most, far below the 4-bit step, and 11% over the
-//! file's 4.5 bits a weight). Q4_K and Q6_K keep the file's layout of their ints, which serves
-//! several blocks from one load (see [`QuantBits`]). Q6_K scales every 16 values, so it keeps
-//! two scales a block and its zero point meets the activations' sums over each half (see
-//! [`QuantBits::Six`]); it takes 7 bits a weight against the file's 6.56.
+//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, the K-quant Q6_K, and the table formats
+//! IQ4_NL, IQ4_XS and MXFP4 all become unsigned ints in 32-value blocks, each block with an f16
+//! scale `d`, so one int8 dot-product kernel serves them. A block's values are `d·(q − zero)` for
+//! the symmetric formats (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as q+128 with zero 128) and
+//! `d·q + m` with a per-block f16 `m` for the others. Scales stay f16 as in the file, so a
+//! legacy-format model takes in memory what it takes on disk. Q6_K keeps the file's layout of its
+//! ints, which serves several blocks from one load, and scales every 16 values, so it keeps two
+//! scales `d·sc` (f16) a block and its zero point meets the activations' sums over each half (see
+//! [`QuantBits::Six`]); it takes 7 bits a weight against the file's 6.56. Q4_K and Q5_K stay as
+//! the file has them ([`super::k_quant`]).
 //!
 //! Activations: each 32-value block is quantized to int8 with one scale, and the block's sum
 //! times its scale is kept so a weight block's offset costs one multiply per block.
 
+use super::k_quant::SuperBlockActivations;
 use super::parallel::{task_count, DisjointWriter};
 use super::spin_pool::pool;
 use half::f16;
@@ -37,9 +37,6 @@ pub enum QuantBits {
     /// 16–31), so the zero point multiplies the activations' sum over each half
     /// ([`QuantizedActivations::half_sums`]).
     Six,
-    /// Q4_K, kept as the file lays out each pair of blocks: 32 bytes whose low nibbles are the
-    /// first block's values and high nibbles the second's, so one 32-byte load serves both.
-    FourPaired,
     /// IQ4_NL, IQ4_XS and MXFP4: nibbles in `Four`'s order, each an index into the matrix's
     /// [`UqMatrix::table`] of 16 values, so the file's 4 bits a value stay 4 bits in memory.
     FourTable,
@@ -48,7 +45,7 @@ pub enum QuantBits {
 impl QuantBits {
     pub fn bytes_per_block(self) -> usize {
         match self {
-            Self::Four | Self::FourPaired | Self::FourTable => BLOCK / 2,
+            Self::Four | Self::FourTable => BLOCK / 2,
             Self::Five => BLOCK / 2 + BLOCK / 8,
             Self::Six => BLOCK / 2 + BLOCK / 4,
             Self::Eight => BLOCK,
@@ -190,7 +187,8 @@ impl UqMatrix {
     }
 
     /// Repacks raw GGUF blocks (as stored in the file) of a `rows × cols` matrix; `None` if
-    /// their size is not the shape's, or (MXFP4) a block's scale is beyond f16's range.
+    /// their size is not the shape's, (MXFP4) a block's scale is beyond f16's range, or the
+    /// format is Q4_K or Q5_K (a [`super::k_quant::KQuantMatrix`]).
     pub fn from_gguf(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
         if !cols.is_multiple_of(format.block_values()) {
             return None;
@@ -205,7 +203,8 @@ impl UqMatrix {
             GgufBlockFormat::Q5_0 => (QuantBits::Five, Offset::Zero(16)),
             GgufBlockFormat::Q5_1 => (QuantBits::Five, Offset::PerBlock(Vec::with_capacity(n_blocks))),
             GgufBlockFormat::Q8_0 => (QuantBits::Eight, Offset::Zero(128)),
-            GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => return Some(Self::from_k_quants(format, raw, rows, cols)),
+            // Kept as the file has them, in their own matrix (`k_quant`).
+            GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => return None,
             GgufBlockFormat::Q6K => return Some(Self::from_q6_k(raw, rows, cols)),
             GgufBlockFormat::Iq4Nl | GgufBlockFormat::Iq4Xs | GgufBlockFormat::Mxfp4 => {
                 return Self::from_table_format(format, raw, rows, cols)
@@ -244,66 +243,10 @@ impl UqMatrix {
                 | GgufBlockFormat::Q6K
                 | GgufBlockFormat::Iq4Nl
                 | GgufBlockFormat::Iq4Xs
-                | GgufBlockFormat::Mxfp4 => unreachable!("repacked on their own"),
+                | GgufBlockFormat::Mxfp4 => unreachable!("taken above"),
             }
         }
         Some(w)
-    }
-
-    /// Q4_K and Q5_K super-blocks (d, dmin, twelve bytes of 6-bit sub-block scales and mins,
-    /// for Q5_K 32 bytes of fifth bits, then the nibbles) as 32-value blocks with a scale and an
-    /// offset each: Q4_K's nibbles as they are, Q5_K's values repacked as [`QuantBits::Five`].
-    /// The caller has checked the sizes.
-    fn from_k_quants(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Self {
-        let five = format == GgufBlockFormat::Q5K;
-        let bits = if five { QuantBits::Five } else { QuantBits::FourPaired };
-        let n_blocks = rows * cols / BLOCK;
-        let mut w = Self {
-            rows,
-            cols,
-            bits,
-            qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
-            d: Vec::with_capacity(n_blocks),
-            offset: Offset::PerBlock(Vec::with_capacity(n_blocks)),
-            table: None,
-        };
-        let Offset::PerBlock(offsets) = &mut w.offset else { unreachable!() };
-        let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-        for block in raw.chunks_exact(format.block_bytes()) {
-            let (d, dmin) = (half_at(block, 0), half_at(block, 2));
-            let scales = &block[4..16];
-            let (high, nibbles) = if five { (&block[16..48], &block[48..176]) } else { (&[][..], &block[16..144]) };
-            if !five {
-                w.qs.extend_from_slice(nibbles);
-            }
-            for sub in 0..SUPER_BLOCK / BLOCK {
-                // 6-bit scale and min of sub-block `sub`: the first four whole in bytes 0–7,
-                // the last four split between bytes 8–11 and the top bits of bytes 0–7.
-                let (sc, m) = if sub < 4 {
-                    (scales[sub] & 63, scales[sub + 4] & 63)
-                } else {
-                    (
-                        (scales[sub + 4] & 0x0f) | ((scales[sub - 4] >> 6) << 4),
-                        (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4),
-                    )
-                };
-                w.d.push(f16::from_f32(d * f32::from(sc)));
-                offsets.push(f16::from_f32(-dmin * f32::from(m)));
-                if !five {
-                    continue;
-                }
-                // Sub-blocks 2j and 2j+1 share 32 bytes: low nibbles, then high nibbles.
-                let pair = &nibbles[sub / 2 * BLOCK..][..BLOCK];
-                let values: [u8; BLOCK] = std::array::from_fn(|l| {
-                    let q = if sub % 2 == 0 { pair[l] & 0x0f } else { pair[l] >> 4 };
-                    q | (((high[l] >> sub) & 1) << 4)
-                });
-                w.qs.extend((0..BLOCK / 2).map(|i| (values[i] & 0x0f) | (values[i + BLOCK / 2] & 0x0f) << 4));
-                let mask = (0..BLOCK).fold(0u32, |mask, i| mask | (u32::from(values[i] >> 4) << i));
-                w.qs.extend_from_slice(&mask.to_le_bytes());
-            }
-        }
-        w
     }
 
     /// Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales,
@@ -391,10 +334,6 @@ impl UqMatrix {
             let high = &super_block[128 + 32 * half..][..BLOCK];
             return std::array::from_fn(|j| ((nibbles[j] >> (4 * (r / 2))) & 0x0f) | (((high[j] >> (2 * r)) & 3) << 4));
         }
-        if self.bits == QuantBits::FourPaired {
-            let pair = &self.qs[index / 2 * 2 * bpb..][..2 * bpb];
-            return std::array::from_fn(|j| (pair[j] >> (4 * (index % 2))) & 0x0f);
-        }
         if let Some(table) = self.table {
             let qs = &self.qs[index * bpb..][..bpb];
             return std::array::from_fn(|j| table[usize::from((qs[j % 16] >> (4 * (j / 16))) & 0x0f)]);
@@ -415,7 +354,7 @@ impl UqMatrix {
                 }
             }
             QuantBits::Eight => q.copy_from_slice(qs),
-            QuantBits::Six | QuantBits::FourPaired | QuantBits::FourTable => unreachable!("taken above"),
+            QuantBits::Six | QuantBits::FourTable => unreachable!("taken above"),
         }
         q
     }
@@ -524,6 +463,8 @@ pub struct QuantizedActivations {
     /// n × blocks × 2: d · Σq over values 0–15, then over 16–31 (exact, as `scaled_sums`),
     /// which multiply Q6_K's zero point in each half's scale.
     pub half_sums: Vec<f32>,
+    /// The same activations a super-block at a time, for Q4_K and Q5_K (filled only for them).
+    pub super_blocks: SuperBlockActivations,
 }
 
 impl QuantizedActivations {

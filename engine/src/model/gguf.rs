@@ -8,7 +8,7 @@ use super::weights::Weights;
 use super::{gemma3, gpt_oss, llama, phi3, qwen2, qwen3, qwen3moe};
 use crate::error::{Error, Result};
 use crate::kernels::matrix::{DenseMatrix, HalfMatrix, HalfValues, Matrix};
-use crate::kernels::quant::{dequantize_table_format, GgufBlockFormat, UqMatrix};
+use crate::kernels::quant::{dequantize_table_format, GgufBlockFormat};
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
@@ -92,8 +92,8 @@ impl Reader {
         }
         // The header checked the bytes against the shape, so a refusal here is a scale the
         // kernels' f16 cannot hold (MXFP4's), and that matrix runs dense.
-        if let Some(w) = block_format(kind).and_then(|format| UqMatrix::from_gguf(format, raw, rows, cols)) {
-            return Ok(Matrix::Quantized(w));
+        if let Some(w) = block_format(kind).and_then(|format| Matrix::from_gguf_blocks(format, raw, rows, cols)) {
+            return Ok(w);
         }
         let w = self.dequantize(name, kind, raw, vec![rows, cols])?;
         Ok(Matrix::Dense(DenseMatrix { rows, cols, w }))

@@ -10,7 +10,8 @@
 use crate::report::{cpu_name, utc_now, write_json};
 use anyhow::{bail, Result};
 use clap::Args;
-use hillside_engine::kernels::quant::{GgufBlockFormat, QuantizedActivations, UqMatrix, BLOCK};
+use hillside_engine::kernels::matrix::Matrix;
+use hillside_engine::kernels::quant::{GgufBlockFormat, QuantizedActivations, BLOCK};
 use hillside_engine::kernels::{simd_level, spin_pool::pool};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -95,14 +96,14 @@ pub fn kernels(args: &KernelsArgs) -> Result<()> {
             let cols = args.cols;
             let n_rows = (values / cols).max(1);
             let raw = random_blocks(format, n_rows * cols, 0x5eed ^ values as u64);
-            let matrix = UqMatrix::from_gguf(format, &raw, n_rows, cols).expect("whole blocks of a known size");
+            let matrix = Matrix::from_gguf_blocks(format, &raw, n_rows, cols).expect("whole blocks of a known size");
             drop(raw);
             let x: Vec<f32> = (0..cols).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect();
             let mut quantized = QuantizedActivations::default();
-            quantized.quantize_into(&x, 1, cols);
+            matrix.quantize_activations(&x, 1, &mut quantized);
             let mut out = vec![0f32; n_rows];
             let seconds = fastest_fifth(Duration::from_millis(args.ms), || {
-                matrix.product(&quantized, &mut out);
+                matrix.product_of_quantized(&quantized, &mut out);
                 std::hint::black_box(&out);
             });
             let total_values = n_rows * cols;
@@ -111,9 +112,9 @@ pub fn kernels(args: &KernelsArgs) -> Result<()> {
                 values: total_values,
                 rows: n_rows,
                 cols,
-                weight_bytes: matrix.bytes(),
+                weight_bytes: matrix.weight_bytes(),
                 ns_per_32_values: seconds * 1e9 * BLOCK as f64 / total_values as f64,
-                weight_gb_per_s: matrix.bytes() as f64 / seconds / 1e9,
+                weight_gb_per_s: matrix.weight_bytes() as f64 / seconds / 1e9,
             });
         }
     }
@@ -207,7 +208,7 @@ mod tests {
         for (name, format) in FORMATS {
             let (rows, cols) = (3, 512);
             let raw = random_blocks(format, rows * cols, 1);
-            let w = UqMatrix::from_gguf(format, &raw, rows, cols).expect(name);
+            let w = Matrix::from_gguf_blocks(format, &raw, rows, cols).expect(name);
             let mut row = vec![0f32; cols];
             for r in 0..rows {
                 w.dequantize_row(r, &mut row);

@@ -62,21 +62,6 @@ pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
     }
 }
 
-/// The 32 unsigned ints of the first or the `second` block of a Q4_K pair of blocks at `ptr`
-/// (see [`QuantBits::FourPaired`]); the two share their load when inlined side by side.
-///
-/// # Safety
-/// `ptr` points at the pair's 32 bytes; the CPU has avx2.
-#[inline(always)]
-unsafe fn unpack_paired(ptr: *const u8, second: bool) -> __m256i {
-    // SAFETY: the load reads the pair's 32 bytes per the contract.
-    unsafe {
-        let nibbles = _mm256_loadu_si256(ptr.cast());
-        let nibbles = if second { _mm256_srli_epi16(nibbles, 4) } else { nibbles };
-        _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0f))
-    }
-}
-
 /// The 32 unsigned ints of block `block` (0–7) of a Q6_K super-block, in value order (see
 /// [`QuantBits::Six`]). With `block` known when inlined, the shifts are immediates and the
 /// eight blocks of a super-block share their loads: three of 32 bytes a half.
@@ -163,8 +148,7 @@ const fn signed_weights<const VNNI: bool, const BITS: u8>() -> bool {
 
 /// Block `ptr`'s 32 weights as bytes for [`block_dot`]: unsigned ints (a table format's
 /// nibbles looked up in `table`, the matrix's table in both lanes), or signed when
-/// [`signed_weights`]. Not for Q4_K and Q6_K, whose blocks are not apart ([`unpack_paired`],
-/// [`unpack_six`]).
+/// [`signed_weights`]. Not for Q6_K, whose blocks are not apart ([`unpack_six`]).
 #[inline(always)]
 unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8, table: __m256i) -> __m256i {
     // SAFETY: the caller passes a pointer to one whole block.
@@ -323,19 +307,15 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, cons
     acc: &mut [__m256; NT],
 ) {
     let six = BITS == QuantBits::Six as u8;
-    let paired = BITS == QuantBits::FourPaired as u8;
     debug_assert!(!six || b.is_multiple_of(GROUP), "a Q6_K group starts a super-block");
-    debug_assert!(!paired || b.is_multiple_of(2), "a Q4_K group starts a pair");
     // SAFETY: per the contract.
     unsafe {
         let mut blocks = [_mm256_setzero_si256(); GROUP];
         for (i, block) in blocks[..N].iter_mut().enumerate() {
-            // A group of Q6_K is one super-block, and of Q4_K whole pairs: their rows are whole
-            // super-blocks, so b is a multiple of 8.
+            // A group of Q6_K is one super-block: its rows are whole super-blocks, so b is a
+            // multiple of 8.
             *block = if six {
                 unpack_six(wq.add(b * bpb), i)
-            } else if paired {
-                unpack_paired(wq.add((b + i / 2 * 2) * bpb), i % 2 == 1)
             } else {
                 load_block::<VNNI, BITS>(wq.add((b + i) * bpb), table)
             };
@@ -440,7 +420,7 @@ fn lane_mask(n: usize) -> __m256i {
 
 /// The sum of a vector's eight lanes.
 #[inline(always)]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     // SAFETY: callers are compiled with avx2.
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -167,7 +167,7 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
                 let isum = unsafe {
                     let wv = match bits {
                         QuantBits::Eight => _mm256_loadu_si256(wq.add(b * bpb).cast()),
-                        QuantBits::Six | QuantBits::FourPaired => {
+                        QuantBits::Six => {
                             unreachable!("K-quant rows are whole super-blocks: 8 blocks each")
                         }
                         QuantBits::FourTable => {
@@ -226,14 +226,6 @@ unsafe fn pair_products<const NT: usize, const BITS: u8>(
                 } else {
                     codes
                 }
-            }
-            QuantBits::FourPaired => {
-                let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
-                let low_nibbles = _mm256_set1_epi8(0x0f);
-                // The first block's values are the low nibbles, the second's the high ones.
-                let lo = _mm256_and_si256(raw, low_nibbles);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
-                _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
             }
             QuantBits::Five => unpack_five_pair(wq.add(2 * p * bpb), bpb),
             QuantBits::Six => unpack_six_pair(wq.add(2 * first * bpb), k),

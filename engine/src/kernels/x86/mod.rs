@@ -5,6 +5,7 @@
 
 pub mod avx2;
 pub mod avx512;
+pub mod k_quant;
 
 use super::quant::{Offset, QuantBits, UqMatrix};
 use half::f16;
@@ -54,7 +55,6 @@ macro_rules! dispatch_tile {
             QuantBits::Five => dispatch_tile!(@nt Five, $nt, $call),
             QuantBits::Six => dispatch_tile!(@nt Six, $nt, $call),
             QuantBits::Eight => dispatch_tile!(@nt Eight, $nt, $call),
-            QuantBits::FourPaired => dispatch_tile!(@nt FourPaired, $nt, $call),
             QuantBits::FourTable => dispatch_tile!(@nt FourTable, $nt, $call),
         }
     };
@@ -87,8 +87,6 @@ pub(crate) const fn format_of(bits: u8) -> QuantBits {
         QuantBits::Five
     } else if bits == QuantBits::Six as u8 {
         QuantBits::Six
-    } else if bits == QuantBits::FourPaired as u8 {
-        QuantBits::FourPaired
     } else if bits == QuantBits::FourTable as u8 {
         QuantBits::FourTable
     } else {

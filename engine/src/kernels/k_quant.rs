@@ -1,0 +1,361 @@
+//! Q4_K and Q5_K matrices kept as the file lays them out, and activations quantized a
+//! super-block at a time for their products.
+//!
+//! A super-block holds 256 values: an f16 `d` and `dmin`, twelve bytes packing a 6-bit scale
+//! `sc` and min `m` for each of its eight 32-value sub-blocks, (Q5_K) 32 bytes of fifth bits,
+//! then 128 bytes of nibbles (sub-blocks 2j and 2j+1 share 32 bytes: low nibbles, then high).
+//! A value is `d·sc·q − dmin·m`. The products take the activations with one scale per 256
+//! values (as ggml's Q8_K), so `sc` and `m` apply in integers: a super-block's products are one
+//! exact i32 sum, and its mins another against the activations' sums per sub-block; each goes
+//! into the token's f32 total by one fused multiply-add. Every kernel follows that order, so all
+//! SIMD levels, and a token alone or in any tile, give the same bits. The matrix takes the
+//! file's bytes in memory and no more.
+
+use super::parallel::{task_count, DisjointWriter};
+use super::spin_pool::pool;
+use half::f16;
+
+/// Values in a super-block.
+pub const SUPER_BLOCK: usize = 256;
+/// 32-value sub-blocks in a super-block, each with its own scale and min.
+pub const SUB_BLOCKS: usize = 8;
+/// Values each of the activations' sums covers ([`SuperBlockActivations::sums`]): a sub-block.
+pub const SUM_SPAN: usize = 32;
+
+/// The K-quant formats kept as the file has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KQuantFormat {
+    Q4K,
+    Q5K,
+}
+
+impl KQuantFormat {
+    /// Bytes one super-block takes.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4K => 144,
+            Self::Q5K => 176,
+        }
+    }
+
+    /// Where a super-block's nibbles start (after d, dmin, the packed scales and Q5_K's fifth bits).
+    pub fn nibbles_at(self) -> usize {
+        match self {
+            Self::Q4K => 16,
+            Self::Q5K => 48,
+        }
+    }
+}
+
+/// A row-major `rows × cols` matrix of K-quant super-blocks, as the file has them.
+#[derive(Debug, Clone)]
+pub struct KQuantMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub format: KQuantFormat,
+    /// rows × cols / 256 super-blocks of `format.block_bytes()` bytes
+    pub raw: Vec<u8>,
+}
+
+/// The 6-bit scales and mins of a super-block's eight sub-blocks from its twelve packed bytes,
+/// a byte each, little-endian in a u64: the first four whole in the low six bits of bytes 0–3
+/// (scales) and 4–7 (mins), the last four with their low four bits in bytes 8–11 (scale low
+/// nibble, min high nibble) and their top two in the spare top bits of bytes 0–7.
+#[inline(always)]
+pub fn scales_and_mins(packed: &[u8]) -> (u64, u64) {
+    let word = |i: usize| u32::from_le_bytes([packed[4 * i], packed[4 * i + 1], packed[4 * i + 2], packed[4 * i + 3]]);
+    let (a, b, c) = (word(0), word(1), word(2));
+    let six_bits = 0x3f3f_3f3f;
+    let nibbles = 0x0f0f_0f0f;
+    let top_pairs = 0x0303_0303;
+    let scales_hi = (c & nibbles) | ((a >> 6) & top_pairs) << 4;
+    let mins_hi = ((c >> 4) & nibbles) | ((b >> 6) & top_pairs) << 4;
+    (u64::from(a & six_bits) | u64::from(scales_hi) << 32, u64::from(b & six_bits) | u64::from(mins_hi) << 32)
+}
+
+impl KQuantMatrix {
+    /// The matrix of raw super-blocks; `None` if the rows are not whole super-blocks or the
+    /// bytes are not the shape's.
+    pub fn from_gguf(format: KQuantFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        if !cols.is_multiple_of(SUPER_BLOCK)
+            || raw.len() != rows.checked_mul(cols)? / SUPER_BLOCK * format.block_bytes()
+        {
+            return None;
+        }
+        Some(Self { rows, cols, format, raw: raw.to_vec() })
+    }
+
+    pub fn super_blocks_per_row(&self) -> usize {
+        self.cols / SUPER_BLOCK
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.super_blocks_per_row() * self.format.block_bytes()
+    }
+
+    /// Super-block `sb` of row `row`.
+    #[inline(always)]
+    pub fn super_block(&self, row: usize, sb: usize) -> &[u8] {
+        let bytes = self.format.block_bytes();
+        &self.raw[(row * self.super_blocks_per_row() + sb) * bytes..][..bytes]
+    }
+
+    /// The unsigned ints (0–15, Q5_K 0–31) of sub-block `sub` of a super-block, in value order.
+    #[inline(always)]
+    pub fn sub_block_ints(&self, block: &[u8], sub: usize) -> [u8; 32] {
+        let pair = &block[self.format.nibbles_at() + sub / 2 * 32..][..32];
+        std::array::from_fn(|l| {
+            let q = (pair[l] >> (4 * (sub % 2))) & 0x0f;
+            match self.format {
+                KQuantFormat::Q4K => q,
+                KQuantFormat::Q5K => q | ((block[16 + l] >> sub) & 1) << 4,
+            }
+        })
+    }
+
+    /// Writes row `row`, dequantized, into `out` (`cols` values), as ggml computes each value:
+    /// `(d·sc)·q − dmin·m`.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        for (sb, dst) in out[..self.cols].chunks_exact_mut(SUPER_BLOCK).enumerate() {
+            let block = self.super_block(row, sb);
+            let (d, dmin) = d_and_dmin(block);
+            let (scales, mins) = scales_and_mins(&block[4..16]);
+            for (sub, dst) in dst.chunks_exact_mut(32).enumerate() {
+                let (scale, min) = (d * (scales >> (8 * sub)) as u8 as f32, dmin * (mins >> (8 * sub)) as u8 as f32);
+                for (v, q) in dst.iter_mut().zip(self.sub_block_ints(block, sub)) {
+                    *v = scale * f32::from(q) - min;
+                }
+            }
+        }
+    }
+
+    /// Row `row` times token `t`'s activations: the reference the SIMD kernels match to the bit,
+    /// and the product where there are none.
+    pub fn dot_portable(&self, row: usize, x: &SuperBlockActivations, t: usize) -> f32 {
+        let n_sb = self.super_blocks_per_row();
+        let mut acc = 0f32;
+        for sb in 0..n_sb {
+            let block = self.super_block(row, sb);
+            let (d, dmin) = d_and_dmin(block);
+            let (scales, mins) = scales_and_mins(&block[4..16]);
+            let at = t * n_sb + sb;
+            let xq = &x.qs[at * SUPER_BLOCK..][..SUPER_BLOCK];
+            let sums = &x.sums[at * SUPER_BLOCK / SUM_SPAN..][..SUPER_BLOCK / SUM_SPAN];
+            let (mut products, mut min_products) = (0i32, 0i32);
+            for sub in 0..SUB_BLOCKS {
+                let ints = self.sub_block_ints(block, sub);
+                let xs = &xq[32 * sub..][..32];
+                let isum: i32 = ints.iter().zip(xs).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum();
+                products += i32::from((scales >> (8 * sub)) as u8) * isum;
+                min_products += i32::from((mins >> (8 * sub)) as u8) * i32::from(sums[sub]);
+            }
+            let dx = x.d[at];
+            acc = (products as f32).mul_add(d * dx, acc);
+            acc = (min_products as f32).mul_add(-dmin * dx, acc);
+        }
+        acc
+    }
+
+    /// The matrix of `parts`' rows in turn; `None` unless they share a format and a width.
+    pub fn stack(parts: &[&KQuantMatrix]) -> Option<Self> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.format != first.format || p.cols != first.cols) {
+            return None;
+        }
+        Some(Self {
+            rows: parts.iter().map(|p| p.rows).sum(),
+            cols: first.cols,
+            format: first.format,
+            raw: parts.iter().map(|p| p.raw.as_slice()).collect::<Vec<_>>().concat(),
+        })
+    }
+}
+
+/// A super-block's `d` and `dmin`.
+#[inline(always)]
+pub fn d_and_dmin(block: &[u8]) -> (f32, f32) {
+    (f16::from_le_bytes([block[0], block[1]]).to_f32(), f16::from_le_bytes([block[2], block[3]]).to_f32())
+}
+
+/// `n` activation vectors of `cols` values, each 256-value super-block quantized to int8 with
+/// one f32 scale (as ggml's Q8_K), and the ints' sums over each 32 values.
+#[derive(Debug, Default, Clone)]
+pub struct SuperBlockActivations {
+    pub n: usize,
+    pub cols: usize,
+    /// n × cols int8 values, in [−127, 127]
+    pub qs: Vec<i8>,
+    /// n × cols / 256 scales
+    pub d: Vec<f32>,
+    /// n × cols / 32 sums of 32 ints each
+    pub sums: Vec<i16>,
+    /// The same, four tokens to a group (for more than one token).
+    pub groups: TokenGroups,
+}
+
+/// Tokens a group of [`TokenGroups`] holds.
+pub const GROUP: usize = 4;
+
+/// Tokens a K-quant product takes together: four groups.
+pub const TILE_TOKENS: usize = 16;
+
+/// Activations four tokens to a group, for the products of a tile of tokens, which multiply 8
+/// values of each of four tokens by the same 8 weights in one vector. Per group and
+/// super-block: the 1,024 values as 32 runs of 32 bytes (run 4·sub + j: the eight values from
+/// 32·sub + 8j of each token in turn), the 4 × 8 sub-block sums (each token's eight in turn),
+/// and the four scales. Tokens past the last are zeros.
+#[derive(Debug, Default, Clone)]
+pub struct TokenGroups {
+    pub values: Vec<i8>,
+    pub sums: Vec<i16>,
+    pub scales: Vec<f32>,
+}
+
+impl SuperBlockActivations {
+    /// Quantizes `x` (`n × cols`, row-major; `cols` whole super-blocks), reusing the buffers.
+    pub fn quantize_into(&mut self, x: &[f32], n: usize, cols: usize) {
+        debug_assert_eq!(x.len(), n * cols);
+        debug_assert_eq!(cols % SUPER_BLOCK, 0);
+        self.n = n;
+        self.cols = cols;
+        self.qs.resize(n * cols, 0);
+        self.d.resize(n * cols / SUPER_BLOCK, 0.0);
+        self.sums.resize(n * cols / SUM_SPAN, 0);
+        let grouped = if n > 1 { n.div_ceil(GROUP) * GROUP } else { 0 };
+        // Cleared, so that the tokens past the last are zeros.
+        let groups = &mut self.groups;
+        groups.values.clear();
+        groups.values.resize(grouped * cols, 0);
+        groups.sums.clear();
+        groups.sums.resize(grouped * cols / SUM_SPAN, 0);
+        groups.scales.clear();
+        groups.scales.resize(grouped * cols / SUPER_BLOCK, 0.0);
+        // Whole groups a task, so that each regroups its own tokens.
+        let tasks = task_count(n, 8);
+        let tokens_per_task = n.div_ceil(tasks).next_multiple_of(GROUP).max(GROUP);
+        let (qs, d, sums) =
+            (DisjointWriter::new(&mut self.qs), DisjointWriter::new(&mut self.d), DisjointWriter::new(&mut self.sums));
+        let (group_values, group_sums, group_scales) = (
+            DisjointWriter::new(&mut groups.values),
+            DisjointWriter::new(&mut groups.sums),
+            DisjointWriter::new(&mut groups.scales),
+        );
+        pool().run(n.div_ceil(tokens_per_task), &|task| {
+            let tokens = task * tokens_per_task..((task + 1) * tokens_per_task).min(n);
+            let values = tokens.start * cols..tokens.end * cols;
+            // SAFETY: each task owns its tokens' values, scales and sums, and their groups'.
+            let (qs, d, sums) = unsafe {
+                (
+                    qs.slice(values.start, values.len()),
+                    d.slice(values.start / SUPER_BLOCK, values.len() / SUPER_BLOCK),
+                    sums.slice(values.start / SUM_SPAN, values.len() / SUM_SPAN),
+                )
+            };
+            quantize_super_blocks(&x[values.clone()], qs, d, sums);
+            if grouped == 0 {
+                return;
+            }
+            let padded = tokens.start * cols..tokens.start * cols + tokens.len().next_multiple_of(GROUP) * cols;
+            // SAFETY: as above; the task's tokens are whole groups.
+            let (values_out, sums_out, scales_out) = unsafe {
+                (
+                    group_values.slice(padded.start, padded.len()),
+                    group_sums.slice(padded.start / SUM_SPAN, padded.len() / SUM_SPAN),
+                    group_scales.slice(padded.start / SUPER_BLOCK, padded.len() / SUPER_BLOCK),
+                )
+            };
+            regroup(cols, qs, d, sums, values_out, sums_out, scales_out);
+        });
+    }
+}
+
+/// Tokens' values, scales and sums (row-major, `cols` a token) into [`TokenGroups`]' layout,
+/// the first token starting a group.
+fn regroup(
+    cols: usize,
+    qs: &[i8],
+    d: &[f32],
+    sums: &[i16],
+    values: &mut [i8],
+    group_sums: &mut [i16],
+    scales: &mut [f32],
+) {
+    let n_sb = cols / SUPER_BLOCK;
+    let subs = SUPER_BLOCK / SUM_SPAN;
+    for (i, token) in qs.chunks_exact(cols).enumerate() {
+        let (g, t) = (i / GROUP, i % GROUP);
+        for (sb, block) in token.chunks_exact(SUPER_BLOCK).enumerate() {
+            let at = g * n_sb + sb;
+            let out = &mut values[at * GROUP * SUPER_BLOCK..][..GROUP * SUPER_BLOCK];
+            for (run, eight) in block.chunks_exact(8).enumerate() {
+                out[run * 8 * GROUP + 8 * t..][..8].copy_from_slice(eight);
+            }
+            group_sums[(at * GROUP + t) * subs..][..subs].copy_from_slice(&sums[(i * n_sb + sb) * subs..][..subs]);
+            scales[at * GROUP + t] = d[i * n_sb + sb];
+        }
+    }
+}
+
+super::ops::multiversioned! {
+    /// Each 256 values of `x` to int8 with the scale `max |x| / 127` (rounded half away from
+    /// zero, as the 32-value blocks are), and the sums of each 32 ints.
+    fn quantize_super_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
+        for (((src, dst), scale), sums) in x
+            .chunks_exact(SUPER_BLOCK)
+            .zip(qs.chunks_exact_mut(SUPER_BLOCK))
+            .zip(d.iter_mut())
+            .zip(sums.chunks_exact_mut(SUPER_BLOCK / SUM_SPAN))
+        {
+            let amax = super::ops::abs_max(src);
+            *scale = amax / 127.0;
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            for (q, &v) in dst.iter_mut().zip(src) {
+                *q = (v * inv).round() as i8;
+            }
+            for (sum, span) in sums.iter_mut().zip(dst.chunks_exact(SUM_SPAN)) {
+                *sum = span.iter().map(|&q| i16::from(q)).sum();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_scales_and_mins_unpack_as_the_format_defines_them() {
+        // Sub-block j's scale and min, 6 bits each, packed by the format's definition.
+        let scales: [u8; 8] = [1, 63, 17, 40, 33, 2, 62, 45];
+        let mins: [u8; 8] = [60, 5, 31, 32, 7, 58, 16, 49];
+        let mut packed = [0u8; 12];
+        for j in 0..4 {
+            packed[j] = scales[j] | (scales[j + 4] >> 4) << 6;
+            packed[j + 4] = mins[j] | (mins[j + 4] >> 4) << 6;
+            packed[j + 8] = (scales[j + 4] & 0x0f) | (mins[j + 4] & 0x0f) << 4;
+        }
+        let (s, m) = scales_and_mins(&packed);
+        assert_eq!(s.to_le_bytes(), scales);
+        assert_eq!(m.to_le_bytes(), mins);
+    }
+
+    #[test]
+    fn super_block_activations_keep_the_largest_value_and_their_sums() {
+        let x: Vec<f32> = (0..2 * SUPER_BLOCK).map(|i| ((i * 7919) % 509) as f32 / 100.0 - 2.5).collect();
+        let mut a = SuperBlockActivations::default();
+        a.quantize_into(&x, 1, 2 * SUPER_BLOCK);
+        for (sb, src) in x.chunks_exact(SUPER_BLOCK).enumerate() {
+            let q = &a.qs[sb * SUPER_BLOCK..][..SUPER_BLOCK];
+            assert_eq!(q.iter().map(|q| q.unsigned_abs()).max(), Some(127));
+            for (v, &q) in src.iter().zip(q) {
+                assert!((v - a.d[sb] * f32::from(q)).abs() <= a.d[sb] / 2.0 * 1.0001);
+            }
+            for (s, span) in a.sums[sb * 8..][..8].iter().zip(q.chunks_exact(SUM_SPAN)) {
+                assert_eq!(*s, span.iter().map(|&q| i16::from(q)).sum::<i16>());
+            }
+        }
+        // All zeros: a zero scale, zero ints.
+        a.quantize_into(&[0.0; SUPER_BLOCK], 1, SUPER_BLOCK);
+        assert_eq!((a.d[0], a.qs.iter().all(|&q| q == 0)), (0.0, true));
+    }
+}
