@@ -297,8 +297,8 @@ fn regroup(
 }
 
 super::ops::multiversioned! {
-    /// Each 256 values of `x` to int8 with the scale `max |x| / 127` (rounded half away from
-    /// zero, as the 32-value blocks are), and the sums of each 32 ints.
+    /// Each 256 values of `x` to int8 with one scale, as ggml's Q8_K quantizes them (so products
+    /// of K-quant files are llama.cpp's), and the sums of each 32 ints.
     fn quantize_super_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
         for (((src, dst), scale), sums) in x
             .chunks_exact(SUPER_BLOCK)
@@ -306,11 +306,14 @@ super::ops::multiversioned! {
             .zip(d.iter_mut())
             .zip(sums.chunks_exact_mut(SUPER_BLOCK / SUM_SPAN))
         {
+            // As ggml's Q8_K: the value of largest magnitude becomes −127 (its scale takes the
+            // opposite sign), the rest round half to even.
             let amax = super::ops::abs_max(src);
-            *scale = amax / 127.0;
-            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            let largest = src.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
+            let inv = if amax > 0.0 { -127.0 / largest } else { 0.0 };
+            *scale = if amax > 0.0 { 1.0 / inv } else { 0.0 };
             for (q, &v) in dst.iter_mut().zip(src) {
-                *q = (v * inv).round() as i8;
+                *q = (v * inv).round_ties_even().min(127.0) as i8;
             }
             for (sum, span) in sums.iter_mut().zip(dst.chunks_exact(SUM_SPAN)) {
                 *sum = span.iter().map(|&q| i16::from(q)).sum();
@@ -348,7 +351,7 @@ mod tests {
             let q = &a.qs[sb * SUPER_BLOCK..][..SUPER_BLOCK];
             assert_eq!(q.iter().map(|q| q.unsigned_abs()).max(), Some(127));
             for (v, &q) in src.iter().zip(q) {
-                assert!((v - a.d[sb] * f32::from(q)).abs() <= a.d[sb] / 2.0 * 1.0001);
+                assert!((v - a.d[sb] * f32::from(q)).abs() <= a.d[sb].abs() / 2.0 * 1.0001);
             }
             for (s, span) in a.sums[sb * 8..][..8].iter().zip(q.chunks_exact(SUM_SPAN)) {
                 assert_eq!(*s, span.iter().map(|&q| i16::from(q)).sum::<i16>());
