@@ -431,12 +431,18 @@ pub(super) fn hsum(v: __m256) -> f32 {
 
 /// The sum of the i32 lanes.
 #[inline(always)]
-fn hsum_i32(v: __m256i) -> i32 {
+pub(super) fn hsum_i32(v: __m256i) -> i32 {
+    // SAFETY: callers are compiled with avx2.
+    unsafe { hsum_i32_128(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))) }
+}
+
+/// The sum of the four i32 lanes.
+#[inline(always)]
+pub(super) fn hsum_i32_128(v: __m128i) -> i32 {
     // SAFETY: callers are compiled with avx2.
     unsafe {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
+        let s = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
     }
 }
 

@@ -12,6 +12,7 @@
 use super::super::k_quant::{
     scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, GROUP, SUM_SPAN, SUPER_BLOCK, TILE_TOKENS,
 };
+use super::avx2::{hsum_i32, hsum_i32_128};
 use super::{f16_value, prefetch_ahead};
 use half::f16;
 use std::arch::x86_64::*;
@@ -258,22 +259,5 @@ unsafe fn sub_block<const GROUPS: usize, const FIVE: bool, const SUB: usize>(
             let sum16 = _mm256_add_epi16(_mm256_add_epi16(pairs(0), pairs(1)), _mm256_add_epi16(pairs(2), pairs(3)));
             products[g] = _mm256_add_epi32(products[g], _mm256_madd_epi16(sum16, scale));
         }
-    }
-}
-
-/// The sum of the i32 lanes.
-#[inline(always)]
-fn hsum_i32(v: __m256i) -> i32 {
-    // SAFETY: callers are compiled with avx2.
-    unsafe { hsum_i32_128(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))) }
-}
-
-/// The sum of the four i32 lanes.
-#[inline(always)]
-fn hsum_i32_128(v: __m128i) -> i32 {
-    // SAFETY: callers are compiled with avx2.
-    unsafe {
-        let s = _mm_add_epi32(v, _mm_shuffle_epi32::<0b01_00_11_10>(v));
-        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s)))
     }
 }
