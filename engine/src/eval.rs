@@ -2,7 +2,7 @@
 //! real text, token by token, so that sparse stores select exactly as they would in generation.
 
 use crate::error::Result;
-use crate::kv::{HeadsPart, KvShape, KvStats, KvStore, KvView, Selection};
+use crate::kv::{HeadsPart, KvShape, KvStats, KvStore, KvView, Queries, Selection};
 use crate::model::Logits;
 use crate::sampling::argmax;
 use crate::{Engine, Sequence};
@@ -157,20 +157,13 @@ impl<W: SelectionWatch> KvStore for Watched<W> {
         Ok(())
     }
 
-    fn attend(
-        &mut self,
-        layer: usize,
-        q: &[f32],
-        q_positions: &[usize],
-        n_heads: usize,
-        out: &mut [f32],
-    ) -> Option<Result<()>> {
-        self.inner.attend(layer, q, q_positions, n_heads, out)
+    fn attend(&mut self, layer: usize, queries: &Queries<'_>, out: &mut [f32]) -> Option<Result<()>> {
+        self.inner.attend(layer, queries, out)
     }
 
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
-        let selection = self.inner.select(layer, q, q_positions)?;
-        Ok(self.watch.select(&self.keys, layer, q, q_positions, selection))
+    fn select(&mut self, layer: usize, queries: &Queries<'_>) -> Result<Selection> {
+        let selection = self.inner.select(layer, queries)?;
+        Ok(self.watch.select(&self.keys, layer, queries.q, queries.positions, selection))
     }
 
     fn parts(&self, selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {

@@ -8,6 +8,8 @@
 mod common;
 
 use common::llama_server::{self, LlamaServer};
+use hillside_engine::eval::teacher_forced;
+use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::sampling::argmax;
 use hillside_engine::text::reasoning::{Parts, ReasoningSplit};
 use hillside_engine::{ChatMessage, Engine, Logits, ReasoningFormat};
@@ -262,6 +264,44 @@ fn gemma3_matches_llama_cpp() {
 #[test]
 fn gpt_oss_matches_llama_cpp() {
     matches_llama_cpp("gpt-oss", "mixed");
+}
+
+/// gpt-oss's sinks in the stores that attend or select themselves: near-storage attention
+/// merges them beside its partials, so its text is the full cache's up to the order of float
+/// sums; the tiered store's fidelity guard counts them in the mass it estimates.
+#[test]
+fn gpt_oss_sinks_enter_near_storage_attention_and_the_tiered_guard() {
+    let dir = common::Scratch::new("family-sinks");
+    let path = tiny_model("gpt-oss", "mixed", &dir);
+    let engine = Engine::load(&path).unwrap();
+    let text = common::shared_document("pride-and-prejudice.txt");
+    let tokens = &engine.tokenizer().encode(&text[40_000..50_000]).unwrap()[..400];
+    let config = |store| KvConfig {
+        store,
+        cold_dir: dir.join("cold"),
+        dense_layers: 0,
+        guard_mass: 0.99,
+        spare_copy: false,
+        ..KvConfig::default()
+    };
+    // A prompt in chunks, then decode steps, as the cold pool fills behind them.
+    let run = |kv: &KvConfig| {
+        let mut seq = engine.new_sequence_with(kv, Some(1024)).unwrap();
+        let scored = teacher_forced(&engine, &mut seq, tokens, 200, 64, |_| {}).unwrap();
+        (scored, seq.kv.stats())
+    };
+    let (full, _) = run(&KvConfig::default());
+    let (near, near_stats) = run(&config(StoreKind::NearStorage));
+    assert!(near_stats.bytes_to_host > 0, "the global layers attended beside the cold pool");
+    for (i, (a, b)) in full.nll.iter().zip(&near.nll).enumerate() {
+        assert!((a - b).abs() < 1e-3, "token {i}: {b} near storage against {a} over the full cache");
+    }
+    assert_eq!(near.top1, full.top1);
+
+    let (tiered, tiered_stats) = run(&config(StoreKind::Tiered));
+    let tier = tiered_stats.tier.expect("the tiered store's counters");
+    assert!(tier.guard_checks > 0, "the guard weighed the selections");
+    assert!(tiered.nll.iter().all(|l| l.is_finite()));
 }
 
 /// Text in several scripts, with runs of whitespace, digits and contractions.

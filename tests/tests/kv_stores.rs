@@ -7,7 +7,7 @@ use hillside_engine::kernels::attention::{attend, k_tile_index};
 use hillside_engine::kv::cold_format::ColdType;
 use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::{
-    HeadsPart, KvConfig, KvShape, KvStore, KvView, Selection, SelectorKind, StoreKind, TierStats,
+    HeadsPart, KvConfig, KvShape, KvStore, KvView, Queries, Selection, SelectorKind, StoreKind, TierStats,
 };
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Logits, SamplingParams};
 
@@ -23,13 +23,8 @@ macro_rules! forward_to_inner {
         fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) -> hillside_engine::error::Result<()> {
             self.inner.append(layer, k, v)
         }
-        fn select(
-            &mut self,
-            layer: usize,
-            q: &[f32],
-            q_positions: &[usize],
-        ) -> hillside_engine::error::Result<Selection> {
-            self.inner.select(layer, q, q_positions)
+        fn select(&mut self, layer: usize, queries: &Queries<'_>) -> hillside_engine::error::Result<Selection> {
+            self.inner.select(layer, queries)
         }
         fn observe(&mut self, layer: usize, selection: &Selection) {
             self.inner.observe(layer, selection)
@@ -265,15 +260,13 @@ impl KvStore for CheckedAttention {
     fn attend(
         &mut self,
         layer: usize,
-        q: &[f32],
-        q_positions: &[usize],
-        n_heads: usize,
+        queries: &Queries<'_>,
         out: &mut [f32],
     ) -> Option<hillside_engine::error::Result<()>> {
-        if let Err(e) = self.inner.attend(layer, q, q_positions, n_heads, out)? {
+        if let Err(e) = self.inner.attend(layer, queries, out)? {
             return Some(Err(e));
         }
-        let want = self.attention_over_everything(layer, q, q_positions, n_heads);
+        let want = self.attention_over_everything(layer, queries.q, queries.positions, queries.n_heads);
         let worst = want.iter().zip(out.iter()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         let scale = want.iter().map(|a| a.abs()).fold(f32::MIN_POSITIVE, f32::max);
         let mut seen = self.seen.lock().unwrap();

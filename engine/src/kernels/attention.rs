@@ -111,7 +111,7 @@ pub fn attend(q: &[f32], q_positions: &[usize], n_heads: usize, view: &KvView<'_
 
 /// Attention over part of a cache, as a [`Partial`]: [`attend`]'s output over the tokens of
 /// `view` into `out`, and each row's softmax statistics into `max` and `sum` (`n × n_heads`),
-/// so that partials over disjoint sets of tokens merge exactly ([`merge_partials`]).
+/// so that partials over disjoint sets of tokens merge exactly ([`RunningPartials`]).
 pub fn attend_partial(
     q: &[f32],
     q_positions: &[usize],
@@ -143,17 +143,9 @@ impl Partial<'_> {
     }
 }
 
-/// Attention over the union of disjoint token sets, from each set's [`attend_partial`]
-/// (`parts`), into `out`: each part weighs by the share of the softmax mass its tokens hold.
-pub fn merge_partials(parts: &[Partial<'_>], head_dim: usize, out: &mut [f32]) {
-    let mut merged = RunningPartials::new(out.len() / head_dim, head_dim);
-    parts.iter().for_each(|part| merged.add(part));
-    merged.finish(out);
-}
-
-/// Partials over disjoint token sets merged as they come, one after another (what
-/// [`merge_partials`] does for parts that are all at hand): a long cache is attended to in
-/// spans without ever being gathered whole.
+/// Attention over the union of disjoint token sets, from each set's [`attend_partial`], merged
+/// as they come, one after another: each part weighs by the share of the softmax mass its
+/// tokens hold, so a long cache is attended to in spans without ever being gathered whole.
 pub struct RunningPartials {
     head_dim: usize,
     /// Per row: the largest score seen, and the softmax mass relative to it.
@@ -673,11 +665,10 @@ mod tests {
             attend_partial(&q, &positions, n_heads, &old, &mut old_out, &mut old_max, &mut old_sum);
             attend_partial(&q, &positions, n_heads, &recent, &mut recent_out, &mut recent_max, &mut recent_sum);
             let mut merged = vec![0f32; q.len()];
-            let parts = [
-                Partial { out: &old_out, max: &old_max, sum: &old_sum },
-                Partial { out: &recent_out, max: &recent_max, sum: &recent_sum },
-            ];
-            merge_partials(&parts, hd, &mut merged);
+            let mut running = RunningPartials::new(rows, hd);
+            running.add(&Partial { out: &old_out, max: &old_max, sum: &old_sum });
+            running.add(&Partial { out: &recent_out, max: &recent_max, sum: &recent_sum });
+            running.finish(&mut merged);
             for (a, b) in merged.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-5, "positions {positions:?}: {a} vs {b}");
             }

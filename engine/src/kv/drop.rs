@@ -6,7 +6,7 @@
 
 use super::hot::HotPool;
 use super::view::ViewBuffers;
-use super::{KvShape, KvStats, KvStore, KvView, Selection};
+use super::{KvShape, KvStats, KvStore, KvView, Queries, Selection};
 use crate::error::Result;
 use half::f16;
 
@@ -46,8 +46,9 @@ impl DropKvStore {
         tokens
     }
 
-    /// Adds the softmax attention of one query row (all query heads) to the kept tokens.
-    fn accumulate(&mut self, layer: usize, q_row: &[f32], tokens: &[u32]) {
+    /// Adds the attention each of `tokens` gets from the query row `q_row`, whose heads' softmax
+    /// also holds their `sinks` where the layer has them.
+    fn accumulate(&mut self, layer: usize, q_row: &[f32], sinks: Option<&[f32]>, tokens: &[u32]) {
         let (hd, n_kv) = (self.shape.head_dim, self.shape.n_kv_heads);
         let n_heads = q_row.len() / hd;
         let group = n_heads / n_kv;
@@ -61,8 +62,9 @@ impl DropKvStore {
                 *s = k[kv_head * hd..][..hd].iter().zip(q).map(|(&k, &q)| f16::from_bits(k).to_f32() * q).sum::<f32>()
                     * scale;
             }
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let total: f32 = scores.iter().map(|s| (s - max).exp()).sum();
+            let sink = sinks.map_or(f32::NEG_INFINITY, |s| s[head]);
+            let max = scores.iter().copied().fold(sink, f32::max);
+            let total: f32 = scores.iter().map(|s| (s - max).exp()).sum::<f32>() + (sink - max).exp();
             let importance = &mut self.importance[layer];
             for (&s, &t) in scores.iter().zip(tokens) {
                 importance[t as usize] += (s - max).exp() / total;
@@ -93,11 +95,12 @@ impl KvStore for DropKvStore {
         Ok(())
     }
 
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+    fn select(&mut self, layer: usize, queries: &Queries<'_>) -> Result<Selection> {
         let tokens = self.kept_sorted(layer);
-        let row = q.len() / q_positions.len();
+        let q = queries.q;
+        let row = q.len() / queries.positions.len();
         // The newest query sees every kept token (earlier rows of a chunk are causally masked).
-        self.accumulate(layer, &q[q.len() - row..], &tokens);
+        self.accumulate(layer, &q[q.len() - row..], queries.sinks, &tokens);
         Ok(Selection::shared(&tokens, self.shape.n_kv_heads))
     }
 
@@ -165,5 +168,30 @@ impl KvStore for DropKvStore {
 
     fn stats(&self) -> KvStats {
         KvStats { tokens: self.len, resident_bytes: self.kept.bytes() + self.view.bytes(), ..KvStats::default() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each query head hands out one unit of attention, less what its sink takes.
+    #[test]
+    fn a_sink_takes_its_share_of_the_attention_the_tokens_get() {
+        let shape = KvShape { n_layers: 1, n_kv_heads: 1, head_dim: 4, max_tokens: 16 };
+        let given = |sinks: Option<&[f32]>| {
+            let mut store = DropKvStore::new(shape, 1.0, 0, 0);
+            let k: Vec<f32> = (0..8 * 4).map(|i| (i % 5) as f32 * 0.25).collect();
+            store.append(0, &k, &k).unwrap();
+            let q = [0.5f32, -0.25, 1.0, 0.0, 0.25, 0.5, -1.0, 0.75];
+            store.select(0, &Queries { q: &q, positions: &[7], n_heads: 2, sinks }).unwrap();
+            store.importance[0].iter().sum::<f32>()
+        };
+        assert!((given(None) - 2.0).abs() < 1e-5);
+        let sinks = [0.0f32, 2.0];
+        let with_sinks = given(Some(&sinks));
+        assert!(with_sinks > 0.05 && with_sinks < 1.95, "{with_sinks}");
+        // A sink far above every score takes nearly all of it.
+        assert!(given(Some(&[60.0, 60.0])) < 1e-6);
     }
 }

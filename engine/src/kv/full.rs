@@ -1,7 +1,7 @@
 //! The whole cache in memory: f16 K and V for every token of every layer, preallocated for the
 //! store's maximum length (pages are only touched as tokens arrive).
 
-use super::{KvShape, KvStats, KvStore, KvView, Selection, KV_TILE};
+use super::{KvShape, KvStats, KvStore, KvView, Queries, Selection, KV_TILE};
 use crate::error::{KvMisuse, Result};
 use crate::kernels::attention::k_tile_index;
 use half::f16;
@@ -73,7 +73,7 @@ impl KvStore for FullKvStore {
         Ok(())
     }
 
-    fn select(&mut self, _layer: usize, _q: &[f32], _q_positions: &[usize]) -> Result<Selection> {
+    fn select(&mut self, _layer: usize, _queries: &Queries<'_>) -> Result<Selection> {
         Ok(Selection::All)
     }
 

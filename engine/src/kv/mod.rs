@@ -108,6 +108,24 @@ impl Selection {
     }
 }
 
+/// One layer's queries as a store sees them: `n × n_heads·head_dim` values (RoPE applied, after
+/// this step's `append`) at `positions`, and the layer's sink logits where the model has them
+/// (gpt-oss: one per query head, a key with no value in every row's softmax).
+#[derive(Debug, Clone, Copy)]
+pub struct Queries<'a> {
+    pub q: &'a [f32],
+    pub positions: &'a [usize],
+    pub n_heads: usize,
+    pub sinks: Option<&'a [f32]>,
+}
+
+impl<'a> Queries<'a> {
+    /// Queries without sinks.
+    pub fn new(q: &'a [f32], positions: &'a [usize], n_heads: usize) -> Self {
+        Self { q, positions, n_heads, sinks: None }
+    }
+}
+
 /// One range of KV heads that a layer's attention covers in one view, as the store planned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeadsPart {
@@ -244,30 +262,23 @@ pub trait KvStore: Send {
     }
 
     /// Stores that attend themselves, next to the data (exact near-storage attention), write
-    /// the attention output of queries `q` (`n × n_heads·head_dim`, after this step's
-    /// `append`) into `out` here and are not asked to select, gather or observe; `None` for
-    /// the stores that hand the model their K/V instead.
-    fn attend(
-        &mut self,
-        _layer: usize,
-        _q: &[f32],
-        _q_positions: &[usize],
-        _n_heads: usize,
-        _out: &mut [f32],
-    ) -> Option<Result<()>> {
+    /// the attention output of `queries` (the layer's sinks included) into `out` here and are
+    /// not asked to select, gather or observe; `None` for the stores that hand the model their
+    /// K/V instead.
+    fn attend(&mut self, _layer: usize, _queries: &Queries<'_>, _out: &mut [f32]) -> Option<Result<()>> {
         None
     }
 
-    /// Prepares `layer` for queries `q` (`n × n_heads·head_dim`) at `q_positions`: the tokens
-    /// they attend to, and the views that [`KvStore::gather`] will hand out for them.
-    fn prepare(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<LayerPlan> {
-        let selection = self.select(layer, q, q_positions)?;
-        let cached_tokens = q_positions.iter().max().map_or(0, |&p| p + 1);
+    /// Prepares `layer` for `queries`: the tokens they attend to, and the views that
+    /// [`KvStore::gather`] will hand out for them.
+    fn prepare(&mut self, layer: usize, queries: &Queries<'_>) -> Result<LayerPlan> {
+        let selection = self.select(layer, queries)?;
+        let cached_tokens = queries.positions.iter().max().map_or(0, |&p| p + 1);
         Ok(LayerPlan { parts: self.parts(&selection, cached_tokens), selection })
     }
 
-    /// Chooses the tokens that queries `q` (`n × n_heads·head_dim`) at `q_positions` attend to.
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection>;
+    /// Chooses the tokens that `queries` attend to.
+    fn select(&mut self, layer: usize, queries: &Queries<'_>) -> Result<Selection>;
 
     /// How the attention to `selection` over `cached_tokens` tokens is cut into views. The
     /// default: every KV head in one view of the whole selection. Stores that assemble a view

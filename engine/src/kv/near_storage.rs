@@ -3,8 +3,9 @@
 //! where they lie. The storage side reads a layer's cold K/V, attends to all of it with the
 //! layer's queries and hands up only a partial output and its softmax statistics (running max
 //! and sum) per query row; the host attends to the tokens still in the write-back window and
-//! merges the two, each weighed by its share of the softmax mass. No token is skipped, so the
-//! output is full attention's, up to the order of floating-point sums.
+//! merges the two, each weighed by its share of the softmax mass (a layer's sink logits, as
+//! gpt-oss has them, join the merge as parts with no value). No token is skipped, so the output
+//! is full attention's, up to the order of floating-point sums.
 //!
 //! On a computational drive the K/V would never cross to the host: only the partials would
 //! (`n_heads × (head_dim + 2)` floats per layer and token, against the whole cache). Without
@@ -21,9 +22,9 @@ use super::cold::{ColdPool, GROUP_TOKENS};
 use super::cold_format::ColdType;
 use super::view::ViewBuffers;
 use super::x_cache::{KvFromInput, LayerInputs};
-use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, OffloadKvStore, Selection};
+use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, OffloadKvStore, Queries, Selection};
 use crate::error::Result;
-use crate::kernels::attention::{attend_partial, merge_partials, Partial};
+use crate::kernels::attention::{attend_partial, Partial, RunningPartials};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -75,24 +76,28 @@ impl NearStorageKvStore {
         }
     }
 
-    fn attend_exactly(
-        &mut self,
-        layer: usize,
-        q: &[f32],
-        q_positions: &[usize],
-        n_heads: usize,
-        out: &mut [f32],
-    ) -> Result<()> {
+    fn attend_exactly(&mut self, layer: usize, queries: &Queries<'_>, out: &mut [f32]) -> Result<()> {
         let backing = self.inner.backing();
         let cold_groups = backing.cold_end() / GROUP_TOKENS;
         let hd = self.shape().head_dim;
-        let host = self.host.attend(backing, layer, q, q_positions, n_heads);
-        if cold_groups == 0 {
+        let Queries { q, positions, n_heads, sinks } = *queries;
+        let host = self.host.attend(backing, layer, q, positions, n_heads);
+        if cold_groups == 0 && sinks.is_none() {
             out.copy_from_slice(host.out);
             return Ok(());
         }
-        let storage = self.storage.attend(backing.cold(), layer, cold_groups, q, q_positions, n_heads)?;
-        merge_partials(&[storage, host], hd, out);
+        let mut merged = RunningPartials::new(out.len() / hd, hd);
+        if cold_groups > 0 {
+            merged.add(&self.storage.attend(backing.cold(), layer, cold_groups, q, positions, n_heads)?);
+        }
+        merged.add(&host);
+        if let Some(sinks) = sinks {
+            // A row is a query's head: its sink joins the merge as one more part, with no value.
+            for row in 0..positions.len() * n_heads {
+                merged.add_sink(row, sinks[row % n_heads]);
+            }
+        }
+        merged.finish(out);
         Ok(())
     }
 }
@@ -129,26 +134,19 @@ impl KvStore for NearStorageKvStore {
         }
     }
 
-    fn attend(
-        &mut self,
-        layer: usize,
-        q: &[f32],
-        q_positions: &[usize],
-        n_heads: usize,
-        out: &mut [f32],
-    ) -> Option<Result<()>> {
+    fn attend(&mut self, layer: usize, queries: &Queries<'_>, out: &mut [f32]) -> Option<Result<()>> {
         // An X-cached layer's K/V are rebuilt on the host, which attends to them as to a
         // gathered view (the model asks `gather`).
         let layer = self.route(layer).err()?;
-        Some(self.attend_exactly(layer, q, q_positions, n_heads, out))
+        Some(self.attend_exactly(layer, queries, out))
     }
 
     // The model asks a store that attends itself neither to select nor to gather; saving a
     // prompt's K/V (`snapshot`) still gathers, and reads the cold pool as offload does.
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+    fn select(&mut self, layer: usize, queries: &Queries<'_>) -> Result<Selection> {
         match self.route(layer) {
             Ok(_) => Ok(Selection::All),
-            Err(layer) => self.inner.select(layer, q, q_positions),
+            Err(layer) => self.inner.select(layer, queries),
         }
     }
 

@@ -8,7 +8,7 @@ use super::cold::GROUP_TOKENS;
 use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
-use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, Selection};
+use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, Queries, Selection};
 use crate::error::Result;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -48,7 +48,7 @@ impl KvStore for OffloadKvStore {
         self.backing.append(layer, k, v)
     }
 
-    fn select(&mut self, _layer: usize, _q: &[f32], _q_positions: &[usize]) -> Result<Selection> {
+    fn select(&mut self, _layer: usize, _queries: &Queries<'_>) -> Result<Selection> {
         Ok(Selection::All)
     }
 

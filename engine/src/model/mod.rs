@@ -23,7 +23,7 @@ use crate::kernels::attention::{Partial, RunningPartials};
 use crate::kernels::ops::{add_bias, add_in_place, rms_norm, Rope};
 use crate::kernels::quant::QuantizedActivations;
 use crate::kv::x_cache::KvFromInput;
-use crate::kv::{HeadsPart, KvShape, KvStore, Selection};
+use crate::kv::{HeadsPart, KvShape, KvStore, Queries, Selection};
 use crate::trace::{span, timed, Phase};
 use config::{ModelConfig, RopeScaling};
 use layers::{post_norm, MlpBuffers, ProjectionBuffers};
@@ -217,18 +217,21 @@ impl Model {
                     kv.append_input(l, &h[rows.start * hidden..rows.end * hidden])?;
                     kv.append(l, &k[kvs.clone()], &v[kvs])
                 })?;
-                // Stores that attend next to the data (near-storage) do it here, in one call;
-                // a windowed layer's mask and a layer's sinks are the model's, so those take
-                // the gathered road.
-                if window.is_none() && a.sinks.is_none() {
-                    if let Some(attended) = timed(Phase::Attention, || {
-                        kv.attend(l, &q[qs.clone()], &positions[rows.clone()], c.n_heads, &mut attn[qs.clone()])
-                    }) {
+                let queries = Queries {
+                    q: &q[qs.clone()],
+                    positions: &positions[rows.clone()],
+                    n_heads: c.n_heads,
+                    sinks: a.sinks.as_deref(),
+                };
+                // Stores that attend next to the data (near-storage) do it here, in one call; a
+                // windowed layer's mask is the model's, so its layers take the gathered road.
+                if window.is_none() {
+                    if let Some(attended) = timed(Phase::Attention, || kv.attend(l, &queries, &mut attn[qs.clone()])) {
                         attended?;
                         continue;
                     }
                 }
-                let plan = timed(Phase::Prepare, || kv.prepare(l, &q[qs.clone()], &positions[rows.clone()]))?;
+                let plan = timed(Phase::Prepare, || kv.prepare(l, &queries))?;
                 for part in &plan.parts {
                     self.attend_part(
                         kv,

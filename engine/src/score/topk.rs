@@ -179,13 +179,29 @@ impl HeadsTopK {
 pub struct HeadsMass {
     scale: f32,
     max: Vec<f32>,
-    /// Σ exp(scale·s − max), per head.
+    /// Σ exp(scale·s − max), per head, sinks included.
     sum: Vec<f64>,
+    /// Per head, its sink logit (−∞ without one).
+    sink: Vec<f32>,
 }
 
 impl HeadsMass {
     pub fn new(n_heads: usize, scale: f32) -> Self {
-        Self { scale, max: vec![f32::NEG_INFINITY; n_heads], sum: vec![0.0; n_heads] }
+        Self {
+            scale,
+            max: vec![f32::NEG_INFINITY; n_heads],
+            sum: vec![0.0; n_heads],
+            sink: vec![f32::NEG_INFINITY; n_heads],
+        }
+    }
+
+    /// Head `h`'s sink logit (gpt-oss's): a key with no value in the softmax, attended to
+    /// whatever is selected, so its share of the mass always counts as captured.
+    pub fn add_sink(&mut self, h: usize, logit: f32) {
+        let max = self.max[h].max(logit);
+        self.sum[h] = self.sum[h] * f64::from(self.max[h] - max).exp() + f64::from(logit - max).exp();
+        self.max[h] = max;
+        self.sink[h] = logit;
     }
 
     pub fn merge(&mut self, block: &ScoreBlock) {
@@ -216,9 +232,11 @@ impl HeadsMass {
         }
     }
 
-    /// The share of head `h`'s normalizer that `scores` (a subset of those merged) hold.
+    /// The share of head `h`'s normalizer that `scores` (a subset of those merged) and its sink
+    /// hold.
     pub fn share(&self, h: usize, scores: impl Iterator<Item = f32>) -> f64 {
-        let part: f64 = scores.map(|s| f64::from(s * self.scale - self.max[h]).exp()).sum();
+        let sink = f64::from(self.sink[h] - self.max[h]).exp();
+        let part: f64 = sink + scores.map(|s| f64::from(s * self.scale - self.max[h]).exp()).sum::<f64>();
         if self.sum[h] > 0.0 {
             part / self.sum[h]
         } else {
@@ -295,6 +313,31 @@ mod tests {
         top.merge(&tokens, &scores);
         let ranked = top.into_ranked();
         assert!(ranked[0].0 >= ranked[1].0 && ranked[1].0 >= ranked[2].0);
+    }
+
+    /// A sink is in the softmax's normalizer and always attended to: the share the selected
+    /// scores and the sink hold together, whichever was seen first.
+    #[test]
+    fn a_sink_counts_in_the_mass_and_as_captured() {
+        let scores: Vec<f32> = (0..50).map(|i| ((i * 13) % 17) as f32).collect();
+        let block =
+            ScoreBlock { tokens: (0..50).collect(), scores: scores.clone(), produced: std::time::Instant::now() };
+        let z: f64 = scores.iter().map(|&s| f64::from(0.5 * s).exp()).sum();
+        let selected: f64 = scores[..5].iter().map(|&s| f64::from(0.5 * s).exp()).sum();
+        for sink in [-3.0f32, 4.0, 40.0] {
+            let with_sink = f64::from(sink).exp();
+            let want = (selected + with_sink) / (z + with_sink);
+            let mut sink_last = HeadsMass::new(1, 0.5);
+            sink_last.merge(&block);
+            sink_last.add_sink(0, sink);
+            let mut sink_first = HeadsMass::new(1, 0.5);
+            sink_first.add_sink(0, sink);
+            sink_first.merge(&block);
+            for mass in [sink_last, sink_first] {
+                let share = mass.share(0, scores[..5].iter().copied());
+                assert!((share - want).abs() < 1e-9, "sink {sink}: {share} against {want}");
+            }
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A KV store filled with synthetic rows whose V says which token it belongs to, so that a
 //! decode step can check every slot of every view the store hands out.
 
-use hillside_engine::kv::{KvStore, Selection};
+use hillside_engine::kv::{KvStore, Queries, Selection};
 use std::ops::Range;
 
 /// K and V rows of `tokens`: keys that repeat every 13 tokens, and every value of a token's V
@@ -31,7 +31,7 @@ pub fn decode_step(store: &mut dyn KvStore) -> usize {
     let mut ranked = 0;
     for layer in 0..shape.n_layers {
         store.append(layer, &k, &v).unwrap();
-        let selection = store.select(layer, &k, &[t]).unwrap();
+        let selection = store.select(layer, &Queries::new(&k, &[t], shape.n_kv_heads)).unwrap();
         ranked += usize::from(matches!(selection, Selection::Tokens { .. }));
         let view = store.gather(layer, &selection, 0..shape.n_kv_heads).unwrap();
         for head in 0..shape.n_kv_heads {

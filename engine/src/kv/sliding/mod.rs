@@ -11,7 +11,7 @@
 mod ring;
 
 use super::x_cache::KvFromInput;
-use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, LayerPlan, Selection};
+use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, LayerPlan, Queries, Selection};
 use crate::error::{KvMisuse, Result};
 use ring::SlidingRing;
 use std::ops::Range;
@@ -122,31 +122,24 @@ impl KvStore for SlidingWindowLayers {
         }
     }
 
-    fn attend(
-        &mut self,
-        layer: usize,
-        q: &[f32],
-        q_positions: &[usize],
-        n_heads: usize,
-        out: &mut [f32],
-    ) -> Option<Result<()>> {
+    fn attend(&mut self, layer: usize, queries: &Queries<'_>, out: &mut [f32]) -> Option<Result<()>> {
         match self.homes[layer] {
             Home::Ring(_) => None,
-            Home::Global(g) => self.global().attend(g, q, q_positions, n_heads, out),
+            Home::Global(g) => self.global().attend(g, queries, out),
         }
     }
 
-    fn prepare(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<LayerPlan> {
+    fn prepare(&mut self, layer: usize, queries: &Queries<'_>) -> Result<LayerPlan> {
         match self.homes[layer] {
             Home::Ring(_) => Ok(LayerPlan { selection: Selection::All, parts: HeadsPart::all(self.shape.n_kv_heads) }),
-            Home::Global(g) => self.global().prepare(g, q, q_positions),
+            Home::Global(g) => self.global().prepare(g, queries),
         }
     }
 
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+    fn select(&mut self, layer: usize, queries: &Queries<'_>) -> Result<Selection> {
         match self.homes[layer] {
             Home::Ring(_) => Ok(Selection::All),
-            Home::Global(g) => self.global().select(g, q, q_positions),
+            Home::Global(g) => self.global().select(g, queries),
         }
     }
 
@@ -279,7 +272,7 @@ mod tests {
                 &full.gather(layer, &Selection::All, 0..2).unwrap().windowed(window),
                 &mut want,
             );
-            let plan = sliding.prepare(layer, &q, &positions).unwrap();
+            let plan = sliding.prepare(layer, &Queries::new(&q, &positions, N_HEADS)).unwrap();
             assert_eq!(plan.parts, HeadsPart::all(s.n_kv_heads));
             let mut got = vec![0f32; q.len()];
             attend(

@@ -6,11 +6,11 @@
 //! INT4/INT8 copy of its key that stays in DRAM, in score blocks merged into each head's top-k
 //! as they are produced; each head's selection is the attention sinks, the recent window and
 //! its top-α tokens (twice that when the fidelity guard finds the top α holds too little of the
-//! estimated attention); hot rows are copied from DRAM, cold ones read from the SSD page by page
-//! and filtered; attention is exact over the selection. After the step the hot pool keeps the
-//! most-selected of its unpinned rows and of the cold rows just read, within the byte budget
-//! (the planner in [`planner`] sizes that budget). Prompts (several queries at once) attend to
-//! everything, so prefill stays exact.
+//! estimated attention, sink logits included); hot rows are copied from DRAM, cold ones read
+//! from the SSD page by page and filtered; attention is exact over the selection. After the
+//! step the hot pool keeps the most-selected of its unpinned rows and of the cold rows just
+//! read, within the byte budget (the planner in [`planner`] sizes that budget). Prompts (several
+//! queries at once) attend to everything, so prefill stays exact.
 //!
 //! While the machine has memory to spare, the store also keeps a dense copy of every token and
 //! decode steps attend to all of it instead ([`spare`]); the copy is let go under pressure.
@@ -29,7 +29,7 @@ use super::cold::{ColdLayout, GROUP_TOKENS};
 use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
-use super::{EvaluatorKind, HeadsPart, KvShape, KvStats, KvStore, KvView, Selection, SelectorKind, TierStats};
+use super::{EvaluatorKind, HeadsPart, KvShape, KvStats, KvStore, KvView, Queries, Selection, SelectorKind, TierStats};
 use crate::error::{Error, Result};
 use crate::kernels::parallel::map_items;
 use crate::score::topk::ascending;
@@ -252,12 +252,14 @@ impl TieredKvStore {
     /// The sinks, the top `budget` of `candidates` for each head by its query, and the recent
     /// tokens. Cold candidates go to the storage evaluator, which streams score blocks back
     /// while the compute threads score the hot ones; every block, of either kind, merges into
-    /// one top-k per head as it comes.
+    /// one top-k per head as it comes. The layer's sink logits (`sink_logits`, one per KV head)
+    /// take their share of the mass the fidelity guard estimates.
     fn rank(
         &mut self,
         layer: usize,
         query: &[f32],
         group: usize,
+        sink_logits: Option<&[f32]>,
         candidates: std::ops::Range<usize>,
         budget: usize,
     ) -> Vec<Vec<u32>> {
@@ -291,7 +293,7 @@ impl TieredKvStore {
                 false => merged.top.into_ranked(),
             };
             let take = match merged.mass {
-                Some(mass) => self.ranker.guard(&ranked, mass, &merged.pinned, budget.min(keep)),
+                Some(mass) => self.ranker.guard(&ranked, mass, &merged.pinned, sink_logits, budget.min(keep)),
                 None => budget,
             };
             match selector {
@@ -384,7 +386,8 @@ impl KvStore for TieredKvStore {
         Ok(())
     }
 
-    fn select(&mut self, layer: usize, q: &[f32], q_positions: &[usize]) -> Result<Selection> {
+    fn select(&mut self, layer: usize, queries: &Queries<'_>) -> Result<Selection> {
+        let (q, q_positions) = (queries.q, queries.positions);
         if self.spare.is_some() && q_positions.len() == 1 {
             return Ok(Selection::All); // a decode step with the dense copy at hand
         }
@@ -420,7 +423,10 @@ impl KvStore for TieredKvStore {
                 keep_largest_dims(row, self.settings.sparf_dims.max(1));
             }
         }
-        Ok(Selection::per_head(&self.rank(layer, &query, group, candidates, budget)))
+        // The summed query stands for its group's mean query, so a head's sink is the group's mean.
+        let sinks: Option<Vec<f32>> =
+            queries.sinks.map(|s| s.chunks_exact(group).map(|g| g.iter().sum::<f32>() / group as f32).collect());
+        Ok(Selection::per_head(&self.rank(layer, &query, group, sinks.as_deref(), candidates, budget)))
     }
 
     fn parts(&self, selection: &Selection, cached_tokens: usize) -> Vec<HeadsPart> {

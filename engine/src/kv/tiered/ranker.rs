@@ -205,15 +205,19 @@ impl Ranker {
 
     /// The fidelity guard: how many of each head's `ranked` tokens to take — `take`, or, when
     /// the best `take` hold too little of any head's estimated attention (`mass`, with the
-    /// pinned tokens' scores), all of them, twice as many.
+    /// pinned tokens' scores and the heads' `sink_logits`), all of them, twice as many.
     pub fn guard(
         &mut self,
         ranked: &[Vec<(f32, u32)>],
         mut mass: HeadsMass,
         pinned: &ScoreBlock,
+        sink_logits: Option<&[f32]>,
         take: usize,
     ) -> usize {
         mass.merge(pinned);
+        for (h, &logit) in sink_logits.unwrap_or_default().iter().enumerate() {
+            mass.add_sink(h, logit);
+        }
         let captured = (0..ranked.len())
             .map(|h| mass.share(h, ranked[h][..take].iter().map(|r| r.0).chain(pinned.head(h).iter().copied())))
             .fold(1.0, f64::min);
