@@ -2,19 +2,24 @@
 // one, a document's summary with progress and sources, a follow-up that reuses the document's
 // K/V, the history after a restart, documents dropped together summarized in turn with a long
 // one's pace shown, stopped and resumed, a bad file's error, the settings page's checks, and a
-// page on another origin that tries to write to the app.
+// page on another origin that tries to write to the app; and a thinking model's reasoning, shown
+// folded apart from its answer.
 
 import { expect, test, type Page } from "@playwright/test";
 import { execFileSync } from "node:child_process";
 import { createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { homedir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { folders, Server, type Folders } from "./server";
 
 const GPL = fileURLToPath(new URL("../../../shared/data/gpl-3.0.txt", import.meta.url));
 const PRIDE = fileURLToPath(new URL("../../../shared/data/pride-and-prejudice.txt", import.meta.url));
+const TINY_GGUF = fileURLToPath(new URL("../../tests/tools/tiny-gguf.sh", import.meta.url));
+// The default model, which `make test` fetched: its vocabulary goes into the tiny model.
+const MODELS = process.env.HILLSIDE_MODELS_DIR ?? join(process.env.XDG_DATA_HOME ?? join(homedir(), ".local/share"), "hillside/models");
 
 test.describe.configure({ mode: "serial" });
 
@@ -246,4 +251,38 @@ test("a page on another site cannot write to the app through the browser", async
   }
   expect((await server.api("/v1/hillside/conversations")).data).toEqual(before.data);
   expect((await server.api("/v1/hillside/documents")).data.length).toBe(documentsBefore.data.length);
+});
+
+test("a thinking model's reasoning is shown folded, apart from its answer", async ({ page }) => {
+  // A tiny random-weight Qwen3 whose template opens `<think>` for the model (as Qwen3's thinking
+  // models' do): what it writes is reasoning until it closes the tag, which it seldom does.
+  const g = folders();
+  const template = join(g.root, "thinking.jinja");
+  writeFileSync(
+    template,
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" +
+      "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}",
+  );
+  const model = join(g.root, "tiny-qwen3-thinking.gguf");
+  execFileSync(TINY_GGUF, ["qwen3", model, "--formats", "mixed", "--chat-template", template, "--vocab-from", join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")]);
+  // A short context, so that a reply that never ends its reasoning ends soon.
+  const thinking = await Server.start(g, ["--model", model, "--context", "256"]);
+  try {
+    await page.goto(thinking.url);
+    await send(page, "Hi");
+    const reply = page.locator(".message.assistant").last();
+    await expect(reply).toHaveAttribute("aria-busy", "false", { timeout: 5 * 60_000 });
+    const reasoning = reply.locator("details.reasoning");
+    await expect(reasoning.locator("summary")).toHaveText("Reasoning");
+    // Folded: there, but not shown until asked for.
+    await expect(reasoning).not.toHaveAttribute("open");
+    await expect(reasoning.locator(".plain")).toBeHidden();
+    await reasoning.locator("summary").click();
+    await expect(reasoning.locator(".plain")).toBeVisible();
+    await expect(reasoning.locator(".plain")).not.toBeEmpty();
+    await expect(reasoning.locator(".plain")).not.toContainText("<think>");
+  } finally {
+    await thinking.stop();
+    rmSync(g.root, { recursive: true, force: true });
+  }
 });
