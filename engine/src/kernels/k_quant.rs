@@ -74,15 +74,15 @@ pub fn scales_and_mins(packed: &[u8]) -> (u64, u64) {
 }
 
 impl KQuantMatrix {
-    /// The matrix of raw super-blocks; `None` if the rows are not whole super-blocks or the
-    /// bytes are not the shape's.
-    pub fn from_gguf(format: KQuantFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
+    /// The matrix of raw super-blocks, which it keeps; `None` if the rows are not whole
+    /// super-blocks or the bytes are not the shape's.
+    pub fn from_gguf(format: KQuantFormat, raw: Vec<u8>, rows: usize, cols: usize) -> Option<Self> {
         if !cols.is_multiple_of(SUPER_BLOCK)
             || raw.len() != rows.checked_mul(cols)? / SUPER_BLOCK * format.block_bytes()
         {
             return None;
         }
-        Some(Self { rows, cols, format, raw: raw.to_vec() })
+        Some(Self { rows, cols, format, raw })
     }
 
     pub fn super_blocks_per_row(&self) -> usize {

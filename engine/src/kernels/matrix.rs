@@ -12,6 +12,9 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use std::ops::Range;
 
+/// The most of a tensor's file bytes [`Matrix::read_gguf_blocks`] holds beside the matrix.
+pub const READ_CHUNK_BYTES: usize = 1 << 20;
+
 /// Tokens whose products one kernel call computes together.
 pub const TOKEN_TILE: usize = 8;
 
@@ -76,6 +79,15 @@ pub enum Matrix {
     Stacked(Vec<Matrix>),
 }
 
+/// The K-quant format a block format is kept in, if it is one kept as the file has it.
+fn k_quant_format(format: GgufBlockFormat) -> Option<KQuantFormat> {
+    match format {
+        GgufBlockFormat::Q4K => Some(KQuantFormat::Q4K),
+        GgufBlockFormat::Q5K => Some(KQuantFormat::Q5K),
+        _ => None,
+    }
+}
+
 /// Where a product's rows go: row `r` of token `t` at `t · stride + first_row + r`.
 struct OutRows<'w, 'a> {
     writer: &'w DisjointWriter<'a>,
@@ -87,11 +99,44 @@ impl Matrix {
     /// Raw GGUF blocks of a `rows × cols` matrix in the kernels' layout; `None` if their size is
     /// not the shape's or (MXFP4) a block's scale is beyond f16's range.
     pub fn from_gguf_blocks(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Matrix> {
-        match format {
-            GgufBlockFormat::Q4K => KQuantMatrix::from_gguf(KQuantFormat::Q4K, raw, rows, cols).map(Self::KQuant),
-            GgufBlockFormat::Q5K => KQuantMatrix::from_gguf(KQuantFormat::Q5K, raw, rows, cols).map(Self::KQuant),
-            _ => UqMatrix::from_gguf(format, raw, rows, cols).map(Self::Quantized),
+        match k_quant_format(format) {
+            Some(k) => KQuantMatrix::from_gguf(k, raw.to_vec(), rows, cols).map(Self::KQuant),
+            None => UqMatrix::from_gguf(format, raw, rows, cols).map(Self::Quantized),
         }
+    }
+
+    /// [`Matrix::from_gguf_blocks`] with the file's bytes taken from `read`, each call filling
+    /// the buffer it is given with the next of them, at most [`READ_CHUNK_BYTES`] at a time: the
+    /// matrix is the only copy of its weights that loading holds. `Ok(None)` where
+    /// `from_gguf_blocks` gives `None` (what was read is then lost: the caller reads again).
+    pub fn read_gguf_blocks(
+        format: GgufBlockFormat,
+        rows: usize,
+        cols: usize,
+        mut read: impl FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<Option<Matrix>> {
+        let Some(bytes) = format.tensor_bytes(rows, cols) else { return Ok(None) };
+        if let Some(k) = k_quant_format(format) {
+            // Kept as the file has them: read straight into the matrix's own bytes.
+            let mut raw = vec![0u8; bytes];
+            for chunk in raw.chunks_mut(READ_CHUNK_BYTES) {
+                read(chunk)?;
+            }
+            return Ok(KQuantMatrix::from_gguf(k, raw, rows, cols).map(Self::KQuant));
+        }
+        let Some(mut w) = UqMatrix::for_blocks(format, rows, cols) else { return Ok(None) };
+        let chunk_bytes = (READ_CHUNK_BYTES / format.block_bytes()).max(1) * format.block_bytes();
+        let mut buf = vec![0u8; chunk_bytes.min(bytes)];
+        let mut left = bytes;
+        while left > 0 {
+            let chunk = &mut buf[..chunk_bytes.min(left)];
+            read(chunk)?;
+            if w.push_blocks(format, chunk).is_none() {
+                return Ok(None);
+            }
+            left -= chunk.len();
+        }
+        Ok(Some(Self::Quantized(w)))
     }
 
     pub fn rows(&self) -> usize {
@@ -823,6 +868,49 @@ mod tests {
             part.dequantize_row(1, &mut expected);
             assert_eq!(row, expected);
             first_row += part.rows();
+        }
+    }
+
+    /// Read from a file a chunk at a time, every format gives the matrix its bytes whole give,
+    /// and no read asks for more than a chunk; a failed read is the load's error.
+    #[test]
+    fn a_matrix_read_a_chunk_at_a_time_is_the_one_its_bytes_give() {
+        use GgufBlockFormat::*;
+        // Over a chunk in every format: 3·2²⁰ values take 1.5 MiB at Q4_0's 4.5 bits.
+        let (rows, cols) = (48, 65_536);
+        for format in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4K, Q5K, Q6K, Iq4Nl, Iq4Xs, Mxfp4] {
+            let raw = match format.block_values() > BLOCK && format != Iq4Xs {
+                true => random_k_quant_blocks(format, rows, cols, 9),
+                false => random_blocks(format, rows, cols, 9),
+            };
+            let whole = Matrix::from_gguf_blocks(format, &raw, rows, cols).unwrap();
+            let (mut at, mut reads) = (0, 0);
+            let read = Matrix::read_gguf_blocks(format, rows, cols, |buf| {
+                assert!(buf.len() <= READ_CHUNK_BYTES, "{format:?}: a read of {} bytes", buf.len());
+                buf.copy_from_slice(&raw[at..at + buf.len()]);
+                (at, reads) = (at + buf.len(), reads + 1);
+                Ok(())
+            })
+            .unwrap()
+            .unwrap();
+            assert_eq!((at, read.weight_bytes()), (raw.len(), whole.weight_bytes()), "{format:?}");
+            assert!(reads > 1, "{format:?}");
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for row in [0, 17, rows - 1] {
+                read.dequantize_row(row, &mut a);
+                whole.dequantize_row(row, &mut b);
+                assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{format:?} row {row}");
+            }
+
+            let mut calls = 0;
+            let failed = Matrix::read_gguf_blocks(format, rows, cols, |_| {
+                calls += 1;
+                match calls {
+                    2 => Err(std::io::Error::from_raw_os_error(5)),
+                    _ => Ok(()),
+                }
+            });
+            assert_eq!(failed.unwrap_err().raw_os_error(), Some(5), "{format:?}");
         }
     }
 

@@ -156,6 +156,15 @@ impl GgufBlockFormat {
             _ => BLOCK,
         }
     }
+
+    /// Bytes a `rows × cols` matrix of these blocks takes in the file; `None` if its rows are
+    /// not whole blocks.
+    pub fn tensor_bytes(self, rows: usize, cols: usize) -> Option<usize> {
+        if !cols.is_multiple_of(self.block_values()) {
+            return None;
+        }
+        (rows.checked_mul(cols)? / self.block_values()).checked_mul(self.block_bytes())
+    }
 }
 
 impl UqMatrix {
@@ -190,127 +199,116 @@ impl UqMatrix {
     /// their size is not the shape's, (MXFP4) a block's scale is beyond f16's range, or the
     /// format is Q4_K or Q5_K (a [`super::k_quant::KQuantMatrix`]).
     pub fn from_gguf(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
+        if raw.len() != format.tensor_bytes(rows, cols)? {
+            return None;
+        }
+        let mut w = Self::for_blocks(format, rows, cols)?;
+        w.push_blocks(format, raw)?;
+        Some(w)
+    }
+
+    /// An empty `rows × cols` matrix for `format`'s blocks, which [`UqMatrix::push_blocks`]
+    /// fills; `None` if the rows are not whole blocks or the format is Q4_K or Q5_K.
+    pub fn for_blocks(format: GgufBlockFormat, rows: usize, cols: usize) -> Option<Self> {
         if !cols.is_multiple_of(format.block_values()) {
             return None;
         }
         let n_blocks = rows.checked_mul(cols)? / BLOCK;
-        if raw.len() != (n_blocks / (format.block_values() / BLOCK)).checked_mul(format.block_bytes())? {
-            return None;
-        }
-        let (bits, offset) = match format {
-            GgufBlockFormat::Q4_0 => (QuantBits::Four, Offset::Zero(8)),
-            GgufBlockFormat::Q4_1 => (QuantBits::Four, Offset::PerBlock(Vec::with_capacity(n_blocks))),
-            GgufBlockFormat::Q5_0 => (QuantBits::Five, Offset::Zero(16)),
-            GgufBlockFormat::Q5_1 => (QuantBits::Five, Offset::PerBlock(Vec::with_capacity(n_blocks))),
-            GgufBlockFormat::Q8_0 => (QuantBits::Eight, Offset::Zero(128)),
+        let (bits, offset, table) = match format {
+            GgufBlockFormat::Q4_0 => (QuantBits::Four, Offset::Zero(8), None),
+            GgufBlockFormat::Q4_1 => (QuantBits::Four, Offset::PerBlock(Vec::with_capacity(n_blocks)), None),
+            GgufBlockFormat::Q5_0 => (QuantBits::Five, Offset::Zero(16), None),
+            GgufBlockFormat::Q5_1 => (QuantBits::Five, Offset::PerBlock(Vec::with_capacity(n_blocks)), None),
+            GgufBlockFormat::Q8_0 => (QuantBits::Eight, Offset::Zero(128), None),
             // Kept as the file has them, in their own matrix (`k_quant`).
             GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => return None,
-            GgufBlockFormat::Q6K => return Some(Self::from_q6_k(raw, rows, cols)),
-            GgufBlockFormat::Iq4Nl | GgufBlockFormat::Iq4Xs | GgufBlockFormat::Mxfp4 => {
-                return Self::from_table_format(format, raw, rows, cols)
+            GgufBlockFormat::Q6K => (QuantBits::Six, Offset::Zero(32), None),
+            GgufBlockFormat::Iq4Nl | GgufBlockFormat::Iq4Xs => {
+                (QuantBits::FourTable, Offset::Zero(128), Some(&IQ4_NL_TABLE))
             }
+            GgufBlockFormat::Mxfp4 => (QuantBits::FourTable, Offset::Zero(128), Some(&MXFP4_TABLE)),
         };
-        let mut w = Self {
+        Some(Self {
             rows,
             cols,
             bits,
             qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
-            d: Vec::with_capacity(n_blocks),
+            d: Vec::with_capacity(n_blocks * bits.scales_per_block()),
             offset,
-            table: None,
-        };
+            table,
+        })
+    }
+
+    /// Appends the file's next blocks (`raw`, whole blocks of `format`, the one
+    /// [`UqMatrix::for_blocks`] was given); `None` if (MXFP4) a block's scale is beyond f16's
+    /// range.
+    ///
+    /// - Q5_0 and Q5_1 put the nibbles before the fifth bits, as Q4 has them.
+    /// - Q8_0 keeps q + 128.
+    /// - Q6_K keeps its nibbles and bit pairs as they are, and two scales `d·sc` a block.
+    /// - IQ4_NL, IQ4_XS and MXFP4 keep their nibbles, and each block's scale as f16: IQ4_XS's
+    ///   `d·(ls − 32)` rounded to it, as the K-quants' are; an MXFP4 scale under f16's least,
+    ///   2⁻²⁴, flushed to zero (its values are under 12·2⁻²⁵).
+    pub fn push_blocks(&mut self, format: GgufBlockFormat, raw: &[u8]) -> Option<()> {
+        debug_assert!(raw.len().is_multiple_of(format.block_bytes()), "whole blocks");
         let half_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]);
         for block in raw.chunks_exact(format.block_bytes()) {
-            w.d.push(half_at(block, 0));
-            if let Offset::PerBlock(m) = &mut w.offset {
-                m.push(half_at(block, 2));
-            }
             match format {
-                GgufBlockFormat::Q4_0 => w.qs.extend_from_slice(&block[2..18]),
-                GgufBlockFormat::Q4_1 => w.qs.extend_from_slice(&block[4..20]),
-                // File: qh (4 bytes) then the nibbles; here the nibbles first, as for Q4.
-                GgufBlockFormat::Q5_0 => {
-                    w.qs.extend_from_slice(&block[6..22]);
-                    w.qs.extend_from_slice(&block[2..6]);
+                GgufBlockFormat::Q4_0 => {
+                    self.d.push(half_at(block, 0));
+                    self.qs.extend_from_slice(&block[2..18]);
+                }
+                GgufBlockFormat::Q4_1 => {
+                    self.push_scale_and_min(half_at(block, 0), half_at(block, 2));
+                    self.qs.extend_from_slice(&block[4..20]);
                 }
                 GgufBlockFormat::Q5_1 => {
-                    w.qs.extend_from_slice(&block[8..24]);
-                    w.qs.extend_from_slice(&block[4..8]);
+                    self.push_scale_and_min(half_at(block, 0), half_at(block, 2));
+                    self.qs.extend_from_slice(&block[8..24]);
+                    self.qs.extend_from_slice(&block[4..8]);
                 }
-                GgufBlockFormat::Q8_0 => w.qs.extend(block[2..34].iter().map(|&q| q ^ 0x80)),
-                GgufBlockFormat::Q4K
-                | GgufBlockFormat::Q5K
-                | GgufBlockFormat::Q6K
-                | GgufBlockFormat::Iq4Nl
-                | GgufBlockFormat::Iq4Xs
-                | GgufBlockFormat::Mxfp4 => unreachable!("taken above"),
-            }
-        }
-        Some(w)
-    }
-
-    /// Q6_K super-blocks (128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales,
-    /// then d): the nibbles and bit pairs as they are, and two scales `d·sc` a block.
-    /// The caller has checked the sizes.
-    fn from_q6_k(raw: &[u8], rows: usize, cols: usize) -> Self {
-        let n_blocks = rows * cols / BLOCK;
-        let bits = QuantBits::Six;
-        let mut w = Self {
-            rows,
-            cols,
-            bits,
-            qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
-            d: Vec::with_capacity(2 * n_blocks),
-            offset: Offset::Zero(32),
-            table: None,
-        };
-        for block in raw.chunks_exact(GgufBlockFormat::Q6K.block_bytes()) {
-            let d = f16::from_le_bytes([block[208], block[209]]).to_f32();
-            w.d.extend(block[192..208].iter().map(|&sc| f16::from_f32(d * f32::from(sc as i8))));
-            w.qs.extend_from_slice(&block[..192]);
-        }
-        w
-    }
-
-    /// IQ4_NL (an f16 scale and 16 bytes of nibbles a block), IQ4_XS (super-blocks of eight:
-    /// an f16 scale, 6-bit sub-block scales split into high and low bits, the nibbles) and
-    /// MXFP4 (an E8M0 scale and the nibbles): the nibbles as they are, each block's scale as
-    /// f16 (IQ4_XS's `d·(ls − 32)` rounded to it, as the K-quants' are; an MXFP4 scale under
-    /// f16's least, 2⁻²⁴, flushed to zero: its values are under 12·2⁻²⁵). The caller has
-    /// checked the sizes.
-    fn from_table_format(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
-        let n_blocks = rows * cols / BLOCK;
-        let table = if format == GgufBlockFormat::Mxfp4 { &MXFP4_TABLE } else { &IQ4_NL_TABLE };
-        let mut w = Self {
-            rows,
-            cols,
-            bits: QuantBits::FourTable,
-            qs: Vec::with_capacity(n_blocks * BLOCK / 2),
-            d: Vec::with_capacity(n_blocks),
-            offset: Offset::Zero(128),
-            table: Some(table),
-        };
-        for block in raw.chunks_exact(format.block_bytes()) {
-            match format {
+                GgufBlockFormat::Q5_0 => {
+                    self.d.push(half_at(block, 0));
+                    self.qs.extend_from_slice(&block[6..22]);
+                    self.qs.extend_from_slice(&block[2..6]);
+                }
+                GgufBlockFormat::Q8_0 => {
+                    self.d.push(half_at(block, 0));
+                    self.qs.extend(block[2..34].iter().map(|&q| q ^ 0x80));
+                }
+                // 128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales, then d.
+                GgufBlockFormat::Q6K => {
+                    let d = half_at(block, 208).to_f32();
+                    self.d.extend(block[192..208].iter().map(|&sc| f16::from_f32(d * f32::from(sc as i8))));
+                    self.qs.extend_from_slice(&block[..192]);
+                }
                 GgufBlockFormat::Iq4Nl => {
-                    w.d.push(f16::from_le_bytes([block[0], block[1]]));
-                    w.qs.extend_from_slice(&block[2..18]);
+                    self.d.push(half_at(block, 0));
+                    self.qs.extend_from_slice(&block[2..18]);
                 }
                 GgufBlockFormat::Mxfp4 => {
                     let d = f16::from_f32(mxfp4_scale(block[0]));
                     if d.is_infinite() {
                         return None;
                     }
-                    w.d.push(d);
-                    w.qs.extend_from_slice(&block[1..17]);
+                    self.d.push(d);
+                    self.qs.extend_from_slice(&block[1..17]);
                 }
-                _ => {
-                    w.d.extend((0..SUPER_BLOCK / BLOCK).map(|sub| f16::from_f32(iq4_xs_scale(block, sub))));
-                    w.qs.extend_from_slice(&block[8..136]);
+                GgufBlockFormat::Iq4Xs => {
+                    self.d.extend((0..SUPER_BLOCK / BLOCK).map(|sub| f16::from_f32(iq4_xs_scale(block, sub))));
+                    self.qs.extend_from_slice(&block[8..136]);
                 }
+                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => unreachable!("`for_blocks` refuses them"),
             }
         }
-        Some(w)
+        Some(())
+    }
+
+    fn push_scale_and_min(&mut self, d: f16, m: f16) {
+        self.d.push(d);
+        if let Offset::PerBlock(mins) = &mut self.offset {
+            mins.push(m);
+        }
     }
 
     /// The scale of value `j` of block `index` (row-major block index).

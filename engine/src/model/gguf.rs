@@ -2,7 +2,7 @@
 //! tensors into the kernels' layouts, or dequantized by candle where the kernels have none.
 
 use super::config::{Architecture, ExpertShape, ModelConfig, RopeLayout, RopeScaling};
-use super::gguf_header::{self, GgufHeader, TensorType};
+use super::gguf_header::{self, GgufHeader, TensorInfo, TensorType};
 use super::layers::{Activation, Block, Experts, FeedForward, Mlp, SelfAttention};
 use super::weights::Weights;
 use super::{gemma3, gpt_oss, llama, phi3, qwen2, qwen3, qwen3moe};
@@ -53,17 +53,26 @@ impl Reader {
         Error::BadModelFile { path: self.path.clone(), reason: reason.into() }
     }
 
+    fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.header.tensors.get(name).ok_or_else(|| Error::MissingTensor(name.to_string()))
+    }
+
     /// Tensor `name`'s type, shape and bytes.
     fn tensor(&mut self, name: &str) -> Result<(TensorType, Vec<usize>, Vec<u8>)> {
-        let info = self.header.tensors.get(name).ok_or_else(|| Error::MissingTensor(name.to_string()))?;
-        let (kind, dims) = (info.kind, info.dims.clone());
-        let mut raw = vec![0u8; info.size_bytes];
-        let offset = info.offset_bytes;
+        let info = self.info(name)?;
+        let (kind, dims, offset) = (info.kind, info.dims.clone(), info.offset_bytes);
+        let raw = self.bytes_at(offset, info.size_bytes)?;
+        Ok((kind, dims, raw))
+    }
+
+    /// `len` bytes of the file from `offset`.
+    fn bytes_at(&mut self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut raw = vec![0u8; len];
         self.file
             .seek(SeekFrom::Start(offset))
             .and_then(|_| self.file.read_exact(&mut raw))
             .map_err(|source| Error::ModelIo { path: self.path.clone(), source })?;
-        Ok((kind, dims, raw))
+        Ok(raw)
     }
 
     pub(super) fn has_tensor(&self, name: &str) -> bool {
@@ -71,10 +80,37 @@ impl Reader {
     }
 
     pub(super) fn matrix(&mut self, name: &str) -> Result<Matrix> {
-        let (kind, dims, raw) = self.tensor(name)?;
-        let &[rows, cols] = dims.as_slice() else {
+        let info = self.info(name)?;
+        let (kind, offset, len) = (info.kind, info.offset_bytes, info.size_bytes);
+        let &[rows, cols] = info.dims.as_slice() else {
             return Err(self.bad(format!("tensor '{name}' is not a matrix")));
         };
+        self.matrix_at(name, kind, (offset, len), rows, cols)
+    }
+
+    /// A `rows × cols` matrix of tensor `name`'s type from the file's `len` bytes at `offset`:
+    /// the block formats read into the kernels' layout a little at a time, so that loading holds
+    /// no second copy of a tensor; the rest from the bytes whole ([`Reader::matrix_of`]).
+    fn matrix_at(
+        &mut self,
+        name: &str,
+        kind: TensorType,
+        (offset, len): (u64, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
+        if let Some(format) = block_format(kind) {
+            self.file
+                .seek(SeekFrom::Start(offset))
+                .map_err(|source| Error::ModelIo { path: self.path.clone(), source })?;
+            let file = &mut self.file;
+            let read = Matrix::read_gguf_blocks(format, rows, cols, |buf| file.read_exact(buf))
+                .map_err(|source| Error::ModelIo { path: self.path.clone(), source })?;
+            if let Some(w) = read {
+                return Ok(w);
+            }
+        }
+        let raw = self.bytes_at(offset, len)?;
         self.matrix_of(name, kind, &raw, rows, cols)
     }
 
@@ -281,14 +317,16 @@ impl Reader {
     /// The experts of a stacked expert tensor (`experts × rows × cols`), each a matrix of its
     /// own over its slice of the file's blocks.
     fn expert_matrices(&mut self, name: &str) -> Result<Vec<Matrix>> {
-        let (kind, dims, raw) = self.tensor(name)?;
-        let &[count, rows, cols] = dims.as_slice() else {
+        let info = self.info(name)?;
+        let (kind, offset, len) = (info.kind, info.offset_bytes, info.size_bytes);
+        let &[count, rows, cols] = info.dims.as_slice() else {
             return Err(self.bad(format!("tensor '{name}' is not a stack of matrices")));
         };
         if count == 0 {
             return Err(self.bad(format!("tensor '{name}' holds no experts")));
         }
-        raw.chunks_exact(raw.len() / count).map(|bytes| self.matrix_of(name, kind, bytes, rows, cols)).collect()
+        let each = len / count;
+        (0..count).map(|e| self.matrix_at(name, kind, (offset + (e * each) as u64, each), rows, cols)).collect()
     }
 
     /// Layer `i`'s gated feed-forward network from separate gate and up projections.
@@ -446,8 +484,8 @@ pub fn open(path: &Path) -> Result<GgufFile> {
 }
 
 fn read_weights(mut r: Reader, config: &ModelConfig) -> Result<Weights> {
-    // The largest tensors first: loading holds one tensor's file bytes beside its repacked
-    // copy, and that is cheapest before everything else is resident.
+    // The largest tensors first: one in a format without a kernel of its own is read whole
+    // beside its converted copy, and that is cheapest before everything else is resident.
     let embedding = r.matrix("token_embd.weight")?;
     let lm_head = match r.matrix("output.weight") {
         Err(Error::MissingTensor(_)) => None,
