@@ -177,9 +177,17 @@ impl RunningPartials {
         }
     }
 
+    /// Each head's sink logit (`sinks`, one per head) in the softmax of its rows, which go a
+    /// query's heads in turn.
+    pub fn add_sinks(&mut self, sinks: &[f32]) {
+        for row in 0..self.sum.len() {
+            self.add_sink(row, sinks[row % sinks.len()]);
+        }
+    }
+
     /// A sink logit in `row`'s softmax: a key with no value, which takes its share of the
     /// attention mass and gives nothing back (gpt-oss's per-head sinks).
-    pub fn add_sink(&mut self, row: usize, logit: f32) {
+    fn add_sink(&mut self, row: usize, logit: f32) {
         let max = self.max[row].max(logit);
         let (kept, added) = ((self.max[row] - max).exp(), (logit - max).exp());
         self.acc[row * self.head_dim..][..self.head_dim].iter_mut().for_each(|a| *a *= kept);

@@ -92,10 +92,7 @@ impl NearStorageKvStore {
         }
         merged.add(&host);
         if let Some(sinks) = sinks {
-            // A row is a query's head: its sink joins the merge as one more part, with no value.
-            for row in 0..positions.len() * n_heads {
-                merged.add_sink(row, sinks[row % n_heads]);
-            }
+            merged.add_sinks(sinks);
         }
         merged.finish(out);
         Ok(())

@@ -322,9 +322,7 @@ impl Model {
             }
             if let Some(sinks) = sinks {
                 let first_head = columns.start / c.head_dim;
-                for row in 0..rows {
-                    merged.add_sink(row, sinks[first_head + row % part_heads]);
-                }
+                merged.add_sinks(&sinks[first_head..first_head + part_heads]);
             }
             merged.finish(&mut part_out);
         }
