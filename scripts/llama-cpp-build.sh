@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds one llama.cpp tool once, from the llama-cpp-python 0.3.36 sdist on PyPI (the package
 # registry is all this machine reaches), into ~/.cache/hillside/llama.cpp/<level>, and prints
-# the binary's path.
+# the binary's path. A native build's folder is named by the instruction sets -march=native
+# turns on, so a cache that moves to another CPU builds afresh rather than running (or timing)
+# code made for a different one.
 #
 #   scripts/llama-cpp-build.sh <native|avx2> <llama-bench|llama-server|llama-kernels|llama-logits>
 #
@@ -30,7 +32,11 @@ esac
 cache=$HOME/.cache/hillside/llama.cpp
 sdist_url=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-0.3.36.tar.gz
 sdist_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-bin=$cache/$level/bin/$target
+build=$cache/$level
+if [ "$level" = native ]; then
+  build=$cache/native-$(cc -march=native -dM -E - </dev/null | grep -o -E '__(AVX|SSE|FMA|F16C|BMI|AMX|GFNI|VAES|VPCLMULQDQ)[A-Z0-9_]*__' | sort -u | sha256sum | cut -c1-12)
+fi
+bin=$build/bin/$target
 root=$(cd "$(dirname "$0")/.." && pwd)
 case "$target" in
   llama-kernels) harness=$root/tools/bench/llama-kernels.c ;;
@@ -56,23 +62,23 @@ if [ ! -x "$bin" ]; then
   fi
   echo "building $target ($level) ..." >&2
   # One configuration serves every tool (the server's own web UI is prebuilt in the sdist).
-  cmake -S "$cache/src" -B "$cache/$level" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  cmake -S "$cache/src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DGGML_OPENMP=ON "${cmake_simd[@]}" >&2
   if [ "$target" = llama-kernels ]; then
-    cmake --build "$cache/$level" --target ggml -j "$(nproc)" >&2
-    lib=$cache/$level/ggml/src
+    cmake --build "$build" --target ggml -j "$(nproc)" >&2
+    lib=$build/ggml/src
     mkdir -p "$(dirname "$bin")"
     cc -O2 -o "$bin" "$harness" -I "$cache/src/ggml/include" "$lib/libggml.a" "$lib/libggml-cpu.a" \
       "$lib/libggml-base.a" -fopenmp -lpthread -ldl -lm -lstdc++ >&2
   elif [ "$target" = llama-logits ]; then
-    cmake --build "$cache/$level" --target llama -j "$(nproc)" >&2
-    lib=$cache/$level/ggml/src
+    cmake --build "$build" --target llama -j "$(nproc)" >&2
+    lib=$build/ggml/src
     mkdir -p "$(dirname "$bin")"
-    cc -O2 -o "$bin" "$harness" -I "$cache/src/include" -I "$cache/src/ggml/include" "$cache/$level/src/libllama.a" \
+    cc -O2 -o "$bin" "$harness" -I "$cache/src/include" -I "$cache/src/ggml/include" "$build/src/libllama.a" \
       "$lib/libggml.a" "$lib/libggml-cpu.a" "$lib/libggml-base.a" -fopenmp -lpthread -ldl -lm -lstdc++ >&2
   else
-    cmake --build "$cache/$level" --target "$target" -j "$(nproc)" >&2
+    cmake --build "$build" --target "$target" -j "$(nproc)" >&2
   fi
 fi
 echo "$bin"
