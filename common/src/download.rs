@@ -375,7 +375,7 @@ pub fn free_bytes(dir: &Path) -> io::Result<u64> {
     if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(stats.f_bavail as u64 * stats.f_frsize as u64)
+    Ok(stats.f_bavail * stats.f_frsize)
 }
 
 fn host_of(url: &str) -> String {

@@ -379,10 +379,15 @@ fn k_quant_dot_rows(
     out: &mut [f32],
     level: SimdLevel,
 ) {
+    // SAFETY (x86 arms): a level is only chosen when the CPU reports every feature it needs,
+    // and every level but Portable has avx2, fma and f16c.
     #[cfg(target_arch = "x86_64")]
-    if level != SimdLevel::Portable {
-        // SAFETY: every level but Portable has avx2, fma and f16c, checked when chosen.
-        return unsafe { super::x86::k_quant::dot_rows(w, rows, x, t0, nt, out) };
+    match level {
+        SimdLevel::Avx512Vnni => return unsafe { super::x86::k_quant::dot_rows_avx512(w, rows, x, t0, nt, out) },
+        SimdLevel::AvxVnni | SimdLevel::Avx2 => {
+            return unsafe { super::x86::k_quant::dot_rows(w, rows, x, t0, nt, out) }
+        }
+        SimdLevel::Portable => {}
     }
     let _ = level;
     let start = rows.start;

@@ -1,13 +1,14 @@
-//! The K-quant products at x86-64-v3 (AVX2, FMA, F16C), which every x86 level runs. Each
-//! sub-block's 6-bit scale multiplies its `maddubs` pairs in `madd`, so a super-block's products
-//! add up exactly in i32 lanes; its mins meet the activations' sums in one more `madd`.
+//! The K-quant products at x86-64-v3 (AVX2, FMA, F16C), which every x86 level runs (AVX-512
+//! the same instructions, with 32 registers). Each sub-block's 6-bit scale multiplies its
+//! `maddubs` pairs in `madd`, so a super-block's products add up exactly in i32 lanes; its mins
+//! meet the activations' sums in one more `madd`.
 //!
 //! One token (decode) streams each row once, a 32-value sub-block a vector. A tile of tokens
 //! goes four at a time ([`token_groups`]): a vector holds 8 values of each of four tokens and the
 //! row's 8 values broadcast against them, so the four `maddubs` of a sub-block add in i16 (at
 //! most 8·31·127 < 2¹⁵) before one `madd` applies its scale, where a vector a sub-block needs a
 //! `madd` for each. VNNI would not help: its i32 sums would still need the scale, a slower
-//! `mullo`.
+//! `mullo` (measured: no faster on Zen 4).
 
 use super::super::k_quant::{
     scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, GROUP, SUM_SPAN, SUPER_BLOCK, TILE_TOKENS,
@@ -37,6 +38,41 @@ const PANEL_BYTES: usize = 16 * 1024;
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dot_rows(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the features per this function's contract.
+    unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) }
+}
+
+/// [`dot_rows`] with the same instructions, EVEX-encoded: AVX-512VL gives the compiler 32
+/// vector registers, where a tile's products and a sub-block's weights spill from 16.
+///
+/// # Safety
+/// The CPU must support avx2, fma, f16c, avx512f, avx512bw and avx512vl.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub unsafe fn dot_rows_avx512(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: the features per this function's contract.
+    unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) }
+}
+
+/// The body of [`dot_rows`], compiled with each caller's features.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c.
+#[inline(always)]
+unsafe fn dot_rows_inlined(
     w: &KQuantMatrix,
     rows: Range<usize>,
     x: &SuperBlockActivations,
