@@ -35,7 +35,7 @@ enum Command {
     Chat(ChatArgs),
     /// Continue one prompt and exit.
     Generate(GenerateArgs),
-    /// List, fetch and locate models.
+    /// List, fetch, delete and locate models.
     Models {
         #[command(subcommand)]
         command: ModelsCommand,
@@ -67,7 +67,7 @@ enum Command {
 
 #[derive(Subcommand)]
 enum ModelsCommand {
-    /// Known models and whether they are installed.
+    /// The installed models, then those available to pull.
     List,
     /// Fetch a model: a registry name, or a Hugging Face repo with --file. An interrupted
     /// download goes on from where it stopped; the file counts as installed once its SHA-256 is
@@ -81,6 +81,8 @@ enum ModelsCommand {
         #[arg(long)]
         sha256: Option<String>,
     },
+    /// Delete an installed model (and an unfinished download of it) from the models folder.
+    Rm { name: String },
     /// Print the path of an installed model (fetching the default if needed).
     Path { name: Option<String> },
 }
@@ -124,6 +126,12 @@ fn run(cli: Cli) -> Result<()> {
             }
             ModelsCommand::Pull { name, file, sha256 } => {
                 println!("{}", models::pull(&name, file.as_deref(), sha256.as_deref())?.display());
+                Ok(())
+            }
+            ModelsCommand::Rm { name } => {
+                for path in models::remove(&name)? {
+                    println!("deleted {}", path.display());
+                }
                 Ok(())
             }
             ModelsCommand::Path { name } => {

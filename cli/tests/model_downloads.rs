@@ -191,6 +191,28 @@ fn a_download_cut_halfway_goes_on_from_its_last_byte_and_is_checked() {
     let out = pull(&hub, models.path()).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(hub.seen.lock().unwrap().len(), requests);
+
+    // Listed among the installed models, apart from those available; `rm` deletes it.
+    let hillside = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hillside"))
+            .env("HILLSIDE_MODELS_DIR", models.path())
+            .env("HF_HOME", models.path().join("no-hf-cache"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let listed = String::from_utf8_lossy(&hillside(&["models", "list"]).stdout).into_owned();
+    let (installed_rows, available) = listed.split_once("Available to pull").expect("two sections");
+    assert!(installed_rows.lines().any(|l| l.trim_start().starts_with("tiny ") && l.contains("3 MB")), "{listed}");
+    assert!(!available.contains("tiny"), "{listed}");
+    assert!(available.contains("qwen3-30b-a3b") && available.contains("Apache-2.0"), "{listed}");
+    let out = hillside(&["models", "rm", "tiny"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("deleted {}", installed.display()));
+    assert_eq!(files_in(models.path()), Vec::<String>::new());
+    let out = hillside(&["models", "rm", "tiny"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no model tiny"), "{}", stderr(&out));
 }
 
 #[test]

@@ -95,25 +95,22 @@ impl Download {
         std::fs::create_dir_all(dir).map_err(|e| io_error(&file, e))?;
 
         let part_path = part_path(&self.dest);
-        let mut part = OpenOptions::new()
+        let file_handle = OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
             .mode(0o600)
             .open(&part_path)
             .map_err(|e| io_error(&file, e))?;
-        lock(&part).map_err(|_| DownloadError::Busy { file: file.clone() })?;
-        let mut done = part.metadata().map_err(|e| io_error(&file, e))?.len();
-        if head.size.is_some_and(|size| done > size) {
-            part.set_len(0).map_err(|e| io_error(&file, e))?;
-            done = 0;
-        }
+        lock(&file_handle).map_err(|_| DownloadError::Busy { file: file.clone() })?;
+        let mut part = Part::open(file_handle, head.size).map_err(|e| io_error(&file, e))?;
         if let Some(size) = head.size {
             let free = free_bytes(dir).map_err(|e| io_error(&file, e))?;
-            let need = size - done;
+            let need = size - part.done;
             if free < need + DISK_MARGIN_BYTES {
+                let empty = part.done == 0;
                 drop(part);
-                if done == 0 {
+                if empty {
                     let _ = std::fs::remove_file(&part_path);
                 }
                 return Err(DownloadError::NoSpace {
@@ -125,44 +122,34 @@ impl Download {
             }
         }
 
-        // The part's bytes are hashed first, so that the hash covers the whole file.
-        let mut hasher = Sha256::new();
-        hash_prefix(&mut part, done, &mut hasher).map_err(|e| io_error(&file, e))?;
-        let mut meter = Meter::new(done, head.size);
+        // Tries count the breaks in a row without progress: a long download over a flaky link
+        // goes on for as long as each connection brings bytes.
         let mut tries = 0;
+        let mut done_at_last_break = part.done;
         loop {
-            match self.fetch_from(
-                &agent,
-                &mut part,
-                &mut done,
-                &mut hasher,
-                head.size,
-                cancel,
-                &mut meter,
-                &mut progress,
-            ) {
+            match self.fetch_from(&agent, &mut part, head.size, cancel, &mut progress) {
                 Ok(()) => break,
                 Err(Failure::Final(e)) => return Err(e),
                 Err(Failure::Broken(why)) => {
-                    tries += 1;
+                    tries = if part.done > done_at_last_break { 1 } else { tries + 1 };
+                    done_at_last_break = part.done;
                     if tries >= MAX_TRIES {
                         return Err(DownloadError::Interrupted {
                             host: host_of(&self.url),
                             file,
                             tries,
-                            done_mb: done / 1_000_000,
+                            done_mb: part.done / 1_000_000,
                             why,
                         });
                     }
-                    tracing::info!(file, done_bytes = done, why, "the connection broke: resuming");
+                    tracing::info!(file, done_bytes = part.done, why, "the connection broke: resuming");
                     std::thread::sleep(Duration::from_millis(500 << tries));
                 }
             }
         }
-        part.sync_all().map_err(|e| io_error(&file, e))?;
-        let got = hex(&hasher.finalize());
+        part.file.sync_all().map_err(|e| io_error(&file, e))?;
+        let got = hex(&part.hasher.finalize());
         if got != want {
-            drop(part);
             let _ = std::fs::remove_file(&part_path);
             return Err(DownloadError::HashMismatch { file, got, want });
         }
@@ -203,39 +190,42 @@ impl Download {
         Ok(Head { size, sha256 })
     }
 
-    /// One request for the bytes from `done` on, appended to the part as they arrive.
-    #[allow(clippy::too_many_arguments)]
+    /// One request for the bytes past the part's end, appended to it as they arrive.
     fn fetch_from(
         &self,
         agent: &ureq::Agent,
-        part: &mut File,
-        done: &mut u64,
-        hasher: &mut Sha256,
+        part: &mut Part,
         size: Option<u64>,
         cancel: &AtomicBool,
-        meter: &mut Meter,
         progress: &mut impl FnMut(&Progress),
     ) -> Result<(), Failure> {
         let file = self.file_name();
+        let io_failure = |e| Failure::Final(io_error(&file, e));
         let mut request = agent.get(&self.url);
-        if *done > 0 {
-            request = request.header("Range", format!("bytes={done}-"));
+        if part.done > 0 {
+            request = request.header("Range", format!("bytes={}-", part.done));
         }
         let response = request.call().map_err(|e| match self.failed_to_connect(e) {
-            DownloadError::Offline { why, .. } if *done > 0 => Failure::Broken(why),
+            DownloadError::Offline { why, .. } if part.done > 0 => Failure::Broken(why),
             e => Failure::Final(e),
         })?;
         match response.status().as_u16() {
-            206 => {}
-            // The server sent the whole file: start again from its first byte.
-            200 => {
-                part.set_len(0).map_err(|e| Failure::Final(io_error(&file, e)))?;
-                *done = 0;
-                *hasher = Sha256::new();
-                meter.restart();
+            206 => {
+                let start = response
+                    .headers()
+                    .get("content-range")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("bytes ")?.split('-').next()?.parse::<u64>().ok());
+                if start != Some(part.done) {
+                    // Bytes from elsewhere in the file: the next request starts it over.
+                    part.restart().map_err(io_failure)?;
+                    return Err(Failure::Broken(format!("the server resumed at byte {start:?}")));
+                }
             }
+            // The server sent the whole file: start again from its first byte.
+            200 => part.restart().map_err(io_failure)?,
             // Nothing past the end: the part is the whole file.
-            416 if size == Some(*done) => return Ok(()),
+            416 if size == Some(part.done) => return Ok(()),
             404 | 401 => return Err(Failure::Final(DownloadError::NotFound { url: self.url.clone() })),
             500..=599 => return Err(Failure::Broken(format!("HTTP {}", response.status().as_u16()))),
             status => return Err(Failure::Final(DownloadError::Refused { url: self.url.clone(), status })),
@@ -244,7 +234,7 @@ impl Download {
         let mut buffer = vec![0u8; CHUNK_BYTES];
         loop {
             if cancel.load(Ordering::Relaxed) {
-                return Err(Failure::Final(DownloadError::Cancelled { file, done_mb: *done / 1_000_000 }));
+                return Err(Failure::Final(DownloadError::Cancelled { file, done_mb: part.done / 1_000_000 }));
             }
             let n = match body.read(&mut buffer) {
                 Ok(0) => break,
@@ -252,22 +242,22 @@ impl Download {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(Failure::Broken(e.to_string())),
             };
-            part.write_all(&buffer[..n]).map_err(|e| {
+            part.append(&buffer[..n]).map_err(|e| {
                 Failure::Final(if e.raw_os_error() == Some(libc::ENOSPC) {
-                    DownloadError::DiskFull { file: file.clone(), done_mb: *done / 1_000_000 }
+                    DownloadError::DiskFull { file: file.clone(), done_mb: part.done / 1_000_000 }
                 } else {
                     io_error(&file, e)
                 })
             })?;
-            hasher.update(&buffer[..n]);
-            *done += n as u64;
-            if let Some(p) = meter.tick(*done) {
+            if let Some(p) = part.meter.tick(part.done) {
                 progress(&p);
             }
         }
-        progress(&meter.now(*done));
+        progress(&part.meter.now(part.done));
         match size {
-            Some(size) if *done < size => Err(Failure::Broken(format!("the body ended at byte {done} of {size}"))),
+            Some(size) if part.done < size => {
+                Err(Failure::Broken(format!("the body ended at byte {} of {size}", part.done)))
+            }
             _ => Ok(()),
         }
     }
@@ -281,6 +271,48 @@ impl Download {
 enum Failure {
     Final(DownloadError),
     Broken(String),
+}
+
+/// The file the bytes gather in: how many it holds, their SHA-256 so far, and the rate.
+struct Part {
+    file: File,
+    done: u64,
+    hasher: Sha256,
+    meter: Meter,
+}
+
+impl Part {
+    /// The part as an earlier pull left it, its bytes hashed (so that the hash covers the whole
+    /// file); emptied if it is longer than the file can be.
+    fn open(mut file: File, size: Option<u64>) -> io::Result<Self> {
+        let mut done = file.metadata()?.len();
+        if size.is_some_and(|size| done > size) {
+            file.set_len(0)?;
+            done = 0;
+        }
+        let mut hasher = Sha256::new();
+        file.seek(SeekFrom::Start(0))?;
+        let hashed = io::copy(&mut (&file).take(done), &mut HashWriter(&mut hasher))?;
+        if hashed != done {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the partial file shrank while it was read"));
+        }
+        Ok(Self { file, done, hasher, meter: Meter::new(done, size) })
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.file.write_all(bytes)?;
+        self.hasher.update(bytes);
+        self.done += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn restart(&mut self) -> io::Result<()> {
+        self.file.set_len(0)?;
+        self.done = 0;
+        self.hasher = Sha256::new();
+        self.meter.restart();
+        Ok(())
+    }
 }
 
 /// Progress at most every [`PROGRESS_EVERY`], with the rate over this session of the download.
@@ -331,15 +363,6 @@ pub fn part_path(dest: &Path) -> PathBuf {
     let mut name = dest.file_name().unwrap_or_default().to_os_string();
     name.push(".part");
     dest.with_file_name(name)
-}
-
-fn hash_prefix(part: &mut File, bytes: u64, hasher: &mut Sha256) -> io::Result<()> {
-    part.seek(SeekFrom::Start(0))?;
-    let copied = io::copy(&mut (&*part).take(bytes), &mut HashWriter(hasher))?;
-    if copied != bytes {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the partial file shrank while it was read"));
-    }
-    Ok(())
 }
 
 struct HashWriter<'a>(&'a mut Sha256);

@@ -23,6 +23,15 @@ pub struct Registry {
 pub struct Entry {
     pub name: String,
     pub description: String,
+    /// The architecture its GGUF names (`llama`, `qwen3moe`, `gemma3` …).
+    pub family: String,
+    /// The quantization the file mostly holds (`Q4_K_M`, `MXFP4` …).
+    pub format: String,
+    /// The file's size in MB (10⁶ bytes): exact for PyPI models, the hub's rounded for others.
+    pub size_mb: u64,
+    /// The context length the model was trained for.
+    pub context_tokens: usize,
+    pub licence: String,
     pub file: String,
     pub source: Source,
     pub sha256: Option<String>,
@@ -173,23 +182,85 @@ pub fn pull(what: &str, file: Option<&str>, sha256: Option<&str>) -> Result<Path
     Ok(path)
 }
 
+/// `hillside models list`: the installed models (with where they are), then those a pull
+/// would fetch, apart, so that nothing listed as available is mistaken for one on disk.
 pub fn list() {
     let registry = registry();
-    println!("{:<26} {:<8} {:<60}", "NAME", "SOURCE", "INSTALLED");
+    let dir = models_dir();
+    let row = |name: &str, family: &str, format: &str, size: &str, context: &str, last: &str| {
+        println!("  {name:<30} {family:<9} {format:<7} {size:>9} {context:>8}  {last}");
+    };
+    println!("Installed (in {}):", dir.display());
+    row("NAME", "FAMILY", "FORMAT", "SIZE", "CONTEXT", "PATH");
+    let mut installed = 0;
     for e in &registry.models {
-        let source = if e.source.is_pypi() { "pypi" } else { "hf" };
-        let installed = e.installed_path().map_or_else(|| "-".to_string(), |p| p.display().to_string());
-        let default = if e.name == registry.default { " (default)" } else { "" };
-        println!("{:<26} {:<8} {installed}", format!("{}{default}", e.name), source);
-        println!("{:<26} {}", "", e.description);
-    }
-    let others = other_files(&models_dir(), &registry);
-    if !others.is_empty() {
-        println!("\nother model files in {}:", models_dir().display());
-        for p in others {
-            println!("  {}", p.display());
+        if let Some(path) = e.installed_path() {
+            let name = if e.name == registry.default { format!("{} (default)", e.name) } else { e.name.clone() };
+            let size = std::fs::metadata(&path).map_or_else(|_| "?".to_string(), |m| megabytes(m.len()));
+            row(&name, &e.family, &e.format, &size, &e.context_tokens.to_string(), &path.display().to_string());
+            installed += 1;
         }
     }
+    for path in other_files(&dir, &registry) {
+        let name = path.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        let size = std::fs::metadata(&path).map_or_else(|_| "?".to_string(), |m| megabytes(m.len()));
+        row(&name, "-", "-", &size, "-", &path.display().to_string());
+        installed += 1;
+    }
+    if installed == 0 {
+        println!("  (none yet: `hillside models pull NAME`)");
+    }
+    println!();
+    println!("Available to pull (`hillside models pull NAME`):");
+    row("NAME", "FAMILY", "FORMAT", "SIZE", "CONTEXT", "LICENCE");
+    for e in registry.models.iter().filter(|e| e.installed_path().is_none()) {
+        let size = format!("~{}", megabytes(e.size_mb * 1_000_000));
+        row(&e.name, &e.family, &e.format, &size, &e.context_tokens.to_string(), &e.licence);
+        println!("  {:<30} {}", "", e.description);
+    }
+}
+
+fn megabytes(bytes: u64) -> String {
+    if bytes >= 10_000_000_000 {
+        format!("{:.1} GB", bytes as f64 / 1e9)
+    } else {
+        format!("{} MB", (bytes.div_ceil(500_000) / 2).max(1))
+    }
+}
+
+/// `hillside models rm NAME`: deletes the model's file from the models folder, and an
+/// unfinished download of it; returns what it deleted. A file elsewhere (the Hugging Face cache,
+/// a path given to `--model`) is not Hillside's to delete.
+pub fn remove(name: &str) -> Result<Vec<PathBuf>> {
+    let registry = registry();
+    let dir = models_dir();
+    let file = match registry.models.iter().find(|e| e.name == name) {
+        Some(entry) => PathBuf::from(&entry.file),
+        None => other_files(&dir, &registry)
+            .into_iter()
+            .find(|p| p.file_stem().is_some_and(|stem| stem == name))
+            .and_then(|p| p.file_name().map(PathBuf::from))
+            .with_context(|| format!("no model {name} in {} (see `hillside models list`)", dir.display()))?,
+    };
+    let path = dir.join(file);
+    let mut removed = Vec::new();
+    for candidate in [crate::download::part_path(&path), path] {
+        match std::fs::remove_file(&candidate) {
+            Ok(()) => removed.push(candidate),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("deleting {}", candidate.display())),
+        }
+    }
+    if removed.is_empty() {
+        let elsewhere = registry.models.iter().find(|e| e.name == name).and_then(Entry::installed_path);
+        match elsewhere {
+            Some(path) => {
+                bail!("{name} is not in {} but at {}, which Hillside leaves alone", dir.display(), path.display())
+            }
+            None => bail!("{name} is not installed"),
+        }
+    }
+    Ok(removed)
 }
 
 /// Names of the installed models: registry names, then the stems of other GGUF files.
