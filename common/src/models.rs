@@ -188,7 +188,7 @@ pub fn list() {
     let registry = registry();
     let dir = models_dir();
     let row = |name: &str, family: &str, format: &str, size: &str, context: &str, last: &str| {
-        println!("  {name:<30} {family:<9} {format:<7} {size:>9} {context:>8}  {last}");
+        println!("  {name:<32} {family:<9} {format:<7} {size:>9} {context:>8}  {last}");
     };
     println!("Installed (in {}):", dir.display());
     row("NAME", "FAMILY", "FORMAT", "SIZE", "CONTEXT", "PATH");
@@ -216,7 +216,7 @@ pub fn list() {
     for e in registry.models.iter().filter(|e| e.installed_path().is_none()) {
         let size = format!("~{}", megabytes(e.size_mb * 1_000_000));
         row(&e.name, &e.family, &e.format, &size, &e.context_tokens.to_string(), &e.licence);
-        println!("  {:<30} {}", "", e.description);
+        println!("  {:<32} {}", "", e.description);
     }
 }
 
