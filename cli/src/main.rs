@@ -83,6 +83,18 @@ enum ModelsCommand {
     },
     /// Delete an installed model (and an unfinished download of it) from the models folder.
     Rm { name: String },
+    /// Whether an installed model fits this machine's free memory at a context: its weights,
+    /// its K/V and the program; or with the tiered store's cold pool on the disk.
+    Fit {
+        /// A registry name or a .gguf path (default: the default model).
+        name: Option<String>,
+        /// Tokens of context (default: the model's own length).
+        #[arg(long)]
+        context: Option<usize>,
+        /// Print the estimate as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the path of an installed model (fetching the default if needed).
     Path { name: Option<String> },
 }
@@ -131,6 +143,20 @@ fn run(cli: Cli) -> Result<()> {
             ModelsCommand::Rm { name } => {
                 for path in models::remove(&name)? {
                     println!("deleted {}", path.display());
+                }
+                Ok(())
+            }
+            ModelsCommand::Fit { name, context, json } => {
+                let path = models::locate(name.as_deref())?;
+                let fit = hillside_common::fit::estimate(&path, context, &Default::default())?;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&fit)?);
+                } else {
+                    println!("{} at {} tokens of context:", path.display(), fit.context_tokens);
+                    println!("  weights      {:>8} MB", fit.weights_bytes.div_ceil(1_000_000));
+                    println!("  K/V          {:>8} MB (full cache, f16)", fit.kv_bytes.div_ceil(1_000_000));
+                    println!("  the program  {:>8} MB", fit.program_bytes / 1_000_000);
+                    println!("{}", fit.sentence());
                 }
                 Ok(())
             }

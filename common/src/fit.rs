@@ -1,0 +1,136 @@
+//! Will a model fit on this machine? Its weights (the file), its K/V at the context asked for
+//! (a windowed layer holds its window only), and what the program itself takes, against the
+//! memory this process could use now; where that falls short, the tiered store's DRAM with its
+//! cold pool on the disk.
+
+use anyhow::{bail, Context, Result};
+use hillside_engine::kv::headroom::{Headroom, HEADROOM_RESERVE_BYTES};
+use hillside_engine::kv::{KvConfig, KvShape};
+use hillside_engine::model::gguf;
+use serde::Serialize;
+use std::path::Path;
+
+/// What the program takes beside the weights and the K/V: its code, activations and scratch,
+/// and per vocabulary entry the tokenizer's tables and the logits. Fitted to the shared models'
+/// peak RSS (`cli/tests/model_fit.rs`), whose vocabularies span 49K to 262K entries.
+const PROGRAM_BYTES: u64 = 16_000_000;
+const PROGRAM_BYTES_PER_VOCAB_ENTRY: u64 = 220;
+
+#[derive(Debug, Serialize)]
+pub struct Fit {
+    pub context_tokens: usize,
+    pub weights_bytes: u64,
+    /// The full cache's f16 K/V with every position of the context filled.
+    pub kv_bytes: u64,
+    pub program_bytes: u64,
+    /// What this process could use now, less what is left to everyone else.
+    pub memory_free_bytes: u64,
+    pub verdict: Verdict,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    Fits,
+    FitsTiered { hot_bytes: u64, cold_bytes: u64, disk_free_bytes: u64 },
+    DoesNotFit,
+}
+
+impl Fit {
+    pub fn total_bytes(&self) -> u64 {
+        self.weights_bytes + self.kv_bytes + self.program_bytes
+    }
+
+    /// The verdict as a sentence, with its numbers.
+    pub fn sentence(&self) -> String {
+        match &self.verdict {
+            Verdict::Fits => format!("fits: it needs {} and {} are free", gb(self.total_bytes()), gb(self.memory_free_bytes)),
+            Verdict::FitsTiered { hot_bytes, cold_bytes, .. } => format!(
+                "fits with the tiered store (hot pool {}, cold pool {} on disk): the full cache would need {} and {} are free; run it with --kv tiered",
+                gb(*hot_bytes),
+                gb(*cold_bytes),
+                gb(self.total_bytes()),
+                gb(self.memory_free_bytes)
+            ),
+            Verdict::DoesNotFit if self.weights_bytes + self.program_bytes > self.memory_free_bytes => format!(
+                "does not fit: its weights alone take {} and {} are free; pick a smaller model or free some memory",
+                gb(self.weights_bytes + self.program_bytes),
+                gb(self.memory_free_bytes)
+            ),
+            Verdict::DoesNotFit => format!(
+                "does not fit: it needs {} ({} of weights) and {} are free, too little even for the tiered store; try a shorter --context or a smaller model",
+                gb(self.total_bytes()),
+                gb(self.weights_bytes),
+                gb(self.memory_free_bytes)
+            ),
+        }
+    }
+}
+
+/// The fit of the GGUF at `path` at `context` tokens (the model's own length if `None`), with
+/// the cold pool where `kv` puts it.
+pub fn estimate(path: &Path, context: Option<usize>, kv: &KvConfig) -> Result<Fit> {
+    let file = gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = file.config();
+    let context_tokens = context.unwrap_or(config.context_tokens).min(config.context_tokens);
+    if context_tokens == 0 {
+        bail!("--context must be positive");
+    }
+    let row_bytes = (2 * config.n_kv_heads * config.head_dim * 2) as u64;
+    let windowed: Vec<bool> = match &config.sliding_window {
+        Some(window) => window.layers.clone(),
+        None => vec![false; config.n_layers],
+    };
+    let window_tokens = config.sliding_window.as_ref().map_or(0, |w| w.tokens.min(context_tokens));
+    let global_layers = windowed.iter().filter(|&&w| !w).count();
+    let ring_bytes = (windowed.len() - global_layers) as u64 * window_tokens as u64 * row_bytes;
+    let global_bytes = global_layers as u64 * context_tokens as u64 * row_bytes;
+    let weights_bytes = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
+    let program_bytes = PROGRAM_BYTES + PROGRAM_BYTES_PER_VOCAB_ENTRY * config.vocab_size as u64;
+    let memory_free_bytes = Headroom::measure().bytes.saturating_sub(HEADROOM_RESERVE_BYTES);
+    let mut fit = Fit {
+        context_tokens,
+        weights_bytes,
+        kv_bytes: global_bytes + ring_bytes,
+        program_bytes,
+        memory_free_bytes,
+        verdict: Verdict::DoesNotFit,
+    };
+    fit.verdict = if fit.total_bytes() <= memory_free_bytes {
+        Verdict::Fits
+    } else if global_layers == 0 {
+        Verdict::DoesNotFit
+    } else {
+        // The global layers go to the tiered store: its hot budget in DRAM, all of their K/V
+        // in the cold pool. The rings stay in DRAM.
+        let shape = KvShape {
+            n_layers: global_layers,
+            n_kv_heads: config.n_kv_heads,
+            head_dim: config.head_dim,
+            max_tokens: context_tokens,
+        };
+        let hot_bytes = kv.tiered_settings(shape).hot_budget_bytes as u64;
+        // The cold dir is made when a sequence starts: the disk is the one its nearest parent is on.
+        let disk_free_bytes = kv
+            .cold_dir
+            .ancestors()
+            .find(|dir| dir.exists())
+            .and_then(|dir| crate::download::free_bytes(dir).ok())
+            .unwrap_or(0);
+        let dram = weights_bytes + program_bytes + ring_bytes + hot_bytes;
+        if dram <= memory_free_bytes && global_bytes <= disk_free_bytes {
+            Verdict::FitsTiered { hot_bytes, cold_bytes: global_bytes, disk_free_bytes }
+        } else {
+            Verdict::DoesNotFit
+        }
+    };
+    Ok(fit)
+}
+
+fn gb(bytes: u64) -> String {
+    if bytes < 1_000_000_000 {
+        format!("{} MB", bytes.div_ceil(1_000_000))
+    } else {
+        format!("{:.1} GB", bytes as f64 / 1e9)
+    }
+}
