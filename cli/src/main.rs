@@ -67,8 +67,12 @@ enum Command {
 
 #[derive(Subcommand)]
 enum ModelsCommand {
-    /// The installed models, then those available to pull.
-    List,
+    /// The installed models, then those available to pull, each with whether it fits.
+    List {
+        /// Tokens of context the FITS column is for.
+        #[arg(long, default_value_t = 8192)]
+        context: usize,
+    },
     /// Fetch a model: a registry name, or a Hugging Face repo with --file. An interrupted
     /// download goes on from where it stopped; the file counts as installed once its SHA-256 is
     /// checked.
@@ -83,10 +87,11 @@ enum ModelsCommand {
     },
     /// Delete an installed model (and an unfinished download of it) from the models folder.
     Rm { name: String },
-    /// Whether an installed model fits this machine's free memory at a context: its weights,
-    /// its K/V and the program; or with the tiered store's cold pool on the disk.
+    /// Whether a model fits this machine's free memory at a context: its weights, its K/V and
+    /// the program; or with the tiered store's cold pool on the disk. A model not yet
+    /// downloaded is estimated from the catalogue.
     Fit {
-        /// A registry name or a .gguf path (default: the default model).
+        /// A catalogue name or a .gguf path (default: the default model).
         name: Option<String>,
         /// Tokens of context (default: the model's own length).
         #[arg(long)]
@@ -132,8 +137,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Chat(args) => chat::chat(&args),
         Command::Generate(args) => chat::generate_once(&args),
         Command::Models { command } => match command {
-            ModelsCommand::List => {
-                models::list();
+            ModelsCommand::List { context } => {
+                models::list(context);
                 Ok(())
             }
             ModelsCommand::Pull { name, file, sha256 } => {
@@ -147,12 +152,11 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(())
             }
             ModelsCommand::Fit { name, context, json } => {
-                let path = models::locate(name.as_deref())?;
-                let fit = hillside_common::fit::estimate(&path, context, &Default::default())?;
+                let (what, fit) = models::fit(name.as_deref(), context, &Default::default())?;
                 if json {
                     println!("{}", serde_json::to_string_pretty(&fit)?);
                 } else {
-                    println!("{} at {} tokens of context:", path.display(), fit.context_tokens);
+                    println!("{what} at {} tokens of context:", fit.context_tokens);
                     println!("  weights      {:>8} MB", fit.weights_bytes.div_ceil(1_000_000));
                     println!("  K/V          {:>8} MB (full cache, f16)", fit.kv_bytes.div_ceil(1_000_000));
                     println!("  the program  {:>8} MB", fit.program_bytes / 1_000_000);

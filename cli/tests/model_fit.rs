@@ -70,33 +70,60 @@ fn the_estimate_is_within_15_percent_of_the_peak_rss_at_two_contexts() {
     }
 }
 
+/// Runs `hillside` with `args` inside `cap`: a shell waits until it is in the cgroup, then
+/// becomes hillside there.
+fn run_capped(cap: &hillside_engine::kv::headroom::MemoryCap, args: &[&str]) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new("sh")
+        .args(["-c", "read go && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_hillside")])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    cap.add(child.id()).unwrap();
+    writeln!(child.stdin.take().unwrap(), "go").unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn memory_cap(name: &str, limit_bytes: u64) -> hillside_engine::kv::headroom::MemoryCap {
+    hillside_engine::kv::headroom::MemoryCap::create(name, limit_bytes)
+        .expect("making a memory cgroup (the test needs root and a memory controller)")
+}
+
 #[test]
 fn a_model_whose_weights_would_not_fit_is_refused_before_it_loads() {
-    use hillside_engine::kv::headroom::MemoryCap;
-    use std::io::Write;
     // 450 MB of memory: SmolLM2 (98 MB) runs, Qwen2.5-Coder (491 MB) would be killed mid-load.
-    let cap = MemoryCap::create("hillside-model-fit", 450_000_000)
-        .expect("making a memory cgroup (the test needs root and a memory controller)");
-    let run_capped = |model: &str| {
+    let cap = memory_cap("hillside-model-load", 450_000_000);
+    let generate = |model: &str| {
         let out = hillside().args(["models", "path", model]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        // The shell waits until it is in the cgroup, then becomes hillside there.
-        let mut child = Command::new("sh")
-            .args(["-c", "read go && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_hillside")])
-            .args(["generate", "--model", model, "--prompt", "Hi", "--max-tokens", "2"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        cap.add(child.id()).unwrap();
-        writeln!(child.stdin.take().unwrap(), "go").unwrap();
-        child.wait_with_output().unwrap()
+        run_capped(&cap, &["generate", "--model", model, "--prompt", "Hi", "--max-tokens", "2"])
     };
-    let small = run_capped("smollm2-135m-instruct");
+    let small = generate("smollm2-135m-instruct");
     assert!(small.status.success(), "{}", String::from_utf8_lossy(&small.stderr));
-    let large = run_capped("qwen2.5-coder-0.5b-instruct");
+    let large = generate("qwen2.5-coder-0.5b-instruct");
     let err = String::from_utf8_lossy(&large.stderr);
     assert_eq!(large.status.code(), Some(1), "a clear refusal, not a kill: {err}");
     assert!(err.contains("does not fit: its weights alone take"), "{err}");
+}
+
+#[test]
+fn a_catalogue_model_is_judged_before_it_is_downloaded() {
+    // 14 GB of memory, whatever the machine has. gpt-oss-20b (12.1 GB) at its whole 131,072
+    // tokens needs 3.2 GB more of K/V: the tiered store's cold pool takes that to the disk.
+    let cap = memory_cap("hillside-model-fit", 14_000_000_000);
+    let fit = |model: &str, context: &str| {
+        let out = run_capped(&cap, &["models", "fit", model, "--context", context]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = fit("gpt-oss-20b", "131072");
+    assert!(out.contains("not installed; from the catalogue"), "{out}");
+    assert!(out.contains("fits with the tiered store (hot pool") && out.contains("cold pool 3.2 GB on disk"), "{out}");
+    let out = fit("qwen3-30b-a3b", "4096");
+    assert!(out.contains("does not fit: its weights alone take 18.6 GB"), "{out}");
+    let out = fit("smollm2-135m-instruct", "8192");
+    assert!(out.lines().last().unwrap_or_default().starts_with("fits: it needs"), "{out}");
 }

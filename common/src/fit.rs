@@ -67,26 +67,57 @@ impl Fit {
     }
 }
 
+/// What the estimate needs of a model: the GGUF header's, or the catalogue's before a download.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct ModelShape {
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    /// Tokens a windowed layer keeps, where the model has windowed layers.
+    #[serde(default)]
+    pub window_tokens: Option<usize>,
+    /// The layers that attend to the whole context (all of them without a window).
+    #[serde(default)]
+    pub global_layers: Option<usize>,
+}
+
+impl ModelShape {
+    /// The shape a GGUF's header gives, and the context it was trained for.
+    pub fn of_gguf(path: &Path) -> Result<(Self, usize)> {
+        let file = gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
+        let c = file.config();
+        let shape = Self {
+            layers: c.n_layers,
+            kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            vocab: c.vocab_size,
+            window_tokens: c.sliding_window.as_ref().map(|w| w.tokens),
+            global_layers: c.sliding_window.as_ref().map(|w| w.layers.iter().filter(|&&windowed| !windowed).count()),
+        };
+        Ok((shape, c.context_tokens))
+    }
+}
+
 /// The fit of the GGUF at `path` at `context` tokens (the model's own length if `None`), with
 /// the cold pool where `kv` puts it.
 pub fn estimate(path: &Path, context: Option<usize>, kv: &KvConfig) -> Result<Fit> {
-    let file = gguf::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = file.config();
-    let context_tokens = context.unwrap_or(config.context_tokens).min(config.context_tokens);
+    let (shape, trained_tokens) = ModelShape::of_gguf(path)?;
+    let weights_bytes = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
+    estimate_shape(&shape, weights_bytes, context.unwrap_or(trained_tokens).min(trained_tokens), kv)
+}
+
+/// The fit of a model of `shape` whose file takes `weights_bytes`, at `context_tokens`.
+pub fn estimate_shape(shape: &ModelShape, weights_bytes: u64, context_tokens: usize, kv: &KvConfig) -> Result<Fit> {
     if context_tokens == 0 {
         bail!("--context must be positive");
     }
-    let row_bytes = (2 * config.n_kv_heads * config.head_dim * 2) as u64;
-    let windowed: Vec<bool> = match &config.sliding_window {
-        Some(window) => window.layers.clone(),
-        None => vec![false; config.n_layers],
-    };
-    let window_tokens = config.sliding_window.as_ref().map_or(0, |w| w.tokens.min(context_tokens));
-    let global_layers = windowed.iter().filter(|&&w| !w).count();
-    let ring_bytes = (windowed.len() - global_layers) as u64 * window_tokens as u64 * row_bytes;
+    let row_bytes = (2 * shape.kv_heads * shape.head_dim * 2) as u64;
+    let global_layers = shape.global_layers.unwrap_or(shape.layers).min(shape.layers);
+    let window_tokens = shape.window_tokens.unwrap_or(0).min(context_tokens);
+    let ring_bytes = (shape.layers - global_layers) as u64 * window_tokens as u64 * row_bytes;
     let global_bytes = global_layers as u64 * context_tokens as u64 * row_bytes;
-    let weights_bytes = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.len();
-    let program_bytes = PROGRAM_BYTES + PROGRAM_BYTES_PER_VOCAB_ENTRY * config.vocab_size as u64;
+    let program_bytes = PROGRAM_BYTES + PROGRAM_BYTES_PER_VOCAB_ENTRY * shape.vocab as u64;
     let memory_free_bytes = Headroom::measure().bytes.saturating_sub(HEADROOM_RESERVE_BYTES);
     let mut fit = Fit {
         context_tokens,
@@ -103,13 +134,13 @@ pub fn estimate(path: &Path, context: Option<usize>, kv: &KvConfig) -> Result<Fi
     } else {
         // The global layers go to the tiered store: its hot budget in DRAM, all of their K/V
         // in the cold pool. The rings stay in DRAM.
-        let shape = KvShape {
+        let tiered_shape = KvShape {
             n_layers: global_layers,
-            n_kv_heads: config.n_kv_heads,
-            head_dim: config.head_dim,
+            n_kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
             max_tokens: context_tokens,
         };
-        let hot_bytes = kv.tiered_settings(shape).hot_budget_bytes as u64;
+        let hot_bytes = kv.tiered_settings(tiered_shape).hot_budget_bytes as u64;
         // The cold dir is made when a sequence starts: the disk is the one its nearest parent is on.
         let disk_free_bytes = kv
             .cold_dir

@@ -4,6 +4,7 @@
 
 use crate::download::{Download, Progress};
 use anyhow::{bail, Context, Result};
+use hillside_engine::kv::KvConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,8 @@ pub struct Entry {
     /// The context length the model was trained for.
     pub context_tokens: usize,
     pub licence: String,
+    /// What `models fit` needs of it before it is downloaded.
+    pub shape: crate::fit::ModelShape,
     pub file: String,
     pub source: Source,
     pub sha256: Option<String>,
@@ -118,6 +121,24 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
     bail!("no model file at {name}, and it is not a known model name ({})", known.join(", "))
 }
 
+/// `hillside models fit`: an installed model's (or a path's) fit from its file; a catalogue
+/// entry not yet downloaded from the catalogue's shape and size.
+pub fn fit(spec: Option<&str>, context: Option<usize>, kv: &KvConfig) -> Result<(String, crate::fit::Fit)> {
+    let registry = registry();
+    let name = spec.unwrap_or(&registry.default);
+    match registry.models.iter().find(|e| e.name == name) {
+        Some(entry) if entry.installed_path().is_none() => {
+            let context = context.unwrap_or(entry.context_tokens).min(entry.context_tokens);
+            let fit = crate::fit::estimate_shape(&entry.shape, entry.size_mb * 1_000_000, context, kv)?;
+            Ok((format!("{name} (not installed; from the catalogue)"), fit))
+        }
+        _ => {
+            let path = locate(Some(name))?;
+            Ok((path.display().to_string(), crate::fit::estimate(&path, context, kv)?))
+        }
+    }
+}
+
 /// The file of an installed model (a registry name or a path), fetching nothing.
 pub fn locate(spec: Option<&str>) -> Result<PathBuf> {
     let registry = registry();
@@ -199,28 +220,38 @@ pub fn pull(what: &str, file: Option<&str>, sha256: Option<&str>) -> Result<Path
 }
 
 /// `hillside models list`: the installed models (with where they are), then those a pull
-/// would fetch, apart, so that nothing listed as available is mistaken for one on disk.
-pub fn list() {
+/// would fetch, apart, so that nothing listed as available is mistaken for one on disk; each
+/// with whether it fits this machine at `context` tokens (or the model's own length if shorter).
+pub fn list(context: usize) {
     let registry = registry();
     let dir = models_dir();
-    let row = |name: &str, family: &str, format: &str, size: &str, context: &str, last: &str| {
-        println!("  {name:<32} {family:<9} {format:<7} {size:>9} {context:>8}  {last}");
+    let kv = KvConfig::default();
+    let row = |name: &str, family: &str, format: &str, size: &str, fits: &str, last: &str| {
+        println!("  {name:<32} {family:<9} {format:<7} {size:>9} {fits:>9}  {last}");
     };
+    let fits = |fit: Result<crate::fit::Fit>| match fit.map(|f| f.verdict) {
+        Ok(crate::fit::Verdict::Fits) => "yes",
+        Ok(crate::fit::Verdict::FitsTiered { .. }) => "tiered",
+        Ok(crate::fit::Verdict::DoesNotFit) => "no",
+        Err(_) => "?",
+    };
+    let fit_column = format!("FITS@{}K", context / 1024);
     println!("Installed (in {}):", dir.display());
-    row("NAME", "FAMILY", "FORMAT", "SIZE", "CONTEXT", "PATH");
+    row("NAME", "FAMILY", "FORMAT", "SIZE", &fit_column, "PATH");
     let mut installed = 0;
     for e in &registry.models {
         if let Some(path) = e.installed_path() {
             let name = if e.name == registry.default { format!("{} (default)", e.name) } else { e.name.clone() };
-            let size = std::fs::metadata(&path).map_or_else(|_| "?".to_string(), |m| megabytes(m.len()));
-            row(&name, &e.family, &e.format, &size, &e.context_tokens.to_string(), &path.display().to_string());
+            let bytes = std::fs::metadata(&path).map_or(e.size_mb * 1_000_000, |m| m.len());
+            let fit = crate::fit::estimate_shape(&e.shape, bytes, context.min(e.context_tokens), &kv);
+            row(&name, &e.family, &e.format, &megabytes(bytes), fits(fit), &path.display().to_string());
             installed += 1;
         }
     }
     for path in other_files(&dir, &registry) {
         let name = path.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
         let size = std::fs::metadata(&path).map_or_else(|_| "?".to_string(), |m| megabytes(m.len()));
-        row(&name, "-", "-", &size, "-", &path.display().to_string());
+        row(&name, "-", "-", &size, fits(crate::fit::estimate(&path, Some(context), &kv)), &path.display().to_string());
         installed += 1;
     }
     if installed == 0 {
@@ -228,12 +259,15 @@ pub fn list() {
     }
     println!();
     println!("Available to pull (`hillside models pull NAME`):");
-    row("NAME", "FAMILY", "FORMAT", "SIZE", "CONTEXT", "LICENCE");
+    row("NAME", "FAMILY", "FORMAT", "SIZE", &fit_column, "CONTEXT, LICENCE");
     for e in registry.models.iter().filter(|e| e.installed_path().is_none()) {
         let size = format!("~{}", megabytes(e.size_mb * 1_000_000));
-        row(&e.name, &e.family, &e.format, &size, &e.context_tokens.to_string(), &e.licence);
+        let fit = crate::fit::estimate_shape(&e.shape, e.size_mb * 1_000_000, context.min(e.context_tokens), &kv);
+        row(&e.name, &e.family, &e.format, &size, fits(fit), &format!("{} tokens, {}", e.context_tokens, e.licence));
         println!("  {:<32} {}", "", e.description);
     }
+    println!();
+    println!("FITS: in the memory free now, with the full cache (yes) or the tiered store (tiered); `hillside models fit NAME --context N` says more");
 }
 
 fn megabytes(bytes: u64) -> String {
@@ -314,6 +348,27 @@ mod tests {
         let default = r.models.iter().find(|e| e.name == r.default).expect("default listed");
         assert!(default.source.pypi.as_deref().is_some_and(|p| p.contains("==")), "pinned version");
         assert_eq!(default.sha256.as_deref().map(str::len), Some(64));
+    }
+
+    #[test]
+    fn every_entry_says_what_a_user_picks_by_and_what_fit_needs() {
+        for e in registry().models {
+            assert!(!e.family.is_empty() && !e.format.is_empty() && !e.licence.is_empty(), "{}", e.name);
+            assert!(e.size_mb > 0 && e.context_tokens >= 2048, "{}", e.name);
+            let shape = &e.shape;
+            assert!(shape.layers > 0 && shape.kv_heads > 0 && shape.head_dim > 0 && shape.vocab > 0, "{}", e.name);
+            assert_eq!(shape.window_tokens.is_some(), shape.global_layers.is_some(), "{}", e.name);
+        }
+    }
+
+    #[test]
+    fn an_installed_entry_s_shape_is_its_file_s() {
+        for e in registry().models {
+            let Some(path) = e.installed_path() else { continue };
+            let (shape, trained_tokens) = crate::fit::ModelShape::of_gguf(&path).unwrap();
+            assert_eq!(shape, e.shape, "{}", e.name);
+            assert_eq!(trained_tokens, e.context_tokens, "{}", e.name);
+        }
     }
 
     #[test]
