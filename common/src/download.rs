@@ -42,14 +42,6 @@ pub struct Progress {
     pub bytes_per_s: f64,
 }
 
-impl Progress {
-    /// Seconds left at the current rate, where the size is known and bytes are arriving.
-    pub fn seconds_left(&self) -> Option<f64> {
-        let left = self.total_bytes?.saturating_sub(self.done_bytes);
-        (self.bytes_per_s > 0.0).then(|| left as f64 / self.bytes_per_s)
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum DownloadError {
     #[error("cannot reach {host}: this machine seems to be offline, or the address is wrong ({why})")]
