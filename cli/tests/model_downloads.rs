@@ -340,3 +340,17 @@ fn a_full_disk_is_refused_before_the_download_or_stops_it_with_nothing_installed
     assert!(stderr(&out).contains("the disk filled up"), "{}", stderr(&out));
     assert_eq!(left, "tiny.gguf.part", "the part is kept for the next pull, and no model is installed");
 }
+
+#[test]
+fn a_link_where_the_part_goes_is_refused_and_its_target_untouched() {
+    let body = model_bytes(1 << 20);
+    let hub = hub(body.clone(), sha256_hex(&body), vec![Answer::Serve], true);
+    let models = tempfile::tempdir().unwrap();
+    let victim = models.path().join("victim.txt");
+    std::fs::write(&victim, b"the user's file").unwrap();
+    std::os::unix::fs::symlink(&victim, models.path().join("tiny.gguf.part")).unwrap();
+    let out = pull(&hub, models.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"the user's file");
+    assert!(!models.path().join("tiny.gguf").exists());
+}

@@ -7,7 +7,7 @@
 use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -84,7 +84,7 @@ impl Download {
         let want = self.sha256.clone().or(head.sha256).ok_or_else(|| DownloadError::NoHash { file: file.clone() })?;
         let want = want.to_ascii_lowercase();
         let dir = self.dest.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|e| io_error(&file, e))?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| io_error(&file, e))?;
 
         let part_path = part_path(&self.dest);
         let file_handle = OpenOptions::new()
@@ -92,6 +92,8 @@ impl Download {
             .append(true)
             .create(true)
             .mode(0o600)
+            // A link planted where the part goes is refused, never written through.
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&part_path)
             .map_err(|e| io_error(&file, e))?;
         lock(&file_handle).map_err(|_| DownloadError::Busy { file: file.clone() })?;
