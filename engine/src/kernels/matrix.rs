@@ -693,7 +693,7 @@ mod tests {
         // One token (decode's kernel), 3 (one group of four, short), 11 (three groups) and 21
         // (a whole K-quant tile of 16 and a short one; for the other formats, tiles of 8).
         for n in [1, 3, 11, 21] {
-            let (rows, cols) = (6, 512);
+            let (rows, cols) = (7, 512);
             let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
             let mut qx = QuantizedActivations::default();
             qx.quantize_into(&x, n, cols);

@@ -22,7 +22,7 @@ pub struct DecodeArgs {
     /// Text the prompts are cut from (default: the shared Pride and Prejudice).
     #[arg(long)]
     pub text: Option<PathBuf>,
-    /// Prompt length for the prefill figure.
+    /// Prompt length for the prefill figure (timed after one untimed run, as llama-bench times it).
     #[arg(long, default_value_t = 512)]
     pub prefill_tokens: usize,
     /// Contexts (tokens) at which decode speed is measured.
@@ -215,7 +215,10 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
     }
 
     let chunk = hillside_engine::GenerateParams::default().prefill_chunk_tokens;
-    eprintln!("prefill of {} tokens ...", args.prefill_tokens);
+    eprintln!("prefill of {} tokens (a warm-up, then the timed run) ...", args.prefill_tokens);
+    // One untimed run first, as llama-bench does, so that the figure is the engine's rate and
+    // not the first touch of its scratch buffers' pages.
+    prefill(&engine, &args.model, &tokens[..args.prefill_tokens], chunk, None)?;
     let (_, _, prefill_result) = prefill(&engine, &args.model, &tokens[..args.prefill_tokens], chunk, None)?;
 
     let weight_bytes = engine.model().weight_bytes();

@@ -1,14 +1,15 @@
-//! The K-quant products at x86-64-v3 (AVX2, FMA, F16C), which every x86 level runs (AVX-512
-//! the same instructions, with 32 registers). Each sub-block's 6-bit scale multiplies its
-//! `maddubs` pairs in `madd`, so a super-block's products add up exactly in i32 lanes; its mins
-//! meet the activations' sums in one more `madd`.
+//! The K-quant products at x86-64-v3 (AVX2, FMA, F16C), which every x86 level runs, and a
+//! tile's products at AVX-512 with VNNI. Each sub-block's 6-bit scale multiplies its `maddubs`
+//! pairs in `madd`, so a super-block's products add up exactly in i32 lanes; its mins meet the
+//! activations' sums in one more `madd`.
 //!
 //! One token (decode) streams each row once, a 32-value sub-block a vector. A tile of tokens
 //! goes four at a time ([`token_groups`]): a vector holds 8 values of each of four tokens and the
 //! row's 8 values broadcast against them, so the four `maddubs` of a sub-block add in i16 (at
 //! most 8·31·127 < 2¹⁵) before one `madd` applies its scale, where a vector a sub-block needs a
-//! `madd` for each. VNNI would not help: its i32 sums would still need the scale, a slower
-//! `mullo` (measured: no faster on Zen 4).
+//! `madd` for each. At AVX-512 a tile takes two rows at a time ([`row_pairs`]): one load of the
+//! activations serves both, and VNNI's `dpbusd` sums in i32 before a `mullo` applies the scale.
+//! Alone, VNNI is no faster (its `mullo` costs what it saves); with the shared loads it is.
 
 use super::super::k_quant::{
     scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, GROUP, SUM_SPAN, SUPER_BLOCK, TILE_TOKENS,
@@ -49,12 +50,12 @@ pub unsafe fn dot_rows(
     unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) }
 }
 
-/// [`dot_rows`] with the same instructions, EVEX-encoded: AVX-512VL gives the compiler 32
-/// vector registers, where a tile's products and a sub-block's weights spill from 16.
+/// [`dot_rows`] at AVX-512 with VNNI. One token takes [`dot_rows`]' loop, EVEX-encoded (32
+/// vector registers); a tile takes two rows at a time ([`row_pairs`]).
 ///
 /// # Safety
-/// The CPU must support avx2, fma, f16c, avx512f, avx512bw and avx512vl.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+/// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub unsafe fn dot_rows_avx512(
     w: &KQuantMatrix,
     rows: Range<usize>,
@@ -63,8 +64,31 @@ pub unsafe fn dot_rows_avx512(
     nt: usize,
     out: &mut [f32],
 ) {
-    // SAFETY: the features per this function's contract.
-    unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) }
+    if nt == 1 {
+        // SAFETY: the features per this function's contract.
+        return unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) };
+    }
+    assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TILE_TOKENS);
+    assert!(out.len() >= rows.len() * TILE_TOKENS && w.raw.len() >= w.rows * w.row_bytes());
+    // An odd row left over takes the one-row loop.
+    let paired = rows.start..rows.start + rows.len() / 2 * 2;
+    // SAFETY (every arm): features per this function's contract; bounds asserted above.
+    unsafe {
+        match (w.format, nt) {
+            (KQuantFormat::Q4K, 2..=4) => row_pairs::<1, false>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q5K, 2..=4) => row_pairs::<1, true>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, 5..=8) => row_pairs::<2, false>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q5K, 5..=8) => row_pairs::<2, true>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, 9..=12) => row_pairs::<3, false>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q5K, 9..=12) => row_pairs::<3, true>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, _) => row_pairs::<4, false>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q5K, _) => row_pairs::<4, true>(w, paired.clone(), x, t0, nt, out),
+        }
+        if paired.end < rows.end {
+            let offset = paired.len() * TILE_TOKENS;
+            dot_rows_inlined(w, paired.end..rows.end, x, t0, nt, &mut out[offset..]);
+        }
+    }
 }
 
 /// The body of [`dot_rows`], compiled with each caller's features.
@@ -294,6 +318,176 @@ unsafe fn sub_block<const GROUPS: usize, const FIVE: bool, const SUB: usize>(
             let pairs = |j: usize| _mm256_maddubs_epi16(ints[j], _mm256_loadu_si256(runs.add(32 * j).cast()));
             let sum16 = _mm256_add_epi16(_mm256_add_epi16(pairs(0), pairs(1)), _mm256_add_epi16(pairs(2), pairs(3)));
             products[g] = _mm256_add_epi32(products[g], _mm256_madd_epi16(sum16, scale));
+        }
+    }
+}
+
+/// [`token_groups`] two rows at a time, with VNNI: each load of a group's activations serves
+/// both rows, and a sub-block's four `dpbusd` sum its products in i32 lanes before one `mullo`
+/// applies its scale (both halve the instructions a product takes, which bound this loop on
+/// Zen 4: two vector loads and four vector operations a cycle). The two rows' super-block
+/// totals reduce together, in the same integer sums and f32 operations as [`token_groups`].
+///
+/// # Safety
+/// The CPU has avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni; `rows` is an even
+/// number of rows within the matrix, `out` holds `rows.len() · TILE_TOKENS` values.
+#[inline(always)]
+unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    let n_sb = w.super_blocks_per_row();
+    let block_bytes = w.format.block_bytes();
+    let first_group = t0 / GROUP;
+    assert!(rows.len().is_multiple_of(2) && rows.end <= w.rows && out.len() >= rows.len() * TILE_TOKENS);
+    assert!(t0.is_multiple_of(GROUP) && (first_group + GROUPS) * GROUP * w.cols <= x.groups.values.len());
+    assert!(
+        x.groups.sums.len() * SUM_SPAN == x.groups.values.len()
+            && x.groups.scales.len() * SUPER_BLOCK == x.groups.values.len()
+    );
+    let values = x.groups.values[first_group * GROUP * w.cols..].as_ptr();
+    let sums = x.groups.sums[first_group * GROUP * w.cols / SUM_SPAN..].as_ptr();
+    let scales = x.groups.scales[first_group * GROUP * n_sb..].as_ptr();
+    // Each pair's totals a group, [row 0's four tokens, row 1's], kept between panels.
+    let mut totals = vec![[0f32; 2 * GROUP]; rows.len() / 2 * GROUPS];
+    // SAFETY: per the contract; every pointer stays inside the rows' super-blocks and the
+    // groups' values, sums and scales (asserted above).
+    unsafe {
+        // hadd's lanes [r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3] into each row's tokens in turn.
+        let products_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        // The mins' last hadd: [r0t0 r0t2 r1t0 r1t2 | r0t1 r0t3 r1t1 r1t3], likewise.
+        let mins_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let panel_super_blocks = (PANEL_BYTES / (GROUPS * GROUP * SUPER_BLOCK)).max(1);
+        for first_sb in (0..n_sb).step_by(panel_super_blocks) {
+            let panel = first_sb..(first_sb + panel_super_blocks).min(n_sb);
+            for (pair, row) in rows.clone().step_by(2).enumerate() {
+                let row_ptrs = [0, 1].map(|r| w.raw[(row + r) * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr());
+                let pair_totals = &mut totals[pair * GROUPS..][..GROUPS];
+                let mut acc = [_mm256_setzero_ps(); GROUPS];
+                for g in 0..GROUPS {
+                    acc[g] = _mm256_loadu_ps(pair_totals[g].as_ptr());
+                }
+                for sb in panel.clone() {
+                    let blocks = [row_ptrs[0].add(sb * block_bytes), row_ptrs[1].add(sb * block_bytes)];
+                    let (d0, dmin0, sub_scales0, mins0) = header(blocks[0]);
+                    let (d1, dmin1, sub_scales1, mins1) = header(blocks[1]);
+                    let mut xv = [values; GROUPS];
+                    for (g, xv) in xv.iter_mut().enumerate() {
+                        *xv = values.add((g * n_sb + sb) * GROUP * SUPER_BLOCK);
+                    }
+                    let mut products = [[_mm256_setzero_si256(); GROUPS]; 2];
+                    for sub in 0..SUBS {
+                        sub_block_pair::<GROUPS, FIVE>(
+                            sub,
+                            blocks,
+                            w.format.nibbles_at(),
+                            [sub_scales0, sub_scales1],
+                            &xv,
+                            &mut products,
+                        );
+                    }
+                    let mins16 = [
+                        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins0 as i64))),
+                        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins1 as i64))),
+                    ];
+                    let d = _mm256_setr_m128(_mm_set1_ps(d0), _mm_set1_ps(d1));
+                    let neg_dmin = _mm256_setr_m128(_mm_set1_ps(-dmin0), _mm_set1_ps(-dmin1));
+                    for g in 0..GROUPS {
+                        let at = g * n_sb + sb;
+                        let p = _mm256_permutevar8x32_epi32(
+                            _mm256_hadd_epi32(products[0][g], products[1][g]),
+                            products_order,
+                        );
+                        // Each row's mins against tokens 0–1's and 2–3's sums, then (as in
+                        // token_groups) [t0 t0 t2 t2 | t1 t1 t3 t3] a row, and both rows' totals.
+                        let group_sums = sums.add(at * GROUP * SUBS);
+                        let (s01, s23) =
+                            (_mm256_loadu_si256(group_sums.cast()), _mm256_loadu_si256(group_sums.add(16).cast()));
+                        let mut quarters = [_mm256_setzero_si256(); 2];
+                        for r in 0..2 {
+                            quarters[r] =
+                                _mm256_hadd_epi32(_mm256_madd_epi16(s01, mins16[r]), _mm256_madd_epi16(s23, mins16[r]));
+                        }
+                        let m = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(quarters[0], quarters[1]), mins_order);
+                        let dx = _mm256_broadcast_ps(&*(scales.add(at * GROUP) as *const __m128));
+                        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, dx), acc[g]);
+                        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(neg_dmin, dx), acc[g]);
+                    }
+                }
+                for g in 0..GROUPS {
+                    _mm256_storeu_ps(pair_totals[g].as_mut_ptr(), acc[g]);
+                }
+            }
+        }
+    }
+    for (pair, pair_totals) in totals.chunks_exact(GROUPS).enumerate() {
+        for r in 0..2 {
+            for t in 0..nt {
+                out[(2 * pair + r) * TILE_TOKENS + t] = pair_totals[t / GROUP][r * GROUP + t % GROUP];
+            }
+        }
+    }
+}
+
+/// [`sub_block`] for two rows with VNNI: each row's sub-block `sub` as four vectors of 8
+/// weights, against each group's four runs (loaded once for both rows), summed by `dpbusd` and
+/// scaled by `mullo`. (A row in each half of a 512-bit vector, which halves the instructions,
+/// measured slower on Zen 4.)
+///
+/// # Safety
+/// Each of `blocks` points at a whole super-block whose nibbles start `nibbles_at` bytes in;
+/// each of `xv` at a group's 1,024 values of it; the CPU has avx2, avx512vl and avx512vnni.
+#[inline(always)]
+unsafe fn sub_block_pair<const GROUPS: usize, const FIVE: bool>(
+    sub: usize,
+    blocks: [*const u8; 2],
+    nibbles_at: usize,
+    sub_scales: [u64; 2],
+    xv: &[*const i8; GROUPS],
+    products: &mut [[__m256i; GROUPS]; 2],
+) {
+    // SAFETY: per the contract.
+    unsafe {
+        let low_nibbles = _mm256_set1_epi8(0x0f);
+        let nibble_shift = _mm_cvtsi32_si128(4 * (sub % 2) as i32);
+        let mut ints = [[_mm256_setzero_si256(); 4]; 2];
+        for (r, row_ints) in ints.iter_mut().enumerate() {
+            for (j, ints) in row_ints.iter_mut().enumerate() {
+                let eight = blocks[r].add(nibbles_at + sub / 2 * 32 + 8 * j) as *const i64;
+                let raw = _mm256_set1_epi64x(eight.read_unaligned());
+                let q = _mm256_and_si256(_mm256_srl_epi16(raw, nibble_shift), low_nibbles);
+                *ints = if FIVE {
+                    // Bit `sub` of each byte of the fifth bits, to bit 4.
+                    let high = _mm256_set1_epi64x((blocks[r].add(16 + 8 * j) as *const i64).read_unaligned());
+                    let bit =
+                        _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(sub as i32)), _mm256_set1_epi8(1));
+                    _mm256_or_si256(q, _mm256_slli_epi16::<4>(bit))
+                } else {
+                    q
+                };
+            }
+        }
+        let scale = [
+            _mm256_set1_epi32(i32::from((sub_scales[0] >> (8 * sub)) as u8)),
+            _mm256_set1_epi32(i32::from((sub_scales[1] >> (8 * sub)) as u8)),
+        ];
+        for g in 0..GROUPS {
+            let runs = xv[g].add(sub * 4 * 32);
+            let mut a = [_mm256_setzero_si256(); 4];
+            for (j, a) in a.iter_mut().enumerate() {
+                *a = _mm256_loadu_si256(runs.add(32 * j).cast());
+            }
+            for r in 0..2 {
+                let mut s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ints[r][0], a[0]);
+                s = _mm256_dpbusd_epi32(s, ints[r][1], a[1]);
+                s = _mm256_dpbusd_epi32(s, ints[r][2], a[2]);
+                s = _mm256_dpbusd_epi32(s, ints[r][3], a[3]);
+                products[r][g] = _mm256_add_epi32(products[r][g], _mm256_mullo_epi32(s, scale[r]));
+            }
         }
     }
 }
