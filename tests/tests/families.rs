@@ -379,21 +379,24 @@ fn perplexity(log_probs: impl Iterator<Item = f64>) -> f64 {
     (-sum / n as f64).exp()
 }
 
-/// Gemma 3 270M's real weights on 512 tokens of a book against llama.cpp on the same file:
+/// Gemma 3 270M's real weights on 2,048 tokens of a book against llama.cpp on the same file:
 /// perplexity within 0.5%; the same top token wherever llama.cpp's leads by a logit; and top-1
 /// agreement no more than 2 points below llama.cpp's with its own two attention kernels
 /// (flash attention on and off), measured beside it, since this small model has many near ties.
+/// 2,048 tokens, not 512: a token's log-probability moves by 0.08 on average between any two
+/// sound kernels here (llama.cpp's two, or two of our SIMD levels), which leaves a 512-token
+/// perplexity uncertain by about 0.45%, as wide as the bound.
 #[test]
 fn gemma3_270m_perplexity_matches_llama_cpp() {
     let path = common::gemma_model_path();
     let engine = Engine::load(&path).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
     let start = text.find("It is a truth universally acknowledged").expect("opening line");
-    let tokens: Vec<u32> = engine.tokenizer().encode(&text[start..start + 4000]).unwrap()[..512].to_vec();
+    let tokens: Vec<u32> = engine.tokenizer().encode(&text[start..start + 16000]).unwrap()[..2048].to_vec();
     let (theirs, theirs_other_kernel) = (scores(&path, &tokens, "1"), scores(&path, &tokens, "0"));
     assert_eq!(theirs.len(), tokens.len() - 1);
 
-    let mut seq = engine.new_sequence(Some(1024));
+    let mut seq = engine.new_sequence(Some(4096));
     let vocab = engine.model().config.vocab_size;
     let ours = engine.model().forward(&tokens, seq.kv.as_mut(), Logits::All).unwrap();
     let rows = || ours.chunks_exact(vocab).take(tokens.len() - 1);

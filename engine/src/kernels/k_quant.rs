@@ -1,4 +1,4 @@
-//! Q4_K and Q5_K matrices kept as the file lays them out, and activations quantized a
+//! Q4_K, Q5_K and Q6_K matrices kept as the file lays them out, and activations quantized a
 //! super-block at a time for their products.
 //!
 //! A super-block holds 256 values: an f16 `d` and `dmin`, twelve bytes packing a 6-bit scale
@@ -10,6 +10,11 @@
 //! into the token's f32 total by one fused multiply-add. Every kernel follows that order, so all
 //! SIMD levels, and a token alone or in any tile, give the same bits. The matrix takes the
 //! file's bytes in memory and no more.
+//!
+//! Q6_K's super-block holds 128 bytes of low nibbles, 64 of high bit pairs, sixteen i8 scales
+//! (one per 16 values) and an f16 `d`; a value is `d·sc·(q − 32)` with `q` in 0–63. Its
+//! products take `q` unsigned, and the −32 from the activations' sums over each 16 values:
+//! `Σ sc·(Σ q·x − 32·Σ x)`, again one exact i32 a super-block.
 
 use super::parallel::{task_count, DisjointWriter};
 use super::spin_pool::pool;
@@ -21,12 +26,15 @@ pub const SUPER_BLOCK: usize = 256;
 pub const SUB_BLOCKS: usize = 8;
 /// Values each of the activations' sums covers ([`SuperBlockActivations::sums`]): a sub-block.
 pub const SUM_SPAN: usize = 32;
+/// Values each Q6_K scale covers, and each of [`SuperBlockActivations::sixteen_sums`].
+pub const Q6K_SPAN: usize = 16;
 
 /// The K-quant formats kept as the file has them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KQuantFormat {
     Q4K,
     Q5K,
+    Q6K,
 }
 
 impl KQuantFormat {
@@ -35,14 +43,17 @@ impl KQuantFormat {
         match self {
             Self::Q4K => 144,
             Self::Q5K => 176,
+            Self::Q6K => 210,
         }
     }
 
-    /// Where a super-block's nibbles start (after d, dmin, the packed scales and Q5_K's fifth bits).
+    /// Where a Q4_K or Q5_K super-block's nibbles start (after d, dmin, the packed scales and
+    /// Q5_K's fifth bits).
     pub fn nibbles_at(self) -> usize {
         match self {
             Self::Q4K => 16,
             Self::Q5K => 48,
+            Self::Q6K => unreachable!("Q6_K starts with its nibbles (see q6k_ints)"),
         }
     }
 }
@@ -100,7 +111,8 @@ impl KQuantMatrix {
         &self.raw[(row * self.super_blocks_per_row() + sb) * bytes..][..bytes]
     }
 
-    /// The unsigned ints (0–15, Q5_K 0–31) of sub-block `sub` of a super-block, in value order.
+    /// The unsigned ints (0–15, Q5_K 0–31) of sub-block `sub` of a Q4_K or Q5_K super-block, in
+    /// value order.
     #[inline(always)]
     pub fn sub_block_ints(&self, block: &[u8], sub: usize) -> [u8; 32] {
         let pair = &block[self.format.nibbles_at() + sub / 2 * 32..][..32];
@@ -109,15 +121,23 @@ impl KQuantMatrix {
             match self.format {
                 KQuantFormat::Q4K => q,
                 KQuantFormat::Q5K => q | ((block[16 + l] >> sub) & 1) << 4,
+                KQuantFormat::Q6K => unreachable!("see q6k_ints"),
             }
         })
     }
 
     /// Writes row `row`, dequantized, into `out` (`cols` values), as ggml computes each value:
-    /// `(d·sc)·q − dmin·m`.
+    /// `(d·sc)·q − dmin·m`, Q6_K's `(d·sc)·(q − 32)`.
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         for (sb, dst) in out[..self.cols].chunks_exact_mut(SUPER_BLOCK).enumerate() {
             let block = self.super_block(row, sb);
+            if self.format == KQuantFormat::Q6K {
+                let (ints, scales, d) = (q6k_ints(block), q6k_scales(block), q6k_d(block));
+                for (i, v) in dst.iter_mut().enumerate() {
+                    *v = d * f32::from(scales[i / Q6K_SPAN]) * f32::from(ints[i] as i8 - 32);
+                }
+                continue;
+            }
             let (d, dmin) = d_and_dmin(block);
             let (scales, mins) = scales_and_mins(&block[4..16]);
             for (sub, dst) in dst.chunks_exact_mut(32).enumerate() {
@@ -134,6 +154,24 @@ impl KQuantMatrix {
     pub fn dot_portable(&self, row: usize, x: &SuperBlockActivations, t: usize) -> f32 {
         let n_sb = self.super_blocks_per_row();
         let mut acc = 0f32;
+        if self.format == KQuantFormat::Q6K {
+            for sb in 0..n_sb {
+                let block = self.super_block(row, sb);
+                let (ints, scales) = (q6k_ints(block), q6k_scales(block));
+                let at = t * n_sb + sb;
+                let xq = &x.qs[at * SUPER_BLOCK..][..SUPER_BLOCK];
+                let sums = &x.sixteen_sums[at * SUPER_BLOCK / Q6K_SPAN..][..SUPER_BLOCK / Q6K_SPAN];
+                let mut isum = 0i32;
+                for (j, &scale) in scales.iter().enumerate() {
+                    let span = j * Q6K_SPAN..(j + 1) * Q6K_SPAN;
+                    let products: i32 =
+                        ints[span.clone()].iter().zip(&xq[span]).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum();
+                    isum += i32::from(scale) * (products - 32 * i32::from(sums[j]));
+                }
+                acc = (isum as f32).mul_add(q6k_d(block) * x.d[at], acc);
+            }
+            return acc;
+        }
         for sb in 0..n_sb {
             let block = self.super_block(row, sb);
             let (d, dmin) = d_and_dmin(block);
@@ -171,6 +209,27 @@ impl KQuantMatrix {
     }
 }
 
+/// A Q6_K super-block's 256 unsigned ints (0–63), in value order: value `128h + 32k + l` takes
+/// nibble `k / 2` of low byte `64h + 32(k % 2) + l` and bit pair `k` of high byte `32h + l`.
+pub fn q6k_ints(block: &[u8]) -> [u8; SUPER_BLOCK] {
+    let (low, high) = (&block[..128], &block[128..192]);
+    std::array::from_fn(|i| {
+        let (h, k, l) = (i / 128, i % 128 / 32, i % 32);
+        let nibble = (low[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0x0f;
+        nibble | ((high[32 * h + l] >> (2 * k)) & 3) << 4
+    })
+}
+
+/// A Q6_K super-block's sixteen scales, one per 16 values.
+pub fn q6k_scales(block: &[u8]) -> [i8; 16] {
+    std::array::from_fn(|j| block[192 + j] as i8)
+}
+
+/// A Q6_K super-block's `d`.
+pub fn q6k_d(block: &[u8]) -> f32 {
+    f16::from_le_bytes([block[208], block[209]]).to_f32()
+}
+
 /// A super-block's `d` and `dmin`.
 #[inline(always)]
 pub fn d_and_dmin(block: &[u8]) -> (f32, f32) {
@@ -189,6 +248,8 @@ pub struct SuperBlockActivations {
     pub d: Vec<f32>,
     /// n × cols / 32 sums of 32 ints each
     pub sums: Vec<i16>,
+    /// n × cols / 16 sums of 16 ints each (for Q6_K's scales)
+    pub sixteen_sums: Vec<i16>,
     /// The same, four tokens to a group (for more than one token).
     pub groups: TokenGroups,
 }
@@ -208,6 +269,8 @@ pub const TILE_TOKENS: usize = 16;
 pub struct TokenGroups {
     pub values: Vec<i8>,
     pub sums: Vec<i16>,
+    /// Per group and super-block, the 4 × 16 sums over 16 values (each token's sixteen in turn).
+    pub sixteen_sums: Vec<i16>,
     pub scales: Vec<f32>,
 }
 
@@ -221,6 +284,7 @@ impl SuperBlockActivations {
         self.qs.resize(n * cols, 0);
         self.d.resize(n * cols / SUPER_BLOCK, 0.0);
         self.sums.resize(n * cols / SUM_SPAN, 0);
+        self.sixteen_sums.resize(n * cols / Q6K_SPAN, 0);
         let grouped = if n > 1 { n.div_ceil(GROUP) * GROUP } else { 0 };
         // Cleared, so that the tokens past the last are zeros.
         let groups = &mut self.groups;
@@ -228,83 +292,98 @@ impl SuperBlockActivations {
         groups.values.resize(grouped * cols, 0);
         groups.sums.clear();
         groups.sums.resize(grouped * cols / SUM_SPAN, 0);
+        groups.sixteen_sums.clear();
+        groups.sixteen_sums.resize(grouped * cols / Q6K_SPAN, 0);
         groups.scales.clear();
         groups.scales.resize(grouped * cols / SUPER_BLOCK, 0.0);
         // Whole groups a task, so that each regroups its own tokens.
         let tasks = task_count(n, 8);
         let tokens_per_task = n.div_ceil(tasks).next_multiple_of(GROUP).max(GROUP);
-        let (qs, d, sums) =
-            (DisjointWriter::new(&mut self.qs), DisjointWriter::new(&mut self.d), DisjointWriter::new(&mut self.sums));
-        let (group_values, group_sums, group_scales) = (
+        let (qs, d, sums, sixteen_sums) = (
+            DisjointWriter::new(&mut self.qs),
+            DisjointWriter::new(&mut self.d),
+            DisjointWriter::new(&mut self.sums),
+            DisjointWriter::new(&mut self.sixteen_sums),
+        );
+        let (group_values, group_sums, group_sixteen_sums, group_scales) = (
             DisjointWriter::new(&mut groups.values),
             DisjointWriter::new(&mut groups.sums),
+            DisjointWriter::new(&mut groups.sixteen_sums),
             DisjointWriter::new(&mut groups.scales),
         );
         pool().run(n.div_ceil(tokens_per_task), &|task| {
             let tokens = task * tokens_per_task..((task + 1) * tokens_per_task).min(n);
             let values = tokens.start * cols..tokens.end * cols;
             // SAFETY: each task owns its tokens' values, scales and sums, and their groups'.
-            let (qs, d, sums) = unsafe {
-                (
-                    qs.slice(values.start, values.len()),
-                    d.slice(values.start / SUPER_BLOCK, values.len() / SUPER_BLOCK),
-                    sums.slice(values.start / SUM_SPAN, values.len() / SUM_SPAN),
-                )
+            let part = unsafe {
+                Part {
+                    values: qs.slice(values.start, values.len()),
+                    d: d.slice(values.start / SUPER_BLOCK, values.len() / SUPER_BLOCK),
+                    sums: sums.slice(values.start / SUM_SPAN, values.len() / SUM_SPAN),
+                    sixteen_sums: sixteen_sums.slice(values.start / Q6K_SPAN, values.len() / Q6K_SPAN),
+                }
             };
-            quantize_super_blocks(&x[values.clone()], qs, d, sums);
+            quantize_super_blocks(&x[values.clone()], part.values, part.d, part.sixteen_sums);
+            for (sum, pair) in part.sums.iter_mut().zip(part.sixteen_sums.chunks_exact(2)) {
+                *sum = pair[0] + pair[1];
+            }
             if grouped == 0 {
                 return;
             }
             let padded = tokens.start * cols..tokens.start * cols + tokens.len().next_multiple_of(GROUP) * cols;
             // SAFETY: as above; the task's tokens are whole groups.
-            let (values_out, sums_out, scales_out) = unsafe {
-                (
-                    group_values.slice(padded.start, padded.len()),
-                    group_sums.slice(padded.start / SUM_SPAN, padded.len() / SUM_SPAN),
-                    group_scales.slice(padded.start / SUPER_BLOCK, padded.len() / SUPER_BLOCK),
-                )
+            let grouped_part = unsafe {
+                Part {
+                    values: group_values.slice(padded.start, padded.len()),
+                    d: group_scales.slice(padded.start / SUPER_BLOCK, padded.len() / SUPER_BLOCK),
+                    sums: group_sums.slice(padded.start / SUM_SPAN, padded.len() / SUM_SPAN),
+                    sixteen_sums: group_sixteen_sums.slice(padded.start / Q6K_SPAN, padded.len() / Q6K_SPAN),
+                }
             };
-            regroup(cols, qs, d, sums, values_out, sums_out, scales_out);
+            regroup(cols, &part, grouped_part);
         });
     }
 }
 
+/// One task's share of the activations: its tokens' values, scales and sums.
+struct Part<'a> {
+    values: &'a mut [i8],
+    d: &'a mut [f32],
+    sums: &'a mut [i16],
+    sixteen_sums: &'a mut [i16],
+}
+
 /// Tokens' values, scales and sums (row-major, `cols` a token) into [`TokenGroups`]' layout,
 /// the first token starting a group.
-fn regroup(
-    cols: usize,
-    qs: &[i8],
-    d: &[f32],
-    sums: &[i16],
-    values: &mut [i8],
-    group_sums: &mut [i16],
-    scales: &mut [f32],
-) {
+fn regroup(cols: usize, tokens: &Part, groups: Part) {
     let n_sb = cols / SUPER_BLOCK;
-    let subs = SUPER_BLOCK / SUM_SPAN;
-    for (i, token) in qs.chunks_exact(cols).enumerate() {
+    let (subs, sixteens) = (SUPER_BLOCK / SUM_SPAN, SUPER_BLOCK / Q6K_SPAN);
+    for (i, token) in tokens.values.chunks_exact(cols).enumerate() {
         let (g, t) = (i / GROUP, i % GROUP);
         for (sb, block) in token.chunks_exact(SUPER_BLOCK).enumerate() {
             let at = g * n_sb + sb;
-            let out = &mut values[at * GROUP * SUPER_BLOCK..][..GROUP * SUPER_BLOCK];
+            let out = &mut groups.values[at * GROUP * SUPER_BLOCK..][..GROUP * SUPER_BLOCK];
             for (run, eight) in block.chunks_exact(8).enumerate() {
                 out[run * 8 * GROUP + 8 * t..][..8].copy_from_slice(eight);
             }
-            group_sums[(at * GROUP + t) * subs..][..subs].copy_from_slice(&sums[(i * n_sb + sb) * subs..][..subs]);
-            scales[at * GROUP + t] = d[i * n_sb + sb];
+            let from = i * n_sb + sb;
+            groups.sums[(at * GROUP + t) * subs..][..subs].copy_from_slice(&tokens.sums[from * subs..][..subs]);
+            groups.sixteen_sums[(at * GROUP + t) * sixteens..][..sixteens]
+                .copy_from_slice(&tokens.sixteen_sums[from * sixteens..][..sixteens]);
+            groups.d[at * GROUP + t] = tokens.d[from];
         }
     }
 }
 
 super::ops::multiversioned! {
     /// Each 256 values of `x` to int8 with one scale, as ggml's Q8_K quantizes them (so products
-    /// of K-quant files are llama.cpp's), and the sums of each 32 ints.
+    /// of K-quant files are llama.cpp's), and the sums of each 16 ints.
     fn quantize_super_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], sums: &mut [i16]) {
         for (((src, dst), scale), sums) in x
             .chunks_exact(SUPER_BLOCK)
             .zip(qs.chunks_exact_mut(SUPER_BLOCK))
             .zip(d.iter_mut())
-            .zip(sums.chunks_exact_mut(SUPER_BLOCK / SUM_SPAN))
+            .zip(sums.chunks_exact_mut(SUPER_BLOCK / Q6K_SPAN))
         {
             // As ggml's Q8_K: the value of largest magnitude becomes −127 (its scale takes the
             // opposite sign), the rest round half to even.
@@ -315,7 +394,7 @@ super::ops::multiversioned! {
             for (q, &v) in dst.iter_mut().zip(src) {
                 *q = (v * inv).round_ties_even().min(127.0) as i8;
             }
-            for (sum, span) in sums.iter_mut().zip(dst.chunks_exact(SUM_SPAN)) {
+            for (sum, span) in sums.iter_mut().zip(dst.chunks_exact(Q6K_SPAN)) {
                 *sum = span.iter().map(|&q| i16::from(q)).sum();
             }
         }

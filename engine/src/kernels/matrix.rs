@@ -70,7 +70,7 @@ impl HalfMatrix {
 #[derive(Debug, Clone)]
 pub enum Matrix {
     Quantized(UqMatrix),
-    /// Q4_K and Q5_K, as the file has them.
+    /// Q4_K, Q5_K and Q6_K, as the file has them.
     KQuant(KQuantMatrix),
     Dense(DenseMatrix),
     Half(HalfMatrix),
@@ -84,6 +84,7 @@ fn k_quant_format(format: GgufBlockFormat) -> Option<KQuantFormat> {
     match format {
         GgufBlockFormat::Q4K => Some(KQuantFormat::Q4K),
         GgufBlockFormat::Q5K => Some(KQuantFormat::Q5K),
+        GgufBlockFormat::Q6K => Some(KQuantFormat::Q6K),
         _ => None,
     }
 }
@@ -407,16 +408,6 @@ pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations
         let index = row * nb + b;
         let wq = &w.qs[index * bpb..][..bpb];
         let xq = &x.qs[(t * nb + b) * BLOCK..][..BLOCK];
-        if w.bits == QuantBits::Six {
-            let ints = w.block_ints(index);
-            for h in 0..2 {
-                let half = BLOCK / 2 * h..BLOCK / 2 * (h + 1);
-                let isum: i32 = half.clone().map(|j| i32::from(ints[j]) * i32::from(xq[j])).sum();
-                let scale = w.value_scale(index, half.start);
-                acc += scale * x.d[t * nb + b] * isum as f32 - 32.0 * scale * sums[2 * (t * nb + b) + h];
-            }
-            continue;
-        }
         let isum: i32 = match w.bits {
             QuantBits::Four => (0..BLOCK / 2)
                 .map(|j| {
@@ -437,7 +428,6 @@ pub(crate) fn uq_dot_portable(w: &UqMatrix, row: usize, x: &QuantizedActivations
             QuantBits::FourTable => {
                 w.block_ints(index).iter().zip(xq).map(|(&q, &v)| i32::from(q) * i32::from(v)).sum()
             }
-            QuantBits::Six => unreachable!("taken above"),
         };
         acc += w.d[index].to_f32() * x.d[t * nb + b] * isum as f32 + w.block_offset(index) * sums[t * nb + b];
     }
@@ -691,13 +681,12 @@ mod tests {
     fn k_quants_match_candles_dequantization_and_every_level_computes_them() {
         use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
         // One token (decode's kernel), 3 (one group of four, short), 11 (three groups) and 21
-        // (a whole K-quant tile of 16 and a short one; for the other formats, tiles of 8).
+        // (a whole tile of 16 and a short one); 7 rows, so that pairs of rows leave one over.
         for n in [1, 3, 11, 21] {
             let (rows, cols) = (7, 512);
             let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
-            let mut qx = QuantizedActivations::default();
+            let mut qx = SuperBlockActivations::default();
             qx.quantize_into(&x, n, cols);
-            qx.super_blocks.quantize_into(&x, n, cols);
             let k_quants = [
                 (GgufBlockFormat::Q4K, GgmlDType::Q4K),
                 (GgufBlockFormat::Q5K, GgmlDType::Q5K),
@@ -713,38 +702,18 @@ mod tests {
                     .unwrap()
                     .to_vec1::<f32>()
                     .unwrap();
-                let w = Matrix::from_gguf_blocks(format, &raw, rows, cols).unwrap();
+                let Some(Matrix::KQuant(w)) = Matrix::from_gguf_blocks(format, &raw, rows, cols) else {
+                    panic!("{format:?} is kept as the file has it")
+                };
+                // The file's bytes, and ggml's values to the bit.
+                assert_eq!(w.raw.len(), raw.len(), "{format:?}");
                 let mut dense = vec![0f32; rows * cols];
                 for (r, row) in dense.chunks_exact_mut(cols).enumerate() {
                     w.dequantize_row(r, row);
                 }
-                let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
-                match &w {
-                    // Q4_K and Q5_K: the file's bytes, and ggml's values to the bit.
-                    Matrix::KQuant(_) => {
-                        assert_eq!(w.weight_bytes(), raw.len(), "{format:?}");
-                        assert!(dense.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?}");
-                    }
-                    // Q6_K: only the f16 rounding of each half block's scale.
-                    _ => {
-                        assert!(w.weight_bytes() <= raw.len() * 9 / 8, "{format:?}: {} bytes", w.weight_bytes());
-                        for (i, (a, b)) in dense.iter().zip(&reference).enumerate() {
-                            assert!((a - b).abs() <= 1e-3 * largest, "{format:?} value {i}: {a} vs candle's {b}");
-                        }
-                    }
-                }
+                assert!(dense.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{format:?}");
                 for level in SimdLevel::supported() {
-                    type Portable<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
-                    let (out, portable): (Vec<f32>, Portable) = match &w {
-                        Matrix::KQuant(k) => (
-                            k_quant_product(k, &qx.super_blocks, level),
-                            Box::new(|r, t| k.dot_portable(r, &qx.super_blocks, t)),
-                        ),
-                        Matrix::Quantized(q) => {
-                            (product(q, &qx, level), Box::new(|r, t| uq_dot_portable(q, r, &qx, t)))
-                        }
-                        _ => unreachable!("block formats"),
-                    };
+                    let out = k_quant_product(&w, &qx, level);
                     for t in 0..n {
                         for r in 0..rows {
                             let (wr, xt) = (&reference[r * cols..][..cols], &x[t * cols..][..cols]);
@@ -755,13 +724,13 @@ mod tests {
                                 (got - exact).abs() < 0.01 * magnitude,
                                 "{format:?} {level:?} t{t} r{r}: {got} vs {exact}"
                             );
-                            let portable = portable(r, t);
-                            // Q4_K and Q5_K: the portable product's bits at every level.
-                            let same = match &w {
-                                Matrix::KQuant(_) => got.to_bits() == portable.to_bits(),
-                                _ => (got - portable).abs() < 1e-5 * magnitude,
-                            };
-                            assert!(same, "{format:?} {level:?} t{t} r{r}: {got} vs portable {portable}");
+                            // The portable product's bits at every level.
+                            let portable = w.dot_portable(r, &qx, t);
+                            assert_eq!(
+                                got.to_bits(),
+                                portable.to_bits(),
+                                "{format:?} {level:?} t{t} r{r}: {got} vs portable {portable}"
+                            );
                         }
                     }
                 }
@@ -771,7 +740,7 @@ mod tests {
 
     #[test]
     fn a_k_quant_prompt_across_row_chunks_gets_each_token_s_bits_alone() {
-        for format in [GgufBlockFormat::Q4K, GgufBlockFormat::Q5K] {
+        for format in [GgufBlockFormat::Q4K, GgufBlockFormat::Q5K, GgufBlockFormat::Q6K] {
             // Rows of 19 super-blocks: two whole panels of a tile's and a short one.
             let cols = 19 * 256;
             let chunk_rows = CHUNK_BYTES / (cols / 256 * format.block_bytes());

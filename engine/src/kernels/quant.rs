@@ -1,15 +1,12 @@
 //! Block-quantized formats as the kernels want them.
 //!
-//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, the K-quant Q6_K, and the table formats
-//! IQ4_NL, IQ4_XS and MXFP4 all become unsigned ints in 32-value blocks, each block with an f16
-//! scale `d`, so one int8 dot-product kernel serves them. A block's values are `d·(q − zero)` for
-//! the symmetric formats (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as q+128 with zero 128) and
-//! `d·q + m` with a per-block f16 `m` for the others. Scales stay f16 as in the file, so a
-//! legacy-format model takes in memory what it takes on disk. Q6_K keeps the file's layout of its
-//! ints, which serves several blocks from one load, and scales every 16 values, so it keeps two
-//! scales `d·sc` (f16) a block and its zero point meets the activations' sums over each half (see
-//! [`QuantBits::Six`]); it takes 7 bits a weight against the file's 6.56. Q4_K and Q5_K stay as
-//! the file has them ([`super::k_quant`]).
+//! Weights: GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0, and the table formats IQ4_NL, IQ4_XS and
+//! MXFP4 all become unsigned ints in 32-value blocks, each block with an f16 scale `d`, so one
+//! int8 dot-product kernel serves them. A block's values are `d·(q − zero)` for the symmetric
+//! formats (Q4_0: zero 8, Q5_0: 16, Q8_0: stored as q+128 with zero 128) and `d·q + m` with a
+//! per-block f16 `m` for the others. Scales stay f16 as in the file, so a legacy-format model
+//! takes in memory what it takes on disk. The K-quants (Q4_K, Q5_K, Q6_K) stay as the file has
+//! them ([`super::k_quant`]).
 //!
 //! Activations: each 32-value block is quantized to int8 with one scale, and the block's sum
 //! times its scale is kept so a weight block's offset costs one multiply per block.
@@ -28,15 +25,6 @@ pub enum QuantBits {
     /// As `Four`, then 4 bytes whose bit j (little-endian) is value j's fifth bit.
     Five,
     Eight,
-    /// Q6_K, kept as the file lays out each super-block's 256 values (8 blocks): two halves of
-    /// 128 values, each 64 bytes of low nibbles then, after both, 32 bytes of high bit pairs.
-    /// Block r of a half (32 values) takes its low four bits from nibble r/2 (low, high) of
-    /// bytes 32·(r%2).. of the half's nibbles and its top two from bit pair r of the half's high
-    /// bytes, so one 32-byte load of high bits serves four blocks and one of nibbles two. A value
-    /// is `d_h·(q − 32)` with a scale per 16 values (`d` holds two a block: values 0–15, then
-    /// 16–31), so the zero point multiplies the activations' sum over each half
-    /// ([`QuantizedActivations::half_sums`]).
-    Six,
     /// IQ4_NL, IQ4_XS and MXFP4: nibbles in `Four`'s order, each an index into the matrix's
     /// [`UqMatrix::table`] of 16 values, so the file's 4 bits a value stay 4 bits in memory.
     FourTable,
@@ -47,17 +35,7 @@ impl QuantBits {
         match self {
             Self::Four | Self::FourTable => BLOCK / 2,
             Self::Five => BLOCK / 2 + BLOCK / 8,
-            Self::Six => BLOCK / 2 + BLOCK / 4,
             Self::Eight => BLOCK,
-        }
-    }
-
-    /// Scales per 32-value block: each half of a Q6_K block has its own.
-    pub fn scales_per_block(self) -> usize {
-        if self == Self::Six {
-            2
-        } else {
-            1
         }
     }
 }
@@ -79,7 +57,7 @@ pub struct UqMatrix {
     pub bits: QuantBits,
     /// rows × blocks_per_row × bytes_per_block
     pub qs: Vec<u8>,
-    /// rows × blocks_per_row × bits.scales_per_block()
+    /// rows × blocks_per_row
     pub d: Vec<f16>,
     pub offset: Offset,
     /// For [`QuantBits::FourTable`]: the unsigned int each nibble stands for (the format's
@@ -186,7 +164,7 @@ impl UqMatrix {
     }
 
     /// The value block `b` of row `row` adds per unit of the activations' scaled block sum:
-    /// `m`, or `−zero·d` (not for Q6_K, whose zero point goes in half block by half block).
+    /// `m`, or `−zero·d`.
     #[inline]
     pub fn block_offset(&self, index: usize) -> f32 {
         match &self.offset {
@@ -197,7 +175,7 @@ impl UqMatrix {
 
     /// Repacks raw GGUF blocks (as stored in the file) of a `rows × cols` matrix; `None` if
     /// their size is not the shape's, (MXFP4) a block's scale is beyond f16's range, or the
-    /// format is Q4_K or Q5_K (a [`super::k_quant::KQuantMatrix`]).
+    /// format is a K-quant (a [`super::k_quant::KQuantMatrix`]).
     pub fn from_gguf(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Self> {
         if raw.len() != format.tensor_bytes(rows, cols)? {
             return None;
@@ -208,7 +186,7 @@ impl UqMatrix {
     }
 
     /// An empty `rows × cols` matrix for `format`'s blocks, which [`UqMatrix::push_blocks`]
-    /// fills; `None` if the rows are not whole blocks or the format is Q4_K or Q5_K.
+    /// fills; `None` if the rows are not whole blocks or the format is a K-quant.
     pub fn for_blocks(format: GgufBlockFormat, rows: usize, cols: usize) -> Option<Self> {
         if !cols.is_multiple_of(format.block_values()) {
             return None;
@@ -221,8 +199,7 @@ impl UqMatrix {
             GgufBlockFormat::Q5_1 => (QuantBits::Five, Offset::PerBlock(Vec::with_capacity(n_blocks)), None),
             GgufBlockFormat::Q8_0 => (QuantBits::Eight, Offset::Zero(128), None),
             // Kept as the file has them, in their own matrix (`k_quant`).
-            GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => return None,
-            GgufBlockFormat::Q6K => (QuantBits::Six, Offset::Zero(32), None),
+            GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => return None,
             GgufBlockFormat::Iq4Nl | GgufBlockFormat::Iq4Xs => {
                 (QuantBits::FourTable, Offset::Zero(128), Some(&IQ4_NL_TABLE))
             }
@@ -233,7 +210,7 @@ impl UqMatrix {
             cols,
             bits,
             qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
-            d: Vec::with_capacity(n_blocks * bits.scales_per_block()),
+            d: Vec::with_capacity(n_blocks),
             offset,
             table,
         })
@@ -245,7 +222,6 @@ impl UqMatrix {
     ///
     /// - Q5_0 and Q5_1 put the nibbles before the fifth bits, as Q4 has them.
     /// - Q8_0 keeps q + 128.
-    /// - Q6_K keeps its nibbles and bit pairs as they are, and two scales `d·sc` a block.
     /// - IQ4_NL, IQ4_XS and MXFP4 keep their nibbles, and each block's scale as f16: IQ4_XS's
     ///   `d·(ls − 32)` rounded to it, as the K-quants' are; an MXFP4 scale under f16's least,
     ///   2⁻²⁴, flushed to zero (its values are under 12·2⁻²⁵).
@@ -276,12 +252,6 @@ impl UqMatrix {
                     self.d.push(half_at(block, 0));
                     self.qs.extend(block[2..34].iter().map(|&q| q ^ 0x80));
                 }
-                // 128 bytes of low nibbles, 64 of high bit pairs, sixteen int8 scales, then d.
-                GgufBlockFormat::Q6K => {
-                    let d = half_at(block, 208).to_f32();
-                    self.d.extend(block[192..208].iter().map(|&sc| f16::from_f32(d * f32::from(sc as i8))));
-                    self.qs.extend_from_slice(&block[..192]);
-                }
                 GgufBlockFormat::Iq4Nl => {
                     self.d.push(half_at(block, 0));
                     self.qs.extend_from_slice(&block[2..18]);
@@ -298,7 +268,9 @@ impl UqMatrix {
                     self.d.extend((0..SUPER_BLOCK / BLOCK).map(|sub| f16::from_f32(iq4_xs_scale(block, sub))));
                     self.qs.extend_from_slice(&block[8..136]);
                 }
-                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K => unreachable!("`for_blocks` refuses them"),
+                GgufBlockFormat::Q4K | GgufBlockFormat::Q5K | GgufBlockFormat::Q6K => {
+                    unreachable!("`for_blocks` refuses them")
+                }
             }
         }
         Some(())
@@ -311,27 +283,10 @@ impl UqMatrix {
         }
     }
 
-    /// The scale of value `j` of block `index` (row-major block index).
-    #[inline]
-    pub fn value_scale(&self, index: usize, j: usize) -> f32 {
-        match self.bits {
-            QuantBits::Six => self.d[2 * index + j / (BLOCK / 2)].to_f32(),
-            _ => self.d[index].to_f32(),
-        }
-    }
-
     /// The unsigned ints of block `index` (row-major block index), in value order.
     #[inline]
     pub fn block_ints(&self, index: usize) -> [u8; BLOCK] {
         let bpb = self.bits.bytes_per_block();
-        if self.bits == QuantBits::Six {
-            let blocks_per_super = SUPER_BLOCK / BLOCK;
-            let super_block = &self.qs[index / blocks_per_super * blocks_per_super * bpb..][..blocks_per_super * bpb];
-            let (half, r) = (index % blocks_per_super / 4, index % 4);
-            let nibbles = &super_block[64 * half + 32 * (r % 2)..][..BLOCK];
-            let high = &super_block[128 + 32 * half..][..BLOCK];
-            return std::array::from_fn(|j| ((nibbles[j] >> (4 * (r / 2))) & 0x0f) | (((high[j] >> (2 * r)) & 3) << 4));
-        }
         if let Some(table) = self.table {
             let qs = &self.qs[index * bpb..][..bpb];
             return std::array::from_fn(|j| table[usize::from((qs[j % 16] >> (4 * (j / 16))) & 0x0f)]);
@@ -352,7 +307,7 @@ impl UqMatrix {
                 }
             }
             QuantBits::Eight => q.copy_from_slice(qs),
-            QuantBits::Six | QuantBits::FourTable => unreachable!("taken above"),
+            QuantBits::FourTable => unreachable!("taken above"),
         }
         q
     }
@@ -363,12 +318,6 @@ impl UqMatrix {
         for (b, dst) in out[..self.cols].chunks_exact_mut(BLOCK).enumerate() {
             let index = row * nb + b;
             let ints = self.block_ints(index);
-            if self.bits == QuantBits::Six {
-                for (j, (v, q)) in dst.iter_mut().zip(ints).enumerate() {
-                    *v = self.value_scale(index, j) * (f32::from(q) - 32.0);
-                }
-                continue;
-            }
             let (d, m) = (self.d[index].to_f32(), self.block_offset(index));
             for (v, q) in dst.iter_mut().zip(ints) {
                 *v = d * f32::from(q) + m;
@@ -458,10 +407,7 @@ pub struct QuantizedActivations {
     /// llama.cpp's and candle's.
     pub scaled_sums: Vec<f32>,
     pub scaled_sums_f16: Vec<f32>,
-    /// n × blocks × 2: d · Σq over values 0–15, then over 16–31 (exact, as `scaled_sums`),
-    /// which multiply Q6_K's zero point in each half's scale.
-    pub half_sums: Vec<f32>,
-    /// The same activations a super-block at a time, for Q4_K and Q5_K (filled only for them).
+    /// The same activations a super-block at a time, for the K-quants (filled only for them).
     pub super_blocks: SuperBlockActivations,
 }
 
@@ -470,11 +416,10 @@ impl QuantizedActivations {
         self.cols / BLOCK
     }
 
-    /// The scaled sums that pair with `w`'s offsets, `w.bits.scales_per_block()` a block.
+    /// The scaled sums that pair with `w`'s offsets, one a block.
     #[inline]
     pub fn sums_for(&self, w: &UqMatrix) -> &[f32] {
         match w.offset {
-            _ if w.bits == QuantBits::Six => &self.half_sums,
             Offset::Zero(_) => &self.scaled_sums,
             Offset::PerBlock(_) => &self.scaled_sums_f16,
         }
@@ -491,17 +436,13 @@ impl QuantizedActivations {
         self.d.resize(blocks, 0.0);
         self.scaled_sums.resize(blocks, 0.0);
         self.scaled_sums_f16.resize(blocks, 0.0);
-        self.half_sums.resize(2 * blocks, 0.0);
         // A prompt's tokens are quantized in parallel (a serial pass took 5% of a prefill).
         let nb = cols / BLOCK;
         let tasks = task_count(n, 8);
         let tokens_per_task = n.div_ceil(tasks);
         let (qs, d) = (DisjointWriter::new(&mut self.qs), DisjointWriter::new(&mut self.d));
-        let (sums, sums_f16, half_sums) = (
-            DisjointWriter::new(&mut self.scaled_sums),
-            DisjointWriter::new(&mut self.scaled_sums_f16),
-            DisjointWriter::new(&mut self.half_sums),
-        );
+        let (sums, sums_f16) =
+            (DisjointWriter::new(&mut self.scaled_sums), DisjointWriter::new(&mut self.scaled_sums_f16));
         pool().run(tasks, &|task| {
             let tokens = task * tokens_per_task..((task + 1) * tokens_per_task).min(n);
             let (first, blocks) = (tokens.start * nb, tokens.len() * nb);
@@ -513,7 +454,6 @@ impl QuantizedActivations {
                     d: d.slice(first, blocks),
                     sums: sums.slice(first, blocks),
                     sums_f16: sums_f16.slice(first, blocks),
-                    half_sums: half_sums.slice(2 * first, 2 * blocks),
                 };
                 #[cfg(target_arch = "x86_64")]
                 if super::simd_level() != super::SimdLevel::Portable {
@@ -527,36 +467,32 @@ impl QuantizedActivations {
 }
 
 /// Where the quantization of a run of blocks goes: their parts of [`QuantizedActivations`]'
-/// `qs`, `d`, `scaled_sums`, `scaled_sums_f16` and `half_sums`.
+/// `qs`, `d`, `scaled_sums` and `scaled_sums_f16`.
 pub(super) struct QuantizedBlocks<'a> {
     pub qs: &'a mut [i8],
     pub d: &'a mut [f32],
     pub sums: &'a mut [f32],
     pub sums_f16: &'a mut [f32],
-    pub half_sums: &'a mut [f32],
 }
 
 /// The portable quantization: each block of 32 to int8 with its f16-rounded scale.
 fn quantize_blocks(x: &[f32], out: QuantizedBlocks) {
-    let QuantizedBlocks { qs, d, sums, sums_f16, half_sums } = out;
+    let QuantizedBlocks { qs, d, sums, sums_f16 } = out;
     for (b, (src, dst)) in x.chunks_exact(BLOCK).zip(qs.chunks_exact_mut(BLOCK)).enumerate() {
         let amax = super::ops::abs_max(src);
         let scale = amax / 127.0;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let mut halves = [0i32; 2];
-        for (j, (q, &v)) in dst.iter_mut().zip(src).enumerate() {
+        let mut sum = 0i32;
+        for (q, &v) in dst.iter_mut().zip(src) {
             let r = (v * inv).round() as i32;
             *q = r as i8;
-            halves[j / (BLOCK / 2)] += r;
+            sum += r;
         }
-        let sum = halves[0] + halves[1];
         // The scale is rounded to f16 as ggml's Q8_0/Q8_1 blocks store it, so products match
         // llama.cpp's and candle's to the last bit of the scale.
         d[b] = f16::from_f32(scale).to_f32();
         sums[b] = d[b] * sum as f32;
         sums_f16[b] = f16::from_f32(scale * sum as f32).to_f32();
-        half_sums[2 * b] = d[b] * halves[0] as f32;
-        half_sums[2 * b + 1] = d[b] * halves[1] as f32;
     }
 }
 
@@ -578,36 +514,22 @@ mod tests {
             ties.iter().copied().chain([0.0; 32]).chain((0..32).map(|i| i as f32 * 1e-30)).chain(irregular).collect();
         let blocks = x.len() / BLOCK;
         let run = |avx2: bool| {
-            let (mut qs, mut d, mut sums, mut sums_f16, mut halves) = (
-                vec![0i8; x.len()],
-                vec![0f32; blocks],
-                vec![0f32; blocks],
-                vec![0f32; blocks],
-                vec![0f32; 2 * blocks],
-            );
-            let out = QuantizedBlocks {
-                qs: &mut qs,
-                d: &mut d,
-                sums: &mut sums,
-                sums_f16: &mut sums_f16,
-                half_sums: &mut halves,
-            };
+            let (mut qs, mut d, mut sums, mut sums_f16) =
+                (vec![0i8; x.len()], vec![0f32; blocks], vec![0f32; blocks], vec![0f32; blocks]);
+            let out = QuantizedBlocks { qs: &mut qs, d: &mut d, sums: &mut sums, sums_f16: &mut sums_f16 };
             if avx2 {
                 // SAFETY: checked above that the CPU has the features.
                 unsafe { super::super::x86::avx2::quantize_blocks(&x, out) }
             } else {
                 quantize_blocks(&x, out)
             }
-            (qs, d, sums, sums_f16, halves)
+            (qs, d, sums, sums_f16)
         };
         let (portable, avx2) = (run(false), run(true));
         assert_eq!(portable.0, avx2.0, "int8 values");
-        for (name, a, b) in [
-            ("scales", &portable.1, &avx2.1),
-            ("sums", &portable.2, &avx2.2),
-            ("f16 sums", &portable.3, &avx2.3),
-            ("half sums", &portable.4, &avx2.4),
-        ] {
+        for (name, a, b) in
+            [("scales", &portable.1, &avx2.1), ("sums", &portable.2, &avx2.2), ("f16 sums", &portable.3, &avx2.3)]
+        {
             assert!(a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: {a:?} vs {b:?}");
         }
         assert!(portable.0[..32].iter().any(|&q| q % 2 != 0), "the tie block rounds to odd values too");

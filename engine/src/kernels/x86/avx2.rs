@@ -62,31 +62,6 @@ pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
     }
 }
 
-/// The 32 unsigned ints of block `block` (0–7) of a Q6_K super-block, in value order (see
-/// [`QuantBits::Six`]). With `block` known when inlined, the shifts are immediates and the
-/// eight blocks of a super-block share their loads: three of 32 bytes a half.
-///
-/// # Safety
-/// `ptr` points at the super-block's 192 bytes; the CPU has avx2.
-#[inline(always)]
-unsafe fn unpack_six(ptr: *const u8, block: usize) -> __m256i {
-    let (half, r) = (block / 4, block % 4);
-    // SAFETY: both loads lie inside the super-block per the contract.
-    unsafe {
-        let nibbles = _mm256_loadu_si256(ptr.add(64 * half + 32 * (r % 2)).cast());
-        let low =
-            _mm256_and_si256(_mm256_srl_epi16(nibbles, _mm_cvtsi32_si128(4 * (r / 2) as i32)), _mm256_set1_epi8(0x0f));
-        // Bit pair r of each high byte to bits 4–5.
-        let high = _mm256_loadu_si256(ptr.add(128 + 32 * half).cast());
-        let high = if r <= 2 {
-            _mm256_sll_epi16(high, _mm_cvtsi32_si128(4 - 2 * r as i32))
-        } else {
-            _mm256_srli_epi16(high, 2)
-        };
-        _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)))
-    }
-}
-
 /// Products of weight rows `rows` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE), into
 /// `out[(row - rows.start) · TOKEN_TILE + t]`.
 ///
@@ -133,9 +108,7 @@ unsafe fn uq_dot_rows_with<const VNNI: bool>(
 ) {
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
     assert!(out.len() >= rows.len() * TOKEN_TILE);
-    assert!(
-        w.qs.len() >= w.rows * w.row_bytes() && w.d.len() >= w.rows * w.blocks_per_row() * w.bits.scales_per_block()
-    );
+    assert!(w.qs.len() >= w.rows * w.row_bytes() && w.d.len() >= w.rows * w.blocks_per_row());
     // SAFETY: features per the callers' contracts; bounds asserted above.
     unsafe { dispatch_tile!(w.bits, nt, uq_dot_tile::<NT, VNNI, BITS>(w, rows, x, t0, out)) }
 }
@@ -148,7 +121,7 @@ const fn signed_weights<const VNNI: bool, const BITS: u8>() -> bool {
 
 /// Block `ptr`'s 32 weights as bytes for [`block_dot`]: unsigned ints (a table format's
 /// nibbles looked up in `table`, the matrix's table in both lanes), or signed when
-/// [`signed_weights`]. Not for Q6_K, whose blocks are not apart ([`unpack_six`]).
+/// [`signed_weights`].
 #[inline(always)]
 unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8, table: __m256i) -> __m256i {
     // SAFETY: the caller passes a pointer to one whole block.
@@ -210,16 +183,15 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
 ) {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
-    let spb = w.bits.scales_per_block();
     let xq: [*const i8; NT] = std::array::from_fn(|t| x.qs[(t0 + t) * w.cols..][..w.cols].as_ptr());
     let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
-    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb * spb..][..nb * spb]);
+    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb..][..nb]);
     let start = rows.start;
     let row_bytes = nb * bpb;
     // SAFETY: the callers have avx2.
     let table = unsafe { table_lanes(w) };
     for row in rows {
-        let wd = &w.d[row * nb * spb..][..nb * spb];
+        let wd = &w.d[row * nb..][..nb];
         let wq = w.qs[row * row_bytes..][..row_bytes].as_ptr();
         let mut acc = [_mm256_setzero_ps(); NT];
         // The blocks' offsets (times the activations' scaled sums) go in with their products.
@@ -268,7 +240,7 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
 enum BlockOffsets<'a> {
     /// Nothing: the zero point is taken off in the integer sums.
     None,
-    /// A zero point: the block's scale (Q6_K: each half's) times this factor.
+    /// A zero point: the block's scale times this factor.
     ScaleTimes(f32),
     /// An offset of each block's own.
     PerBlock(&'a [f16]),
@@ -280,8 +252,6 @@ enum Offsets {
     None,
     /// One a block.
     Blocks(__m256),
-    /// One a half block (Q6_K), as its scales are stored: blocks 0–3, then 4–7.
-    Halves(__m256, __m256),
 }
 
 /// Adds to `acc[t]` the products of blocks `b..b+N` (N ≤ 8) of one weight row with token t's
@@ -306,66 +276,22 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, cons
     bpb: usize,
     acc: &mut [__m256; NT],
 ) {
-    let six = BITS == QuantBits::Six as u8;
-    debug_assert!(!six || b.is_multiple_of(GROUP), "a Q6_K group starts a super-block");
     // SAFETY: per the contract.
     unsafe {
         let mut blocks = [_mm256_setzero_si256(); GROUP];
         for (i, block) in blocks[..N].iter_mut().enumerate() {
-            // A group of Q6_K is one super-block: its rows are whole super-blocks, so b is a
-            // multiple of 8.
-            *block = if six {
-                unpack_six(wq.add(b * bpb), i)
-            } else {
-                load_block::<VNNI, BITS>(wq.add((b + i) * bpb), table)
-            };
+            *block = load_block::<VNNI, BITS>(wq.add((b + i) * bpb), table);
         }
-        // Per block, the scale of its values 0–15 (`lower`) and 16–31 (`upper`): one for both
-        // but in Q6_K, which keeps two (`d·sc` of each half, stored side by side).
-        let (lower_scale, upper_scale, offset) = if six {
-            // Each half's scale, as stored: blocks 0–3, then 4–7.
-            let pairs = f16_group(&wd[2 * b..2 * (b + N.min(4))]);
-            let rest = if N > 4 { f16_group(&wd[2 * (b + 4)..2 * (b + N)]) } else { _mm256_setzero_ps() };
-            // [l0 u0 l1 u1 | l2 u2 l3 u3] and the same of blocks 4–7, to [l0..l7] and [u0..u7]
-            // (then 64-bit pairs [l0 l1 | l4 l5 | l2 l3 | l6 l7] back in order)
-            let lower = _mm256_castps_pd(_mm256_shuffle_ps::<0b10_00_10_00>(pairs, rest));
-            let upper = _mm256_castps_pd(_mm256_shuffle_ps::<0b11_01_11_01>(pairs, rest));
-            // The zero point goes in half by half, with the halves' sums stored as the scales.
-            let offset = match offsets {
-                BlockOffsets::ScaleTimes(factor) => {
-                    let factor = _mm256_set1_ps(*factor);
-                    Offsets::Halves(_mm256_mul_ps(pairs, factor), _mm256_mul_ps(rest, factor))
-                }
-                _ => unreachable!("Q6_K has one zero point"),
-            };
-            (
-                _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(lower)),
-                _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(upper)),
-                offset,
-            )
-        } else {
-            let d = f16_group(&wd[b..b + N]);
-            let offset = match offsets {
-                BlockOffsets::None => Offsets::None,
-                BlockOffsets::ScaleTimes(factor) => Offsets::Blocks(_mm256_mul_ps(d, _mm256_set1_ps(*factor))),
-                BlockOffsets::PerBlock(m) => Offsets::Blocks(f16_group(&m[b..b + N])),
-            };
-            (d, d, offset)
+        let d = f16_group(&wd[b..b + N]);
+        let offset = match offsets {
+            BlockOffsets::None => Offsets::None,
+            BlockOffsets::ScaleTimes(factor) => Offsets::Blocks(_mm256_mul_ps(d, _mm256_set1_ps(*factor))),
+            BlockOffsets::PerBlock(m) => Offsets::Blocks(f16_group(&m[b..b + N])),
         };
         let mask = lane_mask(N);
         for t in 0..NT {
-            match offset {
-                Offsets::None => {}
-                Offsets::Blocks(offset) => {
-                    acc[t] = _mm256_fmadd_ps(offset, _mm256_maskload_ps(sums[t].as_ptr().add(b), mask), acc[t]);
-                }
-                Offsets::Halves(first, rest) => {
-                    let sums = sums[t].as_ptr().add(2 * b);
-                    acc[t] = _mm256_fmadd_ps(first, _mm256_maskload_ps(sums, lane_mask(2 * N.min(4))), acc[t]);
-                    if N > 4 {
-                        acc[t] = _mm256_fmadd_ps(rest, _mm256_maskload_ps(sums.add(8), lane_mask(2 * N - 8)), acc[t]);
-                    }
-                }
+            if let Offsets::Blocks(offset) = offset {
+                acc[t] = _mm256_fmadd_ps(offset, _mm256_maskload_ps(sums[t].as_ptr().add(b), mask), acc[t]);
             }
             let mut v = [_mm256_setzero_si256(); GROUP];
             for (i, v) in v[..N].iter_mut().enumerate() {
@@ -378,16 +304,7 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, cons
             let lower = _mm256_permute2x128_si256::<0x20>(q0, q1);
             let upper = _mm256_permute2x128_si256::<0x31>(q0, q1);
             let dx = _mm256_maskload_ps(xd[t].as_ptr().add(b), mask);
-            if six {
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lower), _mm256_mul_ps(lower_scale, dx), acc[t]);
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(upper), _mm256_mul_ps(upper_scale, dx), acc[t]);
-            } else {
-                acc[t] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(_mm256_add_epi32(lower, upper)),
-                    _mm256_mul_ps(lower_scale, dx),
-                    acc[t],
-                );
-            }
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lower, upper)), _mm256_mul_ps(d, dx), acc[t]);
         }
     }
 }
@@ -454,10 +371,9 @@ pub(super) fn hsum_i32_128(v: __m128i) -> i32 {
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in super::super) unsafe fn quantize_blocks(x: &[f32], out: QuantizedBlocks) {
-    let QuantizedBlocks { qs, d, sums, sums_f16, half_sums } = out;
+    let QuantizedBlocks { qs, d, sums, sums_f16 } = out;
     let blocks = x.len() / BLOCK;
     assert!(qs.len() >= blocks * BLOCK && d.len() >= blocks && sums.len() >= blocks && sums_f16.len() >= blocks);
-    assert!(half_sums.len() >= 2 * blocks);
     let sign = _mm256_set1_ps(-0.0);
     let below_half = _mm256_set1_ps(0.5 - f32::EPSILON / 4.0);
     // Dwords of two rounds of packing back in value order.
@@ -483,8 +399,7 @@ pub(in super::super) unsafe fn quantize_blocks(x: &[f32], out: QuantizedBlocks) 
             // Half away from zero: add just under ½ with y's sign, then truncate.
             q[i] = _mm256_cvttps_epi32(_mm256_add_ps(y, _mm256_or_ps(_mm256_and_ps(y, sign), below_half)));
         }
-        let halves = [hsum_i32(_mm256_add_epi32(q[0], q[1])), hsum_i32(_mm256_add_epi32(q[2], q[3]))];
-        let sum = halves[0] + halves[1];
+        let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
         let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         // SAFETY: the 32 bytes of block b, inside `qs`.
         unsafe {
@@ -493,8 +408,6 @@ pub(in super::super) unsafe fn quantize_blocks(x: &[f32], out: QuantizedBlocks) 
         d[b] = round_to_f16(scale);
         sums[b] = d[b] * sum as f32;
         sums_f16[b] = round_to_f16(scale * sum as f32);
-        half_sums[2 * b] = d[b] * halves[0] as f32;
-        half_sums[2 * b + 1] = d[b] * halves[1] as f32;
     }
 }
 

@@ -18,13 +18,6 @@ fn pair_index() -> __m512i {
     _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 }
 
-/// Lanes 0–3 take element 0 of a 4-float vector, lanes 4–7 element 1, and so on.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn quad_index() -> __m512i {
-    _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
-}
-
 /// The 64 unsigned ints of two consecutive 5-bit blocks (`bpb` bytes each) at `ptr`, in value
 /// order: the nibbles of both at once, then the fifth bits (the 32-bit mask of each block is a
 /// byte mask here).
@@ -46,27 +39,6 @@ unsafe fn unpack_five_pair(ptr: *const u8, bpb: usize) -> __m512i {
         let mask = u64::from((ptr.add(16) as *const u32).read_unaligned())
             | u64::from((second.add(16) as *const u32).read_unaligned()) << 32;
         _mm512_mask_add_epi8(nibbles, mask, nibbles, _mm512_set1_epi8(0x10))
-    }
-}
-
-/// The 64 unsigned ints of blocks `2·pair` and `2·pair + 1` (pair 0–3) of a Q6_K super-block at
-/// `ptr`, in value order (see [`QuantBits::Six`]): both blocks' nibbles are one 64-byte load,
-/// their high bits one 32-byte load.
-///
-/// # Safety
-/// `ptr` points at the super-block's 192 bytes; the CPU has avx512f and avx512bw.
-#[inline(always)]
-unsafe fn unpack_six_pair(ptr: *const u8, pair: usize) -> __m512i {
-    let (half, r) = (pair / 2, 2 * (pair % 2));
-    // SAFETY: both loads lie inside the super-block per the contract.
-    unsafe {
-        let nibbles = _mm512_loadu_si512(ptr.add(64 * half).cast());
-        let low = _mm512_and_si512(_mm512_srl_epi16(nibbles, _mm_cvtsi32_si128(2 * r as i32)), _mm512_set1_epi8(0x0f));
-        // Bit pairs r and r + 1 of the high bytes, for the two blocks, to bits 4–5.
-        let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(ptr.add(128 + 32 * half).cast()));
-        let shifts = _mm512_inserti64x4(_mm512_set1_epi64(2 * r as i64), _mm256_set1_epi64x(2 * r as i64 + 2), 1);
-        let pairs = _mm512_and_si512(_mm512_srlv_epi64(high, shifts), _mm512_set1_epi8(3));
-        _mm512_or_si512(low, _mm512_slli_epi16(pairs, 4))
     }
 }
 
@@ -104,19 +76,16 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
     let bpb = bits.bytes_per_block();
     let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
     let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
-    let six = bits == QuantBits::Six;
-    let spb = bits.scales_per_block();
-    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb * spb..][..nb * spb]);
+    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb..][..nb]);
     let start = rows.start;
-    // Pairs a step: Q6_K takes a super-block (four pairs) a step, so that its shifts are
-    // immediates and its pairs share their loads.
-    let step = if six { 4 } else { 2 };
+    // Pairs a step, one into each accumulator.
+    let step = 2;
     // How far ahead a one-token product asks for offsets (a division, done once, not a row).
     let offsets_ahead = prefetch_rows_ahead(w);
     // SAFETY: the caller has avx2.
     let table = unsafe { avx2::table_lanes(w) };
     for row in rows {
-        let wd = &w.d[row * nb * spb..][..nb * spb];
+        let wd = &w.d[row * nb..][..nb];
         let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
         // Two accumulators a token, for the even and the odd pairs: with one, a one-token
         // product waits on each FMA's latency in turn.
@@ -142,13 +111,12 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
             p += 1;
         }
         let mut acc: [__m512; NT] = std::array::from_fn(|t| _mm512_add_ps(acc[t][0], acc[t][1]));
-        // The blocks' offsets times the activations' scaled sums, 16 at a time (Q6_K's zero
-        // point half block by half block, with the halves' sums).
+        // The blocks' offsets times the activations' scaled sums, 16 at a time.
         let (offsets, factor) = match &w.offset {
             Offset::Zero(z) => (wd, -f32::from(*z)),
             Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),
         };
-        let n_offsets = nb * spb;
+        let n_offsets = nb;
         for c in (0..n_offsets).step_by(16) {
             let mask: __mmask16 = ((1u32 << (n_offsets - c).min(16)) - 1) as __mmask16;
             // SAFETY: the mask covers only offsets c.. < n_offsets of the row and each token's sums.
@@ -167,9 +135,6 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
                 let isum = unsafe {
                     let wv = match bits {
                         QuantBits::Eight => _mm256_loadu_si256(wq.add(b * bpb).cast()),
-                        QuantBits::Six => {
-                            unreachable!("K-quant rows are whole super-blocks: 8 blocks each")
-                        }
                         QuantBits::FourTable => {
                             _mm256_shuffle_epi8(table, avx2::unpack_block(QuantBits::Four, wq.add(b * bpb)))
                         }
@@ -187,8 +152,8 @@ unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
 }
 
 /// Adds to `acc[t][lane]` the products of pair `first + k` (blocks 2·(first + k) and the next)
-/// of one weight row with token t's activations, scaled. For Q6_K, `first` is a multiple of 4:
-/// pair k of the super-block that starts there. `table`: the matrix's [`avx2::table_lanes`].
+/// of one weight row with token t's activations, scaled. `table`: the matrix's
+/// [`avx2::table_lanes`].
 ///
 /// # Safety
 /// The pair lies inside the row (`wq`, `bpb` bytes a block; `wd`) and inside each token's
@@ -228,26 +193,16 @@ unsafe fn pair_products<const NT: usize, const BITS: u8>(
                 }
             }
             QuantBits::Five => unpack_five_pair(wq.add(2 * p * bpb), bpb),
-            QuantBits::Six => unpack_six_pair(wq.add(2 * first * bpb), k),
             QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
         };
-        // The scales of the pair's blocks (Q6_K: of its four halves), a lane each.
-        let dw = if bits == QuantBits::Six {
-            _mm_cvtph_ps(_mm_loadl_epi64(wd.as_ptr().add(4 * p).cast()))
-        } else {
-            _mm_cvtph_ps(_mm_cvtsi32_si128((wd.as_ptr().add(2 * p) as *const i32).read_unaligned()))
-        };
+        // The scales of the pair's blocks, a lane each.
+        let dw = _mm_cvtph_ps(_mm_cvtsi32_si128((wd.as_ptr().add(2 * p) as *const i32).read_unaligned()));
         for t in 0..NT {
             let xv = _mm512_loadu_si512(xq[t].as_ptr().add(p * 64) as *const __m512i);
             let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
             let dx = _mm_castpd_ps(_mm_load_sd(xd[t].as_ptr().add(2 * p) as *const f64));
-            // Each scale to the lanes of its values: Q6_K's four to four lanes each, the two
-            // blocks' to eight each.
-            let scale = if bits == QuantBits::Six {
-                _mm512_permutexvar_ps(quad_index(), _mm512_castps128_ps512(_mm_mul_ps(dw, _mm_unpacklo_ps(dx, dx))))
-            } else {
-                _mm512_permutexvar_ps(pair_index(), _mm512_castps128_ps512(_mm_mul_ps(dw, dx)))
-            };
+            // Each block's scale to the eight lanes of its values.
+            let scale = _mm512_permutexvar_ps(pair_index(), _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
             acc[t][lane] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t][lane]);
         }
     }

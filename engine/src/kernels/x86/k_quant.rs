@@ -12,7 +12,8 @@
 //! Alone, VNNI is no faster (its `mullo` costs what it saves); with the shared loads it is.
 
 use super::super::k_quant::{
-    scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, GROUP, SUM_SPAN, SUPER_BLOCK, TILE_TOKENS,
+    scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, GROUP, Q6K_SPAN, SUM_SPAN, SUPER_BLOCK,
+    TILE_TOKENS,
 };
 use super::avx2::{hsum_i32, hsum_i32_128};
 use super::{f16_value, prefetch_ahead};
@@ -64,7 +65,7 @@ pub unsafe fn dot_rows_avx512(
     nt: usize,
     out: &mut [f32],
 ) {
-    if nt == 1 {
+    if nt == 1 || w.format == KQuantFormat::Q6K {
         // SAFETY: the features per this function's contract.
         return unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) };
     }
@@ -83,6 +84,7 @@ pub unsafe fn dot_rows_avx512(
             (KQuantFormat::Q5K, 9..=12) => row_pairs::<3, true>(w, paired.clone(), x, t0, nt, out),
             (KQuantFormat::Q4K, _) => row_pairs::<4, false>(w, paired.clone(), x, t0, nt, out),
             (KQuantFormat::Q5K, _) => row_pairs::<4, true>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q6K, _) => unreachable!("taken above"),
         }
         if paired.end < rows.end {
             let offset = paired.len() * TILE_TOKENS;
@@ -107,7 +109,10 @@ unsafe fn dot_rows_inlined(
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && (1..=TILE_TOKENS).contains(&nt));
     assert!(out.len() >= rows.len() * TILE_TOKENS && w.raw.len() >= w.rows * w.row_bytes());
     assert!(
-        x.qs.len() >= x.n * x.cols && x.d.len() * SUPER_BLOCK >= x.qs.len() && x.sums.len() * SUM_SPAN >= x.qs.len()
+        x.qs.len() >= x.n * x.cols
+            && x.d.len() * SUPER_BLOCK >= x.qs.len()
+            && x.sums.len() * SUM_SPAN >= x.qs.len()
+            && x.sixteen_sums.len() * Q6K_SPAN >= x.qs.len()
     );
     // SAFETY (every arm): features per this function's contract; bounds asserted above.
     unsafe {
@@ -122,6 +127,11 @@ unsafe fn dot_rows_inlined(
             (KQuantFormat::Q5K, 9..=12) => token_groups::<3, true>(w, rows, x, t0, nt, out),
             (KQuantFormat::Q4K, _) => token_groups::<4, false>(w, rows, x, t0, nt, out),
             (KQuantFormat::Q5K, _) => token_groups::<4, true>(w, rows, x, t0, nt, out),
+            (KQuantFormat::Q6K, 1) => q6k_one_token(w, rows, x, t0, out),
+            (KQuantFormat::Q6K, 2..=4) => q6k_token_groups::<1>(w, rows, x, t0, nt, out),
+            (KQuantFormat::Q6K, 5..=8) => q6k_token_groups::<2>(w, rows, x, t0, nt, out),
+            (KQuantFormat::Q6K, 9..=12) => q6k_token_groups::<3>(w, rows, x, t0, nt, out),
+            (KQuantFormat::Q6K, _) => q6k_token_groups::<4>(w, rows, x, t0, nt, out),
         }
     }
 }
@@ -488,6 +498,183 @@ unsafe fn sub_block_pair<const GROUPS: usize, const FIVE: bool>(
                 s = _mm256_dpbusd_epi32(s, ints[r][3], a[3]);
                 products[r][g] = _mm256_add_epi32(products[r][g], _mm256_mullo_epi32(s, scale[r]));
             }
+        }
+    }
+}
+
+/// Q6_K's 32 unsigned ints (0–63) of values `32k..32k+32` of a super-block's half whose low
+/// bytes start at `low` and high bytes at `high` (see [`q6k_ints`](super::super::k_quant::q6k_ints)).
+///
+/// # Safety
+/// `low` and `high` point at the half's 64 and 32 bytes; the CPU has avx2.
+#[inline(always)]
+unsafe fn q6k_quarter(low: *const u8, high: *const u8, k: usize) -> __m256i {
+    // SAFETY: per the contract.
+    unsafe {
+        let bytes = _mm256_loadu_si256(low.add(32 * (k % 2)).cast());
+        let nibbles =
+            _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(4 * (k / 2) as i32)), _mm256_set1_epi8(0x0f));
+        let pairs = _mm256_and_si256(
+            _mm256_srl_epi16(_mm256_loadu_si256(high.cast()), _mm_cvtsi32_si128(2 * k as i32)),
+            _mm256_set1_epi8(3),
+        );
+        _mm256_or_si256(nibbles, _mm256_slli_epi16::<4>(pairs))
+    }
+}
+
+/// One token's Q6_K products, a row at a time: 32 values a vector, each half of the `maddubs`
+/// pairs (16 values) scaled by its own scale in `madd`.
+#[inline(always)]
+unsafe fn q6k_one_token(w: &KQuantMatrix, rows: Range<usize>, x: &SuperBlockActivations, t: usize, out: &mut [f32]) {
+    let n_sb = w.super_blocks_per_row();
+    let block_bytes = w.format.block_bytes();
+    let xq = x.qs[t * w.cols..][..w.cols].as_ptr();
+    let xd = &x.d[t * n_sb..][..n_sb];
+    let xs = x.sixteen_sums[t * n_sb * 16..][..n_sb * 16].as_ptr();
+    // SAFETY: the caller has avx2, fma and f16c; every pointer stays inside the row's
+    // super-blocks and the token's values and sums (asserted by the caller).
+    unsafe {
+        // Scales 2k and 2k+1 (i16 lanes k of the scales' i32 view) into the low and high halves.
+        let spread = _mm256_setr_epi8(
+            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        );
+        for row in rows.clone() {
+            let row_ptr = w.raw[row * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr();
+            let mut acc = 0f32;
+            for (sb, &dx) in xd.iter().enumerate() {
+                let block = row_ptr.add(sb * block_bytes);
+                prefetch_ahead(row_ptr, sb * block_bytes, block_bytes);
+                let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(block.add(192).cast()));
+                let xb = xq.add(sb * SUPER_BLOCK);
+                let mut products = _mm256_setzero_si256();
+                for chunk in 0..SUPER_BLOCK / 32 {
+                    let (h, k) = (chunk / 4, chunk % 4);
+                    let ints = q6k_quarter(block.add(64 * h), block.add(128 + 32 * h), k);
+                    let scale = _mm256_shuffle_epi8(
+                        _mm256_permutevar8x32_epi32(scales16, _mm256_set1_epi32(chunk as i32)),
+                        spread,
+                    );
+                    let pairs = _mm256_maddubs_epi16(ints, _mm256_loadu_si256(xb.add(32 * chunk).cast()));
+                    products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, scale));
+                }
+                // The −32 of every value: each scale times its 16 values' sum.
+                let offsets = _mm256_madd_epi16(scales16, _mm256_loadu_si256(xs.add(sb * 16).cast()));
+                let total = _mm256_sub_epi32(products, _mm256_slli_epi32::<5>(offsets));
+                let d = f16_value(f16::from_bits((block.add(208) as *const u16).read_unaligned()));
+                acc = (hsum_i32(total) as f32).mul_add(d * dx, acc);
+            }
+            out[(row - rows.start) * TILE_TOKENS] = acc;
+        }
+    }
+}
+
+/// Q6_K's [`token_groups`]: each 16-value span's two runs of 8 (each broadcast against a
+/// group's four tokens) add in i16 (at most 2·2·63·127 < 2¹⁵) before one `madd` applies the
+/// span's scale; the −32 comes from the groups' sums over 16 values.
+#[inline(always)]
+unsafe fn q6k_token_groups<const GROUPS: usize>(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    let n_sb = w.super_blocks_per_row();
+    let block_bytes = w.format.block_bytes();
+    let first_group = t0 / GROUP;
+    assert!(t0.is_multiple_of(GROUP) && (first_group + GROUPS) * GROUP * w.cols <= x.groups.values.len());
+    assert!(
+        x.groups.sixteen_sums.len() * Q6K_SPAN == x.groups.values.len()
+            && x.groups.scales.len() * SUPER_BLOCK == x.groups.values.len()
+    );
+    let values = x.groups.values[first_group * GROUP * w.cols..].as_ptr();
+    let sums = x.groups.sixteen_sums[first_group * GROUP * w.cols / Q6K_SPAN..].as_ptr();
+    let scales = x.groups.scales[first_group * GROUP * n_sb..].as_ptr();
+    let mut totals = vec![[0f32; GROUP]; rows.len() * GROUPS];
+    // SAFETY: the caller has avx2, fma and f16c; every pointer stays inside the row's
+    // super-blocks and the groups' values, sums and scales (asserted above and by the caller).
+    unsafe {
+        let (low_nibbles, low_pairs) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
+        let panel_super_blocks = (PANEL_BYTES / (GROUPS * GROUP * SUPER_BLOCK)).max(1);
+        for first_sb in (0..n_sb).step_by(panel_super_blocks) {
+            let panel = first_sb..(first_sb + panel_super_blocks).min(n_sb);
+            for row in rows.clone() {
+                let row_ptr = w.raw[row * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr();
+                let row_totals = &mut totals[(row - rows.start) * GROUPS..][..GROUPS];
+                let mut acc = [_mm_setzero_ps(); GROUPS];
+                for g in 0..GROUPS {
+                    acc[g] = _mm_loadu_ps(row_totals[g].as_ptr());
+                }
+                for sb in panel.clone() {
+                    let block = row_ptr.add(sb * block_bytes);
+                    let mut products = [_mm256_setzero_si256(); GROUPS];
+                    for span in 0..SUPER_BLOCK / Q6K_SPAN {
+                        // Runs 2·span and 2·span+1: values 16·span.. of quarter k of half h.
+                        let (h, k, l) = (span / 8, span % 8 / 2, span % 2 * 16);
+                        let mut ints = [_mm256_setzero_si256(); 2];
+                        for (i, ints) in ints.iter_mut().enumerate() {
+                            let low = block.add(64 * h + 32 * (k % 2) + l + 8 * i) as *const i64;
+                            let high = block.add(128 + 32 * h + l + 8 * i) as *const i64;
+                            let nibbles = _mm256_and_si256(
+                                _mm256_srl_epi16(
+                                    _mm256_set1_epi64x(low.read_unaligned()),
+                                    _mm_cvtsi32_si128(4 * (k / 2) as i32),
+                                ),
+                                low_nibbles,
+                            );
+                            let pairs = _mm256_and_si256(
+                                _mm256_srl_epi16(
+                                    _mm256_set1_epi64x(high.read_unaligned()),
+                                    _mm_cvtsi32_si128(2 * k as i32),
+                                ),
+                                low_pairs,
+                            );
+                            *ints = _mm256_or_si256(nibbles, _mm256_slli_epi16::<4>(pairs));
+                        }
+                        let scale = _mm256_set1_epi16(i16::from(*block.add(192 + span) as i8));
+                        for (g, products) in products.iter_mut().enumerate() {
+                            let runs = values.add((g * n_sb + sb) * GROUP * SUPER_BLOCK + 2 * span * 32);
+                            let sum16 = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(ints[0], _mm256_loadu_si256(runs.cast())),
+                                _mm256_maddubs_epi16(ints[1], _mm256_loadu_si256(runs.add(32).cast())),
+                            );
+                            *products = _mm256_add_epi32(*products, _mm256_madd_epi16(sum16, scale));
+                        }
+                    }
+                    let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(block.add(192).cast()));
+                    let d = f16_value(f16::from_bits((block.add(208) as *const u16).read_unaligned()));
+                    for g in 0..GROUPS {
+                        let at = g * n_sb + sb;
+                        // products: [t0 t0 t1 t1 | t2 t2 t3 t3] → [t0 t1 t2 t3]
+                        let halves = _mm256_hadd_epi32(products[g], products[g]);
+                        let p =
+                            _mm_unpacklo_epi64(_mm256_castsi256_si128(halves), _mm256_extracti128_si256::<1>(halves));
+                        // Each token's sixteen sums times the scales, reduced to [t0 t1 t2 t3].
+                        let group_sums = sums.add(at * GROUP * 16);
+                        let mut offsets = [_mm256_setzero_si256(); GROUP];
+                        for (t, offsets) in offsets.iter_mut().enumerate() {
+                            *offsets = _mm256_madd_epi16(scales16, _mm256_loadu_si256(group_sums.add(16 * t).cast()));
+                        }
+                        let both = _mm256_hadd_epi32(
+                            _mm256_hadd_epi32(offsets[0], offsets[1]),
+                            _mm256_hadd_epi32(offsets[2], offsets[3]),
+                        );
+                        let m = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256::<1>(both));
+                        let total = _mm_sub_epi32(p, _mm_slli_epi32::<5>(m));
+                        let dx = _mm_loadu_ps(scales.add(at * GROUP));
+                        acc[g] = _mm_fmadd_ps(_mm_cvtepi32_ps(total), _mm_mul_ps(_mm_set1_ps(d), dx), acc[g]);
+                    }
+                }
+                for g in 0..GROUPS {
+                    _mm_storeu_ps(row_totals[g].as_mut_ptr(), acc[g]);
+                }
+            }
+        }
+    }
+    for (row, row_totals) in totals.chunks_exact(GROUPS).enumerate() {
+        for t in 0..nt {
+            out[row * TILE_TOKENS + t] = row_totals[t / GROUP][t % GROUP];
         }
     }
 }

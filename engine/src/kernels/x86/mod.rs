@@ -53,7 +53,6 @@ macro_rules! dispatch_tile {
         match $bits {
             QuantBits::Four => dispatch_tile!(@nt Four, $nt, $call),
             QuantBits::Five => dispatch_tile!(@nt Five, $nt, $call),
-            QuantBits::Six => dispatch_tile!(@nt Six, $nt, $call),
             QuantBits::Eight => dispatch_tile!(@nt Eight, $nt, $call),
             QuantBits::FourTable => dispatch_tile!(@nt FourTable, $nt, $call),
         }
@@ -85,8 +84,6 @@ pub(crate) const fn format_of(bits: u8) -> QuantBits {
         QuantBits::Four
     } else if bits == QuantBits::Five as u8 {
         QuantBits::Five
-    } else if bits == QuantBits::Six as u8 {
-        QuantBits::Six
     } else if bits == QuantBits::FourTable as u8 {
         QuantBits::FourTable
     } else {
