@@ -502,28 +502,9 @@ unsafe fn sub_block_pair<const GROUPS: usize, const FIVE: bool>(
     }
 }
 
-/// Q6_K's 32 unsigned ints (0–63) of values `32k..32k+32` of a super-block's half whose low
-/// bytes start at `low` and high bytes at `high` (see [`q6k_ints`](super::super::k_quant::q6k_ints)).
-///
-/// # Safety
-/// `low` and `high` point at the half's 64 and 32 bytes; the CPU has avx2.
-#[inline(always)]
-unsafe fn q6k_quarter(low: *const u8, high: *const u8, k: usize) -> __m256i {
-    // SAFETY: per the contract.
-    unsafe {
-        let bytes = _mm256_loadu_si256(low.add(32 * (k % 2)).cast());
-        let nibbles =
-            _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(4 * (k / 2) as i32)), _mm256_set1_epi8(0x0f));
-        let pairs = _mm256_and_si256(
-            _mm256_srl_epi16(_mm256_loadu_si256(high.cast()), _mm_cvtsi32_si128(2 * k as i32)),
-            _mm256_set1_epi8(3),
-        );
-        _mm256_or_si256(nibbles, _mm256_slli_epi16::<4>(pairs))
-    }
-}
-
-/// One token's Q6_K products, a row at a time: 32 values a vector, each half of the `maddubs`
-/// pairs (16 values) scaled by its own scale in `madd`.
+/// One token's Q6_K products, a row at a time: a half super-block (128 values) from three
+/// 32-byte loads, 32 values a vector, each half of a vector's `maddubs` pairs (16 values) scaled
+/// by its own scale in `madd`.
 #[inline(always)]
 unsafe fn q6k_one_token(w: &KQuantMatrix, rows: Range<usize>, x: &SuperBlockActivations, t: usize, out: &mut [f32]) {
     let n_sb = w.super_blocks_per_row();
@@ -534,9 +515,11 @@ unsafe fn q6k_one_token(w: &KQuantMatrix, rows: Range<usize>, x: &SuperBlockActi
     // SAFETY: the caller has avx2, fma and f16c; every pointer stays inside the row's
     // super-blocks and the token's values and sums (asserted by the caller).
     unsafe {
-        // Scales 2k and 2k+1 (i16 lanes k of the scales' i32 view) into the low and high halves.
-        let spread = _mm256_setr_epi8(
-            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        let (low_nibbles, pair_bits) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
+        // Scales [s0 s2 .. s14 | s1 s3 .. s15] (i16) from the sixteen in order, so that one
+        // shuffle puts s(2c) in the low half's lanes and s(2c+1) in the high half's.
+        let even_odd = _mm256_setr_epi8(
+            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
         );
         for row in rows.clone() {
             let row_ptr = w.raw[row * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr();
@@ -545,17 +528,44 @@ unsafe fn q6k_one_token(w: &KQuantMatrix, rows: Range<usize>, x: &SuperBlockActi
                 let block = row_ptr.add(sb * block_bytes);
                 prefetch_ahead(row_ptr, sb * block_bytes, block_bytes);
                 let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(block.add(192).cast()));
+                // [s0 s2 s4 s6 s1 s3 s5 s7 | s8 s10 .. s9 s11 ..] → [s0 .. s14 | s1 .. s15]
+                let pairs = _mm256_shuffle_epi8(scales16, even_odd);
+                let split = _mm256_permute4x64_epi64::<0b11_01_10_00>(pairs);
                 let xb = xq.add(sb * SUPER_BLOCK);
                 let mut products = _mm256_setzero_si256();
-                for chunk in 0..SUPER_BLOCK / 32 {
-                    let (h, k) = (chunk / 4, chunk % 4);
-                    let ints = q6k_quarter(block.add(64 * h), block.add(128 + 32 * h), k);
-                    let scale = _mm256_shuffle_epi8(
-                        _mm256_permutevar8x32_epi32(scales16, _mm256_set1_epi32(chunk as i32)),
-                        spread,
+                for h in 0..2 {
+                    let (low0, low1) = (
+                        _mm256_loadu_si256(block.add(64 * h).cast()),
+                        _mm256_loadu_si256(block.add(64 * h + 32).cast()),
                     );
-                    let pairs = _mm256_maddubs_epi16(ints, _mm256_loadu_si256(xb.add(32 * chunk).cast()));
-                    products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, scale));
+                    let high = _mm256_loadu_si256(block.add(128 + 32 * h).cast());
+                    // Quarter k: nibble k / 2 of low (k % 2), bit pair k of high, at bits 4–5.
+                    let ints = [
+                        _mm256_or_si256(
+                            _mm256_and_si256(low0, low_nibbles),
+                            _mm256_and_si256(_mm256_slli_epi16::<4>(high), pair_bits),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(low1, low_nibbles),
+                            _mm256_and_si256(_mm256_slli_epi16::<2>(high), pair_bits),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(low0), low_nibbles),
+                            _mm256_and_si256(high, pair_bits),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(low1), low_nibbles),
+                            _mm256_and_si256(_mm256_srli_epi16::<2>(high), pair_bits),
+                        ),
+                    ];
+                    for (k, ints) in ints.into_iter().enumerate() {
+                        let chunk = 4 * h + k;
+                        // s(2·chunk) to the low half's i16 lanes, s(2·chunk + 1) to the high's.
+                        let pick = _mm256_set1_epi16(0x0100 + 0x0202 * chunk as i16);
+                        let scale = _mm256_shuffle_epi8(split, pick);
+                        let pairs = _mm256_maddubs_epi16(ints, _mm256_loadu_si256(xb.add(32 * chunk).cast()));
+                        products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, scale));
+                    }
                 }
                 // The −32 of every value: each scale times its 16 values' sum.
                 let offsets = _mm256_madd_epi16(scales16, _mm256_loadu_si256(xs.add(sb * 16).cast()));
