@@ -10,6 +10,10 @@
 //! `madd` for each. At AVX-512 a tile takes two rows at a time ([`row_pairs`]): one load of the
 //! activations serves both, and VNNI's `dpbusd` sums in i32 before a `mullo` applies the scale.
 //! Alone, VNNI is no faster (its `mullo` costs what it saves); with the shared loads it is.
+//!
+//! Q6_K ([`q6k_one_token`], [`q6k_token_groups`]) takes its unsigned ints against the same
+//! activations, a `madd` per 16-value span for its i8 scale, and the −32 of every value from the
+//! activations' sums over each span, at every level.
 
 use super::super::k_quant::{
     scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, GROUP, Q6K_SPAN, SUM_SPAN, SUPER_BLOCK,
@@ -51,8 +55,9 @@ pub unsafe fn dot_rows(
     unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) }
 }
 
-/// [`dot_rows`] at AVX-512 with VNNI. One token takes [`dot_rows`]' loop, EVEX-encoded (32
-/// vector registers); a tile takes two rows at a time ([`row_pairs`]).
+/// [`dot_rows`] at AVX-512 with VNNI. One token, and Q6_K, take [`dot_rows`]' loops,
+/// EVEX-encoded (32 vector registers); a tile of Q4_K or Q5_K takes two rows at a time
+/// ([`row_pairs`]).
 ///
 /// # Safety
 /// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
