@@ -299,30 +299,14 @@ impl SuperBlockActivations {
         // Whole groups a task, so that each regroups its own tokens.
         let tasks = task_count(n, 8);
         let tokens_per_task = n.div_ceil(tasks).next_multiple_of(GROUP).max(GROUP);
-        let (qs, d, sums, sixteen_sums) = (
-            DisjointWriter::new(&mut self.qs),
-            DisjointWriter::new(&mut self.d),
-            DisjointWriter::new(&mut self.sums),
-            DisjointWriter::new(&mut self.sixteen_sums),
-        );
-        let (group_values, group_sums, group_sixteen_sums, group_scales) = (
-            DisjointWriter::new(&mut groups.values),
-            DisjointWriter::new(&mut groups.sums),
-            DisjointWriter::new(&mut groups.sixteen_sums),
-            DisjointWriter::new(&mut groups.scales),
-        );
+        let tokens_out = PartWriters::new(&mut self.qs, &mut self.d, &mut self.sums, &mut self.sixteen_sums);
+        let groups_out =
+            PartWriters::new(&mut groups.values, &mut groups.scales, &mut groups.sums, &mut groups.sixteen_sums);
         pool().run(n.div_ceil(tokens_per_task), &|task| {
             let tokens = task * tokens_per_task..((task + 1) * tokens_per_task).min(n);
             let values = tokens.start * cols..tokens.end * cols;
             // SAFETY: each task owns its tokens' values, scales and sums, and their groups'.
-            let part = unsafe {
-                Part {
-                    values: qs.slice(values.start, values.len()),
-                    d: d.slice(values.start / SUPER_BLOCK, values.len() / SUPER_BLOCK),
-                    sums: sums.slice(values.start / SUM_SPAN, values.len() / SUM_SPAN),
-                    sixteen_sums: sixteen_sums.slice(values.start / Q6K_SPAN, values.len() / Q6K_SPAN),
-                }
-            };
+            let part = unsafe { tokens_out.part(values.clone()) };
             quantize_super_blocks(&x[values.clone()], part.values, part.d, part.sixteen_sums);
             for (sum, pair) in part.sums.iter_mut().zip(part.sixteen_sums.chunks_exact(2)) {
                 *sum = pair[0] + pair[1];
@@ -332,16 +316,45 @@ impl SuperBlockActivations {
             }
             let padded = tokens.start * cols..tokens.start * cols + tokens.len().next_multiple_of(GROUP) * cols;
             // SAFETY: as above; the task's tokens are whole groups.
-            let grouped_part = unsafe {
-                Part {
-                    values: group_values.slice(padded.start, padded.len()),
-                    d: group_scales.slice(padded.start / SUPER_BLOCK, padded.len() / SUPER_BLOCK),
-                    sums: group_sums.slice(padded.start / SUM_SPAN, padded.len() / SUM_SPAN),
-                    sixteen_sums: group_sixteen_sums.slice(padded.start / Q6K_SPAN, padded.len() / Q6K_SPAN),
-                }
-            };
-            regroup(cols, &part, grouped_part);
+            regroup(cols, &part, unsafe { groups_out.part(padded) });
         });
+    }
+}
+
+/// Writers into the activations' values, scales and sums (the tokens' or their groups'), which
+/// tasks take [`Part`]s of.
+struct PartWriters<'a> {
+    values: DisjointWriter<'a, i8>,
+    d: DisjointWriter<'a, f32>,
+    sums: DisjointWriter<'a, i16>,
+    sixteen_sums: DisjointWriter<'a, i16>,
+}
+
+impl<'a> PartWriters<'a> {
+    fn new(values: &'a mut [i8], d: &'a mut [f32], sums: &'a mut [i16], sixteen_sums: &'a mut [i16]) -> Self {
+        Self {
+            values: DisjointWriter::new(values),
+            d: DisjointWriter::new(d),
+            sums: DisjointWriter::new(sums),
+            sixteen_sums: DisjointWriter::new(sixteen_sums),
+        }
+    }
+
+    /// The values `range` (whole super-blocks) and their scales and sums.
+    ///
+    /// # Safety
+    /// No other task may touch this part while it is alive.
+    unsafe fn part(&self, range: std::ops::Range<usize>) -> Part<'_> {
+        let (start, len) = (range.start, range.len());
+        // SAFETY: exclusive per the caller's contract.
+        unsafe {
+            Part {
+                values: self.values.slice(start, len),
+                d: self.d.slice(start / SUPER_BLOCK, len / SUPER_BLOCK),
+                sums: self.sums.slice(start / SUM_SPAN, len / SUM_SPAN),
+                sixteen_sums: self.sixteen_sums.slice(start / Q6K_SPAN, len / Q6K_SPAN),
+            }
+        }
     }
 }
 

@@ -288,6 +288,12 @@ unsafe fn token_groups<const GROUPS: usize, const FIVE: bool>(
             }
         }
     }
+    write_totals::<GROUPS>(&totals, nt, out);
+}
+
+/// Each row's totals of a tile's groups (`GROUPS` of them a row, four tokens each) into
+/// `out[row · TILE_TOKENS + t]`, for its first `nt` tokens.
+fn write_totals<const GROUPS: usize>(totals: &[[f32; GROUP]], nt: usize, out: &mut [f32]) {
     for (row, row_totals) in totals.chunks_exact(GROUPS).enumerate() {
         for t in 0..nt {
             out[row * TILE_TOKENS + t] = row_totals[t / GROUP][t % GROUP];
@@ -687,9 +693,5 @@ unsafe fn q6k_token_groups<const GROUPS: usize>(
             }
         }
     }
-    for (row, row_totals) in totals.chunks_exact(GROUPS).enumerate() {
-        for t in 0..nt {
-            out[row * TILE_TOKENS + t] = row_totals[t / GROUP][t % GROUP];
-        }
-    }
+    write_totals::<GROUPS>(&totals, nt, out);
 }
