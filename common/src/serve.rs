@@ -1,10 +1,12 @@
 //! `hillside serve`: the local OpenAI-compatible endpoint over the loaded model.
 
 use crate::engine_choice::EngineArgs;
+use crate::shelf::Shelf;
 use crate::{config, load_engine, models, DocumentsArgs, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use hillside_engine::scheduler::SchedulerConfig;
+use hillside_server::shelf::ModelShelf;
 use hillside_server::{App, ChosenPaths, EngineChoice, ServerConfig};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -51,7 +53,8 @@ pub struct ServeArgs {
 }
 
 pub fn serve(args: &ServeArgs) -> Result<()> {
-    let (engine, config) = prepare(args, None)?;
+    let prepared = prepare(args, None)?;
+    let config = &prepared.config;
     let addr = address(args);
     if !addr.ip().is_loopback() {
         tracing::warn!(host = %addr.ip(), "listening beyond this machine: anyone who can reach it can use the model");
@@ -65,7 +68,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
         let addr = listener.local_addr()?;
-        let app = App::new(engine, config).map_err(|e| match e.is_in_use() {
+        let app = prepared.start().map_err(|e| match e.is_in_use() {
             true => anyhow::anyhow!("{e} (is another Hillside using it?)"),
             false => e.into(),
         })?;
@@ -105,10 +108,24 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// What a server starts on: its engine, its configuration, and (on the local engine) the
+/// machine's models to switch to.
+pub struct Prepared {
+    pub engine: EngineChoice,
+    pub config: ServerConfig,
+    pub shelf: Option<Arc<dyn ModelShelf>>,
+}
+
+impl Prepared {
+    pub fn start(self) -> Result<Arc<App>, hillside_server::StartError> {
+        App::with_shelf(self.engine, self.config, self.shelf)
+    }
+}
+
 /// Loads the model (or connects to the remote engine) and makes the server's configuration, as
 /// `hillside serve` runs it: each flag over its `[server]` key over the default.
 /// `chosen_paths`: the desktop app's files.
-pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Result<(EngineChoice, ServerConfig)> {
+pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Result<Prepared> {
     let file = &config::get().server;
     let max_live = args.max_live.or(file.max_live).unwrap_or(4);
     if max_live == 0 {
@@ -124,23 +141,25 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
     {
         eprintln!("warning: --cors-origin '*' lets every web page the user opens call this server");
     }
-    let (engine, model_id, model_aliases, installed_models, mut documents) = match args.engine.connect()? {
+    let (engine, model_id, model_aliases, installed_models, mut documents, shelf) = match args.engine.connect()? {
         Some(remote) => {
             // Requests name the remote's model; `/v1/models` lists what the remote serves.
             let documents = args.documents.config_for(format!("remote {} {}", remote.url(), remote.model()))?;
             let installed = remote.models().iter().map(|m| m.id.clone()).collect();
-            (EngineChoice::Remote(remote.clone()), remote.model().to_string(), Vec::new(), installed, documents)
+            (EngineChoice::Remote(remote.clone()), remote.model().to_string(), Vec::new(), installed, documents, None)
         }
         None => {
             let path = models::resolve(args.model.model())?;
             let engine = Arc::new(load_engine(&args.model)?);
             let (model_id, model_aliases) = model_names(args.model.model(), &path);
+            let shelf: Arc<dyn ModelShelf> = Arc::new(Shelf::new(args.model.clone(), models::hub_endpoint()));
             (
                 EngineChoice::Local(engine),
                 model_id,
                 model_aliases,
                 models::installed_names(),
                 args.documents.config(&path)?,
+                Some(shelf),
             )
         }
     };
@@ -165,7 +184,7 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
         sampling: config::get().sampling.params(),
         settings_file: config::path().map(Path::to_path_buf),
     };
-    Ok((engine, config))
+    Ok(Prepared { engine, config, shelf })
 }
 
 /// The id clients name the model by (its registry name, else the file's stem) and the other

@@ -67,6 +67,19 @@ impl DocumentKvCache {
         Ok(Arc::new(cache))
     }
 
+    /// The same cache for another model (after a switch): the same files and quota, entries
+    /// keyed by `model_key`. Unlike [`Self::open`] it removes nothing, as the other model's
+    /// requests may still be writing theirs.
+    pub fn for_model(&self, model_key: &str) -> Arc<Self> {
+        Arc::new(Self {
+            library: self.library.clone(),
+            dir: self.dir.clone(),
+            quota_bytes: self.quota_bytes,
+            model_key: model_key.to_string(),
+            stats: KvCacheStats::default(),
+        })
+    }
+
     fn path(&self, key: &str) -> PathBuf {
         self.dir.join(format!("{key}{FILE_SUFFIX}"))
     }

@@ -19,7 +19,8 @@ pub struct DocumentsConfig {
     pub kv_quota_bytes: u64,
     /// The largest file a document may be.
     pub max_file_bytes: u64,
-    /// Names the model in the kept K/V's keys ([`hillside_documents::kv_cache::model_fingerprint`]).
+    /// Names the model the server starts with in the kept K/V's keys
+    /// ([`hillside_documents::kv_cache::model_fingerprint`]).
     pub model_key: String,
     /// The local paths `POST /v1/hillside/documents` may read besides uploads: those the desktop
     /// app's user dropped on its window. `None` (`hillside serve`): none, as a client must not
@@ -51,8 +52,6 @@ pub struct Documents {
     pub kv: Arc<DocumentKvCache>,
     pub limits: Limits,
     pub chosen_paths: Option<Arc<ChosenPaths>>,
-    /// The loaded model's key: a summary's kept steps are reused only with the same model.
-    pub model_key: String,
     /// Every file is read in a child process; `Err`: the reader is not installed, and documents
     /// cannot be added (said at start and on each upload).
     reader: Result<IsolatedReader, ReaderMissing>,
@@ -81,13 +80,6 @@ impl Documents {
             tracing::error!(%why, "documents cannot be added");
         }
         let limits = Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() };
-        Ok(Self {
-            library,
-            kv,
-            limits,
-            chosen_paths: config.chosen_paths.clone(),
-            model_key: config.model_key.clone(),
-            reader,
-        })
+        Ok(Self { library, kv, limits, chosen_paths: config.chosen_paths.clone(), reader })
     }
 }

@@ -136,6 +136,17 @@ impl ApiError {
         .with_param("model")
     }
 
+    /// An installed model that another one is serving in place of.
+    pub fn model_not_loaded(model: &str, served: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("model_not_loaded"),
+            format!("The model '{model}' is installed but not loaded; this server runs '{served}'. Switch to it with POST /v1/hillside/models/{model}/load (the app's Models page does), then ask again."),
+        )
+        .with_param("model")
+    }
+
     pub fn not_found(path: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,

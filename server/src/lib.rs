@@ -4,22 +4,26 @@
 //! `/openapi.json`, and Hillside's own `/v1/hillside/sequences` (KV tier stats of every live
 //! sequence), `/v1/hillside/tiers` (the tiers summed, with counters for rates),
 //! `/v1/hillside/config`, `/v1/hillside/documents` (a library of documents to summarize and ask
-//! about), `/v1/hillside/conversations` (the UI's history) and `/v1/hillside/settings` (the
-//! config file). The web UI is served at `/`. Loopback by default, optional API key, a body
-//! limit, CORS only for origins the user names.
+//! about), `/v1/hillside/conversations` (the UI's history), `/v1/hillside/settings` (the
+//! config file) and `/v1/hillside/models` (the catalogue: what is installed and what would fit,
+//! downloads, switching the loaded model). The web UI is served at `/`. Loopback by default,
+//! optional API key, a body limit, CORS only for origins the user names.
 
 mod auth;
 mod backend;
 mod conversations;
 mod cross_site;
 mod documents;
+mod downloads;
 mod error;
 mod extract;
 mod local_host;
 mod openapi;
 mod routes;
 mod run;
+mod serving;
 pub mod settings;
+pub mod shelf;
 mod start_error;
 pub mod types;
 mod web_ui;
@@ -28,32 +32,38 @@ pub use backend::{Backend, EngineChoice};
 pub use cross_site::AllowedOrigins;
 pub use documents::{ChosenPaths, DocumentsConfig};
 pub use error::{ApiError, ErrorBody};
+pub use serving::Serving;
 pub use start_error::StartError;
 pub use web_ui::is_built as web_ui_is_built;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use conversations::Conversations;
 use documents::Documents;
-use hillside_documents::kv_cache::DocumentKvCache;
-use hillside_documents::summarize::{self, Runner};
-use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
-use hillside_engine::{Engine, SamplingParams};
+use downloads::Downloads;
+use hillside_engine::scheduler::SchedulerConfig;
+use hillside_engine::SamplingParams;
 use serde::Serialize;
+use shelf::ModelShelf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How the server runs (everything but the key is shown by `/v1/hillside/config`).
 #[derive(Debug, Clone, Serialize)]
 pub struct ServerConfig {
-    /// The id clients name the loaded model by (a registry name, or the file's stem).
+    /// The id clients name the model the server starts with by (a registry name, or the file's
+    /// stem); `/v1/hillside/config` shows the one loaded now.
+    #[serde(skip)]
     pub model_id: String,
     /// Other names accepted for it (its file name).
+    #[serde(skip)]
     pub model_aliases: Vec<String>,
-    /// Every installed model, listed by `/v1/models` (the loaded one first).
+    /// Every installed model, listed by `/v1/models` (the loaded one first), where the server has
+    /// no models shelf to ask.
+    #[serde(skip)]
     pub installed_models: Vec<String>,
     #[serde(skip)]
     pub api_key: Option<String>,
@@ -74,8 +84,16 @@ pub struct ServerConfig {
 
 /// Shared by every request.
 pub struct App {
-    pub backend: Backend,
+    /// The model requests run on now (see [`Serving`]).
+    serving: RwLock<Arc<Serving>>,
     pub config: ServerConfig,
+    /// The machine's models; `None`: only the model the server started with.
+    shelf: Option<Arc<dyn ModelShelf>>,
+    downloads: Downloads,
+    /// The model being loaded by a switch, and why the last switch failed.
+    switch: Mutex<SwitchStatus>,
+    /// Models switched from whose last requests are still running: a shutdown stops them too.
+    retiring: Mutex<Vec<std::sync::Weak<Serving>>>,
     documents: Option<Documents>,
     conversations: Option<Conversations>,
     allowed_origins: cross_site::AllowedOrigins,
@@ -90,22 +108,37 @@ pub struct App {
 impl App {
     /// Opens the document library (if configured) and starts the scheduler (on the local
     /// engine); `Err` says why the library cannot be opened (another Hillside holds it, say),
-    /// or which CORS origin is not one.
+    /// or which CORS origin is not one. The server serves this one model.
     pub fn new(engine: impl Into<EngineChoice>, config: ServerConfig) -> Result<Arc<Self>, StartError> {
+        Self::with_shelf(engine, config, None)
+    }
+
+    /// The same, with the machine's models to list, fetch and switch to.
+    pub fn with_shelf(
+        engine: impl Into<EngineChoice>,
+        config: ServerConfig,
+        shelf: Option<Arc<dyn ModelShelf>>,
+    ) -> Result<Arc<Self>, StartError> {
         let allowed_origins = cross_site::AllowedOrigins::parse(&config.cors_origins)?;
         let documents = config.documents.as_ref().map(Documents::open).transpose()?;
         let conversations =
             config.documents.as_ref().map(|d| Conversations::open(&d.dir.join("conversations.redb"))).transpose()?;
-        let backend = match engine.into() {
-            EngineChoice::Local(engine) => {
-                Backend::Local { scheduler: Scheduler::start(engine.clone(), config.scheduler.clone()), engine }
-            }
-            EngineChoice::Remote(remote) => Backend::Remote(remote),
-        };
+        let model_key = config.documents.as_ref().map(|d| d.model_key.clone()).unwrap_or_default();
+        let serving = Serving::new(
+            engine.into(),
+            &config.scheduler,
+            (config.model_id.clone(), config.model_aliases.clone()),
+            model_key,
+            documents.as_ref().map(|d| d.kv.clone()),
+        );
         let id_prefix = format!("{:08x}", rand::random::<u32>());
         Ok(Arc::new(Self {
-            backend,
+            serving: RwLock::new(Arc::new(serving)),
             config,
+            shelf,
+            downloads: Downloads::default(),
+            switch: Mutex::default(),
+            retiring: Mutex::default(),
             documents,
             conversations,
             allowed_origins,
@@ -115,32 +148,9 @@ impl App {
         }))
     }
 
-    /// The local engine and its scheduler; on a remote engine, the error for a route that
-    /// needs them.
-    pub fn local(&self) -> Result<(&Arc<Engine>, &Scheduler), ApiError> {
-        match &self.backend {
-            Backend::Local { engine, scheduler } => Ok((engine, scheduler)),
-            Backend::Remote(remote) => Err(backend::needs_local_engine(remote)),
-        }
-    }
-
-    /// The local engine's scheduler; `None` on a remote engine.
-    pub fn scheduler(&self) -> Option<&Scheduler> {
-        self.local().ok().map(|(_, scheduler)| scheduler)
-    }
-
-    /// What summaries and questions run on, with documents' K/V kept in `kv_cache` (local
-    /// engine only).
-    fn runner<'a>(&'a self, kv_cache: Option<&'a Arc<DocumentKvCache>>) -> Runner<'a> {
-        let backend = match &self.backend {
-            Backend::Local { engine, scheduler } => summarize::Backend::Local { engine, scheduler },
-            Backend::Remote(remote) => summarize::Backend::Remote(remote),
-        };
-        Runner {
-            backend,
-            context_tokens: self.context_tokens(),
-            kv_cache: kv_cache.filter(|_| matches!(self.backend, Backend::Local { .. })),
-        }
+    /// The model new requests run on; a request keeps the one it took to its end.
+    pub fn serving(&self) -> Arc<Serving> {
+        self.serving.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn documents(&self) -> Result<&Documents, ApiError> {
@@ -159,25 +169,40 @@ impl App {
         format!("{kind}-{}-{}", self.id_prefix, self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Each sequence's context in tokens (on a remote engine, each request's).
-    pub(crate) fn context_tokens(&self) -> usize {
-        match &self.backend {
-            Backend::Local { engine, .. } => {
-                let model = engine.model();
-                model.kv_shape(self.config.scheduler.context_tokens.unwrap_or(model.config.context_tokens)).max_tokens
-            }
-            Backend::Remote(remote) => remote.context_tokens(),
+    /// The switch under way, and why the last one failed.
+    pub fn switch_status(&self) -> SwitchStatus {
+        self.switch.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The installed models' names: the shelf's, else those the server was started with.
+    pub(crate) fn installed_models(&self) -> Vec<String> {
+        match &self.shelf {
+            Some(shelf) => shelf.installed(),
+            None => self.config.installed_models.clone(),
         }
     }
 
-    /// A request may name the loaded model (any of its names) or none.
-    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+    /// A request may name the model `serving` runs (any of its names) or none; an installed
+    /// model that is not loaded gets a 400 that says how to switch to it.
+    fn check_model(&self, serving: &Serving, model: Option<&str>) -> Result<(), ApiError> {
         match model {
             None | Some("") => Ok(()),
-            Some(m) if m == self.config.model_id || self.config.model_aliases.iter().any(|a| a == m) => Ok(()),
-            Some(m) => Err(ApiError::model_not_found(m, &self.config.model_id)),
+            Some(m) if serving.answers_to(m) => Ok(()),
+            Some(m) if self.shelf.is_some() && self.installed_models().iter().any(|i| i == m) => {
+                Err(ApiError::model_not_loaded(m, &serving.model_id))
+            }
+            Some(m) => Err(ApiError::model_not_found(m, &serving.model_id)),
         }
     }
+}
+
+/// A switch of the loaded model, as the Models page shows it.
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+pub struct SwitchStatus {
+    /// The model being loaded now, if a switch is under way.
+    pub loading: Option<String>,
+    /// Why the last switch failed (the model before it kept serving); cleared by the next.
+    pub last_error: Option<String>,
 }
 
 pub fn unix_now_s() -> u64 {
@@ -216,6 +241,13 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/hillside/documents/{id}", get(routes::documents::get).delete(routes::documents::delete))
         .route("/v1/hillside/documents/{id}/summary", post(routes::documents::summary))
         .route("/v1/hillside/documents/{id}/text", get(routes::documents::text))
+        .route("/v1/hillside/models", get(routes::models::list))
+        .route("/v1/hillside/models/pull", post(routes::models::pull))
+        .route("/v1/hillside/models/import", post(routes::models::import).layer(DefaultBodyLimit::disable()))
+        .route("/v1/hillside/models/{name}", delete(routes::models::remove))
+        .route("/v1/hillside/models/{name}/load", post(routes::models::load))
+        .route("/v1/hillside/downloads", get(routes::models::downloads))
+        .route("/v1/hillside/downloads/{name}", delete(routes::models::cancel))
         .route("/openapi.json", get(openapi::document))
         .layer(axum::middleware::from_fn_with_state(app.clone(), auth::require_key))
         .route("/health", get(routes::info::health))
@@ -258,8 +290,14 @@ pub async fn serve(
         tracing::info!(grace_s = grace.as_secs(), "shutting down: finishing in-flight requests");
         // Ends the streams of whatever is still running once the grace period is over, which
         // lets the connections (and so `axum::serve`) finish.
-        match draining.scheduler().is_some() {
-            true => drop(tokio::task::spawn_blocking(move || draining.scheduler().map(|s| s.shutdown(grace)))),
+        let serving = draining.serving();
+        let retiring: Vec<Arc<Serving>> =
+            draining.retiring.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(|w| w.upgrade()).collect();
+        for old in retiring {
+            drop(tokio::task::spawn_blocking(move || old.scheduler().map(|s| s.shutdown(grace))));
+        }
+        match serving.scheduler().is_some() {
+            true => drop(tokio::task::spawn_blocking(move || serving.scheduler().map(|s| s.shutdown(grace)))),
             false => drop(tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
                 draining.stopping.store(true, Ordering::Relaxed);
@@ -269,6 +307,6 @@ pub async fn serve(
     let service = router(app.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, service).with_graceful_shutdown(signal).await?;
     // The connections are closed; make sure the worker is gone too (a no-op if it is).
-    tokio::task::spawn_blocking(move || app.scheduler().map(|s| s.shutdown(Duration::ZERO))).await.ok();
+    tokio::task::spawn_blocking(move || app.serving().scheduler().map(|s| s.shutdown(Duration::ZERO))).await.ok();
     Ok(())
 }

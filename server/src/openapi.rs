@@ -1,7 +1,7 @@
 //! `GET /openapi.json`, generated from the route annotations and the wire types, with what only
 //! the loaded model knows (its vocabulary) filled in when served.
 
-use crate::routes::{chat, completions, conversations, documents, info, settings};
+use crate::routes::{chat, completions, conversations, documents, info, models, settings};
 use crate::{run, App};
 use axum::extract::State;
 use axum::Json;
@@ -34,6 +34,13 @@ use utoipa::OpenApi;
         documents::delete,
         documents::summary,
         documents::text,
+        models::list,
+        models::pull,
+        models::downloads,
+        models::cancel,
+        models::remove,
+        models::load,
+        models::import,
     ),
     components(schemas(crate::types::ChatCompletionChunk, crate::types::ChatExtension))
 )]
@@ -45,10 +52,11 @@ pub async fn document(State(app): State<Arc<App>>) -> Json<Value> {
     describe_event_streams(&mut doc);
     link_created_resources(&mut doc);
     bound_untagged_forms(&mut doc);
-    if let Ok((engine, _)) = app.local() {
+    let serving = app.serving();
+    if let Ok((engine, _)) = serving.local() {
         bound_token_ids(&mut doc, engine.model().config.vocab_size);
     }
-    bound_reply_lengths(&mut doc, app.context_tokens());
+    bound_reply_lengths(&mut doc, serving.context_tokens());
     Json(doc)
 }
 

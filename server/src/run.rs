@@ -7,7 +7,7 @@
 use crate::backend::remote_error;
 use crate::error::ApiError;
 use crate::types::{SamplingFields, Stop as StopStrings};
-use crate::App;
+use crate::{App, Serving};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use hillside_engine::scheduler::{KeptPrefix, Ticket, Update};
@@ -23,23 +23,24 @@ use tokio::sync::mpsc;
 pub const MAX_STOP_STRINGS: usize = 16;
 pub const MAX_STOP_CHARS: usize = 256;
 
-/// Engine parameters from the request's fields; `max_tokens` is the one the request named
-/// (chat has two names for it), `prompt_tokens` the prompt's length.
+/// Engine parameters from the request's fields, for the model `serving` runs; `max_tokens` is
+/// the one the request named (chat has two names for it), `prompt_tokens` the prompt's length.
 pub fn params(
     app: &App,
+    serving: &Serving,
     f: &SamplingFields,
     max_tokens: Option<usize>,
     prompt_tokens: usize,
     logprobs: Option<usize>,
 ) -> Result<GenerateParams, ApiError> {
-    app.check_model(f.model.as_deref())?;
+    app.check_model(serving, f.model.as_deref())?;
     if let Some(n) = f.n.filter(|&n| n != 1) {
         return Err(ApiError::bad_request(format!(
             "n = {n} is not supported: this server generates one choice per request"
         ))
         .with_param("n"));
     }
-    let context = app.context_tokens();
+    let context = serving.context_tokens();
     if prompt_tokens == 0 {
         return Err(ApiError::bad_request("the prompt is empty").with_param("messages"));
     }
@@ -93,6 +94,8 @@ pub fn params(
 pub struct Running {
     updates: mpsc::UnboundedReceiver<Result<Update, ApiError>>,
     stop: Stop,
+    /// The model it runs on, kept loaded until it ends even if the server switches models.
+    _serving: Arc<Serving>,
 }
 
 /// How a generation is stopped.
@@ -110,20 +113,20 @@ impl Drop for Running {
     }
 }
 
-/// Submits `prompt` to the local engine; its first tokens' K/V may be kept elsewhere
-/// (`prefix`: a document's).
+/// Submits `prompt` to the local engine `serving` runs; its first tokens' K/V may be kept
+/// elsewhere (`prefix`: a document's).
 pub fn submit(
-    app: &App,
+    serving: &Arc<Serving>,
     prompt: Vec<u32>,
     prefix: Option<Box<dyn KeptPrefix>>,
     params: GenerateParams,
 ) -> Result<Running, ApiError> {
-    let (_, scheduler) = app.local()?;
+    let (_, scheduler) = serving.local()?;
     let (tx, updates) = mpsc::unbounded_channel();
     // Unbounded, so the scheduler never waits on a slow client; a generation is bounded by
     // its max_tokens anyway.
     let ticket = scheduler.submit_with_prefix(prompt, prefix, params, Box::new(move |u| tx.send(Ok(u)).is_ok()))?;
-    Ok(Running { updates, stop: Stop::Ticket(ticket) })
+    Ok(Running { updates, stop: Stop::Ticket(ticket), _serving: serving.clone() })
 }
 
 /// What a remote engine is asked.
@@ -134,7 +137,13 @@ pub enum RemotePrompt {
 
 /// Submits `prompt` to the remote engine: its reply streams in on a blocking thread, and ends
 /// at its next piece once the client leaves or the shutdown's grace period is over.
-pub fn submit_remote(app: &App, remote: &Arc<RemoteEngine>, prompt: RemotePrompt, params: GenerateParams) -> Running {
+pub fn submit_remote(
+    app: &App,
+    serving: &Arc<Serving>,
+    remote: &Arc<RemoteEngine>,
+    prompt: RemotePrompt,
+    params: GenerateParams,
+) -> Running {
     let (tx, updates) = mpsc::unbounded_channel();
     let stop = Arc::new(AtomicBool::new(false));
     let (remote, flag, stopping) = (remote.clone(), stop.clone(), app.stopping.clone());
@@ -146,7 +155,7 @@ pub fn submit_remote(app: &App, remote: &Arc<RemoteEngine>, prompt: RemotePrompt
         };
         let _ = tx.send(reply.map(|summary| Update::Done(Ok(summary))).map_err(remote_error));
     });
-    Running { updates, stop: Stop::Flag(stop) }
+    Running { updates, stop: Stop::Flag(stop), _serving: serving.clone() }
 }
 
 /// A whole generation: its answer, its reasoning (if the model wrote one), every token's
@@ -294,13 +303,14 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
     }
 }
 
-/// Tokenizes off the async threads (a long document takes a while).
+/// Tokenizes off the async threads (a long document takes a while), on the model `serving` runs.
 pub async fn blocking<T: Send + 'static>(
     app: &Arc<App>,
-    f: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
+    serving: &Arc<Serving>,
+    f: impl FnOnce(&App, &Serving) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let app = app.clone();
-    tokio::task::spawn_blocking(move || f(&app))
+    let (app, serving) = (app.clone(), serving.clone());
+    tokio::task::spawn_blocking(move || f(&app, &serving))
         .await
         .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?
 }

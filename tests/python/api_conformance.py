@@ -9,6 +9,7 @@ Run by scripts/api-conformance.sh (part of `make test`):
 """
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -33,8 +34,13 @@ NOTES = (
 
 
 def start_in(binary, work):
+    """The server with a models folder of its own (the fuzzer deletes, imports and pulls models) and
+    a hub address nothing answers at."""
     (work / "config.toml").write_text("")
-    return start(binary, "--context", "1024", "--config", str(work / "config.toml"),
+    model = subprocess.run([binary, "models", "path"], capture_output=True, text=True, check=True).stdout.strip()
+    os.environ.update(HILLSIDE_MODELS_DIR=str(work / "models"), HF_ENDPOINT="http://127.0.0.1:9",
+                      HF_HOME=str(work / "no-hf-cache"))
+    return start(binary, "--model", model, "--context", "1024", "--config", str(work / "config.toml"),
                  "--documents-dir", str(work / "documents"), "--cold-dir", str(work / "cold"))
 
 

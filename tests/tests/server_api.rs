@@ -366,13 +366,13 @@ fn sixteen_concurrent_streams_get_their_own_answers() {
     assert!((1..=4).contains(&peak), "at most max_live sequences hold memory at once (saw {peak})");
     // The last stream's end can reach its client a moment before the scheduler retires it.
     let settled = || {
-        let left = s.app.scheduler().unwrap().stats();
+        let left = s.app.serving().scheduler().unwrap().stats();
         left.len() <= 2 && left.iter().all(|q| q.phase == Phase::Cached)
     };
     assert!(
         eventually(Duration::from_secs(5), settled),
         "only the prefix cache holds sequences afterwards: {:?}",
-        s.app.scheduler().unwrap().stats()
+        s.app.serving().scheduler().unwrap().stats()
     );
 }
 

@@ -46,28 +46,33 @@ pub async fn chat_completions(
     let documents = req.hillside.as_ref().map(|h| h.documents.clone()).unwrap_or_default();
     documents::check_ids(&documents)?;
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
-    let (running, read) = match &app.backend {
-        Backend::Local { .. } => {
+    let serving = app.serving();
+    let (running, read) = match &serving.backend {
+        Backend::Local { engine, .. } => {
             let (prompt, prefix, read) = if documents.is_empty() {
                 (
-                    run::blocking(&app, move |app| app.local()?.0.chat_prompt(&messages).map_err(ApiError::from))
-                        .await?,
+                    run::blocking(&app, &serving, move |_, serving| {
+                        serving.local()?.0.chat_prompt(&messages).map_err(ApiError::from)
+                    })
+                    .await?,
                     None,
                     None,
                 )
             } else {
-                let (request, read) =
-                    run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
+                let (request, read) = run::blocking(&app, &serving, move |app, serving| {
+                    documents::question(app, serving, &documents, &messages)
+                })
+                .await?;
                 let (tokens, prefix) = request
                     .into_local()
                     .ok_or_else(|| ApiError::internal("a question for the local engine came out for another"))?;
                 (tokens, prefix, Some(read))
             };
             let params = GenerateParams {
-                reasoning: app.local()?.0.tokenizer().reasoning_format_after(&prompt),
-                ..run::params(&app, &req.sampling, max_tokens, prompt.len(), top_logprobs)?
+                reasoning: engine.tokenizer().reasoning_format_after(&prompt),
+                ..run::params(&app, &serving, &req.sampling, max_tokens, prompt.len(), top_logprobs)?
             };
-            (run::submit(&app, prompt, prefix, params)?, read)
+            (run::submit(&serving, prompt, prefix, params)?, read)
         }
         Backend::Remote(remote) => {
             if top_logprobs.is_some() {
@@ -79,8 +84,10 @@ pub async fn chat_completions(
             let (messages, read) = if documents.is_empty() {
                 (messages, None)
             } else {
-                let (request, read) =
-                    run::blocking(&app, move |app| documents::question(app, &documents, &messages)).await?;
+                let (request, read) = run::blocking(&app, &serving, move |app, serving| {
+                    documents::question(app, serving, &documents, &messages)
+                })
+                .await?;
                 match request {
                     DocumentRequest::Remote(messages) => (messages, Some(read)),
                     DocumentRequest::Local { .. } => {
@@ -91,12 +98,14 @@ pub async fn chat_completions(
             // The remote applies its own template; its tokenizer counts the messages' text,
             // which is what the context check needs within a few tokens.
             let text: String = messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
-            let prompt_tokens = run::blocking(&app, move |app| Ok(app.runner(None).count_tokens(&text).max(1))).await?;
-            let params = run::params(&app, &req.sampling, max_tokens, prompt_tokens, None)?;
-            (run::submit_remote(&app, remote, RemotePrompt::Chat(messages), params), read)
+            let prompt_tokens =
+                run::blocking(&app, &serving, move |_, serving| Ok(serving.runner(false).count_tokens(&text).max(1)))
+                    .await?;
+            let params = run::params(&app, &serving, &req.sampling, max_tokens, prompt_tokens, None)?;
+            (run::submit_remote(&app, &serving, remote, RemotePrompt::Chat(messages), params), read)
         }
     };
-    let head = Head { id: app.response_id("chatcmpl"), created: unix_now_s(), model: app.config.model_id.clone() };
+    let head = Head { id: app.response_id("chatcmpl"), created: unix_now_s(), model: serving.model_id.clone() };
     let with_logprobs = top_logprobs.is_some();
     if !req.sampling.stream.unwrap_or(false) {
         let Collected { text, reasoning, logprobs, summary } = running.collect().await?;

@@ -43,12 +43,15 @@ pub async fn completions(
         }
         Prompt::Tokens(ids) => Err(ids),
     };
-    let running = match &app.backend {
+    let serving = app.serving();
+    let running = match &serving.backend {
         Backend::Local { engine, .. } => {
             let prompt = match text {
                 Ok(text) => {
-                    run::blocking(&app, move |app| app.local()?.0.tokenizer().encode(&text).map_err(ApiError::from))
-                        .await?
+                    run::blocking(&app, &serving, move |_, serving| {
+                        serving.local()?.0.tokenizer().encode(&text).map_err(ApiError::from)
+                    })
+                    .await?
                 }
                 Err(ids) => {
                     let vocab = engine.model().config.vocab_size;
@@ -61,8 +64,9 @@ pub async fn completions(
                     ids
                 }
             };
-            let params = run::params(&app, &req.sampling, req.sampling.max_tokens, prompt.len(), req.logprobs)?;
-            run::submit(&app, prompt, None, params)?
+            let params =
+                run::params(&app, &serving, &req.sampling, req.sampling.max_tokens, prompt.len(), req.logprobs)?;
+            run::submit(&serving, prompt, None, params)?
         }
         Backend::Remote(remote) => {
             let Ok(text) = text else {
@@ -75,12 +79,14 @@ pub async fn completions(
                 .with_param("logprobs"));
             }
             let counted = text.clone();
-            let prompt_tokens = run::blocking(&app, move |app| Ok(app.runner(None).count_tokens(&counted))).await?;
-            let params = run::params(&app, &req.sampling, req.sampling.max_tokens, prompt_tokens, None)?;
-            run::submit_remote(&app, remote, RemotePrompt::Text(text), params)
+            let prompt_tokens =
+                run::blocking(&app, &serving, move |_, serving| Ok(serving.runner(false).count_tokens(&counted)))
+                    .await?;
+            let params = run::params(&app, &serving, &req.sampling, req.sampling.max_tokens, prompt_tokens, None)?;
+            run::submit_remote(&app, &serving, remote, RemotePrompt::Text(text), params)
         }
     };
-    let (id, created, model) = (app.response_id("cmpl"), unix_now_s(), app.config.model_id.clone());
+    let (id, created, model) = (app.response_id("cmpl"), unix_now_s(), serving.model_id.clone());
     let with_logprobs = req.logprobs.is_some();
     let response = move |text: String,
                          logprobs: Option<CompletionLogprobs>,

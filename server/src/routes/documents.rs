@@ -7,7 +7,7 @@ use crate::backend::remote_error;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{parse, require_json, PathParams, QueryParams};
 use crate::types::{ChatExtensionReply, DocumentExcerpt};
-use crate::{unix_now_s, App};
+use crate::{unix_now_s, App, Serving};
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{header, StatusCode};
@@ -56,6 +56,8 @@ pub struct DocumentInfo {
     /// A summary that was stopped (by the user, a crash or a restart) before it finished: what
     /// of it is kept. Asking for the summary again resumes it.
     pub unfinished_summary: Option<UnfinishedSummary>,
+    /// Disk its kept K/V takes (for any model), which spares the next question a prefill.
+    pub kept_kv_bytes: u64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -97,8 +99,12 @@ enum Source {
 }
 
 fn info(app: &App, entry: Entry) -> DocumentInfo {
-    let whole = entry.tokens.is_none_or(|t| fits_whole(t, app.context_tokens()));
-    let checkpoint = app.documents().ok().and_then(|docs| docs.library.checkpoint(&entry.id).ok().flatten());
+    let whole = entry.tokens.is_none_or(|t| fits_whole(t, app.serving().context_tokens()));
+    let docs = app.documents().ok();
+    let checkpoint = docs.and_then(|docs| docs.library.checkpoint(&entry.id).ok().flatten());
+    let kept_kv_bytes = docs
+        .and_then(|docs| docs.library.kept_kvs().ok())
+        .map_or(0, |kept| kept.iter().filter(|k| k.documents.contains(&entry.id)).map(|k| k.bytes).sum());
     DocumentInfo {
         id: entry.id,
         object: "hillside.document",
@@ -115,6 +121,7 @@ fn info(app: &App, entry: Entry) -> DocumentInfo {
         used: entry.used_s,
         summary: entry.summary,
         unfinished_summary: checkpoint.map(|c| UnfinishedSummary { chunks_done: c.chunks_done(), chunks: c.chunks }),
+        kept_kv_bytes,
     }
 }
 
@@ -211,9 +218,9 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
             found.ok_or_else(|| ApiError::bad_request("no part named 'file' in the form").with_param("file"))?;
         Source::Upload { name, bytes }
     };
-    let task_app = app.clone();
+    let (task_app, serving) = (app.clone(), app.serving());
     let (entry, created) = tokio::task::spawn_blocking(move || -> Result<(Entry, bool), ApiError> {
-        let (app, docs) = (&task_app, task_app.documents()?);
+        let docs = task_app.documents()?;
         let (name, bytes) = match source {
             Source::Path(path) => {
                 let (name, bytes) = file_bytes(&path, &docs.limits).map_err(ingest_error)?;
@@ -222,10 +229,10 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
             Source::Upload { name, bytes } => (name, bytes),
         };
         let doc = docs.reader()?.read(&name, &bytes, &docs.limits).map_err(ingest_error)?;
-        let runner = app.runner(None);
+        let runner = serving.runner(false);
         let tokens = runner.count_tokens(&doc.text);
         // Said now, not after minutes of work: a document whose summary cannot be done.
-        plan_summary(&doc, app.context_tokens(), &|s| runner.count_tokens(s)).map_err(|e| {
+        plan_summary(&doc, serving.context_tokens(), &|s| runner.count_tokens(s)).map_err(|e| {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
@@ -365,11 +372,13 @@ pub async fn summary(State(app): State<Arc<App>>, PathParams(id): PathParams<Str
     let (out, events) = mpsc::channel::<serde_json::Value>(64);
     let cancel = CancelFlag::default();
     let flag = cancel.clone();
+    // The whole summary runs on the model loaded when it starts.
+    let serving = app.serving();
     tokio::task::spawn_blocking(move || {
         let docs = app.documents().expect("checked above");
-        let runner = app.runner(Some(&docs.kv));
+        let runner = serving.runner(true);
         let send = |event: SummaryEvent| serde_json::to_value(event).is_ok_and(|v| out.blocking_send(v).is_ok());
-        let mut checkpoints = LibraryCheckpoints { library: &docs.library, id: &id, model_key: &docs.model_key };
+        let mut checkpoints = LibraryCheckpoints { library: &docs.library, id: &id, model_key: &serving.model_key };
         let result = summarize(&runner, &doc, &id, &mut checkpoints, &flag, &mut |progress| {
             if !send(SummaryEvent::Progress { progress }) {
                 flag.cancel(); // nobody listens
@@ -453,9 +462,11 @@ pub fn check_ids(ids: &[String]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The request for a chat about the library's documents `ids`, and what of each it reads.
+/// The request for a chat about the library's documents `ids` on the model `serving` runs, and
+/// what of each it reads.
 pub fn question(
     app: &App,
+    serving: &Serving,
     ids: &[String],
     messages: &[ChatMessage],
 ) -> Result<(DocumentRequest, ChatExtensionReply), ApiError> {
@@ -468,7 +479,7 @@ pub fn question(
         })?;
         documents.push((id.clone(), doc));
     }
-    let runner = app.runner(Some(&docs.kv));
+    let runner = serving.runner(true);
     let asked = questions::question(&runner, &documents, messages).map_err(|e| match e {
         PromptError::Engine(e) => e.into(),
         PromptError::NoQuestion => ApiError::bad_request(e.to_string()).with_param("messages"),

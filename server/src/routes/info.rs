@@ -21,16 +21,17 @@ use utoipa::ToSchema;
     (status = 502, description = "The remote engine this server runs on does not answer", body = ErrorBody),
     (status = 503, description = "The engine stopped after an internal error; requests are refused", body = ErrorBody)))]
 pub async fn health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiError> {
-    let Some(scheduler) = app.scheduler() else {
+    let serving = app.serving();
+    let Some(scheduler) = serving.scheduler() else {
         // On a remote engine, healthy is the remote answering.
-        run::blocking(&app, |app| match &app.backend {
+        run::blocking(&app, &serving, |_, serving| match &serving.backend {
             Backend::Remote(remote) => remote.reachable().map_err(remote_error),
             Backend::Local { .. } => Ok(()),
         })
         .await?;
         return Ok(Json(Health {
             status: "ok",
-            model: app.config.model_id.clone(),
+            model: serving.model_id.clone(),
             live_sequences: 0,
             queued_requests: 0,
         }));
@@ -40,7 +41,7 @@ pub async fn health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiErro
     let count = |phase: Phase| stats.iter().filter(|s| s.phase == phase).count();
     let queued = count(Phase::Queued);
     let live = stats.len() - queued - count(Phase::Cached);
-    Ok(Json(Health { status: "ok", model: app.config.model_id.clone(), live_sequences: live, queued_requests: queued }))
+    Ok(Json(Health { status: "ok", model: serving.model_id.clone(), live_sequences: live, queued_requests: queued }))
 }
 
 fn card(id: &str) -> ModelCard {
@@ -48,10 +49,20 @@ fn card(id: &str) -> ModelCard {
 }
 
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, description = "Installed models, the loaded one first", body = ModelList)))]
-pub async fn models(State(app): State<Arc<App>>) -> Json<ModelList> {
-    let mut ids = vec![app.config.model_id.as_str()];
-    ids.extend(app.config.installed_models.iter().map(String::as_str).filter(|&m| m != app.config.model_id));
-    Json(ModelList { object: "list", data: ids.into_iter().map(card).collect() })
+pub async fn models(State(app): State<Arc<App>>) -> Result<Json<ModelList>, ApiError> {
+    let serving = app.serving();
+    let installed = installed(&app).await?;
+    let mut ids = vec![serving.model_id.as_str()];
+    ids.extend(installed.iter().map(String::as_str).filter(|&m| m != serving.model_id));
+    Ok(Json(ModelList { object: "list", data: ids.into_iter().map(card).collect() }))
+}
+
+/// The installed models' names, read off the async threads (the shelf lists a folder).
+async fn installed(app: &Arc<App>) -> Result<Vec<String>, ApiError> {
+    let app = app.clone();
+    tokio::task::spawn_blocking(move || app.installed_models())
+        .await
+        .map_err(|e| ApiError::internal(format!("listing the models failed: {e}")))
 }
 
 #[utoipa::path(get, path = "/v1/models/{id}", params(("id" = String, Path, description = "Model id")),
@@ -60,10 +71,11 @@ pub async fn model(
     State(app): State<Arc<App>>,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    if id == app.config.model_id || app.config.installed_models.contains(&id) {
+    let serving = app.serving();
+    if serving.answers_to(&id) || installed(&app).await?.contains(&id) {
         Ok(Json(card(&id)))
     } else {
-        Err(ApiError::model_not_found(&id, &app.config.model_id))
+        Err(ApiError::model_not_found(&id, &serving.model_id))
     }
 }
 
@@ -89,6 +101,7 @@ pub struct SequencesReport {
     (status = 409, description = "The server runs on a remote engine, which has no sequences to show", body = ErrorBody)))]
 pub async fn sequences(State(app): State<Arc<App>>) -> Result<Json<SequencesReport>, ApiError> {
     let sequences = app
+        .serving()
         .local()?
         .1
         .stats()
@@ -144,7 +157,8 @@ pub struct TiersReport {
     (status = 200, description = "KV tier occupancy and counters, summed over the sequences", body = TiersReport),
     (status = 409, description = "The server runs on a remote engine, which has no KV tiers to show", body = ErrorBody)))]
 pub async fn tiers(State(app): State<Arc<App>>) -> Result<Json<TiersReport>, ApiError> {
-    let (engine, scheduler) = app.local()?;
+    let serving = app.serving();
+    let (engine, scheduler) = serving.local()?;
     let model = &engine.model().config;
     let windowed_layers: Vec<usize> = (0..model.n_layers).filter(|&l| model.window_of(l).is_some()).collect();
     let stats = scheduler.stats();
@@ -174,6 +188,8 @@ pub struct ConfigReport {
     #[serde(flatten)]
     #[schema(value_type = Object)]
     pub server: ServerConfig,
+    /// The model requests run on now (a registry name, the file's stem, or the remote's).
+    pub model_id: String,
     pub api_key_required: bool,
     /// `local` (Hillside's own engine) or `openai:URL` (a remote one; `model_id` is its model).
     pub engine: String,
@@ -188,11 +204,13 @@ pub struct ConfigReport {
 #[utoipa::path(get, path = "/v1/hillside/config", responses((status = 200, description = "The server's configuration, read-only", body = ConfigReport)))]
 pub async fn config(State(app): State<Arc<App>>) -> Json<ConfigReport> {
     let s = &app.config.scheduler;
+    let serving = app.serving();
     Json(ConfigReport {
         server: app.config.clone(),
+        model_id: serving.model_id.clone(),
         api_key_required: app.config.api_key.is_some(),
-        engine: app.backend.name(),
-        context_tokens: app.context_tokens(),
+        engine: serving.backend.name(),
+        context_tokens: serving.context_tokens(),
         max_live_sequences: s.max_live,
         max_queued_requests: s.max_queued,
         cached_sequences: s.cached_sequences,

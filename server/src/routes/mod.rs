@@ -5,4 +5,5 @@ pub mod completions;
 pub mod conversations;
 pub mod documents;
 pub mod info;
+pub mod models;
 pub mod settings;

@@ -51,7 +51,7 @@ pub async fn put(
     let path = path(&app)?.to_path_buf();
     let shown = path.display().to_string();
     wanted
-        .check(&app.config.installed_models)
+        .check(&app.installed_models())
         .map_err(|(field, why)| ApiError::bad_request(why).with_param(field).with_code("invalid_setting"))?;
     let written = wanted.clone();
     let new_api_key = tokio::task::spawn_blocking(move || settings::write(&path, &written))

@@ -6,7 +6,7 @@ pub mod commands;
 
 use anyhow::Context;
 use hillside_common::serve::ServeArgs;
-use hillside_server::{App, ChosenPaths};
+use hillside_server::ChosenPaths;
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,12 +32,12 @@ impl Running {
     /// Loads the model and starts serving, as `hillside serve` would with `args`; the server
     /// reads local paths only from `chosen`.
     pub fn start(args: &ServeArgs, chosen: Arc<ChosenPaths>) -> anyhow::Result<Self> {
-        let (engine, config) = hillside_common::serve::prepare(args, Some(chosen))?;
+        let prepared = hillside_common::serve::prepare(args, Some(chosen))?;
         let wanted = hillside_common::serve::address(args);
         let runtime = hillside_common::serve::runtime()?;
         let (listener, notice) = runtime.block_on(bind(wanted))?;
         let addr = listener.local_addr()?;
-        let app = App::new(engine, config).map_err(|e| match e.is_in_use() {
+        let app = prepared.start().map_err(|e| match e.is_in_use() {
             true => anyhow::anyhow!("{e} (is another Hillside using it?)"),
             false => e.into(),
         })?;
