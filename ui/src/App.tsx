@@ -1,16 +1,23 @@
 // The window: a sidebar (conversations, with new, search, rename and delete; the views) and
-// the open view — a conversation, the settings, or the KV tiers.
+// the open view — a conversation, the models, the documents, the settings, or the KV tiers.
 
 import { useEffect, useState } from "preact/hooks";
 import { call, setApiKey, whenKeyNeeded, type ConversationSummary, type ServerConfig } from "./api";
 import { Chat } from "./Chat";
 import { desktop } from "./desktop";
+import { DocumentsView } from "./Documents";
+import { ModelsView } from "./Models";
 import { SettingsView } from "./Settings";
 import { TiersView } from "./Tiers";
 
 // A chat view's `key` stays while its new conversation is saved and gets an id, so the
 // conversation's work under way (a reply, a summary) is not thrown away with the component.
-type View = { kind: "chat"; id: number | null; key: string } | { kind: "settings" } | { kind: "tiers" };
+type View =
+  | { kind: "chat"; id: number | null; key: string }
+  | { kind: "models" }
+  | { kind: "documents" }
+  | { kind: "settings" }
+  | { kind: "tiers" };
 
 let newChats = 0;
 const newChat = (): View => ({ kind: "chat", id: null, key: `new-${++newChats}` });
@@ -104,6 +111,12 @@ export function App() {
           {conversations.length === 0 && <li class="empty">{search ? "Nothing found" : "No conversations yet"}</li>}
         </ul>
         <div class="views">
+          <button class={view.kind === "models" ? "current" : ""} onClick={() => setView({ kind: "models" })}>
+            Models
+          </button>
+          <button class={view.kind === "documents" ? "current" : ""} onClick={() => setView({ kind: "documents" })}>
+            Documents
+          </button>
           <button class={view.kind === "tiers" ? "current" : ""} onClick={() => setView({ kind: "tiers" })}>
             KV tiers
           </button>
@@ -138,6 +151,15 @@ export function App() {
             id={view.id}
             onSaved={(id) => {
               setView((v) => (v.kind === "chat" && v.id === null ? { ...v, id } : v));
+              loadConversations();
+            }}
+          />
+        )}
+        {view.kind === "models" && <ModelsView onSwitched={loadConfig} />}
+        {view.kind === "documents" && (
+          <DocumentsView
+            onOpen={(id) => {
+              setView(openChat(id));
               loadConversations();
             }}
           />

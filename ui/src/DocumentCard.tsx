@@ -161,9 +161,9 @@ export function DocumentCard({ message, progress, onStop, onRetry }: { message: 
           The summary was stopped{kept && kept.chunksDone > 0 ? `; ${kept.chunksDone} of ${kept.chunks} chunks are kept` : ""}.
         </p>
       )}
-      {onRetry && !meta.points && (meta.stopped || meta.error || kept) && (
+      {onRetry && !meta.points && (
         <button class="link" onClick={onRetry}>
-          {kept && kept.chunksDone > 0 ? "Resume the summary" : "Summarize again"}
+          {kept && kept.chunksDone > 0 ? "Resume the summary" : meta.stopped || meta.error ? "Summarize again" : "Summarize"}
         </button>
       )}
       {passage && <PassageDialog {...passage} onClose={() => setPassage(null)} />}

@@ -46,15 +46,18 @@ async function failure(r: Response): Promise<ApiError> {
   }
 }
 
-/** Sends `body` (JSON, or a FormData upload) and returns the JSON answer (`null` for 204). */
+/** Sends `body` (JSON, a FormData upload, or a file's bytes) and returns the JSON answer
+ * (`null` for 204). */
 export async function call<T>(method: string, path: string, body?: unknown, signal?: AbortSignal): Promise<T> {
-  const form = body instanceof FormData;
+  const raw = body instanceof FormData || body instanceof Blob;
+  const h = headers(body !== undefined && !raw);
+  if (body instanceof Blob) h["Content-Type"] = "application/octet-stream";
   let r: Response;
   try {
     r = await fetch(path, {
       method,
-      headers: headers(body !== undefined && !form),
-      body: body === undefined ? undefined : form ? body : JSON.stringify(body),
+      headers: h,
+      body: body === undefined ? undefined : raw ? (body as BodyInit) : JSON.stringify(body),
       signal,
     });
   } catch (e) {
@@ -67,9 +70,18 @@ export async function call<T>(method: string, path: string, body?: unknown, sign
 
 /** POSTs `body` and hands each server-sent event's JSON to `onEvent`, until `[DONE]`. */
 export async function stream(path: string, body: unknown, onEvent: (data: any) => void, signal?: AbortSignal): Promise<void> {
+  return events(path, { method: "POST", headers: headers(true), body: JSON.stringify(body) }, onEvent, signal);
+}
+
+/** GETs a stream of server-sent events (one that goes on until `signal` stops it). */
+export async function follow(path: string, onEvent: (data: any) => void, signal?: AbortSignal): Promise<void> {
+  return events(path, { method: "GET", headers: { ...headers(false), Accept: "text/event-stream" } }, onEvent, signal);
+}
+
+async function events(path: string, init: RequestInit, onEvent: (data: any) => void, signal?: AbortSignal): Promise<void> {
   let r: Response;
   try {
-    r = await fetch(path, { method: "POST", headers: headers(true), body: JSON.stringify(body), signal });
+    r = await fetch(path, { ...init, signal });
   } catch (e) {
     if ((e as Error).name === "AbortError") throw e;
     throw new ApiError("The Hillside server cannot be reached. Is it still running?", 0);
@@ -175,6 +187,11 @@ export interface DocumentInfo {
   parts: number;
   /** A summary stopped before it finished, resumed when asked again. */
   unfinished_summary?: { chunks_done: number; chunks: number } | null;
+  /** The last summary's points (absent until summarized). */
+  summary?: Point[] | null;
+  created?: number;
+  used?: number;
+  kept_kv_bytes?: number;
 }
 
 export interface ServerConfig {
@@ -201,6 +218,52 @@ export interface Settings {
   engine: string;
   remote_model: string | null;
   allow_insecure_remote: boolean;
+}
+
+export interface FitReport {
+  verdict: "fits" | "fits_tiered" | "does_not_fit";
+  sentence: string;
+  context_tokens: number;
+  weights_bytes: number;
+  kv_bytes: number;
+  memory_free_bytes: number;
+  hot_bytes: number | null;
+  cold_bytes: number | null;
+}
+
+export interface ShelfModel {
+  name: string;
+  description: string | null;
+  family: string | null;
+  format: string | null;
+  size_bytes: number;
+  context_tokens: number | null;
+  licence: string | null;
+  source: string;
+  path: string | null;
+  installed: boolean;
+  default: boolean;
+  fit: FitReport | null;
+}
+
+export interface Download {
+  name: string;
+  state: "running" | "done" | "failed" | "cancelled";
+  done_bytes: number;
+  total_bytes: number | null;
+  bytes_per_s: number;
+  seconds_left: number | null;
+  error: string | null;
+  started_s: number;
+}
+
+export interface ModelsReport {
+  loaded: string;
+  context_tokens: number;
+  models: ShelfModel[];
+  downloads: Download[];
+  switch: { loading: string | null; last_error: string | null };
+  manageable: boolean;
 }
 
 export interface Tiers {

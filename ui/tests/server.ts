@@ -26,11 +26,11 @@ export class Server {
     readonly log: string[],
   ) {}
 
-  static async start(f: Folders, args: string[] = []): Promise<Server> {
+  static async start(f: Folders, args: string[] = [], env: Record<string, string> = {}): Promise<Server> {
     const bin = process.env.HILLSIDE_BIN;
     if (!bin) throw new Error("HILLSIDE_BIN must name the hillside binary (make ui-test sets it)");
     const child = spawn(bin, ["serve", "--port", "0", "--documents-dir", f.data, ...args], {
-      env: { ...process.env, HILLSIDE_CONFIG: f.config, RUST_LOG: "warn" },
+      env: { ...process.env, HILLSIDE_CONFIG: f.config, RUST_LOG: "warn", ...env },
       stdio: ["ignore", "pipe", "pipe"],
     });
     const log: string[] = [];
