@@ -105,6 +105,7 @@ fn shelf(app: &App) -> Result<Arc<dyn ModelShelf>, ApiError> {
 
 #[utoipa::path(post, path = "/v1/hillside/models/pull", request_body = PullRequest,
     responses((status = 202, description = "The download started; follow it on /v1/hillside/downloads", body = crate::downloads::DownloadStatus),
+        (status = 400, description = "The body is not the request: `param` names the field", body = ErrorBody),
         (status = 404, description = "Neither a catalogue name nor a repository with its file", body = ErrorBody),
         (status = 409, description = "It is being fetched already, or this server cannot fetch models", body = ErrorBody)))]
 pub async fn pull(State(app): State<Arc<App>>, JsonBody(what): JsonBody<PullRequest>) -> Result<Response, ApiError> {
