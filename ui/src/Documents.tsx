@@ -55,10 +55,10 @@ export function DocumentsView({ onOpen }: { onOpen: (conversation: number) => vo
         </p>
       )}
       {documents.length === 0 && <p class="hint">No documents yet: drop one on a conversation, or add one with `hillside docs add`.</p>}
-      <ul class="model-list" aria-label="Documents">
+      <ul class="card-list" aria-label="Documents">
         {documents.map((doc) => (
-          <li key={doc.id} class="model" aria-label={doc.name}>
-            <div class="model-head">
+          <li key={doc.id} class="card" aria-label={doc.name}>
+            <div class="card-head">
               <strong>{doc.name}</strong>
               <span class="hint">
                 {[

@@ -142,7 +142,7 @@ export function ModelsView({ onSwitched }: { onSwitched: () => void }) {
       {status && <p role="status">{status}</p>}
 
       <h2>Installed</h2>
-      <ul class="model-list" aria-label="Installed models">
+      <ul class="card-list" aria-label="Installed models">
         {installed.map((m) => (
           <ModelRow key={m.name} model={m} loaded={m.name === report.loaded}>
             {m.name === report.loaded ? (
@@ -161,13 +161,13 @@ export function ModelsView({ onSwitched }: { onSwitched: () => void }) {
             )}
           </ModelRow>
         ))}
-        {installed.every((m) => m.name !== report.loaded) && <li class="model">{report.loaded} (running)</li>}
+        {installed.every((m) => m.name !== report.loaded) && <li class="card">{report.loaded} (running)</li>}
       </ul>
 
       {report.manageable && (
         <>
           <h2>Available to download</h2>
-          <ul class="model-list" aria-label="Available models">
+          <ul class="card-list" aria-label="Available models">
             {available.map((m) => {
               const d = downloadOf(m.name);
               return (
@@ -179,9 +179,9 @@ export function ModelsView({ onSwitched }: { onSwitched: () => void }) {
             })}
           </ul>
           {others.length > 0 && (
-            <ul class="model-list" aria-label="Other downloads">
+            <ul class="card-list" aria-label="Other downloads">
               {others.map((d) => (
-                <li class="model" key={d.name}>
+                <li class="card" key={d.name}>
                   <strong>{d.name}</strong>
                   {d.state === "running" ? <Progress download={d} onCancel={() => cancel(d.name)} /> : <LastAttempt download={d} />}
                 </li>
@@ -199,8 +199,8 @@ function ModelRow({ model: m, loaded, children }: { model: ShelfModel; loaded: b
     .filter(Boolean)
     .join(" · ");
   return (
-    <li class={`model${loaded ? " loaded" : ""}`} aria-label={m.name}>
-      <div class="model-head">
+    <li class={`card${loaded ? " loaded" : ""}`} aria-label={m.name}>
+      <div class="card-head">
         <strong>{m.name}</strong>
         {m.default && <span class="badge">default</span>}
         <span class="hint">{facts}</span>
