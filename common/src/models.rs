@@ -266,6 +266,9 @@ pub fn fetch(
 /// `hillside models pull NAME` or `hillside models pull ORG/REPO --file FILE [--sha256 HEX]`,
 /// with a progress bar.
 pub fn pull(what: &str, file: Option<&str>, sha256: Option<&str>) -> Result<PathBuf> {
+    if file.is_none() && what.contains('/') && !is_known(what) {
+        bail!("give the file to fetch from the repository with --file, e.g. --file model-q4_0.gguf");
+    }
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}, {eta} left")
             .expect("a valid template")
