@@ -216,8 +216,11 @@ fn a_switch_lets_the_reply_under_way_finish_on_the_old_model_and_a_broken_file_k
     assert_eq!(s.call("DELETE", "/v1/hillside/models/broken", None).0, 204);
     assert_eq!(files_in(models.path()), ["other.gguf"]);
     assert_eq!(s.call("DELETE", "/v1/hillside/models/broken", None).0, 404);
-    // Unknown names are not fetched, loaded or deleted.
+    // Unknown names are not fetched, loaded or deleted, and a path is not a name.
     assert_eq!(s.call("POST", "/v1/hillside/models/nothing-here/load", None).0, 404);
+    let path = models.path().join("other.gguf").display().to_string().replace('/', "%2F");
+    let (status, refused) = s.call("POST", &format!("/v1/hillside/models/{path}/load"), None);
+    assert_eq!(status, 404, "{refused}");
 }
 
 #[test]

@@ -84,6 +84,13 @@ impl ModelShelf for Shelf {
     }
 
     fn load(&self, name: &str) -> Result<LoadedModel, ShelfError> {
+        // Installed models only: a client of the API must not make the server open other files.
+        if !models::is_installed(name) {
+            return Err(ShelfError::NotFound(match models::is_known(name) {
+                true => format!("{name} is not downloaded: download it first"),
+                false => format!("no model {name} is installed (see GET /v1/hillside/models)"),
+            }));
+        }
         let path = models::locate(Some(name)).map_err(|e| match models::is_known(name) {
             true => ShelfError::Refused(format!("{e:#}")),
             false => ShelfError::NotFound(format!("{e:#}")),
