@@ -98,7 +98,12 @@ impl Downloads {
         self.publish();
         let (downloads, thread_name) = (self.clone(), name.clone());
         let spawned = std::thread::Builder::new().name(format!("download {name}")).spawn(move || {
-            let result = shelf.pull(&what, &cancel, &mut |p| downloads.progress(&thread_name, p));
+            // A bug in the pull ends this download with its error, never one listed as running.
+            let pull = || shelf.pull(&what, &cancel, &mut |p| downloads.progress(&thread_name, p));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(pull)).unwrap_or_else(|_| {
+                let message = "the download stopped on an internal error (see the log); the part is kept".to_string();
+                Err(ShelfError::Download { message, network: false })
+            });
             downloads.finish(&thread_name, result);
         });
         if let Err(e) = spawned {
@@ -181,5 +186,67 @@ fn forget_oldest_finished(all: &mut BTreeMap<String, Tracked>) {
         for (_, name) in &finished[..finished.len() - FINISHED_KEPT] {
             all.remove(name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shelf::{LoadedModel, ShelfModel};
+    use std::path::{Path, PathBuf};
+
+    /// A shelf whose pull reports some progress, then panics: a bug in the middle of a download.
+    struct PanickingPull;
+
+    impl ModelShelf for PanickingPull {
+        fn catalogue(&self, _: usize) -> Vec<ShelfModel> {
+            Vec::new()
+        }
+        fn installed(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn load(&self, name: &str) -> Result<LoadedModel, ShelfError> {
+            Err(ShelfError::NotFound(name.into()))
+        }
+        fn check_pull(&self, _: &PullRequest) -> Result<(), ShelfError> {
+            Ok(())
+        }
+        fn pull(
+            &self,
+            _: &PullRequest,
+            _: &AtomicBool,
+            progress: &mut dyn FnMut(PullProgress),
+        ) -> Result<(), ShelfError> {
+            progress(PullProgress { done_bytes: 1 << 20, total_bytes: Some(4 << 20), bytes_per_s: 1e6 });
+            panic!("a bug in the pull");
+        }
+        fn remove(&self, name: &str) -> Result<(), ShelfError> {
+            Err(ShelfError::NotFound(name.into()))
+        }
+        fn models_dir(&self) -> PathBuf {
+            PathBuf::new()
+        }
+        fn disk_free_bytes(&self) -> Option<u64> {
+            None
+        }
+        fn import(&self, _: &Path, name: &str, _: bool) -> Result<String, ShelfError> {
+            Err(ShelfError::Refused(name.into()))
+        }
+    }
+
+    #[test]
+    fn a_pull_that_panics_ends_as_failed_and_can_be_started_again() {
+        let downloads = Downloads::default();
+        let what = PullRequest { model: "some-model".into(), file: None, sha256: None };
+        assert!(downloads.start(Arc::new(PanickingPull), what.clone()).is_ok());
+        let started = std::time::Instant::now();
+        while downloads.is_running("some-model") {
+            assert!(started.elapsed() < std::time::Duration::from_secs(60), "still listed as running");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let ended = &downloads.list()[0];
+        assert_eq!(ended.state, DownloadState::Failed);
+        assert!(ended.error.as_deref().is_some_and(|e| e.contains("internal error")), "{ended:?}");
+        assert!(downloads.start(Arc::new(PanickingPull), what).is_ok(), "a new try is allowed");
     }
 }
