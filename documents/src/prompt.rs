@@ -55,10 +55,10 @@ pub fn document_prompt(
         .find(CUT)
         .ok_or_else(|| hillside_engine::Error::ChatTemplate("the template dropped part of a message".into()))?;
     let tokenizer = engine.tokenizer();
-    let tokens = tokenizer.encode(&rendered.replacen(CUT, "", 1))?;
+    let tokens = tokenizer.encode_prompt(&rendered.replacen(CUT, "", 1))?;
     // The tokens of the text before the cut, as far as the whole prompt has them too (the
     // last one may merge with what follows).
-    let prefix = tokenizer.encode(&rendered[..at])?;
+    let prefix = tokenizer.encode_prompt(&rendered[..at])?;
     let prefix_tokens = prefix.iter().zip(&tokens).take_while(|(a, b)| a == b).count();
     Ok(DocumentPrompt { tokens, prefix_tokens })
 }

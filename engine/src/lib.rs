@@ -133,13 +133,22 @@ impl Engine {
         Ok(Sequence { kv: store, tokens: Vec::new() })
     }
 
-    /// The prompt tokens for a chat, with the assistant's turn opened.
+    /// The prompt tokens for a chat, with the assistant's turn opened. Control tokens come only
+    /// from the template: a message's `<|im_end|>` is its characters.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        self.tokenizer.encode(&self.chat_text(messages)?)
+        self.tokenizer.encode_prompt(&self.chat_text(messages)?)
     }
 
-    /// The prompt text for a chat (the model's template applied), with the assistant's turn opened.
+    /// The prompt text for a chat (the model's template applied), with the assistant's turn
+    /// opened and the messages' control strings marked: [`Tokenizer::encode_prompt`] reads it.
     pub fn chat_text(&self, messages: &[ChatMessage]) -> Result<String> {
-        self.chat_template.render(messages, true)
+        let marked: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: m.role.clone(),
+                content: self.tokenizer.mark_controls(&m.content).into_owned(),
+            })
+            .collect();
+        self.chat_template.render(&marked, true)
     }
 }

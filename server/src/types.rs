@@ -137,6 +137,11 @@ pub struct CompletionRequest {
     #[serde(default)]
     #[schema(maximum = 5)]
     pub logprobs: Option<usize>,
+    /// Read control-token strings in a text prompt (`<|im_start|>`) as the control tokens, for a
+    /// caller that writes the chat template itself (llama.cpp's `parse_special`); by default a
+    /// text prompt is plain text.
+    #[serde(default)]
+    pub parse_special: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

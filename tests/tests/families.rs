@@ -505,9 +505,12 @@ fn a_thinking_model_s_reasoning_comes_apart_from_its_answer_over_http() {
     }
     assert_eq!(streamed, (reasoning.clone(), String::new()));
 
+    // A client that writes the template itself asks for its control strings to be read as such.
     let prompt = engine.chat_text(&[ChatMessage::new("user", "Hi")]).unwrap();
-    let (status, raw) =
-        server.post("/v1/completions", &serde_json::json!({"prompt": prompt, "max_tokens": 8, "temperature": 0}));
+    let (status, raw) = server.post(
+        "/v1/completions",
+        &serde_json::json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "parse_special": true}),
+    );
     assert_eq!(status, 200, "{raw}");
     assert_eq!(raw["choices"][0]["text"].as_str().unwrap().trim_start(), reasoning);
 }

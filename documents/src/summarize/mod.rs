@@ -51,7 +51,7 @@ const MERGE_TASK: &str = "These are notes on consecutive parts of one document, 
 /// The tokens `text` takes for `engine`'s model (about a quarter of its bytes if it cannot be
 /// tokenized, which only a broken tokenizer causes).
 pub fn count_tokens(engine: &Engine, text: &str) -> usize {
-    engine.tokenizer().encode(text).map_or(text.len() / 4, |t| t.len())
+    engine.tokenizer().encode_text(text).map_or(text.len() / 4, |t| t.len())
 }
 
 /// Whether a document of `tokens` is summarized in one pass with `context_tokens`.

@@ -2,6 +2,7 @@
 
 mod bpe;
 pub mod chat;
+mod controls;
 pub mod reasoning;
 mod spm;
 pub mod stop;

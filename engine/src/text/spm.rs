@@ -142,6 +142,17 @@ impl SentencePiece {
         }
     }
 
+    /// The ids of `text` as plain text (a special token's string as its characters), for text in
+    /// the middle of a prompt.
+    pub fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
+        self.encode_raw(text, false, out);
+    }
+
+    /// The strings of the control tokens.
+    pub fn control_texts(&self) -> Vec<String> {
+        self.types.iter().zip(&self.texts).filter(|(&t, _)| t == CONTROL).map(|(_, text)| text.clone()).collect()
+    }
+
     /// One stretch of text without special tokens.
     fn encode_raw(&self, raw: &str, after_special: bool, out: &mut Vec<u32>) {
         let mut text = String::with_capacity(raw.len() * 3 / 2 + 3);

@@ -4,6 +4,7 @@
 //! SentencePiece vocabulary (Gemma's) runs on `spm.rs`, llama.cpp's algorithm.
 
 use super::bpe::PackedBpe;
+use super::controls::{Controls, Piece};
 use super::reasoning::{ReasoningFormat, HARMONY_STRUCTURE};
 use super::spm::SentencePiece;
 use crate::error::{Error, Result};
@@ -63,6 +64,8 @@ pub struct Tokenizer {
     reasoning: ReasoningFormat,
     /// Special tokens decoded as their text: the markers that split reasoning from the answer.
     kept_in_text: HashSet<u32>,
+    /// Control strings in messages, marked to be read as text.
+    controls: Controls,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> Error {
@@ -112,6 +115,38 @@ fn release_free_heap() {
     // SAFETY: malloc_trim only returns free memory to the system; any thread may call it.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// The control tokens' strings of `inner`, each with its ids as plain text (read while the
+/// vocabulary is told to take special strings as text).
+fn controls_of(inner: &mut Inner) -> Controls {
+    let special_texts = |added: ahash::AHashMap<u32, AddedToken>| -> Vec<String> {
+        added.into_values().filter(|t| t.special).map(|t| t.content).collect()
+    };
+    let plain_ids = |encoding: tokenizers::Result<tokenizers::Encoding>| -> Vec<u32> {
+        encoding.map(|e| e.get_ids().to_vec()).unwrap_or_default()
+    };
+    match inner {
+        Inner::Gguf(t) => {
+            t.set_encode_special_tokens(true);
+            let controls =
+                Controls::new(special_texts(t.get_added_tokens_decoder()), |s| plain_ids(t.encode(s, false)));
+            t.set_encode_special_tokens(false);
+            controls
+        }
+        Inner::File(t) => {
+            t.set_encode_special_tokens(true);
+            let controls =
+                Controls::new(special_texts(t.get_added_tokens_decoder()), |s| plain_ids(t.encode(s, false)));
+            t.set_encode_special_tokens(false);
+            controls
+        }
+        Inner::SentencePiece(t) => Controls::new(t.control_texts(), |s| {
+            let mut ids = Vec::new();
+            t.encode_plain(s, &mut ids);
+            ids
+        }),
     }
 }
 
@@ -241,7 +276,8 @@ impl Tokenizer {
     /// (gpt-oss) ends its turn with `<|return|>` or `<|call|>`; its `<|end|>` ends only a message,
     /// such as its reasoning, after which the answer follows (llama.cpp drops it from the stop
     /// tokens the same way).
-    fn assemble(inner: Inner, bos: Option<u32>, add_bos: bool, mut stop_ids: HashSet<u32>) -> Self {
+    fn assemble(mut inner: Inner, bos: Option<u32>, add_bos: bool, mut stop_ids: HashSet<u32>) -> Self {
+        let controls = controls_of(&mut inner);
         let mut tokenizer = Self {
             inner,
             bos,
@@ -249,6 +285,7 @@ impl Tokenizer {
             stop_ids: HashSet::new(),
             reasoning: ReasoningFormat::None,
             kept_in_text: HashSet::new(),
+            controls,
         };
         let id = |t: &str| tokenizer.token_id(t);
         let reasoning = ReasoningFormat::of_vocabulary(|t| id(t).is_some());
@@ -269,12 +306,48 @@ impl Tokenizer {
     }
 
     /// Token ids of `text`; special-token text (like `<|im_start|>`) becomes the special token.
-    /// A BOS token is prepended where the model asks for one.
+    /// A BOS token is prepended where the model asks for one. For text from a user or a document,
+    /// see [`Self::encode_prompt`].
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         if self.add_bos {
             ids.extend(self.bos);
         }
+        self.encode_special(text, &mut ids)?;
+        Ok(ids)
+    }
+
+    /// `text` with every control string in it marked, to be read as plain text by
+    /// [`Self::encode_prompt`] once a chat template has placed it.
+    pub fn mark_controls<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        self.controls.mark(text)
+    }
+
+    /// Token ids of a prompt whose messages were [`Self::mark_controls`]ed: control tokens come
+    /// only from the template's text, a message's control strings are their characters. A BOS
+    /// token is prepended where the model asks for one.
+    pub fn encode_prompt(&self, rendered: &str) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        if self.add_bos {
+            ids.extend(self.bos);
+        }
+        for piece in self.controls.pieces(rendered) {
+            match piece {
+                Piece::Template(text) => self.encode_special(text, &mut ids)?,
+                Piece::Text(plain) => ids.extend_from_slice(plain),
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Token ids of `text` read as plain text, control strings included (a BOS token first where
+    /// the model asks for one).
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_prompt(&self.mark_controls(text))
+    }
+
+    /// Appends the ids of `text`, special-token text becoming the special token.
+    fn encode_special(&self, text: &str, ids: &mut Vec<u32>) -> Result<()> {
         match &self.inner {
             Inner::Gguf(t) => {
                 for piece in pieces(text) {
@@ -286,9 +359,9 @@ impl Tokenizer {
             }
             // A tokenizer.json's pre-tokenizer may treat a text's start specially (a prefix space).
             Inner::File(t) => ids.extend_from_slice(t.encode(text, false).map_err(tok_err)?.get_ids()),
-            Inner::SentencePiece(t) => t.encode(text, &mut ids),
+            Inner::SentencePiece(t) => t.encode(text, ids),
         }
-        Ok(ids)
+        Ok(())
     }
 
     /// Text of `ids`, special tokens left out, except the markers of the model's reasoning

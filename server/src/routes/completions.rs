@@ -48,8 +48,14 @@ pub async fn completions(
         Backend::Local { engine, .. } => {
             let prompt = match text {
                 Ok(text) => {
+                    let parse_special = req.parse_special;
                     run::blocking(&app, &serving, move |_, serving| {
-                        serving.local()?.0.tokenizer().encode(&text).map_err(ApiError::from)
+                        let tokenizer = serving.local()?.0.tokenizer();
+                        match parse_special {
+                            true => tokenizer.encode(&text),
+                            false => tokenizer.encode_text(&text),
+                        }
+                        .map_err(ApiError::from)
                     })
                     .await?
                 }
