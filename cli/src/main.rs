@@ -8,11 +8,13 @@ mod docs;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use hillside_common::{
-    configure_allocator, engine_choice, init_logging, models, serve, GlobalArgs, ModelArgs, SamplingArgs,
+    configure_allocator, engine_choice, init_logging, models, private_by_default, serve, GlobalArgs, ModelArgs,
+    SamplingArgs,
 };
 
 fn main() {
     configure_allocator();
+    private_by_default();
     init_logging();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");

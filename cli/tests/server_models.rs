@@ -28,6 +28,8 @@ fn default_model() -> PathBuf {
 struct Serve {
     child: Child,
     base: String,
+    /// This run's control secret, from the web UI's link in the banner.
+    secret: String,
     _scratch: tempfile::TempDir,
 }
 
@@ -51,11 +53,14 @@ impl Serve {
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         let mut child = command.spawn().unwrap();
-        let mut banner = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut banner).unwrap();
+        let (mut banner, mut link) = (String::new(), String::new());
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut banner).unwrap();
+        stdout.read_line(&mut link).unwrap();
         let addr =
             banner.split("http://").nth(1).and_then(|r| r.split('/').next()).unwrap_or_else(|| panic!("{banner:?}"));
-        Self { child, base: format!("http://{addr}"), _scratch: scratch }
+        let secret = link.split("#secret=").nth(1).unwrap_or_else(|| panic!("{link:?}")).trim().to_string();
+        Self { child, base: format!("http://{addr}"), secret, _scratch: scratch }
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -63,6 +68,7 @@ impl Serve {
             .method(method)
             .uri(format!("{}{path}", self.base))
             .header("Content-Type", "application/json")
+            .header("X-Hillside-Control", &self.secret)
             .body(body.map(|b| b.to_string()).unwrap_or_default())
             .unwrap();
         let mut reply = agent().run(request).unwrap();
@@ -310,6 +316,7 @@ fn an_uploaded_model_file_is_imported_and_anything_else_refused_with_nothing_lef
         let mut reply = agent()
             .post(format!("{}/v1/hillside/models/import?name={name}", s.base))
             .header("Content-Type", "application/octet-stream")
+            .header("X-Hillside-Control", &s.secret)
             .send(&bytes[..])
             .unwrap();
         let status = reply.status().as_u16();

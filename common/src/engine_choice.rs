@@ -17,9 +17,10 @@ pub struct EngineArgs {
     /// (`openai:http://127.0.0.1:8000/v1`) [default: local].
     #[arg(long)]
     pub engine: Option<String>,
-    /// The remote engine's API key.
-    #[arg(long, env = "HILLSIDE_REMOTE_API_KEY", hide_env_values = true)]
-    pub remote_api_key: Option<String>,
+    /// A file holding the remote engine's API key (or set `HILLSIDE_REMOTE_API_KEY`; never a
+    /// flag, which every user of the machine can read).
+    #[arg(long)]
+    pub remote_api_key_file: Option<std::path::PathBuf>,
     /// Which of the remote engine's models to use [default: the first it lists].
     #[arg(long)]
     pub remote_model: Option<String>,
@@ -44,7 +45,8 @@ impl EngineArgs {
         };
         Ok(Some(RemoteConfig {
             url,
-            api_key: self.remote_api_key.clone().or_else(|| file.api_key.clone()),
+            api_key: crate::serve::secret("HILLSIDE_REMOTE_API_KEY", self.remote_api_key_file.as_deref())?
+                .or_else(|| file.api_key.clone()),
             model: self.remote_model.clone().or_else(|| file.model.clone()),
             allow_insecure: self.allow_insecure_remote || file.allow_insecure.unwrap_or(false),
             context_tokens: file.context,

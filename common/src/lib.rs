@@ -393,6 +393,15 @@ fn refuse_what_cannot_fit(path: &std::path::Path, args: &ModelArgs) -> Result<()
     Ok(())
 }
 
+/// Every file and folder this process makes is its owner's alone (0600, 0700), whoever made
+/// it: Hillside's own files are created private anyway, this covers what libraries create.
+pub fn private_by_default() {
+    // SAFETY: umask only sets this process's file-creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
 /// glibc raises its mmap threshold each time a large block is freed, after which the KV stores'
 /// growing per-step buffers come from the heap and fragment it: at 8K tokens of tiered cache that
 /// cost ~55 MB of peak RSS. A fixed threshold keeps large blocks in their own mappings, returned

@@ -27,9 +27,19 @@ pub struct ServeArgs {
     /// Port (0 picks a free one; the address is printed) [default: 8080].
     #[arg(long)]
     pub port: Option<u16>,
-    /// Require this key as `Authorization: Bearer <key>`.
-    #[arg(long, env = "HILLSIDE_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
+    /// Require the key in this file as `Authorization: Bearer <key>` (or set
+    /// `HILLSIDE_API_KEY`; a key is never taken from the command line, where every user of the
+    /// machine can read it).
+    #[arg(long)]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Also answer requests addressed to this name (`Host`), besides loopback names and the
+    /// address the server listens on (repeatable).
+    #[arg(long = "allowed-host")]
+    pub allowed_hosts: Vec<String>,
+    /// Listen beyond loopback without an API key: anyone who can reach this machine can then use
+    /// the model and read its documents.
+    #[arg(long)]
+    pub allow_no_key: bool,
     /// Largest request body accepted, in MB [default: 4].
     #[arg(long)]
     pub max_body_mb: Option<usize>,
@@ -54,16 +64,8 @@ pub struct ServeArgs {
 
 pub fn serve(args: &ServeArgs) -> Result<()> {
     let prepared = prepare(args, None)?;
-    let config = &prepared.config;
     let addr = address(args);
-    if !addr.ip().is_loopback() {
-        tracing::warn!(host = %addr.ip(), "listening beyond this machine: anyone who can reach it can use the model");
-        eprintln!(
-            "warning: {} is not a loopback address; anyone who can reach this machine can use the model{}",
-            addr.ip(),
-            if config.api_key.is_none() { " (no API key set)" } else { "" }
-        );
-    }
+    check_exposure(addr.ip(), prepared.config.api_key.is_some(), args.allow_no_key)?;
     let runtime = runtime()?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
@@ -74,7 +76,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         })?;
         announce(format_args!("hillside: serving {} on http://{addr}/v1 (Ctrl-C stops)", app.config.model_id));
         if hillside_server::web_ui_is_built() {
-            announce(format_args!("hillside: web UI at http://{addr}/"));
+            // The link carries this run's secret, which the page needs to change settings and models.
+            announce(format_args!("hillside: web UI at {}", app.ui_link(&format!("http://{addr}/"))));
         }
         hillside_server::serve(listener, app, shutdown_signal()).await.context("serving")
     })?;
@@ -88,6 +91,45 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
 fn announce(line: std::fmt::Arguments) {
     use std::io::Write;
     let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// Refuses to listen beyond loopback without an API key unless the user said so
+/// (`--allow-no-key`); warns either way, since anyone who can reach the machine can then try.
+pub fn check_exposure(host: IpAddr, has_key: bool, allow_no_key: bool) -> Result<()> {
+    if host.is_loopback() {
+        return Ok(());
+    }
+    if !has_key && !allow_no_key {
+        anyhow::bail!(
+            "refusing to listen on {host} without an API key: anyone who can reach this machine could use the model \
+             and read your documents. Set one (HILLSIDE_API_KEY or --api-key-file), or pass --allow-no-key to do it anyway."
+        );
+    }
+    tracing::warn!(%host, has_key, "listening beyond this machine");
+    eprintln!(
+        "warning: {host} is not a loopback address; anyone who can reach this machine can {}",
+        if has_key { "try keys against the API" } else { "use the model and read your documents (no API key set)" }
+    );
+    Ok(())
+}
+
+/// A secret from the environment variable `var`, else from `file` (trimmed); `None` when
+/// neither gives one. Secrets are never flags: the command line is visible to every user.
+pub fn secret(var: &str, file: Option<&Path>) -> Result<Option<String>> {
+    if let Some(value) = std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
+        return Ok(Some(value.trim().to_string()));
+    }
+    let Some(file) = file else { return Ok(None) };
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading the key file {}", file.display()))?;
+    let key = text.trim();
+    if key.is_empty() {
+        anyhow::bail!("the key file {} is empty", file.display());
+    }
+    use std::os::unix::fs::PermissionsExt;
+    if std::fs::metadata(file).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
+        eprintln!("warning: the key file {} can be read by other users (chmod 600 it)", file.display());
+    }
+    Ok(Some(key.to_string()))
 }
 
 /// The address to listen on: each flag over its `[server]` key over 127.0.0.1:8080.
@@ -168,7 +210,14 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
         installed_models,
         model_id,
         model_aliases,
-        api_key: args.api_key.clone().or_else(|| file.api_key.clone()).filter(|k| !k.is_empty()),
+        api_key: secret("HILLSIDE_API_KEY", args.api_key_file.as_deref())?
+            .or_else(|| file.api_key.clone())
+            .filter(|k| !k.is_empty()),
+        allowed_hosts: if args.allowed_hosts.is_empty() {
+            file.allowed_hosts.clone().unwrap_or_default()
+        } else {
+            args.allowed_hosts.clone()
+        },
         max_body_bytes: args.max_body_mb.or(file.max_body_mb).unwrap_or(4) * 1_000_000,
         cors_origins,
         shutdown_grace_s: args.shutdown_grace_s.or(file.shutdown_grace_s).unwrap_or(10),
@@ -214,5 +263,21 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_beyond_loopback_needs_a_key_or_the_users_word() {
+        let lan = IpAddr::from([192, 168, 1, 5]);
+        assert!(check_exposure(IpAddr::from([127, 0, 0, 1]), false, false).is_ok());
+        let refused = check_exposure(lan, false, false).unwrap_err().to_string();
+        assert!(refused.contains("--allow-no-key") && refused.contains("HILLSIDE_API_KEY"), "{refused}");
+        assert!(check_exposure(IpAddr::from([0, 0, 0, 0]), false, false).is_err());
+        assert!(check_exposure(lan, true, false).is_ok());
+        assert!(check_exposure(lan, false, true).is_ok());
     }
 }

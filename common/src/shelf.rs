@@ -164,7 +164,8 @@ impl ModelShelf for Shelf {
             .map_err(|e| ShelfError::Refused(format!("{file_name} is not a model file Hillside reads: {e}")))?;
         let architecture = file.config().architecture.name().to_string();
         let dir = models::models_dir();
-        std::fs::create_dir_all(&dir).map_err(|e| ShelfError::Refused(format!("creating {}: {e}", dir.display())))?;
+        hillside_engine::private_files::create_dir(&dir)
+            .map_err(|e| ShelfError::Refused(format!("creating {}: {e}", dir.display())))?;
         let dest = dir.join(file_name);
         if dest.exists() {
             return Err(ShelfError::Refused(format!(

@@ -43,7 +43,7 @@ impl DocumentKvCache {
     /// Files a killed process left half-written, and files and entries without each other,
     /// are removed.
     pub fn open(library: Arc<Library>, dir: &Path, quota_bytes: u64, model_key: &str) -> std::io::Result<Arc<Self>> {
-        std::fs::create_dir_all(dir)?;
+        hillside_engine::private_files::create_dir(dir)?;
         let cache = Self {
             library,
             dir: dir.to_path_buf(),

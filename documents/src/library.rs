@@ -101,9 +101,11 @@ impl Library {
     /// Opens the library at `path`, creating it (and its folder) if missing.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|source| err(StoreFailure::CreateFolder { path: dir.to_path_buf(), source }))?;
+            hillside_engine::private_files::create_dir(dir)
+                .map_err(|source| err(StoreFailure::Create { path: dir.to_path_buf(), source }))?;
         }
+        hillside_engine::private_files::ensure(path)
+            .map_err(|source| err(StoreFailure::Create { path: path.to_path_buf(), source }))?;
         let db =
             Database::create(path).map_err(|source| err(StoreFailure::Open { path: path.to_path_buf(), source }))?;
         // Both tables exist from the start, so readers never meet a missing one.

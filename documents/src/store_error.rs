@@ -16,7 +16,7 @@ pub struct StoreError {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreFailure {
     #[error("cannot create {}: {source}", .path.display())]
-    CreateFolder { path: PathBuf, source: std::io::Error },
+    Create { path: PathBuf, source: std::io::Error },
     #[error("cannot open {}: {source}", .path.display())]
     Open { path: PathBuf, source: redb::DatabaseError },
     #[error(transparent)]
@@ -47,7 +47,7 @@ impl StoreError {
     pub fn is_storage_full(&self) -> bool {
         let full = |e: &std::io::Error| hillside_engine::error::is_disk_full(e.kind());
         match &self.failure {
-            StoreFailure::CreateFolder { source, .. } => full(source),
+            StoreFailure::Create { source, .. } => full(source),
             StoreFailure::Open { source: redb::DatabaseError::Storage(redb::StorageError::Io(e)), .. } => full(e),
             StoreFailure::Database(redb::Error::Io(e)) => full(e),
             _ => false,

@@ -12,6 +12,7 @@ pub mod generate;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod private_files;
 pub mod sampling;
 pub mod scheduler;
 pub mod score;

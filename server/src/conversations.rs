@@ -85,6 +85,8 @@ fn title_of(title: String) -> String {
 impl Conversations {
     /// Opens the store at `path`, creating it if missing.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        hillside_engine::private_files::ensure(path)
+            .map_err(|source| err(StoreFailure::Create { path: path.to_path_buf(), source }))?;
         let db =
             Database::create(path).map_err(|source| err(StoreFailure::Open { path: path.to_path_buf(), source }))?;
         let txn = db.begin_write().map_err(err)?;

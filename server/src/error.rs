@@ -104,7 +104,16 @@ impl ApiError {
             StatusCode::FORBIDDEN,
             "invalid_request_error",
             Some("foreign_host"),
-            format!("This server answers requests from this machine only when they are addressed to it (Host: localhost or 127.0.0.1), not to '{host}'."),
+            format!("This server answers only requests addressed to it (Host: localhost, 127.0.0.1, the address it listens on, or a name given with --allowed-host), not to '{host}'."),
+        )
+    }
+
+    pub fn control_secret_needed() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            Some("control_secret_needed"),
+            "Changing settings or models needs this run's secret: open the web UI from the link Hillside printed when it started (or the desktop app), or send the API key if one is set.",
         )
     }
 

@@ -11,13 +11,14 @@
 
 mod auth;
 mod backend;
+pub mod control;
 mod conversations;
 mod cross_site;
 mod documents;
 mod downloads;
 mod error;
 mod extract;
-mod local_host;
+mod host_check;
 mod openapi;
 mod routes;
 mod run;
@@ -37,6 +38,7 @@ pub use start_error::StartError;
 pub use web_ui::is_built as web_ui_is_built;
 
 use axum::extract::DefaultBodyLimit;
+use axum::handler::Handler;
 use axum::http::{HeaderValue, Method};
 use axum::routing::{delete, get, post};
 use axum::Router;
@@ -67,6 +69,9 @@ pub struct ServerConfig {
     pub installed_models: Vec<String>,
     #[serde(skip)]
     pub api_key: Option<String>,
+    /// Names besides loopback ones and the address it listens on that requests may address this
+    /// server by in `Host` (`--allowed-host`).
+    pub allowed_hosts: Vec<String>,
     pub max_body_bytes: usize,
     /// Origins allowed by CORS (none: CORS off).
     pub cors_origins: Vec<String>,
@@ -97,6 +102,8 @@ pub struct App {
     documents: Option<Documents>,
     conversations: Option<Conversations>,
     allowed_origins: cross_site::AllowedOrigins,
+    /// This run's secret for changes to settings and models (see [`control`]).
+    control_secret: String,
     /// Response ids: a random per-process prefix and a counter.
     id_prefix: String,
     next_id: AtomicU64,
@@ -142,6 +149,7 @@ impl App {
             documents,
             conversations,
             allowed_origins,
+            control_secret: control::new_secret(),
             id_prefix,
             next_id: AtomicU64::new(1),
             stopping: Arc::default(),
@@ -151,6 +159,17 @@ impl App {
     /// The model new requests run on; a request keeps the one it took to its end.
     pub fn serving(&self) -> Arc<Serving> {
         self.serving.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// This run's control secret: the desktop window and the web UI's printed link carry it.
+    pub fn control_secret(&self) -> &str {
+        &self.control_secret
+    }
+
+    /// The web UI's address for `base` (`http://host:port/`) with this run's control secret, in a
+    /// fragment, which browsers keep to the page.
+    pub fn ui_link(&self, base: &str) -> String {
+        format!("{}/#secret={}", base.trim_end_matches('/'), self.control_secret)
     }
 
     fn documents(&self) -> Result<&Documents, ApiError> {
@@ -209,9 +228,9 @@ pub fn unix_now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-/// Every route, with the key check, the body limit, (when origins are configured) CORS, and
-/// outermost the checks that requests from this machine are addressed to it and that no page
-/// on another site made them.
+/// Every route, with the key check, the control secret on changes to settings and models, the
+/// body limit, (when origins are configured) CORS, and outermost the checks that requests are
+/// addressed to this server and that no page on another site made them.
 pub fn router(app: Arc<App>) -> Router {
     // An upload carries a whole document (and the multipart framing around it).
     let upload_limit = app
@@ -220,6 +239,8 @@ pub fn router(app: Arc<App>) -> Router {
         .as_ref()
         .map_or(0, |d| d.max_file_bytes as usize + 64 * 1024)
         .max(app.config.max_body_bytes);
+    // Changes to what decides where data goes or what runs need this run's secret (or the key).
+    let control = || axum::middleware::from_fn_with_state(app.clone(), control::require_control);
     let mut router = Router::new()
         .route("/v1/chat/completions", post(routes::chat::chat_completions))
         .route("/v1/completions", post(routes::completions::completions))
@@ -228,7 +249,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/hillside/sequences", get(routes::info::sequences))
         .route("/v1/hillside/tiers", get(routes::info::tiers))
         .route("/v1/hillside/config", get(routes::info::config))
-        .route("/v1/hillside/settings", get(routes::settings::get).put(routes::settings::put))
+        .route("/v1/hillside/settings", get(routes::settings::get).put(routes::settings::put.layer(control())))
         .route("/v1/hillside/conversations", get(routes::conversations::list).post(routes::conversations::create))
         .route(
             "/v1/hillside/conversations/{id}",
@@ -242,12 +263,15 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/hillside/documents/{id}/summary", post(routes::documents::summary))
         .route("/v1/hillside/documents/{id}/text", get(routes::documents::text))
         .route("/v1/hillside/models", get(routes::models::list))
-        .route("/v1/hillside/models/pull", post(routes::models::pull))
-        .route("/v1/hillside/models/import", post(routes::models::import).layer(DefaultBodyLimit::disable()))
-        .route("/v1/hillside/models/{name}", delete(routes::models::remove))
-        .route("/v1/hillside/models/{name}/load", post(routes::models::load))
+        .route("/v1/hillside/models/pull", post(routes::models::pull).route_layer(control()))
+        .route(
+            "/v1/hillside/models/import",
+            post(routes::models::import).route_layer(control()).layer(DefaultBodyLimit::disable()),
+        )
+        .route("/v1/hillside/models/{name}", delete(routes::models::remove).route_layer(control()))
+        .route("/v1/hillside/models/{name}/load", post(routes::models::load).route_layer(control()))
         .route("/v1/hillside/downloads", get(routes::models::downloads))
-        .route("/v1/hillside/downloads/{name}", delete(routes::models::cancel))
+        .route("/v1/hillside/downloads/{name}", delete(routes::models::cancel).route_layer(control()))
         .route("/openapi.json", get(openapi::document))
         .layer(axum::middleware::from_fn_with_state(app.clone(), auth::require_key))
         .route("/health", get(routes::info::health))
@@ -271,7 +295,7 @@ pub fn router(app: Arc<App>) -> Router {
     }
     router
         .layer(axum::middleware::from_fn_with_state(app.clone(), cross_site::refuse_cross_site))
-        .layer(axum::middleware::from_fn(local_host::require_local_host))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), host_check::require_own_host))
         .with_state(app)
 }
 
@@ -304,7 +328,7 @@ pub async fn serve(
             })),
         }
     };
-    let service = router(app.clone()).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let service = router(app.clone()).into_make_service_with_connect_info::<host_check::Connection>();
     axum::serve(listener, service).with_graceful_shutdown(signal).await?;
     // The connections are closed; make sure the worker is gone too (a no-op if it is).
     tokio::task::spawn_blocking(move || app.serving().scheduler().map(|s| s.shutdown(Duration::ZERO))).await.ok();

@@ -107,6 +107,7 @@ pub struct ServerFile {
     pub api_key: Option<String>,
     pub max_body_mb: Option<usize>,
     pub cors_origins: Option<Vec<String>>,
+    pub allowed_hosts: Option<Vec<String>>,
     pub max_live: Option<usize>,
     pub max_queued: Option<usize>,
     pub cached_sequences: Option<usize>,
@@ -208,6 +209,12 @@ pub struct Settings {
     pub remote_model: Option<String>,
     /// Plain HTTP to a remote engine on another machine.
     pub allow_insecure_remote: bool,
+    /// A new API key for the remote engine; never shown. Without one, the stored key stays only
+    /// while the remote's scheme, host and port stay: it is not sent to a server it was not
+    /// given for.
+    #[serde(default, skip_serializing)]
+    #[schema(write_only)]
+    pub remote_api_key: Option<String>,
 }
 
 impl Settings {
@@ -230,6 +237,7 @@ impl Settings {
             engine: file.remote.engine.clone().unwrap_or_else(|| "local".into()),
             remote_model: file.remote.model.clone(),
             allow_insecure_remote: file.remote.allow_insecure.unwrap_or(false),
+            remote_api_key: None,
         }
     }
 
@@ -350,6 +358,13 @@ pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, ConfigF
         (true, true) => None,
     };
     let remote = table(&mut doc, "remote");
+    let old_origin = remote.get("engine").and_then(Item::as_str).and_then(remote_origin);
+    let new_origin = remote_origin(&settings.engine);
+    match settings.remote_api_key.as_deref().map(str::trim) {
+        Some(key) if !key.is_empty() => remote["api_key"] = value(key),
+        _ if new_origin.is_some() && new_origin != old_origin => drop(remote.remove("api_key")),
+        _ => {}
+    }
     match settings.engine.as_str() {
         "local" => drop(remote.remove("engine")),
         engine => remote["engine"] = value(engine),
@@ -372,6 +387,16 @@ pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, ConfigF
     Ok(new_key)
 }
 
+/// Where `openai:URL` sends requests (scheme, host and port, lower case); `None` for `local`.
+fn remote_origin(engine: &str) -> Option<String> {
+    let url = engine.strip_prefix("openai:")?.trim();
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    // Credentials in the URL are not part of where it goes.
+    let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    Some(format!("{}://{}", scheme.to_ascii_lowercase(), host.to_ascii_lowercase()))
+}
+
 /// The `[name]` table, made if missing.
 fn table<'d>(doc: &'d mut DocumentMut, name: &str) -> &'d mut Table {
     if !doc.contains_table(name) {
@@ -380,24 +405,14 @@ fn table<'d>(doc: &'d mut DocumentMut, name: &str) -> &'d mut Table {
     doc[name].as_table_mut().expect("just made a table")
 }
 
-/// Replaces the file in one rename, readable by its owner only (it may hold the API key).
+/// Replaces the file in one rename, readable by its owner only (it may hold the API key), never
+/// writing through a link.
 fn write_private(path: &Path, text: &str) -> Result<(), ConfigFileError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let context = |source| ConfigFileError::Write { path: path.into(), source };
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(context)?;
+        hillside_engine::private_files::create_dir(dir).map_err(context)?;
     }
-    let partial = path.with_extension("toml.partial");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&partial)
-        .map_err(context)?;
-    file.write_all(text.as_bytes()).and_then(|()| file.sync_all()).map_err(context)?;
-    std::fs::rename(&partial, path).map_err(context)
+    hillside_engine::private_files::replace(path, text.as_bytes()).map_err(context)
 }
 
 #[cfg(test)]
@@ -479,6 +494,39 @@ mod tests {
         let refused = write(&path, &s).unwrap_err();
         assert!(matches!(&refused, ConfigFileError::NotToml { path: named, .. } if *named == path), "{refused}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "[kv\n");
+    }
+
+    #[test]
+    fn the_remote_key_goes_only_where_it_was_given_for() {
+        let scratch = tempfile::Builder::new().prefix("hillside-settings-").tempdir().unwrap();
+        let path = scratch.path().join("config.toml");
+        std::fs::write(&path, "[remote]\nengine = \"openai:https://gpu.example/v1\"\napi_key = \"sk-remote\"\n")
+            .unwrap();
+        let key = |path: &Path| read(path).unwrap().remote.api_key;
+        let mut s = Settings::of(&read(&path).unwrap());
+        assert_eq!(s.remote_api_key, None, "the key is never shown");
+        // Another path or model on the same server keeps it.
+        s.engine = "openai:HTTPS://GPU.example/v2".into();
+        s.remote_model = Some("qwen".into());
+        write(&path, &s).unwrap();
+        assert_eq!(key(&path).as_deref(), Some("sk-remote"));
+        // Another host drops it, unless a key is given with it.
+        s.engine = "openai:https://elsewhere.example/v1".into();
+        write(&path, &s).unwrap();
+        assert_eq!(key(&path), None);
+        s.remote_api_key = Some("sk-new".into());
+        write(&path, &s).unwrap();
+        assert_eq!(key(&path).as_deref(), Some("sk-new"));
+        // So do another port, and a scheme that is not the one it was given for.
+        s.remote_api_key = None;
+        for engine in ["openai:https://elsewhere.example:8443/v1", "openai:http://elsewhere.example/v1"] {
+            std::fs::write(&path, "[remote]\nengine = \"openai:https://elsewhere.example/v1\"\napi_key = \"k\"\n")
+                .unwrap();
+            s.engine = engine.into();
+            s.allow_insecure_remote = true;
+            write(&path, &s).unwrap();
+            assert_eq!(key(&path), None, "{engine}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod core;
 
 fn main() {
     hillside_common::configure_allocator();
+    hillside_common::private_by_default();
     hillside_common::init_logging();
     if let Err(e) = core::run() {
         eprintln!("error: {e:#}");

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import urllib.request
 
-from serve import start
+from serve import control_secret, start
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Every check but the response time, which is a benchmark's business (`--checks all` adds it).
@@ -40,8 +40,9 @@ def start_in(binary, work):
     model = subprocess.run([binary, "models", "path"], capture_output=True, text=True, check=True).stdout.strip()
     os.environ.update(HILLSIDE_MODELS_DIR=str(work / "models"), HF_ENDPOINT="http://127.0.0.1:9",
                       HF_HOME=str(work / "no-hf-cache"))
-    return start(binary, "--model", model, "--context", "1024", "--config", str(work / "config.toml"),
-                 "--documents-dir", str(work / "documents"), "--cold-dir", str(work / "cold"))
+    server, base = start(binary, "--model", model, "--context", "1024", "--config", str(work / "config.toml"),
+                         "--documents-dir", str(work / "documents"), "--cold-dir", str(work / "cold"))
+    return server, base, control_secret(server)
 
 
 def post(url, body, content_type):
@@ -81,14 +82,16 @@ def with_ids(document, model):
 def main(binary, cli, cases):
     with tempfile.TemporaryDirectory(prefix="hillside-conformance-") as scratch:
         work = pathlib.Path(scratch)
-        server, base = start_in(binary, work)
+        # With this run's secret, as the web UI sends it: the fuzzer reaches the settings and models
+        # routes' own checks.
+        server, base, secret = start_in(binary, work)
 
         def run(config, *only):
             (work / "schemathesis.toml").write_text(config)
             return subprocess.run(
                 [cli, "--config-file", str(work / "schemathesis.toml"), "run", f"{base}/openapi.json",
                  "--checks", CHECKS, "--max-examples", cases, "--workers", "1", "--seed", "1", "--no-color",
-                 "--request-timeout", "300", *only],
+                 "--request-timeout", "300", "--header", f"X-Hillside-Control: {secret}", *only],
                 cwd=work,
             ).returncode
 

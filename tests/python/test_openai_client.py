@@ -3,6 +3,7 @@
 Run by scripts/openai-client-test.sh (part of `make test`): python3 test_openai_client.py HILLSIDE_BINARY
 """
 
+import os
 import sys
 
 import openai
@@ -19,7 +20,7 @@ def check(condition, what):
 
 
 def main(binary):
-    server, base = start(binary, "--context", "2048", "--api-key", KEY)
+    server, base = start(binary, "--context", "2048", env={**os.environ, "HILLSIDE_API_KEY": KEY})
     try:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
         messages = [{"role": "user", "content": "What is the capital of Germany?"}]

@@ -3,7 +3,7 @@
 // Changes apply when Hillside next starts.
 
 import { useEffect, useState } from "preact/hooks";
-import { ApiError, call, type Settings } from "./api";
+import { ApiError, call, mayChange, type ServerConfig, type Settings } from "./api";
 
 interface Report {
   path: string;
@@ -19,11 +19,15 @@ export function SettingsView() {
   const [errors, setErrors] = useState<Partial<Record<Field, string>>>({});
   const [status, setStatus] = useState<string | null>(null);
   const [problem, setProblem] = useState<string | null>(null);
+  const [locked, setLocked] = useState(false);
 
   useEffect(() => {
     call<Report>("GET", "/v1/hillside/settings")
       .then((r) => (setReport(r), setForm(r.settings)))
       .catch((e) => setProblem(e.message));
+    call<ServerConfig>("GET", "/v1/hillside/config")
+      .then((c) => setLocked(!mayChange(c)))
+      .catch(() => {});
   }, []);
   if (problem) return <section class="page"><p class="error" role="alert">{problem}</p></section>;
   if (!form || !report) return <section class="page">Loading…</section>;
@@ -48,10 +52,12 @@ export function SettingsView() {
     try {
       const r = await call<Report>("PUT", "/v1/hillside/settings", form);
       setReport(r);
+      setForm({ ...form, remote_api_key: null });
       setStatus(r.new_api_key ? `Saved. Your new API key (shown once): ${r.new_api_key}` : `Saved to ${r.path}. Restart Hillside to apply.`);
     } catch (err) {
       const e = err as ApiError;
       if (e.param) setErrors({ [e.param]: e.message });
+      else if (e.code === "control_secret_needed") setLocked(true);
       else setProblem(e.message);
     }
   };
@@ -98,11 +104,17 @@ export function SettingsView() {
       <p class="hint">
         Saved to <code>{report.path}</code>, the file <code>hillside</code> reads; they apply when Hillside next starts.
       </p>
+      {locked && (
+        <p class="error" role="alert" id="settings-locked">
+          Changing settings needs this run's secret: open Hillside from the link it printed when it started (<code>web UI at …#secret=…</code>), or from the desktop app.
+        </p>
+      )}
       <form onSubmit={save} noValidate>
         <fieldset>
           <legend>Model</legend>
           {field("model", "Model", text("model", form.model ?? "", (v) => set("model", v.trim() ? v : null)), "A name from hillside models list, or a .gguf path; empty for the default")}
           {field("engine", "Engine", text("engine", form.engine, (v) => set("engine", v.trim() || "local")), "local, or openai: and the URL of an OpenAI-compatible server (vLLM, llama.cpp, Ollama) that runs the model instead")}
+          {field("remote_api_key", "Remote API key", <input id="setting-remote_api_key" type="password" autocomplete="off" value={form.remote_api_key ?? ""} onInput={(e) => set("remote_api_key", e.currentTarget.value || null)} />, "Kept in the config file, never shown; it goes only to the host it was given for: change the host and enter it again")}
           {field("remote_model", "Remote model", text("remote_model", form.remote_model ?? "", (v) => set("remote_model", v.trim() ? v : null)), "Which of the remote's models; empty for the first it lists")}
           <div class="field checkbox">
             <input id="setting-allow_insecure_remote" type="checkbox" checked={form.allow_insecure_remote} onChange={(e) => set("allow_insecure_remote", e.currentTarget.checked)} />

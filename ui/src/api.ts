@@ -1,8 +1,25 @@
 // The server's HTTP API, as the browser and the desktop window both use it: JSON calls, the API
-// key (asked for once the server wants one, kept in this browser), and server-sent events read
-// from a POST's body.
+// key (asked for once the server wants one) and this run's control secret (from the link Hillside
+// printed, or the desktop window's), both kept only while this tab is open, and server-sent events
+// read from a POST's body.
 
 const KEY_STORAGE = "hillside.apiKey";
+const SECRET_STORAGE = "hillside.controlSecret";
+
+// The secret arrives in the link's fragment, which browsers never send: keep it for this tab and
+// take it out of the address bar (and so out of bookmarks and history).
+const fromLink = /(?:^#|&)secret=([0-9a-f]+)/.exec(location.hash);
+if (fromLink) {
+  sessionStorage.setItem(SECRET_STORAGE, fromLink[1]);
+  history.replaceState(null, "", location.pathname + location.search);
+}
+// Earlier versions kept the key in localStorage, which outlives the tab.
+localStorage.removeItem(KEY_STORAGE);
+
+/** Whether this tab may change settings and models: it holds this run's secret, or the API key. */
+export function mayChange(config: { api_key_required: boolean }): boolean {
+  return config.api_key_required ? !!sessionStorage.getItem(KEY_STORAGE) : !!sessionStorage.getItem(SECRET_STORAGE);
+}
 
 /** An error the server explained: `message` is for people, `param` names a field, `code` a kind. */
 export class ApiError extends Error {
@@ -24,13 +41,15 @@ export function whenKeyNeeded(f: () => void) {
 }
 
 export function setApiKey(key: string) {
-  localStorage.setItem(KEY_STORAGE, key);
+  sessionStorage.setItem(KEY_STORAGE, key);
 }
 
 function headers(json: boolean): Record<string, string> {
   const h: Record<string, string> = {};
-  const key = localStorage.getItem(KEY_STORAGE);
+  const key = sessionStorage.getItem(KEY_STORAGE);
   if (key) h["Authorization"] = `Bearer ${key}`;
+  const secret = sessionStorage.getItem(SECRET_STORAGE);
+  if (secret) h["X-Hillside-Control"] = secret;
   if (json) h["Content-Type"] = "application/json";
   return h;
 }
@@ -218,6 +237,8 @@ export interface Settings {
   engine: string;
   remote_model: string | null;
   allow_insecure_remote: boolean;
+  /** Sent only to change it; never shown. */
+  remote_api_key?: string | null;
 }
 
 export interface FitReport {

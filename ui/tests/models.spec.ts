@@ -73,7 +73,9 @@ test.afterAll(async () => {
 });
 
 test("a model is downloaded with its progress shown through a reload, switched to, and answers", async ({ page }) => {
-  await page.goto(server.url);
+  // The printed link: its secret lets this tab fetch and switch models, through reloads too.
+  await page.goto(server.link);
+  await expect(page).toHaveURL(server.url);
   await page.getByRole("button", { name: "Models", exact: true }).click();
   const installed = page.getByRole("list", { name: "Installed models" });
   const available = page.getByRole("list", { name: "Available models" });

@@ -21,7 +21,10 @@ export function folders(extraConfig = ""): Folders {
 
 export class Server {
   private constructor(
+    /** The server's address, as a user who typed it would open it. */
     readonly url: string,
+    /** The link it printed: the address with this run's control secret. */
+    readonly link: string,
     private readonly child: ChildProcess,
     readonly log: string[],
   ) {}
@@ -34,20 +37,20 @@ export class Server {
       stdio: ["ignore", "pipe", "pipe"],
     });
     const log: string[] = [];
-    const url = await new Promise<string>((resolve, reject) => {
+    const [url, link] = await new Promise<[string, string]>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error(`the server did not start:\n${log.join("")}`)), 5 * 60_000);
       child.stderr!.on("data", (d) => log.push(String(d)));
       child.stdout!.on("data", (d) => {
         log.push(String(d));
-        const m = /web UI at (http:\/\/127\.0\.0\.1:\d+\/)/.exec(log.join(""));
+        const m = /web UI at ((http:\/\/127\.0\.0\.1:\d+\/)#secret=[0-9a-f]+)\n/.exec(log.join(""));
         if (m) {
           clearTimeout(timer);
-          resolve(m[1]);
+          resolve([m[2], m[1]]);
         }
       });
       child.on("exit", (code) => reject(new Error(`the server exited (${code}) before serving:\n${log.join("")}`)));
     });
-    return new Server(url, child, log);
+    return new Server(url, link, child, log);
   }
 
   async api(path: string, init?: RequestInit): Promise<any> {

@@ -64,7 +64,12 @@ pub fn save(kv: &mut dyn KvStore, tokens: usize, tag: &[u8; 32], path: &Path) ->
         return Err(KvMisuse::SnapshotBeyondStore { tokens, held: kv.len_tokens() }.into());
     }
     let partial = partial_path(path);
-    let file = File::create(&partial).map_err(|e| io_error("create failed", path, e))?;
+    let _ = std::fs::remove_file(&partial);
+    let file = crate::private_files::options()
+        .write(true)
+        .create_new(true)
+        .open(&partial)
+        .map_err(|e| io_error("create failed", path, e))?;
     // A layer at a time (a store gathers a layer at a time), each chunk's record written at
     // its place in the file, so no more than one layer's rows are held.
     let written = (|| -> Result<()> {

@@ -414,7 +414,7 @@ async fn receive(
         )
     };
     let io = |e: std::io::Error| ApiError::internal(format!("writing the upload into {}: {e}", dir.display()));
-    std::fs::create_dir_all(dir).map_err(io)?;
+    hillside_engine::private_files::create_dir(dir).map_err(io)?;
     let declared =
         request.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if let Some(need) = declared {

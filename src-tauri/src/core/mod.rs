@@ -36,7 +36,8 @@ pub fn run() -> anyhow::Result<()> {
     if let Some(notice) = &server.notice {
         println!("hillside-desktop: {notice}");
     }
-    let url = server.url.parse().context("the server's URL")?;
+    // The window opens the page with this run's control secret, so its settings and models work.
+    let url = server.ui_link.parse().context("the server's URL")?;
     let app = tauri::Builder::default()
         .manage(AppState::new(server, chosen))
         .invoke_handler(tauri::generate_handler![server::commands::server_info])

@@ -22,6 +22,7 @@ pub fn config() -> ServerConfig {
         model_aliases: vec!["SmolLM2-135M-Instruct.Q4_1.gguf".into()],
         installed_models: vec![MODEL.into()],
         api_key: None,
+        allowed_hosts: Vec::new(),
         max_body_bytes: 1_000_000,
         cors_origins: Vec::new(),
         shutdown_grace_s: 1,
@@ -54,13 +55,19 @@ impl Server {
 
     /// The same on `engine`: the local one, or a remote one.
     pub fn start_on(engine: impl Into<EngineChoice>, config: ServerConfig) -> Self {
+        Self::start_at(engine, config, "127.0.0.1:0")
+    }
+
+    /// The same, listening on `address` (`0.0.0.0:0`: every interface, a free port); `base` is
+    /// still the loopback address.
+    pub fn start_at(engine: impl Into<EngineChoice>, config: ServerConfig, address: &str) -> Self {
         if config.documents.is_some() {
             ensure_reader();
         }
         let app = App::new(engine, config).unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
+        let listener = runtime.block_on(tokio::net::TcpListener::bind(address)).unwrap();
+        let base = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let served = app.clone();
         let thread = std::thread::spawn(move || {
@@ -97,12 +104,21 @@ impl Server {
         (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
     }
 
-    /// Any method, with a JSON body or none: the status and the JSON answer (`Null` if empty).
+    /// Any method, with a JSON body or none, and this run's control secret (as the web UI
+    /// opened from its printed link sends it): the status and the JSON answer (`Null` if empty).
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let request = ureq::http::Request::builder()
+        self.call_with(method, path, body, &[("X-Hillside-Control", self.app.control_secret())])
+    }
+
+    /// The same with only these headers.
+    pub fn call_with(&self, method: &str, path: &str, body: Option<&Value>, headers: &[(&str, &str)]) -> (u16, Value) {
+        let mut request = ureq::http::Request::builder()
             .method(method)
             .uri(self.url(path))
             .header("Content-Type", "application/json");
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
         let request = request.body(body.map(Value::to_string).unwrap_or_default()).unwrap();
         let mut r = agent().run(request).unwrap();
         let text = r.body_mut().read_to_string().unwrap();

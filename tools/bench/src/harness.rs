@@ -43,6 +43,7 @@ impl BenchServer {
             model_aliases,
             installed_models: Vec::new(),
             api_key: None,
+            allowed_hosts: Vec::new(),
             max_body_bytes: 1_000_000,
             cors_origins: Vec::new(),
             shutdown_grace_s: 0,

@@ -204,7 +204,7 @@ impl PoolFile {
     /// Creates the file in `dir` (created if missing), for direct I/O at `alignment` (bytes,
     /// in the file and in memory) and for cached I/O.
     fn create(dir: &Path, alignment: usize) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| io_error("cannot create its directory", dir, e))?;
+        crate::private_files::create_dir(dir).map_err(|e| io_error("cannot create its directory", dir, e))?;
         sweep_once(dir);
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = format!("{FILE_PREFIX}{}-{}{FILE_SUFFIX}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
@@ -795,7 +795,9 @@ fn f16_words_mut(bytes: &mut [u8]) -> &mut [u16] {
 /// Opens a new pool file with O_DIRECT, or buffered where the filesystem refuses O_DIRECT or
 /// direct I/O at `alignment` (a q8 pool's sectors on a drive of 4 KiB sectors).
 fn open_pool_file(path: &Path, alignment: usize) -> Result<File> {
-    let open = |flags: i32| OpenOptions::new().read(true).write(true).create_new(true).custom_flags(flags).open(path);
+    let open = |flags: i32| {
+        OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).custom_flags(flags).open(path)
+    };
     let refused = match open(libc::O_DIRECT) {
         Ok(file) if alignment >= IO_ALIGN || allows_direct_io_at(&file, alignment) => return Ok(file),
         Ok(_) => format!("the drive refuses direct I/O in {alignment}-byte units"),

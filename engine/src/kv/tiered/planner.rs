@@ -65,12 +65,14 @@ pub fn profile(cold_dir: &Path, key_bits: KeyBits) -> Result<Profile> {
     if let Some(p) = CACHE.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).get(&key) {
         return Ok(*p);
     }
-    let profile = match std::fs::read_to_string(&key).ok().and_then(|s| serde_json::from_str(&s).ok()) {
+    // A link in its place is not read (nor written through: the new profile replaces it).
+    let profile = match crate::private_files::read(&key).ok().and_then(|s| serde_json::from_slice(&s).ok()) {
         Some(p) => p,
         None => {
             let p = measure(cold_dir, key_bits)?;
             tracing::info!(?p, "profiled the tiered cache's rates");
-            if let Err(e) = std::fs::write(&key, serde_json::to_string_pretty(&p).unwrap_or_default()) {
+            let json = serde_json::to_string_pretty(&p).unwrap_or_default();
+            if let Err(e) = crate::private_files::replace(&key, json.as_bytes()) {
                 tracing::warn!(path = %key.display(), error = %e, "could not cache the profile");
             }
             p

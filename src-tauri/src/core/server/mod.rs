@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 /// What the window may ask about the server.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServerInfo {
+    /// The server's address, without the control secret.
     pub url: String,
     /// Why the server is not on the configured port, for the window to show.
     pub notice: Option<String>,
@@ -23,6 +24,8 @@ pub struct ServerInfo {
 /// The server, serving on a thread of its own until [`Running::stop`].
 pub struct Running {
     pub url: String,
+    /// The web UI's address with this run's control secret: what the window opens.
+    pub ui_link: String,
     pub notice: Option<String>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -34,6 +37,7 @@ impl Running {
     pub fn start(args: &ServeArgs, chosen: Arc<ChosenPaths>) -> anyhow::Result<Self> {
         let prepared = hillside_common::serve::prepare(args, Some(chosen))?;
         let wanted = hillside_common::serve::address(args);
+        hillside_common::serve::check_exposure(wanted.ip(), prepared.config.api_key.is_some(), args.allow_no_key)?;
         let runtime = hillside_common::serve::runtime()?;
         let (listener, notice) = runtime.block_on(bind(wanted))?;
         let addr = listener.local_addr()?;
@@ -42,14 +46,17 @@ impl Running {
             false => e.into(),
         })?;
         let (stop, stopped) = oneshot::channel::<()>();
+        let served = app.clone();
         let thread = std::thread::Builder::new().name("hillside-server".into()).spawn(move || {
-            if let Err(e) = runtime.block_on(hillside_server::serve(listener, app, async {
+            if let Err(e) = runtime.block_on(hillside_server::serve(listener, served, async {
                 stopped.await.ok();
             })) {
                 tracing::error!(error = %e, "the server stopped");
             }
         })?;
-        Ok(Self { url: format!("http://{addr}/"), notice, stop: Some(stop), thread: Some(thread) })
+        let url = format!("http://{addr}/");
+        let ui_link = app.ui_link(&url);
+        Ok(Self { url, ui_link, notice, stop: Some(stop), thread: Some(thread) })
     }
 
     pub fn info(&self) -> ServerInfo {
