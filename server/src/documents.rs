@@ -55,6 +55,8 @@ pub struct Documents {
     /// Every file is read in a child process; `Err`: the reader is not installed, and documents
     /// cannot be added (said at start and on each upload).
     reader: Result<IsolatedReader, ReaderMissing>,
+    /// Turns for adding a document, one per reader slot, taken before its bytes are read in.
+    pub uploads: tokio::sync::Semaphore,
 }
 
 impl Documents {
@@ -75,11 +77,13 @@ impl Documents {
         let kv_dir = config.dir.join("kv");
         let kv = DocumentKvCache::open(library.clone(), &kv_dir, config.kv_quota_bytes, &config.model_key)
             .map_err(|source| StartError::KvFolder { path: kv_dir.clone(), source })?;
-        let reader = IsolatedReader::locate(ProcessLimits::default());
+        let process = ProcessLimits::default();
+        let reader = IsolatedReader::locate(process);
         if let Err(why) = &reader {
             tracing::error!(%why, "documents cannot be added");
         }
         let limits = Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() };
-        Ok(Self { library, kv, limits, chosen_paths: config.chosen_paths.clone(), reader })
+        let uploads = tokio::sync::Semaphore::new(process.concurrent.max(1));
+        Ok(Self { library, kv, limits, chosen_paths: config.chosen_paths.clone(), reader, uploads })
     }
 }

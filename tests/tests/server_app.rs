@@ -95,6 +95,9 @@ fn the_desktop_server_reads_only_the_files_the_user_chose() {
         let (status, body) = s.post("/v1/hillside/documents", &json!({"path": refused}));
         assert_eq!((status, body["error"]["code"].as_str()), (403, Some("path_not_chosen")), "{body}");
     }
+    // The JSON branch takes a path, not an upload's worth of JSON.
+    let (status, e) = s.post("/v1/hillside/documents", &json!({"path": "a".repeat(100_000)}));
+    assert_eq!((status, e["error"]["code"].as_str()), (413, Some("request_too_large")), "{e}");
     let (status, added) = s.post("/v1/hillside/documents", &json!({"path": dir.join("notes/../notes/chosen.txt")}));
     assert_eq!((status, added["name"].as_str()), (201, Some("chosen.txt")), "{added}");
     drop(s);

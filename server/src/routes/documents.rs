@@ -5,7 +5,7 @@
 
 use crate::backend::remote_error;
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{parse, require_json, PathParams, QueryParams};
+use crate::extract::{require_json, PathParams, QueryParams};
 use crate::types::{ChatExtensionReply, DocumentExcerpt};
 use crate::{unix_now_s, App, Serving};
 use axum::body::Bytes;
@@ -87,6 +87,9 @@ pub struct AddByPath {
     #[schema(value_type = String)]
     pub path: std::path::PathBuf,
 }
+
+/// The largest JSON body `POST /v1/hillside/documents` takes (a path).
+const MAX_PATH_REQUEST_BYTES: usize = 64 * 1024;
 
 /// Where an added document's bytes come from.
 enum Source {
@@ -181,10 +184,11 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.to_ascii_lowercase().starts_with("multipart/form-data"));
+    // Each file is held whole while it is read: an upload waits for its turn before its bytes
+    // are taken in, so parallel uploads hold at most the reader's slots' worth of memory.
+    let _turn = docs.uploads.acquire().await.map_err(|e| ApiError::internal(e.to_string()))?;
     let source = if !is_form {
         require_json(request.headers())?;
-        let body = Bytes::from_request(request, &app).await.map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let AddByPath { path } = parse(&body)?;
         let Some(chosen) = &docs.chosen_paths else {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
@@ -193,6 +197,12 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
                 "This server does not read local paths; upload the file as multipart/form-data.",
             ));
         };
+        // A path is a few hundred bytes: the upload limit does not apply to this branch.
+        let body = axum::body::to_bytes(request.into_body(), MAX_PATH_REQUEST_BYTES)
+            .await
+            .map_err(|_| ApiError::body_too_large(MAX_PATH_REQUEST_BYTES))?;
+        let AddByPath { path } = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("expected {{\"path\": \"…\"}}: {e}")).with_param("path"))?;
         let Some(real) = chosen.resolve(&path) else {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
