@@ -1,13 +1,14 @@
-//! A reader that dies on a file costs one refused upload: the isolated reader is made to abort
-//! and to allocate without end (through its environment, which every child of this process
-//! inherits, so this binary holds this one test alone), while a chat streams beside it and
-//! `/health` stays up; then the next file reads as ever.
+//! A reader that dies on a file, or that tries to reach past its sandbox, costs one refused
+//! upload: the isolated reader is made to abort, to allocate without end, and to open a file
+//! outside its input, a socket and a process (through its environment, which every child of
+//! this process inherits, so this binary holds this one test alone), while a chat streams beside
+//! it and `/health` stays up; then the next file reads as ever.
 
 mod common;
 
 use common::server::{agent, config, upload, Server};
 use common::Scratch;
-use hillside_documents::ingest::isolated::FAULT_VARIABLE;
+use hillside_documents::ingest::isolated::{FAULT_PATH_VARIABLE, FAULT_VARIABLE};
 use hillside_server::{DocumentsConfig, ServerConfig};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -42,15 +43,34 @@ fn a_reader_that_aborts_or_hoards_memory_costs_one_refused_file() {
             .count()
     });
     let notes = b"Minutes of the harbour board, read by a reader that is made to fail.";
-    for (fault, status, code, says) in
-        [("abort", 400, "unreadable_document", "crashed"), ("allocate", 413, "document_over_limit", "memory")]
-    {
+    // A file of the user's that the reader must not see.
+    let private = dir.join("private-notes.txt");
+    std::fs::write(&private, "the user's own words").unwrap();
+    std::env::set_var(FAULT_PATH_VARIABLE, &private);
+    for (fault, status, code, says) in [
+        ("abort", 400, "unreadable_document", "crashed"),
+        ("allocate", 413, "document_over_limit", "memory"),
+        (
+            "open",
+            400,
+            "unreadable_document",
+            "tried to open a file outside its input, which the reader's sandbox refuses",
+        ),
+        (
+            "socket",
+            400,
+            "unreadable_document",
+            "tried to open a network connection, which the reader's sandbox refuses",
+        ),
+        ("fork", 400, "unreadable_document", "tried to start a process, which the reader's sandbox refuses"),
+    ] {
         std::env::set_var(FAULT_VARIABLE, fault);
         let (got, e) = upload(&s.base, "minutes.txt", notes, &[]);
         std::env::remove_var(FAULT_VARIABLE);
         assert_eq!((got, e["error"]["code"].as_str()), (status, Some(code)), "{fault}: {e}");
         let message = e["error"]["message"].as_str().unwrap();
         assert!(message.contains("minutes.txt") && message.contains(says), "{fault}: {message}");
+        assert!(!e.to_string().contains("the user's own words"), "{e}");
         assert_eq!(s.get("/health").0, 200);
         assert_eq!(s.get("/v1/hillside/documents").1["data"], json!([]), "nothing stored");
     }

@@ -11,6 +11,7 @@ mod html;
 pub mod isolated;
 mod pdf;
 mod pdftotext;
+pub mod sandbox;
 mod text;
 
 use std::ops::Range;
@@ -177,13 +178,24 @@ pub fn file_bytes(path: &Path, limits: &Limits) -> Result<(String, Vec<u8>), Ing
 
 /// Reads a document held in memory (an upload), named `name`.
 pub fn read_bytes(name: &str, bytes: &[u8], limits: &Limits) -> Result<Document, IngestError> {
+    read_bytes_with(name, bytes, limits, &|pdf, max_text_bytes| {
+        pdftotext::pages(pdf, max_text_bytes, pdftotext::TIME_LIMIT)
+    })
+}
+
+/// Poppler's pages of a PDF (at most so many bytes of text), or `None`: how a reader that may
+/// not run programs itself has them run for it.
+pub type Poppler<'a> = &'a dyn Fn(&[u8], usize) -> Option<Vec<String>>;
+
+/// [`read_bytes`], with `poppler` asked for the pages of a PDF the built-in reader cannot read.
+pub fn read_bytes_with(name: &str, bytes: &[u8], limits: &Limits, poppler: Poppler) -> Result<Document, IngestError> {
     check_size(name, bytes.len() as u64, limits)?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(IngestError::Empty { name: name.into() });
     }
     let over = |bound: Bound, what: String| IngestError::OverLimit { name: name.into(), bound, what };
     let (format, text, parts) = match sniff(name, bytes) {
-        Sniffed::Pdf => pdf::read(name, bytes, limits)?,
+        Sniffed::Pdf => pdf::read(name, bytes, limits, poppler)?,
         Sniffed::Zip => archive::read(name, bytes, limits)?,
         Sniffed::Text => {
             let text = text::decode(name, bytes)?;

@@ -3,16 +3,21 @@
 //! left empty, not the end of the document; a document with almost no readable text is a scan,
 //! and says so.
 
-use super::{pdftotext, size, Bound, Format, IngestError, Limits, Locator, Part};
+use super::{size, Bound, Format, IngestError, Limits, Locator, Part, Poppler};
 use pdf_oxide::document::PdfDocument;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Readable characters a page must average for the document to count as having a text layer.
 const MIN_CHARS_PER_PAGE: usize = 16;
 
-pub fn read(name: &str, bytes: &[u8], limits: &Limits) -> Result<(Format, String, Vec<Part>), IngestError> {
+pub fn read(
+    name: &str,
+    bytes: &[u8],
+    limits: &Limits,
+    poppler: Poppler,
+) -> Result<(Format, String, Vec<Part>), IngestError> {
     // pdftotext's text is cut just past the limit, which the caller's check then refuses.
-    combine(name, builtin_pages(name, bytes, limits), || pdftotext::pages(bytes, limits.max_text_bytes + 1))
+    combine(name, builtin_pages(name, bytes, limits), || poppler(bytes, limits.max_text_bytes + 1))
 }
 
 /// The document from the built-in reader's pages, with poppler's (`fallback`, asked only when
@@ -181,7 +186,7 @@ mod tests {
     fn pdftotext_reads_what_the_built_in_reader_could_not() {
         let bytes = one_page(&["Minutes of the harbour board meeting,", "held on the first of May."]);
         let poppler = || {
-            let pages = pdftotext::pages(&bytes, 1 << 20);
+            let pages = super::super::pdftotext::pages(&bytes, 1 << 20, super::super::pdftotext::TIME_LIMIT);
             assert!(pages.is_some(), "pdftotext is installed and reads the file");
             pages
         };
