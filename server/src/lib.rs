@@ -11,7 +11,7 @@
 
 mod auth;
 mod backend;
-pub mod control;
+mod control;
 mod conversations;
 mod cross_site;
 mod documents;
@@ -284,7 +284,11 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(DefaultBodyLimit::max(app.config.max_body_bytes));
     let cors = tower_http::cors::CorsLayer::new()
         .allow_methods([Method::GET, Method::POST, Method::PUT, Method::PATCH, Method::DELETE])
-        .allow_headers([axum::http::header::AUTHORIZATION, axum::http::header::CONTENT_TYPE]);
+        .allow_headers([
+            axum::http::header::AUTHORIZATION,
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderName::from_static(control::HEADER),
+        ]);
     match &app.allowed_origins {
         cross_site::AllowedOrigins::Own => {}
         cross_site::AllowedOrigins::List(origins) => {

@@ -80,6 +80,19 @@ mod tests {
         );
         let (status, refused) = add(&other);
         assert_eq!((status, refused["error"]["code"].as_str()), (403, Some("path_not_chosen")), "{refused}");
+
+        // The window opens the page with this run's secret: its changes to models pass, another
+        // program's (without it) do not.
+        let secret = server.ui_link.split("#secret=").nth(1).expect("the window's link carries the secret");
+        let cancel = |secret: Option<&str>| {
+            let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+            let mut request = agent.delete(&format!("{}v1/hillside/downloads/nothing", server.url));
+            if let Some(secret) = secret {
+                request = request.header("X-Hillside-Control", secret);
+            }
+            request.call().unwrap().status().as_u16()
+        };
+        assert_eq!((cancel(None), cancel(Some(secret))), (403, 404), "no such download, once allowed to ask");
         server.stop();
     }
 }
