@@ -7,12 +7,20 @@ const KEY_STORAGE = "hillside.apiKey";
 const SECRET_STORAGE = "hillside.controlSecret";
 
 // The secret arrives in the link's fragment, which browsers never send: keep it for this tab and
-// take it out of the address bar (and so out of bookmarks and history).
-const fromLink = /(?:^#|&)secret=([0-9a-f]+)/.exec(location.hash);
-if (fromLink) {
-  sessionStorage.setItem(SECRET_STORAGE, fromLink[1]);
-  history.replaceState(null, "", location.pathname + location.search);
+// take it out of the address bar (and so out of bookmarks and history). A link pasted into a tab
+// already open changes only the fragment: the page then starts again with the secret.
+function takeSecret(): boolean {
+  const fromLink = /(?:^#|&)secret=([0-9a-f]+)/.exec(location.hash);
+  if (fromLink) {
+    sessionStorage.setItem(SECRET_STORAGE, fromLink[1]);
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return !!fromLink;
 }
+takeSecret();
+window.addEventListener("hashchange", () => {
+  if (takeSecret()) location.reload();
+});
 // Earlier versions kept the key in localStorage, which outlives the tab.
 localStorage.removeItem(KEY_STORAGE);
 
