@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_common::{load_engine, ModelArgs};
 use hillside_engine::eval::{teacher_forced_from, AttentionMass, AttentionMassProbe, IdealSelector, TeacherForced};
-use hillside_engine::kv::{KvStats, KvStore, StoreKind};
+use hillside_engine::kv::{KvStats, KvStore, SelectorKind, StoreKind};
 use hillside_engine::Engine;
 use serde::Serialize;
 use std::cell::RefCell;
@@ -23,8 +23,13 @@ pub struct EvalArgs {
     #[arg(long, value_delimiter = ',', default_values = ["tiered"])]
     pub stores: Vec<StoreKind>,
     /// Text to evaluate on (default: the shared pride-and-prejudice.txt).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "suite")]
     pub text: Option<PathBuf>,
+    /// Evaluates every text of the fidelity suite in FOLDER (default:
+    /// ~/.cache/hillside/fidelity, which `scripts/fidelity-texts.py` builds the first time),
+    /// each from its start (--skip-tokens is ignored), and reports each text and the worst.
+    #[arg(long, num_args = 0..=1, value_name = "FOLDER")]
+    pub suite: Option<Option<PathBuf>>,
     /// Tokens in the window.
     #[arg(long, default_value_t = 4096)]
     pub tokens: usize,
@@ -58,6 +63,10 @@ pub struct EvalArgs {
     /// rest chosen by exact attention (f32 keys, true softmax) — the ceiling of any scorer.
     #[arg(long)]
     pub ideal: bool,
+    /// Skips measuring the attention mass each selection captured (a second, exact pass per
+    /// sparse store).
+    #[arg(long)]
+    pub no_attention_mass: bool,
     /// Keeps the window's prompt K/V, and each passkey prompt's, in this folder and replays it
     /// into every store after the first (see `bench decode --prompt-cache`): one prefill instead
     /// of one per pass, for long windows scored over their last tokens (`--tokens 32768
@@ -202,7 +211,12 @@ struct IdealResult {
 fn ideal(engine: &Engine, args: &EvalArgs, window: &[u32], reference: &TeacherForced) -> Result<IdealResult> {
     eprintln!("ideal selector: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
     let kv = args.model.kv_config();
-    let config = hillside_engine::kv::KvConfig { hot_budget_bytes: Some(1 << 40), ..args.kv_config(StoreKind::Tiered) };
+    // Its top α token by token: with every row hot, free riders would add the next α too.
+    let config = hillside_engine::kv::KvConfig {
+        hot_budget_bytes: Some(1 << 40),
+        selector: SelectorKind::Tokens,
+        ..args.kv_config(StoreKind::Tiered)
+    };
     let (run, _) = args.teacher_force(engine, &config, window, |kv_store| {
         Box::new(IdealSelector::wrap(kv_store, kv.sink_tokens, kv.recent_tokens))
     })?;
@@ -279,17 +293,59 @@ fn greedy(
         .collect())
 }
 
+/// One text's window and greedy prompts, ready to run.
+struct Text {
+    name: String,
+    /// Every token of the text.
+    tokens: Vec<u32>,
+    /// Tokens of the window's first, skipped before it.
+    skip_tokens: usize,
+    /// Documents the greedy prompts are spread over.
+    greedy_documents: Vec<Vec<u32>>,
+}
+
+/// How one text went, store by store.
 #[derive(Serialize)]
-struct Report {
+struct TextReport {
     text: String,
     window_tokens: usize,
     scored_tokens: usize,
-    alpha: f32,
     results: Vec<StoreResult>,
     /// The ideal selector (`--ideal`), teacher-forced over the same window.
     ideal: Option<IdealResult>,
     greedy: Vec<GreedyResult>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    alpha: f32,
+    #[serde(flatten)]
+    text: TextReport,
     passkey: Vec<PasskeyResult>,
+}
+
+#[derive(Serialize)]
+struct SuiteReport {
+    alpha: f32,
+    texts: Vec<TextReport>,
+    /// Per store, its worst text on each measure.
+    worst: Vec<Worst>,
+    passkey: Vec<PasskeyResult>,
+}
+
+/// A store's worst figures over the suite, each with the text it came from.
+#[derive(Serialize)]
+struct Worst {
+    store: StoreKind,
+    perplexity_change_pct: (f64, String),
+    top1_agreement: (f64, String),
+    /// Points of top-1 agreement below the ideal selector's (with `--ideal`).
+    top1_below_ideal: Option<(f64, String)>,
+    /// Fewest greedy continuations identical to full's, of `greedy_prompts`.
+    greedy_identical: Option<(usize, String)>,
+    /// Summed over the texts' teacher-forced passes.
+    cold_bytes_read: u64,
+    tokens_per_s_mean: f64,
 }
 
 /// The GPL text beside the shared documents: greedy prompts come from both where it exists.
@@ -297,42 +353,82 @@ fn gpl_path(text: &std::path::Path) -> PathBuf {
     text.with_file_name("gpl-3.0.txt")
 }
 
-pub fn eval(args: &EvalArgs) -> Result<()> {
-    let engine = load_engine(&args.model)?;
-    let text_path = args.text.clone().unwrap_or_else(|| crate::report::shared_document("pride-and-prejudice.txt"));
-    let text = std::fs::read_to_string(&text_path)
-        .with_context(|| format!("reading {} (choose a text with --text)", text_path.display()))?;
-    let all = engine.tokenizer().encode(&text)?;
-    if all.len() < args.skip_tokens + args.tokens || args.prompt_tokens >= args.tokens {
+/// The text `--text` names (the shared book by default), its greedy prompts spread over it and
+/// the GPL beside it.
+fn single_text(engine: &Engine, args: &EvalArgs) -> Result<Text> {
+    let path = args.text.clone().unwrap_or_else(|| crate::report::shared_document("pride-and-prejudice.txt"));
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).with_context(|| format!("reading {} (choose a text with --text)", path.display()))
+    };
+    let tokens = engine.tokenizer().encode(&read(&path)?)?;
+    let mut greedy_documents = vec![tokens.clone()];
+    if let Some(gpl) = Some(gpl_path(&path)).filter(|p| p.exists() && *p != path) {
+        greedy_documents.push(engine.tokenizer().encode(&read(&gpl)?)?);
+    }
+    Ok(Text { name: path.display().to_string(), tokens, skip_tokens: args.skip_tokens, greedy_documents })
+}
+
+/// The suite's texts in `folder`, by name: a `.txt` file is plain text, a `.chat.json` file a
+/// conversation rendered with the model's chat template.
+fn suite_texts(engine: &Engine, folder: &std::path::Path) -> Result<Vec<Text>> {
+    let listing = std::fs::read_dir(folder).with_context(|| {
+        format!("reading the fidelity suite in {} (scripts/fidelity-texts.py builds it)", folder.display())
+    })?;
+    let mut paths: Vec<PathBuf> = listing.map(|e| Ok(e?.path())).collect::<std::io::Result<_>>()?;
+    paths.sort();
+    let mut texts = Vec::new();
+    for path in paths {
+        let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let read = || std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()));
+        let (name, tokens) = if let Some(name) = file_name.strip_suffix(".chat.json") {
+            let messages: Vec<hillside_engine::ChatMessage> = serde_json::from_str(&read()?)
+                .with_context(|| format!("{} is not a list of messages", path.display()))?;
+            (name, engine.chat_prompt(&messages)?)
+        } else if let Some(name) = file_name.strip_suffix(".txt") {
+            (name, engine.tokenizer().encode_text(&read()?)?)
+        } else {
+            continue;
+        };
+        texts.push(Text { name: name.to_string(), greedy_documents: vec![tokens.clone()], tokens, skip_tokens: 0 });
+    }
+    if texts.is_empty() {
+        bail!("{} holds no .txt or .chat.json texts (scripts/fidelity-texts.py builds the suite)", folder.display());
+    }
+    Ok(texts)
+}
+
+/// Every store teacher-forced over `text`'s window (full first, the reference), the ideal
+/// selector where asked, and the greedy continuations.
+fn evaluate(engine: &Engine, args: &EvalArgs, stores: &[StoreKind], text: &Text) -> Result<TextReport> {
+    let all = &text.tokens;
+    if all.len() < text.skip_tokens + args.tokens || args.prompt_tokens >= args.tokens {
         bail!(
             "{} has {} tokens; the window needs {} after skipping {}",
-            text_path.display(),
+            text.name,
             all.len(),
             args.tokens,
-            args.skip_tokens
+            text.skip_tokens
         );
     }
-    let window = &all[args.skip_tokens..args.skip_tokens + args.tokens];
-
-    let mut stores = vec![StoreKind::Full];
-    stores.extend(args.stores.iter().copied().filter(|s| *s != StoreKind::Full));
+    let window = &all[text.skip_tokens..text.skip_tokens + args.tokens];
+    eprintln!("{}: {} tokens", text.name, all.len());
     let mut reference: Option<TeacherForced> = None;
     let mut results = Vec::new();
-    for &store in &stores {
+    for &store in stores {
         let config = args.kv_config(store);
         eprintln!("{store}: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
         let start = Instant::now();
-        let (run, stats) = args.teacher_force(&engine, &config, window, |kv_store| kv_store)?;
+        let (run, stats) = args.teacher_force(engine, &config, window, |kv_store| kv_store)?;
         let seconds = start.elapsed().as_secs_f64();
         // The attention mass needs exact scores over every key: a second, slower pass, for
         // the stores that select (one that attends to every token holds all of the mass).
-        let mass = if store.attends_to_every_token() {
+        let mass = if store.attends_to_every_token() || args.no_attention_mass {
             None
         } else {
             eprintln!("{store}: attention mass over the same tokens ...");
             // The probe of the sequence that ran (a failed replay starts a second one).
             let mass = RefCell::new(None);
-            args.teacher_force(&engine, &config, window, |kv_store| {
+            args.teacher_force(engine, &config, window, |kv_store| {
                 let (probe, handle) = AttentionMassProbe::wrap(kv_store);
                 *mass.borrow_mut() = Some(handle);
                 Box::new(probe)
@@ -354,27 +450,108 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             stats,
         });
     }
-    let mut documents = vec![all.clone()];
-    if let Some(gpl) = Some(gpl_path(&text_path)).filter(|p| p.exists() && *p != text_path) {
-        documents.push(engine.tokenizer().encode(&std::fs::read_to_string(gpl)?)?);
-    }
     let ideal = match (&reference, args.ideal) {
-        (Some(reference), true) => Some(ideal(&engine, args, window, reference)?),
+        (Some(reference), true) => Some(ideal(engine, args, window, reference)?),
         _ => None,
     };
-    let greedy = greedy(&engine, args, &stores, &documents)?;
-    let passkey = passkey(&engine, args, &stores)?;
-    let report = Report {
-        text: text_path.display().to_string(),
+    let greedy = greedy(engine, args, stores, &text.greedy_documents)?;
+    Ok(TextReport {
+        text: text.name.clone(),
         window_tokens: args.tokens,
         scored_tokens: args.tokens - args.prompt_tokens,
-        alpha: args.model.kv_config().alpha,
         results,
         ideal,
         greedy,
-        passkey,
-    };
-    println!("hillside eval · {} tokens of {} · α {}", report.window_tokens, report.text, report.alpha);
+    })
+}
+
+pub fn eval(args: &EvalArgs) -> Result<()> {
+    let engine = load_engine(&args.model)?;
+    let mut stores = vec![StoreKind::Full];
+    stores.extend(args.stores.iter().copied().filter(|s| *s != StoreKind::Full));
+    let alpha = args.model.kv_config().alpha;
+    match &args.suite {
+        None => {
+            let text = evaluate(&engine, args, &stores, &single_text(&engine, args)?)?;
+            let passkey = passkey(&engine, args, &stores)?;
+            println!("hillside eval · {} tokens of {} · α {alpha}", text.window_tokens, text.text);
+            print_text(&text, args);
+            print_passkey(&passkey, &stores, args);
+            crate::report::write_json(&args.json, &Report { alpha, text, passkey })?;
+        }
+        Some(folder) => {
+            let folder = match folder {
+                Some(folder) => folder.clone(),
+                None => default_suite()?,
+            };
+            let mut texts = Vec::new();
+            for text in suite_texts(&engine, &folder)? {
+                let report = evaluate(&engine, args, &stores, &text)?;
+                println!("hillside eval · {} tokens of {} · α {alpha}", report.window_tokens, report.text);
+                print_text(&report, args);
+                println!();
+                texts.push(report);
+            }
+            let worst: Vec<Worst> = stores[1..].iter().map(|&store| worst_of(&texts, store)).collect();
+            print_worst(&worst, texts.len());
+            let passkey = passkey(&engine, args, &stores)?;
+            print_passkey(&passkey, &stores, args);
+            crate::report::write_json(&args.json, &SuiteReport { alpha, texts, worst, passkey })?;
+        }
+    }
+    eprintln!("wrote {}", args.json.display());
+    Ok(())
+}
+
+/// `~/.cache/hillside/fidelity`, built there by `scripts/fidelity-texts.py` the first time.
+fn default_suite() -> Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set: name the suite's folder after --suite")?;
+    let folder = PathBuf::from(home).join(".cache/hillside/fidelity");
+    if !folder.exists() {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fidelity-texts.py");
+        eprintln!("building the fidelity suite in {} ({}) ...", folder.display(), script.display());
+        let status = std::process::Command::new(&script)
+            .arg(&folder)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .with_context(|| format!("running {}", script.display()))?;
+        if !status.success() {
+            bail!("{} failed ({status})", script.display());
+        }
+    }
+    Ok(folder)
+}
+
+/// `store`'s worst figures over `texts`.
+fn worst_of(texts: &[TextReport], store: StoreKind) -> Worst {
+    let named = |t: &TextReport, v: f64| (v, t.text.clone());
+    let rows: Vec<(&TextReport, &StoreResult)> =
+        texts.iter().filter_map(|t| Some((t, t.results.iter().find(|r| r.store == store)?))).collect();
+    let most = |pairs: Vec<(f64, String)>| pairs.into_iter().max_by(|a, b| a.0.total_cmp(&b.0));
+    let least = |pairs: Vec<(f64, String)>| pairs.into_iter().min_by(|a, b| a.0.total_cmp(&b.0));
+    let perplexity = most(rows.iter().map(|(t, r)| named(t, r.perplexity_change_pct)).collect());
+    let top1 = least(rows.iter().map(|(t, r)| named(t, r.top1_agreement)).collect());
+    let below_ideal = most(
+        rows.iter()
+            .filter_map(|(t, r)| Some(named(t, 100.0 * (t.ideal.as_ref()?.top1_agreement - r.top1_agreement))))
+            .collect(),
+    );
+    let greedy = texts
+        .iter()
+        .filter_map(|t| t.greedy.iter().find(|g| g.store == store).map(|g| (g.identical, t.text.clone())))
+        .min_by_key(|g| g.0);
+    Worst {
+        store,
+        perplexity_change_pct: perplexity.unwrap_or_default(),
+        top1_agreement: top1.unwrap_or_default(),
+        top1_below_ideal: below_ideal,
+        greedy_identical: greedy,
+        cold_bytes_read: rows.iter().map(|(_, r)| r.stats.cold_bytes_read).sum(),
+        tokens_per_s_mean: rows.iter().map(|(_, r)| r.tokens_per_s).sum::<f64>() / rows.len().max(1) as f64,
+    }
+}
+
+fn print_text(report: &TextReport, args: &EvalArgs) {
     println!(
         "{:<12} {:>11} {:>9} {:>8} {:>15} {:>9} {:>9} {:>12}",
         "store", "perplexity", "Δ", "top-1", "attn mass/min", "tok/s", "hot hit", "cold read"
@@ -410,7 +587,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     }
     if !report.greedy.is_empty() {
         println!(
-            "\ngreedy continuations ({} tokens after {}-token prompts) vs full",
+            "greedy continuations ({} tokens after {}-token prompts) vs full",
             args.greedy_tokens, args.greedy_prompt_tokens
         );
         println!("{:<12} {:>10} {:>16}", "store", "identical", "matching prefix");
@@ -423,22 +600,90 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             );
         }
     }
-    if !report.passkey.is_empty() {
-        println!("\npasskey retrieval (correct / trials)");
-        print!("{:<12}", "store");
-        for c in &args.passkey_contexts {
-            print!(" {:>8}", c);
+}
+
+fn print_worst(worst: &[Worst], texts: usize) {
+    println!("worst of {texts} texts");
+    println!(
+        "{:<12} {:>22} {:>22} {:>22} {:>22} {:>10} {:>9}",
+        "store", "perplexity Δ", "top-1", "top-1 below ideal", "greedy identical", "cold read", "tok/s"
+    );
+    let at = |value: String, text: &str| format!("{value} ({text})");
+    for w in worst {
+        println!(
+            "{:<12} {:>22} {:>22} {:>22} {:>22} {:>7} MB {:>9.1}",
+            w.store.to_string(),
+            at(format!("{:+.2}%", w.perplexity_change_pct.0), &w.perplexity_change_pct.1),
+            at(format!("{:.1}%", 100.0 * w.top1_agreement.0), &w.top1_agreement.1),
+            w.top1_below_ideal.as_ref().map_or("-".into(), |(v, t)| at(format!("{v:.1} pt"), t)),
+            w.greedy_identical.as_ref().map_or("-".into(), |(v, t)| at(v.to_string(), t)),
+            w.cold_bytes_read / 1_000_000,
+            w.tokens_per_s_mean
+        );
+    }
+}
+
+fn print_passkey(passkey: &[PasskeyResult], stores: &[StoreKind], args: &EvalArgs) {
+    if passkey.is_empty() {
+        return;
+    }
+    println!("\npasskey retrieval (correct / trials)");
+    print!("{:<12}", "store");
+    for c in &args.passkey_contexts {
+        print!(" {:>8}", c);
+    }
+    println!();
+    for &store in stores {
+        print!("{:<12}", store.to_string());
+        for r in passkey.iter().filter(|r| r.store == store) {
+            print!(" {:>8}", format!("{}/{}", r.correct, r.trials));
         }
         println!();
-        for &store in &stores {
-            print!("{:<12}", store.to_string());
-            for r in report.passkey.iter().filter(|r| r.store == store) {
-                print!(" {:>8}", format!("{}/{}", r.correct, r.trials));
-            }
-            println!();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(name: &str, perplexity_change_pct: f64, top1: f64, ideal_top1: f64, identical: usize) -> TextReport {
+        let result = StoreResult {
+            store: StoreKind::Tiered,
+            perplexity: 10.0,
+            perplexity_change_pct,
+            top1_agreement: top1,
+            attention_mass_mean: None,
+            attention_mass_min: None,
+            attention_mass_worst_head_mean: None,
+            tokens_per_s: 10.0,
+            stats: KvStats { cold_bytes_read: 1_000_000, ..KvStats::default() },
+        };
+        TextReport {
+            text: name.to_string(),
+            window_tokens: 2048,
+            scored_tokens: 1792,
+            results: vec![result],
+            ideal: Some(IdealResult { perplexity: 10.0, perplexity_change_pct: 0.1, top1_agreement: ideal_top1 }),
+            greedy: vec![GreedyResult {
+                store: StoreKind::Tiered,
+                prompts: 20,
+                identical,
+                mean_matching_prefix: 20.0,
+                tokens: 32,
+            }],
         }
     }
-    crate::report::write_json(&args.json, &report)?;
-    eprintln!("wrote {}", args.json.display());
-    Ok(())
+
+    #[test]
+    fn the_worst_of_a_suite_names_the_text_each_figure_came_from() {
+        let texts = [text("verse", 0.4, 0.95, 0.96, 12), text("chat", 1.2, 0.97, 0.94, 7)];
+        let worst = worst_of(&texts, StoreKind::Tiered);
+        assert_eq!(worst.perplexity_change_pct, (1.2, "chat".to_string()));
+        assert_eq!(worst.top1_agreement, (0.95, "verse".to_string()));
+        let (below, text) = worst.top1_below_ideal.unwrap();
+        assert!((below - 1.0).abs() < 1e-9 && text == "verse", "{below} {text}");
+        assert_eq!(worst.greedy_identical, Some((7, "chat".to_string())));
+        assert_eq!(worst.cold_bytes_read, 2_000_000);
+        assert!(worst_of(&texts, StoreKind::Drop).greedy_identical.is_none(), "a store that did not run");
+    }
 }
