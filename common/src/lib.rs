@@ -87,8 +87,8 @@ pub struct ModelArgs {
     pub evaluator: Option<EvaluatorKind>,
     #[command(flatten)]
     pub xrt: XrtArgs,
-    /// Tiered: fidelity guard — widen a layer's selection when its top α holds less than this
-    /// share of the estimated attention (0: off) [default: 0].
+    /// Tiered: fidelity guard — widen a layer's selection, up to twice α, until each head's
+    /// holds this share of its estimated attention (0: off) [default: 0].
     #[arg(long)]
     pub guard_mass: Option<f32>,
     /// Tiered: how spilled tokens are laid out in the cold pool's pages: keys (grouped by key
@@ -108,7 +108,7 @@ pub struct ModelArgs {
     /// attention, every token in them attended: the step reads only as many pages as its
     /// budget; with them, the best-ranked tokens already in memory), or sparf (tokens one by
     /// one, scored on only the query's --sparf-dims largest dimensions, as InstInfer's SparF)
-    /// [default: tokens].
+    /// [default: riders].
     #[arg(long)]
     pub selector: Option<SelectorKind>,
     /// Selector sparf: how many of the query's dimensions tokens are scored on [default: 8].

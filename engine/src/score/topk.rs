@@ -232,6 +232,14 @@ impl HeadsMass {
         }
     }
 
+    /// The share of head `h`'s normalizer one of its merged scores holds (its sink's excluded).
+    pub fn share_of(&self, h: usize, score: f32) -> f64 {
+        match self.sum[h] > 0.0 {
+            true => f64::from(score * self.scale - self.max[h]).exp() / self.sum[h],
+            false => 0.0,
+        }
+    }
+
     /// The share of head `h`'s normalizer that `scores` (a subset of those merged) and its sink
     /// hold.
     pub fn share(&self, h: usize, scores: impl Iterator<Item = f32>) -> f64 {

@@ -203,9 +203,11 @@ impl Ranker {
         block
     }
 
-    /// The fidelity guard: how many of each head's `ranked` tokens to take — `take`, or, when
-    /// the best `take` hold too little of any head's estimated attention (`mass`, with the
-    /// pinned tokens' scores and the heads' `sink_logits`), all of them, twice as many.
+    /// The fidelity guard: how many of each head's `ranked` tokens (best first) to take —
+    /// `take`, or, when the best `take` hold too little of some head's estimated attention
+    /// (`mass`, with the pinned tokens' scores and the heads' `sink_logits`), just enough more
+    /// that every head's reach the threshold, at most all of them (twice as many). Every head
+    /// takes as many, so the neediest head sets the count.
     pub fn guard(
         &mut self,
         ranked: &[Vec<(f32, u32)>],
@@ -218,15 +220,12 @@ impl Ranker {
         for (h, &logit) in sink_logits.unwrap_or_default().iter().enumerate() {
             mass.add_sink(h, logit);
         }
-        let captured = (0..ranked.len())
-            .map(|h| mass.share(h, ranked[h][..take].iter().map(|r| r.0).chain(pinned.head(h).iter().copied())))
-            .fold(1.0, f64::min);
+        let needed = tokens_for_mass(ranked, &mass, pinned, take, f64::from(self.guard_mass));
         self.stats.guard_checks += 1;
-        if captured < f64::from(self.guard_mass) {
+        if needed > take {
             self.stats.guard_widened += 1;
-            return usize::MAX;
         }
-        take
+        needed.max(take)
     }
 
     /// The SmartSSD scores from key chunks in the cold pool: writes those of the `layers` for
@@ -269,6 +268,33 @@ impl Ranker {
     }
 }
 
+/// How many of each head's `ranked` tokens (best first) the neediest head must take, from
+/// `take` on, for its estimated share (with its `pinned` tokens and its sink) to reach
+/// `threshold`: `usize::MAX` where all of its ranked tokens hold too little.
+fn tokens_for_mass(
+    ranked: &[Vec<(f32, u32)>],
+    mass: &HeadsMass,
+    pinned: &ScoreBlock,
+    take: usize,
+    threshold: f64,
+) -> usize {
+    let needed = |h: usize| {
+        let head = &ranked[h];
+        let mut count = take.min(head.len());
+        let mut captured = mass.share(h, head[..count].iter().map(|r| r.0).chain(pinned.head(h).iter().copied()));
+        while captured < threshold && count < head.len() {
+            captured += mass.share_of(h, head[count].0);
+            count += 1;
+        }
+        if captured < threshold {
+            usize::MAX
+        } else {
+            count
+        }
+    };
+    (0..ranked.len()).map(needed).max().unwrap_or(take)
+}
+
 /// How the SmartSSD's key chunks are laid out in the cold pool.
 pub(super) fn key_chunks(shape: KvShape, settings: &TieredSettings) -> KeyChunkLayout {
     KeyChunkLayout { bits: settings.key_bits, n_heads: shape.n_kv_heads, head_dim: shape.head_dim }
@@ -286,5 +312,32 @@ impl ColdFeed {
     fn tally(&mut self, block: &ScoreBlock) {
         self.received += 1;
         self.wait_ns += block.produced.elapsed().as_nanos() as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two heads ranked over the same five tokens (no pinned ones), the mass of each the exact
+    /// softmax of its scores.
+    fn two_heads() -> (Vec<Vec<(f32, u32)>>, HeadsMass, ScoreBlock) {
+        let heads: [[f32; 5]; 2] = [[8.0, 1.0, 0.5, 0.2, 0.1], [2.0, 1.9, 1.8, 1.7, 1.6]];
+        let mut block = ScoreBlock::new((0..5).collect(), 2);
+        block.scores = heads.iter().flatten().copied().collect();
+        let mut mass = HeadsMass::new(2, 1.0);
+        mass.merge(&block);
+        let ranked = heads.iter().map(|h| h.iter().enumerate().map(|(t, &s)| (s, t as u32)).collect()).collect();
+        (ranked, mass, ScoreBlock::new(Vec::new(), 2))
+    }
+
+    #[test]
+    fn the_guard_widens_just_enough_for_the_neediest_head() {
+        let (ranked, mass, pinned) = two_heads();
+        // Head 0's best token holds 99.7% of it; head 1's attention is spread evenly.
+        assert_eq!(tokens_for_mass(&ranked, &mass, &pinned, 1, 0.1), 1, "both heads hold enough");
+        assert_eq!(tokens_for_mass(&ranked, &mass, &pinned, 1, 0.5), 3, "head 1 needs three of five");
+        assert_eq!(tokens_for_mass(&ranked, &mass, &pinned, 4, 0.5), 4, "never fewer than asked");
+        assert_eq!(tokens_for_mass(&ranked, &mass, &pinned, 1, 1.5), usize::MAX, "no share reaches 1.5");
     }
 }
