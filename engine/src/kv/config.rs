@@ -65,11 +65,12 @@ named_choices!(EvaluatorKind, "evaluator", { Host => "host", Storage => "storage
 #[serde(rename_all = "snake_case")]
 pub enum SelectorKind {
     /// The best-scoring tokens, one by one (a page is read for each cold one).
-    #[default]
     Tokens,
     /// The best-scoring tokens, one by one, and with them the tokens ranked just below the
     /// budget whose rows the step holds anyway, in a page it reads or in memory ("free
-    /// riders", after ClusterKV): more attention for no more I/O.
+    /// riders", after ClusterKV): more attention for no more I/O (the default:
+    /// docs/decisions/free-riders-by-default.md).
+    #[default]
     Riders,
     /// Whole cold-pool pages, the ones holding the most estimated attention, and every token
     /// in them: the budget buys pages, so a step reads as many pages as it attends to

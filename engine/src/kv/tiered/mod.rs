@@ -5,8 +5,10 @@
 //! a page at a time); every token is ranked, for each KV head, by raw q·k against a compact
 //! INT4/INT8 copy of its key that stays in DRAM, in score blocks merged into each head's top-k
 //! as they are produced; each head's selection is the attention sinks, the recent window and
-//! its top-α tokens (twice that when the fidelity guard finds the top α holds too little of the
-//! estimated attention, sink logits included); hot rows are copied from DRAM, cold ones read
+//! its top-α tokens, with the tokens ranked just below them whose rows the step holds anyway
+//! (free riders, the default selector), and, when the fidelity guard finds the top α holds too
+//! little of a head's estimated attention (sink logits included), as many more as that head
+//! needs, up to twice the budget; hot rows are copied from DRAM, cold ones read
 //! from the SSD page by page and filtered; attention is exact over the selection. After the
 //! step the hot pool keeps the most-selected of its unpinned rows and of the cold rows just
 //! read, within the byte budget (the planner in [`planner`] sizes that budget). Prompts (several
@@ -62,7 +64,8 @@ pub struct TieredSettings {
     /// The card for [`EvaluatorKind::Xrt`].
     pub xrt: XrtOptions,
     /// The fidelity guard: a step whose top α holds less than this share of a head's
-    /// estimated attention attends to twice as many tokens in that layer (0 turns it off).
+    /// estimated attention attends, in that layer, to as many more tokens as the neediest head
+    /// needs to reach it, up to twice the budget (0 turns it off).
     pub guard_mass: f32,
     /// How spilled tokens are laid out in the cold pool's pages.
     pub placement: PlacementKind,
