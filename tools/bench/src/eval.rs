@@ -298,7 +298,7 @@ struct Text {
     name: String,
     /// Every token of the text.
     tokens: Vec<u32>,
-    /// Tokens of the window's first, skipped before it.
+    /// Tokens skipped before the window (front matter).
     skip_tokens: usize,
     /// Documents the greedy prompts are spread over.
     greedy_documents: Vec<Vec<u32>>,
