@@ -112,6 +112,15 @@ struct PasskeyResult {
     context_tokens: usize,
     trials: usize,
     correct: usize,
+    /// The trials answered wrong, with what the model said, so a miss can be replayed.
+    misses: Vec<PasskeyMiss>,
+}
+
+#[derive(Serialize)]
+struct PasskeyMiss {
+    key: u64,
+    depth: f64,
+    answer: String,
 }
 
 /// A small deterministic generator for keys and depths (same trials for every store).
@@ -150,7 +159,7 @@ fn passkey(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKin
             (0..args.passkey_trials).map(|_| (10_000 + rng.next(90_000), rng.next(1000) as f64 / 1000.0)).collect();
         for &store in stores {
             let config = args.kv_config(store);
-            let mut correct = 0;
+            let mut misses = Vec::new();
             for &(key, depth) in &trials {
                 let prompt = passkey_prompt(engine, context, key, depth)?;
                 // All but the question's last token, replayed from `--prompt-cache` where it
@@ -175,10 +184,14 @@ fn passkey(engine: &hillside_engine::Engine, args: &EvalArgs, stores: &[StoreKin
                         answer.push_str(&t);
                     }
                 })?;
-                correct += usize::from(answer.contains(&key.to_string()));
+                if !answer.contains(&key.to_string()) {
+                    eprintln!("passkey {context} tokens, {store}: missed {key} at depth {depth}: {answer:?}");
+                    misses.push(PasskeyMiss { key, depth, answer });
+                }
             }
+            let correct = trials.len() - misses.len();
             eprintln!("passkey {context} tokens, {store}: {correct}/{}", trials.len());
-            results.push(PasskeyResult { store, context_tokens: context, trials: trials.len(), correct });
+            results.push(PasskeyResult { store, context_tokens: context, trials: trials.len(), correct, misses });
         }
     }
     Ok(results)
