@@ -54,7 +54,23 @@ REAL_SHAPES = {
                         window=128, tied=False),
     "phi-4": dict(family="phi3", hidden=5120, heads=40, kv_heads=10, head_dim=128, ffn=17920, blocks=40,
                   vocab=100352, rope=250_000.0, tied=False),
+    # The dense sizes people run (issue 67), with Q4_K_M's Q6_K layers (`more_bits`).
+    "qwen2.5-1.5b": dict(family="qwen2", hidden=1536, heads=12, kv_heads=2, head_dim=128, ffn=8960, blocks=28,
+                         vocab=151936, rope=1_000_000.0, tied=True),
+    "qwen2.5-3b": dict(family="qwen2", hidden=2048, heads=16, kv_heads=2, head_dim=128, ffn=11008, blocks=36,
+                       vocab=151936, rope=1_000_000.0, tied=True),
+    "qwen2.5-7b": dict(family="qwen2", hidden=3584, heads=28, kv_heads=4, head_dim=128, ffn=18944, blocks=28,
+                       vocab=152064, rope=1_000_000.0, tied=False),
+    "llama-3.2-3b": dict(family="llama", hidden=3072, heads=24, kv_heads=8, head_dim=128, ffn=8192, blocks=28,
+                         vocab=128256, rope=500_000.0, tied=True),
+    "llama-3.1-8b": dict(family="llama", hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336, blocks=32,
+                         vocab=128256, rope=500_000.0, tied=False),
 }
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """Whether Q4_K_M gives a layer's attn_v and ffn_down Q6_K (llama.cpp's `use_more_bits`)."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 Q = GGMLQuantizationType
 # The projections' formats by tensor name, for --formats table and iq4xs.
@@ -370,12 +386,18 @@ def write_real_shape(args) -> None:
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", hidden)
         vector(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), hidden)
+        # Q4_K_M's attn_v and ffn_down are Q6_K in some layers (kept Q4_K in the families whose
+        # speed rows were first measured without them).
+        sixes = arch in ("llama", "qwen2") and more_bits(i, s["blocks"])
         if arch == "phi3":
             matrix(p + "attn_qkv.weight", (heads + 2 * kv_heads) * hd, hidden)
         else:
             for proj, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
-                matrix(p + f"attn_{proj}.weight", n, hidden)
+                matrix(p + f"attn_{proj}.weight", n, hidden, Q.Q6_K if proj == "v" and sixes else dense)
         matrix(p + "attn_output.weight", hidden, heads * hd)
+        if arch == "qwen2":
+            for proj, n in (("q", heads * hd), ("k", kv_heads * hd), ("v", kv_heads * hd)):
+                vector(p + f"attn_{proj}.bias", n, around=0.0)
         if arch in ("qwen3", "qwen3moe"):
             vector(p + "attn_q_norm.weight", hd)
             vector(p + "attn_k_norm.weight", hd)
@@ -400,7 +422,7 @@ def write_real_shape(args) -> None:
         else:
             matrix(p + "ffn_gate.weight", ffn, hidden)
             matrix(p + "ffn_up.weight", ffn, hidden)
-        matrix(p + "ffn_down.weight", hidden, ffn)
+        matrix(p + "ffn_down.weight", hidden, ffn, Q.Q6_K if sixes else dense)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -5,7 +5,8 @@
 //! single-core figure that `scripts/kernels-vs-llama.sh` sets beside llama.cpp's). The sizes
 //! default to llama.cpp's L1, L2, L3 and memory sizes, so the kernel is timed with its weights in
 //! each level of the hierarchy. The weights are random blocks (with finite scales): a kernel's
-//! speed does not depend on the values.
+//! speed does not depend on the values. `--tokens N` times a prompt's product instead (N tokens
+//! against the matrix, tiled as prefill tiles them), the kernel that bounds prefill.
 
 use crate::report::{cpu_name, utc_now, write_json};
 use anyhow::{bail, Result};
@@ -44,6 +45,9 @@ pub struct KernelsArgs {
     /// block). Qwen2.5-0.5B's rows are 896 and 4,864 wide, SmolLM2-135M's 576 and 1,536.
     #[arg(long, default_value_t = 4096)]
     pub cols: usize,
+    /// Tokens multiplied at once: 1 for decode's product, a prompt's length for prefill's.
+    #[arg(long, default_value_t = 1)]
+    pub tokens: usize,
     /// Time spent on each figure, of which the fastest fifth is kept.
     #[arg(long, default_value_t = 300)]
     pub ms: u64,
@@ -60,8 +64,12 @@ struct Row {
     cols: usize,
     /// Bytes the kernel streams: the weights as Hillside keeps them.
     weight_bytes: usize,
+    tokens: usize,
+    /// Per token: a prompt's product reads each weight once for all its tokens.
     ns_per_32_values: f64,
     weight_gb_per_s: f64,
+    /// Weight-by-activation products a second, in billions (weights × tokens / s).
+    giga_products_per_s: f64,
 }
 
 #[derive(Serialize)]
@@ -75,8 +83,8 @@ struct Report {
 }
 
 pub fn kernels(args: &KernelsArgs) -> Result<()> {
-    if args.cols == 0 {
-        bail!("--cols must be positive");
+    if args.cols == 0 || args.tokens == 0 {
+        bail!("--cols and --tokens must be positive");
     }
     // Every format is checked against the width before anything is timed.
     let mut formats = Vec::new();
@@ -98,10 +106,11 @@ pub fn kernels(args: &KernelsArgs) -> Result<()> {
             let raw = random_blocks(format, n_rows * cols, 0x5eed ^ values as u64);
             let matrix = Matrix::from_gguf_blocks(format, &raw, n_rows, cols).expect("whole blocks of a known size");
             drop(raw);
-            let x: Vec<f32> = (0..cols).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect();
+            let tokens = args.tokens;
+            let x: Vec<f32> = (0..cols * tokens).map(|i| ((i * 7919) % 2000) as f32 / 1000.0 - 1.0).collect();
             let mut quantized = QuantizedActivations::default();
-            matrix.quantize_activations(&x, 1, &mut quantized);
-            let mut out = vec![0f32; n_rows];
+            matrix.quantize_activations(&x, tokens, &mut quantized);
+            let mut out = vec![0f32; n_rows * tokens];
             let seconds = fastest_fifth(Duration::from_millis(args.ms), || {
                 matrix.product_of_quantized(&quantized, &mut out);
                 std::hint::black_box(&out);
@@ -113,8 +122,10 @@ pub fn kernels(args: &KernelsArgs) -> Result<()> {
                 rows: n_rows,
                 cols,
                 weight_bytes: matrix.weight_bytes(),
-                ns_per_32_values: seconds * 1e9 * BLOCK as f64 / total_values as f64,
+                tokens,
+                ns_per_32_values: seconds * 1e9 * BLOCK as f64 / (total_values * tokens) as f64,
                 weight_gb_per_s: matrix.weight_bytes() as f64 / seconds / 1e9,
+                giga_products_per_s: (total_values * tokens) as f64 / seconds / 1e9,
             });
         }
     }
@@ -127,25 +138,30 @@ pub fn kernels(args: &KernelsArgs) -> Result<()> {
         rows,
     };
     println!(
-        "hillside bench kernels · {} · {} · {} thread{} · one token's product (activations quantized beforehand)",
+        "hillside bench kernels · {} · {} · {} thread{} · {} (activations quantized beforehand)",
         report.cpu,
         report.simd,
         report.threads,
-        if report.threads == 1 { "" } else { "s" }
+        if report.threads == 1 { "" } else { "s" },
+        match args.tokens {
+            1 => "one token's product".to_string(),
+            n => format!("a {n}-token prompt's product"),
+        }
     );
     println!();
-    println!("| format | weights | matrix | MB | ns / 32 weights | GB/s |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    println!("| format | weights | matrix | MB | ns / 32 weights / token | GB/s | G products/s |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in &report.rows {
         println!(
-            "| {} | {} | {} × {} | {:.2} | {:.3} | {:.1} |",
+            "| {} | {} | {} × {} | {:.2} | {:.3} | {:.1} | {:.1} |",
             r.format,
             r.values,
             r.rows,
             r.cols,
             r.weight_bytes as f64 / 1e6,
             r.ns_per_32_values,
-            r.weight_gb_per_s
+            r.weight_gb_per_s,
+            r.giga_products_per_s
         );
     }
     write_json(&args.json, &report)?;

@@ -401,9 +401,9 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
                         *xv = values.add((g * n_sb + sb) * GROUP * SUPER_BLOCK);
                     }
                     let mut products = [[_mm256_setzero_si256(); GROUPS]; 2];
-                    for sub in 0..SUBS {
-                        sub_block_pair::<GROUPS, FIVE>(
-                            sub,
+                    for half in 0..SUBS / 2 {
+                        sub_block_pairs::<GROUPS, FIVE>(
+                            half,
                             blocks,
                             w.format.nibbles_at(),
                             [sub_scales0, sub_scales1],
@@ -454,17 +454,18 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
     }
 }
 
-/// [`sub_block`] for two rows with VNNI: each row's sub-block `sub` as four vectors of 8
-/// weights, against each group's four runs (loaded once for both rows), summed by `dpbusd` and
-/// scaled by `mullo`. (A row in each half of a 512-bit vector, which halves the instructions,
-/// measured slower on Zen 4.)
+/// [`sub_block`] for two rows with VNNI, sub-blocks `2·half` and `2·half + 1` together: each
+/// row's 32 nibble bytes, loaded once, give both sub-blocks' weights (low nibbles, then high),
+/// as four vectors of 8 each; against each group's four runs of a sub-block (loaded once for
+/// both rows), summed by `dpbusd` and scaled by `mullo`. (A row in each half of a 512-bit
+/// vector, which halves the instructions, measured slower on Zen 4.)
 ///
 /// # Safety
 /// Each of `blocks` points at a whole super-block whose nibbles start `nibbles_at` bytes in;
 /// each of `xv` at a group's 1,024 values of it; the CPU has avx2, avx512vl and avx512vnni.
 #[inline(always)]
-unsafe fn sub_block_pair<const GROUPS: usize, const FIVE: bool>(
-    sub: usize,
+unsafe fn sub_block_pairs<const GROUPS: usize, const FIVE: bool>(
+    half: usize,
     blocks: [*const u8; 2],
     nibbles_at: usize,
     sub_scales: [u64; 2],
@@ -474,40 +475,44 @@ unsafe fn sub_block_pair<const GROUPS: usize, const FIVE: bool>(
     // SAFETY: per the contract.
     unsafe {
         let low_nibbles = _mm256_set1_epi8(0x0f);
-        let nibble_shift = _mm_cvtsi32_si128(4 * (sub % 2) as i32);
-        let mut ints = [[_mm256_setzero_si256(); 4]; 2];
-        for (r, row_ints) in ints.iter_mut().enumerate() {
-            for (j, ints) in row_ints.iter_mut().enumerate() {
-                let eight = blocks[r].add(nibbles_at + sub / 2 * 32 + 8 * j) as *const i64;
+        // ints[sub][row][j]: eight weights of sub-block 2·half + sub, broadcast.
+        let mut ints = [[[_mm256_setzero_si256(); 4]; 2]; 2];
+        for r in 0..2 {
+            for j in 0..4 {
+                let eight = blocks[r].add(nibbles_at + half * 32 + 8 * j) as *const i64;
                 let raw = _mm256_set1_epi64x(eight.read_unaligned());
-                let q = _mm256_and_si256(_mm256_srl_epi16(raw, nibble_shift), low_nibbles);
-                *ints = if FIVE {
-                    // Bit `sub` of each byte of the fifth bits, to bit 4.
+                ints[0][r][j] = _mm256_and_si256(raw, low_nibbles);
+                ints[1][r][j] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low_nibbles);
+                if FIVE {
+                    // Bits 2·half and 2·half + 1 of each byte of the fifth bits, to bit 4.
                     let high = _mm256_set1_epi64x((blocks[r].add(16 + 8 * j) as *const i64).read_unaligned());
-                    let bit =
-                        _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(sub as i32)), _mm256_set1_epi8(1));
-                    _mm256_or_si256(q, _mm256_slli_epi16::<4>(bit))
-                } else {
-                    q
-                };
+                    for (sub, ints) in ints.iter_mut().enumerate() {
+                        let shift = _mm_cvtsi32_si128((2 * half + sub) as i32);
+                        let bit = _mm256_and_si256(_mm256_srl_epi16(high, shift), _mm256_set1_epi8(1));
+                        ints[r][j] = _mm256_or_si256(ints[r][j], _mm256_slli_epi16::<4>(bit));
+                    }
+                }
             }
         }
-        let scale = [
-            _mm256_set1_epi32(i32::from((sub_scales[0] >> (8 * sub)) as u8)),
-            _mm256_set1_epi32(i32::from((sub_scales[1] >> (8 * sub)) as u8)),
-        ];
-        for g in 0..GROUPS {
-            let runs = xv[g].add(sub * 4 * 32);
-            let mut a = [_mm256_setzero_si256(); 4];
-            for (j, a) in a.iter_mut().enumerate() {
-                *a = _mm256_loadu_si256(runs.add(32 * j).cast());
-            }
-            for r in 0..2 {
-                let mut s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ints[r][0], a[0]);
-                s = _mm256_dpbusd_epi32(s, ints[r][1], a[1]);
-                s = _mm256_dpbusd_epi32(s, ints[r][2], a[2]);
-                s = _mm256_dpbusd_epi32(s, ints[r][3], a[3]);
-                products[r][g] = _mm256_add_epi32(products[r][g], _mm256_mullo_epi32(s, scale[r]));
+        for (sub, ints) in ints.iter().enumerate() {
+            let at = 2 * half + sub;
+            let scale = [
+                _mm256_set1_epi32(i32::from((sub_scales[0] >> (8 * at)) as u8)),
+                _mm256_set1_epi32(i32::from((sub_scales[1] >> (8 * at)) as u8)),
+            ];
+            for g in 0..GROUPS {
+                let runs = xv[g].add(at * 4 * 32);
+                let mut a = [_mm256_setzero_si256(); 4];
+                for (j, a) in a.iter_mut().enumerate() {
+                    *a = _mm256_loadu_si256(runs.add(32 * j).cast());
+                }
+                for r in 0..2 {
+                    let mut s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ints[r][0], a[0]);
+                    s = _mm256_dpbusd_epi32(s, ints[r][1], a[1]);
+                    s = _mm256_dpbusd_epi32(s, ints[r][2], a[2]);
+                    s = _mm256_dpbusd_epi32(s, ints[r][3], a[3]);
+                    products[r][g] = _mm256_add_epi32(products[r][g], _mm256_mullo_epi32(s, scale[r]));
+                }
             }
         }
     }
@@ -630,37 +635,34 @@ unsafe fn q6k_token_groups<const GROUPS: usize>(
                 for sb in panel.clone() {
                     let block = row_ptr.add(sb * block_bytes);
                     let mut products = [_mm256_setzero_si256(); GROUPS];
-                    for span in 0..SUPER_BLOCK / Q6K_SPAN {
-                        // Runs 2·span and 2·span+1: values 16·span.. of quarter k of half h.
-                        let (h, k, l) = (span / 8, span % 8 / 2, span % 2 * 16);
-                        let mut ints = [_mm256_setzero_si256(); 2];
-                        for (i, ints) in ints.iter_mut().enumerate() {
-                            let low = block.add(64 * h + 32 * (k % 2) + l + 8 * i) as *const i64;
-                            let high = block.add(128 + 32 * h + l + 8 * i) as *const i64;
-                            let nibbles = _mm256_and_si256(
-                                _mm256_srl_epi16(
-                                    _mm256_set1_epi64x(low.read_unaligned()),
-                                    _mm_cvtsi32_si128(4 * (k / 2) as i32),
-                                ),
-                                low_nibbles,
-                            );
-                            let pairs = _mm256_and_si256(
-                                _mm256_srl_epi16(
-                                    _mm256_set1_epi64x(high.read_unaligned()),
-                                    _mm_cvtsi32_si128(2 * k as i32),
-                                ),
-                                low_pairs,
-                            );
-                            *ints = _mm256_or_si256(nibbles, _mm256_slli_epi16::<4>(pairs));
-                        }
-                        let scale = _mm256_set1_epi16(i16::from(*block.add(192 + span) as i8));
-                        for (g, products) in products.iter_mut().enumerate() {
-                            let runs = values.add((g * n_sb + sb) * GROUP * SUPER_BLOCK + 2 * span * 32);
-                            let sum16 = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(ints[0], _mm256_loadu_si256(runs.cast())),
-                                _mm256_maddubs_epi16(ints[1], _mm256_loadu_si256(runs.add(32).cast())),
-                            );
-                            *products = _mm256_add_epi32(*products, _mm256_madd_epi16(sum16, scale));
+                    for quarter in 0..SUPER_BLOCK / 32 {
+                        // Values 32·quarter.. from one load of their low bits and one of their
+                        // high bits, then each 8 of them broadcast to the four tokens' quarters.
+                        let (h, k) = (quarter / 4, quarter % 4);
+                        let low = _mm256_loadu_si256(block.add(64 * h + 32 * (k % 2)).cast());
+                        let high = _mm256_loadu_si256(block.add(128 + 32 * h).cast());
+                        let nibbles =
+                            _mm256_and_si256(_mm256_srl_epi16(low, _mm_cvtsi32_si128(4 * (k / 2) as i32)), low_nibbles);
+                        let pairs = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * k as i32)), low_pairs);
+                        let all = _mm256_or_si256(nibbles, _mm256_slli_epi16::<4>(pairs));
+                        let ints = [
+                            _mm256_permute4x64_epi64::<0x00>(all),
+                            _mm256_permute4x64_epi64::<0x55>(all),
+                            _mm256_permute4x64_epi64::<0xaa>(all),
+                            _mm256_permute4x64_epi64::<0xff>(all),
+                        ];
+                        for half in 0..2 {
+                            // Runs 2·span and 2·span+1: the span's 16 values of each token.
+                            let span = 2 * quarter + half;
+                            let scale = _mm256_set1_epi16(i16::from(*block.add(192 + span) as i8));
+                            for (g, products) in products.iter_mut().enumerate() {
+                                let runs = values.add((g * n_sb + sb) * GROUP * SUPER_BLOCK + 2 * span * 32);
+                                let sum16 = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(ints[2 * half], _mm256_loadu_si256(runs.cast())),
+                                    _mm256_maddubs_epi16(ints[2 * half + 1], _mm256_loadu_si256(runs.add(32).cast())),
+                                );
+                                *products = _mm256_add_epi32(*products, _mm256_madd_epi16(sum16, scale));
+                            }
                         }
                     }
                     let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(block.add(192).cast()));
