@@ -218,6 +218,9 @@ def main() -> None:
     ap.add_argument("--chat-template", help="a Jinja file to give the model as its chat template")
     ap.add_argument("--real-shape", choices=sorted(REAL_SHAPES))
     ap.add_argument("--blocks", type=int, help="with --real-shape: how many of its blocks to keep")
+    ap.add_argument("--quant", choices=["q4_k_m", "q4_0", "q8_0"], default="q4_k_m",
+                    help="with --real-shape of a llama or qwen2 model: its file's formats (q4_0: Q4_0 with a Q6_K "
+                         "head, as llama.cpp's quantizer writes it; q8_0: Q8_0 throughout)")
     args = ap.parse_args()
     if (args.family is None) == (args.real_shape is None):
         ap.error("give a family or --real-shape")
@@ -371,6 +374,11 @@ def write_real_shape(args) -> None:
         w.add_expert_feed_forward_length(s["expert_ffn"])
     dense = Q.Q8_0 if arch == "gpt-oss" else Q.Q4_K
     head = Q.Q8_0 if arch == "gpt-oss" else Q.Q6_K
+    if args.quant != "q4_k_m":
+        if arch not in ("llama", "qwen2"):
+            sys.exit(f"--quant {args.quant}: only the llama and qwen2 shapes take it")
+        dense = Q.Q4_0 if args.quant == "q4_0" else Q.Q8_0
+        head = Q.Q6_K if args.quant == "q4_0" else Q.Q8_0
 
     def matrix(name: str, rows: int, cols: int, qtype=dense) -> None:
         w.add_tensor(name, random_blocks(rng, (rows, cols), qtype), raw_dtype=qtype)
@@ -388,7 +396,7 @@ def write_real_shape(args) -> None:
         vector(p + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight"), hidden)
         # Q4_K_M's attn_v and ffn_down are Q6_K in some layers (kept Q4_K in the families whose
         # speed rows were first measured without them).
-        sixes = arch in ("llama", "qwen2") and more_bits(i, s["blocks"])
+        sixes = arch in ("llama", "qwen2") and args.quant == "q4_k_m" and more_bits(i, s["blocks"])
         if arch == "phi3":
             matrix(p + "attn_qkv.weight", (heads + 2 * kv_heads) * hd, hidden)
         else:

@@ -407,6 +407,10 @@ pub struct QuantizedActivations {
     /// llama.cpp's and candle's.
     pub scaled_sums: Vec<f32>,
     pub scaled_sums_f16: Vec<f32>,
+    /// For more than one token: `qs` four tokens to a group, so a vector multiplies 8 values of
+    /// each of four tokens by the same 8 weights. Per group and block, four runs of 32 bytes
+    /// (run j: values 8j.. of each token in turn); tokens past the last are zeros.
+    pub groups: Vec<i8>,
     /// The same activations a super-block at a time, for the K-quants (filled only for them).
     pub super_blocks: SuperBlockActivations,
 }
@@ -463,8 +467,21 @@ impl QuantizedActivations {
                 quantize_blocks(x, out)
             };
         });
+        self.groups.clear();
+        if n > 1 {
+            self.groups.resize(n.div_ceil(GROUP_TOKENS) * GROUP_TOKENS * cols, 0);
+            for (t, token) in self.qs.chunks_exact(cols).enumerate() {
+                let group = &mut self.groups[t / GROUP_TOKENS * GROUP_TOKENS * cols..][..GROUP_TOKENS * cols];
+                for (run, eight) in token.chunks_exact(8).enumerate() {
+                    group[run * 8 * GROUP_TOKENS + 8 * (t % GROUP_TOKENS)..][..8].copy_from_slice(eight);
+                }
+            }
+        }
     }
 }
+
+/// Tokens a group of [`QuantizedActivations::groups`] holds.
+pub const GROUP_TOKENS: usize = 4;
 
 /// Where the quantization of a run of blocks goes: their parts of [`QuantizedActivations`]'
 /// `qs`, `d`, `scaled_sums` and `scaled_sums_f16`.

@@ -1,5 +1,6 @@
-//! x86-64-v3 kernels (AVX2, FMA, F16C), each also built with the VEX-encoded VNNI dot products
-//! (`VNNI = true`) for the CPUs that have them. Without VNNI an unsigned × signed byte product
+//! x86-64-v3 kernels (AVX2, FMA, F16C), each also built with VNNI dot products for the CPUs
+//! that have them (`DOT`: [`MADDUBS`], [`AVX_VNNI`] or [`AVX512_VNNI`], the same products in
+//! VEX or EVEX encoding). Without VNNI an unsigned × signed byte product
 //! takes `maddubs` (pairs into saturating i16) and `madd` (pairs into i32); its operands are kept
 //! where no pair can saturate: 4-, 5- and 6-bit weights (≤ 63·127·2), and 8-bit values (Q8_0's,
 //! and a table format's looked-up ones) multiplied as |a| × sign(b, a) (≤ 128·127·2 < 2¹⁵).
@@ -12,24 +13,32 @@ use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+/// Byte products by `maddubs` and `madd`.
+pub(super) const MADDUBS: u8 = 0;
+/// Byte products by AVX-VNNI's VEX-encoded `vpdpbusd`.
+pub(super) const AVX_VNNI: u8 = 1;
+/// Byte products by AVX-512 VNNI's EVEX-encoded `vpdpbusd` on 256-bit vectors.
+pub(super) const AVX512_VNNI: u8 = 2;
+
 /// Σ over groups of four of u8 × i8 products, added to the i32 lanes of `acc`.
 #[inline(always)]
-unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-    // SAFETY (both arms): the caller is compiled with avx2, and with avxvnni when VNNI.
+pub(super) unsafe fn dot_u8i8<const DOT: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+    // SAFETY (every arm): the caller is compiled with avx2, and with avxvnni for AVX_VNNI or
+    // avx512vnni and avx512vl for AVX512_VNNI.
     unsafe {
-        if VNNI {
-            _mm256_dpbusd_avx_epi32(acc, u, s)
-        } else {
-            _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+        match DOT {
+            AVX_VNNI => _mm256_dpbusd_avx_epi32(acc, u, s),
+            AVX512_VNNI => _mm256_dpbusd_epi32(acc, u, s),
+            _ => _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))),
         }
     }
 }
 
 /// Σ a·b over groups of four signed bytes (neither −128 in `b`), added to `acc`.
 #[inline(always)]
-unsafe fn dot_i8i8<const VNNI: bool>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+unsafe fn dot_i8i8<const DOT: u8>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     // SAFETY: as for dot_u8i8.
-    unsafe { dot_u8i8::<VNNI>(acc, _mm256_abs_epi8(a), _mm256_sign_epi8(b, a)) }
+    unsafe { dot_u8i8::<DOT>(acc, _mm256_abs_epi8(a), _mm256_sign_epi8(b, a)) }
 }
 
 /// The 32 unsigned ints of one weight block, in value order (4- and 5-bit formats).
@@ -77,7 +86,7 @@ pub unsafe fn uq_dot_rows(
     out: &mut [f32],
 ) {
     // SAFETY: features per contract.
-    unsafe { uq_dot_rows_with::<false>(w, rows, x, t0, nt, out) }
+    unsafe { uq_dot_rows_with::<MADDUBS>(w, rows, x, t0, nt, out) }
 }
 
 /// [`uq_dot_rows`] with VNNI dot products.
@@ -94,11 +103,29 @@ pub unsafe fn uq_dot_rows_vnni(
     out: &mut [f32],
 ) {
     // SAFETY: features per contract.
-    unsafe { uq_dot_rows_with::<true>(w, rows, x, t0, nt, out) }
+    unsafe { uq_dot_rows_with::<AVX_VNNI>(w, rows, x, t0, nt, out) }
+}
+
+/// [`uq_dot_rows`] with AVX-512 VNNI's dot products: one token's products at AVX-512, whose
+/// bits [`super::uq_groups`] gives a prompt's tokens too.
+///
+/// # Safety
+/// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub unsafe fn uq_dot_rows_avx512(
+    w: &UqMatrix,
+    rows: Range<usize>,
+    x: &QuantizedActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: features per contract.
+    unsafe { uq_dot_rows_with::<AVX512_VNNI>(w, rows, x, t0, nt, out) }
 }
 
 #[inline(always)]
-unsafe fn uq_dot_rows_with<const VNNI: bool>(
+unsafe fn uq_dot_rows_with<const DOT: u8>(
     w: &UqMatrix,
     rows: Range<usize>,
     x: &QuantizedActivations,
@@ -110,20 +137,20 @@ unsafe fn uq_dot_rows_with<const VNNI: bool>(
     assert!(out.len() >= rows.len() * TOKEN_TILE);
     assert!(w.qs.len() >= w.rows * w.row_bytes() && w.d.len() >= w.rows * w.blocks_per_row());
     // SAFETY: features per the callers' contracts; bounds asserted above.
-    unsafe { dispatch_tile!(w.bits, nt, uq_dot_tile::<NT, VNNI, BITS>(w, rows, x, t0, out)) }
+    unsafe { dispatch_tile!(w.bits, nt, uq_dot_tile::<NT, DOT, BITS>(w, rows, x, t0, out)) }
 }
 
 /// Whether weights of format `BITS` are multiplied as signed bytes (q − 128): 8-bit ones
 /// without VNNI, whose unsigned pairs could saturate `maddubs`.
-const fn signed_weights<const VNNI: bool, const BITS: u8>() -> bool {
-    !VNNI && (BITS == QuantBits::Eight as u8 || BITS == QuantBits::FourTable as u8)
+const fn signed_weights<const DOT: u8, const BITS: u8>() -> bool {
+    DOT == MADDUBS && (BITS == QuantBits::Eight as u8 || BITS == QuantBits::FourTable as u8)
 }
 
 /// Block `ptr`'s 32 weights as bytes for [`block_dot`]: unsigned ints (a table format's
 /// nibbles looked up in `table`, the matrix's table in both lanes), or signed when
 /// [`signed_weights`].
 #[inline(always)]
-unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8, table: __m256i) -> __m256i {
+unsafe fn load_block<const DOT: u8, const BITS: u8>(ptr: *const u8, table: __m256i) -> __m256i {
     // SAFETY: the caller passes a pointer to one whole block.
     unsafe {
         let q = if BITS == QuantBits::Eight as u8 {
@@ -133,7 +160,7 @@ unsafe fn load_block<const VNNI: bool, const BITS: u8>(ptr: *const u8, table: __
         } else {
             unpack_block(format_of(BITS), ptr)
         };
-        if signed_weights::<VNNI, BITS>() {
+        if signed_weights::<DOT, BITS>() {
             _mm256_xor_si256(q, _mm256_set1_epi8(-128))
         } else {
             q
@@ -157,24 +184,24 @@ pub(super) unsafe fn table_lanes(w: &UqMatrix) -> __m256i {
 /// Sums of four products (i32 lanes) of a block from [`load_block`] with 32 activations: lanes
 /// 0–3 are values 0–15, lanes 4–7 values 16–31.
 #[inline(always)]
-unsafe fn block_dot<const VNNI: bool, const BITS: u8>(wv: __m256i, xv: __m256i) -> __m256i {
+unsafe fn block_dot<const DOT: u8, const BITS: u8>(wv: __m256i, xv: __m256i) -> __m256i {
     // SAFETY: the callers are compiled with avx2 (and avxvnni when VNNI).
     unsafe {
         let zero = _mm256_setzero_si256();
-        if signed_weights::<VNNI, BITS>() {
-            dot_i8i8::<VNNI>(zero, wv, xv)
+        if signed_weights::<DOT, BITS>() {
+            dot_i8i8::<DOT>(zero, wv, xv)
         } else {
-            dot_u8i8::<VNNI>(zero, wv, xv)
+            dot_u8i8::<DOT>(zero, wv, xv)
         }
     }
 }
 
 /// Blocks a weight row is taken in: their sums are reduced to one lane each (hadd), so the
 /// eight blocks' scales take one conversion, one multiply and one FMA.
-const GROUP: usize = 8;
+pub(super) const GROUP: usize = 8;
 
 #[inline(always)]
-unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
+unsafe fn uq_dot_tile<const NT: usize, const DOT: u8, const BITS: u8>(
     w: &UqMatrix,
     rows: Range<usize>,
     x: &QuantizedActivations,
@@ -198,7 +225,7 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
         // 8-bit weights without VNNI are multiplied signed (see the module comment), so their
         // zero point is off already.
         let offsets = match &w.offset {
-            _ if signed_weights::<VNNI, BITS>() => BlockOffsets::None,
+            _ if signed_weights::<DOT, BITS>() => BlockOffsets::None,
             Offset::Zero(z) => BlockOffsets::ScaleTimes(-f32::from(*z)),
             Offset::PerBlock(m) => BlockOffsets::PerBlock(&m[row * nb..][..nb]),
         };
@@ -210,7 +237,7 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
                 prefetch_ahead(wq, b * bpb, GROUP * bpb);
             }
             unsafe {
-                group_products::<NT, VNNI, BITS, GROUP>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc)
+                group_products::<NT, DOT, BITS, GROUP>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc)
             };
             b += GROUP;
         }
@@ -220,15 +247,15 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
             prefetch_ahead(wq, b * bpb, (nb - b) * bpb);
         }
         if b + 4 <= nb {
-            unsafe { group_products::<NT, VNNI, BITS, 4>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe { group_products::<NT, DOT, BITS, 4>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
             b += 4;
         }
         if b + 2 <= nb {
-            unsafe { group_products::<NT, VNNI, BITS, 2>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe { group_products::<NT, DOT, BITS, 2>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
             b += 2;
         }
         if b < nb {
-            unsafe { group_products::<NT, VNNI, BITS, 1>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe { group_products::<NT, DOT, BITS, 1>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
         }
         for t in 0..NT {
             out[(row - start) * TOKEN_TILE + t] = hsum(acc[t]);
@@ -237,7 +264,7 @@ unsafe fn uq_dot_tile<const NT: usize, const VNNI: bool, const BITS: u8>(
 }
 
 /// What a row's blocks add beside their products, each times the activations' scaled sum.
-enum BlockOffsets<'a> {
+pub(super) enum BlockOffsets<'a> {
     /// Nothing: the zero point is taken off in the integer sums.
     None,
     /// A zero point: the block's scale times this factor.
@@ -264,7 +291,7 @@ enum Offsets {
 /// avxvnni when VNNI).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, const N: usize>(
+unsafe fn group_products<const NT: usize, const DOT: u8, const BITS: u8, const N: usize>(
     wq: *const u8,
     table: __m256i,
     wd: &[f16],
@@ -280,7 +307,7 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, cons
     unsafe {
         let mut blocks = [_mm256_setzero_si256(); GROUP];
         for (i, block) in blocks[..N].iter_mut().enumerate() {
-            *block = load_block::<VNNI, BITS>(wq.add((b + i) * bpb), table);
+            *block = load_block::<DOT, BITS>(wq.add((b + i) * bpb), table);
         }
         let d = f16_group(&wd[b..b + N]);
         let offset = match offsets {
@@ -295,7 +322,7 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, cons
             }
             let mut v = [_mm256_setzero_si256(); GROUP];
             for (i, v) in v[..N].iter_mut().enumerate() {
-                *v = block_dot::<VNNI, BITS>(blocks[i], _mm256_loadu_si256(xq[t].add((b + i) * BLOCK).cast()));
+                *v = block_dot::<DOT, BITS>(blocks[i], _mm256_loadu_si256(xq[t].add((b + i) * BLOCK).cast()));
             }
             // [blocks 0–3's sums of lanes 0–3 | of lanes 4–7], the same of blocks 4–7; then
             // lane i of `lower` and `upper` is block i's sum over values 0–15 and 16–31.
@@ -311,7 +338,7 @@ unsafe fn group_products<const NT: usize, const VNNI: bool, const BITS: u8, cons
 
 /// Up to eight f16 values as f32 lanes, zero past the end.
 #[inline(always)]
-unsafe fn f16_group(values: &[f16]) -> __m256 {
+pub(super) unsafe fn f16_group(values: &[f16]) -> __m256 {
     // SAFETY: the callers have f16c; a short group is copied to a padded buffer first.
     unsafe {
         if values.len() == GROUP {
@@ -330,7 +357,7 @@ unsafe fn f16_group(values: &[f16]) -> __m256 {
 
 /// A mask of the first `n` of eight i32 lanes, for `maskload`.
 #[inline(always)]
-fn lane_mask(n: usize) -> __m256i {
+pub(super) fn lane_mask(n: usize) -> __m256i {
     // SAFETY: the callers have avx2.
     unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
 }
@@ -597,7 +624,7 @@ pub unsafe fn score_keys_int(
     out: &mut [f32],
 ) {
     // SAFETY: features per contract.
-    unsafe { score_keys_int_with::<false>(data, scales, n_kv, hd, int4, query, tokens, out) }
+    unsafe { score_keys_int_with::<MADDUBS>(data, scales, n_kv, hd, int4, query, tokens, out) }
 }
 
 /// [`score_keys_int`] with VNNI dot products.
@@ -617,12 +644,12 @@ pub unsafe fn score_keys_int_vnni(
     out: &mut [f32],
 ) {
     // SAFETY: features per contract.
-    unsafe { score_keys_int_with::<true>(data, scales, n_kv, hd, int4, query, tokens, out) }
+    unsafe { score_keys_int_with::<AVX_VNNI>(data, scales, n_kv, hd, int4, query, tokens, out) }
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn score_keys_int_with<const VNNI: bool>(
+unsafe fn score_keys_int_with<const DOT: u8>(
     data: &[u8],
     scales: &[f32],
     n_kv: usize,
@@ -670,7 +697,7 @@ unsafe fn score_keys_int_with<const VNNI: bool>(
                     };
                     let q = _mm256_loadu_si256(q_words[(h * chunks + c) * 32..][..32].as_ptr().cast());
                     // Keys are clamped to ±127; the query may hold −128, so it goes first.
-                    acc = dot_i8i8::<VNNI>(acc, q, keys);
+                    acc = dot_i8i8::<DOT>(acc, q, keys);
                 }
             }
             out[h * n + i] = hsum_i32(acc) as f32 * scales[row];

@@ -2,48 +2,16 @@
 
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
-use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
-use super::{
-    avx2, dispatch_rows, dispatch_tile, f16_value, format_of, prefetch_ahead, prefetch_row_offsets,
-    prefetch_rows_ahead, row_blocks,
-};
+use super::super::quant::{QuantizedActivations, UqMatrix};
+use super::{avx2, dispatch_rows, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Lanes 0–7 take element 0 of a 2-float vector, lanes 8–15 element 1.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn pair_index() -> __m512i {
-    _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
-}
-
-/// The 64 unsigned ints of two consecutive 5-bit blocks (`bpb` bytes each) at `ptr`, in value
-/// order: the nibbles of both at once, then the fifth bits (the 32-bit mask of each block is a
-/// byte mask here).
-///
-/// # Safety
-/// `ptr` points at the two blocks' 2·bpb bytes; the CPU has avx512f and avx512bw.
-#[inline(always)]
-unsafe fn unpack_five_pair(ptr: *const u8, bpb: usize) -> __m512i {
-    // SAFETY: the loads read the two blocks' own bytes per the contract.
-    unsafe {
-        let second = ptr.add(bpb);
-        let low_nibbles = _mm256_set1_epi8(0x0f);
-        let raw = _mm256_loadu2_m128i(second.cast(), ptr.cast());
-        let lo = _mm256_and_si256(raw, low_nibbles);
-        let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
-        // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
-        let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-        let nibbles = _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00);
-        let mask = u64::from((ptr.add(16) as *const u32).read_unaligned())
-            | u64::from((second.add(16) as *const u32).read_unaligned()) << 32;
-        _mm512_mask_add_epi8(nibbles, mask, nibbles, _mm512_set1_epi8(0x10))
-    }
-}
-
 /// Products of weight rows `rows` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE), into
-/// `out[(row - rows.start) · TOKEN_TILE + t]`.
+/// `out[(row - rows.start) · TOKEN_TILE + t]`: one token at a time in 256-bit vectors
+/// ([`avx2::uq_dot_rows_avx512`]), a prompt four tokens to a vector ([`super::uq_groups`]),
+/// with the same bits.
 ///
 /// # Safety
 /// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
@@ -58,152 +26,12 @@ pub unsafe fn uq_dot_rows(
 ) {
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
     assert!(out.len() >= rows.len() * TOKEN_TILE);
-    // SAFETY (all arms): features per this function's contract; bounds asserted above.
-    unsafe { dispatch_tile!(w.bits, nt, uq_dot_tile::<NT, BITS>(w, rows, x, t0, out)) }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn uq_dot_tile<const NT: usize, const BITS: u8>(
-    w: &UqMatrix,
-    rows: Range<usize>,
-    x: &QuantizedActivations,
-    t0: usize,
-    out: &mut [f32],
-) {
-    let bits = format_of(BITS);
-    let nb = w.blocks_per_row();
-    let bpb = bits.bytes_per_block();
-    let xq: [&[i8]; NT] = std::array::from_fn(|t| &x.qs[(t0 + t) * w.cols..][..w.cols]);
-    let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
-    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb..][..nb]);
-    let start = rows.start;
-    // Pairs a step, one into each accumulator.
-    let step = 2;
-    // How far ahead a one-token product asks for offsets (a division, done once, not a row).
-    let offsets_ahead = prefetch_rows_ahead(w);
-    // SAFETY: the caller has avx2.
-    let table = unsafe { avx2::table_lanes(w) };
-    for row in rows {
-        let wd = &w.d[row * nb..][..nb];
-        let wq = w.qs[row * nb * bpb..][..nb * bpb].as_ptr();
-        // Two accumulators a token, for the even and the odd pairs: with one, a one-token
-        // product waits on each FMA's latency in turn.
-        let mut acc = [[_mm512_setzero_ps(); 2]; NT];
-        if NT == 1 {
-            prefetch_row_offsets(w, row + offsets_ahead);
-        }
-        let pairs = nb / 2;
-        let mut p = 0;
-        // SAFETY (both loops): pairs p.. < nb / 2 lie inside the row's weights and scales and
-        // each token's activations and scales.
-        while p + step <= pairs {
-            if NT == 1 {
-                prefetch_ahead(wq, 2 * p * bpb, 2 * step * bpb);
-            }
-            for k in 0..step {
-                unsafe { pair_products::<NT, BITS>(wq, table, wd, &xq, &xd, p, k, bpb, &mut acc, k % 2) };
-            }
-            p += step;
-        }
-        while p < pairs {
-            unsafe { pair_products::<NT, BITS>(wq, table, wd, &xq, &xd, p, 0, bpb, &mut acc, 0) };
-            p += 1;
-        }
-        let mut acc: [__m512; NT] = std::array::from_fn(|t| _mm512_add_ps(acc[t][0], acc[t][1]));
-        // The blocks' offsets times the activations' scaled sums, 16 at a time.
-        let (offsets, factor) = match &w.offset {
-            Offset::Zero(z) => (wd, -f32::from(*z)),
-            Offset::PerBlock(m) => (&m[row * nb..][..nb], 1.0),
-        };
-        let n_offsets = nb;
-        for c in (0..n_offsets).step_by(16) {
-            let mask: __mmask16 = ((1u32 << (n_offsets - c).min(16)) - 1) as __mmask16;
-            // SAFETY: the mask covers only offsets c.. < n_offsets of the row and each token's sums.
-            let m = _mm512_cvtph_ps(unsafe { _mm256_maskz_loadu_epi16(mask, offsets.as_ptr().add(c).cast()) });
-            let m = _mm512_mul_ps(m, _mm512_set1_ps(factor));
-            for t in 0..NT {
-                let s = unsafe { _mm512_maskz_loadu_ps(mask, sums[t].as_ptr().add(c)) };
-                acc[t] = _mm512_fmadd_ps(m, s, acc[t]);
-            }
-        }
-        for t in 0..NT {
-            let mut total = _mm512_reduce_add_ps(acc[t]);
-            if nb % 2 == 1 {
-                let b = nb - 1;
-                // SAFETY: the last block lies inside the row; its 32 activations inside the token's.
-                let isum = unsafe {
-                    let wv = match bits {
-                        QuantBits::Eight => _mm256_loadu_si256(wq.add(b * bpb).cast()),
-                        QuantBits::FourTable => {
-                            _mm256_shuffle_epi8(table, avx2::unpack_block(QuantBits::Four, wq.add(b * bpb)))
-                        }
-                        bits => avx2::unpack_block(bits, wq.add(b * bpb)),
-                    };
-                    let xv = _mm256_loadu_si256(xq[t][b * BLOCK..][..BLOCK].as_ptr().cast());
-                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv)
-                };
-                let lanes: [i32; 8] = unsafe { std::mem::transmute(isum) };
-                total += lanes.iter().sum::<i32>() as f32 * f16_value(wd[b]) * xd[t][b];
-            }
-            out[(row - start) * TOKEN_TILE + t] = total;
-        }
-    }
-}
-
-/// Adds to `acc[t][lane]` the products of pair `first + k` (blocks 2·(first + k) and the next)
-/// of one weight row with token t's activations, scaled. `table`: the matrix's
-/// [`avx2::table_lanes`].
-///
-/// # Safety
-/// The pair lies inside the row (`wq`, `bpb` bytes a block; `wd`) and inside each token's
-/// activations `xq` and scales `xd`; the CPU has what [`uq_dot_rows`] needs.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pair_products<const NT: usize, const BITS: u8>(
-    wq: *const u8,
-    table: __m256i,
-    wd: &[f16],
-    xq: &[&[i8]; NT],
-    xd: &[&[f32]; NT],
-    first: usize,
-    k: usize,
-    bpb: usize,
-    acc: &mut [[__m512; 2]; NT],
-    lane: usize,
-) {
-    let bits = format_of(BITS);
-    let p = first + k;
-    // SAFETY: the reads lie inside the row and the tokens per the contract.
+    // SAFETY (both arms): features per this function's contract; bounds asserted above.
     unsafe {
-        // 64 unsigned weights of blocks 2p and 2p+1, in activation order.
-        let wv = match bits {
-            QuantBits::Four | QuantBits::FourTable => {
-                let raw = _mm256_loadu_si256(wq.add(p * 32) as *const __m256i);
-                let low_nibbles = _mm256_set1_epi8(0x0f);
-                let lo = _mm256_and_si256(raw, low_nibbles);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low_nibbles);
-                // 128-bit lanes [lo0 lo1 hi0 hi1] → [lo0 hi0 lo1 hi1]
-                let cat = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                let codes = _mm512_shuffle_i64x2(cat, cat, 0b11_01_10_00);
-                if bits == QuantBits::FourTable {
-                    _mm512_shuffle_epi8(_mm512_broadcast_i64x4(table), codes)
-                } else {
-                    codes
-                }
-            }
-            QuantBits::Five => unpack_five_pair(wq.add(2 * p * bpb), bpb),
-            QuantBits::Eight => _mm512_loadu_si512(wq.add(p * 64) as *const __m512i),
-        };
-        // The scales of the pair's blocks, a lane each.
-        let dw = _mm_cvtph_ps(_mm_cvtsi32_si128((wd.as_ptr().add(2 * p) as *const i32).read_unaligned()));
-        for t in 0..NT {
-            let xv = _mm512_loadu_si512(xq[t].as_ptr().add(p * 64) as *const __m512i);
-            let isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-            let dx = _mm_castpd_ps(_mm_load_sd(xd[t].as_ptr().add(2 * p) as *const f64));
-            // Each block's scale to the eight lanes of its values.
-            let scale = _mm512_permutexvar_ps(pair_index(), _mm512_castps128_ps512(_mm_mul_ps(dw, dx)));
-            acc[t][lane] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t][lane]);
+        if nt == 1 {
+            avx2::uq_dot_rows_avx512(w, rows, x, t0, nt, out)
+        } else {
+            super::uq_groups::uq_dot_rows(w, rows, x, t0, nt, out)
         }
     }
 }

@@ -643,7 +643,8 @@ unsafe fn q6k_token_groups<const GROUPS: usize>(
                         let high = _mm256_loadu_si256(block.add(128 + 32 * h).cast());
                         let nibbles =
                             _mm256_and_si256(_mm256_srl_epi16(low, _mm_cvtsi32_si128(4 * (k / 2) as i32)), low_nibbles);
-                        let pairs = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * k as i32)), low_pairs);
+                        let pairs =
+                            _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * k as i32)), low_pairs);
                         let all = _mm256_or_si256(nibbles, _mm256_slli_epi16::<4>(pairs));
                         let ints = [
                             _mm256_permute4x64_epi64::<0x00>(all),

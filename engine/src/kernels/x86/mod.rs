@@ -6,8 +6,9 @@
 pub mod avx2;
 pub mod avx512;
 pub mod k_quant;
+pub mod uq_groups;
 
-use super::quant::{Offset, QuantBits, UqMatrix};
+use super::quant::QuantBits;
 use half::f16;
 use std::arch::x86_64::*;
 
@@ -102,22 +103,6 @@ pub(crate) fn prefetch_ahead(row: *const u8, from: usize, len: usize) {
     for line in (0..len).step_by(64) {
         // SAFETY: a prefetch never faults, wherever the address lies.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(from + PREFETCH_BYTES + line).cast()) };
-    }
-}
-
-/// Rows from the one a one-token product starts to the one its weight prefetch reaches then.
-#[inline(always)]
-pub(crate) fn prefetch_rows_ahead(w: &UqMatrix) -> usize {
-    PREFETCH_BYTES.div_ceil(w.row_bytes())
-}
-
-/// Asks for the offsets of row `row` (if there is one), for a kernel that reads a row's offsets
-/// after its blocks: a stream of their own, which the weight prefetch does not cover.
-#[inline(always)]
-pub(crate) fn prefetch_row_offsets(w: &UqMatrix, row: usize) {
-    if let (Offset::PerBlock(m), true) = (&w.offset, row < w.rows) {
-        let nb = w.blocks_per_row();
-        super::prefetch_lines(&m[row * nb..][..nb]);
     }
 }
 
