@@ -14,15 +14,15 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 /// Byte products by `maddubs` and `madd`.
-pub(super) const MADDUBS: u8 = 0;
+const MADDUBS: u8 = 0;
 /// Byte products by AVX-VNNI's VEX-encoded `vpdpbusd`.
-pub(super) const AVX_VNNI: u8 = 1;
+const AVX_VNNI: u8 = 1;
 /// Byte products by AVX-512 VNNI's EVEX-encoded `vpdpbusd` on 256-bit vectors.
-pub(super) const AVX512_VNNI: u8 = 2;
+const AVX512_VNNI: u8 = 2;
 
 /// Σ over groups of four of u8 × i8 products, added to the i32 lanes of `acc`.
 #[inline(always)]
-pub(super) unsafe fn dot_u8i8<const DOT: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+unsafe fn dot_u8i8<const DOT: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     // SAFETY (every arm): the caller is compiled with avx2, and with avxvnni for AVX_VNNI or
     // avx512vnni and avx512vl for AVX512_VNNI.
     unsafe {
@@ -46,7 +46,7 @@ unsafe fn dot_i8i8<const DOT: u8>(acc: __m256i, a: __m256i, b: __m256i) -> __m25
 /// # Safety
 /// `ptr` points at the block's `bits.bytes_per_block()` bytes; the CPU has avx2.
 #[inline(always)]
-pub(super) unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
+unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
     debug_assert!(matches!(bits, QuantBits::Four | QuantBits::Five), "{bits:?} blocks are not apart");
     // SAFETY: the loads read the block's own bytes per the contract.
     unsafe {
