@@ -407,8 +407,8 @@ pub struct QuantizedActivations {
     /// llama.cpp's and candle's.
     pub scaled_sums: Vec<f32>,
     pub scaled_sums_f16: Vec<f32>,
-    /// For more than one token: `qs` four tokens to a group, so a vector multiplies 8 values of
-    /// each of four tokens by the same 8 weights. Per group and block, four runs of 32 bytes
+    /// For more than one token, on a CPU with AVX-512 VNNI: `qs` four tokens to a group, so a
+    /// vector multiplies 8 values of each of four tokens by the same 8 weights. Per group and block, four runs of 32 bytes
     /// (run j: values 8j.. of each token in turn); tokens past the last are zeros.
     pub groups: Vec<i8>,
     /// The same activations a super-block at a time, for the K-quants (filled only for them).
@@ -468,7 +468,8 @@ impl QuantizedActivations {
             };
         });
         self.groups.clear();
-        if n > 1 {
+        // Only AVX-512's tile kernel reads them: a CPU without it skips the copy.
+        if n > 1 && super::SimdLevel::Avx512Vnni.is_supported() {
             self.groups.resize(n.div_ceil(GROUP_TOKENS) * GROUP_TOKENS * cols, 0);
             for (t, token) in self.qs.chunks_exact(cols).enumerate() {
                 let group = &mut self.groups[t / GROUP_TOKENS * GROUP_TOKENS * cols..][..GROUP_TOKENS * cols];

@@ -222,13 +222,7 @@ unsafe fn uq_dot_tile<const NT: usize, const DOT: u8, const BITS: u8>(
         let wq = w.qs[row * row_bytes..][..row_bytes].as_ptr();
         let mut acc = [_mm256_setzero_ps(); NT];
         // The blocks' offsets (times the activations' scaled sums) go in with their products.
-        // 8-bit weights without VNNI are multiplied signed (see the module comment), so their
-        // zero point is off already.
-        let offsets = match &w.offset {
-            _ if signed_weights::<DOT, BITS>() => BlockOffsets::None,
-            Offset::Zero(z) => BlockOffsets::ScaleTimes(-f32::from(*z)),
-            Offset::PerBlock(m) => BlockOffsets::PerBlock(&m[row * nb..][..nb]),
-        };
+        let offsets = BlockOffsets::of_row(w, row, signed_weights::<DOT, BITS>());
         let mut b = 0;
         // SAFETY (every call): blocks b..b+N ≤ nb lie inside this row's weights, scales and
         // offsets and each token's activations, scales and sums.
@@ -273,12 +267,33 @@ pub(super) enum BlockOffsets<'a> {
     PerBlock(&'a [f16]),
 }
 
-/// [`BlockOffsets`] of one group of blocks, as lanes.
-#[derive(Clone, Copy)]
-enum Offsets {
-    None,
-    /// One a block.
-    Blocks(__m256),
+impl<'a> BlockOffsets<'a> {
+    /// Row `row`'s offsets in `w`: none when its weights are multiplied signed (8-bit weights
+    /// without VNNI, see the module comment), whose zero point is off already.
+    pub(super) fn of_row(w: &'a UqMatrix, row: usize, signed: bool) -> Self {
+        let nb = w.blocks_per_row();
+        match &w.offset {
+            _ if signed => BlockOffsets::None,
+            Offset::Zero(z) => BlockOffsets::ScaleTimes(-f32::from(*z)),
+            Offset::PerBlock(m) => BlockOffsets::PerBlock(&m[row * nb..][..nb]),
+        }
+    }
+
+    /// The offsets of blocks `b..b+n` (n ≤ 8) as lanes, zero past n; `d`: their scales.
+    ///
+    /// # Safety
+    /// The blocks lie inside the row; the caller has avx2 and f16c.
+    #[inline(always)]
+    pub(super) unsafe fn lanes(&self, d: __m256, b: usize, n: usize) -> Option<__m256> {
+        // SAFETY: per the contract.
+        unsafe {
+            match self {
+                BlockOffsets::None => None,
+                BlockOffsets::ScaleTimes(factor) => Some(_mm256_mul_ps(d, _mm256_set1_ps(*factor))),
+                BlockOffsets::PerBlock(m) => Some(f16_group(&m[b..b + n])),
+            }
+        }
+    }
 }
 
 /// Adds to `acc[t]` the products of blocks `b..b+N` (N ≤ 8) of one weight row with token t's
@@ -310,14 +325,10 @@ unsafe fn group_products<const NT: usize, const DOT: u8, const BITS: u8, const N
             *block = load_block::<DOT, BITS>(wq.add((b + i) * bpb), table);
         }
         let d = f16_group(&wd[b..b + N]);
-        let offset = match offsets {
-            BlockOffsets::None => Offsets::None,
-            BlockOffsets::ScaleTimes(factor) => Offsets::Blocks(_mm256_mul_ps(d, _mm256_set1_ps(*factor))),
-            BlockOffsets::PerBlock(m) => Offsets::Blocks(f16_group(&m[b..b + N])),
-        };
+        let offset = offsets.lanes(d, b, N);
         let mask = lane_mask(N);
         for t in 0..NT {
-            if let Offsets::Blocks(offset) = offset {
+            if let Some(offset) = offset {
                 acc[t] = _mm256_fmadd_ps(offset, _mm256_maskload_ps(sums[t].as_ptr().add(b), mask), acc[t]);
             }
             let mut v = [_mm256_setzero_si256(); GROUP];

@@ -9,7 +9,7 @@
 //! conversion, a permute and an FMA a block and token; here they are shared by eight blocks.)
 
 use super::super::matrix::TOKEN_TILE;
-use super::super::quant::{Offset, QuantBits, QuantizedActivations, UqMatrix, BLOCK, GROUP_TOKENS};
+use super::super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK, GROUP_TOKENS};
 use super::avx2::{self, BlockOffsets, GROUP};
 use half::f16;
 use std::arch::x86_64::*;
@@ -81,10 +81,8 @@ unsafe fn tile<const GROUPS: usize, const BITS: u8>(
     for row in rows.clone() {
         let wd = &w.d[row * nb..][..nb];
         let wq = w.qs[row * row_bytes..][..row_bytes].as_ptr();
-        let offsets = match &w.offset {
-            Offset::Zero(z) => BlockOffsets::ScaleTimes(-f32::from(*z)),
-            Offset::PerBlock(m) => BlockOffsets::PerBlock(&m[row * nb..][..nb]),
-        };
+        // VNNI multiplies every format unsigned, offsets and all.
+        let offsets = BlockOffsets::of_row(w, row, false);
         let mut acc = [_mm256_setzero_ps(); 2 * GROUP_TOKENS];
         let ctx = Row { wq, table, wd, offsets: &offsets, values, cols, xd: &xd, sums: &sums, bpb, nt };
         let mut b = 0;
@@ -155,11 +153,7 @@ impl Row<'_> {
                 }
             }
             let d = avx2::f16_group(&self.wd[b..b + N]);
-            let offset = match self.offsets {
-                BlockOffsets::None => None,
-                BlockOffsets::ScaleTimes(factor) => Some(_mm256_mul_ps(d, _mm256_set1_ps(*factor))),
-                BlockOffsets::PerBlock(m) => Some(avx2::f16_group(&m[b..b + N])),
-            };
+            let offset = self.offsets.lanes(d, b, N);
             let mask = avx2::lane_mask(N);
             for (g, sums) in sums.iter().enumerate() {
                 for (k, products) in token_lanes(sums).into_iter().enumerate() {
