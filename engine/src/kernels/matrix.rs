@@ -353,11 +353,17 @@ fn uq_dot_rows(
     // SAFETY (x86 arms): a level is only chosen when the CPU reports every feature it needs.
     match level {
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx512Vnni => unsafe { super::x86::avx512::uq_dot_rows(w, rows, x, t0, nt, out) },
+        SimdLevel::Avx512Vnni if nt == 1 => unsafe { super::x86::avx2::uq_dot_rows_avx512(w, rows, x, t0, out) },
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::AvxVnni => unsafe { super::x86::avx2::uq_dot_rows_vnni(w, rows, x, t0, nt, out) },
+        SimdLevel::Avx512Vnni => unsafe { super::x86::uq_groups::uq_dot_rows_avx512(w, rows, x, t0, nt, out) },
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => unsafe { super::x86::avx2::uq_dot_rows(w, rows, x, t0, nt, out) },
+        SimdLevel::AvxVnni if nt == 1 => unsafe { super::x86::avx2::uq_dot_rows_vnni(w, rows, x, t0, out) },
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::AvxVnni => unsafe { super::x86::uq_groups::uq_dot_rows_vnni(w, rows, x, t0, nt, out) },
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 if nt == 1 => unsafe { super::x86::avx2::uq_dot_rows(w, rows, x, t0, out) },
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 => unsafe { super::x86::uq_groups::uq_dot_rows(w, rows, x, t0, nt, out) },
         _ => {
             let start = rows.start;
             for r in rows {
@@ -619,7 +625,8 @@ mod tests {
 
     #[test]
     fn a_prompt_across_row_chunks_gets_every_row_with_the_bits_of_each_token_alone() {
-        for format in [GgufBlockFormat::Q4_1, GgufBlockFormat::Mxfp4] {
+        // An offset a block, a table, signed bytes without VNNI, and fifth bits.
+        for format in [GgufBlockFormat::Q4_1, GgufBlockFormat::Mxfp4, GgufBlockFormat::Q8_0, GgufBlockFormat::Q5_0] {
             // A chunk of rows and half of another in every task, whatever the thread count.
             let cols = 8 * BLOCK;
             let probe = UqMatrix::from_gguf(format, &random_blocks(format, 1, cols, 1), 1, cols).unwrap();

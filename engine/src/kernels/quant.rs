@@ -468,8 +468,8 @@ impl QuantizedActivations {
             };
         });
         self.groups.clear();
-        // Only AVX-512's tile kernel reads them: a CPU without it skips the copy.
-        if n > 1 && super::SimdLevel::Avx512Vnni.is_supported() {
+        // Only the x86 tile kernels read them.
+        if n > 1 && super::SimdLevel::Avx2.is_supported() {
             self.groups.resize(n.div_ceil(GROUP_TOKENS) * GROUP_TOKENS * cols, 0);
             for (t, token) in self.qs.chunks_exact(cols).enumerate() {
                 let group = &mut self.groups[t / GROUP_TOKENS * GROUP_TOKENS * cols..][..GROUP_TOKENS * cols];

@@ -8,21 +8,21 @@
 use super::super::attention::KV_TILE;
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{Offset, QuantBits, QuantizedActivations, QuantizedBlocks, UqMatrix, BLOCK};
-use super::{dispatch_rows, dispatch_tile, format_of, prefetch_ahead, row_blocks};
+use super::{dispatch_rows, format_of, prefetch_ahead, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 /// Byte products by `maddubs` and `madd`.
-const MADDUBS: u8 = 0;
+pub(super) const MADDUBS: u8 = 0;
 /// Byte products by AVX-VNNI's VEX-encoded `vpdpbusd`.
-const AVX_VNNI: u8 = 1;
+pub(super) const AVX_VNNI: u8 = 1;
 /// Byte products by AVX-512 VNNI's EVEX-encoded `vpdpbusd` on 256-bit vectors.
-const AVX512_VNNI: u8 = 2;
+pub(super) const AVX512_VNNI: u8 = 2;
 
 /// Σ over groups of four of u8 × i8 products, added to the i32 lanes of `acc`.
 #[inline(always)]
-unsafe fn dot_u8i8<const DOT: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+pub(super) unsafe fn dot_u8i8<const DOT: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
     // SAFETY (every arm): the caller is compiled with avx2, and with avxvnni for AVX_VNNI or
     // avx512vnni and avx512vl for AVX512_VNNI.
     unsafe {
@@ -36,7 +36,7 @@ unsafe fn dot_u8i8<const DOT: u8>(acc: __m256i, u: __m256i, s: __m256i) -> __m25
 
 /// Σ a·b over groups of four signed bytes (neither −128 in `b`), added to `acc`.
 #[inline(always)]
-unsafe fn dot_i8i8<const DOT: u8>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+pub(super) unsafe fn dot_i8i8<const DOT: u8>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     // SAFETY: as for dot_u8i8.
     unsafe { dot_u8i8::<DOT>(acc, _mm256_abs_epi8(a), _mm256_sign_epi8(b, a)) }
 }
@@ -71,22 +71,16 @@ unsafe fn unpack_block(bits: QuantBits, ptr: *const u8) -> __m256i {
     }
 }
 
-/// Products of weight rows `rows` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE), into
-/// `out[(row - rows.start) · TOKEN_TILE + t]`.
+/// Products of weight rows `rows` with token `t` (decode's product, and a prompt's last token
+/// when it is alone in its tile), into `out[(row - rows.start) · TOKEN_TILE]`; a prompt's
+/// tiles take [`super::uq_groups`], with the same bits.
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn uq_dot_rows(
-    w: &UqMatrix,
-    rows: Range<usize>,
-    x: &QuantizedActivations,
-    t0: usize,
-    nt: usize,
-    out: &mut [f32],
-) {
+pub unsafe fn uq_dot_rows(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t: usize, out: &mut [f32]) {
     // SAFETY: features per contract.
-    unsafe { uq_dot_rows_with::<MADDUBS>(w, rows, x, t0, nt, out) }
+    unsafe { uq_dot_rows_with::<MADDUBS>(w, rows, x, t, out) }
 }
 
 /// [`uq_dot_rows`] with VNNI dot products.
@@ -94,20 +88,13 @@ pub unsafe fn uq_dot_rows(
 /// # Safety
 /// The CPU must support avx2, fma, f16c and avxvnni.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub unsafe fn uq_dot_rows_vnni(
-    w: &UqMatrix,
-    rows: Range<usize>,
-    x: &QuantizedActivations,
-    t0: usize,
-    nt: usize,
-    out: &mut [f32],
-) {
+pub unsafe fn uq_dot_rows_vnni(w: &UqMatrix, rows: Range<usize>, x: &QuantizedActivations, t: usize, out: &mut [f32]) {
     // SAFETY: features per contract.
-    unsafe { uq_dot_rows_with::<AVX_VNNI>(w, rows, x, t0, nt, out) }
+    unsafe { uq_dot_rows_with::<AVX_VNNI>(w, rows, x, t, out) }
 }
 
-/// [`uq_dot_rows`] with AVX-512 VNNI's dot products: one token's products at AVX-512, whose
-/// bits [`super::uq_groups`] gives a prompt's tokens too.
+/// [`uq_dot_rows`] with AVX-512 VNNI's dot products (on 256-bit vectors: a 512-bit vector of
+/// two blocks took more to reduce than it saved).
 ///
 /// # Safety
 /// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
@@ -116,12 +103,11 @@ pub unsafe fn uq_dot_rows_avx512(
     w: &UqMatrix,
     rows: Range<usize>,
     x: &QuantizedActivations,
-    t0: usize,
-    nt: usize,
+    t: usize,
     out: &mut [f32],
 ) {
     // SAFETY: features per contract.
-    unsafe { uq_dot_rows_with::<AVX512_VNNI>(w, rows, x, t0, nt, out) }
+    unsafe { uq_dot_rows_with::<AVX512_VNNI>(w, rows, x, t, out) }
 }
 
 #[inline(always)]
@@ -129,20 +115,26 @@ unsafe fn uq_dot_rows_with<const DOT: u8>(
     w: &UqMatrix,
     rows: Range<usize>,
     x: &QuantizedActivations,
-    t0: usize,
-    nt: usize,
+    t: usize,
     out: &mut [f32],
 ) {
-    assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
+    assert!(rows.end <= w.rows && t < x.n && x.cols == w.cols);
     assert!(out.len() >= rows.len() * TOKEN_TILE);
     assert!(w.qs.len() >= w.rows * w.row_bytes() && w.d.len() >= w.rows * w.blocks_per_row());
-    // SAFETY: features per the callers' contracts; bounds asserted above.
-    unsafe { dispatch_tile!(w.bits, nt, uq_dot_tile::<NT, DOT, BITS>(w, rows, x, t0, out)) }
+    // SAFETY (every arm): features per the callers' contracts; bounds asserted above.
+    unsafe {
+        match w.bits {
+            QuantBits::Four => one_token::<DOT, { QuantBits::Four as u8 }>(w, rows, x, t, out),
+            QuantBits::Five => one_token::<DOT, { QuantBits::Five as u8 }>(w, rows, x, t, out),
+            QuantBits::Eight => one_token::<DOT, { QuantBits::Eight as u8 }>(w, rows, x, t, out),
+            QuantBits::FourTable => one_token::<DOT, { QuantBits::FourTable as u8 }>(w, rows, x, t, out),
+        }
+    }
 }
 
 /// Whether weights of format `BITS` are multiplied as signed bytes (q − 128): 8-bit ones
 /// without VNNI, whose unsigned pairs could saturate `maddubs`.
-const fn signed_weights<const DOT: u8, const BITS: u8>() -> bool {
+pub(super) const fn signed_weights<const DOT: u8, const BITS: u8>() -> bool {
     DOT == MADDUBS && (BITS == QuantBits::Eight as u8 || BITS == QuantBits::FourTable as u8)
 }
 
@@ -201,18 +193,20 @@ unsafe fn block_dot<const DOT: u8, const BITS: u8>(wv: __m256i, xv: __m256i) -> 
 pub(super) const GROUP: usize = 8;
 
 #[inline(always)]
-unsafe fn uq_dot_tile<const NT: usize, const DOT: u8, const BITS: u8>(
+unsafe fn one_token<const DOT: u8, const BITS: u8>(
     w: &UqMatrix,
     rows: Range<usize>,
     x: &QuantizedActivations,
-    t0: usize,
+    t: usize,
     out: &mut [f32],
 ) {
     let nb = w.blocks_per_row();
     let bpb = w.bits.bytes_per_block();
-    let xq: [*const i8; NT] = std::array::from_fn(|t| x.qs[(t0 + t) * w.cols..][..w.cols].as_ptr());
-    let xd: [&[f32]; NT] = std::array::from_fn(|t| &x.d[(t0 + t) * nb..][..nb]);
-    let sums: [&[f32]; NT] = std::array::from_fn(|t| &x.sums_for(w)[(t0 + t) * nb..][..nb]);
+    let token = Token {
+        values: x.qs[t * w.cols..][..w.cols].as_ptr(),
+        d: &x.d[t * nb..][..nb],
+        sums: &x.sums_for(w)[t * nb..][..nb],
+    };
     let start = rows.start;
     let row_bytes = nb * bpb;
     // SAFETY: the callers have avx2.
@@ -220,41 +214,42 @@ unsafe fn uq_dot_tile<const NT: usize, const DOT: u8, const BITS: u8>(
     for row in rows {
         let wd = &w.d[row * nb..][..nb];
         let wq = w.qs[row * row_bytes..][..row_bytes].as_ptr();
-        let mut acc = [_mm256_setzero_ps(); NT];
+        let mut acc = _mm256_setzero_ps();
         // The blocks' offsets (times the activations' scaled sums) go in with their products.
         let offsets = BlockOffsets::of_row(w, row, signed_weights::<DOT, BITS>());
         let mut b = 0;
         // SAFETY (every call): blocks b..b+N ≤ nb lie inside this row's weights, scales and
-        // offsets and each token's activations, scales and sums.
+        // offsets and the token's activations, scales and sums.
         while b + GROUP <= nb {
-            if NT == 1 {
-                prefetch_ahead(wq, b * bpb, GROUP * bpb);
-            }
-            unsafe {
-                group_products::<NT, DOT, BITS, GROUP>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc)
-            };
+            prefetch_ahead(wq, b * bpb, GROUP * bpb);
+            unsafe { group_products::<DOT, BITS, GROUP>(wq, table, wd, &offsets, &token, b, bpb, &mut acc) };
             b += GROUP;
         }
         // The last nb % 8 blocks go in groups of 4, 2 and 1 of fixed length: a group of a
         // length known only at run time keeps its blocks in memory, not in registers.
-        if NT == 1 && b < nb {
+        if b < nb {
             prefetch_ahead(wq, b * bpb, (nb - b) * bpb);
         }
         if b + 4 <= nb {
-            unsafe { group_products::<NT, DOT, BITS, 4>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe { group_products::<DOT, BITS, 4>(wq, table, wd, &offsets, &token, b, bpb, &mut acc) };
             b += 4;
         }
         if b + 2 <= nb {
-            unsafe { group_products::<NT, DOT, BITS, 2>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe { group_products::<DOT, BITS, 2>(wq, table, wd, &offsets, &token, b, bpb, &mut acc) };
             b += 2;
         }
         if b < nb {
-            unsafe { group_products::<NT, DOT, BITS, 1>(wq, table, wd, &offsets, &xq, &xd, &sums, b, bpb, &mut acc) };
+            unsafe { group_products::<DOT, BITS, 1>(wq, table, wd, &offsets, &token, b, bpb, &mut acc) };
         }
-        for t in 0..NT {
-            out[(row - start) * TOKEN_TILE + t] = hsum(acc[t]);
-        }
+        out[(row - start) * TOKEN_TILE] = hsum(acc);
     }
+}
+
+/// One token's quantized activations: its values, and a scale and a scaled sum a block.
+struct Token<'a> {
+    values: *const i8,
+    d: &'a [f32],
+    sums: &'a [f32],
 }
 
 /// What a row's blocks add beside their products, each times the activations' scaled sum.
@@ -296,54 +291,46 @@ impl<'a> BlockOffsets<'a> {
     }
 }
 
-/// Adds to `acc[t]` the products of blocks `b..b+N` (N ≤ 8) of one weight row with token t's
+/// Adds to `acc` the products of blocks `b..b+N` (N ≤ 8) of one weight row with the token's
 /// activations, and the blocks' offsets times the token's scaled sums (`table`: the matrix's
 /// [`table_lanes`]).
 ///
 /// # Safety
 /// Blocks b..b+N lie inside the row (`wq`, `bpb` bytes a block; `wd`; `offsets`) and inside
-/// each token's activations `xq`, scales `xd` and `sums`; the caller has avx2, fma, f16c (and
-/// avxvnni when VNNI).
+/// the token's values, scales and sums; the caller has avx2, fma, f16c (and avxvnni or
+/// avx512vnni with avx512vl for those `DOT`s).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn group_products<const NT: usize, const DOT: u8, const BITS: u8, const N: usize>(
+unsafe fn group_products<const DOT: u8, const BITS: u8, const N: usize>(
     wq: *const u8,
     table: __m256i,
     wd: &[f16],
     offsets: &BlockOffsets,
-    xq: &[*const i8; NT],
-    xd: &[&[f32]; NT],
-    sums: &[&[f32]; NT],
+    token: &Token,
     b: usize,
     bpb: usize,
-    acc: &mut [__m256; NT],
+    acc: &mut __m256,
 ) {
     // SAFETY: per the contract.
     unsafe {
-        let mut blocks = [_mm256_setzero_si256(); GROUP];
-        for (i, block) in blocks[..N].iter_mut().enumerate() {
-            *block = load_block::<DOT, BITS>(wq.add((b + i) * bpb), table);
+        let mut v = [_mm256_setzero_si256(); GROUP];
+        for (i, v) in v[..N].iter_mut().enumerate() {
+            let block = load_block::<DOT, BITS>(wq.add((b + i) * bpb), table);
+            *v = block_dot::<DOT, BITS>(block, _mm256_loadu_si256(token.values.add((b + i) * BLOCK).cast()));
         }
         let d = f16_group(&wd[b..b + N]);
-        let offset = offsets.lanes(d, b, N);
         let mask = lane_mask(N);
-        for t in 0..NT {
-            if let Some(offset) = offset {
-                acc[t] = _mm256_fmadd_ps(offset, _mm256_maskload_ps(sums[t].as_ptr().add(b), mask), acc[t]);
-            }
-            let mut v = [_mm256_setzero_si256(); GROUP];
-            for (i, v) in v[..N].iter_mut().enumerate() {
-                *v = block_dot::<DOT, BITS>(blocks[i], _mm256_loadu_si256(xq[t].add((b + i) * BLOCK).cast()));
-            }
-            // [blocks 0–3's sums of lanes 0–3 | of lanes 4–7], the same of blocks 4–7; then
-            // lane i of `lower` and `upper` is block i's sum over values 0–15 and 16–31.
-            let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-            let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-            let lower = _mm256_permute2x128_si256::<0x20>(q0, q1);
-            let upper = _mm256_permute2x128_si256::<0x31>(q0, q1);
-            let dx = _mm256_maskload_ps(xd[t].as_ptr().add(b), mask);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lower, upper)), _mm256_mul_ps(d, dx), acc[t]);
+        if let Some(offset) = offsets.lanes(d, b, N) {
+            *acc = _mm256_fmadd_ps(offset, _mm256_maskload_ps(token.sums.as_ptr().add(b), mask), *acc);
         }
+        // [blocks 0–3's sums of lanes 0–3 | of lanes 4–7], the same of blocks 4–7; then
+        // lane i of `lower` and `upper` is block i's sum over values 0–15 and 16–31.
+        let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+        let lower = _mm256_permute2x128_si256::<0x20>(q0, q1);
+        let upper = _mm256_permute2x128_si256::<0x31>(q0, q1);
+        let dx = _mm256_maskload_ps(token.d.as_ptr().add(b), mask);
+        *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lower, upper)), _mm256_mul_ps(d, dx), *acc);
     }
 }
 

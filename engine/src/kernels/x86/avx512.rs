@@ -1,40 +1,9 @@
 //! AVX-512 (F, BW, VL, VNNI) kernels.
 
 use super::super::attention::KV_TILE;
-use super::super::matrix::TOKEN_TILE;
-use super::super::quant::{QuantizedActivations, UqMatrix};
-use super::{avx2, dispatch_rows, row_blocks};
+use super::{dispatch_rows, row_blocks};
 use half::f16;
 use std::arch::x86_64::*;
-use std::ops::Range;
-
-/// Products of weight rows `rows` with tokens `t0..t0+nt` (nt ≤ TOKEN_TILE), into
-/// `out[(row - rows.start) · TOKEN_TILE + t]`: one token at a time in 256-bit vectors
-/// ([`avx2::uq_dot_rows_avx512`]), a prompt four tokens to a vector ([`super::uq_groups`]),
-/// with the same bits.
-///
-/// # Safety
-/// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub unsafe fn uq_dot_rows(
-    w: &UqMatrix,
-    rows: Range<usize>,
-    x: &QuantizedActivations,
-    t0: usize,
-    nt: usize,
-    out: &mut [f32],
-) {
-    assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TOKEN_TILE);
-    assert!(out.len() >= rows.len() * TOKEN_TILE);
-    // SAFETY (both arms): features per this function's contract; bounds asserted above.
-    unsafe {
-        if nt == 1 {
-            avx2::uq_dot_rows_avx512(w, rows, x, t0, nt, out)
-        } else {
-            super::uq_groups::uq_dot_rows(w, rows, x, t0, nt, out)
-        }
-    }
-}
 
 /// Query rows the score kernel keeps in registers: 8 rows × 2 tiles of accumulators, with the
 /// two tiles' key rows, fill 18 of the 32 registers (the broadcasts fold into the FMAs).

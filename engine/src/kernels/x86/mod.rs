@@ -1,5 +1,6 @@
 //! x86-64 kernels: AVX-512 VNNI ([`avx512`]) and x86-64-v3, with or without AVX-VNNI
-//! ([`avx2`]). Callers check [`super::simd_level`] first; every function here is `unsafe` only
+//! ([`avx2`]); the quantized products' one-token kernels in [`avx2`] and [`k_quant`], a prompt's
+//! tiles in [`uq_groups`] and [`k_quant`], each built for every level's dot product. Callers check [`super::simd_level`] first; every function here is `unsafe` only
 //! because it needs its CPU features, and reads only inside the slices it is given (bounds are
 //! asserted before the raw loops).
 
@@ -46,39 +47,7 @@ macro_rules! dispatch_rows {
 }
 pub(crate) use dispatch_rows;
 
-/// Expands to a `match` that evaluates `$call` with the consts `NT`, a tile of `$nt` tokens (1
-/// to 8), and `BITS`, the weight format `$bits` as `u8`: one kernel instance each, so a block
-/// loop has no format or width branches.
-macro_rules! dispatch_tile {
-    ($bits:expr, $nt:expr, $call:expr) => {
-        match $bits {
-            QuantBits::Four => dispatch_tile!(@nt Four, $nt, $call),
-            QuantBits::Five => dispatch_tile!(@nt Five, $nt, $call),
-            QuantBits::Eight => dispatch_tile!(@nt Eight, $nt, $call),
-            QuantBits::FourTable => dispatch_tile!(@nt FourTable, $nt, $call),
-        }
-    };
-    (@nt $format:ident, $nt:expr, $call:expr) => {{
-        const BITS: u8 = QuantBits::$format as u8;
-        match $nt {
-            1 => dispatch_tile!(@call 1, $call),
-            2 => dispatch_tile!(@call 2, $call),
-            3 => dispatch_tile!(@call 3, $call),
-            4 => dispatch_tile!(@call 4, $call),
-            5 => dispatch_tile!(@call 5, $call),
-            6 => dispatch_tile!(@call 6, $call),
-            7 => dispatch_tile!(@call 7, $call),
-            _ => dispatch_tile!(@call 8, $call),
-        }
-    }};
-    (@call $nt:literal, $call:expr) => {{
-        const NT: usize = $nt;
-        $call
-    }};
-}
-pub(crate) use dispatch_tile;
-
-/// The weight format a kernel instance of [`dispatch_tile`] takes (its `BITS`).
+/// The weight format a kernel instance takes as its `BITS` (a [`QuantBits`] as `u8`).
 #[inline(always)]
 pub(crate) const fn format_of(bits: u8) -> QuantBits {
     if bits == QuantBits::Four as u8 {
