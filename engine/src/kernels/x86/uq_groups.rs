@@ -315,17 +315,24 @@ unsafe fn unsigned_eights<const DOT: u8, const BITS: u8>(ptr: *const u8, table: 
             // 0x10 to its bytes by mask byte j, once in each token's quarter.
             let mask = (ptr.add(16) as *const u32).read_unaligned().to_le_bytes();
             let fifth = _mm256_set1_epi8(0x10);
-            // Without AVX-512's byte masks: mask byte j in every byte, bit k of byte k % 8 kept,
-            // a set bit turned into 0x10.
-            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-            for (c, mask) in codes.iter_mut().zip(mask) {
-                *c = if DOT == AVX512_VNNI {
-                    _mm256_mask_add_epi8(*c, u32::from(mask) * 0x0101_0101, *c, fifth)
-                } else {
-                    let spread = _mm256_and_si256(_mm256_set1_epi8(mask as i8), bit);
-                    _mm256_or_si256(*c, _mm256_and_si256(_mm256_cmpeq_epi8(spread, bit), fifth))
-                };
+            if DOT == AVX512_VNNI {
+                for (c, mask) in codes.iter_mut().zip(mask) {
+                    *c = _mm256_mask_add_epi8(*c, u32::from(mask) * 0x0101_0101, *c, fifth);
+                }
+                return codes;
             }
+            // Without AVX-512's byte masks: the 32 values' 0x10s in value order, as the
+            // one-token kernel makes them, then vector j's eight broadcast to the four quarters.
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(i32::from_le_bytes(mask)),
+                _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+            );
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+            let fifths = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), fifth);
+            codes[0] = _mm256_or_si256(codes[0], _mm256_permute4x64_epi64::<0x00>(fifths));
+            codes[1] = _mm256_or_si256(codes[1], _mm256_permute4x64_epi64::<0x55>(fifths));
+            codes[2] = _mm256_or_si256(codes[2], _mm256_permute4x64_epi64::<0xaa>(fifths));
+            codes[3] = _mm256_or_si256(codes[3], _mm256_permute4x64_epi64::<0xff>(fifths));
         }
         codes
     }
