@@ -329,7 +329,7 @@ pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, ConfigF
     }
     let kv = table(&mut doc, "kv");
     kv["store"] = value(settings.store.to_string());
-    kv["alpha"] = value(f64::from(settings.alpha));
+    kv["alpha"] = value(as_written(settings.alpha));
     match settings.hot_budget_mb {
         Some(mb) => kv["hot_budget_bytes"] = value((mb * 1e6).round() as i64),
         None => drop(kv.remove("hot_budget_bytes")),
@@ -337,11 +337,11 @@ pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, ConfigF
     kv["cold_dir"] = value(settings.cold_dir.to_string_lossy().as_ref());
     kv["evaluator"] = value(settings.evaluator.to_string());
     let sampling = table(&mut doc, "sampling");
-    sampling["temperature"] = value(f64::from(settings.temperature));
-    sampling["top_p"] = value(f64::from(settings.top_p));
+    sampling["temperature"] = value(as_written(settings.temperature));
+    sampling["top_p"] = value(as_written(settings.top_p));
     sampling["top_k"] = value(settings.top_k as i64);
-    sampling["min_p"] = value(f64::from(settings.min_p));
-    sampling["repeat_penalty"] = value(f64::from(settings.repeat_penalty));
+    sampling["min_p"] = value(as_written(settings.min_p));
+    sampling["repeat_penalty"] = value(as_written(settings.repeat_penalty));
     let server = table(&mut doc, "server");
     server["port"] = value(i64::from(settings.port));
     let had_key = server.get("api_key").and_then(Item::as_str).is_some_and(|k| !k.is_empty());
@@ -395,6 +395,12 @@ fn remote_origin(engine: &str) -> Option<String> {
     // Credentials in the URL are not part of where it goes.
     let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
     Some(format!("{}://{}", scheme.to_ascii_lowercase(), host.to_ascii_lowercase()))
+}
+
+/// `v` as the shortest decimal that reads back as the same f32 (0.2, not f32's nearest f64,
+/// 0.20000000298023224), so the file keeps what the user wrote.
+fn as_written(v: f32) -> f64 {
+    v.to_string().parse().expect("an f32's decimal is an f64")
 }
 
 /// The `[name]` table, made if missing.
@@ -472,6 +478,8 @@ mod tests {
         let key = write(&path, &s).unwrap().expect("a new key");
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("# my laptop") && text.contains("# the fast disk"), "{text}");
+        // Numbers as the user would write them, not f32's nearest f64.
+        assert!(text.contains("alpha = 0.1\n") && text.contains("temperature = 0.3\n"), "{text}");
         let back = read(&path).unwrap();
         assert_eq!((back.context, back.kv.recent_tokens, back.server.max_live), (Some(4096), 32, Some(2)));
         assert_eq!(back.kv.hot_budget_bytes, Some(50_000_000));
