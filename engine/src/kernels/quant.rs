@@ -407,9 +407,10 @@ pub struct QuantizedActivations {
     /// llama.cpp's and candle's.
     pub scaled_sums: Vec<f32>,
     pub scaled_sums_f16: Vec<f32>,
-    /// For more than one token, on a CPU with AVX-512 VNNI: `qs` four tokens to a group, so a
-    /// vector multiplies 8 values of each of four tokens by the same 8 weights. Per group and block, four runs of 32 bytes
-    /// (run j: values 8j.. of each token in turn); tokens past the last are zeros.
+    /// For more than one token, on an x86 CPU with AVX2: `qs` four tokens to a group, so a
+    /// vector multiplies 8 values of each of four tokens by the same 8 weights. Per group and
+    /// block, four runs of 32 bytes (run j: values 8j.. of each token in turn); tokens past the
+    /// last are zeros.
     pub groups: Vec<i8>,
     /// The same activations a super-block at a time, for the K-quants (filled only for them).
     pub super_blocks: SuperBlockActivations,
