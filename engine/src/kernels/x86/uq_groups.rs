@@ -8,7 +8,8 @@
 //!
 //! Every level's dot product (`DOT`) gives the same integer sums. With `maddubs` a block's four
 //! runs add in i16 before one `madd` (4- and 5-bit weights: at most 4·2·31·127 < 2¹⁵); 8-bit
-//! weights, multiplied signed as the one-token kernel does, take a `madd` per run.
+//! weights and a table format's looked-up ones, multiplied signed as the one-token kernel does,
+//! take a `madd` per run.
 
 use super::super::matrix::TOKEN_TILE;
 use super::super::quant::{QuantBits, QuantizedActivations, UqMatrix, BLOCK, GROUP_TOKENS};
