@@ -1,8 +1,9 @@
 //! x86-64 kernels: AVX-512 VNNI ([`avx512`]) and x86-64-v3, with or without AVX-VNNI
 //! ([`avx2`]); the quantized products' one-token kernels in [`avx2`] and [`k_quant`], a prompt's
-//! tiles in [`uq_groups`] and [`k_quant`], each built for every level's dot product. Callers check [`super::simd_level`] first; every function here is `unsafe` only
-//! because it needs its CPU features, and reads only inside the slices it is given (bounds are
-//! asserted before the raw loops).
+//! tiles in [`uq_groups`] and [`k_quant`], each built for every level's dot product. Callers
+//! check [`super::simd_level`] first; every function here is `unsafe` only because it needs its
+//! CPU features, and reads only inside the slices it is given (bounds are asserted before the raw
+//! loops).
 
 pub mod avx2;
 pub mod avx512;
