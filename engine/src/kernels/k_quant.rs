@@ -254,11 +254,16 @@ pub struct SuperBlockActivations {
     pub groups: TokenGroups,
 }
 
+/// Bytes after which addresses fall in the same L1 sets again (64 sets of 64-byte lines).
+const L1_SET_SPAN: usize = 4096;
+
 /// Tokens a group of [`TokenGroups`] holds.
 pub const GROUP: usize = 4;
 
-/// Tokens a K-quant product takes together: four groups.
-pub const TILE_TOKENS: usize = 16;
+/// Tokens a K-quant product takes together: eight groups (AVX-512's Q4_K product takes them in
+/// one pass, so that each row's unpacked weights serve 32 tokens; the others, four groups at a
+/// time).
+pub const TILE_TOKENS: usize = 32;
 
 /// Activations four tokens to a group, for the products of a tile of tokens, which multiply 8
 /// values of each of four tokens by the same 8 weights in one vector. Per group and
@@ -267,7 +272,12 @@ pub const TILE_TOKENS: usize = 16;
 /// and the four scales. Tokens past the last are zeros.
 #[derive(Debug, Default, Clone)]
 pub struct TokenGroups {
+    /// Each group's values, [`group_stride`](Self::group_stride) apart.
     pub values: Vec<i8>,
+    /// Values from one group's to the next: its `cols · GROUP`, and half a page more where that
+    /// is whole pages, so that a tile's groups do not fall in the same L1 sets (eight groups of
+    /// 5,120-wide rows did, and thrashed its eight ways).
+    pub group_stride: usize,
     pub sums: Vec<i16>,
     /// Per group and super-block, the 4 × 16 sums over 16 values (each token's sixteen in turn).
     pub sixteen_sums: Vec<i16>,
@@ -288,8 +298,10 @@ impl SuperBlockActivations {
         let grouped = if n > 1 { n.div_ceil(GROUP) * GROUP } else { 0 };
         // Cleared, so that the tokens past the last are zeros.
         let groups = &mut self.groups;
+        groups.group_stride =
+            GROUP * cols + if (GROUP * cols).is_multiple_of(L1_SET_SPAN) { L1_SET_SPAN / 2 } else { 0 };
         groups.values.clear();
-        groups.values.resize(grouped * cols, 0);
+        groups.values.resize(grouped / GROUP * groups.group_stride, 0);
         groups.sums.clear();
         groups.sums.resize(grouped * cols / SUM_SPAN, 0);
         groups.sixteen_sums.clear();
@@ -299,6 +311,7 @@ impl SuperBlockActivations {
         // Whole groups a task, so that each regroups its own tokens.
         let tasks = task_count(n, 8);
         let tokens_per_task = n.div_ceil(tasks).next_multiple_of(GROUP).max(GROUP);
+        let group_stride = groups.group_stride;
         let tokens_out = PartWriters::new(&mut self.qs, &mut self.d, &mut self.sums, &mut self.sixteen_sums);
         let groups_out =
             PartWriters::new(&mut groups.values, &mut groups.scales, &mut groups.sums, &mut groups.sixteen_sums);
@@ -316,7 +329,7 @@ impl SuperBlockActivations {
             }
             let padded = tokens.start * cols..tokens.start * cols + tokens.len().next_multiple_of(GROUP) * cols;
             // SAFETY: as above; the task's tokens are whole groups.
-            regroup(cols, &part, unsafe { groups_out.part(padded) });
+            regroup(cols, group_stride, &part, unsafe { groups_out.group_part(padded, cols, group_stride) });
         });
     }
 }
@@ -345,11 +358,29 @@ impl<'a> PartWriters<'a> {
     /// # Safety
     /// No other task may touch this part while it is alive.
     unsafe fn part(&self, range: std::ops::Range<usize>) -> Part<'_> {
+        // SAFETY: exclusive per the caller's contract.
+        unsafe { self.part_with_values(range.clone(), range) }
+    }
+
+    /// [`part`](Self::part) of [`TokenGroups`]: the tokens' values `range` (whole groups of
+    /// `cols` a token), each group `group_stride` values on from the last.
+    ///
+    /// # Safety
+    /// No other task may touch this part while it is alive.
+    unsafe fn group_part(&self, range: std::ops::Range<usize>, cols: usize, group_stride: usize) -> Part<'_> {
+        let groups = range.start / (GROUP * cols)..range.end / (GROUP * cols);
+        // SAFETY: exclusive per the caller's contract.
+        unsafe { self.part_with_values(range, groups.start * group_stride..groups.end * group_stride) }
+    }
+
+    /// # Safety
+    /// As [`part`](Self::part): `range` gives the scales and sums, `values` the values.
+    unsafe fn part_with_values(&self, range: std::ops::Range<usize>, values: std::ops::Range<usize>) -> Part<'_> {
         let (start, len) = (range.start, range.len());
         // SAFETY: exclusive per the caller's contract.
         unsafe {
             Part {
-                values: self.values.slice(start, len),
+                values: self.values.slice(values.start, values.len()),
                 d: self.d.slice(start / SUPER_BLOCK, len / SUPER_BLOCK),
                 sums: self.sums.slice(start / SUM_SPAN, len / SUM_SPAN),
                 sixteen_sums: self.sixteen_sums.slice(start / Q6K_SPAN, len / Q6K_SPAN),
@@ -368,14 +399,14 @@ struct Part<'a> {
 
 /// Tokens' values, scales and sums (row-major, `cols` a token) into [`TokenGroups`]' layout,
 /// the first token starting a group.
-fn regroup(cols: usize, tokens: &Part, groups: Part) {
+fn regroup(cols: usize, group_stride: usize, tokens: &Part, groups: Part) {
     let n_sb = cols / SUPER_BLOCK;
     let (subs, sixteens) = (SUPER_BLOCK / SUM_SPAN, SUPER_BLOCK / Q6K_SPAN);
     for (i, token) in tokens.values.chunks_exact(cols).enumerate() {
         let (g, t) = (i / GROUP, i % GROUP);
         for (sb, block) in token.chunks_exact(SUPER_BLOCK).enumerate() {
             let at = g * n_sb + sb;
-            let out = &mut groups.values[at * GROUP * SUPER_BLOCK..][..GROUP * SUPER_BLOCK];
+            let out = &mut groups.values[g * group_stride + sb * GROUP * SUPER_BLOCK..][..GROUP * SUPER_BLOCK];
             for (run, eight) in block.chunks_exact(8).enumerate() {
                 out[run * 8 * GROUP + 8 * t..][..8].copy_from_slice(eight);
             }

@@ -687,10 +687,12 @@ mod tests {
     #[test]
     fn k_quants_match_candles_dequantization_and_every_level_computes_them() {
         use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
-        // One token (decode's kernel), 3 (one group of four, short), 11 (three groups) and 21
-        // (a whole tile of 16 and a short one); 7 rows, so that pairs of rows leave one over.
-        for n in [1, 3, 11, 21] {
-            let (rows, cols) = (7, 512);
+        // One token (decode's kernel), 3 (one group of four, short), then 11 to 27 (three to seven
+        // groups of a 32-token tile, which Q5_K takes in 16-token halves) and 45 (a whole tile and
+        // a short one); 7 rows, so that pairs of rows leave one over. Four tokens of 1,024 values
+        // are a whole page, so the groups lie a padded stride apart.
+        for n in [1, 3, 11, 18, 21, 27, 45] {
+            let (rows, cols) = (7, 1024);
             let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
             let mut qx = SuperBlockActivations::default();
             qx.quantize_into(&x, n, cols);

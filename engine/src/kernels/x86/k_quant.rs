@@ -8,8 +8,12 @@
 //! row's 8 values broadcast against them, so the four `maddubs` of a sub-block add in i16 (at
 //! most 8·31·127 < 2¹⁵) before one `madd` applies its scale, where a vector a sub-block needs a
 //! `madd` for each. At AVX-512 a tile takes two rows at a time ([`row_pairs`]): one load of the
-//! activations serves both, and VNNI's `dpbusd` sums in i32 before a `mullo` applies the scale.
-//! Alone, VNNI is no faster (its `mullo` costs what it saves); with the shared loads it is.
+//! activations serves both, and VNNI's `dpbusd` sums in i32 before the scale applies. Alone,
+//! VNNI is no faster (its scale multiply costs what it saves); with the shared loads it is.
+//! Q4_K's sums fit in i16, so two groups' pack into one vector that `dpwssd` scales: that frees
+//! the registers for all eight groups of a 32-token tile in one pass
+//! ([`q4k_super_block_pairs`]), each unpacked weight serving 32 tokens; the other kernels take
+//! a tile four groups at a time.
 //!
 //! Q6_K ([`q6k_one_token`], [`q6k_token_groups`]) takes its unsigned ints against the same
 //! activations, a `madd` per 16-value span for its i8 scale, and the −32 of every value from the
@@ -82,13 +86,27 @@ pub unsafe fn dot_rows_avx512(
     unsafe {
         match (w.format, nt) {
             (KQuantFormat::Q4K, 2..=4) => row_pairs::<1, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q5K, 2..=4) => row_pairs::<1, true>(w, paired.clone(), x, t0, nt, out),
             (KQuantFormat::Q4K, 5..=8) => row_pairs::<2, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q5K, 5..=8) => row_pairs::<2, true>(w, paired.clone(), x, t0, nt, out),
             (KQuantFormat::Q4K, 9..=12) => row_pairs::<3, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q5K, 9..=12) => row_pairs::<3, true>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q4K, _) => row_pairs::<4, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q5K, _) => row_pairs::<4, true>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, 13..=16) => row_pairs::<4, false>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, 17..=20) => row_pairs::<5, false>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, 21..=24) => row_pairs::<6, false>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, 25..=28) => row_pairs::<7, false>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, _) => row_pairs::<8, false>(w, paired.clone(), x, t0, nt, out),
+            // Q5_K's pairs hold a product a sub-block and group in a register of their own,
+            // which 32 tokens would spill: four groups at a time.
+            (KQuantFormat::Q5K, _) => {
+                for (half, t) in (0..nt).step_by(HALF_TILE).enumerate() {
+                    let (t0, nt, out) = (t0 + t, HALF_TILE.min(nt - t), &mut out[half * HALF_TILE..]);
+                    match nt {
+                        1 => one_token::<true>(w, paired.clone(), x, t0, out),
+                        2..=4 => row_pairs::<1, true>(w, paired.clone(), x, t0, nt, out),
+                        5..=8 => row_pairs::<2, true>(w, paired.clone(), x, t0, nt, out),
+                        9..=12 => row_pairs::<3, true>(w, paired.clone(), x, t0, nt, out),
+                        _ => row_pairs::<4, true>(w, paired.clone(), x, t0, nt, out),
+                    }
+                }
+            }
             (KQuantFormat::Q6K, _) => unreachable!("taken above"),
         }
         if paired.end < rows.end {
@@ -96,6 +114,15 @@ pub unsafe fn dot_rows_avx512(
             dot_rows_inlined(w, paired.end..rows.end, x, t0, nt, &mut out[offset..]);
         }
     }
+}
+
+/// Tokens the products that keep a register a group take at a time: a tile's first or second half.
+const HALF_TILE: usize = TILE_TOKENS / 2;
+
+/// Whether `out` holds the products of `rows` rows with `nt` tokens, a row every
+/// [`TILE_TOKENS`] values (a half tile's `out` starts inside the first row's).
+fn out_holds(out: &[f32], rows: usize, nt: usize) -> bool {
+    rows == 0 || out.len() >= (rows - 1) * TILE_TOKENS + nt
 }
 
 /// The body of [`dot_rows`], compiled with each caller's features.
@@ -119,7 +146,29 @@ unsafe fn dot_rows_inlined(
             && x.sums.len() * SUM_SPAN >= x.qs.len()
             && x.sixteen_sums.len() * Q6K_SPAN >= x.qs.len()
     );
-    // SAFETY (every arm): features per this function's contract; bounds asserted above.
+    // Four groups at a time (16 vector registers hold no more): each half's products land in
+    // its tokens' places in `out`.
+    for (half, t) in (0..nt).step_by(HALF_TILE).enumerate() {
+        let nt = HALF_TILE.min(nt - t);
+        // SAFETY: per this function's contract, and the bounds asserted above.
+        unsafe { half_tile(w, rows.clone(), x, t0 + t, nt, &mut out[half * HALF_TILE..]) };
+    }
+}
+
+/// [`dot_rows_inlined`] of at most [`HALF_TILE`] tokens.
+///
+/// # Safety
+/// The CPU must support avx2, fma and f16c; the bounds are those [`dot_rows_inlined`] asserts.
+#[inline(always)]
+unsafe fn half_tile(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    // SAFETY (every arm): features per this function's contract, and its bounds.
     unsafe {
         match (w.format, nt) {
             (KQuantFormat::Q4K, 1) => one_token::<false>(w, rows, x, t0, out),
@@ -229,12 +278,17 @@ unsafe fn token_groups<const GROUPS: usize, const FIVE: bool>(
     let n_sb = w.super_blocks_per_row();
     let block_bytes = w.format.block_bytes();
     let first_group = t0 / GROUP;
-    assert!(t0.is_multiple_of(GROUP) && (first_group + GROUPS) * GROUP * w.cols <= x.groups.values.len());
+    let stride = x.groups.group_stride;
     assert!(
-        x.groups.sums.len() * SUM_SPAN == x.groups.values.len()
-            && x.groups.scales.len() * SUPER_BLOCK == x.groups.values.len()
+        t0.is_multiple_of(GROUP)
+            && stride >= GROUP * w.cols
+            && (first_group + GROUPS) * stride <= x.groups.values.len()
     );
-    let values = x.groups.values[first_group * GROUP * w.cols..].as_ptr();
+    assert!(
+        x.groups.sums.len() * SUM_SPAN == x.groups.scales.len() * SUPER_BLOCK
+            && x.groups.scales.len() * SUPER_BLOCK >= (first_group + GROUPS) * GROUP * w.cols
+    );
+    let values = x.groups.values[first_group * stride..].as_ptr();
     let sums = x.groups.sums[first_group * GROUP * w.cols / SUM_SPAN..].as_ptr();
     let scales = x.groups.scales[first_group * GROUP * n_sb..].as_ptr();
     // Each row's four totals a group, kept between panels.
@@ -254,7 +308,7 @@ unsafe fn token_groups<const GROUPS: usize, const FIVE: bool>(
                     let (d, dmin, sub_scales, mins) = header(block);
                     // Group g's values of this super-block.
                     let xv: [*const i8; GROUPS] =
-                        std::array::from_fn(|g| values.add((g * n_sb + sb) * GROUP * SUPER_BLOCK));
+                        std::array::from_fn(|g| values.add(g * stride + sb * GROUP * SUPER_BLOCK));
                     let mut products = [_mm256_setzero_si256(); GROUPS];
                     macro_rules! sub_blocks {
                         ($($sub:literal)*) => {$(
@@ -344,14 +398,16 @@ unsafe fn sub_block<const GROUPS: usize, const FIVE: bool, const SUB: usize>(
 }
 
 /// [`token_groups`] two rows at a time, with VNNI: each load of a group's activations serves
-/// both rows, and a sub-block's four `dpbusd` sum its products in i32 lanes before one `mullo`
-/// applies its scale (both halve the instructions a product takes, which bound this loop on
-/// Zen 4: two vector loads and four vector operations a cycle). The two rows' super-block
-/// totals reduce together, in the same integer sums and f32 operations as [`token_groups`].
+/// both rows, and a sub-block's four `dpbusd` sum its products in i32 lanes before its scale
+/// applies (both halve the instructions a product takes, which bound this loop on Zen 4: two
+/// vector loads and four vector operations a cycle). The two rows' super-block totals reduce
+/// together, in the same integer sums and f32 operations as [`token_groups`]. Q4_K takes up to
+/// eight groups ([`q4k_super_block_pairs`]), Q5_K up to four ([`sub_block_pairs`]).
 ///
 /// # Safety
 /// The CPU has avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni; `rows` is an even
-/// number of rows within the matrix, `out` holds `rows.len() · TILE_TOKENS` values.
+/// number of rows within the matrix, and `out` holds their products with `nt` tokens (see
+/// [`out_holds`]).
 #[inline(always)]
 unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
     w: &KQuantMatrix,
@@ -364,13 +420,18 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
     let n_sb = w.super_blocks_per_row();
     let block_bytes = w.format.block_bytes();
     let first_group = t0 / GROUP;
-    assert!(rows.len().is_multiple_of(2) && rows.end <= w.rows && out.len() >= rows.len() * TILE_TOKENS);
-    assert!(t0.is_multiple_of(GROUP) && (first_group + GROUPS) * GROUP * w.cols <= x.groups.values.len());
+    assert!(rows.len().is_multiple_of(2) && rows.end <= w.rows && out_holds(out, rows.len(), nt));
+    let stride = x.groups.group_stride;
     assert!(
-        x.groups.sums.len() * SUM_SPAN == x.groups.values.len()
-            && x.groups.scales.len() * SUPER_BLOCK == x.groups.values.len()
+        t0.is_multiple_of(GROUP)
+            && stride >= GROUP * w.cols
+            && (first_group + GROUPS) * stride <= x.groups.values.len()
     );
-    let values = x.groups.values[first_group * GROUP * w.cols..].as_ptr();
+    assert!(
+        x.groups.sums.len() * SUM_SPAN == x.groups.scales.len() * SUPER_BLOCK
+            && x.groups.scales.len() * SUPER_BLOCK >= (first_group + GROUPS) * GROUP * w.cols
+    );
+    let values = x.groups.values[first_group * stride..].as_ptr();
     let sums = x.groups.sums[first_group * GROUP * w.cols / SUM_SPAN..].as_ptr();
     let scales = x.groups.scales[first_group * GROUP * n_sb..].as_ptr();
     // Each pair's totals a group, [row 0's four tokens, row 1's], kept between panels.
@@ -398,17 +459,31 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
                     let (d1, dmin1, sub_scales1, mins1) = header(blocks[1]);
                     let mut xv = [values; GROUPS];
                     for (g, xv) in xv.iter_mut().enumerate() {
-                        *xv = values.add((g * n_sb + sb) * GROUP * SUPER_BLOCK);
+                        *xv = values.add(g * stride + sb * GROUP * SUPER_BLOCK);
                     }
-                    let mut products = [[_mm256_setzero_si256(); GROUPS]; 2];
-                    for half in 0..SUBS / 2 {
-                        sub_block_pairs::<GROUPS, FIVE>(
-                            half,
+                    // Each group's products, [r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3].
+                    let mut paired = [_mm256_setzero_si256(); GROUPS];
+                    if FIVE {
+                        let mut products = [[_mm256_setzero_si256(); GROUPS]; 2];
+                        for half in 0..SUBS / 2 {
+                            sub_block_pairs::<GROUPS>(
+                                half,
+                                blocks,
+                                w.format.nibbles_at(),
+                                [sub_scales0, sub_scales1],
+                                &xv,
+                                &mut products,
+                            );
+                        }
+                        for g in 0..GROUPS {
+                            paired[g] = _mm256_hadd_epi32(products[0][g], products[1][g]);
+                        }
+                    } else {
+                        paired = q4k_super_block_pairs::<GROUPS>(
                             blocks,
                             w.format.nibbles_at(),
                             [sub_scales0, sub_scales1],
                             &xv,
-                            &mut products,
                         );
                     }
                     let mins16 = [
@@ -419,10 +494,7 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
                     let neg_dmin = _mm256_setr_m128(_mm_set1_ps(-dmin0), _mm_set1_ps(-dmin1));
                     for g in 0..GROUPS {
                         let at = g * n_sb + sb;
-                        let p = _mm256_permutevar8x32_epi32(
-                            _mm256_hadd_epi32(products[0][g], products[1][g]),
-                            products_order,
-                        );
+                        let p = _mm256_permutevar8x32_epi32(paired[g], products_order);
                         // Each row's mins against tokens 0–1's and 2–3's sums, then (as in
                         // token_groups) [t0 t0 t2 t2 | t1 t1 t3 t3] a row, and both rows' totals.
                         let group_sums = sums.add(at * GROUP * SUBS);
@@ -454,17 +526,18 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
     }
 }
 
-/// [`sub_block`] for two rows with VNNI, sub-blocks `2·half` and `2·half + 1` together: each
-/// row's 32 nibble bytes, loaded once, give both sub-blocks' weights (low nibbles, then high),
-/// as four vectors of 8 each; against each group's four runs of a sub-block (loaded once for
-/// both rows), summed by `dpbusd` and scaled by `mullo`. (A row in each half of a 512-bit
-/// vector, which halves the instructions, measured slower on Zen 4.)
+/// [`sub_block`] of Q5_K for two rows with VNNI, sub-blocks `2·half` and `2·half + 1`
+/// together: each row's 32 nibble bytes, loaded once, give both sub-blocks' weights (low
+/// nibbles, then high, each with its fifth bit), as four vectors of 8 each; against each
+/// group's four runs of a sub-block (loaded once for both rows), summed by `dpbusd` and scaled
+/// by `mullo`. (A row in each half of a 512-bit vector, which halves the instructions, measured
+/// slower on Zen 4.)
 ///
 /// # Safety
 /// Each of `blocks` points at a whole super-block whose nibbles start `nibbles_at` bytes in;
 /// each of `xv` at a group's 1,024 values of it; the CPU has avx2, avx512vl and avx512vnni.
 #[inline(always)]
-unsafe fn sub_block_pairs<const GROUPS: usize, const FIVE: bool>(
+unsafe fn sub_block_pairs<const GROUPS: usize>(
     half: usize,
     blocks: [*const u8; 2],
     nibbles_at: usize,
@@ -483,14 +556,12 @@ unsafe fn sub_block_pairs<const GROUPS: usize, const FIVE: bool>(
                 let raw = _mm256_set1_epi64x(eight.read_unaligned());
                 ints[0][r][j] = _mm256_and_si256(raw, low_nibbles);
                 ints[1][r][j] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low_nibbles);
-                if FIVE {
-                    // Bits 2·half and 2·half + 1 of each byte of the fifth bits, to bit 4.
-                    let high = _mm256_set1_epi64x((blocks[r].add(16 + 8 * j) as *const i64).read_unaligned());
-                    for (sub, ints) in ints.iter_mut().enumerate() {
-                        let shift = _mm_cvtsi32_si128((2 * half + sub) as i32);
-                        let bit = _mm256_and_si256(_mm256_srl_epi16(high, shift), _mm256_set1_epi8(1));
-                        ints[r][j] = _mm256_or_si256(ints[r][j], _mm256_slli_epi16::<4>(bit));
-                    }
+                // Bits 2·half and 2·half + 1 of each byte of the fifth bits, to bit 4.
+                let high = _mm256_set1_epi64x((blocks[r].add(16 + 8 * j) as *const i64).read_unaligned());
+                for (sub, ints) in ints.iter_mut().enumerate() {
+                    let shift = _mm_cvtsi32_si128((2 * half + sub) as i32);
+                    let bit = _mm256_and_si256(_mm256_srl_epi16(high, shift), _mm256_set1_epi8(1));
+                    ints[r][j] = _mm256_or_si256(ints[r][j], _mm256_slli_epi16::<4>(bit));
                 }
             }
         }
@@ -515,6 +586,73 @@ unsafe fn sub_block_pairs<const GROUPS: usize, const FIVE: bool>(
                 }
             }
         }
+    }
+}
+
+/// Q4_K's products of one super-block of two rows, each group's in [`row_pairs`]' lanes
+/// ([r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3]). A sub-block's four `dpbusd` leave i32 lanes
+/// of 16 products of at most 15·128, which fit in i16: two groups' lanes pack into one vector,
+/// whose pairs `dpwssd` scales and adds, one multiply where [`sub_block_pairs`]' `mullo` takes
+/// two. (Q5_K's fifth bit doubles the bound past i16.)
+///
+/// # Safety
+/// Each of `blocks` points at a whole Q4_K super-block whose nibbles start `nibbles_at` bytes
+/// in; each of `xv` at a group's 1,024 values of it; the CPU has avx2, avx512vl and avx512vnni.
+#[inline(always)]
+unsafe fn q4k_super_block_pairs<const GROUPS: usize>(
+    blocks: [*const u8; 2],
+    nibbles_at: usize,
+    sub_scales: [u64; 2],
+    xv: &[*const i8; GROUPS],
+) -> [__m256i; GROUPS] {
+    // SAFETY: per the contract.
+    unsafe {
+        let low_nibbles = _mm256_set1_epi8(0x0f);
+        // products[row][pair]: lanes [g0t0 g0t1 g1t0 g1t1 | g0t2 g0t3 g1t2 g1t3] of groups
+        // 2·pair and 2·pair + 1 (a group past GROUPS adds zeros).
+        let mut products = [[_mm256_setzero_si256(); TILE_TOKENS / GROUP / 2]; 2];
+        for sub in 0..SUBS {
+            let mut ints = [[_mm256_setzero_si256(); 4]; 2];
+            let mut scale = [_mm256_setzero_si256(); 2];
+            for r in 0..2 {
+                for j in 0..4 {
+                    let eight = blocks[r].add(nibbles_at + sub / 2 * 32 + 8 * j) as *const i64;
+                    let raw = _mm256_set1_epi64x(eight.read_unaligned());
+                    let shifted = if sub.is_multiple_of(2) { raw } else { _mm256_srli_epi16::<4>(raw) };
+                    ints[r][j] = _mm256_and_si256(shifted, low_nibbles);
+                }
+                scale[r] = _mm256_set1_epi16(i16::from((sub_scales[r] >> (8 * sub)) as u8));
+            }
+            for pair in 0..GROUPS.div_ceil(2) {
+                let mut a = [[_mm256_setzero_si256(); 4]; 2];
+                for (k, a) in a.iter_mut().enumerate() {
+                    if 2 * pair + k < GROUPS {
+                        let runs = xv[2 * pair + k].add(sub * 4 * 32);
+                        for (j, a) in a.iter_mut().enumerate() {
+                            *a = _mm256_loadu_si256(runs.add(32 * j).cast());
+                        }
+                    }
+                }
+                for r in 0..2 {
+                    let mut s = [_mm256_setzero_si256(); 2];
+                    for (k, s) in s.iter_mut().enumerate() {
+                        if 2 * pair + k < GROUPS {
+                            for j in 0..4 {
+                                *s = _mm256_dpbusd_epi32(*s, ints[r][j], a[k][j]);
+                            }
+                        }
+                    }
+                    let packed = _mm256_packs_epi32(s[0], s[1]);
+                    products[r][pair] = _mm256_dpwssd_epi32(products[r][pair], packed, scale[r]);
+                }
+            }
+        }
+        let mut paired = [_mm256_setzero_si256(); GROUPS];
+        for (g, paired) in paired.iter_mut().enumerate() {
+            let (p0, p1) = (products[0][g / 2], products[1][g / 2]);
+            *paired = if g.is_multiple_of(2) { _mm256_unpacklo_epi64(p0, p1) } else { _mm256_unpackhi_epi64(p0, p1) };
+        }
+        paired
     }
 }
 
@@ -609,12 +747,17 @@ unsafe fn q6k_token_groups<const GROUPS: usize>(
     let n_sb = w.super_blocks_per_row();
     let block_bytes = w.format.block_bytes();
     let first_group = t0 / GROUP;
-    assert!(t0.is_multiple_of(GROUP) && (first_group + GROUPS) * GROUP * w.cols <= x.groups.values.len());
+    let stride = x.groups.group_stride;
     assert!(
-        x.groups.sixteen_sums.len() * Q6K_SPAN == x.groups.values.len()
-            && x.groups.scales.len() * SUPER_BLOCK == x.groups.values.len()
+        t0.is_multiple_of(GROUP)
+            && stride >= GROUP * w.cols
+            && (first_group + GROUPS) * stride <= x.groups.values.len()
     );
-    let values = x.groups.values[first_group * GROUP * w.cols..].as_ptr();
+    assert!(
+        x.groups.sixteen_sums.len() * Q6K_SPAN == x.groups.scales.len() * SUPER_BLOCK
+            && x.groups.scales.len() * SUPER_BLOCK >= (first_group + GROUPS) * GROUP * w.cols
+    );
+    let values = x.groups.values[first_group * stride..].as_ptr();
     let sums = x.groups.sixteen_sums[first_group * GROUP * w.cols / Q6K_SPAN..].as_ptr();
     let scales = x.groups.scales[first_group * GROUP * n_sb..].as_ptr();
     let mut totals = vec![[0f32; GROUP]; rows.len() * GROUPS];
@@ -657,7 +800,7 @@ unsafe fn q6k_token_groups<const GROUPS: usize>(
                             let span = 2 * quarter + half;
                             let scale = _mm256_set1_epi16(i16::from(*block.add(192 + span) as i8));
                             for (g, products) in products.iter_mut().enumerate() {
-                                let runs = values.add((g * n_sb + sb) * GROUP * SUPER_BLOCK + 2 * span * 32);
+                                let runs = values.add(g * stride + sb * GROUP * SUPER_BLOCK + 2 * span * 32);
                                 let sum16 = _mm256_add_epi16(
                                     _mm256_maddubs_epi16(ints[2 * half], _mm256_loadu_si256(runs.cast())),
                                     _mm256_maddubs_epi16(ints[2 * half + 1], _mm256_loadu_si256(runs.add(32).cast())),
