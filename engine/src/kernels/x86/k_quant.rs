@@ -615,11 +615,11 @@ unsafe fn q4k_super_block_pairs<const GROUPS: usize>(
             let mut ints = [[_mm256_setzero_si256(); 4]; 2];
             let mut scale = [_mm256_setzero_si256(); 2];
             for r in 0..2 {
-                for j in 0..4 {
+                for (j, ints) in ints[r].iter_mut().enumerate() {
                     let eight = blocks[r].add(nibbles_at + sub / 2 * 32 + 8 * j) as *const i64;
                     let raw = _mm256_set1_epi64x(eight.read_unaligned());
                     let shifted = if sub.is_multiple_of(2) { raw } else { _mm256_srli_epi16::<4>(raw) };
-                    ints[r][j] = _mm256_and_si256(shifted, low_nibbles);
+                    *ints = _mm256_and_si256(shifted, low_nibbles);
                 }
                 scale[r] = _mm256_set1_epi16(i16::from((sub_scales[r] >> (8 * sub)) as u8));
             }
