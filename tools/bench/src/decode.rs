@@ -41,8 +41,8 @@ pub struct DecodeArgs {
     /// takes minutes per store.
     #[arg(long)]
     pub prompt_cache: Option<PathBuf>,
-    /// Times each phase of the decode steps (as `HILLSIDE_TRACE=step` does) and reports where a
-    /// step's time goes.
+    /// Times each phase of the prefills and decode steps (as `HILLSIDE_TRACE=step` does) and
+    /// reports where their time goes.
     #[arg(long)]
     pub trace: bool,
 }
@@ -64,6 +64,9 @@ struct PrefillResult {
     tokens_per_s: f64,
     /// Leading tokens replayed from `--prompt-cache` rather than computed (counted in `ms`).
     replayed_tokens: usize,
+    /// With `--trace`: where the prefill's time went, per token.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    phases: Vec<PhaseResult>,
 }
 
 #[derive(Serialize)]
@@ -179,14 +182,22 @@ fn prefill(
     chunk: usize,
     cache: Option<&Path>,
 ) -> Result<(hillside_engine::Sequence, Vec<f32>, PrefillResult)> {
+    trace::take();
     let start = Instant::now();
     let (seq, logits, replayed_tokens) =
         feed_prompt(engine, model, || model.new_sequence(engine), tokens, chunk, cache)?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
+    let phases = phase_results(trace::take(), tokens.len(), ms / 1e3 / tokens.len() as f64);
     Ok((
         seq,
         logits,
-        PrefillResult { tokens: tokens.len(), ms, tokens_per_s: tokens.len() as f64 / (ms / 1e3), replayed_tokens },
+        PrefillResult {
+            tokens: tokens.len(),
+            ms,
+            tokens_per_s: tokens.len() as f64 / (ms / 1e3),
+            replayed_tokens,
+            phases,
+        },
     ))
 }
 
@@ -230,7 +241,6 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
         let (mut seq, mut logits, prompt) =
             prefill(&engine, &args.model, &tokens[..context - n], chunk, args.prompt_cache.as_deref())?;
         let before = seq.kv.stats();
-        trace::take();
         let start = Instant::now();
         for _ in 0..n {
             let next = argmax(&logits);
@@ -329,7 +339,7 @@ pub fn decode(args: &DecodeArgs) -> Result<()> {
     Ok(())
 }
 
-/// The traced phases of `steps` decode steps of `s_per_step` each.
+/// The traced phases of `steps` steps (decode steps, or a prefill's tokens) of `s_per_step` each.
 fn phase_results(totals: Vec<trace::PhaseTotal>, steps: usize, s_per_step: f64) -> Vec<PhaseResult> {
     totals
         .into_iter()
@@ -362,6 +372,7 @@ fn print_table(r: &Report) {
         r.prefill.ms / r.prefill.tokens as f64,
         "-"
     );
+    print_phases(&r.prefill.phases);
     for d in &r.decode {
         let figure = match d.prompt.replayed_tokens {
             0 => format!("prefill {} tokens", d.prompt.tokens),
@@ -374,6 +385,7 @@ fn print_table(r: &Report) {
             d.prompt.ms / d.prompt.tokens as f64,
             "-"
         );
+        print_phases(&d.prompt.phases);
         println!(
             "{:<28} {:>10.1} {:>12.2} {:>9.0}%",
             format!("decode at {} context", d.context_tokens),
@@ -384,18 +396,22 @@ fn print_table(r: &Report) {
         if let Some(share) = d.spare_copy_share.filter(|&s| s > 0.0) {
             println!("  {:.0}% of its steps attended through the spare copy", 100.0 * share);
         }
-        for p in &d.phases {
-            let depth =
-                std::iter::successors(p.within, |w| d.phases.iter().find(|q| q.phase == *w).and_then(|q| q.within))
-                    .count();
-            println!(
-                "{:<28} {:>10} {:>12.3} {:>9.0}%",
-                format!("  {}{}", "  ".repeat(depth), p.phase),
-                "",
-                p.ms_per_step,
-                100.0 * p.share_of_step
-            );
-        }
+        print_phases(&d.phases);
     }
     println!("\npeak RSS {:.0} MB", r.peak_rss_mb);
+}
+
+/// Traced phases under the figure they divide, each indented below the one it runs inside.
+fn print_phases(phases: &[PhaseResult]) {
+    for p in phases {
+        let depth =
+            std::iter::successors(p.within, |w| phases.iter().find(|q| q.phase == *w).and_then(|q| q.within)).count();
+        println!(
+            "{:<28} {:>10} {:>12.3} {:>9.0}%",
+            format!("  {}{}", "  ".repeat(depth), p.phase),
+            "",
+            p.ms_per_step,
+            100.0 * p.share_of_step
+        );
+    }
 }
