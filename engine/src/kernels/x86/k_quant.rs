@@ -277,24 +277,12 @@ unsafe fn token_groups<const GROUPS: usize, const FIVE: bool>(
 ) {
     let n_sb = w.super_blocks_per_row();
     let block_bytes = w.format.block_bytes();
-    let first_group = t0 / GROUP;
-    let stride = x.groups.group_stride;
-    assert!(
-        t0.is_multiple_of(GROUP)
-            && stride >= GROUP * w.cols
-            && (first_group + GROUPS) * stride <= x.groups.values.len()
-    );
-    assert!(
-        x.groups.sums.len() * SUM_SPAN == x.groups.scales.len() * SUPER_BLOCK
-            && x.groups.scales.len() * SUPER_BLOCK >= (first_group + GROUPS) * GROUP * w.cols
-    );
-    let values = x.groups.values[first_group * stride..].as_ptr();
-    let sums = x.groups.sums[first_group * GROUP * w.cols / SUM_SPAN..].as_ptr();
-    let scales = x.groups.scales[first_group * GROUP * n_sb..].as_ptr();
+    let TileGroups { values, stride, sums, scales } = TileGroups::new(x, w.cols, t0, GROUPS, &x.groups.sums, SUM_SPAN);
     // Each row's four totals a group, kept between panels.
     let mut totals = vec![[0f32; GROUP]; rows.len() * GROUPS];
     // SAFETY: the caller has avx2, fma and f16c; every pointer stays inside the row's
-    // super-blocks and the groups' values, sums and scales (asserted above and by the caller).
+    // super-blocks and the groups' values, sums and scales (asserted by `TileGroups::new` and
+    // by the caller).
     unsafe {
         let panel_super_blocks = (PANEL_BYTES / (GROUPS * GROUP * SUPER_BLOCK)).max(1);
         for first_sb in (0..n_sb).step_by(panel_super_blocks) {
@@ -351,6 +339,37 @@ fn write_totals<const GROUPS: usize>(totals: &[[f32; GROUP]], nt: usize, out: &m
     for (row, row_totals) in totals.chunks_exact(GROUPS).enumerate() {
         for t in 0..nt {
             out[row * TILE_TOKENS + t] = row_totals[t / GROUP][t % GROUP];
+        }
+    }
+}
+
+/// Where a tile's groups `t0 / GROUP ..` (`groups` of them) start in [`TokenGroups`]: their
+/// values, their sums (`sums`, each over `span` values) and their scales.
+///
+/// [`TokenGroups`]: super::super::k_quant::TokenGroups
+struct TileGroups {
+    values: *const i8,
+    stride: usize,
+    sums: *const i16,
+    scales: *const f32,
+}
+
+impl TileGroups {
+    /// Checks that the groups lie inside `x`'s, for rows of `cols` values.
+    fn new(x: &SuperBlockActivations, cols: usize, t0: usize, groups: usize, sums: &[i16], span: usize) -> Self {
+        let (first, stride, scales) = (t0 / GROUP, x.groups.group_stride, &x.groups.scales);
+        assert!(
+            t0.is_multiple_of(GROUP) && stride >= GROUP * cols && (first + groups) * stride <= x.groups.values.len()
+        );
+        assert!(
+            sums.len() * span == scales.len() * SUPER_BLOCK
+                && scales.len() * SUPER_BLOCK >= (first + groups) * GROUP * cols
+        );
+        Self {
+            values: x.groups.values[first * stride..].as_ptr(),
+            stride,
+            sums: sums[first * GROUP * cols / span..].as_ptr(),
+            scales: scales[first * GROUP * cols / SUPER_BLOCK..].as_ptr(),
         }
     }
 }
@@ -419,25 +438,12 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
 ) {
     let n_sb = w.super_blocks_per_row();
     let block_bytes = w.format.block_bytes();
-    let first_group = t0 / GROUP;
     assert!(rows.len().is_multiple_of(2) && rows.end <= w.rows && out_holds(out, rows.len(), nt));
-    let stride = x.groups.group_stride;
-    assert!(
-        t0.is_multiple_of(GROUP)
-            && stride >= GROUP * w.cols
-            && (first_group + GROUPS) * stride <= x.groups.values.len()
-    );
-    assert!(
-        x.groups.sums.len() * SUM_SPAN == x.groups.scales.len() * SUPER_BLOCK
-            && x.groups.scales.len() * SUPER_BLOCK >= (first_group + GROUPS) * GROUP * w.cols
-    );
-    let values = x.groups.values[first_group * stride..].as_ptr();
-    let sums = x.groups.sums[first_group * GROUP * w.cols / SUM_SPAN..].as_ptr();
-    let scales = x.groups.scales[first_group * GROUP * n_sb..].as_ptr();
+    let TileGroups { values, stride, sums, scales } = TileGroups::new(x, w.cols, t0, GROUPS, &x.groups.sums, SUM_SPAN);
     // Each pair's totals a group, [row 0's four tokens, row 1's], kept between panels.
     let mut totals = vec![[0f32; 2 * GROUP]; rows.len() / 2 * GROUPS];
     // SAFETY: per the contract; every pointer stays inside the rows' super-blocks and the
-    // groups' values, sums and scales (asserted above).
+    // groups' values, sums and scales (asserted above and by `TileGroups::new`).
     unsafe {
         // hadd's lanes [r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3] into each row's tokens in turn.
         let products_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
@@ -746,23 +752,12 @@ unsafe fn q6k_token_groups<const GROUPS: usize>(
 ) {
     let n_sb = w.super_blocks_per_row();
     let block_bytes = w.format.block_bytes();
-    let first_group = t0 / GROUP;
-    let stride = x.groups.group_stride;
-    assert!(
-        t0.is_multiple_of(GROUP)
-            && stride >= GROUP * w.cols
-            && (first_group + GROUPS) * stride <= x.groups.values.len()
-    );
-    assert!(
-        x.groups.sixteen_sums.len() * Q6K_SPAN == x.groups.scales.len() * SUPER_BLOCK
-            && x.groups.scales.len() * SUPER_BLOCK >= (first_group + GROUPS) * GROUP * w.cols
-    );
-    let values = x.groups.values[first_group * stride..].as_ptr();
-    let sums = x.groups.sixteen_sums[first_group * GROUP * w.cols / Q6K_SPAN..].as_ptr();
-    let scales = x.groups.scales[first_group * GROUP * n_sb..].as_ptr();
+    let TileGroups { values, stride, sums, scales } =
+        TileGroups::new(x, w.cols, t0, GROUPS, &x.groups.sixteen_sums, Q6K_SPAN);
     let mut totals = vec![[0f32; GROUP]; rows.len() * GROUPS];
     // SAFETY: the caller has avx2, fma and f16c; every pointer stays inside the row's
-    // super-blocks and the groups' values, sums and scales (asserted above and by the caller).
+    // super-blocks and the groups' values, sums and scales (asserted by `TileGroups::new` and
+    // by the caller).
     unsafe {
         let (low_nibbles, low_pairs) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3));
         let panel_super_blocks = (PANEL_BYTES / (GROUPS * GROUP * SUPER_BLOCK)).max(1);
