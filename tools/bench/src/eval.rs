@@ -218,31 +218,48 @@ struct IdealResult {
     perplexity: f64,
     perplexity_change_pct: f64,
     top1_agreement: f64,
+    /// Its greedy continuations against full's: what any selector at this α can reach.
+    greedy: Option<GreedyAgreement>,
+}
+
+/// The ideal selector's store: a tiered store that holds every row, its top α token by token
+/// (with every row hot, free riders would add the next α too).
+fn ideal_config(args: &EvalArgs) -> hillside_engine::kv::KvConfig {
+    hillside_engine::kv::KvConfig {
+        hot_budget_bytes: Some(1 << 40),
+        selector: SelectorKind::Tokens,
+        ..args.kv_config(StoreKind::Tiered)
+    }
+}
+
+/// `kv_store` under [`IdealSelector`], with the sinks and recent window the settings pin.
+fn ideal_wrap(args: &EvalArgs, kv_store: Box<dyn KvStore>) -> Box<dyn KvStore> {
+    let kv = args.model.kv_config();
+    Box::new(IdealSelector::wrap(kv_store, kv.sink_tokens, kv.recent_tokens))
 }
 
 /// Teacher-forces the window with [`IdealSelector`] over a tiered store that holds every row.
 fn ideal(engine: &Engine, args: &EvalArgs, window: &[u32], reference: &TeacherForced) -> Result<IdealResult> {
     eprintln!("ideal selector: {} teacher-forced tokens ...", args.tokens - args.prompt_tokens);
-    let kv = args.model.kv_config();
-    // Its top α token by token: with every row hot, free riders would add the next α too.
-    let config = hillside_engine::kv::KvConfig {
-        hot_budget_bytes: Some(1 << 40),
-        selector: SelectorKind::Tokens,
-        ..args.kv_config(StoreKind::Tiered)
-    };
-    let (run, _) = args.teacher_force(engine, &config, window, |kv_store| {
-        Box::new(IdealSelector::wrap(kv_store, kv.sink_tokens, kv.recent_tokens))
-    })?;
+    let (run, _) = args.teacher_force(engine, &ideal_config(args), window, |kv_store| ideal_wrap(args, kv_store))?;
     Ok(IdealResult {
         perplexity: run.perplexity(),
         perplexity_change_pct: 100.0 * (run.perplexity() / reference.perplexity() - 1.0),
         top1_agreement: run.top1_agreement(reference),
+        greedy: None,
     })
 }
 
 #[derive(Serialize)]
 struct GreedyResult {
     store: StoreKind,
+    #[serde(flatten)]
+    agreement: GreedyAgreement,
+}
+
+/// How a store's greedy continuations compare with full's.
+#[derive(Serialize, Clone, Copy)]
+struct GreedyAgreement {
     prompts: usize,
     /// Continuations identical to `full`'s.
     identical: usize,
@@ -251,18 +268,22 @@ struct GreedyResult {
     tokens: usize,
 }
 
-/// Greedy continuations of `prompts` windows of the shared documents, each store against `full`.
-fn greedy(
-    engine: &hillside_engine::Engine,
-    args: &EvalArgs,
-    stores: &[StoreKind],
-    documents: &[Vec<u32>],
-) -> Result<Vec<GreedyResult>> {
-    if args.greedy_prompts == 0 {
-        return Ok(Vec::new());
+impl GreedyAgreement {
+    fn of(outputs: &[Vec<u32>], full: &[Vec<u32>], tokens: usize) -> Self {
+        let prefix = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        let matching: Vec<usize> = outputs.iter().zip(full).map(|(a, b)| prefix(a, b)).collect();
+        Self {
+            prompts: outputs.len(),
+            identical: outputs.iter().zip(full).filter(|(a, b)| a == b).count(),
+            mean_matching_prefix: matching.iter().sum::<usize>() as f64 / matching.len().max(1) as f64,
+            tokens,
+        }
     }
+}
+
+/// The greedy prompts: windows spread evenly over each document, shared out between documents.
+fn greedy_prompts<'a>(args: &EvalArgs, documents: &'a [Vec<u32>]) -> Result<Vec<&'a [u32]>> {
     let len = args.greedy_prompt_tokens;
-    // Windows spread evenly over each document, the prompts shared out between documents.
     let mut prompts = Vec::new();
     for (i, doc) in documents.iter().enumerate() {
         let share = args.greedy_prompts / documents.len() + usize::from(i < args.greedy_prompts % documents.len());
@@ -271,39 +292,67 @@ fn greedy(
         }
         prompts.extend((0..share).map(|j| &doc[(doc.len() - len) * j / share.max(1)..][..len]));
     }
+    Ok(prompts)
+}
+
+/// Each prompt's greedy continuation, in a sequence of the store `config` makes, its KV store
+/// first wrapped by `wrap`.
+fn continuations(
+    engine: &Engine,
+    args: &EvalArgs,
+    prompts: &[&[u32]],
+    config: &hillside_engine::kv::KvConfig,
+    wrap: impl Fn(Box<dyn KvStore>) -> Box<dyn KvStore>,
+) -> Result<Vec<Vec<u32>>> {
     let params = hillside_engine::GenerateParams {
         max_tokens: args.greedy_tokens,
         sampling: hillside_engine::SamplingParams::greedy(),
         ..Default::default()
     };
+    let mut out = Vec::new();
+    for prompt in prompts {
+        let mut seq = engine.new_sequence_with(config, Some(prompt.len() + args.greedy_tokens))?;
+        seq.kv = wrap(seq.kv);
+        let summary = hillside_engine::generate(engine, &mut seq, prompt, &params, &Default::default(), &mut |_| {})?;
+        out.push(summary.completion_ids);
+    }
+    Ok(out)
+}
+
+/// Greedy continuations of `prompts` windows of the shared documents, each store against `full`
+/// (the first), and the ideal selector's against `full`'s where `--ideal` asks.
+fn greedy(
+    engine: &Engine,
+    args: &EvalArgs,
+    stores: &[StoreKind],
+    documents: &[Vec<u32>],
+) -> Result<(Vec<GreedyResult>, Option<GreedyAgreement>)> {
+    if args.greedy_prompts == 0 {
+        return Ok((Vec::new(), None));
+    }
+    let prompts = greedy_prompts(args, documents)?;
+    let len = args.greedy_prompt_tokens;
     let mut outputs: Vec<Vec<Vec<u32>>> = Vec::new();
     for &store in stores {
-        let config = args.kv_config(store);
         eprintln!("{store}: {} greedy continuations of {len}-token prompts ...", prompts.len());
-        let mut out = Vec::new();
-        for prompt in &prompts {
-            let mut seq = engine.new_sequence_with(&config, Some(len + args.greedy_tokens))?;
-            let summary =
-                hillside_engine::generate(engine, &mut seq, prompt, &params, &Default::default(), &mut |_| {})?;
-            out.push(summary.completion_ids);
-        }
-        outputs.push(out);
+        outputs.push(continuations(engine, args, &prompts, &args.kv_config(store), |kv_store| kv_store)?);
     }
-    Ok(stores
+    let ideal = if args.ideal {
+        eprintln!("ideal selector: {} greedy continuations of {len}-token prompts ...", prompts.len());
+        let out = continuations(engine, args, &prompts, &ideal_config(args), |kv_store| ideal_wrap(args, kv_store))?;
+        Some(GreedyAgreement::of(&out, &outputs[0], args.greedy_tokens))
+    } else {
+        None
+    };
+    let results = stores
         .iter()
         .zip(&outputs)
-        .map(|(&store, out)| {
-            let prefix = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
-            let matching: Vec<usize> = out.iter().zip(&outputs[0]).map(|(a, b)| prefix(a, b)).collect();
-            GreedyResult {
-                store,
-                prompts: out.len(),
-                identical: out.iter().zip(&outputs[0]).filter(|(a, b)| a == b).count(),
-                mean_matching_prefix: matching.iter().sum::<usize>() as f64 / matching.len().max(1) as f64,
-                tokens: args.greedy_tokens,
-            }
+        .map(|(&store, out)| GreedyResult {
+            store,
+            agreement: GreedyAgreement::of(out, &outputs[0], args.greedy_tokens),
         })
-        .collect())
+        .collect();
+    Ok((results, ideal))
 }
 
 /// One text's window and greedy prompts, ready to run.
@@ -343,6 +392,8 @@ struct SuiteReport {
     texts: Vec<TextReport>,
     /// Per store, its worst text on each measure.
     worst: Vec<Worst>,
+    /// Fewest of the ideal selector's greedy continuations identical to full's (with `--ideal`).
+    ideal_greedy_identical: Option<(usize, String)>,
     passkey: Vec<PasskeyResult>,
 }
 
@@ -463,11 +514,14 @@ fn evaluate(engine: &Engine, args: &EvalArgs, stores: &[StoreKind], text: &Text)
             stats,
         });
     }
-    let ideal = match (&reference, args.ideal) {
+    let mut ideal = match (&reference, args.ideal) {
         (Some(reference), true) => Some(ideal(engine, args, window, reference)?),
         _ => None,
     };
-    let greedy = greedy(engine, args, stores, &text.greedy_documents)?;
+    let (greedy, ideal_greedy) = greedy(engine, args, stores, &text.greedy_documents)?;
+    if let Some(ideal) = &mut ideal {
+        ideal.greedy = ideal_greedy;
+    }
     Ok(TextReport {
         text: text.name.clone(),
         window_tokens: args.tokens,
@@ -506,10 +560,20 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
                 texts.push(report);
             }
             let worst: Vec<Worst> = stores[1..].iter().map(|&store| worst_of(&texts, store)).collect();
+            let ideal_greedy_identical = texts
+                .iter()
+                .filter_map(|t| Some((t.ideal.as_ref()?.greedy?.identical, t.text.clone())))
+                .min_by_key(|g| g.0);
             print_worst(&worst, texts.len());
+            if let Some((identical, text)) = &ideal_greedy_identical {
+                println!("ideal selector: fewest greedy continuations identical to full's {identical} ({text})");
+            }
             let passkey = passkey(&engine, args, &stores)?;
             print_passkey(&passkey, &stores, args);
-            crate::report::write_json(&args.json, &SuiteReport { alpha, texts, worst, passkey })?;
+            crate::report::write_json(
+                &args.json,
+                &SuiteReport { alpha, texts, worst, ideal_greedy_identical, passkey },
+            )?;
         }
     }
     eprintln!("wrote {}", args.json.display());
@@ -551,7 +615,7 @@ fn worst_of(texts: &[TextReport], store: StoreKind) -> Worst {
     );
     let greedy = texts
         .iter()
-        .filter_map(|t| t.greedy.iter().find(|g| g.store == store).map(|g| (g.identical, t.text.clone())))
+        .filter_map(|t| t.greedy.iter().find(|g| g.store == store).map(|g| (g.agreement.identical, t.text.clone())))
         .min_by_key(|g| g.0);
     Worst {
         store,
@@ -604,13 +668,9 @@ fn print_text(report: &TextReport, args: &EvalArgs) {
             args.greedy_tokens, args.greedy_prompt_tokens
         );
         println!("{:<12} {:>10} {:>16}", "store", "identical", "matching prefix");
-        for g in &report.greedy {
-            println!(
-                "{:<12} {:>10} {:>16.1}",
-                g.store.to_string(),
-                format!("{}/{}", g.identical, g.prompts),
-                g.mean_matching_prefix
-            );
+        let ideal = report.ideal.as_ref().and_then(|i| i.greedy).map(|g| ("ideal".to_string(), g));
+        for (store, g) in report.greedy.iter().map(|g| (g.store.to_string(), g.agreement)).chain(ideal) {
+            println!("{:<12} {:>10} {:>16.1}", store, format!("{}/{}", g.identical, g.prompts), g.mean_matching_prefix);
         }
     }
 }
@@ -676,13 +736,15 @@ mod tests {
             window_tokens: 2048,
             scored_tokens: 1792,
             results: vec![result],
-            ideal: Some(IdealResult { perplexity: 10.0, perplexity_change_pct: 0.1, top1_agreement: ideal_top1 }),
+            ideal: Some(IdealResult {
+                perplexity: 10.0,
+                perplexity_change_pct: 0.1,
+                top1_agreement: ideal_top1,
+                greedy: None,
+            }),
             greedy: vec![GreedyResult {
                 store: StoreKind::Tiered,
-                prompts: 20,
-                identical,
-                mean_matching_prefix: 20.0,
-                tokens: 32,
+                agreement: GreedyAgreement { prompts: 20, identical, mean_matching_prefix: 20.0, tokens: 32 },
             }],
         }
     }
