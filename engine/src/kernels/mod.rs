@@ -11,6 +11,7 @@ pub mod matrix;
 pub mod ops;
 pub mod parallel;
 pub mod quant;
+pub mod rope;
 pub mod spin_pool;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;

@@ -1,6 +1,7 @@
 //! Hyperparameters of a decoder-only transformer, read from GGUF metadata or a HF config.json.
 
 use crate::error::{Error, Result};
+use crate::kernels::rope::{RopeLayout, RopeScaling};
 
 /// The model families the engine runs; each has a file of its own beside this one that says
 /// how its blocks are assembled from the shared pieces (`layers.rs`).
@@ -61,46 +62,6 @@ pub struct SlidingWindow {
     /// The windowed layers' own rotary base, unscaled, where they have one (Gemma 3); `None`:
     /// they rotate as the global layers do.
     pub rope_theta: Option<f32>,
-}
-
-/// How rotary embeddings pair up the dimensions of a head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RopeLayout {
-    /// Pairs (2i, 2i+1): llama.cpp's GGUF llama, whose q/k rows are permuted at conversion.
-    Interleaved,
-    /// Pairs (i, i + d/2): Hugging Face checkpoints and GGUF qwen2.
-    Halves,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum RopeScaling {
-    None,
-    /// Positions divided by a constant factor.
-    Linear {
-        factor: f32,
-    },
-    /// Llama 3.1's per-frequency scaling.
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_context_tokens: usize,
-    },
-    /// Phi-3's LongRoPE: per-frequency factors (a tensor of the file), and cos and sin scaled
-    /// by `attn_factor`.
-    LongRope {
-        attn_factor: f32,
-    },
-    /// YaRN (Qwen3's long-context files, gpt-oss): the high frequencies kept, the low ones
-    /// divided by `factor`, a ramp between them set by `beta_fast` and `beta_slow` rotations in
-    /// `original_context_tokens`; cos and sin scaled by (1 + 0.1·ln factor)·`attn_factor`.
-    Yarn {
-        factor: f32,
-        original_context_tokens: usize,
-        beta_fast: f32,
-        beta_slow: f32,
-        attn_factor: f32,
-    },
 }
 
 /// A mixture of experts' shape: how many experts a layer has, how many each token uses, and

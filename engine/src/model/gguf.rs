@@ -1,7 +1,7 @@
 //! Reading a model from a GGUF file (llama.cpp's format): the header by [`gguf_header`], the
 //! tensors into the kernels' layouts, or dequantized by candle where the kernels have none.
 
-use super::config::{Architecture, ExpertShape, ModelConfig, RopeLayout, RopeScaling};
+use super::config::{Architecture, ExpertShape, ModelConfig};
 use super::gguf_header::{self, GgufHeader, TensorInfo, TensorType};
 use super::layers::{Activation, Block, Experts, FeedForward, Mlp, SelfAttention};
 use super::weights::Weights;
@@ -9,6 +9,7 @@ use super::{gemma3, gpt_oss, llama, phi3, qwen2, qwen3, qwen3moe};
 use crate::error::{Error, Result};
 use crate::kernels::matrix::{DenseMatrix, HalfMatrix, HalfValues, Matrix};
 use crate::kernels::quant::{dequantize_table_format, GgufBlockFormat};
+use crate::kernels::rope::{RopeLayout, RopeScaling};
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;

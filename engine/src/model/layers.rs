@@ -6,10 +6,9 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::matrix::Matrix;
-use crate::kernels::ops::{
-    add_bias, geglu_in_place, rms_norm_in_place, swiglu_clamped_in_place, swiglu_in_place, Rope,
-};
+use crate::kernels::ops::{add_bias, geglu_in_place, rms_norm_in_place, swiglu_clamped_in_place, swiglu_in_place};
 use crate::kernels::quant::QuantizedActivations;
+use crate::kernels::rope::Rope;
 use crate::model::config::ModelConfig;
 
 /// The model's rotary embedding that most layers use ([`SelfAttention::rope`]).

@@ -2,10 +2,11 @@
 //! grouped-query attention without biases, SwiGLU; a sliding window on every layer where the
 //! file gives one (Mistral 7B v0.1's 4,096 tokens).
 
-use super::config::{ModelConfig, RopeLayout, SlidingWindow};
+use super::config::{ModelConfig, SlidingWindow};
 use super::gguf::Reader;
 use super::layers::{Activation, Block, Mlp, MAIN_ROPE};
 use crate::error::Result;
+use crate::kernels::rope::RopeLayout;
 
 pub(super) fn configure(r: &Reader, arch: &str, c: &mut ModelConfig) -> Result<()> {
     // llama.cpp's converter permutes llama's q/k rows so that rotary pairs are (2i, 2i+1).

@@ -2,10 +2,11 @@
 //! the gate and up projections into another, and LongRoPE's per-frequency factors where the
 //! file has them. (Phi's sliding window is off, as llama.cpp has it.)
 
-use super::config::{ModelConfig, RopeScaling};
+use super::config::ModelConfig;
 use super::gguf::Reader;
 use super::layers::{Activation, Block, Mlp, MAIN_ROPE};
 use crate::error::Result;
+use crate::kernels::rope::RopeScaling;
 
 pub(super) fn configure(r: &Reader, arch: &str, c: &mut ModelConfig) -> Result<()> {
     if r.meta(&format!("{arch}.rope.scaling.attn_factor")).is_some() || r.has_tensor("rope_factors_long.weight") {

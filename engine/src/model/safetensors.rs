@@ -1,11 +1,12 @@
 //! Reading a Hugging Face checkpoint: `config.json` plus one or more `.safetensors` files
 //! (f32, f16 or bf16), with candle's safetensors reader.
 
-use super::config::{Architecture, ModelConfig, RopeLayout, RopeScaling};
+use super::config::{Architecture, ModelConfig};
 use super::layers::{Activation, Block, FeedForward, Mlp, SelfAttention, MAIN_ROPE};
 use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::kernels::matrix::{DenseMatrix, HalfMatrix, HalfValues, Matrix};
+use crate::kernels::rope::{RopeLayout, RopeScaling};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::DType;
 use serde::Deserialize;

@@ -2,7 +2,7 @@
 //! query × key energy, and the principal components of the keys (a symmetric eigen-solver, Jacobi
 //! rotations, for the keys' covariance).
 
-use hillside_engine::model::config::RopeLayout;
+use hillside_engine::kernels::rope::RopeLayout;
 
 /// A way of keeping r coordinates of a head's keys and queries.
 pub enum Projection {
