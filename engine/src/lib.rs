@@ -5,6 +5,7 @@
 #[macro_use]
 mod names;
 
+pub mod aligned;
 pub mod device;
 pub mod error;
 pub mod eval;

@@ -92,7 +92,7 @@ impl ColdType {
     /// What direct I/O on a group must be aligned to, in the file and in memory.
     pub fn alignment(self) -> usize {
         match self {
-            Self::F16 => super::aligned::IO_ALIGN,
+            Self::F16 => crate::aligned::IO_ALIGN,
             Self::Q8 => SECTOR_BYTES,
         }
     }

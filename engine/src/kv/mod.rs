@@ -8,7 +8,6 @@
 //! lives: a store that keeps everything in memory, one that offloads to disk and one that keeps
 //! only the important tokens all look the same from here.
 
-pub mod aligned;
 pub mod backing;
 pub mod cold;
 pub mod cold_format;

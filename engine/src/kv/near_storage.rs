@@ -16,13 +16,13 @@
 //! With the X-cache ([`super::x_cache`]), the first layers keep their inputs instead of K/V: the
 //! storage side hands up X, the host rebuilds K/V and attends to all of it itself.
 
-use super::aligned::AlignedBuf;
 use super::cold::staged::{read_heads, ReadPlan};
 use super::cold::{ColdPool, GROUP_TOKENS};
 use super::cold_format::ColdType;
 use super::view::ViewBuffers;
 use super::x_cache::{KvFromInput, LayerInputs};
 use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, OffloadKvStore, Queries, Selection};
+use crate::aligned::AlignedBuf;
 use crate::error::Result;
 use crate::kernels::attention::{attend_partial, Partial, RunningPartials};
 use std::ops::Range;

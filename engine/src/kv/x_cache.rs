@@ -15,13 +15,13 @@
 //! behind the storage side's attention; on a CPU it costs far more than the reads it saves, so
 //! the share of layers defaults to 0 and users with a slow drive opt in.
 
-use super::aligned::AlignedBuf;
 use super::backing::DiskBacking;
 use super::cold::GROUP_TOKENS;
 use super::cold_format::ColdType;
 use super::placement::PlacementKind;
 use super::view::ViewBuffers;
 use super::{KvShape, KvView};
+use crate::aligned::AlignedBuf;
 use crate::error::{KvMisuse, Result};
 use half::f16;
 use std::fmt;

@@ -13,7 +13,21 @@
 //! `block_tokens` (position, score) pairs per head, each block readable as soon as it is written.
 
 use super::{KeyBits, ScoringKeys};
-use crate::kv::aligned::IO_ALIGN;
+use crate::aligned::{AlignedBuf, IO_ALIGN};
+use crate::error::Result;
+
+/// Where each layer's key chunks ([`KeyChunkLayout`]) lie on the SSD: what the host writes as
+/// the sequence grows and the device reads, peer to peer. The cold pool's file holds them
+/// (`kv::cold::KeyChunkSection`); scoring needs only this much of it.
+pub trait KeyChunkFile: Send + Sync {
+    /// Writes one layer's chunk (the chunk's size from the start of `buf`).
+    fn write(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()>;
+
+    /// Reads `dst.len()` bytes from `offset` into one layer's chunk, into `dst`: a page-aligned
+    /// buffer, normally a card's peer-to-peer mapping, so the bytes go from the SSD to the FPGA
+    /// without passing through DRAM.
+    fn read(&self, layer: usize, chunk: usize, offset: usize, dst: &mut [u8]) -> Result<()>;
+}
 
 /// Bytes the device reads per bus word (512 bits).
 pub const WORD_BYTES: usize = 64;

@@ -7,10 +7,10 @@
 //! moves the end over them; a step that fails before its commit leaves them there, and the next
 //! spill overwrites them (after waiting for these writes, so that two never race).
 
-use super::super::aligned::AlignedBuf;
 use super::super::cold::staged::io_pool;
 use super::super::cold::{ColdPool, GROUP_TOKENS};
 use super::super::window::RecentWindow;
+use crate::aligned::AlignedBuf;
 use crate::error::{Error, Result};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};

@@ -32,11 +32,11 @@
 mod mapped;
 pub mod staged;
 
-use super::aligned::{AlignedBuf, IO_ALIGN};
 use super::cold_format::{decode_q8, encode_q8, ColdType};
 use super::fault::{self, PoolFaults};
+use crate::aligned::{AlignedBuf, IO_ALIGN};
 use crate::error::{Error, Result};
-use crate::score::contract::CHUNK_TOKENS;
+use crate::score::contract::{KeyChunkFile, CHUNK_TOKENS};
 use mapped::MappedFile;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -851,16 +851,13 @@ pub fn sweep_stale(dir: &Path) -> usize {
 #[derive(Clone)]
 pub struct KeyChunkSection(Arc<ColdPool>);
 
-impl KeyChunkSection {
-    /// Writes one layer's chunk (the section's chunk size from the start of `buf`).
-    pub fn write(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()> {
+impl KeyChunkFile for KeyChunkSection {
+    fn write(&self, layer: usize, chunk: usize, buf: &AlignedBuf) -> Result<()> {
         self.0.write_key_chunk(layer, chunk, buf)
     }
 
-    /// Reads `dst.len()` bytes from `offset` into one layer's chunk, into `dst`: a page-aligned
-    /// buffer, normally a card's peer-to-peer mapping, so the bytes go from the SSD to the FPGA
-    /// without passing through DRAM. Not counted as cold bytes read by the host.
-    pub fn read(&self, layer: usize, chunk: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
+    /// Not counted as cold bytes read by the host.
+    fn read(&self, layer: usize, chunk: usize, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.0.read_key_chunk(layer, chunk, offset, dst)
     }
 }

@@ -13,8 +13,8 @@
 //! flight. So the groups read in place hold still for as long as a `Staged` is in use.
 
 use super::{ColdPool, GroupRun, Staging};
+use crate::aligned::AlignedBuf;
 use crate::error::Result;
-use crate::kv::aligned::AlignedBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 

@@ -7,9 +7,9 @@
 //! staged reads ([`super::reads`]).
 
 use super::reads::{LayerReads, Prefetched, Prefetcher, READ_AHEAD_BYTES, READ_PIECE_BYTES};
+use crate::aligned::AlignedBuf;
 use crate::error::Result;
 use crate::kernels::parallel::map_items;
-use crate::kv::aligned::AlignedBuf;
 use crate::kv::backing::DiskBacking;
 use crate::kv::cold::staged::{read_heads, ReadPlan, Staged};
 use crate::kv::cold::{ColdPool, GROUP_TOKENS};

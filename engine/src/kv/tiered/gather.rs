@@ -3,10 +3,10 @@
 //! missed are still being read; their rows are filled in once the reads land.
 
 use super::TieredKvStore;
+use crate::aligned::AlignedBuf;
 use crate::error::Result;
 use crate::kernels::attention::KV_TILE;
 use crate::kernels::parallel::map_items;
-use crate::kv::aligned::AlignedBuf;
 use crate::kv::cold::staged::{HeadPages, Staged};
 use crate::kv::cold::GROUP_TOKENS;
 use crate::kv::view::{SlotRun, TileRows};

@@ -8,8 +8,8 @@
 //! All rates are in bytes of full-precision K/V per second: an evaluator that scores a token
 //! from a compact key copy covers that token's whole K/V row.
 
-use super::super::aligned::AlignedBuf;
 use super::super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
+use crate::aligned::AlignedBuf;
 use crate::error::Result;
 use crate::kv::cold::staged::io_pool;
 use crate::score::contract::DeviceQuery;

@@ -65,8 +65,8 @@ impl Ranker {
         let evaluator = match evaluator {
             EvaluatorKind::Host => None,
             EvaluatorKind::Storage => Some(ColdEvaluator::Storage(StorageEvaluator::new())),
-            EvaluatorKind::Xrt => {
-                Some(match XrtEvaluator::open(&settings.xrt, cold.key_chunks(), key_chunks(shape, settings)) {
+            EvaluatorKind::Xrt => Some(
+                match XrtEvaluator::open(&settings.xrt, Arc::new(cold.key_chunks()), key_chunks(shape, settings)) {
                     Ok(card) => {
                         tracing::info!(card = card.description(), "the SmartSSD scores the cold pool");
                         ColdEvaluator::Xrt(card)
@@ -75,8 +75,8 @@ impl Ranker {
                         tracing::warn!("{e}; {FALLBACK}");
                         ColdEvaluator::Storage(StorageEvaluator::new())
                     }
-                })
-            }
+                },
+            ),
         };
         Self {
             keys,

@@ -11,9 +11,9 @@
 //! and a layer's own reads go in pieces of [`READ_PIECE_BYTES`], a few in flight, each copied
 //! out as it lands. The hot budget reserves [`staging_bound_bytes`] for them.
 
-use super::super::aligned::{AlignedBuf, IO_ALIGN};
 use super::super::cold::staged::{read_heads, ReadPlan, Staged};
 use super::super::cold::ColdPool;
+use crate::aligned::{AlignedBuf, IO_ALIGN};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};

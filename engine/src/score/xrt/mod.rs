@@ -19,13 +19,13 @@ pub mod probe;
 
 pub use probe::{probe, Probe};
 
+use super::contract::KeyChunkFile;
 use super::contract::{DeviceQuery, KeyChunkLayout, CHUNK_TOKENS};
 use super::storage::score_on_host;
 use super::worker::Worker;
 use super::{KeyBits, ScoreBlock, ScoringKeys, SCORE_BLOCK_TOKENS};
+use crate::aligned::AlignedBuf;
 use crate::error::Result;
-use crate::kv::aligned::AlignedBuf;
-use crate::kv::cold::KeyChunkSection;
 use api::{Arg, Buffer, Device, Kernel, Run, Xrt};
 pub use error::XrtError;
 use std::path::PathBuf;
@@ -105,7 +105,7 @@ struct Request {
 
 pub struct XrtEvaluator {
     worker: Worker<Request>,
-    keys: KeyChunkSection,
+    keys: Arc<dyn KeyChunkFile>,
     layout: KeyChunkLayout,
     /// Chunks written to the SSD, for every sparse layer.
     chunks: usize,
@@ -117,7 +117,7 @@ pub struct XrtEvaluator {
 impl XrtEvaluator {
     /// Opens the card `options` name and prepares the kernel for keys of this shape, or says in
     /// one line why it cannot. `keys` must hold chunks of `layout`'s size.
-    pub fn open(options: &XrtOptions, keys: KeyChunkSection, layout: KeyChunkLayout) -> Result<Self> {
+    pub fn open(options: &XrtOptions, keys: Arc<dyn KeyChunkFile>, layout: KeyChunkLayout) -> Result<Self> {
         if !super::contract::supports(layout.bits, layout.head_dim) {
             return Err(XrtError::UnsupportedShape { head_dim: layout.head_dim, bits: layout.bits }.into());
         }
@@ -136,7 +136,7 @@ impl XrtEvaluator {
         let counters = Arc::new(XrtCounters::default());
         let worker = {
             let (keys, counters) = (keys.clone(), counters.clone());
-            Worker::spawn("hillside-xrt-eval", move |inbox| serve(Some(session), &keys, inbox, &counters))
+            Worker::spawn("hillside-xrt-eval", move |inbox| serve(Some(session), &*keys, inbox, &counters))
                 .map_err(XrtError::Worker)?
         };
         Ok(Self {
@@ -244,7 +244,7 @@ impl Session {
     }
 
     /// SSD → card: the chunk's keys and scales into a slot's P2P buffers.
-    fn read(&mut self, keys: &KeyChunkSection, layer: usize, chunk: usize, slot: usize) -> Result<()> {
+    fn read(&mut self, keys: &dyn KeyChunkFile, layer: usize, chunk: usize, slot: usize) -> Result<()> {
         let (l, s) = (self.layout, &mut self.slots[slot]);
         keys.read(layer, chunk, 0, &mut s.keys.as_mut_slice()[..l.keys_bytes()])?;
         keys.read(layer, chunk, l.keys_bytes(), &mut s.scales.as_mut_slice()[..l.scales_bytes()])
@@ -297,7 +297,7 @@ impl Session {
     /// one chunk, the next is already on its way from the SSD.
     fn score(
         &mut self,
-        keys: &KeyChunkSection,
+        keys: &dyn KeyChunkFile,
         layer: usize,
         query: &DeviceQuery,
         tokens: &[u32],
@@ -338,7 +338,7 @@ impl Session {
 /// The worker: one request at a time, the card's chunks first, then what only the host has.
 fn serve(
     mut session: Option<Session>,
-    on_ssd_keys: &KeyChunkSection,
+    on_ssd_keys: &dyn KeyChunkFile,
     inbox: Receiver<Request>,
     counters: &XrtCounters,
 ) {
