@@ -3,8 +3,8 @@
 //! is known by a hash of its bytes, so adding the same file twice finds the first entry.
 
 use crate::ingest::{Document, Format, Part};
+use crate::sources::Point;
 use crate::store_error::{StoreError, StoreFailure};
-use crate::summarize::Point;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

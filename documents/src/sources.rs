@@ -8,6 +8,13 @@ use crate::ingest::{Document, Locator};
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
+/// One point of a summary and the passages it comes from.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Point {
+    pub text: String,
+    pub sources: Vec<Source>,
+}
+
 /// A passage behind a point: its bytes of the document's text, its page or section, and the
 /// point's words it holds.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

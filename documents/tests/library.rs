@@ -2,7 +2,7 @@
 //! a summary's steps are kept until it finishes, and a process killed with SIGKILL in the middle of adding leaves every committed document
 //! whole.
 
-use hillside_documents::summarize::Point;
+use hillside_documents::sources::Point;
 use hillside_documents::{read_bytes, Library, Limits};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

@@ -19,7 +19,7 @@ use crate::chunks::{merge_groups, plan, Mode, Plan, TooLong, SUMMARY_WITH_EVIDEN
 use crate::ingest::Document;
 use crate::kv_cache::DocumentKvCache;
 use crate::prompt::{document_messages, document_prompt, PromptError};
-use crate::sources::{Source, SourceIndex};
+use crate::sources::{Point, SourceIndex};
 use hillside_engine::scheduler::{Group, KeptPrefix, Scheduler, Ticket, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, ReasoningFormat, SamplingParams};
 use hillside_remote::{RemoteEngine, RemoteError};
@@ -124,13 +124,6 @@ pub enum Progress {
         text: String,
     },
     Done,
-}
-
-/// One point of a summary and the passages it comes from.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Point {
-    pub text: String,
-    pub sources: Vec<Source>,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -19,8 +19,9 @@ use hillside_documents::library::Added;
 use hillside_documents::library::Entry;
 use hillside_documents::prompt::PromptError;
 use hillside_documents::questions;
+use hillside_documents::sources::Point;
 use hillside_documents::summarize::{
-    fits_whole, plan_summary, summarize, LibraryCheckpoints, Point, Progress, Request as DocumentRequest, SummaryError,
+    fits_whole, plan_summary, summarize, LibraryCheckpoints, Progress, Request as DocumentRequest, SummaryError,
 };
 use hillside_documents::IngestError;
 use hillside_engine::{CancelFlag, ChatMessage};
