@@ -60,7 +60,8 @@ pub struct EvalArgs {
     #[arg(long, default_value = "eval.json")]
     pub json: PathBuf,
     /// Also run the ideal selector: the tiered store's α, sinks and recent window, with the
-    /// rest chosen by exact attention (f32 keys, true softmax) — the ceiling of any scorer.
+    /// rest chosen by exact attention (f32 keys, true softmax) — the ceiling of any scorer —
+    /// teacher-forced and in the greedy continuations.
     #[arg(long)]
     pub ideal: bool,
     /// Skips measuring the attention mass each selection captured (a second, exact pass per
