@@ -751,6 +751,15 @@ mod tests {
     }
 
     #[test]
+    fn greedy_agreement_counts_identical_continuations_and_the_shared_prefixes() {
+        let full = [vec![1, 2, 3, 4], vec![5, 6, 7, 8], vec![9, 9]];
+        let other = [vec![1, 2, 3, 4], vec![5, 6, 0, 8], vec![0, 9]];
+        let agreement = GreedyAgreement::of(&other, &full, 4);
+        assert_eq!((agreement.prompts, agreement.identical), (3, 1));
+        assert!((agreement.mean_matching_prefix - 2.0).abs() < 1e-12, "{}", agreement.mean_matching_prefix);
+    }
+
+    #[test]
     fn the_worst_of_a_suite_names_the_text_each_figure_came_from() {
         let texts = [text("verse", 0.4, 0.95, 0.96, 12), text("chat", 1.2, 0.97, 0.94, 7)];
         let worst = worst_of(&texts, StoreKind::Tiered);
