@@ -72,7 +72,7 @@ fn the_estimate_is_within_15_percent_of_the_peak_rss_at_two_contexts() {
 
 /// Runs `hillside` with `args` inside `cap`: a shell waits until it is in the cgroup, then
 /// becomes hillside there.
-fn run_capped(cap: &hillside_engine::kv::headroom::MemoryCap, args: &[&str]) -> std::process::Output {
+fn run_capped(cap: &hillside_engine::headroom::MemoryCap, args: &[&str]) -> std::process::Output {
     use std::io::Write;
     let mut child = Command::new("sh")
         .args(["-c", "read go && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_hillside")])
@@ -87,8 +87,8 @@ fn run_capped(cap: &hillside_engine::kv::headroom::MemoryCap, args: &[&str]) -> 
     child.wait_with_output().unwrap()
 }
 
-fn memory_cap(name: &str, limit_bytes: u64) -> hillside_engine::kv::headroom::MemoryCap {
-    hillside_engine::kv::headroom::MemoryCap::create(name, limit_bytes)
+fn memory_cap(name: &str, limit_bytes: u64) -> hillside_engine::headroom::MemoryCap {
+    hillside_engine::headroom::MemoryCap::create(name, limit_bytes)
         .expect("making a memory cgroup (the test needs root and a memory controller)")
 }
 

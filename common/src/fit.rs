@@ -4,7 +4,7 @@
 //! cold pool on the disk.
 
 use anyhow::{bail, Context, Result};
-use hillside_engine::kv::headroom::{Headroom, HEADROOM_RESERVE_BYTES};
+use hillside_engine::headroom::{Headroom, HEADROOM_RESERVE_BYTES};
 use hillside_engine::kv::{KvConfig, KvShape};
 use hillside_engine::model::gguf;
 use serde::Serialize;

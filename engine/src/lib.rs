@@ -10,6 +10,7 @@ pub mod device;
 pub mod error;
 pub mod eval;
 pub mod generate;
+pub mod headroom;
 pub mod kernels;
 pub mod kv;
 pub mod model;
@@ -31,7 +32,7 @@ pub use text::chat::{ChatMessage, ChatTemplate};
 pub use text::reasoning::ReasoningFormat;
 pub use text::tokenizer::Tokenizer;
 
-use kv::sliding::SlidingWindowLayers;
+use kv::stores::sliding::SlidingWindowLayers;
 use std::path::Path;
 
 /// A loaded model with its tokenizer and chat template.

@@ -2,8 +2,8 @@
 //! (inside a private mount namespace (`unshare`), on small tmpfs mounts made for the test); and
 //! on a drive of 4 KiB sectors, where an 8-bit pool's 512-byte units cannot go direct.
 
+use hillside_engine::kv::cold::format::ColdType;
 use hillside_engine::kv::cold::{ColdLayout, ColdPool};
-use hillside_engine::kv::cold_format::ColdType;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

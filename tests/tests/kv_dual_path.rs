@@ -8,11 +8,11 @@
 
 mod common;
 
+use hillside_engine::headroom::MemoryCap;
 use hillside_engine::kv::backing::DiskBacking;
+use hillside_engine::kv::cold::format::ColdType;
+use hillside_engine::kv::cold::placement::PlacementKind;
 use hillside_engine::kv::cold::GROUP_TOKENS;
-use hillside_engine::kv::cold_format::ColdType;
-use hillside_engine::kv::headroom::MemoryCap;
-use hillside_engine::kv::placement::PlacementKind;
 use hillside_engine::kv::KvShape;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -145,7 +145,7 @@ fn capped_child() {
     let dir = cold_dir("capped");
     let mut b = DiskBacking::new(SHAPE, std::slice::from_ref(&dir), 0, PlacementKind::Keys, ColdType::F16).unwrap();
     let report = |(lanes, cached): (usize, u64)| {
-        let headroom = hillside_engine::kv::headroom::Headroom::measure();
+        let headroom = hillside_engine::headroom::Headroom::measure();
         println!(
             "dual-path lanes {lanes} cached_bytes {cached} cgroup_limited {} headroom_mb {}",
             headroom.cgroup_limited,
@@ -190,7 +190,7 @@ fn a_tiered_stores_spare_copy_goes_under_a_cgroup_cap_and_its_steps_rank_and_rea
 /// once capped (past the next measurement) trimmed while idle, as a cached sequence is, then
 /// four more steps; each step's view checked token by token.
 fn spare_copy_child() {
-    use hillside_engine::kv::tiered::TieredKvStore;
+    use hillside_engine::kv::stores::tiered::TieredKvStore;
     use hillside_engine::kv::{KvConfig, KvStore, StoreKind};
     wait_for_parent();
     let dir = cold_dir("spare-copy");

@@ -4,8 +4,8 @@ mod common;
 
 use hillside_engine::eval::{teacher_forced, teacher_forced_from};
 use hillside_engine::kernels::attention::{attend, k_tile_index};
-use hillside_engine::kv::cold_format::ColdType;
-use hillside_engine::kv::placement::PlacementKind;
+use hillside_engine::kv::cold::format::ColdType;
+use hillside_engine::kv::cold::placement::PlacementKind;
 use hillside_engine::kv::{
     HeadsPart, KvConfig, KvShape, KvStore, KvView, Queries, Selection, SelectorKind, StoreKind, TierStats,
 };
@@ -361,7 +361,7 @@ fn with_memory_to_spare_the_tiered_store_attends_through_a_dense_copy_exactly_as
 
 #[test]
 fn a_tiered_stores_reads_come_in_pieces_whose_staging_the_budget_holds() {
-    use hillside_engine::kv::tiered::TieredKvStore;
+    use hillside_engine::kv::stores::tiered::TieredKvStore;
     // A layer's cold pool takes 16 MiB, more than the read-ahead and a layer's own pieces stage
     // together, and in text order the tokens a step selects (their keys repeat every 13 tokens)
     // lie in every group of it: its reads take several pieces.

@@ -3,7 +3,7 @@
 //! spend the 8 bits on them), values per token. A block of rows is kept as one signed byte per
 //! value and f16 scales, one per column or one per row; each value comes back within half a
 //! step of its scale. The cold pool keeps its groups this way when asked to
-//! ([`crate::kv::cold_format`]); dequantizing runs on every cold read, so it has an F16C
+//! ([`crate::kv::cold::format`]); dequantizing runs on every cold read, so it has an F16C
 //! version.
 
 use half::f16;

@@ -10,32 +10,20 @@
 
 pub mod backing;
 pub mod cold;
-pub mod cold_format;
 pub mod config;
-pub mod drop;
 #[doc(hidden)]
 pub mod fault;
-pub mod full;
-pub mod headroom;
-pub mod hot;
-pub mod near_storage;
-pub mod offload;
-pub mod placement;
-pub mod slab;
-pub mod sliding;
+pub mod hot_pool;
 pub mod snapshot;
-pub mod tiered;
-mod uring;
+pub mod stores;
 pub mod view;
-pub mod window;
-pub mod x_cache;
 
 use crate::error::{KvMisuse, Result};
 pub use crate::kernels::attention::{KvView, KV_TILE};
 pub use config::{EvaluatorKind, KvConfig, SelectorKind, StoreKind};
-pub use full::FullKvStore;
-pub use offload::OffloadKvStore;
 use std::ops::Range;
+pub use stores::full::FullKvStore;
+pub use stores::offload::OffloadKvStore;
 
 /// The dimensions of the cache a model needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

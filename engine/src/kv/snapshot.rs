@@ -10,9 +10,9 @@
 //! damaged K/V is never attended to. A save writes a temporary file and renames it into place,
 //! so a crash leaves the old file or none, never half of one.
 
-use super::{KvShape, KvStore, Selection, KV_TILE};
 use crate::error::{Error, KvMisuse, Result};
 use crate::kernels::attention::k_tile_index;
+use crate::kv::{KvShape, KvStore, Selection, KV_TILE};
 use half::f16;
 use std::fs::File;
 use std::io::{BufReader, Read};

@@ -6,9 +6,9 @@
 //! view holds every token of one head, a decode step's the selected fifth of every head, and
 //! memory follows what the last step asked rather than the longest prompt so far.
 
-use super::cold::GROUP_TOKENS;
-use super::{KvView, KV_TILE};
 use crate::kernels::attention::{k_tile_index, write_k_tile};
+use crate::kv::cold::GROUP_TOKENS;
+use crate::kv::{KvView, KV_TILE};
 use half::slice::HalfBitsSliceExt;
 
 pub struct ViewBuffers {

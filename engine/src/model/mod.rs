@@ -23,7 +23,7 @@ use crate::kernels::attention::{Partial, RunningPartials};
 use crate::kernels::ops::{add_bias, add_in_place, rms_norm};
 use crate::kernels::quant::QuantizedActivations;
 use crate::kernels::rope::{Rope, RopeScaling};
-use crate::kv::x_cache::KvFromInput;
+use crate::kv::stores::x_cache::KvFromInput;
 use crate::kv::{HeadsPart, KvShape, KvStore, Queries, Selection};
 use crate::trace::{span, timed, Phase};
 use config::ModelConfig;

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use wait_queue::WaitQueue;
 
 /// How often an idle worker lets cached sequences check whether memory has grown short.
-const IDLE_TRIM_EVERY: Duration = crate::kv::headroom::REMEASURE_AFTER;
+const IDLE_TRIM_EVERY: Duration = crate::headroom::REMEASURE_AFTER;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {

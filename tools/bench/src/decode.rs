@@ -152,7 +152,7 @@ struct Report {
 fn memory_read_gb_per_s() -> f64 {
     // 512 MiB, far past any cache, or half the room left where a memory cgroup caps this
     // process (bench kv --memory-cap-mb): still past the last-level cache.
-    let room = hillside_engine::kv::headroom::Headroom::measure().bytes as usize;
+    let room = hillside_engine::headroom::Headroom::measure().bytes as usize;
     let words = (512usize << 20).min(room / 2).max(64 << 20) / 8;
     let buf: Vec<u64> = (0..words as u64).collect();
     let mut best = 0f64;

@@ -6,8 +6,8 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_common::ModelArgs;
-use hillside_engine::kv::headroom::MemoryCap;
-use hillside_engine::kv::tiered::planner::{self, Profile};
+use hillside_engine::headroom::MemoryCap;
+use hillside_engine::kv::stores::tiered::planner::{self, Profile};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use serde_json::Value;
 use std::path::PathBuf;

@@ -7,11 +7,11 @@
 //! moves the end over them; a step that fails before its commit leaves them there, and the next
 //! spill overwrites them (after waiting for these writes, so that two never race).
 
-use super::super::cold::staged::io_pool;
-use super::super::cold::{ColdPool, GROUP_TOKENS};
-use super::super::window::RecentWindow;
+use super::window::RecentWindow;
 use crate::aligned::AlignedBuf;
 use crate::error::{Error, Result};
+use crate::kv::cold::staged::io_pool;
+use crate::kv::cold::{ColdPool, GROUP_TOKENS};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 

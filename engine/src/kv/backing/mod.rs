@@ -12,19 +12,20 @@
 //! - a truncation keeps what it can read back and says how much that is.
 
 mod layer_spill;
+mod window;
 
-use super::cold::{ColdLayout, ColdPool, BLOCK_GROUPS, GROUP_TOKENS};
-use super::cold_format::ColdType;
-use super::headroom::{Headroom, HEADROOM_RESERVE_BYTES, PRESSURE_LIMIT_BP, REMEASURE_AFTER};
-use super::placement::{Placement, PlacementKind, SpillOrder, BLOCK_TOKENS};
-use super::window::RecentWindow;
-use super::KvShape;
 use crate::error::Result;
+use crate::headroom::{Headroom, HEADROOM_RESERVE_BYTES, PRESSURE_LIMIT_BP, REMEASURE_AFTER};
+use crate::kv::cold::format::ColdType;
+use crate::kv::cold::placement::{Placement, PlacementKind, SpillOrder, BLOCK_TOKENS};
+use crate::kv::cold::{ColdLayout, ColdPool, BLOCK_GROUPS, GROUP_TOKENS};
+use crate::kv::KvShape;
 use layer_spill::LayerSpills;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+use window::RecentWindow;
 
 pub struct DiskBacking {
     shape: KvShape,
@@ -397,8 +398,8 @@ fn cached_lanes(headroom: Headroom, lane_bytes: u64, lanes: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fault::{self, ColdFaults, FailingWrite};
     use super::*;
+    use crate::kv::fault::{self, ColdFaults, FailingWrite};
     use half::f16;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

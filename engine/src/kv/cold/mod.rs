@@ -2,9 +2,9 @@
 //! SSDs, the KV heads dealt across them), holding K and V in page-sized groups of
 //! [`GROUP_TOKENS`] tokens, laid out by (layer, KV head, group) so that one head's groups are
 //! contiguous and a whole-head read is one large sequential request. Which token
-//! sits in which slot of a head's groups is the placement's business ([`super::placement`]):
+//! sits in which slot of a head's groups is the placement's business ([`placement`]):
 //! the pool reads and writes whole groups. It keeps them as f16 or in 8 bits
-//! ([`super::cold_format`]): callers write f16 rows, and read them back as f16 rows or, to
+//! ([`format`]): callers write f16 rows, and read them back as f16 rows or, to
 //! stage fewer bytes, as the file keeps them ([`Staging::AsKept`]), decoding the rows they use.
 //!
 //! A head's groups come in blocks of [`BLOCK_GROUPS`], and each head's region has one spare
@@ -16,7 +16,7 @@
 //! the page cache, which is free speed while the machine has memory to spare, and the rest with
 //! direct I/O, so that under memory pressure the cache neither competes with the hot pool nor
 //! hides the device's real cost; the owner sets the split from measured headroom
-//! ([`super::headroom`]). Direct writes invalidate the cached pages they overwrite, so both
+//! ([`crate::headroom`]). Direct writes invalidate the cached pages they overwrite, so both
 //! paths read what was last written. Through the page cache, a group read once is read in place
 //! after that, through a mapping of the file ([`mapped`]), until it is written again. Where the
 //! filesystem refuses O_DIRECT (tmpfs, some network filesystems) the pool falls back to buffered
@@ -29,14 +29,17 @@
 //! straight into the card's peer-to-peer buffers. They carry no checksum: the host never sees
 //! those bytes, and a damaged one can only misrank a token, never corrupt attention.
 
+pub mod format;
 mod mapped;
+pub mod placement;
 pub mod staged;
+mod uring;
 
-use super::cold_format::{decode_q8, encode_q8, ColdType};
-use super::fault::{self, PoolFaults};
 use crate::aligned::{AlignedBuf, IO_ALIGN};
 use crate::error::{Error, Result};
+use crate::kv::fault::{self, PoolFaults};
 use crate::score::contract::{KeyChunkFile, CHUNK_TOKENS};
+use format::{decode_q8, encode_q8, ColdType};
 use mapped::MappedFile;
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -166,7 +169,7 @@ pub struct ColdPool {
     /// written, so read in place from now on (see [`ColdPool::take_in_cache`]).
     in_cache: GroupBits,
     pub stats: ColdIoStats,
-    /// Injected by tests ([`super::fault`]); `None` otherwise.
+    /// Injected by tests ([`crate::kv::fault`]); `None` otherwise.
     faults: Option<PoolFaults>,
 }
 
@@ -527,7 +530,7 @@ impl ColdPool {
     /// ([`ColdPool::read_run`], one by one).
     pub fn read_runs(&self, layer: usize, runs: &mut [GroupRun<'_>]) -> Option<Result<()>> {
         use std::os::fd::AsRawFd;
-        if !super::uring::available() {
+        if !uring::available() {
             return None;
         }
         let mut pieces = Vec::new();
@@ -541,12 +544,12 @@ impl ColdPool {
             let mut rest = &mut run.dst[planned.first().map_or(0, |(_, bytes)| bytes.start)..];
             for (offset, bytes) in planned {
                 let (dst, tail) = std::mem::take(&mut rest).split_at_mut(bytes.len());
-                reads.push(super::uring::ReadAt { fd, offset, dst });
+                reads.push(uring::ReadAt { fd, offset, dst });
                 paths.push(path);
                 rest = tail;
             }
         }
-        match super::uring::read_all(&mut reads)? {
+        match uring::read_all(&mut reads)? {
             Ok(()) => Some(runs.iter_mut().try_for_each(|run| self.finish_read(layer, run))),
             Err(failed) => Some(Err(io_error("read failed", paths[failed.request], failed.error))),
         }
@@ -864,8 +867,8 @@ impl KeyChunkFile for KeyChunkSection {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fault::{ColdFaults, FailingWrite};
     use super::*;
+    use crate::kv::fault::{ColdFaults, FailingWrite};
 
     fn layout() -> ColdLayout {
         ColdLayout::f16(2, 3, 64, 8)

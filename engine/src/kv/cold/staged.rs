@@ -322,8 +322,8 @@ const IO_THREADS: usize = 16;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::cold::format::ColdType;
     use crate::kv::cold::ColdLayout;
-    use crate::kv::cold_format::ColdType;
     use crate::kv::fault::{self, ColdFaults, FailingRead};
     use std::os::unix::fs::FileExt;
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -161,8 +161,8 @@ fn nth_from_top(counts: &[usize], n: usize) -> Option<(usize, usize)> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::candidates::rank_key;
     use super::*;
+    use crate::kv::stores::tiered::promoter::candidates::rank_key;
 
     fn xorshift(seed: u64) -> impl FnMut(u64) -> u64 {
         let mut state = seed;

@@ -10,9 +10,9 @@
 
 mod ring;
 
-use super::x_cache::KvFromInput;
-use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, LayerPlan, Queries, Selection};
 use crate::error::{KvMisuse, Result};
+use crate::kv::stores::x_cache::KvFromInput;
+use crate::kv::{HeadsPart, KvShape, KvStats, KvStore, KvView, LayerPlan, Queries, Selection};
 use ring::SlidingRing;
 use std::ops::Range;
 use std::sync::Arc;

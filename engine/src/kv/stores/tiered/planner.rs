@@ -8,10 +8,10 @@
 //! All rates are in bytes of full-precision K/V per second: an evaluator that scores a token
 //! from a compact key copy covers that token's whole K/V row.
 
-use super::super::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
 use crate::aligned::AlignedBuf;
 use crate::error::Result;
 use crate::kv::cold::staged::io_pool;
+use crate::kv::cold::{ColdLayout, ColdPool, GROUP_TOKENS};
 use crate::score::contract::DeviceQuery;
 use crate::score::{KeyBits, ScoringKeys, StorageEvaluator};
 use serde::{Deserialize, Serialize};

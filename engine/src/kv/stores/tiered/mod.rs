@@ -19,34 +19,36 @@
 
 mod cold_reader;
 mod gather;
-mod hot_tier;
 mod pages;
 pub mod planner;
+mod promoter;
 mod ranker;
 mod reads;
 mod spare;
 
-use super::backing::DiskBacking;
-use super::cold::{ColdLayout, GROUP_TOKENS};
-use super::cold_format::ColdType;
-use super::placement::PlacementKind;
-use super::view::ViewBuffers;
-use super::{EvaluatorKind, HeadsPart, KvShape, KvStats, KvStore, KvView, Queries, Selection, SelectorKind, TierStats};
 use crate::error::{Error, Result};
 use crate::kernels::parallel::map_items;
+use crate::kv::backing::DiskBacking;
+use crate::kv::cold::format::ColdType;
+use crate::kv::cold::placement::PlacementKind;
+use crate::kv::cold::{ColdLayout, GROUP_TOKENS};
+use crate::kv::view::ViewBuffers;
+use crate::kv::{
+    EvaluatorKind, HeadsPart, KvShape, KvStats, KvStore, KvView, Queries, Selection, SelectorKind, TierStats,
+};
 use crate::score::topk::ascending;
 use crate::score::xrt::XrtOptions;
 use crate::score::{HeadsTopK, KeyBits};
 use crate::trace::{self, timed, Phase};
 use cold_reader::{ColdReader, Residence};
-use hot_tier::{HotTier, Standing};
+use promoter::{Promoter, Standing};
 use ranker::Ranker;
 use spare::SpareCopy;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-/// The tiered store's knobs (see [`super::KvConfig`]).
+/// The tiered store's knobs (see [`crate::kv::KvConfig`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TieredSettings {
     /// Share of the cached tokens each decode step attends to.
@@ -115,7 +117,7 @@ pub struct TieredKvStore {
     /// Scoring keys, the cold-token evaluator and the fidelity guard.
     ranker: Ranker,
     /// The rows kept in DRAM, their hits, and promotion and demotion between the tiers.
-    hot: HotTier,
+    hot: Promoter,
     view: ViewBuffers,
     positions: Vec<u32>,
     /// Which cold groups a selection needs, and their reads (at a layer's turn, and ahead).
@@ -133,7 +135,7 @@ pub struct TieredKvStore {
 
 impl TieredKvStore {
     /// A store with its cold pool in `cold_dir`. `xrt_problem` is what the start-up probe said
-    /// about the card (evaluator `xrt` only; see [`super::config::KvStartup`]).
+    /// about the card (evaluator `xrt` only; see [`crate::kv::config::KvStartup`]).
     pub fn new(
         shape: KvShape,
         cold_dirs: &[PathBuf],
@@ -163,7 +165,7 @@ impl TieredKvStore {
         }
         Ok(Self {
             ranker: Ranker::new(shape, &settings, evaluator, backing.cold()),
-            hot: HotTier::new(
+            hot: Promoter::new(
                 lanes,
                 settings.dense_layers.min(shape.n_layers) * shape.n_kv_heads..lanes,
                 shape.head_dim,
@@ -209,7 +211,7 @@ impl TieredKvStore {
         self.ranker.key_bytes() + window_tokens * self.hot.pool().row_bytes() * self.shape.n_kv_heads
     }
 
-    /// Bookkeeping beside the budget: the hot tier's (hits, the pool's index, the demotion
+    /// Bookkeeping beside the budget: the promoter's (hits, the pool's index, the demotion
     /// reserve), the reader's last selections and the placement maps (about 9 bytes
     /// per token and lane).
     fn bookkeeping_bytes(&self) -> usize {
@@ -217,7 +219,7 @@ impl TieredKvStore {
         self.hot.bookkeeping_bytes() + self.reader.bookkeeping_bytes() + seeds + self.backing.placement_bytes()
     }
 
-    /// Lets the hot tier decide which rows stay in DRAM after a step.
+    /// Lets the promoter decide which rows stay in DRAM after a step.
     fn rebalance(&mut self) {
         // What the rows share the budget with. Read staging is set aside at its bound, not at
         // what the buffers hold now, so that the next step's reads never push the store over.
@@ -752,7 +754,7 @@ impl TieredKvStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv::hot::HotPool;
+    use crate::kv::hot_pool::HotPool;
 
     #[test]
     fn sparf_keeps_the_largest_query_dimensions_by_magnitude() {

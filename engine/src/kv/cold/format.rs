@@ -1,5 +1,5 @@
 //! How the cold pool keeps a group's K and V on disk. Writers hand it f16 rows (K then V, as
-//! [`super::cold::ColdPool::buffer`] lays them out), which a q8 pool encodes on the way to the
+//! [`super::ColdPool::buffer`] lays them out), which a q8 pool encodes on the way to the
 //! disk; readers get them back as f16 rows, or staged as kept and decoded a row at a time
 //! ([`ColdType::decode_row`]).
 //!
@@ -8,7 +8,7 @@
 //! 160 of scales, 2,560 on disk with its padding to whole sectors, instead of f16's 4,096:
 //! every cold read moves 37.5% less.
 
-use super::cold::GROUP_TOKENS;
+use super::GROUP_TOKENS;
 use crate::kernels::kv_q8::{self, ScaleAxis};
 use crate::kernels::prefetch_lines;
 use serde::{Deserialize, Serialize};

@@ -1,9 +1,9 @@
 //! The whole cache in memory: f16 K and V for every token of every layer, preallocated for the
 //! store's maximum length (pages are only touched as tokens arrive).
 
-use super::{KvShape, KvStats, KvStore, KvView, Queries, Selection, KV_TILE};
 use crate::error::{KvMisuse, Result};
 use crate::kernels::attention::k_tile_index;
+use crate::kv::{KvShape, KvStats, KvStore, KvView, Queries, Selection, KV_TILE};
 use half::f16;
 use half::slice::HalfBitsSliceExt;
 

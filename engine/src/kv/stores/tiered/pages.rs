@@ -20,9 +20,9 @@
 //! at no I/O cost in that step; they keep their rows hot, so a run reads somewhat more. Why
 //! whole pages are not the default: docs/decisions/token-wise-selection-stays-the-default.md.
 
-use super::super::cold::GROUP_TOKENS;
 use crate::kernels::ops::exp_shifted;
 use crate::kernels::parallel::map_items;
+use crate::kv::cold::GROUP_TOKENS;
 use crate::score::topk::ascending;
 
 /// A set of tokens as a bitmap, for membership tests by the thousand.

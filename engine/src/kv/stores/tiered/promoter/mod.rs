@@ -1,18 +1,18 @@
-//! The tiered store's hot tier: the rows kept in DRAM, how often each token was selected, and
-//! the decisions that move rows in and out.
+//! The tiered store's promoter: which rows its hot pool keeps in DRAM, from how often each token
+//! was selected, and the moves that bring rows in and out (the pool itself only holds rows).
 //!
 //! After each decode step the hot pool keeps the most-selected of its unpinned rows and of the
 //! cold rows the step read ([`candidates`]), within the byte budget; demotions come from a
 //! reserve of the weakest rows ([`reserve`]). Pinned rows (dense layers, sinks, the recent
 //! window) enter as they leave the write-back window and are never demoted while pinned.
 //!
-//! The tier owns no file: what it needs to know of the cold pool (a row's slot there, which
+//! The promoter owns no file: what it needs to know of the cold pool (a row's slot there, which
 //! orders equal ranks; where the pool ends; which tokens are pinned) comes in a [`Standing`].
 
 mod candidates;
 mod reserve;
 
-use super::super::hot::HotPool;
+use crate::kv::hot_pool::HotPool;
 use candidates::{level_hits, rank_key, Candidates};
 use reserve::WeakestRows;
 use std::ops::Range;
@@ -21,7 +21,7 @@ use std::ops::Range;
 /// (fewer are simply reused by the next step's promotions).
 const COMPACT_FREE_BYTES: usize = 1 << 20;
 
-/// Where the rest of the store stands, as the tier's ranking needs it.
+/// Where the rest of the store stands, as the promoter.s ranking needs it.
 pub(super) struct Standing<'a> {
     /// A token's slot in its lane of the cold pool.
     pub slot: &'a dyn Fn(usize, u32) -> u32,
@@ -38,7 +38,7 @@ pub(super) struct Moves {
     pub demotions: u64,
 }
 
-pub(super) struct HotTier {
+pub(super) struct Promoter {
     /// Hot rows per lane (a layer's KV head: `layer * n_kv_heads + head`): heads select their
     /// own tokens, so each keeps its own.
     pool: HotPool,
@@ -60,8 +60,8 @@ pub(super) struct HotTier {
     moves: Moves,
 }
 
-impl HotTier {
-    /// A tier for `lanes` lanes of `row_words`-word rows, of which `sparse_lanes` select tokens,
+impl Promoter {
+    /// A promoter for `lanes` lanes of `row_words`-word rows, of which `sparse_lanes` select tokens,
     /// holding at most `budget_bytes` of rows.
     pub fn new(
         lanes: usize,
@@ -129,7 +129,7 @@ impl HotTier {
         self.candidates.may_take(key).then_some(key)
     }
 
-    /// A cold row the step read, ranked `key` by [`HotTier::candidate_key`].
+    /// A cold row the step read, ranked `key` by [`Promoter::candidate_key`].
     pub fn offer(&mut self, lane: usize, token: u32, key: u64, k: &[u16], v: &[u16]) {
         self.candidates.offer(lane, token, key, k, v);
     }
@@ -175,8 +175,8 @@ impl HotTier {
         self.weakest.reset();
     }
 
-    /// Cuts the tier to `n_tokens` tokens and forgets the step's hits and candidates. A failed
-    /// step cuts nothing it had committed: then the tier is exactly as that step found it.
+    /// Cuts the promoter to `n_tokens` tokens and forgets the step's hits and candidates. A failed
+    /// step cuts nothing it had committed: then the promoter is exactly as that step found it.
     pub fn truncate(&mut self, n_tokens: usize) {
         self.step_hits.clear();
         if self.hits.first().is_none_or(|hits| n_tokens >= hits.len()) {
@@ -281,36 +281,36 @@ mod tests {
         let standing = |n: u32| (move |_: usize, t: u32| t, 0..n, n);
         // Two lanes of one-word rows (4 bytes each); room for eight candidates, and the
         // rebalance's budget holds two hot rows beside the candidates' share.
-        let mut tier = HotTier::new(2, 0..2, 1, 8 * 32 * 4, 64);
-        let rebalance = |tier: &mut HotTier, n: u32| {
+        let mut promoter = Promoter::new(2, 0..2, 1, 8 * 32 * 4, 64);
+        let rebalance = |promoter: &mut Promoter, n: u32| {
             let (slot, unpinned, cold_end) = standing(n);
-            let budget = 2 * 4 + tier.candidates.max_bytes();
-            tier.rebalance(&Standing { slot: &slot, unpinned, cold_end }, budget, 0);
+            let budget = 2 * 4 + promoter.candidates.max_bytes();
+            promoter.rebalance(&Standing { slot: &slot, unpinned, cold_end }, budget, 0);
         };
         for token in 0..3u32 {
-            tier.count_hits(0, &[token, token, token][..token as usize + 1]);
+            promoter.count_hits(0, &[token, token, token][..token as usize + 1]);
         }
-        tier.commit_hits(8);
+        promoter.commit_hits(8);
         for token in 0..3u32 {
-            tier.offer(0, token, rank_key(token + 1, false, token), &[token as u16], &[0]);
+            promoter.offer(0, token, rank_key(token + 1, false, token), &[token as u16], &[0]);
         }
-        rebalance(&mut tier, 8);
-        let (hits, cutoff) = (tier.hits().to_vec(), tier.candidates.cutoff());
+        rebalance(&mut promoter, 8);
+        let (hits, cutoff) = (promoter.hits().to_vec(), promoter.candidates.cutoff());
         assert!(cutoff > 0, "the pool is full, so weaker rows cannot win a place");
 
         // A step counts hits and offers rows, then fails: nothing it did may remain.
-        tier.count_hits(0, &[1, 2]);
-        tier.count_hits(1, &[5]);
-        tier.offer(1, 5, rank_key(9, false, 5), &[5], &[0]);
-        tier.truncate(8);
-        tier.commit_hits(8);
-        assert_eq!(tier.hits(), &hits[..], "the failed step's hits were counted");
-        assert_eq!(tier.candidates.cutoff(), cutoff, "the failed step reset the cutoff");
-        assert!(tier.candidates.best_first().is_empty(), "the failed step's candidates stayed");
+        promoter.count_hits(0, &[1, 2]);
+        promoter.count_hits(1, &[5]);
+        promoter.offer(1, 5, rank_key(9, false, 5), &[5], &[0]);
+        promoter.truncate(8);
+        promoter.commit_hits(8);
+        assert_eq!(promoter.hits(), &hits[..], "the failed step's hits were counted");
+        assert_eq!(promoter.candidates.cutoff(), cutoff, "the failed step reset the cutoff");
+        assert!(promoter.candidates.best_first().is_empty(), "the failed step's candidates stayed");
 
-        // Cutting committed tokens is a different matter: the tier starts that part afresh.
-        tier.truncate(2);
-        assert_eq!(tier.candidates.cutoff(), 0);
-        assert!(tier.hits().iter().all(|h| h.len() <= 2));
+        // Cutting committed tokens is a different matter: the promoter starts that part afresh.
+        promoter.truncate(2);
+        assert_eq!(promoter.candidates.cutoff(), 0);
+        assert!(promoter.hits().iter().all(|h| h.len() <= 2));
     }
 }

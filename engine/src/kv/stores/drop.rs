@@ -4,10 +4,10 @@
 //! softmax attention each token receives from the newest query of every step (the last query
 //! of a prompt chunk, every decoded token), summed over query heads.
 
-use super::hot::HotPool;
-use super::view::ViewBuffers;
-use super::{KvShape, KvStats, KvStore, KvView, Queries, Selection};
 use crate::error::Result;
+use crate::kv::hot_pool::HotPool;
+use crate::kv::view::ViewBuffers;
+use crate::kv::{KvShape, KvStats, KvStore, KvView, Queries, Selection};
 use half::f16;
 
 pub struct DropKvStore {

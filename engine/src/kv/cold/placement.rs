@@ -20,12 +20,12 @@
 //! whole span's pages back (the tokens before the cut are anywhere in it), so the store keeps
 //! the spans it permuted.
 
-use super::cold::{BLOCK_GROUPS, GROUP_TOKENS};
+use super::{BLOCK_GROUPS, GROUP_TOKENS};
 use half::f16;
 use std::ops::Range;
 
 /// Tokens inside which a token may move: its slot is within the same block (one block of the
-/// cold pool's groups, which [`super::cold::ColdPool::relocate_block`] rewrites whole).
+/// cold pool's groups, which [`super::ColdPool::relocate_block`] rewrites whole).
 pub const BLOCK_TOKENS: usize = BLOCK_GROUPS * GROUP_TOKENS;
 
 /// How the cold pool orders a spilled batch's tokens.

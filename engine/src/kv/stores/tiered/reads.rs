@@ -11,10 +11,10 @@
 //! and a layer's own reads go in pieces of [`READ_PIECE_BYTES`], a few in flight, each copied
 //! out as it lands. The hot budget reserves [`staging_bound_bytes`] for them.
 
-use super::super::cold::staged::{read_heads, ReadPlan, Staged};
-use super::super::cold::ColdPool;
 use crate::aligned::{AlignedBuf, IO_ALIGN};
 use crate::error::{Error, Result};
+use crate::kv::cold::staged::{read_heads, ReadPlan, Staged};
+use crate::kv::cold::ColdPool;
 use std::collections::VecDeque;
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 
@@ -266,8 +266,8 @@ const READER_THREADS: usize = 4;
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::cold::{ColdLayout, GROUP_TOKENS};
     use super::*;
+    use crate::kv::cold::{ColdLayout, GROUP_TOKENS};
 
     /// A pool whose every group holds its own (layer, head, group) in each f16 word.
     fn pool(dir: &std::path::Path) -> Arc<ColdPool> {

@@ -16,15 +16,15 @@
 //! With the X-cache ([`super::x_cache`]), the first layers keep their inputs instead of K/V: the
 //! storage side hands up X, the host rebuilds K/V and attends to all of it itself.
 
-use super::cold::staged::{read_heads, ReadPlan};
-use super::cold::{ColdPool, GROUP_TOKENS};
-use super::cold_format::ColdType;
-use super::view::ViewBuffers;
 use super::x_cache::{KvFromInput, LayerInputs};
-use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, OffloadKvStore, Queries, Selection};
 use crate::aligned::AlignedBuf;
 use crate::error::Result;
 use crate::kernels::attention::{attend_partial, Partial, RunningPartials};
+use crate::kv::cold::format::ColdType;
+use crate::kv::cold::staged::{read_heads, ReadPlan};
+use crate::kv::cold::{ColdPool, GROUP_TOKENS};
+use crate::kv::view::ViewBuffers;
+use crate::kv::{HeadsPart, KvShape, KvStats, KvStore, KvView, OffloadKvStore, Queries, Selection};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -283,7 +283,7 @@ impl HostAttention {
 
     fn attend(
         &mut self,
-        backing: &super::backing::DiskBacking,
+        backing: &crate::kv::backing::DiskBacking,
         layer: usize,
         q: &[f32],
         q_positions: &[usize],

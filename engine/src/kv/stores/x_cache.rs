@@ -15,14 +15,14 @@
 //! behind the storage side's attention; on a CPU it costs far more than the reads it saves, so
 //! the share of layers defaults to 0 and users with a slow drive opt in.
 
-use super::backing::DiskBacking;
-use super::cold::GROUP_TOKENS;
-use super::cold_format::ColdType;
-use super::placement::PlacementKind;
-use super::view::ViewBuffers;
-use super::{KvShape, KvView};
 use crate::aligned::AlignedBuf;
 use crate::error::{KvMisuse, Result};
+use crate::kv::backing::DiskBacking;
+use crate::kv::cold::format::ColdType;
+use crate::kv::cold::placement::PlacementKind;
+use crate::kv::cold::GROUP_TOKENS;
+use crate::kv::view::ViewBuffers;
+use crate::kv::{KvShape, KvView};
 use half::f16;
 use std::fmt;
 use std::path::PathBuf;

@@ -7,10 +7,10 @@
 //! back while the compute threads score the tokens in memory; every block, of either kind,
 //! merges into one top-k per head as it comes.
 
-use super::super::cold::ColdPool;
 use super::{EvaluatorKind, KvShape, TierStats, TieredSettings};
 use crate::kernels::parallel::map_items;
 use crate::kernels::spin_pool::pool;
+use crate::kv::cold::ColdPool;
 use crate::score::contract::{DeviceQuery, KeyChunkLayout};
 use crate::score::xrt::XrtEvaluator;
 use crate::score::{

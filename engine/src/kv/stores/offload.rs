@@ -2,14 +2,14 @@
 //! K/V lives in the cold pool, and every step of every layer reads all of it back (one large
 //! direct-I/O read per KV head), then attends exactly.
 
-use super::backing::DiskBacking;
-use super::cold::GROUP_TOKENS;
-use super::cold_format::ColdType;
-use super::placement::PlacementKind;
-use super::view::ViewBuffers;
-use super::{HeadsPart, KvShape, KvStats, KvStore, KvView, Queries, Selection};
 use crate::aligned::AlignedBuf;
 use crate::error::Result;
+use crate::kv::backing::DiskBacking;
+use crate::kv::cold::format::ColdType;
+use crate::kv::cold::placement::PlacementKind;
+use crate::kv::cold::GROUP_TOKENS;
+use crate::kv::view::ViewBuffers;
+use crate::kv::{HeadsPart, KvShape, KvStats, KvStore, KvView, Queries, Selection};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 

@@ -13,7 +13,7 @@ use crate::kernels::parallel::map_items;
 use crate::kv::backing::DiskBacking;
 use crate::kv::cold::staged::{read_heads, ReadPlan, Staged};
 use crate::kv::cold::{ColdPool, GROUP_TOKENS};
-use crate::kv::hot::HotPool;
+use crate::kv::hot_pool::HotPool;
 use crate::kv::TierStats;
 use std::sync::Arc;
 use std::time::Instant;

@@ -9,8 +9,8 @@
 //! let go and the next step ranks and reads as usual, with nothing lost. A copy let go is not
 //! taken again for the sequence: rebuilding it would read the whole cold pool.
 
-use crate::kv::full::FullKvStore;
-use crate::kv::headroom::{Headroom, HEADROOM_RESERVE_BYTES, PRESSURE_LIMIT_BP, REMEASURE_AFTER};
+use crate::headroom::{Headroom, HEADROOM_RESERVE_BYTES, PRESSURE_LIMIT_BP, REMEASURE_AFTER};
+use crate::kv::stores::full::FullKvStore;
 use crate::kv::{KvShape, KvStore};
 use std::time::Instant;
 

@@ -1,6 +1,6 @@
 //! The hot pool: full-precision (f16) K/V rows of the tokens kept in DRAM, per lane (a layer,
 //! or a layer's KV head), in reusable slots. Which tokens belong here is the owning store's
-//! decision (tiered: the hot tier; drop: everything it has not discarded).
+//! decision (tiered: its promoter; drop: everything it has not discarded).
 //!
 //! Each lane finds a token's slot through a hash map of the tokens it holds, and answers "is
 //! this token hot?" from a bitmap of every token it has seen: the tiered store asks that of
@@ -9,7 +9,9 @@
 //! fewer than about 30% of a lane's tokens are hot, which is the tiered store's case at
 //! long contexts (6 MB against 3 at 32K on Qwen2.5-0.5B).
 
-use super::slab::RowSlab;
+mod slab;
+
+use slab::RowSlab;
 use std::collections::HashMap;
 
 /// One lane's index into the shared slots.

@@ -4,8 +4,8 @@
 //! memory only: the disk backing packs its groups into the pool's pages and writes them, and
 //! reads them back when a truncation cuts into the pool.
 
-use super::cold::GROUP_TOKENS;
-use super::placement::SpillOrder;
+use crate::kv::cold::placement::SpillOrder;
+use crate::kv::cold::GROUP_TOKENS;
 use half::f16;
 
 pub struct RecentWindow {
