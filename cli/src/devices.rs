@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use hillside_common::{config, models, XrtArgs};
+use hillside_common::{models, XrtArgs};
 use hillside_engine::score::xrt::{probe, XrtOptions};
 use std::path::PathBuf;
 
@@ -22,7 +22,7 @@ pub struct DevicesArgs {
 }
 
 pub fn devices(args: &DevicesArgs) -> Result<()> {
-    let mut kv = config::get().kv.clone();
+    let mut kv = hillside_config::get().kv.clone();
     args.xrt.apply(&mut kv);
     let options: XrtOptions = kv.xrt_options();
     let found = probe(&options);
@@ -42,7 +42,7 @@ pub fn devices(args: &DevicesArgs) -> Result<()> {
             println!("evaluator    storage (a host worker over the cold pool): --evaluator xrt falls back to it");
         }
     }
-    println!("X-cache      {}", x_cache_line(args.model.as_deref().or(config::get().model.as_deref()), &kv));
+    println!("X-cache      {}", x_cache_line(args.model.as_deref().or(hillside_config::get().model.as_deref()), &kv));
     Ok(())
 }
 

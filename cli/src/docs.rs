@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use hillside_common::engine_choice::EngineArgs;
-use hillside_common::{config, load_engine, local_model_key, models, DocumentsArgs, ModelArgs};
+use hillside_common::{load_engine, local_model_key, models, DocumentsArgs, ModelArgs};
 use hillside_documents::chunks::Mode;
 use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::questions::question;
@@ -382,7 +382,7 @@ pub fn docs(command: &DocsCommand) -> Result<()> {
     let (documents, model) = match command {
         DocsCommand::List { documents, model } | DocsCommand::Rm { documents, model, .. } => (documents, model),
     };
-    let model_path = models::resolve(model.as_deref().or(config::get().model.as_deref()))?;
+    let model_path = models::resolve(model.as_deref().or(hillside_config::get().model.as_deref()))?;
     let (_, library, kv) = open(documents, local_model_key(&model_path)?)?;
     match command {
         DocsCommand::List { .. } => {

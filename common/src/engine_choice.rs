@@ -1,14 +1,13 @@
 //! `--engine`: Hillside's own engine, or an OpenAI-compatible one elsewhere (vLLM, llama.cpp's
 //! `llama-server`, Ollama) for when one machine is not enough.
 
-use crate::config;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_config::RemoteFile;
 use hillside_remote::{RemoteConfig, RemoteEngine};
 use std::sync::Arc;
 
 /// Requests a summary keeps in flight on a remote engine unless told otherwise.
-const DEFAULT_CONCURRENCY: usize = 4;
 
 #[derive(Args, Clone, Default)]
 pub struct EngineArgs {
@@ -34,8 +33,9 @@ impl EngineArgs {
     /// The remote engine these flags (over the config file's `[remote]`) name; `None` for the
     /// local one.
     pub fn remote_config(&self) -> Result<Option<RemoteConfig>> {
-        let file = &config::get().remote;
-        let engine = self.engine.clone().or_else(|| file.engine.clone()).unwrap_or_else(|| "local".into());
+        let file = &hillside_config::get().remote;
+        let engine =
+            self.engine.clone().or_else(|| file.engine.clone()).unwrap_or_else(|| RemoteFile::LOCAL_ENGINE.into());
         let url = match engine.as_str() {
             "local" => return Ok(None),
             other => match other.strip_prefix("openai:") {
@@ -50,7 +50,7 @@ impl EngineArgs {
             model: self.remote_model.clone().or_else(|| file.model.clone()),
             allow_insecure: self.allow_insecure_remote || file.allow_insecure.unwrap_or(false),
             context_tokens: file.context,
-            concurrency: file.concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+            concurrency: file.concurrency.unwrap_or(RemoteFile::DEFAULT_CONCURRENCY),
         }))
     }
 

@@ -3,7 +3,6 @@
 //! server `hillside serve` and the desktop app start. The `hillside` command, the desktop app and
 //! the lab (`hillside-bench`) are each built on it, as llama.cpp's tools are on `common`.
 
-pub mod config;
 pub mod download;
 pub mod engine_choice;
 pub mod fit;
@@ -13,6 +12,7 @@ pub mod shelf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hillside_config::DocumentsFile;
 use hillside_documents::kv_cache::model_fingerprint;
 use hillside_engine::kv::cold::format::ColdType;
 use hillside_engine::kv::cold::placement::PlacementKind;
@@ -38,7 +38,7 @@ pub struct GlobalArgs {
 impl GlobalArgs {
     /// Reads the config file and sizes the compute threads, before any command runs.
     pub fn apply(&self) -> Result<()> {
-        let file = config::load(self.config.as_deref())?;
+        let file = hillside_config::load(self.config.as_deref())?;
         if let Some(threads) = self.threads.or(file.threads) {
             rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("setting the thread count")?;
         }
@@ -135,7 +135,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The KV settings: these flags over the config file's `[kv]` table over the defaults.
     pub fn kv_config(&self) -> KvConfig {
-        let mut c = config::get().kv.clone();
+        let mut c = hillside_config::get().kv.clone();
         set(&mut c.store, self.kv);
         if let Some((first, rest)) = self.cold_dir.split_first() {
             c.cold_dir = first.clone();
@@ -160,11 +160,11 @@ impl ModelArgs {
     }
 
     pub fn model(&self) -> Option<&str> {
-        self.model.as_deref().or(config::get().model.as_deref())
+        self.model.as_deref().or(hillside_config::get().model.as_deref())
     }
 
     pub fn context(&self) -> Option<usize> {
-        self.context.or(config::get().context)
+        self.context.or(hillside_config::get().context)
     }
 
     /// These settings as flags, for a child process.
@@ -241,7 +241,7 @@ pub struct SamplingArgs {
 impl SamplingArgs {
     /// These flags over the config file's `[sampling]` over the engine's defaults.
     pub fn params(&self) -> GenerateParams {
-        let mut sampling = config::get().sampling.params();
+        let mut sampling = hillside_config::get().sampling.params();
         set(&mut sampling.temperature, self.temperature);
         set(&mut sampling.top_k, self.top_k);
         set(&mut sampling.top_p, self.top_p);
@@ -304,18 +304,17 @@ impl DocumentsArgs {
 
     /// The same for the model `model_key` names (summaries are kept per model).
     pub fn config_for(&self, model_key: String) -> Result<DocumentsConfig> {
-        let file = &config::get().documents;
-        let dir = self.documents_dir.clone().or_else(|| file.dir.clone()).unwrap_or_else(|| {
-            dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("hillside").join("documents")
-        });
-        let quota_gb = self.kv_quota_gb.or(file.kv_quota_gb).unwrap_or(4.0);
+        let file = &hillside_config::get().documents;
+        let dir = self.documents_dir.clone().or_else(|| file.dir.clone()).unwrap_or_else(DocumentsFile::default_dir);
+        let quota_gb = self.kv_quota_gb.or(file.kv_quota_gb).unwrap_or(DocumentsFile::DEFAULT_KV_QUOTA_GB);
         if quota_gb.is_nan() || quota_gb < 0.0 {
             bail!("kv_quota_gb must be 0 or more");
         }
         Ok(DocumentsConfig {
             dir,
             kv_quota_bytes: (quota_gb * 1e9) as u64,
-            max_file_bytes: self.max_file_mb.or(file.max_file_mb).unwrap_or(256) * 1_000_000,
+            max_file_bytes: self.max_file_mb.or(file.max_file_mb).unwrap_or(DocumentsFile::DEFAULT_MAX_FILE_MB)
+                * 1_000_000,
             model_key,
             chosen_paths: None,
         })

@@ -2,9 +2,10 @@
 
 use crate::engine_choice::EngineArgs;
 use crate::shelf::Shelf;
-use crate::{config, load_engine, models, DocumentsArgs, ModelArgs};
+use crate::{load_engine, models, DocumentsArgs, ModelArgs};
 use anyhow::{Context, Result};
 use clap::Args;
+use hillside_config::ServerFile;
 use hillside_engine::scheduler::SchedulerConfig;
 use hillside_server::shelf::ModelShelf;
 use hillside_server::{App, ChosenPaths, EngineChoice, ServerConfig};
@@ -134,10 +135,10 @@ pub fn secret(var: &str, file: Option<&Path>) -> Result<Option<String>> {
 
 /// The address to listen on: each flag over its `[server]` key over 127.0.0.1:8080.
 pub fn address(args: &ServeArgs) -> SocketAddr {
-    let file = &config::get().server;
+    let file = &hillside_config::get().server;
     SocketAddr::new(
-        args.host.or(file.host).unwrap_or(IpAddr::from([127, 0, 0, 1])),
-        args.port.or(file.port).unwrap_or(8080),
+        args.host.or(file.host).unwrap_or(ServerFile::DEFAULT_HOST),
+        args.port.or(file.port).unwrap_or(ServerFile::DEFAULT_PORT),
     )
 }
 
@@ -168,8 +169,8 @@ impl Prepared {
 /// `hillside serve` runs it: each flag over its `[server]` key over the default.
 /// `chosen_paths`: the desktop app's files.
 pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Result<Prepared> {
-    let file = &config::get().server;
-    let max_live = args.max_live.or(file.max_live).unwrap_or(4);
+    let file = &hillside_config::get().server;
+    let max_live = args.max_live.or(file.max_live).unwrap_or(ServerFile::DEFAULT_MAX_LIVE);
     if max_live == 0 {
         anyhow::bail!("max_live must be at least 1");
     }
@@ -218,20 +219,26 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
         } else {
             args.allowed_hosts.clone()
         },
-        max_body_bytes: args.max_body_mb.or(file.max_body_mb).unwrap_or(4) * 1_000_000,
+        max_body_bytes: args.max_body_mb.or(file.max_body_mb).unwrap_or(ServerFile::DEFAULT_MAX_BODY_MB) * 1_000_000,
         cors_origins,
-        shutdown_grace_s: args.shutdown_grace_s.or(file.shutdown_grace_s).unwrap_or(10),
+        shutdown_grace_s: args
+            .shutdown_grace_s
+            .or(file.shutdown_grace_s)
+            .unwrap_or(ServerFile::DEFAULT_SHUTDOWN_GRACE_S),
         scheduler: SchedulerConfig {
             max_live,
-            max_queued: args.max_queued.or(file.max_queued).unwrap_or(32),
+            max_queued: args.max_queued.or(file.max_queued).unwrap_or(ServerFile::DEFAULT_MAX_QUEUED),
             kv: args.model.kv_config(),
             context_tokens: args.model.context(),
-            cached_sequences: args.cached_sequences.or(file.cached_sequences).unwrap_or(2),
+            cached_sequences: args
+                .cached_sequences
+                .or(file.cached_sequences)
+                .unwrap_or(ServerFile::DEFAULT_CACHED_SEQUENCES),
             shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
         },
         documents: Some(documents),
-        sampling: config::get().sampling.params(),
-        settings_file: config::path().map(Path::to_path_buf),
+        sampling: hillside_config::get().sampling.params(),
+        settings_file: hillside_config::path().map(Path::to_path_buf),
     };
     Ok(Prepared { engine, config, shelf })
 }

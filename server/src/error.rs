@@ -263,8 +263,8 @@ impl From<hillside_documents::StoreError> for ApiError {
     }
 }
 
-impl From<crate::settings::ConfigFileError> for ApiError {
-    fn from(e: crate::settings::ConfigFileError) -> Self {
+impl From<hillside_config::ConfigFileError> for ApiError {
+    fn from(e: hillside_config::ConfigFileError) -> Self {
         Self::server_side(e.is_storage_full(), e.to_string())
     }
 }
@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn a_config_file_that_cannot_be_saved_for_a_full_disk_is_507() {
-        use crate::settings::ConfigFileError;
+        use hillside_config::ConfigFileError;
         let write =
             |kind: std::io::ErrorKind| ConfigFileError::Write { path: "/x/config.toml".into(), source: kind.into() };
         let full = ApiError::from(write(std::io::ErrorKind::StorageFull));

@@ -23,7 +23,6 @@ mod openapi;
 mod routes;
 mod run;
 mod serving;
-pub mod settings;
 pub mod shelf;
 mod start_error;
 pub mod types;

@@ -147,7 +147,7 @@ fn settings_are_validated_and_saved_to_the_config_file() {
     let key = saved["new_api_key"].as_str().expect("the new key, shown once").to_string();
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.starts_with("# written by hand\ncontext = 4096\n"), "{text}");
-    let back = hillside_server::settings::read(&file).unwrap();
+    let back = hillside_config::read(&file).unwrap();
     assert_eq!((back.kv.store, back.kv.alpha, back.sampling.temperature), (StoreKind::Tiered, 0.1, Some(0.2)));
     assert_eq!(back.server.api_key.as_deref(), Some(key.as_str()));
     let (_, again) = s.get("/v1/hillside/settings");

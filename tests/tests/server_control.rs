@@ -63,7 +63,7 @@ fn settings_and_models_change_only_with_this_runs_secret() {
     // host is not carried to the new one.
     let (status, saved) = s.call("PUT", "/v1/hillside/settings", Some(&wanted));
     assert_eq!(status, 200, "{saved}");
-    let back = hillside_server::settings::read(&file).unwrap();
+    let back = hillside_config::read(&file).unwrap();
     assert_eq!(back.remote.engine.as_deref(), Some("openai:http://elsewhere.example/v1"));
     assert_eq!(back.remote.api_key, None, "the key stayed with the host it was given for");
     // The other changes get past the secret to their own answers.

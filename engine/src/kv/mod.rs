@@ -25,6 +25,12 @@ use std::ops::Range;
 pub use stores::full::FullKvStore;
 pub use stores::offload::OffloadKvStore;
 
+/// Whether `alpha` can be the share of the cached tokens a step attends to: more than none, at
+/// most all. The tiered store and the settings page hold this one check.
+pub fn alpha_in_range(alpha: f32) -> bool {
+    alpha > 0.0 && alpha <= 1.0
+}
+
 /// The dimensions of the cache a model needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvShape {

@@ -3,11 +3,11 @@
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::JsonBody;
-use crate::settings::{self, Settings};
 use crate::App;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
+use hillside_config::settings::{self, Settings};
 use serde::Serialize;
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -37,7 +37,7 @@ fn path(app: &App) -> Result<&std::path::Path, ApiError> {
     responses((status = 200, description = "The config file's settings", body = SettingsReport), (status = 500, description = "The file cannot be read", body = ErrorBody)))]
 pub async fn get(State(app): State<Arc<App>>) -> Result<Json<SettingsReport>, ApiError> {
     let path = path(&app)?;
-    let file = settings::read(path)?;
+    let file = hillside_config::read(path)?;
     Ok(Json(SettingsReport { path: path.display().to_string(), settings: Settings::of(&file), new_api_key: None }))
 }
 

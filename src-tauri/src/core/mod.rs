@@ -28,7 +28,7 @@ pub(crate) struct DesktopArgs {
 
 pub fn run() -> anyhow::Result<()> {
     let args = DesktopArgs::parse();
-    hillside_common::config::load(args.config.as_deref())?;
+    hillside_config::load(args.config.as_deref())?;
     let chosen = Arc::new(ChosenPaths::default());
     let server = server::Running::start(&args.serve, chosen.clone())?;
     // Printed for people and for the tests, which read the address from here.

@@ -142,7 +142,7 @@ impl TieredKvStore {
         settings: TieredSettings,
         xrt_problem: Option<String>,
     ) -> Result<Self> {
-        if !(settings.alpha > 0.0 && settings.alpha <= 1.0) {
+        if !crate::kv::alpha_in_range(settings.alpha) {
             return Err(Error::InvalidParameter("alpha must be in (0, 1]".into()));
         }
         if settings.recent_tokens < GROUP_TOKENS {

@@ -1,118 +1,13 @@
-//! The config file (`$XDG_CONFIG_HOME/hillside/config.toml`, or the one `--config` names): its
-//! model, shared by the CLI (which reads it at start) and the server (whose settings routes
-//! edit it for the UI). An edit is checked field by field, then rewrites only the keys it
-//! changes, keeping the user's comments and other keys, and takes effect at the next start.
-//! Example:
-//!
-//! ```toml
-//! model = "smollm2-135m-instruct"
-//! context = 8192
-//! threads = 2
-//!
-//! [kv]
-//! store = "tiered"
-//! alpha = 0.2
-//! hot_budget_bytes = 50_000_000
-//! cold_dir = "/mnt/nvme/hillside-kv"
-//!
-//! [sampling]
-//! temperature = 0.7
-//!
-//! [server]
-//! port = 8080
-//! max_live = 4
-//! ```
+//! The settings page's view of the config file: the keys it shows, the check of each field, and
+//! the edit that rewrites only the keys it changes.
 
-use hillside_engine::kv::{EvaluatorKind, KvConfig, StoreKind};
+use crate::{ConfigFileError, FileConfig, RemoteFile, ServerFile};
+use hillside_engine::kv::{EvaluatorKind, StoreKind};
 use hillside_engine::SamplingParams;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use toml_edit::{value, DocumentMut, Item, Table};
 use utoipa::ToSchema;
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FileConfig {
-    /// A registry name or a path, as `--model` takes.
-    pub model: Option<String>,
-    pub context: Option<usize>,
-    pub threads: Option<usize>,
-    pub kv: KvConfig,
-    pub sampling: SamplingFile,
-    pub server: ServerFile,
-    pub documents: DocumentsFile,
-    pub remote: RemoteFile,
-}
-
-/// `[remote]`: an OpenAI-compatible engine elsewhere that runs the model (`--engine
-/// openai:URL` and the `--remote-…` flags win over these keys).
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RemoteFile {
-    /// `local` (Hillside's own engine) or `openai:URL`.
-    pub engine: Option<String>,
-    /// The remote's API key (`HILLSIDE_REMOTE_API_KEY` wins).
-    pub api_key: Option<String>,
-    /// Which of the remote's models (default: the first it lists).
-    pub model: Option<String>,
-    /// Allow plain HTTP to a remote engine on another machine.
-    pub allow_insecure: Option<bool>,
-    /// Each request's context, where the remote does not say.
-    pub context: Option<usize>,
-    /// Requests a summary keeps in flight at once [default: 4].
-    pub concurrency: Option<usize>,
-}
-
-/// `[sampling]`: defaults for requests (and `hillside chat`) that do not set their own.
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SamplingFile {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
-}
-
-impl SamplingFile {
-    /// The engine's defaults, with the keys this table sets.
-    pub fn params(&self) -> SamplingParams {
-        let d = SamplingParams::default();
-        SamplingParams {
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_p: self.top_p.unwrap_or(d.top_p),
-            top_k: self.top_k.unwrap_or(d.top_k),
-            min_p: self.min_p.unwrap_or(d.min_p),
-            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
-            ..d
-        }
-    }
-}
-
-/// `[documents]`: where documents and their kept K/V live (flags of the same names win).
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DocumentsFile {
-    pub dir: Option<PathBuf>,
-    pub kv_quota_gb: Option<f64>,
-    pub max_file_mb: Option<u64>,
-}
-
-/// `[server]`: what `hillside serve`'s flags set (each flag wins over its key).
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ServerFile {
-    pub host: Option<std::net::IpAddr>,
-    pub port: Option<u16>,
-    pub api_key: Option<String>,
-    pub max_body_mb: Option<usize>,
-    pub cors_origins: Option<Vec<String>>,
-    pub allowed_hosts: Option<Vec<String>>,
-    pub max_live: Option<usize>,
-    pub max_queued: Option<usize>,
-    pub cached_sequences: Option<usize>,
-    pub shutdown_grace_s: Option<u64>,
-}
 
 fn names(names: &[&str]) -> utoipa::openapi::Object {
     utoipa::openapi::ObjectBuilder::new()
@@ -127,44 +22,6 @@ fn store_names() -> utoipa::openapi::Object {
 
 fn evaluator_names() -> utoipa::openapi::Object {
     names(EvaluatorKind::NAMES)
-}
-
-/// Where the config file is looked for when none is named.
-pub fn default_path() -> Option<PathBuf> {
-    dirs::config_dir().map(|d| d.join("hillside").join("config.toml"))
-}
-
-/// Why the config file could not be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigFileError {
-    #[error("reading the config file {}: {source}", .path.display())]
-    Read { path: PathBuf, source: std::io::Error },
-    /// It is TOML, but a key or value is not one Hillside knows.
-    #[error("in the config file {}: {source}", .path.display())]
-    Invalid { path: PathBuf, source: toml::de::Error },
-    #[error("the config file {} is not valid TOML: {source}", .path.display())]
-    NotToml { path: PathBuf, source: toml_edit::TomlError },
-    /// An edit this code made would not read back.
-    #[error("the edited config would not parse (a bug): {0}")]
-    EditUnreadable(toml::de::Error),
-    #[error("writing the config file {}: {source}", .path.display())]
-    Write { path: PathBuf, source: std::io::Error },
-}
-
-impl ConfigFileError {
-    /// The disk is full: the same change can be saved once space is freed.
-    pub fn is_storage_full(&self) -> bool {
-        matches!(self, Self::Write { source, .. } if hillside_engine::error::is_disk_full(source.kind()))
-    }
-}
-
-/// Parses the file at `path`; a missing file is the defaults.
-pub fn read(path: &Path) -> Result<FileConfig, ConfigFileError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => toml::from_str(&text).map_err(|source| ConfigFileError::Invalid { path: path.into(), source }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(FileConfig::default()),
-        Err(source) => Err(ConfigFileError::Read { path: path.into(), source }),
-    }
 }
 
 /// The settings page: what it shows and what it sends back.
@@ -232,9 +89,9 @@ impl Settings {
             top_k: sampling.top_k,
             min_p: sampling.min_p,
             repeat_penalty: sampling.repeat_penalty,
-            port: file.server.port.unwrap_or(8080),
+            port: file.server.port.unwrap_or(ServerFile::DEFAULT_PORT),
             require_api_key: file.server.api_key.as_deref().is_some_and(|k| !k.is_empty()),
-            engine: file.remote.engine.clone().unwrap_or_else(|| "local".into()),
+            engine: file.remote.engine.clone().unwrap_or_else(|| RemoteFile::LOCAL_ENGINE.into()),
             remote_model: file.remote.model.clone(),
             allow_insecure_remote: file.remote.allow_insecure.unwrap_or(false),
             remote_api_key: None,
@@ -256,7 +113,7 @@ impl Settings {
                 return Err(("model", format!("{model} is not installed (hillside models pull {model} installs it)")));
             }
         }
-        if !(self.alpha > 0.0 && self.alpha <= 1.0) {
+        if !hillside_engine::kv::alpha_in_range(self.alpha) {
             return Err(("alpha", "α is the share of tokens each step attends to: more than 0, at most 1".into()));
         }
         if let Some(mb) = self.hot_budget_mb {
@@ -294,7 +151,7 @@ impl Settings {
         if self.port < 1024 {
             return Err(("port", "use a port from 1024 to 65535 (lower ones need root)".into()));
         }
-        if self.engine != "local" {
+        if self.engine != RemoteFile::LOCAL_ENGINE {
             let Some(url) = self.engine.strip_prefix("openai:") else {
                 return Err((
                     "engine",
@@ -366,7 +223,7 @@ pub fn write(path: &Path, settings: &Settings) -> Result<Option<String>, ConfigF
         _ => {}
     }
     match settings.engine.as_str() {
-        "local" => drop(remote.remove("engine")),
+        RemoteFile::LOCAL_ENGINE => drop(remote.remove("engine")),
         engine => remote["engine"] = value(engine),
     }
     match &settings.remote_model {
@@ -424,27 +281,7 @@ fn write_private(path: &Path, text: &str) -> Result<(), ConfigFileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn partial_files_keep_defaults_and_typos_are_errors() {
-        let c: FileConfig = toml::from_str("context = 4096\n[kv]\nstore = \"tiered\"\nalpha = 0.1\n").unwrap();
-        assert_eq!(c.context, Some(4096));
-        assert_eq!(c.kv.store, StoreKind::Tiered);
-        assert_eq!(c.kv.alpha, 0.1);
-        assert_eq!(c.kv.recent_tokens, KvConfig::default().recent_tokens);
-        let typo = toml::from_str::<FileConfig>("[kv]\nalpah = 0.1\n").unwrap_err().to_string();
-        assert!(typo.contains("alpah"), "{typo}");
-        assert!(toml::from_str::<FileConfig>("[kv]\nstore = \"ssd\"\n").is_err());
-        let c: FileConfig =
-            toml::from_str("[server]\nport = 9000\ncors_origins = [\"http://localhost:3000\"]\n").unwrap();
-        assert_eq!((c.server.port, c.server.max_live), (Some(9000), None));
-        assert!(toml::from_str::<FileConfig>("[server]\nprot = 9000\n").is_err());
-        let c: FileConfig = toml::from_str("[sampling]\ntemperature = 0.2\n").unwrap();
-        assert_eq!(
-            (c.sampling.params().temperature, c.sampling.params().top_k),
-            (0.2, SamplingParams::default().top_k)
-        );
-    }
+    use crate::read;
 
     #[test]
     fn the_readme_example_parses() {

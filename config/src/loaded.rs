@@ -1,22 +1,18 @@
-//! The config file, read once at start: `$XDG_CONFIG_HOME/hillside/config.toml` (or `--config` /
-//! `HILLSIDE_CONFIG`). Command-line flags override it; it overrides the built-in defaults. Its
-//! keys are described in [`hillside_server::settings`], which the UI's settings page also edits.
+//! The config this process read at start: loaded once, then read from anywhere.
 
-use anyhow::Result;
-use hillside_server::settings;
-pub use hillside_server::settings::FileConfig;
+use crate::{default_path, read, ConfigFileError, FileConfig};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 static CONFIG: OnceLock<(FileConfig, Option<PathBuf>)> = OnceLock::new();
 
 /// Reads the named file (which must exist) or the default one (if it exists), once.
-pub fn load(named: Option<&Path>) -> Result<&'static FileConfig> {
+pub fn load(named: Option<&Path>) -> Result<&'static FileConfig, ConfigFileError> {
     let (config, path) = match named {
-        Some(path) if !path.exists() => anyhow::bail!("the config file {} does not exist", path.display()),
-        Some(path) => (settings::read(path)?, Some(path.to_path_buf())),
-        None => match settings::default_path() {
-            Some(path) => (settings::read(&path)?, Some(path)),
+        Some(path) if !path.exists() => return Err(ConfigFileError::Missing { path: path.into() }),
+        Some(path) => (read(path)?, Some(path.to_path_buf())),
+        None => match default_path() {
+            Some(path) => (read(&path)?, Some(path)),
             None => (FileConfig::default(), None),
         },
     };
