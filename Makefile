@@ -75,7 +75,7 @@ test: setup-tests ui
 	$(MAKE) desktop-test
 
 bench: setup
-	cargo run --release -p hillside -- bench decode --json docs/bench-decode.json
+	cargo run --release -p hillside-bench -- decode --json docs/bench-decode.json
 
 clean:
 	cargo clean

@@ -22,7 +22,8 @@ beside_llama() {
   export PATH="$HOME/.cargo/bin:$PATH"
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/hillside-target}
   llama_tool=$("$root/scripts/llama-cpp-build.sh" "$1" "$2")
-  cargo build --release -q -p hillside --manifest-path "$root/Cargo.toml"
+  # `hillside bench` hands over to the lab, `hillside-bench`, built beside it.
+  cargo build --release -q -p hillside -p hillside-bench --manifest-path "$root/Cargo.toml"
   hillside=$CARGO_TARGET_DIR/release/hillside
   commit=$(git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)
   work=$(mktemp -d)

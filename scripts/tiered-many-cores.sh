@@ -2,7 +2,8 @@
 # The tiered store against the full cache and offload on a machine with many cores (issue 47),
 # side by side in one run, for a lent GPU machine's host (16 cores, no network, ~60 MiB of files):
 #
-#   scripts/tiered-many-cores.sh pack [DIR]   here: a release build, stripped, and the default
+#   scripts/tiered-many-cores.sh pack [DIR]   here: a release build (hillside and the lab it hands
+#                                             `bench` to, hillside-bench), stripped, and the default
 #                                             model cut to its first 9 blocks (real weights, so a
 #                                             layer costs what it does), xz'd into DIR
 #                                             (default target/devpack, ~55 MB), with this script
@@ -23,10 +24,11 @@ pack() {
   mkdir -p "$dir"
   [ -x "$venv/bin/python" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install -q gguf numpy; }
   export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/hillside-target}
-  cargo build --release -p hillside
+  cargo build --release -p hillside -p hillside-bench
   strip -o "$dir/hillside" "$CARGO_TARGET_DIR/release/hillside"
+  strip -o "$dir/hillside-bench" "$CARGO_TARGET_DIR/release/hillside-bench"
   "$venv/bin/python" "$cut" "$model" "$dir/model.gguf" 9
-  xz -T2 -9 -f "$dir/hillside" "$dir/model.gguf"
+  xz -T2 -9 -f "$dir/hillside" "$dir/hillside-bench" "$dir/model.gguf"
   cp ../shared/data/pride-and-prejudice.txt "$dir/"
   install -m 755 scripts/tiered-many-cores.sh "$dir/"
   git rev-parse --short HEAD >"$dir/commit"
@@ -56,6 +58,7 @@ run() {
     say "$name: exit $rc, $((SECONDS - s)) s"
   }
   xz -dc "$here/hillside.xz" >"$work/hillside" && chmod +x "$work/hillside"
+  xz -dc "$here/hillside-bench.xz" >"$work/hillside-bench" && chmod +x "$work/hillside-bench"
   xz -dc "$here/model.gguf.xz" >"$work/model.gguf"
   local bin=$work/hillside model=$work/model.gguf text=$here/pride-and-prejudice.txt
   local ctx=${CONTEXT:-8192} long=${LONG_CONTEXT:-32768}

@@ -1,9 +1,11 @@
 //! `hillside`: chat with a local model, generate text, serve it (the OpenAI-compatible API and
-//! the web UI), manage models and documents; and the lab's benchmarks and evaluation.
+//! the web UI), manage models and documents; and hand over to the lab (`hillside-bench`) for
+//! benchmarks and evaluation.
 
 mod chat;
 mod devices;
 mod docs;
+mod lab;
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -42,9 +44,13 @@ enum Command {
         #[command(subcommand)]
         command: ModelsCommand,
     },
-    /// How faithful the sparse KV stores are to the full cache (perplexity, top-1 agreement;
-    /// the lab's `hillside-bench eval`).
-    Eval(hillside_bench::eval::EvalArgs),
+    /// How faithful the sparse KV stores are to the full cache (perplexity, top-1 agreement,
+    /// greedy continuations, passkeys): runs the lab, `hillside-bench eval`.
+    #[command(disable_help_flag = true)]
+    Eval {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Serve an OpenAI-compatible API on 127.0.0.1 (chat and text completions, streamed or not,
     /// and documents to summarize and ask about).
     Serve(serve::ServeArgs),
@@ -60,10 +66,12 @@ enum Command {
     },
     /// Storage-side scoring hardware: XRT, SmartSSD cards, the kernel's xclbin, P2P.
     Devices(devices::DevicesArgs),
-    /// Measure the engine, the stores, the server and the app (the lab, `hillside-bench`).
+    /// Measure the engine, the stores, the server and the app: runs the lab, `hillside-bench`
+    /// (`hillside bench --help` lists its benchmarks).
+    #[command(disable_help_flag = true)]
     Bench {
-        #[command(subcommand)]
-        command: hillside_bench::BenchCommand,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
 }
 
@@ -171,12 +179,12 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(())
             }
         },
-        Command::Eval(args) => hillside_bench::eval::eval(&args),
+        Command::Eval { args } => lab::run(&cli.global, ["eval".into()].into_iter().chain(args).collect()),
         Command::Serve(args) => serve::serve(&args),
         Command::Summarize(args) => docs::summarize_files(&args),
         Command::Ask(args) => docs::ask(&args),
         Command::Docs { command } => docs::docs(&command),
         Command::Devices(args) => devices::devices(&args),
-        Command::Bench { command } => hillside_bench::run(command, &["bench"]),
+        Command::Bench { args } => lab::run(&cli.global, args),
     }
 }

@@ -8,7 +8,6 @@ mod names;
 pub mod aligned;
 pub mod device;
 pub mod error;
-pub mod eval;
 pub mod generate;
 pub mod headroom;
 pub mod kernels;

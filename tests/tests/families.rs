@@ -8,7 +8,7 @@
 mod common;
 
 use common::llama_server::{self, LlamaServer};
-use hillside_engine::eval::teacher_forced;
+use hillside_bench::fidelity::teacher_forced;
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::sampling::argmax;
 use hillside_engine::text::reasoning::{Parts, ReasoningSplit};

@@ -2,7 +2,7 @@
 
 mod common;
 
-use hillside_engine::eval::{teacher_forced, teacher_forced_from};
+use hillside_bench::fidelity::{teacher_forced, teacher_forced_from};
 use hillside_engine::kernels::attention::{attend, k_tile_index};
 use hillside_engine::kv::cold::format::ColdType;
 use hillside_engine::kv::cold::placement::PlacementKind;
@@ -727,7 +727,7 @@ fn the_fidelity_guard_widens_selections_that_hold_too_little_attention() {
 
 #[test]
 fn the_ideal_selector_captures_more_attention_than_the_scored_selection() {
-    use hillside_engine::eval::{AttentionMassProbe, IdealSelector};
+    use hillside_bench::fidelity::{AttentionMassProbe, IdealSelector};
     let engine = Engine::load(&common::model_path()).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
     let tokens = &engine.tokenizer().encode(&text[400_000..430_000]).unwrap()[..900];

@@ -3,7 +3,7 @@
 
 mod common;
 
-use hillside_engine::eval::{ExactKeys, SelectionWatch, Watched};
+use hillside_bench::fidelity::{ExactKeys, SelectionWatch, Watched};
 use hillside_engine::kv::{FullKvStore, Selection};
 use hillside_engine::score::{KeyBits, ScoreBlock, ScoringKeys, TopK};
 use hillside_engine::{Engine, Logits};

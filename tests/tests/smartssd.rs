@@ -5,7 +5,7 @@
 
 mod common;
 
-use hillside_engine::eval::{ExactKeys, SelectionWatch, Watched};
+use hillside_bench::fidelity::{ExactKeys, SelectionWatch, Watched};
 use hillside_engine::kv::{EvaluatorKind, KvConfig, KvStats, Selection, StoreKind};
 use hillside_engine::score::xrt::{probe, XrtOptions};
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams, Sequence};

@@ -1,11 +1,11 @@
 //! `hillside eval`: how faithful each KV store is to the full cache, teacher-forced over a real
 //! text. Prints a table and writes JSON.
 
+use crate::fidelity::{teacher_forced_from, AttentionMass, AttentionMassProbe, IdealSelector, TeacherForced};
 use crate::prompt_cache::feed_prompt;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_common::{load_engine, ModelArgs};
-use hillside_engine::eval::{teacher_forced_from, AttentionMass, AttentionMassProbe, IdealSelector, TeacherForced};
 use hillside_engine::kv::{KvStats, KvStore, SelectorKind, StoreKind};
 use hillside_engine::Engine;
 use serde::Serialize;

@@ -50,18 +50,11 @@ pub struct KvArgs {
 const BETA_SWEEP: [f64; 5] = [0.25, 0.5, 1.0, 2.0, 4.0];
 
 /// Runs `decode` for one store in a child process of this program and returns its report.
-fn run_store(
-    args: &KvArgs,
-    lab: &[&str],
-    store: StoreKind,
-    contexts: &[usize],
-    hot_budget_mb: Option<usize>,
-) -> Result<Value> {
+fn run_store(args: &KvArgs, store: StoreKind, contexts: &[usize], hot_budget_mb: Option<usize>) -> Result<Value> {
     let out = std::env::temp_dir().join(format!("hillside-bench-kv-{}-{}.json", std::process::id(), store));
     let contexts: Vec<String> = contexts.iter().map(usize::to_string).collect();
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(lab)
-        .args(["decode", "--kv", &store.to_string(), "--prefill-tokens", "16"])
+    cmd.args(["decode", "--kv", &store.to_string(), "--prefill-tokens", "16"])
         .args(["--contexts", &contexts.join(","), "--decode-tokens", &args.decode_tokens.to_string()])
         .args(
             args.model.to_flags().into_iter().filter(|f| hot_budget_mb.is_none() || !f.starts_with("--hot-budget-mb")),
@@ -99,18 +92,18 @@ fn run_store(
 /// Memory a budgeted store's process may hold beyond its weights and hot budget (issue 3).
 const RSS_ALLOWANCE_MB: f64 = 64.0;
 
-pub fn kv(args: &KvArgs, lab: &[&str]) -> Result<()> {
+pub fn kv(args: &KvArgs) -> Result<()> {
     let mut reports = Vec::new();
     for &store in &args.stores {
         let runs = args
             .contexts
             .iter()
-            .map(|&context| run_store(args, lab, store, &[context], None))
+            .map(|&context| run_store(args, store, &[context], None))
             .collect::<Result<Vec<_>>>()?;
         let report = merge_contexts(runs);
         reports.push((store, report));
     }
-    let sweep = if args.beta_sweep { Some(beta_sweep(args, lab)?) } else { None };
+    let sweep = if args.beta_sweep { Some(beta_sweep(args)?) } else { None };
     println!(
         "hillside bench kv · α {} · decode tok/s ({} tokens at each context)",
         args.model.kv_config().alpha,
@@ -272,7 +265,7 @@ struct Sweep {
 }
 
 /// Tiered decode at the largest context for hot pools sized by multiples of the predicted β.
-fn beta_sweep(args: &KvArgs, lab: &[&str]) -> Result<Sweep> {
+fn beta_sweep(args: &KvArgs) -> Result<Sweep> {
     let context = *args.contexts.iter().max().context("no contexts")?;
     let engine = hillside_common::load_engine(&args.model)?;
     let shape = engine.model().kv_shape(context);
@@ -288,7 +281,7 @@ fn beta_sweep(args: &KvArgs, lab: &[&str]) -> Result<Sweep> {
         let beta = predicted * multiple;
         let budget = config.budget_for_beta(shape, beta);
         eprintln!("β sweep: β = {beta:.2} ({multiple}× predicted), hot budget {} MB", budget / 1_000_000);
-        let report = run_store(args, lab, StoreKind::Tiered, &[context], Some(budget.div_ceil(1_000_000)))?;
+        let report = run_store(args, StoreKind::Tiered, &[context], Some(budget.div_ceil(1_000_000)))?;
         let d = &report["decode"][0];
         points.push(SweepPoint {
             beta,

@@ -1,12 +1,14 @@
 //! Hillside's lab, apart from the product as llama.cpp keeps `llama-bench`: benchmarks and the
 //! fidelity evaluation. Each command measures one thing, prints a table and writes JSON through
 //! one report writer ([`report`]); `docs/BENCHMARKS.md` says what each measures and its current
-//! figures. It runs as `hillside-bench`, and as `hillside bench …` / `hillside eval …`.
+//! figures. It is a program of its own, `hillside-bench`, which the product does not link;
+//! `hillside bench …` and `hillside eval …` run it.
 
 mod decode;
 mod docs;
 mod engines;
 pub mod eval;
+pub mod fidelity;
 mod harness;
 mod ingest;
 mod kernels;
@@ -47,14 +49,12 @@ pub enum BenchCommand {
     Ui(ui::UiBenchArgs),
 }
 
-/// Runs one of the benchmarks. `lab` is what reaches these commands from the program running
-/// them (`["bench"]` in `hillside`, nothing in `hillside-bench`): `kv` runs `decode` in a child
-/// process of the same program.
-pub fn run(command: BenchCommand, lab: &[&str]) -> Result<()> {
+/// Runs one of the benchmarks.
+pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Decode(args) => decode::decode(&args),
         BenchCommand::Kernels(args) => kernels::kernels(&args),
-        BenchCommand::Kv(args) => kv::kv(&args, lab),
+        BenchCommand::Kv(args) => kv::kv(&args),
         BenchCommand::Recall(args) => recall::recall(&args),
         BenchCommand::Serve(args) => serve::serve(&args),
         BenchCommand::Docs(args) => docs::docs(&args),

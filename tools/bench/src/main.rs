@@ -1,5 +1,5 @@
-//! `hillside-bench`: the lab's commands on their own (as `hillside bench …` and `hillside eval …`
-//! run them), with the same global flags as `hillside`.
+//! `hillside-bench`: the lab's commands (which `hillside bench …` and `hillside eval …` run),
+//! with the same global flags as `hillside`.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -35,7 +35,7 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     cli.global.apply()?;
     match cli.command {
-        Command::Bench(command) => hillside_bench::run(command, &[]),
+        Command::Bench(command) => hillside_bench::run(command),
         Command::Eval(args) => hillside_bench::eval::eval(&args),
     }
 }

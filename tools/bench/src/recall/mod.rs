@@ -12,10 +12,10 @@
 
 mod projection;
 
+use crate::fidelity::{teacher_forced, ExactKeys, SelectionWatch, Watched};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hillside_common::{load_engine, ModelArgs};
-use hillside_engine::eval::{teacher_forced, ExactKeys, SelectionWatch, Watched};
 use hillside_engine::kernels::rope::RopeLayout;
 use hillside_engine::kv::{FullKvStore, Selection};
 use hillside_engine::score::{KeyBits, ScoreBlock, ScoringKeys, TopK};

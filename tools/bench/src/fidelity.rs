@@ -1,11 +1,11 @@
 //! Fidelity measurements shared by `hillside eval` and the tests: teacher-forced decoding of a
 //! real text, token by token, so that sparse stores select exactly as they would in generation.
 
-use crate::error::Result;
-use crate::kv::{HeadsPart, KvShape, KvStats, KvStore, KvView, Queries, Selection};
-use crate::model::Logits;
-use crate::sampling::argmax;
-use crate::{Engine, Sequence};
+use hillside_engine::kv::{HeadsPart, KvShape, KvStats, KvStore, KvView, Queries, Selection};
+use hillside_engine::model::Logits;
+use hillside_engine::sampling::argmax;
+use hillside_engine::Result;
+use hillside_engine::{Engine, Sequence};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
