@@ -1,7 +1,4 @@
-//! Faults injected into cold pools, for the tests of failure paths that a healthy disk never
-//! takes: a test registers a plan for a directory, and the pools created there afterwards
-//! follow it. Nothing registers a plan in normal use; a pool without one pays a `None` check
-//! per I/O.
+//! The registered plans, and the faults of each pool created where one applies.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,7 +35,7 @@ pub struct FailingWrite {
 
 /// The faults of one pool.
 #[derive(Debug)]
-pub(super) struct PoolFaults {
+pub(in crate::kv) struct PoolFaults {
     plan: Arc<ColdFaults>,
     panics: bool,
 }
@@ -87,7 +84,7 @@ pub fn clear(dir: &Path) {
 }
 
 /// The faults of a pool being created in `dir`, if a plan names it.
-pub(super) fn for_new_pool(dir: &Path) -> Option<PoolFaults> {
+pub(in crate::kv) fn for_new_pool(dir: &Path) -> Option<PoolFaults> {
     let mut plans = PLANS.lock().unwrap_or_else(|p| p.into_inner());
     let (_, plan, created) = plans.iter_mut().find(|(d, ..)| d == dir)?;
     *created += 1;
