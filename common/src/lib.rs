@@ -54,11 +54,11 @@ pub struct ModelArgs {
     /// Context length in tokens (default: the model's).
     #[arg(long)]
     pub context: Option<usize>,
-    /// Where the KV cache lives: full (all in memory), offload (all on disk, read back each
-    /// step), tiered (hot pool in memory, cold pool on disk, attention over the top α), drop
-    /// (only sinks, recent tokens and the top-α heavy hitters are kept; the rest is discarded)
-    /// or near-storage (all on disk, as offload, with exact attention computed beside the cold
-    /// pool: only partial outputs reach the host).
+    /// Where the KV cache lives: full (all in memory) or tiered (hot pool in memory, cold pool
+    /// on disk, attention over the top α). For comparison: offload (all on disk, read back each
+    /// step), drop (only sinks, recent tokens and the top-α heavy hitters are kept; the rest is
+    /// discarded) and near-storage (all on disk, as offload, with exact attention computed
+    /// beside the cold pool: only partial outputs reach the host).
     /// [default: full]
     #[arg(long)]
     pub kv: Option<StoreKind>,

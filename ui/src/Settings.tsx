@@ -13,6 +13,11 @@ interface Report {
 
 type Field = keyof Settings;
 
+// The stores a user picks from, and those the benchmarks compare the tiered store with, which
+// the page offers only under its advanced fold (or while the file names one).
+const EVERYDAY_STORES = ["full", "tiered"];
+const COMPARISON_STORES = ["offload", "drop", "near-storage"];
+
 export function SettingsView() {
   const [report, setReport] = useState<Report | null>(null);
   const [form, setForm] = useState<Settings | null>(null);
@@ -20,6 +25,7 @@ export function SettingsView() {
   const [status, setStatus] = useState<string | null>(null);
   const [problem, setProblem] = useState<string | null>(null);
   const [locked, setLocked] = useState(false);
+  const [comparing, setComparing] = useState(false);
 
   useEffect(() => {
     call<Report>("GET", "/v1/hillside/settings")
@@ -98,6 +104,26 @@ export function SettingsView() {
     </select>
   );
 
+  const comparisonShown = comparing || COMPARISON_STORES.includes(form.store);
+  const storeChoice = (
+    <select id="setting-store" value={form.store} onChange={(e) => set("store", e.currentTarget.value as never)}>
+      {EVERYDAY_STORES.map((o) => (
+        <option key={o} value={o}>
+          {o}
+        </option>
+      ))}
+      {comparisonShown && (
+        <optgroup label="For comparison">
+          {COMPARISON_STORES.map((o) => (
+            <option key={o} value={o}>
+              {o}
+            </option>
+          ))}
+        </optgroup>
+      )}
+    </select>
+  );
+
   return (
     <section class="page settings">
       <h1>Settings</h1>
@@ -123,7 +149,13 @@ export function SettingsView() {
         </fieldset>
         <fieldset>
           <legend>KV cache</legend>
-          {field("store", "Store", choice("store", form.store, ["full", "offload", "tiered", "drop", "near-storage"]), "tiered: a hot pool in memory, a cold pool on disk; near-storage: exact attention beside the cold pool")}
+          {field("store", "Store", storeChoice, "full: the whole cache in memory; tiered: a hot pool in memory, a cold pool on disk, each step attending to the most important tokens")}
+          <details class="advanced" open={comparing || COMPARISON_STORES.includes(form.store)} onToggle={(e) => setComparing(e.currentTarget.open)}>
+            <summary>Advanced: stores for comparison</summary>
+            <p class="hint">
+              What the benchmarks measure the tiered store against, offered above while this is open: offload (everything on disk, all of it read back each step), drop (the least attended tokens discarded for good) and near-storage (exact attention beside the cold pool).
+            </p>
+          </details>
           {field("alpha", "α (share of tokens attended)", text("alpha", String(form.alpha), (v) => number("alpha", v), "number", "0.01"))}
           {field("hot_budget_mb", "Hot-pool budget (MB)", text("hot_budget_mb", form.hot_budget_mb === null ? "" : String(form.hot_budget_mb), (v) => number("hot_budget_mb", v, true), "number"), "Empty: the planner decides")}
           {field("cold_dir", "Cold-pool directory", text("cold_dir", form.cold_dir, (v) => set("cold_dir", v)), "On the fastest SSD you have")}

@@ -211,6 +211,11 @@ test("settings change only from the printed link, are checked field by field and
   await page.getByRole("button", { name: "Save" }).click();
   await expect(page.locator("#error-engine")).toContainText("plain HTTP");
   await page.getByLabel("Engine", { exact: true }).fill("openai:https://gpu.example/v1");
+  // The stores kept for comparison are offered only under the advanced fold.
+  const stores = page.getByLabel("Store").locator("option");
+  await expect(stores).toHaveText(["full", "tiered"]);
+  await page.getByText("Advanced: stores for comparison").click();
+  await expect(stores).toHaveText(["full", "tiered", "offload", "drop", "near-storage"]);
   await page.getByLabel("Store").selectOption("tiered");
   await page.getByRole("button", { name: "Save" }).click();
   await expect(page.getByRole("status")).toContainText("Restart Hillside to apply");
