@@ -9,12 +9,11 @@ use hillside_documents::chunks::Mode;
 use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::questions::question;
 use hillside_documents::sources::Source;
-use hillside_documents::summarize::{
-    summarize, Backend, DocumentSummary, LibraryCheckpoints, Progress, Request, Runner,
-};
+use hillside_documents::summarize::{summarize, DocumentSummary, LibraryCheckpoints, Progress, Runner};
 use hillside_documents::{read_file, Document, Library, Limits, Locator};
-use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
-use hillside_engine::{CancelFlag, ChatMessage, Engine, Event};
+use hillside_engine::scheduler::SchedulerConfig;
+use hillside_engine::{CancelFlag, ChatMessage};
+use hillside_front::EngineFront;
 use hillside_server::DocumentsConfig;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use std::io::Write;
@@ -89,8 +88,8 @@ pub enum DocsCommand {
 }
 
 /// Starts the scheduler the documents run through, and the context it gives each sequence.
-fn start(engine: &Arc<Engine>, model: &ModelArgs) -> (Scheduler, usize) {
-    let context = engine.model().kv_shape(model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;
+/// The local engine `model` names, with the scheduler summaries and questions run through.
+fn local_front(model: &ModelArgs) -> Result<EngineFront> {
     let config = SchedulerConfig {
         max_live: 4,
         max_queued: 1024,
@@ -99,7 +98,7 @@ fn start(engine: &Arc<Engine>, model: &ModelArgs) -> (Scheduler, usize) {
         cached_sequences: 0,
         shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
     };
-    (Scheduler::start(engine.clone(), config), context)
+    Ok(EngineFront::start_local(Arc::new(load_engine(model)?), config))
 }
 
 /// Every file named, folders expanded (their files in name order, hidden ones skipped).
@@ -150,26 +149,18 @@ fn with_runner<T>(
     documents: &DocumentsArgs,
     work: impl FnOnce(&Runner<'_>, &DocumentsConfig, &Library) -> Result<T>,
 ) -> Result<T> {
-    match engine.connect()? {
-        Some(remote) => {
-            let (config, library, _) = open(documents, format!("remote {} {}", remote.url(), remote.model()))?;
-            let runner =
-                Runner { backend: Backend::Remote(&remote), context_tokens: remote.context_tokens(), kv_cache: None };
-            work(&runner, &config, &library)
-        }
-        None => {
-            let model_path = models::resolve(model.model())?;
-            let (config, library, kv) = open(documents, local_model_key(&model_path)?)?;
-            let engine = Arc::new(load_engine(model)?);
-            let (scheduler, context) = start(&engine, model);
-            let runner = Runner {
-                backend: Backend::Local { engine: &engine, scheduler: &scheduler },
-                context_tokens: context,
-                kv_cache: Some(&kv),
-            };
-            work(&runner, &config, &library)
-        }
-    }
+    let remote = engine.connect()?;
+    let model_key = match &remote {
+        Some(remote) => format!("remote {} {}", remote.url(), remote.model()),
+        None => local_model_key(&models::resolve(model.model())?)?,
+    };
+    // The library first: one in use by another Hillside is refused before a model loads.
+    let (config, library, kv) = open(documents, model_key)?;
+    let front = match remote {
+        Some(remote) => EngineFront::Remote(remote),
+        None => local_front(model)?,
+    };
+    work(&Runner::new(&front, model.context(), Some(&kv)), &config, &library)
 }
 
 fn summarize_with(
@@ -337,38 +328,19 @@ pub fn ask(args: &AskArgs) -> Result<()> {
             ..Default::default()
         };
         let mut out = std::io::stdout().lock();
-        let done = match (asked.request, runner.backend) {
-            (Request::Remote(messages), Backend::Remote(remote)) => {
-                let mut write = |t: &str| write!(out, "{t}").and_then(|()| out.flush()).is_ok();
-                remote.chat(&messages, &params, &mut write)?
-            }
-            (request, _) => {
-                let (tokens, prefix) = request.into_local().context("a remote request for the local engine")?;
-                let (tx, rx) = std::sync::mpsc::channel();
-                let params =
-                    hillside_engine::GenerateParams { reasoning: runner.reasoning_format_after(&tokens), ..params };
-                runner.scheduler().context("no scheduler")?.submit_with_prefix(
-                    tokens,
-                    prefix,
-                    params,
-                    Box::new(move |u| tx.send(u).is_ok()),
-                )?;
-                loop {
-                    match rx.recv().context("the engine stopped")? {
-                        Update::Event(Event::Text(t)) => {
-                            write!(out, "{t}")?;
-                            out.flush()?;
-                        }
-                        Update::Event(_) => {}
-                        Update::Done(done) => break done?,
-                    }
-                }
-            }
-        };
+        let mut write_error = None;
+        let done = runner.front.generate(asked.request, params, &mut |t: &str| {
+            let written = write!(out, "{t}").and_then(|()| out.flush());
+            written.map_err(|e| write_error = Some(e)).is_ok()
+        });
+        if let Some(e) = write_error {
+            return Err(e.into());
+        }
+        let done = done?;
         writeln!(out)?;
-        let reused = match runner.backend {
-            Backend::Local { .. } => "from the document's kept K/V",
-            Backend::Remote(_) => "from the remote engine's prefix cache",
+        let reused = match runner.front.remote() {
+            None => "from the document's kept K/V",
+            Some(_) => "from the remote engine's prefix cache",
         };
         eprintln!(
             "({} prompt tokens, {} of them reused {reused}; first token after {:.0} ms)",

@@ -1,12 +1,13 @@
-//! The engine a server runs on: Hillside's own, through its scheduler, or an OpenAI-compatible
-//! one elsewhere (vLLM, llama.cpp's server), for when one machine is not enough. The routes
-//! above it — documents, conversations, the UI — are the same on either; those that show the
-//! local engine's insides (KV tiers, sequences) say plainly that a remote one has none.
+//! The engine a server is started on: Hillside's own or an OpenAI-compatible one elsewhere
+//! (vLLM, llama.cpp's server), which it serves through one front
+//! ([`hillside_front::EngineFront`]). The routes above it (documents, conversations, the UI) are
+//! the same on either; those that show the local engine's insides (KV tiers, sequences) say
+//! plainly that a remote one has none, and a remote's failures reach clients as its errors.
 
 use crate::error::ApiError;
 use axum::http::StatusCode;
-use hillside_engine::scheduler::Scheduler;
 use hillside_engine::Engine;
+use hillside_front::EngineFront;
 use hillside_remote::{RemoteEngine, RemoteError};
 use std::sync::Arc;
 
@@ -28,29 +29,13 @@ impl From<Arc<RemoteEngine>> for EngineChoice {
     }
 }
 
-/// The engine a running server uses.
-pub enum Backend {
-    Local { engine: Arc<Engine>, scheduler: Scheduler },
-    Remote(Arc<RemoteEngine>),
-}
-
-impl Backend {
-    /// `local`, or `openai:URL`, as `--engine` takes it.
-    pub fn name(&self) -> String {
-        match self {
-            Backend::Local { .. } => "local".into(),
-            Backend::Remote(remote) => format!("openai:{}", remote.url()),
-        }
-    }
-}
-
 /// What a route that needs Hillside's own engine answers on a remote one.
-pub fn needs_local_engine(remote: &RemoteEngine) -> ApiError {
+pub fn needs_local_engine(front: &EngineFront) -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
         "invalid_request_error",
         Some("engine_is_remote"),
-        format!("This server runs on the remote engine at {}: KV tiers, sequences and token ids belong to Hillside's own engine (start it without --engine to see them).", remote.url()),
+        format!("This server runs on the remote engine {}: KV tiers, sequences and token ids belong to Hillside's own engine (start it without --engine to see them).", front.name()),
     )
 }
 

@@ -28,7 +28,7 @@ mod start_error;
 pub mod types;
 mod web_ui;
 
-pub use backend::{Backend, EngineChoice};
+pub use backend::EngineChoice;
 pub use cross_site::AllowedOrigins;
 pub use documents::{ChosenPaths, DocumentsConfig};
 pub use error::{ApiError, ErrorBody};

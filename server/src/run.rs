@@ -11,8 +11,9 @@ use crate::{App, Serving};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use hillside_engine::scheduler::{KeptPrefix, Ticket, Update};
-use hillside_engine::{ChatMessage, Event, FinishReason, GenerateParams, SamplingParams, Summary, TokenLogprob};
-use hillside_remote::{RemoteEngine, ReplySink};
+use hillside_engine::{Event, FinishReason, GenerateParams, SamplingParams, Summary, TokenLogprob};
+use hillside_front::{RemotePrompt, Request};
+use hillside_remote::ReplySink;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -113,9 +114,30 @@ impl Drop for Running {
     }
 }
 
+/// Submits `request` to the engine `serving` runs, with the engine parameters `params` makes
+/// from the prompt's length (a remote's is counted by its tokenizer, over HTTP, so on a
+/// blocking thread).
+pub async fn submit(
+    app: &Arc<App>,
+    serving: &Arc<Serving>,
+    request: Request,
+    params: impl FnOnce(usize) -> Result<GenerateParams, ApiError>,
+) -> Result<Running, ApiError> {
+    let (prompt_tokens, request) =
+        blocking(app, serving, move |_, serving| Ok((serving.front.prompt_tokens(&request), request))).await?;
+    let params = params(prompt_tokens)?;
+    match request {
+        Request::Local { tokens, prefix } => {
+            let params = GenerateParams { reasoning: serving.front.reasoning_format_after(&tokens), ..params };
+            submit_local(serving, tokens, prefix, params)
+        }
+        Request::Remote(prompt) => Ok(submit_remote(app, serving, prompt, params)),
+    }
+}
+
 /// Submits `prompt` to the local engine `serving` runs; its first tokens' K/V may be kept
 /// elsewhere (`prefix`: a document's).
-pub fn submit(
+fn submit_local(
     serving: &Arc<Serving>,
     prompt: Vec<u32>,
     prefix: Option<Box<dyn KeptPrefix>>,
@@ -129,31 +151,19 @@ pub fn submit(
     Ok(Running { updates, stop: Stop::Ticket(ticket), _serving: serving.clone() })
 }
 
-/// What a remote engine is asked.
-pub enum RemotePrompt {
-    Chat(Vec<ChatMessage>),
-    Text(String),
-}
-
 /// Submits `prompt` to the remote engine: its reply streams in on a blocking thread, and ends
 /// at its next piece once the client leaves or the shutdown's grace period is over.
-pub fn submit_remote(
-    app: &App,
-    serving: &Arc<Serving>,
-    remote: &Arc<RemoteEngine>,
-    prompt: RemotePrompt,
-    params: GenerateParams,
-) -> Running {
+fn submit_remote(app: &App, serving: &Arc<Serving>, prompt: RemotePrompt, params: GenerateParams) -> Running {
     let (tx, updates) = mpsc::unbounded_channel();
     let stop = Arc::new(AtomicBool::new(false));
-    let (remote, flag, stopping) = (remote.clone(), stop.clone(), app.stopping.clone());
+    let (serving_held, flag, stopping) = (serving.clone(), stop.clone(), app.stopping.clone());
     tokio::task::spawn_blocking(move || {
         let mut sink = RemoteSink { tx: &tx, stop: &flag, stopping: &stopping };
-        let reply = match prompt {
-            RemotePrompt::Chat(messages) => remote.chat(&messages, &params, &mut sink),
-            RemotePrompt::Text(text) => remote.complete(&text, &params, &mut sink),
+        let reply = match serving_held.front.remote() {
+            Some(remote) => prompt.run(remote, &params, &mut sink).map_err(remote_error),
+            None => Err(ApiError::internal("a request for a remote engine reached the local one")),
         };
-        let _ = tx.send(reply.map(|summary| Update::Done(Ok(summary))).map_err(remote_error));
+        let _ = tx.send(reply.map(|summary| Update::Done(Ok(summary))));
     });
     Running { updates, stop: Stop::Flag(stop), _serving: serving.clone() }
 }

@@ -3,16 +3,17 @@
 //! never changes a reply midway: requests in flight finish on the model they started on, the
 //! next ones get the new model, and the old one is unloaded once its last request is done.
 
-use crate::backend::{self, Backend};
+use crate::backend;
 use crate::error::ApiError;
 use hillside_documents::kv_cache::DocumentKvCache;
-use hillside_documents::summarize::{self, Runner};
+use hillside_documents::summarize::Runner;
 use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
 use hillside_engine::Engine;
+use hillside_front::EngineFront;
 use std::sync::Arc;
 
 pub struct Serving {
-    pub backend: Backend,
+    pub front: EngineFront,
     /// The id clients name the model by (a registry name, or the file's stem).
     pub model_id: String,
     /// Other names accepted for it (its file name).
@@ -34,23 +35,18 @@ impl Serving {
         model_key: String,
         kept_kv: Option<Arc<DocumentKvCache>>,
     ) -> Self {
-        let backend = match engine {
-            crate::EngineChoice::Local(engine) => {
-                Backend::Local { scheduler: Scheduler::start(engine.clone(), scheduler.clone()), engine }
-            }
-            crate::EngineChoice::Remote(remote) => Backend::Remote(remote),
+        let front = match engine {
+            crate::EngineChoice::Local(engine) => EngineFront::start_local(engine, scheduler.clone()),
+            crate::EngineChoice::Remote(remote) => EngineFront::Remote(remote),
         };
         let (model_id, model_aliases) = names;
-        Self { backend, model_id, model_aliases, model_key, kept_kv, context_setting: scheduler.context_tokens }
+        Self { front, model_id, model_aliases, model_key, kept_kv, context_setting: scheduler.context_tokens }
     }
 
     /// The local engine and its scheduler; on a remote engine, the error for a route that
     /// needs them.
     pub fn local(&self) -> Result<(&Arc<Engine>, &Scheduler), ApiError> {
-        match &self.backend {
-            Backend::Local { engine, scheduler } => Ok((engine, scheduler)),
-            Backend::Remote(remote) => Err(backend::needs_local_engine(remote)),
-        }
+        self.front.local().ok_or_else(|| backend::needs_local_engine(&self.front))
     }
 
     /// The local engine's scheduler; `None` on a remote engine.
@@ -65,24 +61,13 @@ impl Serving {
 
     /// Each sequence's context in tokens (on a remote engine, each request's).
     pub fn context_tokens(&self) -> usize {
-        match &self.backend {
-            Backend::Local { engine, .. } => {
-                let model = engine.model();
-                model.kv_shape(self.context_setting.unwrap_or(model.config.context_tokens)).max_tokens
-            }
-            Backend::Remote(remote) => remote.context_tokens(),
-        }
+        self.front.context_tokens(self.context_setting)
     }
 
     /// What summaries and questions run on; with `keep_kv`, documents' K/V is kept for the
     /// questions that follow (local engine only).
     pub fn runner(&self, keep_kv: bool) -> Runner<'_> {
-        let backend = match &self.backend {
-            Backend::Local { engine, scheduler } => summarize::Backend::Local { engine, scheduler },
-            Backend::Remote(remote) => summarize::Backend::Remote(remote),
-        };
-        let kv_cache = self.kept_kv.as_ref().filter(|_| keep_kv && matches!(self.backend, Backend::Local { .. }));
-        Runner { backend, context_tokens: self.context_tokens(), kv_cache }
+        Runner::new(&self.front, self.context_setting, self.kept_kv.as_ref().filter(|_| keep_kv))
     }
 
     /// Documents' kept K/V for this model.

@@ -7,18 +7,19 @@ mod common;
 use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::library::Library;
 use hillside_documents::questions::question;
-use hillside_documents::summarize::{summarize, Backend, NoCheckpoints, Runner};
+use hillside_documents::summarize::{summarize, NoCheckpoints, Runner};
 use hillside_documents::{read_bytes, Document, Limits};
 use hillside_engine::kv::KvConfig;
-use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
-use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams, Summary};
+use hillside_engine::scheduler::SchedulerConfig;
+use hillside_engine::{CancelFlag, ChatMessage, Engine, GenerateParams, SamplingParams, Summary};
+use hillside_front::EngineFront;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 const CONTEXT: usize = 2048;
 
-fn scheduler(engine: &Arc<Engine>, cached_sequences: usize) -> Scheduler {
+fn front(engine: &Arc<Engine>, cached_sequences: usize) -> EngineFront {
     let config = SchedulerConfig {
         max_live: 4,
         max_queued: 16,
@@ -27,7 +28,7 @@ fn scheduler(engine: &Arc<Engine>, cached_sequences: usize) -> Scheduler {
         cached_sequences,
         shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
     };
-    Scheduler::start(engine.clone(), config)
+    EngineFront::start_local(engine.clone(), config)
 }
 
 /// The library and the K/V cache in `dir`, opened as a new process would.
@@ -41,21 +42,15 @@ fn ask(runner: &Runner<'_>, doc: &Document, q: &str) -> (String, Summary) {
     let messages = [ChatMessage::new("user", q)];
     let asked = question(runner, &[("doc".to_string(), doc.clone())], &messages).unwrap();
     let params = GenerateParams { max_tokens: 40, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
-    let (tx, rx) = mpsc::channel();
-    let (tokens, prefix) = asked.request.into_local().expect("a local runner's request");
-    runner
-        .scheduler()
-        .expect("a local runner")
-        .submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))
-        .unwrap();
     let mut text = String::new();
-    loop {
-        match rx.recv().unwrap() {
-            Update::Event(Event::Text(t)) => text.push_str(&t),
-            Update::Event(_) => {}
-            Update::Done(done) => return (text, done.unwrap()),
-        }
-    }
+    let done = runner
+        .front
+        .generate(asked.request, params, &mut |t| {
+            text.push_str(t);
+            true
+        })
+        .unwrap();
+    (text, done)
 }
 
 fn kv_files(dir: &Path) -> Vec<std::path::PathBuf> {
@@ -74,28 +69,16 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     let dir = scratch.path().to_path_buf();
 
     // Without any reuse: the answer every other run must give.
-    let fresh = scheduler(&engine, 0);
-    let (expected, plain) = ask(
-        &Runner {
-            backend: Backend::Local { engine: &engine, scheduler: &fresh },
-            context_tokens: CONTEXT,
-            kv_cache: None,
-        },
-        &doc,
-        q,
-    );
+    let fresh = front(&engine, 0);
+    let (expected, plain) = ask(&Runner { front: &fresh, context_tokens: CONTEXT, kv_cache: None }, &doc, q);
     assert_eq!(plain.reused_tokens, 0);
     drop(fresh);
 
     // The summary keeps the document's K/V; the question in the same run reuses it from memory.
     {
         let cache = open_cache(&dir, 1 << 30);
-        let sched = scheduler(&engine, 4);
-        let runner = Runner {
-            backend: Backend::Local { engine: &engine, scheduler: &sched },
-            context_tokens: CONTEXT,
-            kv_cache: Some(&cache),
-        };
+        let local = front(&engine, 4);
+        let runner = Runner { front: &local, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         summarize(&runner, &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |_| {}).unwrap();
         assert_eq!(cache.stats.saved.load(Ordering::Relaxed), 1);
         assert_eq!(kv_files(&dir).len(), 1, "{:?}", kv_files(&dir));
@@ -112,12 +95,8 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     // After a restart: from the file.
     let reused_after_restart = {
         let cache = open_cache(&dir, 1 << 30);
-        let sched = scheduler(&engine, 4);
-        let runner = Runner {
-            backend: Backend::Local { engine: &engine, scheduler: &sched },
-            context_tokens: CONTEXT,
-            kv_cache: Some(&cache),
-        };
+        let local = front(&engine, 4);
+        let runner = Runner { front: &local, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         let (answer, reused) = ask(&runner, &doc, q);
         assert_eq!(answer, expected);
         assert_eq!(cache.stats.loaded.load(Ordering::Relaxed), 1);
@@ -134,12 +113,8 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     std::fs::write(&file, &bytes).unwrap();
     {
         let cache = open_cache(&dir, 1 << 30);
-        let sched = scheduler(&engine, 0);
-        let runner = Runner {
-            backend: Backend::Local { engine: &engine, scheduler: &sched },
-            context_tokens: CONTEXT,
-            kv_cache: Some(&cache),
-        };
+        let local = front(&engine, 0);
+        let runner = Runner { front: &local, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         let (answer, rebuilt) = ask(&runner, &doc, q);
         assert_eq!(answer, expected);
         assert_eq!(rebuilt.reused_tokens, 0);
@@ -152,12 +127,8 @@ fn a_follow_up_reuses_the_summarys_kv_in_the_same_run_after_a_restart_and_never_
     {
         let library = Arc::new(Library::open(&dir.join("library.redb")).unwrap());
         let cache = DocumentKvCache::open(library, &dir.join("kv"), 1 << 30, "another-model").unwrap();
-        let sched = scheduler(&engine, 0);
-        let runner = Runner {
-            backend: Backend::Local { engine: &engine, scheduler: &sched },
-            context_tokens: CONTEXT,
-            kv_cache: Some(&cache),
-        };
+        let local = front(&engine, 0);
+        let runner = Runner { front: &local, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         let (_, other) = ask(&runner, &doc, q);
         assert_eq!((other.reused_tokens, cache.stats.loaded.load(Ordering::Relaxed)), (0, 0));
         assert_eq!(cache.forget_document("doc"), 2, "both models' files go with the document");
@@ -179,12 +150,8 @@ fn the_quota_keeps_the_most_recently_used_files_and_a_killed_save_leaves_nothing
     // Room for two files of these (~350 tokens × 23 KB each), not three.
     {
         let cache = open_cache(&dir, 20 << 20);
-        let sched = scheduler(&engine, 0);
-        let runner = Runner {
-            backend: Backend::Local { engine: &engine, scheduler: &sched },
-            context_tokens: CONTEXT,
-            kv_cache: Some(&cache),
-        };
+        let local = front(&engine, 0);
+        let runner = Runner { front: &local, context_tokens: CONTEXT, kv_cache: Some(&cache) };
         for doc in &docs {
             ask(&runner, doc, "What is this about?");
         }

@@ -8,17 +8,18 @@ use hillside_documents::kv_cache::DocumentKvCache;
 use hillside_documents::library::Library;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{summarize, Backend, NoCheckpoints, Progress, Runner};
+use hillside_documents::summarize::{summarize, NoCheckpoints, Progress, Runner};
 use hillside_documents::{read_bytes, read_file, Limits};
 use hillside_engine::kv::KvConfig;
-use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
+use hillside_engine::scheduler::{SchedulerConfig, Update};
 use hillside_engine::{CancelFlag, ChatMessage, Engine, GenerateParams};
+use hillside_front::EngineFront;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-fn scheduler(engine: &Arc<Engine>, context: usize) -> Scheduler {
+fn local(engine: &Arc<Engine>, context: usize) -> EngineFront {
     let config = SchedulerConfig {
         max_live: 4,
         max_queued: 64,
@@ -27,11 +28,11 @@ fn scheduler(engine: &Arc<Engine>, context: usize) -> Scheduler {
         cached_sequences: 0,
         shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
     };
-    Scheduler::start(engine.clone(), config)
+    EngineFront::start_local(engine.clone(), config)
 }
 
-fn runner<'a>(engine: &'a Engine, scheduler: &'a Scheduler, context_tokens: usize) -> Runner<'a> {
-    Runner { backend: Backend::Local { engine, scheduler }, context_tokens, kv_cache: None }
+fn runner(front: &EngineFront, context_tokens: usize) -> Runner<'_> {
+    Runner { front, context_tokens, kv_cache: None }
 }
 
 #[test]
@@ -39,16 +40,11 @@ fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
     let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/gpl-3.0.txt");
     let doc = read_file(&path, &Limits::default()).unwrap();
-    let scheduler = scheduler(&engine, 8192);
+    let front = local(&engine, 8192);
     let mut progress = Vec::new();
-    let summary = summarize(
-        &runner(&engine, &scheduler, 8192),
-        &doc,
-        "doc",
-        &mut NoCheckpoints,
-        &CancelFlag::default(),
-        &mut |p| progress.push(p),
-    )
+    let summary = summarize(&runner(&front, 8192), &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |p| {
+        progress.push(p)
+    })
     .unwrap();
     eprintln!("{} tokens; points:", summary.plan.tokens);
     for p in &summary.points {
@@ -91,12 +87,13 @@ fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_orde
     // their evidence may take two levels of merges.
     let start = text.find("It is a truth universally acknowledged").unwrap();
     let doc = read_bytes("pride.txt", &text.as_bytes()[start..start + 34_000], &Limits::default()).unwrap();
-    let scheduler = scheduler(&engine, 2048);
+    let front = local(&engine, 2048);
+    let scheduler = front.local().expect("the local engine").1;
     let scratch = tempfile::Builder::new().prefix("hillside-chunks-").tempdir().unwrap();
     let dir = scratch.path().to_path_buf();
     let library = Arc::new(Library::open(&dir.join("library.redb")).unwrap());
     let cache = DocumentKvCache::open(library, &dir.join("kv"), 1 << 30, "smollm2-test").unwrap();
-    let runner = Runner { kv_cache: Some(&cache), ..runner(&engine, &scheduler, 2048) };
+    let runner = Runner { kv_cache: Some(&cache), ..runner(&front, 2048) };
     let mut progress = Vec::new();
     let summary =
         summarize(&runner, &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |p| progress.push(p)).unwrap();
@@ -152,10 +149,11 @@ fn a_cancelled_summary_ends_at_once_and_leaves_no_sequence_behind() {
     let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
     let text = common::shared_document("pride-and-prejudice.txt");
     let doc = read_bytes("pride.txt", &text.as_bytes()[..34_000], &Limits::default()).unwrap();
-    let scheduler = scheduler(&engine, 2048);
+    let front = local(&engine, 2048);
+    let scheduler = front.local().expect("the local engine").1;
     let cancel = CancelFlag::default();
     let mut seen = Vec::new();
-    let result = summarize(&runner(&engine, &scheduler, 2048), &doc, "doc", &mut NoCheckpoints, &cancel, &mut |p| {
+    let result = summarize(&runner(&front, 2048), &doc, "doc", &mut NoCheckpoints, &cancel, &mut |p| {
         if matches!(p, Progress::Prefill { done_tokens, .. } if done_tokens > 0) {
             cancel.cancel(); // mid-prefill of the batched chunks
         }

@@ -13,9 +13,10 @@ use serde_json::{json, Value};
 
 use hillside_documents::chunks::Mode;
 use hillside_documents::questions::question;
-use hillside_documents::summarize::{summarize, Backend, Checkpoints, Progress, Request, Runner, SummaryError};
+use hillside_documents::summarize::{summarize, Checkpoints, Progress, Request, Runner, SummaryError};
 use hillside_documents::{read_file, Limits};
 use hillside_engine::{CancelFlag, ChatMessage, FinishReason, GenerateParams, SamplingParams};
+use hillside_front::{EngineFront, RemotePrompt};
 use hillside_remote::{RemoteConfig, RemoteEngine, RemoteError};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -45,8 +46,8 @@ fn greedy(max_tokens: usize) -> GenerateParams {
     GenerateParams { max_tokens, sampling: SamplingParams::greedy(), ..GenerateParams::default() }
 }
 
-fn runner(remote: &Arc<RemoteEngine>) -> Runner<'_> {
-    Runner { backend: Backend::Remote(remote), context_tokens: remote.context_tokens(), kv_cache: None }
+fn runner(front: &EngineFront) -> Runner<'_> {
+    Runner::new(front, None, None)
 }
 
 /// Keeps every finished step's note in memory.
@@ -99,7 +100,8 @@ fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/gpl-3.0.txt");
     let doc = read_file(&path, &Limits::default()).unwrap();
     let mut progress = Vec::new();
-    let summary = summarize(&runner(&remote), &doc, "gpl", &mut Kept::default(), &CancelFlag::default(), &mut |p| {
+    let front = EngineFront::Remote(remote.clone());
+    let summary = summarize(&runner(&front), &doc, "gpl", &mut Kept::default(), &CancelFlag::default(), &mut |p| {
         progress.push(p)
     })
     .unwrap();
@@ -121,9 +123,12 @@ fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
     // A follow-up question: the document's chunk first, so a second question on it finds the
     // remote's prefix cache warm.
     let ask = |q: &str| {
-        let asked = question(&runner(&remote), &[("gpl".into(), doc.clone())], &[ChatMessage::new("user", q)]).unwrap();
-        let Request::Remote(messages) = asked.request else { panic!("a remote runner's request is messages") };
-        remote.chat(&messages, &greedy(16), &mut |_: &str| true).unwrap()
+        let asked = question(&runner(&front), &[("gpl".into(), doc.clone())], &[ChatMessage::new("user", q)]).unwrap();
+        assert!(
+            matches!(asked.request, Request::Remote(RemotePrompt::Chat(_))),
+            "a remote runner's request is messages"
+        );
+        front.generate(asked.request, greedy(16), &mut |_| true).unwrap()
     };
     ask("What does the license say about patents?");
     let again = ask("What does the license say about patent licenses?");
@@ -141,7 +146,8 @@ fn a_remote_killed_mid_summary_gives_a_clear_error_and_keeps_only_finished_steps
     let kept = Kept::default();
     let mut checkpoints = kept.clone();
     let mut killed = false;
-    let result = summarize(&runner(&remote), &doc, "pride", &mut checkpoints, &CancelFlag::default(), &mut |p| {
+    let front = EngineFront::Remote(remote.clone());
+    let result = summarize(&runner(&front), &doc, "pride", &mut checkpoints, &CancelFlag::default(), &mut |p| {
         if matches!(p, Progress::ChunkSummarized { done: 1, .. }) && !killed {
             killed = true;
             server.child.kill().unwrap();

@@ -5,7 +5,7 @@
 //!
 //! A summary is one job for the scheduler however long the document: its requests form one
 //! [`Group`], which counts as one queued request and starts them as slots free, batched with
-//! whatever else runs. On a remote engine ([`Backend::Remote`]) a few workers keep that many
+//! whatever else runs. On a remote engine ([`EngineFront::Remote`]) a few workers keep that many
 //! requests in flight instead, for the remote to batch. Each step's note is kept as it finishes ([`Checkpoints`]), so that a
 //! summary stopped by a crash, a kill or the user resumes where it stopped.
 
@@ -20,9 +20,11 @@ use crate::ingest::Document;
 use crate::kv_cache::DocumentKvCache;
 use crate::prompt::{document_messages, document_prompt, PromptError};
 use crate::sources::{Point, SourceIndex};
-use hillside_engine::scheduler::{Group, KeptPrefix, Scheduler, Ticket, Update};
-use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, ReasoningFormat, SamplingParams};
-use hillside_remote::{RemoteEngine, RemoteError};
+use hillside_engine::scheduler::{Group, Ticket, Update};
+use hillside_engine::{CancelFlag, ChatMessage, Event, GenerateParams, SamplingParams};
+pub use hillside_front::Request;
+use hillside_front::{EngineFront, RemotePrompt};
+use hillside_remote::RemoteError;
 use pace::Pace;
 use remote_pool::{RemotePool, Reply};
 use sha2::{Digest, Sha256};
@@ -47,12 +49,6 @@ const WHOLE_TASK: &str =
 const CHUNK_TASK: &str =
     "Summarize this part of a longer document in 3 to 5 short bullet points, one per line, each starting with \"- \".";
 const MERGE_TASK: &str = "These are notes on consecutive parts of one document, each with a passage quoted from it as evidence. Summarize the whole document in 5 to 8 short bullet points, one per line, each starting with \"- \". Keep only what the evidence supports.";
-
-/// The tokens `text` takes for `engine`'s model (about a quarter of its bytes if it cannot be
-/// tokenized, which only a broken tokenizer causes).
-pub fn count_tokens(engine: &Engine, text: &str) -> usize {
-    engine.tokenizer().encode_text(text).map_or(text.len() / 4, |t| t.len())
-}
 
 /// Whether a document of `tokens` is summarized in one pass with `context_tokens`.
 pub fn fits_whole(tokens: usize, context_tokens: usize) -> bool {
@@ -150,18 +146,9 @@ pub enum SummaryError {
     ContextTooSmall(usize),
 }
 
-/// The engine summaries and questions run on.
-#[derive(Clone, Copy)]
-pub enum Backend<'a> {
-    /// Hillside's own, through its scheduler.
-    Local { engine: &'a Engine, scheduler: &'a Scheduler },
-    /// An OpenAI-compatible engine elsewhere.
-    Remote(&'a Arc<RemoteEngine>),
-}
-
 /// What summaries and questions run on.
 pub struct Runner<'a> {
-    pub backend: Backend<'a>,
+    pub front: &'a EngineFront,
     /// Tokens of each sequence's context (the scheduler's, or the remote's).
     pub context_tokens: usize,
     /// Where documents' K/V is kept for the questions that follow (local engine only); `None`
@@ -170,28 +157,15 @@ pub struct Runner<'a> {
 }
 
 impl<'a> Runner<'a> {
-    /// The local engine's scheduler; `None` on a remote engine.
-    pub fn scheduler(&self) -> Option<&'a Scheduler> {
-        match self.backend {
-            Backend::Local { scheduler, .. } => Some(scheduler),
-            Backend::Remote(_) => None,
-        }
-    }
-
-    /// How the local model marks its reasoning in a reply to `prompt`, so that only its answer
-    /// goes into a note (a remote engine splits its reasoning off itself).
-    pub fn reasoning_format_after(&self, prompt: &[u32]) -> ReasoningFormat {
-        match self.backend {
-            Backend::Local { engine, .. } => engine.tokenizer().reasoning_format_after(prompt),
-            Backend::Remote(_) => ReasoningFormat::None,
-        }
+    /// Runs on `front` with its context as `setting` makes it, keeping documents' K/V in
+    /// `kv_cache` (on the local engine only).
+    pub fn new(front: &'a EngineFront, setting: Option<usize>, kv_cache: Option<&'a Arc<DocumentKvCache>>) -> Self {
+        let kv_cache = kv_cache.filter(|_| front.local().is_some());
+        Self { front, context_tokens: front.context_tokens(setting), kv_cache }
     }
 
     pub fn count_tokens(&self, text: &str) -> usize {
-        match self.backend {
-            Backend::Local { engine, .. } => count_tokens(engine, text),
-            Backend::Remote(remote) => remote.count_tokens(text),
-        }
+        self.front.count_tokens(text)
     }
 
     /// A prompt on `excerpts` ((name, text) pairs, from the library's document `ids`), with its
@@ -202,45 +176,15 @@ impl<'a> Runner<'a> {
         excerpts: &[(&str, &str)],
         messages: &[ChatMessage],
     ) -> Result<Request, PromptError> {
-        match self.backend {
-            Backend::Local { engine, .. } => {
+        match self.front.local() {
+            Some((engine, _)) => {
                 let prompt = document_prompt(engine, excerpts, messages)?;
                 let prefix = self.kv_cache.map(|cache| cache.prefix(ids, &prompt.tokens[..prompt.prefix_tokens]));
                 Ok(Request::Local { tokens: prompt.tokens, prefix })
             }
             // The documents come first here too: a remote that caches prefixes (vLLM,
             // llama.cpp) reads a document once for its summary and the questions after.
-            Backend::Remote(_) => Ok(Request::Remote(document_messages(excerpts, messages)?)),
-        }
-    }
-
-    fn chat_request(&self, messages: Vec<ChatMessage>) -> Result<Request, SummaryError> {
-        match self.backend {
-            Backend::Local { engine, .. } => {
-                Ok(Request::Local { tokens: engine.chat_prompt(&messages)?, prefix: None })
-            }
-            Backend::Remote(_) => Ok(Request::Remote(messages)),
-        }
-    }
-}
-
-/// A local prompt's tokens, with the K/V of its document prefix where it is kept.
-pub type LocalPrompt = (Vec<u32>, Option<Box<dyn KeptPrefix>>);
-
-/// A prompt as the runner's engine takes it.
-pub enum Request {
-    /// The prompt's tokens, with the K/V of its document prefix where it is kept.
-    Local { tokens: Vec<u32>, prefix: Option<Box<dyn KeptPrefix>> },
-    /// The messages, for the remote's chat template.
-    Remote(Vec<ChatMessage>),
-}
-
-impl Request {
-    /// The tokens and kept prefix of a request for the local engine.
-    pub fn into_local(self) -> Option<LocalPrompt> {
-        match self {
-            Request::Local { tokens, prefix } => Some((tokens, prefix)),
-            Request::Remote(_) => None,
+            None => Ok(Request::Remote(RemotePrompt::Chat(document_messages(excerpts, messages)?))),
         }
     }
 }
@@ -292,7 +236,7 @@ pub fn summarize(
                     groups.len() + merge_groups(groups.len(), context_tokens, RESERVE_TOKENS).iter().sum::<usize>(),
                 );
                 let keys: Vec<String> = (0..groups.len()).map(|g| format!("merge {level}.{g}")).collect();
-                let request = |g: usize| runner.chat_request(merge_prompt(&groups[g]));
+                let request = |g: usize| Ok(runner.front.chat_request(merge_prompt(&groups[g]))?);
                 notes = job.run(&keys, Step::Merge { level, last: groups.len() == 1 }, &request, on_progress)?;
             }
             notes.remove(0)
@@ -354,11 +298,9 @@ impl<'r, 'a> Job<'r, 'a> {
         checkpoints: &'r mut dyn Checkpoints,
         cancel: &'r CancelFlag,
     ) -> Result<Self, SummaryError> {
-        let group = match runner.backend {
-            Backend::Local { scheduler, .. } => {
-                Some(scheduler.open_group().map_err(|e| SummaryError::Refused(e.to_string()))?)
-            }
-            Backend::Remote(_) => None,
+        let group = match runner.front.local() {
+            Some((_, scheduler)) => Some(scheduler.open_group().map_err(|e| SummaryError::Refused(e.to_string()))?),
+            None => None,
         };
         let plan_key = plan_key(plan, runner.context_tokens);
         let kept = checkpoints.resume(&plan_key);
@@ -438,18 +380,20 @@ impl<'r, 'a> Job<'r, 'a> {
                     let tx = tx.clone();
                     let sink = Box::new(move |u| tx.send((i, Reply::Update(u))).is_ok());
                     let group = self.group.as_ref().expect("a local request runs in a group");
-                    let params =
-                        GenerateParams { reasoning: self.runner.reasoning_format_after(&tokens), ..params.clone() };
+                    let params = GenerateParams {
+                        reasoning: self.runner.front.reasoning_format_after(&tokens),
+                        ..params.clone()
+                    };
                     running.tickets.push(
                         group
                             .submit_with_prefix(tokens, prefix, params, sink)
                             .map_err(|e| SummaryError::Refused(e.to_string()))?,
                     );
                 }
-                Request::Remote(messages) => remote_requests.push((i, messages)),
+                Request::Remote(prompt) => remote_requests.push((i, prompt)),
             }
         }
-        if let Backend::Remote(remote) = self.runner.backend {
+        if let Some(remote) = self.runner.front.remote() {
             running.pool = Some(RemotePool::start(remote, remote_requests, params.clone(), tx.clone()));
         }
         drop(tx);

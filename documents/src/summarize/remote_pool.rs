@@ -3,7 +3,8 @@
 //! batches them without being flooded. Stopping the pool ends every reply at its next piece.
 
 use hillside_engine::scheduler::Update;
-use hillside_engine::{ChatMessage, Event, GenerateParams};
+use hillside_engine::{Event, GenerateParams};
+use hillside_front::RemotePrompt;
 use hillside_remote::{RemoteEngine, RemoteError};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,11 +22,11 @@ pub(super) struct RemotePool {
 }
 
 impl RemotePool {
-    /// Starts `requests` ((index, messages) pairs) on `remote`, each reply's updates sent to
+    /// Starts `requests` ((index, prompt) pairs) on `remote`, each reply's updates sent to
     /// `tx` with its index.
     pub(super) fn start(
         remote: &Arc<RemoteEngine>,
-        requests: Vec<(usize, Vec<ChatMessage>)>,
+        requests: Vec<(usize, RemotePrompt)>,
         params: GenerateParams,
         tx: mpsc::Sender<(usize, Reply)>,
     ) -> Self {
@@ -37,12 +38,12 @@ impl RemotePool {
                 (remote.clone(), queue.clone(), stop.clone(), tx.clone(), params.clone());
             std::thread::spawn(move || loop {
                 let next = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
-                let Some((i, messages)) = next.filter(|_| !stop.load(Ordering::Relaxed)) else { return };
+                let Some((i, prompt)) = next.filter(|_| !stop.load(Ordering::Relaxed)) else { return };
                 let mut sink = |text: &str| {
                     !stop.load(Ordering::Relaxed)
                         && tx.send((i, Reply::Update(Update::Event(Event::Text(text.to_string()))))).is_ok()
                 };
-                let reply = match remote.chat(&messages, &params, &mut sink) {
+                let reply = match prompt.run(&remote, &params, &mut sink) {
                     Ok(summary) => Reply::Update(Update::Done(Ok(summary))),
                     Err(e) => Reply::Failed(e),
                 };

@@ -4,14 +4,13 @@
 use crate::error::{ApiError, GenerationErrors};
 use crate::extract::JsonBody;
 use crate::routes::documents;
-use crate::run::{self, Collected, Piece, RemotePrompt};
+use crate::run::{self, Collected, Piece};
 use crate::types::*;
-use crate::{unix_now_s, App, Backend};
+use crate::{unix_now_s, App};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hillside_documents::summarize::Request as DocumentRequest;
-use hillside_engine::{ChatMessage, GenerateParams, TokenLogprob};
+use hillside_engine::{ChatMessage, TokenLogprob};
 use std::sync::Arc;
 
 /// OpenAI's limit on alternatives per token.
@@ -47,64 +46,28 @@ pub async fn chat_completions(
     documents::check_ids(&documents)?;
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
     let serving = app.serving();
-    let (running, read) = match &serving.backend {
-        Backend::Local { engine, .. } => {
-            let (prompt, prefix, read) = if documents.is_empty() {
-                (
-                    run::blocking(&app, &serving, move |_, serving| {
-                        serving.local()?.0.chat_prompt(&messages).map_err(ApiError::from)
-                    })
-                    .await?,
-                    None,
-                    None,
-                )
-            } else {
-                let (request, read) = run::blocking(&app, &serving, move |app, serving| {
-                    documents::question(app, serving, &documents, &messages)
-                })
+    if top_logprobs.is_some() && !serving.front.gives_logprobs() {
+        return Err(ApiError::bad_request(
+            "log-probabilities are not available from the remote engine this server runs on",
+        )
+        .with_param("logprobs"));
+    }
+    let (request, read) = if documents.is_empty() {
+        let request = run::blocking(&app, &serving, move |_, serving| {
+            serving.front.chat_request(messages).map_err(ApiError::from)
+        })
+        .await?;
+        (request, None)
+    } else {
+        let (request, read) =
+            run::blocking(&app, &serving, move |app, serving| documents::question(app, serving, &documents, &messages))
                 .await?;
-                let (tokens, prefix) = request
-                    .into_local()
-                    .ok_or_else(|| ApiError::internal("a question for the local engine came out for another"))?;
-                (tokens, prefix, Some(read))
-            };
-            let params = GenerateParams {
-                reasoning: engine.tokenizer().reasoning_format_after(&prompt),
-                ..run::params(&app, &serving, &req.sampling, max_tokens, prompt.len(), top_logprobs)?
-            };
-            (run::submit(&serving, prompt, prefix, params)?, read)
-        }
-        Backend::Remote(remote) => {
-            if top_logprobs.is_some() {
-                return Err(ApiError::bad_request(
-                    "log-probabilities are not available from the remote engine this server runs on",
-                )
-                .with_param("logprobs"));
-            }
-            let (messages, read) = if documents.is_empty() {
-                (messages, None)
-            } else {
-                let (request, read) = run::blocking(&app, &serving, move |app, serving| {
-                    documents::question(app, serving, &documents, &messages)
-                })
-                .await?;
-                match request {
-                    DocumentRequest::Remote(messages) => (messages, Some(read)),
-                    DocumentRequest::Local { .. } => {
-                        return Err(ApiError::internal("a question for the remote engine came out for the local one"))
-                    }
-                }
-            };
-            // The remote applies its own template; its tokenizer counts the messages' text,
-            // which is what the context check needs within a few tokens.
-            let text: String = messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>().join("\n");
-            let prompt_tokens =
-                run::blocking(&app, &serving, move |_, serving| Ok(serving.runner(false).count_tokens(&text).max(1)))
-                    .await?;
-            let params = run::params(&app, &serving, &req.sampling, max_tokens, prompt_tokens, None)?;
-            (run::submit_remote(&app, &serving, remote, RemotePrompt::Chat(messages), params), read)
-        }
+        (request, Some(read))
     };
+    let running = run::submit(&app, &serving, request, |prompt_tokens| {
+        run::params(&app, &serving, &req.sampling, max_tokens, prompt_tokens, top_logprobs)
+    })
+    .await?;
     let head = Head { id: app.response_id("chatcmpl"), created: unix_now_s(), model: serving.model_id.clone() };
     let with_logprobs = top_logprobs.is_some();
     if !req.sampling.stream.unwrap_or(false) {

@@ -3,9 +3,9 @@
 
 use crate::error::{ApiError, GenerationErrors};
 use crate::extract::JsonBody;
-use crate::run::{self, Piece, RemotePrompt};
+use crate::run::{self, Piece};
 use crate::types::*;
-use crate::{unix_now_s, App, Backend};
+use crate::{unix_now_s, App};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -44,54 +44,26 @@ pub async fn completions(
         Prompt::Tokens(ids) => Err(ids),
     };
     let serving = app.serving();
-    let running = match &serving.backend {
-        Backend::Local { engine, .. } => {
-            let prompt = match text {
-                Ok(text) => {
-                    let parse_special = req.parse_special;
-                    run::blocking(&app, &serving, move |_, serving| {
-                        let tokenizer = serving.local()?.0.tokenizer();
-                        match parse_special {
-                            true => tokenizer.encode(&text),
-                            false => tokenizer.encode_text(&text),
-                        }
-                        .map_err(ApiError::from)
-                    })
-                    .await?
-                }
-                Err(ids) => {
-                    let vocab = engine.model().config.vocab_size;
-                    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-                        return Err(ApiError::bad_request(format!(
-                            "token id {bad} is outside the vocabulary ({vocab})"
-                        ))
-                        .with_param("prompt"));
-                    }
-                    ids
-                }
-            };
-            let params =
-                run::params(&app, &serving, &req.sampling, req.sampling.max_tokens, prompt.len(), req.logprobs)?;
-            run::submit(&serving, prompt, None, params)?
+    if req.logprobs.is_some() && !serving.front.gives_logprobs() {
+        return Err(ApiError::bad_request(
+            "log-probabilities are not available from the remote engine this server runs on",
+        )
+        .with_param("logprobs"));
+    }
+    let request = match text {
+        Ok(text) => {
+            let parse_special = req.parse_special;
+            run::blocking(&app, &serving, move |_, serving| {
+                serving.front.text_request(text, parse_special).map_err(ApiError::from)
+            })
+            .await?
         }
-        Backend::Remote(remote) => {
-            let Ok(text) = text else {
-                return Err(ApiError::bad_request("token ids are not accepted: this server runs on a remote engine, whose vocabulary it does not hold").with_param("prompt"));
-            };
-            if req.logprobs.is_some() {
-                return Err(ApiError::bad_request(
-                    "log-probabilities are not available from the remote engine this server runs on",
-                )
-                .with_param("logprobs"));
-            }
-            let counted = text.clone();
-            let prompt_tokens =
-                run::blocking(&app, &serving, move |_, serving| Ok(serving.runner(false).count_tokens(&counted)))
-                    .await?;
-            let params = run::params(&app, &serving, &req.sampling, req.sampling.max_tokens, prompt_tokens, None)?;
-            run::submit_remote(&app, &serving, remote, RemotePrompt::Text(text), params)
-        }
+        Err(ids) => serving.front.token_request(ids).map_err(|e| ApiError::bad_request(e).with_param("prompt"))?,
     };
+    let running = run::submit(&app, &serving, request, |prompt_tokens| {
+        run::params(&app, &serving, &req.sampling, req.sampling.max_tokens, prompt_tokens, req.logprobs)
+    })
+    .await?;
     let (id, created, model) = (app.response_id("cmpl"), unix_now_s(), serving.model_id.clone());
     let with_logprobs = req.logprobs.is_some();
     let response = move |text: String,

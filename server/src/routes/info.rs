@@ -6,7 +6,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::extract::PathParams;
 use crate::run;
 use crate::types::{Health, ModelCard, ModelList};
-use crate::{unix_now_s, App, Backend, ServerConfig};
+use crate::{unix_now_s, App, ServerConfig};
 use axum::extract::State;
 use axum::http::{Method, Uri};
 use axum::Json;
@@ -24,11 +24,7 @@ pub async fn health(State(app): State<Arc<App>>) -> Result<Json<Health>, ApiErro
     let serving = app.serving();
     let Some(scheduler) = serving.scheduler() else {
         // On a remote engine, healthy is the remote answering.
-        run::blocking(&app, &serving, |_, serving| match &serving.backend {
-            Backend::Remote(remote) => remote.reachable().map_err(remote_error),
-            Backend::Local { .. } => Ok(()),
-        })
-        .await?;
+        run::blocking(&app, &serving, |_, serving| serving.front.reachable().map_err(remote_error)).await?;
         return Ok(Json(Health {
             status: "ok",
             model: serving.model_id.clone(),
@@ -209,7 +205,7 @@ pub async fn config(State(app): State<Arc<App>>) -> Json<ConfigReport> {
         server: app.config.clone(),
         model_id: serving.model_id.clone(),
         api_key_required: app.config.api_key.is_some(),
-        engine: serving.backend.name(),
+        engine: serving.front.name(),
         context_tokens: serving.context_tokens(),
         max_live_sequences: s.max_live,
         max_queued_requests: s.max_queued,

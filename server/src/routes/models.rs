@@ -84,7 +84,7 @@ fn only_model(serving: &Serving) -> ShelfModel {
         size_bytes: serving.local().map_or(0, |(engine, _)| engine.model().weight_bytes() as u64),
         context_tokens: Some(serving.context_tokens()),
         licence: None,
-        source: serving.backend.name(),
+        source: serving.front.name(),
         path: None,
         installed: true,
         default: false,

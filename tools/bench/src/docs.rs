@@ -15,13 +15,12 @@ use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::prompt::best_chunk;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
-use hillside_documents::summarize::{
-    chunk_notes, count_tokens, fits_whole, summarize, Backend, NoCheckpoints, Runner, RESERVE_TOKENS,
-};
+use hillside_documents::summarize::{chunk_notes, fits_whole, summarize, NoCheckpoints, Runner, RESERVE_TOKENS};
 use hillside_documents::{read_bytes, read_file, Document, Library, Limits};
 use hillside_engine::kv::{KvConfig, StoreKind};
-use hillside_engine::scheduler::{Scheduler, SchedulerConfig, Update};
-use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
+use hillside_engine::scheduler::SchedulerConfig;
+use hillside_engine::{CancelFlag, ChatMessage, Engine, GenerateParams, SamplingParams};
+use hillside_front::{count_local_tokens, EngineFront};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -173,12 +172,12 @@ impl Bench<'_> {
         }
     }
 
-    fn scheduler(&self, max_live: usize, cached_sequences: usize) -> Scheduler {
-        Scheduler::start(self.engine.clone(), self.config(max_live, cached_sequences))
+    fn front(&self, max_live: usize, cached_sequences: usize) -> EngineFront {
+        EngineFront::start_local(self.engine.clone(), self.config(max_live, cached_sequences))
     }
 
-    fn runner<'s>(&'s self, scheduler: &'s Scheduler, kv_cache: Option<&'s Arc<DocumentKvCache>>) -> Runner<'s> {
-        Runner { backend: Backend::Local { engine: self.engine, scheduler }, context_tokens: self.context, kv_cache }
+    fn runner<'s>(&self, front: &'s EngineFront, kv_cache: Option<&'s Arc<DocumentKvCache>>) -> Runner<'s> {
+        Runner::new(front, Some(self.context), kv_cache)
     }
 
     fn summary(&self, runner: &Runner<'_>, doc: &Document) -> Result<SummaryRun> {
@@ -213,25 +212,12 @@ fn first_token(runner: &Runner<'_>, doc: &Document, q: &str) -> Result<(f64, usi
     let start = Instant::now();
     let asked = question(runner, &[("bench".into(), doc.clone())], &[ChatMessage::new("user", q)])?;
     let params = GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (tokens, prefix) = asked.request.into_local().expect("a local runner's request");
-    runner.scheduler().expect("a local runner").submit_with_prefix(
-        tokens,
-        prefix,
-        params,
-        Box::new(move |u| tx.send(u).is_ok()),
-    )?;
     let mut ttft = None;
-    loop {
-        match rx.recv().context("the engine stopped")? {
-            Update::Event(Event::Text(_)) if ttft.is_none() => ttft = Some(start.elapsed().as_secs_f64() * 1e3),
-            Update::Event(_) => {}
-            Update::Done(done) => {
-                let done = done?;
-                return Ok((ttft.context("no text in the answer")?, done.prompt_tokens, done.reused_tokens));
-            }
-        }
-    }
+    let done = runner.front.generate(asked.request, params, &mut |_| {
+        ttft.get_or_insert_with(|| start.elapsed().as_secs_f64() * 1e3);
+        true
+    })?;
+    Ok((ttft.context("no text in the answer")?, done.prompt_tokens, done.reused_tokens))
 }
 
 pub fn docs(args: &DocsBenchArgs) -> Result<()> {
@@ -251,7 +237,7 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
     let context =
         engine.model().kv_shape(args.model.context().unwrap_or(engine.model().config.context_tokens)).max_tokens;
     let bench = Bench { engine: &engine, model: &args.model, context };
-    let count = |s: &str| count_tokens(&engine, s);
+    let count = |s: &str| count_local_tokens(&engine, s);
     if !fits_whole(count(&whole_doc.text), context) {
         bail!("{} does not fit a context of {context} tokens in one pass; pass a shorter --whole", whole_doc.name);
     }
@@ -270,17 +256,17 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
     eprintln!("summarizing {} in one pass …", whole_doc.name);
     let (whole, in_memory) = {
         let cache = open_cache(&dir)?;
-        let scheduler = bench.scheduler(args.max_live, 2);
-        let runner = bench.runner(&scheduler, Some(&cache));
+        let front = bench.front(args.max_live, 2);
+        let runner = bench.runner(&front, Some(&cache));
         let whole = bench.summary(&runner, &whole_doc)?;
         (whole, first_token(&runner, &whole_doc, q)?)
     };
     eprintln!("asking without reuse, then after a restart …");
-    let plain = first_token(&bench.runner(&bench.scheduler(1, 0), None), &whole_doc, q)?;
+    let plain = first_token(&bench.runner(&bench.front(1, 0), None), &whole_doc, q)?;
     let (restarted, kept_bytes) = {
         let cache = open_cache(&dir)?; // as a new process opens it
-        let scheduler = bench.scheduler(1, 0);
-        let asked = first_token(&bench.runner(&scheduler, Some(&cache)), &whole_doc, q)?;
+        let front = bench.front(1, 0);
+        let asked = first_token(&bench.runner(&front, Some(&cache)), &whole_doc, q)?;
         (asked, cache.usage().1)
     };
     std::fs::remove_dir_all(&dir).ok();
@@ -312,10 +298,10 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
         );
         let prompt_tokens: usize = some.iter().map(|c| count(&long_doc.text[c.clone()])).sum();
         let timed = |max_live: usize| -> Result<(f64, usize)> {
-            let scheduler = bench.scheduler(max_live, 0);
+            let front = bench.front(max_live, 0);
             let start = Instant::now();
             let notes = chunk_notes(
-                &bench.runner(&scheduler, None),
+                &bench.runner(&front, None),
                 &long_doc,
                 "bench",
                 some,
@@ -346,9 +332,9 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
         eprintln!("summarizing all of {} with the {store:?} store …", long_doc.name);
         reset_peak_rss();
         let kv = KvConfig { store, ..args.model.kv_config() };
-        let scheduler = Scheduler::start(engine.clone(), SchedulerConfig { kv, ..bench.config(args.max_live, 0) });
-        let summary = bench.summary(&bench.runner(&scheduler, None), &long_doc)?;
-        drop(scheduler);
+        let front = EngineFront::start_local(engine.clone(), SchedulerConfig { kv, ..bench.config(args.max_live, 0) });
+        let summary = bench.summary(&bench.runner(&front, None), &long_doc)?;
+        drop(front);
         let batch_kv_mb = (args.max_live * engine.model().kv_shape(context).bytes_per_token() * context) as f64 / 1e6;
         let model_mb = std::fs::metadata(&model_path).map_or(0, |m| m.len()) as f64 / 1e6;
         book.push(BookRun {

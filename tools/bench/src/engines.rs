@@ -6,11 +6,12 @@ use crate::report::{cpu_name, utc_now, write_json};
 use anyhow::{Context, Result};
 use hillside_common::{load_engine, models, ModelArgs};
 use hillside_documents::chunks::Mode;
-use hillside_documents::summarize::{summarize, Backend, NoCheckpoints, Runner};
+use hillside_documents::summarize::{summarize, NoCheckpoints, Runner};
 use hillside_documents::Document;
 use hillside_engine::kv::KvConfig;
-use hillside_engine::scheduler::{Scheduler, SchedulerConfig};
+use hillside_engine::scheduler::SchedulerConfig;
 use hillside_engine::CancelFlag;
+use hillside_front::EngineFront;
 use hillside_remote::RemoteEngine;
 use serde::Serialize;
 use std::path::Path;
@@ -55,13 +56,10 @@ pub fn compare(model: &ModelArgs, remote: &Arc<RemoteEngine>, docs: &[Document],
         cached_sequences: 0,
         shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
     };
-    let scheduler = Scheduler::start(engine.clone(), config);
-    let local = Runner {
-        backend: Backend::Local { engine: &engine, scheduler: &scheduler },
-        context_tokens: context,
-        kv_cache: None,
-    };
-    let remote_runner = Runner { backend: Backend::Remote(remote), context_tokens: context, kv_cache: None };
+    let local_front = EngineFront::start_local(engine, config);
+    let local = Runner::new(&local_front, Some(context), None);
+    let remote_front = EngineFront::Remote(remote.clone());
+    let remote_runner = Runner::new(&remote_front, None, None);
     let time = |runner: &Runner<'_>, doc: &Document| -> Result<(f64, Mode, usize)> {
         let start = Instant::now();
         let summary = summarize(runner, doc, "bench", &mut NoCheckpoints, &CancelFlag::default(), &mut |_| {})

@@ -1,0 +1,253 @@
+//! The engine a program runs on, behind one front: Hillside's own, whose scheduler batches the
+//! requests, or an OpenAI-compatible one elsewhere (vLLM, llama.cpp's server), for when one
+//! machine is not enough. Chat, completions, documents, the CLI and the bench ask the front
+//! what they need (a prompt in the form its engine takes, a text's tokens, the context, a reply
+//! run to its end) instead of each deciding again which engine it has. The few places that show
+//! the local engine's insides (KV tiers, sequences, token ids) ask for them with
+//! [`EngineFront::local`], and say plainly that a remote engine has none.
+
+use hillside_engine::scheduler::{KeptPrefix, Scheduler, SchedulerConfig, SubmitError, Update};
+use hillside_engine::{ChatMessage, Engine, Event, GenerateParams, ReasoningFormat, Summary};
+use hillside_remote::{RemoteEngine, RemoteError, ReplySink};
+use std::sync::Arc;
+
+pub enum EngineFront {
+    /// Hillside's own engine, through its scheduler.
+    Local { engine: Arc<Engine>, scheduler: Scheduler },
+    /// An OpenAI-compatible engine elsewhere.
+    Remote(Arc<RemoteEngine>),
+}
+
+/// A prompt in the form the front's engine takes.
+pub enum Request {
+    /// The prompt's tokens, with the K/V of its document prefix where it is kept.
+    Local {
+        tokens: Vec<u32>,
+        prefix: Option<Box<dyn KeptPrefix>>,
+    },
+    Remote(RemotePrompt),
+}
+
+/// What a remote engine is asked.
+pub enum RemotePrompt {
+    /// Messages, for the remote's chat template.
+    Chat(Vec<ChatMessage>),
+    /// A text the remote continues without a template.
+    Text(String),
+}
+
+impl RemotePrompt {
+    /// Streams `remote`'s reply into `sink`.
+    pub fn run(
+        &self,
+        remote: &RemoteEngine,
+        params: &GenerateParams,
+        sink: &mut dyn ReplySink,
+    ) -> Result<Summary, RemoteError> {
+        match self {
+            RemotePrompt::Chat(messages) => remote.chat(messages, params, sink),
+            RemotePrompt::Text(text) => remote.complete(text, params, sink),
+        }
+    }
+}
+
+/// A local prompt's tokens, with the K/V of its document prefix where it is kept.
+pub type LocalPrompt = (Vec<u32>, Option<Box<dyn KeptPrefix>>);
+
+impl Request {
+    /// The tokens and kept prefix of a request for the local engine.
+    pub fn into_local(self) -> Option<LocalPrompt> {
+        match self {
+            Request::Local { tokens, prefix } => Some((tokens, prefix)),
+            Request::Remote(_) => None,
+        }
+    }
+}
+
+/// Why a reply did not run to its end.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontError {
+    #[error(transparent)]
+    Engine(#[from] hillside_engine::Error),
+    #[error(transparent)]
+    Refused(#[from] SubmitError),
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    #[error("the engine stopped before the reply ended")]
+    Stopped,
+    /// A request made for one kind of engine reached the other (a bug).
+    #[error("a request for the {0} engine reached the other one")]
+    WrongEngine(&'static str),
+}
+
+impl EngineFront {
+    /// Hillside's own `engine`, with a scheduler of its own.
+    pub fn start_local(engine: Arc<Engine>, config: SchedulerConfig) -> Self {
+        Self::Local { scheduler: Scheduler::start(engine.clone(), config), engine }
+    }
+
+    /// `local`, or `openai:URL`, as `--engine` takes it.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Local { .. } => "local".into(),
+            Self::Remote(remote) => format!("openai:{}", remote.url()),
+        }
+    }
+
+    /// The local engine and its scheduler; `None` on a remote engine.
+    pub fn local(&self) -> Option<(&Arc<Engine>, &Scheduler)> {
+        match self {
+            Self::Local { engine, scheduler } => Some((engine, scheduler)),
+            Self::Remote(_) => None,
+        }
+    }
+
+    /// The remote engine; `None` on the local one.
+    pub fn remote(&self) -> Option<&Arc<RemoteEngine>> {
+        match self {
+            Self::Local { .. } => None,
+            Self::Remote(remote) => Some(remote),
+        }
+    }
+
+    /// Each sequence's context in tokens: on the local engine `setting` (the scheduler's, or the
+    /// model's own where it has none), cut to what the model takes; on a remote one, each
+    /// request's.
+    pub fn context_tokens(&self, setting: Option<usize>) -> usize {
+        match self {
+            Self::Local { engine, .. } => {
+                let model = engine.model();
+                model.kv_shape(setting.unwrap_or(model.config.context_tokens)).max_tokens
+            }
+            Self::Remote(remote) => remote.context_tokens(),
+        }
+    }
+
+    /// The tokens of `text` by the model's own tokenizer (a remote's where it offers one, else
+    /// an estimate).
+    pub fn count_tokens(&self, text: &str) -> usize {
+        match self {
+            Self::Local { engine, .. } => count_local_tokens(engine, text),
+            Self::Remote(remote) => remote.count_tokens(text),
+        }
+    }
+
+    /// How the local model marks its reasoning in a reply to `prompt` (a remote engine splits
+    /// its reasoning off itself).
+    pub fn reasoning_format_after(&self, prompt: &[u32]) -> ReasoningFormat {
+        match self {
+            Self::Local { engine, .. } => engine.tokenizer().reasoning_format_after(prompt),
+            Self::Remote(_) => ReasoningFormat::None,
+        }
+    }
+
+    /// `messages` as a prompt for this front's engine: through the model's chat template
+    /// locally, as they are for a remote (which applies its own).
+    pub fn chat_request(&self, messages: Vec<ChatMessage>) -> hillside_engine::Result<Request> {
+        match self {
+            Self::Local { engine, .. } => Ok(Request::Local { tokens: engine.chat_prompt(&messages)?, prefix: None }),
+            Self::Remote(_) => Ok(Request::Remote(RemotePrompt::Chat(messages))),
+        }
+    }
+
+    /// `text` to continue without a chat template: its tokens locally (with special tokens
+    /// read as such where `parse_special`), the text itself for a remote.
+    pub fn text_request(&self, text: String, parse_special: bool) -> hillside_engine::Result<Request> {
+        match self {
+            Self::Local { engine, .. } => {
+                let tokenizer = engine.tokenizer();
+                let tokens = if parse_special { tokenizer.encode(&text)? } else { tokenizer.encode_text(&text)? };
+                Ok(Request::Local { tokens, prefix: None })
+            }
+            Self::Remote(_) => Ok(Request::Remote(RemotePrompt::Text(text))),
+        }
+    }
+
+    /// Token ids to continue: only the local engine takes them (a remote's vocabulary is not
+    /// known here); `Err` says why they are refused.
+    pub fn token_request(&self, tokens: Vec<u32>) -> Result<Request, String> {
+        let Self::Local { engine, .. } = self else {
+            return Err(
+                "token ids are not accepted: this server runs on a remote engine, whose vocabulary it does not hold"
+                    .into(),
+            );
+        };
+        let vocab = engine.model().config.vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(bad) => Err(format!("token id {bad} is outside the vocabulary ({vocab})")),
+            None => Ok(Request::Local { tokens, prefix: None }),
+        }
+    }
+
+    /// Whether replies can come with their tokens' log-probabilities (the local engine's only).
+    pub fn gives_logprobs(&self) -> bool {
+        matches!(self, Self::Local { .. })
+    }
+
+    /// The tokens `request`'s prompt takes: exactly, for the local engine; for a remote, its
+    /// text counted by the remote's tokenizer (its own template adds a few).
+    pub fn prompt_tokens(&self, request: &Request) -> usize {
+        match request {
+            Request::Local { tokens, .. } => tokens.len(),
+            Request::Remote(RemotePrompt::Chat(messages)) => {
+                let text: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+                self.count_tokens(&text.join("\n")).max(1)
+            }
+            Request::Remote(RemotePrompt::Text(text)) => self.count_tokens(text),
+        }
+    }
+
+    /// Whether the engine answers now: the local one always; a remote one when it lists its
+    /// models.
+    pub fn reachable(&self) -> Result<(), RemoteError> {
+        match self {
+            Self::Local { .. } => Ok(()),
+            Self::Remote(remote) => remote.reachable(),
+        }
+    }
+
+    /// Runs `request` to the end of its reply on this thread, handing each piece of the reply's
+    /// text to `on_text` (`false` stops it); the summary says what it took.
+    pub fn generate(
+        &self,
+        request: Request,
+        params: GenerateParams,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> Result<Summary, FrontError> {
+        match (self, request) {
+            (Self::Remote(remote), Request::Remote(prompt)) => {
+                Ok(prompt.run(remote, &params, &mut |text: &str| on_text(text))?)
+            }
+            (Self::Local { engine, scheduler }, Request::Local { tokens, prefix }) => {
+                let params = GenerateParams { reasoning: engine.tokenizer().reasoning_format_after(&tokens), ..params };
+                let (tx, rx) = std::sync::mpsc::channel();
+                scheduler.submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
+                loop {
+                    match rx.recv().map_err(|_| FrontError::Stopped)? {
+                        Update::Event(Event::Text(text)) => {
+                            if !on_text(&text) {
+                                return Err(FrontError::Stopped);
+                            }
+                        }
+                        Update::Event(_) => {}
+                        Update::Done(done) => return Ok(done?),
+                    }
+                }
+            }
+            (Self::Local { .. }, Request::Remote(_)) => Err(FrontError::WrongEngine("remote")),
+            (Self::Remote(_), Request::Local { .. }) => Err(FrontError::WrongEngine("local")),
+        }
+    }
+}
+
+/// The tokens of `text` by the local model's tokenizer (a quarter of its bytes where it cannot
+/// encode the text).
+pub fn count_local_tokens(engine: &Engine, text: &str) -> usize {
+    engine.tokenizer().encode_text(text).map_or(text.len() / 4, |t| t.len())
+}
+
+impl From<Arc<RemoteEngine>> for EngineFront {
+    fn from(remote: Arc<RemoteEngine>) -> Self {
+        Self::Remote(remote)
+    }
+}
