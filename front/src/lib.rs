@@ -245,9 +245,3 @@ impl EngineFront {
 pub fn count_local_tokens(engine: &Engine, text: &str) -> usize {
     engine.tokenizer().encode_text(text).map_or(text.len() / 4, |t| t.len())
 }
-
-impl From<Arc<RemoteEngine>> for EngineFront {
-    fn from(remote: Arc<RemoteEngine>) -> Self {
-        Self::Remote(remote)
-    }
-}
