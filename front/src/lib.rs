@@ -20,10 +20,13 @@ pub enum EngineFront {
 
 /// A prompt in the form the front's engine takes.
 pub enum Request {
-    /// The prompt's tokens, with the K/V of its document prefix where it is kept.
+    /// The prompt's tokens, with the K/V of its document prefix where it is kept, and how the
+    /// model marks reasoning in its reply (a chat prompt's template may open a `<think>`; a
+    /// raw text continued as it is has none).
     Local {
         tokens: Vec<u32>,
         prefix: Option<Box<dyn KeptPrefix>>,
+        reasoning: ReasoningFormat,
     },
     Remote(RemotePrompt),
 }
@@ -58,7 +61,7 @@ impl Request {
     /// The tokens and kept prefix of a request for the local engine.
     pub fn into_local(self) -> Option<LocalPrompt> {
         match self {
-            Request::Local { tokens, prefix } => Some((tokens, prefix)),
+            Request::Local { tokens, prefix, .. } => Some((tokens, prefix)),
             Request::Remote(_) => None,
         }
     }
@@ -132,20 +135,15 @@ impl EngineFront {
         }
     }
 
-    /// How the local model marks its reasoning in a reply to `prompt` (a remote engine splits
-    /// its reasoning off itself).
-    pub fn reasoning_format_after(&self, prompt: &[u32]) -> ReasoningFormat {
-        match self {
-            Self::Local { engine, .. } => engine.tokenizer().reasoning_format_after(prompt),
-            Self::Remote(_) => ReasoningFormat::None,
-        }
-    }
-
     /// `messages` as a prompt for this front's engine: through the model's chat template
     /// locally, as they are for a remote (which applies its own).
     pub fn chat_request(&self, messages: Vec<ChatMessage>) -> hillside_engine::Result<Request> {
         match self {
-            Self::Local { engine, .. } => Ok(Request::Local { tokens: engine.chat_prompt(&messages)?, prefix: None }),
+            Self::Local { engine, .. } => {
+                let tokens = engine.chat_prompt(&messages)?;
+                let reasoning = engine.tokenizer().reasoning_format_after(&tokens);
+                Ok(Request::Local { tokens, prefix: None, reasoning })
+            }
             Self::Remote(_) => Ok(Request::Remote(RemotePrompt::Chat(messages))),
         }
     }
@@ -157,7 +155,7 @@ impl EngineFront {
             Self::Local { engine, .. } => {
                 let tokenizer = engine.tokenizer();
                 let tokens = if parse_special { tokenizer.encode(&text)? } else { tokenizer.encode_text(&text)? };
-                Ok(Request::Local { tokens, prefix: None })
+                Ok(Request::Local { tokens, prefix: None, reasoning: ReasoningFormat::None })
             }
             Self::Remote(_) => Ok(Request::Remote(RemotePrompt::Text(text))),
         }
@@ -175,7 +173,7 @@ impl EngineFront {
         let vocab = engine.model().config.vocab_size;
         match tokens.iter().find(|&&t| t as usize >= vocab) {
             Some(bad) => Err(format!("token id {bad} is outside the vocabulary ({vocab})")),
-            None => Ok(Request::Local { tokens, prefix: None }),
+            None => Ok(Request::Local { tokens, prefix: None, reasoning: ReasoningFormat::None }),
         }
     }
 
@@ -218,8 +216,8 @@ impl EngineFront {
             (Self::Remote(remote), Request::Remote(prompt)) => {
                 Ok(prompt.run(remote, &params, &mut |text: &str| on_text(text))?)
             }
-            (Self::Local { engine, scheduler }, Request::Local { tokens, prefix }) => {
-                let params = GenerateParams { reasoning: engine.tokenizer().reasoning_format_after(&tokens), ..params };
+            (Self::Local { scheduler, .. }, Request::Local { tokens, prefix, reasoning }) => {
+                let params = GenerateParams { reasoning, ..params };
                 let (tx, rx) = std::sync::mpsc::channel();
                 scheduler.submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
                 loop {

@@ -127,8 +127,8 @@ pub async fn submit(
         blocking(app, serving, move |_, serving| Ok((serving.front.prompt_tokens(&request), request))).await?;
     let params = params(prompt_tokens)?;
     match request {
-        Request::Local { tokens, prefix } => {
-            let params = GenerateParams { reasoning: serving.front.reasoning_format_after(&tokens), ..params };
+        Request::Local { tokens, prefix, reasoning } => {
+            let params = GenerateParams { reasoning, ..params };
             submit_local(serving, tokens, prefix, params)
         }
         Request::Remote(prompt) => Ok(submit_remote(app, serving, prompt, params)),

@@ -180,7 +180,8 @@ impl<'a> Runner<'a> {
             Some((engine, _)) => {
                 let prompt = document_prompt(engine, excerpts, messages)?;
                 let prefix = self.kv_cache.map(|cache| cache.prefix(ids, &prompt.tokens[..prompt.prefix_tokens]));
-                Ok(Request::Local { tokens: prompt.tokens, prefix })
+                let reasoning = engine.tokenizer().reasoning_format_after(&prompt.tokens);
+                Ok(Request::Local { tokens: prompt.tokens, prefix, reasoning })
             }
             // The documents come first here too: a remote that caches prefixes (vLLM,
             // llama.cpp) reads a document once for its summary and the questions after.
@@ -376,14 +377,11 @@ impl<'r, 'a> Job<'r, 'a> {
         let mut remote_requests = Vec::new();
         for i in (0..n).filter(|&i| notes[i].is_none()) {
             match request(i)? {
-                Request::Local { tokens, prefix } => {
+                Request::Local { tokens, prefix, reasoning } => {
                     let tx = tx.clone();
                     let sink = Box::new(move |u| tx.send((i, Reply::Update(u))).is_ok());
                     let group = self.group.as_ref().expect("a local request runs in a group");
-                    let params = GenerateParams {
-                        reasoning: self.runner.front.reasoning_format_after(&tokens),
-                        ..params.clone()
-                    };
+                    let params = GenerateParams { reasoning, ..params.clone() };
                     running.tickets.push(
                         group
                             .submit_with_prefix(tokens, prefix, params, sink)
