@@ -114,6 +114,18 @@ impl Drop for Running {
     }
 }
 
+/// Refuses a request for log-probabilities on an engine that cannot give them (a remote one),
+/// before any work is done for it.
+pub fn check_logprobs(serving: &Serving, requested: bool) -> Result<(), ApiError> {
+    if requested && !serving.front.gives_logprobs() {
+        return Err(ApiError::bad_request(
+            "log-probabilities are not available from the remote engine this server runs on",
+        )
+        .with_param("logprobs"));
+    }
+    Ok(())
+}
+
 /// Submits `request` to the engine `serving` runs, with the engine parameters `params` makes
 /// from the prompt's length (a remote's is counted by its tokenizer, over HTTP, so on a
 /// blocking thread).

@@ -46,12 +46,7 @@ pub async fn chat_completions(
     documents::check_ids(&documents)?;
     let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
     let serving = app.serving();
-    if top_logprobs.is_some() && !serving.front.gives_logprobs() {
-        return Err(ApiError::bad_request(
-            "log-probabilities are not available from the remote engine this server runs on",
-        )
-        .with_param("logprobs"));
-    }
+    run::check_logprobs(&serving, top_logprobs.is_some())?;
     let (request, read) = if documents.is_empty() {
         let request = run::blocking(&app, &serving, move |_, serving| {
             serving.front.chat_request(messages).map_err(ApiError::from)

@@ -44,12 +44,7 @@ pub async fn completions(
         Prompt::Tokens(ids) => Err(ids),
     };
     let serving = app.serving();
-    if req.logprobs.is_some() && !serving.front.gives_logprobs() {
-        return Err(ApiError::bad_request(
-            "log-probabilities are not available from the remote engine this server runs on",
-        )
-        .with_param("logprobs"));
-    }
+    run::check_logprobs(&serving, req.logprobs.is_some())?;
     let request = match text {
         Ok(text) => {
             let parse_special = req.parse_special;
