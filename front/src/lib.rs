@@ -182,16 +182,15 @@ impl EngineFront {
         matches!(self, Self::Local { .. })
     }
 
-    /// The tokens `request`'s prompt takes: exactly, for the local engine; for a remote, its
-    /// text counted by the remote's tokenizer (its own template adds a few).
-    pub fn prompt_tokens(&self, request: &Request) -> usize {
-        match request {
-            Request::Local { tokens, .. } => tokens.len(),
-            Request::Remote(RemotePrompt::Chat(messages)) => {
+    /// The tokens a remote prompt takes: its text counted by the remote's tokenizer (its own
+    /// template adds a few). A local prompt's are its tokens.
+    pub fn remote_prompt_tokens(&self, prompt: &RemotePrompt) -> usize {
+        match prompt {
+            RemotePrompt::Chat(messages) => {
                 let text: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
                 self.count_tokens(&text.join("\n")).max(1)
             }
-            Request::Remote(RemotePrompt::Text(text)) => self.count_tokens(text),
+            RemotePrompt::Text(text) => self.count_tokens(text),
         }
     }
 

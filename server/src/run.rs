@@ -127,23 +127,25 @@ pub fn check_logprobs(serving: &Serving, requested: bool) -> Result<(), ApiError
 }
 
 /// Submits `request` to the engine `serving` runs, with the engine parameters `params` makes
-/// from the prompt's length (a remote's is counted by its tokenizer, over HTTP, so on a
-/// blocking thread).
+/// from the prompt's length (a remote prompt's is counted by the remote's tokenizer, over HTTP,
+/// so on a blocking thread; a local one's is its tokens).
 pub async fn submit(
     app: &Arc<App>,
     serving: &Arc<Serving>,
     request: Request,
     params: impl FnOnce(usize) -> Result<GenerateParams, ApiError>,
 ) -> Result<Running, ApiError> {
-    let (prompt_tokens, request) =
-        blocking(app, serving, move |_, serving| Ok((serving.front.prompt_tokens(&request), request))).await?;
-    let params = params(prompt_tokens)?;
     match request {
         Request::Local { tokens, prefix, reasoning } => {
-            let params = GenerateParams { reasoning, ..params };
+            let params = GenerateParams { reasoning, ..params(tokens.len())? };
             submit_local(serving, tokens, prefix, params)
         }
-        Request::Remote(prompt) => Ok(submit_remote(app, serving, prompt, params)),
+        Request::Remote(prompt) => {
+            let (prompt_tokens, prompt) =
+                blocking(app, serving, move |_, serving| Ok((serving.front.remote_prompt_tokens(&prompt), prompt)))
+                    .await?;
+            Ok(submit_remote(app, serving, prompt, params(prompt_tokens)?))
+        }
     }
 }
 
