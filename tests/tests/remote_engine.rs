@@ -282,6 +282,17 @@ fn the_server_on_a_remote_engine_serves_the_api_and_documents_and_refuses_the_ti
         assert_eq!((status, refused["error"]["code"].as_str()), (409, Some("engine_is_remote")), "{path}: {refused}");
     }
 
+    // Log-probabilities and token ids belong to Hillside's own engine: both endpoints say so,
+    // naming the field.
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "logprobs": true});
+    let completion = json!({"prompt": "Hi", "max_tokens": 4, "logprobs": 2});
+    for (path, body) in [("/v1/chat/completions", &chat), ("/v1/completions", &completion)] {
+        let (status, refused) = s.post(path, body);
+        assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("logprobs")), "{path}: {refused}");
+    }
+    let (status, refused) = s.post("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 4}));
+    assert_eq!((status, refused["error"]["param"].as_str()), (400, Some("prompt")), "{refused}");
+
     // Chat, whole and streamed, is the remote's own reply.
     // Greedy, and no repeat penalty: the server's own default sampling would otherwise apply.
     let asked = json!({"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 12, "temperature": 0, "repeat_penalty": 1.0});
