@@ -6,31 +6,26 @@ use clap::{Args, Subcommand};
 use hillside_common::engine_choice::EngineArgs;
 use hillside_common::{load_engine, local_model_key, models, DocumentsArgs, ModelArgs};
 use hillside_documents::chunks::Mode;
-use hillside_documents::kv_cache::DocumentKvCache;
-use hillside_documents::questions::question;
+use hillside_documents::ingest::isolated::ProcessLimits;
 use hillside_documents::sources::Source;
-use hillside_documents::summarize::{summarize, DocumentSummary, LibraryCheckpoints, Progress, Runner};
-use hillside_documents::{read_file, Document, Library, Limits, Locator};
+use hillside_documents::summarize::{DocumentSummary, Progress, Runner};
+use hillside_documents::{Document, DocumentService, Locator};
 use hillside_engine::scheduler::SchedulerConfig;
 use hillside_engine::{CancelFlag, ChatMessage};
 use hillside_front::EngineFront;
-use hillside_server::DocumentsConfig;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The library and the kept K/V for the model `model_key` names.
-fn open(args: &DocumentsArgs, model_key: String) -> Result<(DocumentsConfig, Arc<Library>, Arc<DocumentKvCache>)> {
+/// The library and its kept K/V for the model `model_key` names, and the key.
+fn open(args: &DocumentsArgs, model_key: String) -> Result<(DocumentService, String)> {
     let config = args.config_for(model_key)?;
-    let library = Library::open(&config.dir.join("library.redb")).map_err(|e| match e.is_in_use() {
+    let service = DocumentService::open(&config, ProcessLimits::default()).map_err(|e| match e.is_in_use() {
         true => anyhow::anyhow!("{e} (is another Hillside, such as `hillside serve`, using it?)"),
         false => e.into(),
     })?;
-    let library = Arc::new(library);
-    let kv = DocumentKvCache::open(library.clone(), &config.dir.join("kv"), config.kv_quota_bytes, &config.model_key)
-        .with_context(|| format!("opening {}", config.dir.join("kv").display()))?;
-    Ok((config, library, kv))
+    Ok((service, config.model_key))
 }
 
 #[derive(Args)]
@@ -120,15 +115,11 @@ fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads a file and adds it to the library, with its tokens as `runner` counts them; its id and
-/// document.
-fn add(library: &Library, runner: &Runner<'_>, path: &Path, limits: &Limits) -> Result<(String, Document)> {
-    let doc = read_file(path, limits)?;
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let tokens = runner.count_tokens(&doc.text);
-    let entry = library.add(&doc, &bytes)?.entry;
-    library.update(&entry.id, |e| e.tokens = Some(tokens))?;
-    Ok((entry.id, doc))
+/// Adds the file at `path` (read in the sandboxed reader, as the server reads an upload): its id
+/// and document.
+fn add(service: &DocumentService, runner: &Runner<'_>, path: &Path) -> Result<(String, Document)> {
+    let added = service.add_file(runner, path)?;
+    Ok((added.entry.id, added.document))
 }
 
 pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
@@ -136,18 +127,18 @@ pub fn summarize_files(args: &SummarizeArgs) -> Result<()> {
     if files.is_empty() {
         bail!("no files to summarize");
     }
-    with_runner(&args.model, &args.engine, &args.documents, |runner, config, library| {
-        summarize_with(args, &files, runner, config, library)
+    with_runner(&args.model, &args.engine, &args.documents, |runner, service, model_key| {
+        summarize_with(args, &files, runner, service, model_key)
     })
 }
 
 /// Runs `work` with a runner on the engine `engine` chooses (the local one loads `model`), the
-/// library, and its config.
+/// documents, and the key their summaries are kept under.
 fn with_runner<T>(
     model: &ModelArgs,
     engine: &EngineArgs,
     documents: &DocumentsArgs,
-    work: impl FnOnce(&Runner<'_>, &DocumentsConfig, &Library) -> Result<T>,
+    work: impl FnOnce(&Runner<'_>, &DocumentService, &str) -> Result<T>,
 ) -> Result<T> {
     let remote = engine.connect()?;
     let model_key = match &remote {
@@ -155,27 +146,26 @@ fn with_runner<T>(
         None => local_model_key(&models::resolve(model.model())?)?,
     };
     // The library first: one in use by another Hillside is refused before a model loads.
-    let (config, library, kv) = open(documents, model_key)?;
+    let (service, model_key) = open(documents, model_key)?;
     let front = match remote {
         Some(remote) => EngineFront::Remote(remote),
         None => local_front(model)?,
     };
-    work(&Runner::new(&front, model.context(), Some(&kv)), &config, &library)
+    work(&Runner::new(&front, model.context(), Some(&service.kv)), &service, &model_key)
 }
 
 fn summarize_with(
     args: &SummarizeArgs,
     files: &[PathBuf],
     runner: &Runner<'_>,
-    config: &DocumentsConfig,
-    library: &Library,
+    service: &DocumentService,
+    model_key: &str,
 ) -> Result<()> {
-    let limits = Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() };
     // Unreadable files are reported and skipped; the others go on.
     let mut docs = Vec::new();
     let mut failed = 0;
     for path in files {
-        match add(library, runner, path, &limits) {
+        match add(service, runner, path) {
             Ok(doc) => docs.push(doc),
             Err(e) => {
                 eprintln!("{}: {e:#}", path.display());
@@ -191,11 +181,9 @@ fn summarize_with(
             .iter()
             .map(|(id, doc)| {
                 let bar = bars.add(ProgressBar::new(100).with_style(style.clone()).with_prefix(doc.name.clone()));
-                let model_key = config.model_key.as_str();
                 scope.spawn(move || {
                     let mut prefilled: Vec<usize> = Vec::new();
-                    let mut checkpoints = LibraryCheckpoints { library, id, model_key };
-                    let summary = summarize(runner, doc, id, &mut checkpoints, &CancelFlag::default(), &mut |p| {
+                    let summary = service.summarize(runner, id, doc, model_key, &CancelFlag::default(), &mut |p| {
                         show(&bar, &mut prefilled, p)
                     });
                     bar.finish();
@@ -213,7 +201,6 @@ fn summarize_with(
     for ((id, doc), result) in docs.iter().zip(results) {
         match result {
             Ok(summary) => {
-                library.finish_summary(id, summary.points.clone(), summary.plan.tokens)?;
                 if args.json {
                     all_json.push(
                         serde_json::json!({"id": id, "name": doc.name, "plan": summary.plan, "points": summary.points}),
@@ -304,21 +291,15 @@ fn left(eta_s: Option<f64>) -> String {
 }
 
 pub fn ask(args: &AskArgs) -> Result<()> {
-    with_runner(&args.model, &args.engine, &args.documents, |runner, config, library| {
-        let (id, doc) = if Path::new(&args.document).exists() {
-            add(
-                library,
-                runner,
-                Path::new(&args.document),
-                &Limits { max_file_bytes: config.max_file_bytes, ..Limits::default() },
-            )?
+    with_runner(&args.model, &args.engine, &args.documents, |runner, service, _| {
+        let id = if Path::new(&args.document).exists() {
+            add(service, runner, Path::new(&args.document))?.0
+        } else if service.document(&args.document)?.is_some() {
+            args.document.clone()
         } else {
-            let (entry, doc) = library.document(&args.document)?.with_context(|| {
-                format!("{} is neither a file nor a document id (see `hillside docs list`)", args.document)
-            })?;
-            (entry.id, doc)
+            bail!("{} is neither a file nor a document id (see `hillside docs list`)", args.document);
         };
-        let asked = question(runner, &[(id, doc)], &[ChatMessage::new("user", &args.question)])?;
+        let asked = service.question(runner, &[id], &[ChatMessage::new("user", &args.question)])?;
         if let Some(chunk) = asked.excerpts[0].chunk {
             eprintln!("(asking chunk {chunk} of {}: the one that best matches the question)", asked.excerpts[0].chunks);
         }
@@ -355,10 +336,10 @@ pub fn docs(command: &DocsCommand) -> Result<()> {
         DocsCommand::List { documents, model } | DocsCommand::Rm { documents, model, .. } => (documents, model),
     };
     let model_path = models::resolve(model.as_deref().or(hillside_config::get().model.as_deref()))?;
-    let (_, library, kv) = open(documents, local_model_key(&model_path)?)?;
+    let (service, _) = open(documents, local_model_key(&model_path)?)?;
     match command {
         DocsCommand::List { .. } => {
-            let entries = library.list()?;
+            let entries = service.library.list()?;
             if entries.is_empty() {
                 println!("no documents yet: `hillside summarize FILE` adds one");
                 return Ok(());
@@ -377,15 +358,15 @@ pub fn docs(command: &DocsCommand) -> Result<()> {
                     e.size_bytes / 1000
                 );
             }
-            let (files, bytes) = kv.usage();
+            let (files, bytes) = service.kv.usage();
             println!("kept K/V: {files} files, {:.1} MB", bytes as f64 / 1e6);
         }
         DocsCommand::Rm { ids, .. } => {
             for id in ids {
-                if !library.remove(id)? {
+                let Some(kv_files) = service.remove(id)? else {
                     bail!("no document {id} (see `hillside docs list`)");
-                }
-                println!("removed {id} ({} kept K/V files)", kv.forget_document(id));
+                };
+                println!("removed {id} ({kv_files} kept K/V files)");
             }
         }
     }

@@ -349,7 +349,10 @@ fn serve_keeps_serving_when_its_stdout_is_closed() {
     };
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
-    assert!(child.wait().unwrap().success(), "a clean exit");
+    let status = child.wait().unwrap();
+    let mut log = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut log);
+    assert!(status.success(), "a clean exit, not {status}:\n{log}");
 }
 
 /// Debian's XRT 2.13 user-space library (libxrt-dev, installed by scripts/setup.sh) with no card:
@@ -471,4 +474,74 @@ fn bench_without_the_lab_says_how_to_build_it() {
         stderr.contains("hillside-bench") && stderr.contains("cargo build --release -p hillside-bench"),
         "{stderr}"
     );
+}
+
+/// The document reader beside the program, built where this run has not built it yet (`cargo
+/// test -p hillside` alone builds only this package's programs).
+fn ensure_reader() {
+    let beside = std::path::Path::new(env!("CARGO_BIN_EXE_hillside")).with_file_name("hillside-ingest");
+    if !beside.is_file() {
+        let built = Command::new(env!("CARGO"))
+            .args(["build", "-p", "hillside-documents", "--bin", "hillside-ingest"])
+            .status()
+            .unwrap();
+        assert!(built.success(), "building hillside-ingest failed");
+    }
+}
+
+#[test]
+fn documents_from_the_command_line_are_read_in_the_sandbox_summarized_asked_and_forgotten() {
+    ensure_reader();
+    let scratch = tempfile::Builder::new().prefix("hillside-cli-docs-").tempdir().unwrap();
+    let dir = scratch.path();
+    let notes = dir.join("bees.txt");
+    std::fs::write(
+        &notes,
+        "The river meets the sea at the old mill. The miller keeps bees behind the mill and sells their honey at the Friday market in the harbour town.\n",
+    )
+    .unwrap();
+    let private = dir.join("private.txt");
+    std::fs::write(&private, "the user's own words").unwrap();
+    let run = |args: &[&str], fault: Option<&str>| {
+        let mut command = hillside();
+        command.args(args).arg("--documents-dir").arg(dir.join("data"));
+        if let Some(fault) = fault {
+            command.env("HILLSIDE_INGEST_FAULT", fault).env("HILLSIDE_INGEST_FAULT_PATH", &private);
+        }
+        let out = command.output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let notes_arg = notes.to_str().unwrap();
+
+    // The file is read in the reader's sandbox, as the server reads an upload: a reader that
+    // reaches past it costs this file, named, and nothing is stored.
+    let (ok, _, stderr) = run(&["summarize", notes_arg], Some("open"));
+    assert!(!ok && stderr.contains("bees.txt") && stderr.contains("sandbox refuses"), "{stderr}");
+    assert!(!stderr.contains("the user's own words"), "{stderr}");
+    let (ok, stdout, stderr) = run(&["docs", "list"], None);
+    assert!(ok && stdout.contains("no documents yet"), "{stdout}{stderr}");
+
+    let (ok, stdout, stderr) = run(&["summarize", notes_arg, "--json"], None);
+    assert!(ok, "{stderr}");
+    let summaries: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let id = summaries[0]["id"].as_str().unwrap().to_string();
+    assert!(!summaries[0]["points"].as_array().unwrap().is_empty(), "{summaries}");
+
+    let (ok, stdout, stderr) = run(&["ask", &id, "Who keeps bees?", "--max-tokens", "24"], None);
+    assert!(ok && !stdout.trim().is_empty(), "{stderr}");
+    let reused: usize = stderr
+        .split(" of them reused")
+        .next()
+        .and_then(|s| s.rsplit(", ").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(reused > 0, "the question reuses the summary's kept K/V: {stderr}");
+
+    let (ok, stdout, _) = run(&["docs", "list"], None);
+    assert!(ok && stdout.contains(&id) && stdout.contains("bees.txt") && stdout.contains("points"), "{stdout}");
+    let (ok, stdout, stderr) = run(&["docs", "rm", &id], None);
+    assert!(ok && stdout.contains(&format!("removed {id}")), "{stdout}{stderr}");
+    let (ok, stdout, _) = run(&["docs", "list"], None);
+    assert!(ok && stdout.contains("no documents yet"), "{stdout}");
 }

@@ -316,7 +316,6 @@ impl DocumentsArgs {
             max_file_bytes: self.max_file_mb.or(file.max_file_mb).unwrap_or(DocumentsFile::DEFAULT_MAX_FILE_MB)
                 * 1_000_000,
             model_key,
-            chosen_paths: None,
         })
     }
 }

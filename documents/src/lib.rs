@@ -7,10 +7,12 @@ pub mod kv_cache;
 pub mod library;
 pub mod prompt;
 pub mod questions;
+pub mod service;
 pub mod sources;
 pub mod store_error;
 pub mod summarize;
 
 pub use ingest::{read_bytes, read_file, Document, Format, IngestError, Limits, Locator, Part};
 pub use library::{Entry, Library};
+pub use service::{DocumentService, DocumentsConfig};
 pub use store_error::{StoreError, StoreFailure};

@@ -30,8 +30,9 @@ mod web_ui;
 
 pub use backend::EngineChoice;
 pub use cross_site::AllowedOrigins;
-pub use documents::{ChosenPaths, DocumentsConfig};
+pub use documents::ChosenPaths;
 pub use error::{ApiError, ErrorBody};
+pub use hillside_documents::DocumentsConfig;
 pub use serving::Serving;
 pub use start_error::StartError;
 pub use web_ui::is_built as web_ui_is_built;
@@ -80,6 +81,10 @@ pub struct ServerConfig {
     pub scheduler: SchedulerConfig,
     /// Where documents, their kept K/V and the conversations live; `None`: those routes are off.
     pub documents: Option<DocumentsConfig>,
+    /// The local files the desktop app's user chose, which documents may be added from; `None`:
+    /// only uploads.
+    #[serde(skip)]
+    pub chosen_paths: Option<Arc<ChosenPaths>>,
     /// Sampling for requests that do not set their own (the config file's `[sampling]`).
     pub sampling: SamplingParams,
     /// The config file the settings routes edit; `None`: they are off.
@@ -126,7 +131,8 @@ impl App {
         shelf: Option<Arc<dyn ModelShelf>>,
     ) -> Result<Arc<Self>, StartError> {
         let allowed_origins = cross_site::AllowedOrigins::parse(&config.cors_origins)?;
-        let documents = config.documents.as_ref().map(Documents::open).transpose()?;
+        let documents =
+            config.documents.as_ref().map(|d| Documents::open(d, config.chosen_paths.clone())).transpose()?;
         let conversations =
             config.documents.as_ref().map(|d| Conversations::open(&d.dir.join("conversations.redb"))).transpose()?;
         let model_key = config.documents.as_ref().map(|d| d.model_key.clone()).unwrap_or_default();
@@ -135,7 +141,7 @@ impl App {
             &config.scheduler,
             (config.model_id.clone(), config.model_aliases.clone()),
             model_key,
-            documents.as_ref().map(|d| d.kv.clone()),
+            documents.as_ref().map(|d| d.service.kv.clone()),
         );
         let id_prefix = format!("{:08x}", rand::random::<u32>());
         Ok(Arc::new(Self {

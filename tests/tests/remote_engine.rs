@@ -257,7 +257,6 @@ fn the_server_on_a_remote_engine_serves_the_api_and_documents_and_refuses_the_ti
         kv_quota_bytes: 1 << 30,
         max_file_bytes: 200_000,
         model_key: "remote-test".into(),
-        chosen_paths: None,
     };
     let config = ServerConfig {
         model_id: remote.model().into(),

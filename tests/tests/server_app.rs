@@ -20,7 +20,6 @@ fn with_data(dir: &Path) -> ServerConfig {
         kv_quota_bytes: 1 << 30,
         max_file_bytes: 200_000,
         model_key: "smollm2-test".into(),
-        chosen_paths: None,
     };
     ServerConfig { documents: Some(documents), settings_file: Some(dir.join("config.toml")), ..config() }
 }
@@ -89,7 +88,7 @@ fn the_desktop_server_reads_only_the_files_the_user_chose() {
     let paths = Arc::new(ChosenPaths::default());
     paths.choose(&chosen);
     let mut config = with_data(&dir.join("data"));
-    config.documents.as_mut().unwrap().chosen_paths = Some(paths);
+    config.chosen_paths = Some(paths);
     let s = Server::start(config);
     for refused in [other.clone(), dir.join("notes/../notes/other.txt"), PathBuf::from("/etc/passwd")] {
         let (status, body) = s.post("/v1/hillside/documents", &json!({"path": refused}));

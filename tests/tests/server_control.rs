@@ -18,7 +18,6 @@ fn with_settings(dir: &Path) -> ServerConfig {
         kv_quota_bytes: 1 << 30,
         max_file_bytes: 200_000,
         model_key: "smollm2-test".into(),
-        chosen_paths: None,
     };
     ServerConfig { documents: Some(documents), settings_file: Some(dir.join("config.toml")), ..config() }
 }

@@ -23,7 +23,6 @@ fn with_documents(dir: &Path) -> ServerConfig {
         kv_quota_bytes: 1 << 30,
         max_file_bytes: 200_000,
         model_key: "smollm2-test".into(),
-        chosen_paths: None,
     };
     ServerConfig { documents: Some(documents), ..config() }
 }

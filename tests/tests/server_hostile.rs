@@ -20,7 +20,6 @@ fn with_documents(dir: &Scratch) -> ServerConfig {
         kv_quota_bytes: 1 << 30,
         max_file_bytes: 64 << 20,
         model_key: "smollm2-test".into(),
-        chosen_paths: None,
     };
     ServerConfig { documents: Some(documents), ..config() }
 }

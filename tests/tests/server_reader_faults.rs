@@ -21,7 +21,6 @@ fn a_reader_that_aborts_or_hoards_memory_costs_one_refused_file() {
         kv_quota_bytes: 1 << 30,
         max_file_bytes: 1 << 20,
         model_key: "smollm2-test".into(),
-        chosen_paths: None,
     };
     let s = Server::start(ServerConfig { documents: Some(documents), ..config() });
     let base = s.base.clone();

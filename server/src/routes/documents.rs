@@ -7,22 +7,18 @@ use crate::backend::remote_error;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{require_json, PathParams, QueryParams};
 use crate::types::{ChatExtensionReply, DocumentExcerpt};
-use crate::{unix_now_s, App, Serving};
+use crate::{App, Serving};
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hillside_documents::ingest::file_bytes;
-use hillside_documents::library::Added;
 use hillside_documents::library::Entry;
 use hillside_documents::prompt::PromptError;
-use hillside_documents::questions;
+use hillside_documents::service::{self, AddError, AddedDocument, AskError};
 use hillside_documents::sources::Point;
-use hillside_documents::summarize::{
-    fits_whole, plan_summary, summarize, LibraryCheckpoints, Progress, Request as DocumentRequest, SummaryError,
-};
+use hillside_documents::summarize::{fits_whole, Progress, Request as DocumentRequest, SummaryError};
 use hillside_documents::IngestError;
 use hillside_engine::{CancelFlag, ChatMessage};
 use serde::{Deserialize, Serialize};
@@ -105,9 +101,9 @@ enum Source {
 fn info(app: &App, entry: Entry) -> DocumentInfo {
     let whole = entry.tokens.is_none_or(|t| fits_whole(t, app.serving().context_tokens()));
     let docs = app.documents().ok();
-    let checkpoint = docs.and_then(|docs| docs.library.checkpoint(&entry.id).ok().flatten());
+    let checkpoint = docs.and_then(|docs| docs.service.library.checkpoint(&entry.id).ok().flatten());
     let kept_kv_bytes = docs
-        .and_then(|docs| docs.library.kept_kvs().ok())
+        .and_then(|docs| docs.service.library.kept_kvs().ok())
         .map_or(0, |kept| kept.iter().filter(|k| k.documents.contains(&entry.id)).map(|k| k.bytes).sum());
     DocumentInfo {
         id: entry.id,
@@ -126,6 +122,26 @@ fn info(app: &App, entry: Entry) -> DocumentInfo {
         summary: entry.summary,
         unfinished_summary: checkpoint.map(|c| UnfinishedSummary { chunks_done: c.chunks_done(), chunks: c.chunks }),
         kept_kv_bytes,
+    }
+}
+
+fn add_error(e: AddError) -> ApiError {
+    match e {
+        AddError::ReaderMissing(why) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            Some("document_reader_missing"),
+            format!("Documents cannot be added: {why}."),
+        ),
+        AddError::Read(e) => ingest_error(e),
+        AddError::CannotSummarize(e) => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            Some("document_too_long"),
+            e.to_string(),
+        )
+        .with_param("tokens"),
+        AddError::Store(e) => e.into(),
     }
 }
 
@@ -218,10 +234,11 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
             ApiError::bad_request(format!("expected multipart/form-data with a part named 'file': {e}"))
         })?;
         let mut found = None;
-        while let Some(field) = form.next_field().await.map_err(|e| upload_error(e, docs.limits.max_file_bytes))? {
+        let limit = docs.service.limits.max_file_bytes;
+        while let Some(field) = form.next_field().await.map_err(|e| upload_error(e, limit))? {
             if field.name() == Some("file") {
                 let name = field.file_name().unwrap_or("document").to_string();
-                found = Some((name, field.bytes().await.map_err(|e| upload_error(e, docs.limits.max_file_bytes))?));
+                found = Some((name, field.bytes().await.map_err(|e| upload_error(e, limit))?));
                 break;
             }
         }
@@ -230,34 +247,18 @@ pub async fn add(State(app): State<Arc<App>>, request: Request) -> Result<Respon
         Source::Upload { name, bytes }
     };
     let (task_app, serving) = (app.clone(), app.serving());
-    let (entry, created) = tokio::task::spawn_blocking(move || -> Result<(Entry, bool), ApiError> {
-        let docs = task_app.documents()?;
-        let (name, bytes) = match source {
-            Source::Path(path) => {
-                let (name, bytes) = file_bytes(&path, &docs.limits).map_err(ingest_error)?;
-                (name, Bytes::from(bytes))
-            }
-            Source::Upload { name, bytes } => (name, bytes),
-        };
-        let doc = docs.reader()?.read(&name, &bytes, &docs.limits).map_err(ingest_error)?;
+    let added = tokio::task::spawn_blocking(move || -> Result<AddedDocument, ApiError> {
+        let service = &task_app.documents()?.service;
         let runner = serving.runner(false);
-        let tokens = runner.count_tokens(&doc.text);
-        // Said now, not after minutes of work: a document whose summary cannot be done.
-        plan_summary(&doc, serving.context_tokens(), &|s| runner.count_tokens(s)).map_err(|e| {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                Some("document_too_long"),
-                e.to_string(),
-            )
-            .with_param("tokens")
-        })?;
-        let Added { entry, created } = docs.library.add(&doc, &bytes)?;
-        let entry = docs.library.update(&entry.id, |e| e.tokens = Some(tokens))?.unwrap_or(entry);
-        Ok((entry, created))
+        match source {
+            Source::Path(path) => service.add_file(&runner, &path),
+            Source::Upload { name, bytes } => service.add(&runner, &name, &bytes),
+        }
+        .map_err(add_error)
     })
     .await
     .map_err(|e| ApiError::internal(format!("document task failed: {e}")))??;
+    let AddedDocument { entry, created, .. } = added;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(info(&app, entry))).into_response())
 }
@@ -275,7 +276,7 @@ fn upload_error(e: axum::extract::multipart::MultipartError, limit: u64) -> ApiE
 }
 #[utoipa::path(get, path = "/v1/hillside/documents", responses((status = 200, description = "Every document, the most recently used first", body = DocumentList)))]
 pub async fn list(State(app): State<Arc<App>>) -> Result<Json<DocumentList>, ApiError> {
-    let entries = app.documents()?.library.list()?;
+    let entries = app.documents()?.service.library.list()?;
     Ok(Json(DocumentList { object: "list", data: entries.into_iter().map(|e| info(&app, e)).collect() }))
 }
 
@@ -285,7 +286,7 @@ pub async fn get(
     State(app): State<Arc<App>>,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<DocumentInfo>, ApiError> {
-    let entry = app.documents()?.library.get(&id)?.ok_or_else(|| unknown(&id))?;
+    let entry = app.documents()?.service.library.get(&id)?.ok_or_else(|| unknown(&id))?;
     Ok(Json(info(&app, entry)))
 }
 
@@ -322,7 +323,7 @@ pub async fn text(
         return Err(ApiError::bad_request(format!("a passage is 1 to {MAX_PASSAGE_BYTES} bytes, start before end"))
             .with_param("start"));
     }
-    let text = app.documents()?.library.text(&id)?.ok_or_else(|| unknown(&id))?;
+    let text = app.documents()?.service.library.text(&id)?.ok_or_else(|| unknown(&id))?;
     let mut start = range.start.min(text.len());
     while !text.is_char_boundary(start) {
         start -= 1;
@@ -340,11 +341,7 @@ pub async fn delete(
     State(app): State<Arc<App>>,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<DocumentDeleted>, ApiError> {
-    let docs = app.documents()?;
-    if !docs.library.remove(&id)? {
-        return Err(unknown(&id));
-    }
-    let kv_files_removed = docs.kv.forget_document(&id);
+    let kv_files_removed = app.documents()?.service.remove(&id)?.ok_or_else(|| unknown(&id))?;
     Ok(Json(DocumentDeleted { id, object: "hillside.document.deleted", deleted: true, kv_files_removed }))
 }
 
@@ -378,28 +375,23 @@ pub enum SummaryEvent {
         (status = 200, description = "Server-sent `SummaryEvent`s — progress, then the summary (or an error body) — ending in `[DONE]`. Each finished step is kept: closing the stream stops the summary, and asking again resumes it where it stopped (also after a crash or a restart).", content_type = "text/event-stream", body = SummaryEvent),
         (status = 404, description = "No such document", body = ErrorBody)))]
 pub async fn summary(State(app): State<Arc<App>>, PathParams(id): PathParams<String>) -> Result<Response, ApiError> {
-    let docs = app.documents()?;
-    let (_, doc) = docs.library.document(&id)?.ok_or_else(|| unknown(&id))?;
+    let doc = app.documents()?.service.document(&id)?.ok_or_else(|| unknown(&id))?;
     let (out, events) = mpsc::channel::<serde_json::Value>(64);
     let cancel = CancelFlag::default();
     let flag = cancel.clone();
     // The whole summary runs on the model loaded when it starts.
     let serving = app.serving();
     tokio::task::spawn_blocking(move || {
-        let docs = app.documents().expect("checked above");
+        let service = &app.documents().expect("checked above").service;
         let runner = serving.runner(true);
         let send = |event: SummaryEvent| serde_json::to_value(event).is_ok_and(|v| out.blocking_send(v).is_ok());
-        let mut checkpoints = LibraryCheckpoints { library: &docs.library, id: &id, model_key: &serving.model_key };
-        let result = summarize(&runner, &doc, &id, &mut checkpoints, &flag, &mut |progress| {
+        let result = service.summarize(&runner, &id, &doc, &serving.model_key, &flag, &mut |progress| {
             if !send(SummaryEvent::Progress { progress }) {
                 flag.cancel(); // nobody listens
             }
         });
         match result {
             Ok(summary) => {
-                if let Err(e) = docs.library.finish_summary(&id, summary.points.clone(), summary.plan.tokens) {
-                    tracing::error!(error = %e, "cannot store a summary in the library");
-                }
                 send(SummaryEvent::Summary {
                     id,
                     tokens: summary.plan.tokens,
@@ -451,26 +443,29 @@ fn summary_error(e: SummaryError) -> ApiError {
     }
 }
 
-/// The most documents one question may name: each is loaded and read into the prompt.
-pub const MAX_DOCUMENTS_PER_QUESTION: usize = 8;
-
 /// Refuses, before any document is loaded, a list of more than
-/// [`MAX_DOCUMENTS_PER_QUESTION`] ids or one that names a document twice.
+/// [`hillside_documents::service::MAX_DOCUMENTS_PER_QUESTION`] ids or one that names a document
+/// twice.
 pub fn check_ids(ids: &[String]) -> Result<(), ApiError> {
-    if ids.len() > MAX_DOCUMENTS_PER_QUESTION {
-        return Err(ApiError::bad_request(format!(
-            "a question may name at most {MAX_DOCUMENTS_PER_QUESTION} documents, not {}",
-            ids.len()
-        ))
-        .with_param("hillside.documents"));
-    }
-    for (i, id) in ids.iter().enumerate() {
-        if ids[..i].contains(id) {
-            return Err(ApiError::bad_request(format!("document '{id}' is named twice"))
-                .with_param(format!("hillside.documents[{i}]")));
+    service::check_ids(ids).map_err(ask_error)
+}
+
+fn ask_error(e: AskError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        AskError::TooMany(_) => ApiError::bad_request(message).with_param("hillside.documents"),
+        AskError::Twice { index, .. } => {
+            ApiError::bad_request(message).with_param(format!("hillside.documents[{index}]"))
         }
+        AskError::Unknown { index, .. } => ApiError::bad_request(format!("{message}; see GET /v1/hillside/documents"))
+            .with_param(format!("hillside.documents[{index}]")),
+        AskError::Prompt(PromptError::Engine(e)) => e.into(),
+        AskError::Prompt(PromptError::NoQuestion) => ApiError::bad_request(message).with_param("messages"),
+        AskError::Prompt(PromptError::TooLong(_)) => {
+            ApiError::bad_request(message).with_code("document_too_long").with_param("hillside.documents")
+        }
+        AskError::Store(e) => e.into(),
     }
-    Ok(())
 }
 
 /// The request for a chat about the library's documents `ids` on the model `serving` runs, and
@@ -481,26 +476,8 @@ pub fn question(
     ids: &[String],
     messages: &[ChatMessage],
 ) -> Result<(DocumentRequest, ChatExtensionReply), ApiError> {
-    let docs = app.documents()?;
-    let mut documents = Vec::with_capacity(ids.len());
-    for (i, id) in ids.iter().enumerate() {
-        let (_, doc) = docs.library.document(id)?.ok_or_else(|| {
-            ApiError::bad_request(format!("no document '{id}'; see GET /v1/hillside/documents"))
-                .with_param(format!("hillside.documents[{i}]"))
-        })?;
-        documents.push((id.clone(), doc));
-    }
     let runner = serving.runner(true);
-    let asked = questions::question(&runner, &documents, messages).map_err(|e| match e {
-        PromptError::Engine(e) => e.into(),
-        PromptError::NoQuestion => ApiError::bad_request(e.to_string()).with_param("messages"),
-        PromptError::TooLong(_) => {
-            ApiError::bad_request(e.to_string()).with_code("document_too_long").with_param("hillside.documents")
-        }
-    })?;
-    for id in ids {
-        let _ = docs.library.update(id, |e| e.used_s = unix_now_s());
-    }
+    let asked = app.documents()?.service.question(&runner, ids, messages).map_err(ask_error)?;
     let read = ids
         .iter()
         .zip(&asked.excerpts)

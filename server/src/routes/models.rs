@@ -229,7 +229,7 @@ pub async fn load(
     let task_app = app.clone();
     let loaded = tokio::task::spawn_blocking(move || {
         let loaded = shelf.load(&name)?;
-        let kept_kv = task_app.documents.as_ref().map(|d| d.kv.for_model(&loaded.model_key));
+        let kept_kv = task_app.documents.as_ref().map(|d| d.service.kv.for_model(&loaded.model_key));
         Ok::<_, ShelfError>(Serving::new(
             EngineChoice::Local(loaded.engine),
             &task_app.config.scheduler,

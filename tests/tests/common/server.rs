@@ -35,6 +35,7 @@ pub fn config() -> ServerConfig {
             shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
         },
         documents: None,
+        chosen_paths: None,
         sampling: hillside_engine::SamplingParams::default(),
         settings_file: None,
     }

@@ -11,12 +11,13 @@ use clap::Args;
 use hillside_common::engine_choice::EngineArgs;
 use hillside_common::{load_engine, models, ModelArgs};
 use hillside_documents::chunks::{cut, plan, Mode};
+use hillside_documents::ingest::isolated::ProcessLimits;
 use hillside_documents::kv_cache::{model_fingerprint, DocumentKvCache};
 use hillside_documents::prompt::best_chunk;
 use hillside_documents::questions::question;
 use hillside_documents::sources::content_words;
 use hillside_documents::summarize::{chunk_notes, fits_whole, summarize, NoCheckpoints, Runner, RESERVE_TOKENS};
-use hillside_documents::{read_bytes, read_file, Document, Library, Limits};
+use hillside_documents::{read_bytes, read_file, Document, DocumentService, DocumentsConfig, Limits};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::SchedulerConfig;
 use hillside_engine::{CancelFlag, ChatMessage, Engine, GenerateParams, SamplingParams};
@@ -248,8 +249,13 @@ pub fn docs(args: &DocsBenchArgs) -> Result<()> {
         .join(format!("bench-docs-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let open_cache = |dir: &Path| -> Result<Arc<DocumentKvCache>> {
-        let library = Arc::new(Library::open(&dir.join("library.redb"))?);
-        Ok(DocumentKvCache::open(library, &dir.join("kv"), u64::MAX, &model_fingerprint(&model_path)?)?)
+        let config = DocumentsConfig {
+            dir: dir.to_path_buf(),
+            kv_quota_bytes: u64::MAX,
+            max_file_bytes: Limits::default().max_file_bytes,
+            model_key: model_fingerprint(&model_path)?,
+        };
+        Ok(DocumentService::open(&config, ProcessLimits::default())?.kv)
     };
     let q = "Who is allowed to copy and distribute this document, and may they change it?";
 

@@ -56,6 +56,7 @@ impl BenchServer {
                 shared_prefill_tokens,
             },
             documents,
+            chosen_paths: None,
             sampling: hillside_engine::SamplingParams::default(),
             settings_file: None,
         };

@@ -141,7 +141,6 @@ fn start(args: &UiBenchArgs, dir: &Path, shared_prefill_tokens: usize) -> Result
         kv_quota_bytes: 1 << 30,
         max_file_bytes: 64 << 20,
         model_key: "bench-ui".into(),
-        chosen_paths: None,
     };
     BenchServer::start(&args.model, Some(documents), 4, 64, shared_prefill_tokens)
 }
