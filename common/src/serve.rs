@@ -69,6 +69,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     check_exposure(addr.ip(), prepared.config.api_key.is_some(), args.allow_no_key)?;
     let runtime = runtime()?;
     runtime.block_on(async move {
+        let stop = shutdown_signal().context("installing the SIGINT and SIGTERM handlers")?;
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("listening on {addr}"))?;
         let addr = listener.local_addr()?;
         let app = prepared.start().map_err(|e| match e.is_in_use() {
@@ -80,7 +81,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             // The link carries this run's secret, which the page needs to change settings and models.
             announce(format_args!("hillside: web UI at {}", app.ui_link(&format!("http://{addr}/"))));
         }
-        hillside_server::serve(listener, app, shutdown_signal()).await.context("serving")
+        hillside_server::serve(listener, app, stop).await.context("serving")
     })?;
     eprintln!("hillside: stopped");
     Ok(())
@@ -184,7 +185,7 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
     {
         eprintln!("warning: --cors-origin '*' lets every web page the user opens call this server");
     }
-    let (engine, model_id, model_aliases, installed_models, mut documents, shelf) = match args.engine.connect()? {
+    let (engine, model_id, model_aliases, installed_models, documents, shelf) = match args.engine.connect()? {
         Some(remote) => {
             // Requests name the remote's model; `/v1/models` lists what the remote serves.
             let documents = args.documents.config_for(format!("remote {} {}", remote.url(), remote.model()))?;
@@ -206,7 +207,6 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
             )
         }
     };
-    documents.chosen_paths = chosen_paths;
     let config = ServerConfig {
         installed_models,
         model_id,
@@ -237,6 +237,7 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
             shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
         },
         documents: Some(documents),
+        chosen_paths,
         sampling: hillside_config::get().sampling.params(),
         settings_file: hillside_config::path().map(Path::to_path_buf),
     };
@@ -258,19 +259,18 @@ pub fn model_names(spec: Option<&str>, path: &Path) -> (String, Vec<String>) {
 }
 
 /// SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+/// SIGINT or SIGTERM, whichever comes first. The handlers are installed when this is called, not
+/// when the future is first polled: a signal that arrives once the server answers must stop it
+/// gracefully, never kill it with the default action.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut interrupt, mut terminate) = (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
-    }
+    })
 }
 
 #[cfg(test)]
