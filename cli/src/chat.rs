@@ -1,15 +1,13 @@
-//! `hillside chat` and `hillside generate`: stream a reply to the terminal.
+//! `hillside chat` and `hillside generate`: stream a reply to the terminal, from the local engine
+//! or a remote one, through the same front as the server's routes.
 
-use crate::{ChatArgs, GenerateArgs};
+use crate::{local_front, ChatArgs, GenerateArgs};
 use anyhow::Result;
-use hillside_common::load_engine;
-use hillside_engine::{
-    generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, ReasoningFormat, Sequence, Summary,
-};
-use hillside_remote::RemoteEngine;
+use hillside_engine::{CancelFlag, ChatMessage, Event, GenerateParams};
+use hillside_front::{EngineFront, Request};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufRead, Write};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 /// The generation Ctrl-C should stop; with none running, Ctrl-C quits.
 static INTERRUPTIBLE: Mutex<Option<CancelFlag>> = Mutex::new(None);
@@ -26,13 +24,9 @@ fn install_interrupt_handler() -> Result<()> {
 /// Prompts longer than this get a progress bar while they are read.
 const PREFILL_BAR_MIN_TOKENS: usize = 256;
 
-/// Generates into stdout, with a prefill progress bar and a speed line on stderr.
-fn stream_reply(
-    engine: &Engine,
-    seq: &mut Sequence,
-    prompt: &[u32],
-    params: &GenerateParams,
-) -> Result<(String, Summary)> {
+/// Generates into stdout, with a prefill progress bar (the local engine's), reasoning dimmed on
+/// stderr, and a speed line on stderr; the reply's text.
+fn stream_reply(front: &EngineFront, request: Request, params: &GenerateParams) -> Result<String> {
     let mut reply = String::new();
     let mut bar: Option<ProgressBar> = None;
     let mut stdout = std::io::stdout();
@@ -67,110 +61,57 @@ fn stream_reply(
         }
         Event::Logprob(_) => {}
     };
-    let cancel = CancelFlag::default();
-    *INTERRUPTIBLE.lock().expect("interrupt slot") = Some(cancel.clone());
-    let summary = generate(engine, seq, prompt, params, &cancel, &mut on_event);
+    let stop = CancelFlag::default();
+    *INTERRUPTIBLE.lock().expect("interrupt slot") = Some(stop.clone());
+    let summary = front.generate(request, params.clone(), &stop, &mut on_event);
     *INTERRUPTIBLE.lock().expect("interrupt slot") = None;
     let summary = summary?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     println!();
+    // A remote engine's prompt is read before its first token arrives: its wait is the figure.
+    let prompt_speed = match front.local() {
+        Some(_) => format!("{:.1} tok/s", summary.prefill_tokens_per_s()),
+        None => format!("first token after {:.0} ms", summary.prefill_ms),
+    };
     eprintln!(
-        "[{} prompt tokens ({} cached), {:.1} tok/s · {} tokens, {:.1} tok/s · {:?}]",
+        "[{} prompt tokens ({} cached), {prompt_speed} · {} tokens, {:.1} tok/s · {:?}]",
         summary.prompt_tokens,
         summary.reused_tokens,
-        summary.prefill_tokens_per_s(),
         summary.completion_tokens,
         summary.decode_tokens_per_s(),
         summary.finish_reason,
     );
-    Ok((reply, summary))
+    Ok(reply)
 }
 
 pub fn generate_once(args: &GenerateArgs) -> Result<()> {
-    let engine = load_engine(&args.model)?;
-    let prompt = if args.raw {
-        engine.tokenizer().encode(&args.prompt)?
+    let front = local_front(&args.model, 1, 0)?;
+    let request = if args.raw {
+        front.text_request(args.prompt.clone(), true)?
     } else {
-        engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?
+        front.chat_request(vec![ChatMessage::new("user", args.prompt.as_str())])?
     };
-    let mut seq = args.model.new_sequence(&engine)?;
-    let reasoning = if args.raw { ReasoningFormat::None } else { engine.tokenizer().reasoning_format_after(&prompt) };
-    stream_reply(&engine, &mut seq, &prompt, &GenerateParams { reasoning, ..args.sampling.params() })?;
+    stream_reply(&front, request, &args.sampling.params())?;
     Ok(())
 }
 
-/// Where `hillside chat` sends each turn.
-enum Chatting {
-    /// The local engine, with the conversation's sequence (its cached prefix is reused, so each
-    /// turn reads only the new message).
-    Local {
-        // Boxed: the engine is large, the remote arm a pointer.
-        engine: Box<Engine>,
-        seq: Sequence,
-    },
-    Remote(Arc<RemoteEngine>),
-}
-
-impl Chatting {
-    fn name(&self) -> String {
-        match self {
-            Chatting::Local { engine, .. } => engine.model().config.architecture.name().to_string(),
-            Chatting::Remote(remote) => format!("{} on {}", remote.model(), remote.url()),
-        }
-    }
-
-    /// Streams the reply to `messages` into stdout.
-    fn reply(&mut self, messages: &[ChatMessage], params: &GenerateParams) -> Result<String> {
-        match self {
-            Chatting::Local { engine, seq } => {
-                let prompt = engine.chat_prompt(messages)?;
-                let params =
-                    GenerateParams { reasoning: engine.tokenizer().reasoning_format_after(&prompt), ..params.clone() };
-                Ok(stream_reply(engine, seq, &prompt, &params)?.0)
-            }
-            Chatting::Remote(remote) => {
-                let (mut reply, mut stdout) = (String::new(), std::io::stdout());
-                let cancel = CancelFlag::default();
-                *INTERRUPTIBLE.lock().expect("interrupt slot") = Some(cancel.clone());
-                let mut sink = |text: &str| {
-                    reply.push_str(text);
-                    let _ = stdout.write_all(text.as_bytes()).and_then(|_| stdout.flush());
-                    !cancel.is_cancelled()
-                };
-                let summary = remote.chat(messages, params, &mut sink);
-                *INTERRUPTIBLE.lock().expect("interrupt slot") = None;
-                let summary = summary?;
-                println!();
-                eprintln!(
-                    "[{} prompt tokens ({} cached), first token after {:.0} ms · {} tokens · {:?}]",
-                    summary.prompt_tokens,
-                    summary.reused_tokens,
-                    summary.prefill_ms,
-                    summary.completion_tokens,
-                    summary.finish_reason
-                );
-                Ok(reply)
-            }
-        }
-    }
-}
-
 pub fn chat(args: &ChatArgs) -> Result<()> {
-    let mut chatting = match args.engine.connect()? {
-        Some(remote) => Chatting::Remote(remote),
-        None => {
-            let engine = load_engine(&args.model)?;
-            let seq = args.model.new_sequence(&engine)?;
-            Chatting::Local { engine: Box::new(engine), seq }
-        }
+    // Locally, the last turn's sequence is kept, so that each turn reads only its new message.
+    let front = match args.engine.connect()? {
+        Some(remote) => EngineFront::Remote(remote),
+        None => local_front(&args.model, 1, 1)?,
     };
     install_interrupt_handler()?;
     let params = args.sampling.params();
     let system: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s.as_str())).collect();
     let mut messages = system.clone();
-    eprintln!("Hillside chat · {} · Ctrl-C stops a reply, /reset starts over, /exit quits", chatting.name());
+    let model = match &front {
+        EngineFront::Local { engine, .. } => engine.model().config.architecture.name().to_string(),
+        EngineFront::Remote(remote) => format!("{} on {}", remote.model(), remote.url()),
+    };
+    eprintln!("Hillside chat · {model} · Ctrl-C stops a reply, /reset starts over, /exit quits");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -193,7 +134,8 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
             _ => {}
         }
         messages.push(ChatMessage::new("user", input));
-        match chatting.reply(&messages, &params) {
+        let reply = front.chat_request(messages.clone()).map_err(anyhow::Error::from);
+        match reply.and_then(|request| stream_reply(&front, request, &params)) {
             Ok(reply) => messages.push(ChatMessage::new("assistant", reply)),
             Err(e) => {
                 messages.pop();

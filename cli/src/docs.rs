@@ -1,22 +1,21 @@
 //! `hillside summarize`, `hillside ask` and `hillside docs`: documents from the command line, on
 //! the same library and kept K/V as `hillside serve` (one Hillside at a time holds the library).
 
+use crate::local_front;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use hillside_common::engine_choice::EngineArgs;
-use hillside_common::{load_engine, local_model_key, models, DocumentsArgs, ModelArgs};
+use hillside_common::{local_model_key, models, DocumentsArgs, ModelArgs};
 use hillside_documents::chunks::Mode;
 use hillside_documents::ingest::isolated::ProcessLimits;
 use hillside_documents::sources::Source;
 use hillside_documents::summarize::{DocumentSummary, Progress, Runner};
 use hillside_documents::{Document, DocumentService, Locator};
-use hillside_engine::scheduler::SchedulerConfig;
-use hillside_engine::{CancelFlag, ChatMessage};
+use hillside_engine::{CancelFlag, ChatMessage, Event};
 use hillside_front::EngineFront;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// The library and its kept K/V for the model `model_key` names, and the key.
 fn open(args: &DocumentsArgs, model_key: String) -> Result<(DocumentService, String)> {
@@ -82,20 +81,6 @@ pub enum DocsCommand {
     },
 }
 
-/// Starts the scheduler the documents run through, and the context it gives each sequence.
-/// The local engine `model` names, with the scheduler summaries and questions run through.
-fn local_front(model: &ModelArgs) -> Result<EngineFront> {
-    let config = SchedulerConfig {
-        max_live: 4,
-        max_queued: 1024,
-        kv: model.kv_config(),
-        context_tokens: model.context(),
-        cached_sequences: 0,
-        shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
-    };
-    Ok(EngineFront::start_local(Arc::new(load_engine(model)?), config))
-}
-
 /// Every file named, folders expanded (their files in name order, hidden ones skipped).
 fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
@@ -149,7 +134,7 @@ fn with_runner<T>(
     let (service, model_key) = open(documents, model_key)?;
     let front = match remote {
         Some(remote) => EngineFront::Remote(remote),
-        None => local_front(model)?,
+        None => local_front(model, 4, 0)?,
     };
     work(&Runner::new(&front, model.context(), Some(&service.kv)), &service, &model_key)
 }
@@ -310,9 +295,14 @@ pub fn ask(args: &AskArgs) -> Result<()> {
         };
         let mut out = std::io::stdout().lock();
         let mut write_error = None;
-        let done = runner.front.generate(asked.request, params, &mut |t: &str| {
-            let written = write!(out, "{t}").and_then(|()| out.flush());
-            written.map_err(|e| write_error = Some(e)).is_ok()
+        let stop = CancelFlag::default();
+        let done = runner.front.generate(asked.request, params, &stop, &mut |event| {
+            if let Event::Text(t) = event {
+                if let Err(e) = write!(out, "{t}").and_then(|()| out.flush()) {
+                    write_error = Some(e);
+                    stop.cancel();
+                }
+            }
         });
         if let Some(e) = write_error {
             return Err(e.into());

@@ -13,6 +13,17 @@ use hillside_common::{
     configure_allocator, engine_choice, init_logging, models, private_by_default, serve, GlobalArgs, ModelArgs,
     SamplingArgs,
 };
+use hillside_engine::scheduler::SchedulerConfig;
+use hillside_front::EngineFront;
+use std::sync::Arc;
+
+/// The local engine `model` names, behind a scheduler for this program's own work: `max_live`
+/// sequences at once, `cached_sequences` finished ones kept for the next request's prefix.
+fn local_front(model: &ModelArgs, max_live: usize, cached_sequences: usize) -> Result<EngineFront> {
+    let config =
+        SchedulerConfig { cached_sequences, ..SchedulerConfig::own_work(model.kv_config(), model.context(), max_live) };
+    Ok(EngineFront::start_local(Arc::new(hillside_common::load_engine(model)?), config))
+}
 
 fn main() {
     configure_allocator();

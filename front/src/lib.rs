@@ -7,7 +7,7 @@
 //! [`EngineFront::local`], and say plainly that a remote engine has none.
 
 use hillside_engine::scheduler::{KeptPrefix, Scheduler, SchedulerConfig, SubmitError, Update};
-use hillside_engine::{ChatMessage, Engine, Event, GenerateParams, ReasoningFormat, Summary};
+use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, ReasoningFormat, Summary};
 use hillside_remote::{RemoteEngine, RemoteError, ReplySink};
 use std::sync::Arc;
 
@@ -203,37 +203,62 @@ impl EngineFront {
         }
     }
 
-    /// Runs `request` to the end of its reply on this thread, handing each piece of the reply's
-    /// text to `on_text` (`false` stops it); the summary says what it took.
+    /// Runs `request` to its end on the calling thread, handing each event to `on_event` (a
+    /// remote engine's reply and reasoning come as text; its prompt's progress is not seen).
+    /// Once `stop` is set the reply ends early, as a cancelled one, with what it had written.
     pub fn generate(
         &self,
         request: Request,
         params: GenerateParams,
-        on_text: &mut dyn FnMut(&str) -> bool,
+        stop: &CancelFlag,
+        on_event: &mut dyn FnMut(Event),
     ) -> Result<Summary, FrontError> {
         match (self, request) {
             (Self::Remote(remote), Request::Remote(prompt)) => {
-                Ok(prompt.run(remote, &params, &mut |text: &str| on_text(text))?)
+                Ok(prompt.run(remote, &params, &mut RemoteEvents { stop, on_event })?)
             }
             (Self::Local { scheduler, .. }, Request::Local { tokens, prefix, reasoning }) => {
                 let params = GenerateParams { reasoning, ..params };
                 let (tx, rx) = std::sync::mpsc::channel();
-                scheduler.submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
+                let ticket =
+                    scheduler.submit_with_prefix(tokens, prefix, params, Box::new(move |u| tx.send(u).is_ok()))?;
                 loop {
-                    match rx.recv().map_err(|_| FrontError::Stopped)? {
-                        Update::Event(Event::Text(text)) => {
-                            if !on_text(&text) {
-                                return Err(FrontError::Stopped);
-                            }
-                        }
-                        Update::Event(_) => {}
-                        Update::Done(done) => return Ok(done?),
+                    // The stop flag is looked at between updates, and at least this often.
+                    match rx.recv_timeout(STOP_POLL) {
+                        Ok(Update::Event(event)) => on_event(event),
+                        Ok(Update::Done(done)) => return Ok(done?),
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return Err(FrontError::Stopped),
+                    }
+                    if stop.is_cancelled() {
+                        ticket.cancel();
                     }
                 }
             }
             (Self::Local { .. }, Request::Remote(_)) => Err(FrontError::WrongEngine("remote")),
             (Self::Remote(_), Request::Local { .. }) => Err(FrontError::WrongEngine("local")),
         }
+    }
+}
+
+/// How long [`EngineFront::generate`] waits for an update before it looks at its stop flag.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A remote reply's pieces as the local engine's events.
+struct RemoteEvents<'a> {
+    stop: &'a CancelFlag,
+    on_event: &'a mut dyn FnMut(Event),
+}
+
+impl ReplySink for RemoteEvents<'_> {
+    fn text(&mut self, text: &str) -> bool {
+        (self.on_event)(Event::Text(text.to_string()));
+        !self.stop.is_cancelled()
+    }
+
+    fn reasoning(&mut self, text: &str) -> bool {
+        (self.on_event)(Event::Reasoning(text.to_string()));
+        !self.stop.is_cancelled()
     }
 }
 

@@ -11,7 +11,7 @@ use hillside_documents::summarize::{summarize, NoCheckpoints, Runner};
 use hillside_documents::{read_bytes, Document, Limits};
 use hillside_engine::kv::KvConfig;
 use hillside_engine::scheduler::SchedulerConfig;
-use hillside_engine::{CancelFlag, ChatMessage, Engine, GenerateParams, SamplingParams, Summary};
+use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams, Summary};
 use hillside_front::EngineFront;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -20,14 +20,8 @@ use std::sync::Arc;
 const CONTEXT: usize = 2048;
 
 fn front(engine: &Arc<Engine>, cached_sequences: usize) -> EngineFront {
-    let config = SchedulerConfig {
-        max_live: 4,
-        max_queued: 16,
-        kv: KvConfig::default(),
-        context_tokens: Some(CONTEXT),
-        cached_sequences,
-        shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
-    };
+    let config =
+        SchedulerConfig { cached_sequences, ..SchedulerConfig::own_work(KvConfig::default(), Some(CONTEXT), 4) };
     EngineFront::start_local(engine.clone(), config)
 }
 
@@ -45,9 +39,10 @@ fn ask(runner: &Runner<'_>, doc: &Document, q: &str) -> (String, Summary) {
     let mut text = String::new();
     let done = runner
         .front
-        .generate(asked.request, params, &mut |t| {
-            text.push_str(t);
-            true
+        .generate(asked.request, params, &CancelFlag::default(), &mut |event| {
+            if let Event::Text(t) = event {
+                text.push_str(&t);
+            }
         })
         .unwrap();
     (text, done)

@@ -20,14 +20,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 fn local(engine: &Arc<Engine>, context: usize) -> EngineFront {
-    let config = SchedulerConfig {
-        max_live: 4,
-        max_queued: 64,
-        kv: KvConfig::default(),
-        context_tokens: Some(context),
-        cached_sequences: 0,
-        shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
-    };
+    let config = SchedulerConfig::own_work(KvConfig::default(), Some(context), 4);
     EngineFront::start_local(engine.clone(), config)
 }
 

@@ -128,7 +128,7 @@ fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
             matches!(asked.request, Request::Remote(RemotePrompt::Chat(_))),
             "a remote runner's request is messages"
         );
-        front.generate(asked.request, greedy(16), &mut |_| true).unwrap()
+        front.generate(asked.request, greedy(16), &CancelFlag::default(), &mut |_| {}).unwrap()
     };
     ask("What does the license say about patents?");
     let again = ask("What does the license say about patent licenses?");

@@ -65,6 +65,25 @@ pub struct SchedulerConfig {
 /// [`SchedulerConfig::shared_prefill_tokens`]'s default.
 pub const SHARED_PREFILL_TOKENS: usize = 64;
 
+impl SchedulerConfig {
+    /// For a program's own work rather than a server's clients (the CLI, the lab, tests):
+    /// `max_live` sequences at once, and a queue no job of its own fills (a summary submits
+    /// every chunk at once); nothing finished is kept unless `cached_sequences` is set after.
+    pub fn own_work(kv: KvConfig, context_tokens: Option<usize>, max_live: usize) -> Self {
+        Self {
+            max_live,
+            max_queued: OWN_WORK_QUEUE,
+            kv,
+            context_tokens,
+            cached_sequences: 0,
+            shared_prefill_tokens: SHARED_PREFILL_TOKENS,
+        }
+    }
+}
+
+/// [`SchedulerConfig::own_work`]'s queue: more than a long document's chunks.
+const OWN_WORK_QUEUE: usize = 4096;
+
 /// What a request's owner hears: its events, then exactly one `Done`.
 #[derive(Debug)]
 pub enum Update {

@@ -20,7 +20,7 @@ use hillside_documents::summarize::{chunk_notes, fits_whole, summarize, NoCheckp
 use hillside_documents::{read_bytes, read_file, Document, DocumentService, DocumentsConfig, Limits};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::scheduler::SchedulerConfig;
-use hillside_engine::{CancelFlag, ChatMessage, Engine, GenerateParams, SamplingParams};
+use hillside_engine::{CancelFlag, ChatMessage, Engine, Event, GenerateParams, SamplingParams};
 use hillside_front::{count_local_tokens, EngineFront};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -164,12 +164,8 @@ struct Bench<'a> {
 impl Bench<'_> {
     fn config(&self, max_live: usize, cached_sequences: usize) -> SchedulerConfig {
         SchedulerConfig {
-            max_live,
-            max_queued: 4096,
-            kv: self.model.kv_config(),
-            context_tokens: Some(self.context),
             cached_sequences,
-            shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
+            ..SchedulerConfig::own_work(self.model.kv_config(), Some(self.context), max_live)
         }
     }
 
@@ -214,9 +210,10 @@ fn first_token(runner: &Runner<'_>, doc: &Document, q: &str) -> Result<(f64, usi
     let asked = question(runner, &[("bench".into(), doc.clone())], &[ChatMessage::new("user", q)])?;
     let params = GenerateParams { max_tokens: 16, sampling: SamplingParams::greedy(), ..GenerateParams::default() };
     let mut ttft = None;
-    let done = runner.front.generate(asked.request, params, &mut |_| {
-        ttft.get_or_insert_with(|| start.elapsed().as_secs_f64() * 1e3);
-        true
+    let done = runner.front.generate(asked.request, params, &CancelFlag::default(), &mut |event| {
+        if matches!(event, Event::Text(_)) {
+            ttft.get_or_insert_with(|| start.elapsed().as_secs_f64() * 1e3);
+        }
     })?;
     Ok((ttft.context("no text in the answer")?, done.prompt_tokens, done.reused_tokens))
 }

@@ -48,14 +48,7 @@ pub fn compare(model: &ModelArgs, remote: &Arc<RemoteEngine>, docs: &[Document],
     let engine = Arc::new(load_engine(model)?);
     let context = remote.context_tokens();
     let in_flight = remote.concurrency();
-    let config = SchedulerConfig {
-        max_live: in_flight,
-        max_queued: 4096,
-        kv: KvConfig::default(),
-        context_tokens: Some(context),
-        cached_sequences: 0,
-        shared_prefill_tokens: hillside_engine::scheduler::SHARED_PREFILL_TOKENS,
-    };
+    let config = SchedulerConfig::own_work(KvConfig::default(), Some(context), in_flight);
     let local_front = EngineFront::start_local(engine, config);
     let local = Runner::new(&local_front, Some(context), None);
     let remote_front = EngineFront::Remote(remote.clone());
