@@ -7,7 +7,10 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 # Builds live outside the clone so a fresh checkout (CI) reuses them.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/hillside-target
 
-.PHONY: setup setup-tests ui ui-test desktop-test run test bench clean
+.PHONY: setup setup-tests ui ui-test browser-test desktop-test run test bench clean
+
+# The programs `make test`'s one workspace build made, which its later steps run as they are.
+BUILT := $(CARGO_TARGET_DIR)/debug
 
 setup:
 	@scripts/setup.sh
@@ -23,7 +26,11 @@ ui:
 # The UI in Chromium (headless) against a real `hillside serve`.
 ui-test: ui
 	cargo build -p hillside -p hillside-documents --bin hillside --bin hillside-ingest
-	cd ui && HILLSIDE_BIN=$(CARGO_TARGET_DIR)/debug/hillside npx playwright test
+	$(MAKE) browser-test
+
+# The same on the programs built already.
+browser-test:
+	cd ui && HILLSIDE_BIN=$(BUILT)/hillside npx playwright test
 
 # The desktop app on a virtual display (Xvfb): its window, its endpoint, a clean exit; and a
 # dropped file reaching the documents API.
@@ -52,27 +59,28 @@ test: setup-tests ui
 	# workspace builds with that Rust), before anything runs. It has a target dir of its own.
 	cargo fmt --all --check
 	CARGO_TARGET_DIR=$(CARGO_TARGET_DIR)/msrv cargo +$$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml) clippy --workspace --all-targets -- -D warnings
-	# The desktop app (which needs WebKit) is tested on its own, below. The remote-engine tests
-	# run against llama.cpp's llama-server, and the model families' against libllama
-	# (llama-logits), built once from the PyPI sdist outside the clone.
+	# Every crate, the desktop app's too (its window test starts Xvfb), is built once, with one
+	# feature set: the steps below run what this build made instead of building the dependency
+	# tree again for a narrower set. The remote-engine tests run against llama.cpp's
+	# llama-server, and the model families' against libllama (llama-logits), built once from the
+	# PyPI sdist outside the clone.
 	HILLSIDE_LLAMA_SERVER=$$(scripts/llama-cpp-build.sh native llama-server) \
 	  HILLSIDE_LLAMA_LOGITS=$$(scripts/llama-cpp-build.sh native llama-logits) \
-	  cargo test --workspace --exclude hillside-desktop
+	  cargo test --workspace
 	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level
-	# in force, so they run again portable, and so do the real models' logits against candle's
-	# (the run above took the fastest level); at AVX2 too where that was not AVX2.
-	HILLSIDE_SIMD=portable cargo test -p hillside-engine --lib
-	HILLSIDE_SIMD=portable cargo test -p hillside-tests --test reference_logits
-	if grep -qw avx512f /proc/cpuinfo; then HILLSIDE_SIMD=avx2 cargo test -p hillside-tests --test reference_logits; fi
+	# in force, so the unit tests run again portable, and so do the real models' logits against
+	# candle's (the run above took the fastest level); at AVX2 too where that was not AVX2.
+	HILLSIDE_SIMD=portable cargo test --workspace --lib
+	HILLSIDE_SIMD=portable cargo test --workspace --test reference_logits
+	if grep -qw avx512f /proc/cpuinfo; then HILLSIDE_SIMD=avx2 cargo test --workspace --test reference_logits; fi
 	# The official openai Python client against `hillside serve`.
-	scripts/openai-client-test.sh
+	HILLSIDE_BIN=$(BUILT)/hillside scripts/openai-client-test.sh
 	# The published OpenAPI document against the server (schemathesis, 20 cases a route).
-	scripts/api-conformance.sh 20
+	HILLSIDE_BIN=$(BUILT)/hillside scripts/api-conformance.sh 20
 	# The FPGA scoring kernel's C simulation against the Rust reference's vectors.
 	$(MAKE) -C fpga csim BUILD=$(CARGO_TARGET_DIR)/fpga
 	# The web UI in Chromium against `hillside serve` on the real model.
-	$(MAKE) ui-test
-	$(MAKE) desktop-test
+	$(MAKE) browser-test
 
 bench: setup
 	cargo run --release -p hillside-bench -- decode --json docs/bench-decode.json
