@@ -63,16 +63,19 @@ test: setup-tests ui
 	# feature set: the steps below run what this build made instead of building the dependency
 	# tree again for a narrower set. The remote-engine tests run against llama.cpp's
 	# llama-server, and the model families' against libllama (llama-logits), built once from the
-	# PyPI sdist outside the clone.
+	# PyPI sdist outside the clone. No doc tests are written, so rustdoc's pass over each crate
+	# (45 s in all) is left out.
 	HILLSIDE_LLAMA_SERVER=$$(scripts/llama-cpp-build.sh native llama-server) \
 	  HILLSIDE_LLAMA_LOGITS=$$(scripts/llama-cpp-build.sh native llama-logits) \
-	  cargo test --workspace
+	  cargo test --workspace --lib --bins --tests
 	# The kernels' unit tests check every SIMD level the CPU has; the small ops follow the level
 	# in force, so the unit tests run again portable, and so do the real models' logits against
 	# candle's (the run above took the fastest level); at AVX2 too where that was not AVX2.
-	HILLSIDE_SIMD=portable cargo test --workspace --lib
-	HILLSIDE_SIMD=portable cargo test --workspace --test reference_logits
-	if grep -qw avx512f /proc/cpuinfo; then HILLSIDE_SIMD=avx2 cargo test --workspace --test reference_logits; fi
+	# `--bins` keeps the packages that only have programs in the selection: without them cargo
+	# resolves a narrower feature set and builds the engine and everything above it again.
+	HILLSIDE_SIMD=portable cargo test --workspace --lib --bins
+	HILLSIDE_SIMD=portable cargo test --workspace --bins --test reference_logits
+	if grep -qw avx512f /proc/cpuinfo; then HILLSIDE_SIMD=avx2 cargo test --workspace --bins --test reference_logits; fi
 	# The official openai Python client against `hillside serve`.
 	HILLSIDE_BIN=$(BUILT)/hillside scripts/openai-client-test.sh
 	# The published OpenAPI document against the server (schemathesis, 20 cases a route).

@@ -40,7 +40,7 @@ def start_in(binary, work):
     model = subprocess.run([binary, "models", "path"], capture_output=True, text=True, check=True).stdout.strip()
     os.environ.update(HILLSIDE_MODELS_DIR=str(work / "models"), HF_ENDPOINT="http://127.0.0.1:9",
                       HF_HOME=str(work / "no-hf-cache"))
-    server, base = start(binary, "--model", model, "--context", "640", "--config", str(work / "config.toml"),
+    server, base = start(binary, "--model", model, "--context", "1024", "--config", str(work / "config.toml"),
                          "--documents-dir", str(work / "documents"), "--cold-dir", str(work / "cold"))
     return server, base, control_secret(server)
 
