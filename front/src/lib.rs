@@ -203,8 +203,8 @@ impl EngineFront {
         }
     }
 
-    /// Runs `request` to its end on the calling thread, handing each event to `on_event` (a
-    /// remote engine's reply and reasoning come as text; its prompt's progress is not seen).
+    /// Runs `request` to its end on the calling thread, handing each event to `on_event` (from a
+    /// remote engine only its text and reasoning: its prompt's progress is not seen here).
     /// Once `stop` is set the reply ends early, as a cancelled one, with what it had written.
     pub fn generate(
         &self,
