@@ -8,6 +8,7 @@ use hillside_common::engine_choice::EngineArgs;
 use hillside_common::{local_model_key, models, DocumentsArgs, ModelArgs};
 use hillside_documents::chunks::Mode;
 use hillside_documents::ingest::isolated::ProcessLimits;
+use hillside_documents::service::AskError;
 use hillside_documents::sources::Source;
 use hillside_documents::summarize::{DocumentSummary, Progress, Runner};
 use hillside_documents::{Document, DocumentService, Locator};
@@ -277,14 +278,16 @@ fn left(eta_s: Option<f64>) -> String {
 
 pub fn ask(args: &AskArgs) -> Result<()> {
     with_runner(&args.model, &args.engine, &args.documents, |runner, service, _| {
-        let id = if Path::new(&args.document).exists() {
-            add(service, runner, Path::new(&args.document))?.0
-        } else if service.document(&args.document)?.is_some() {
-            args.document.clone()
-        } else {
-            bail!("{} is neither a file nor a document id (see `hillside docs list`)", args.document);
+        let id = match Path::new(&args.document).exists() {
+            true => add(service, runner, Path::new(&args.document))?.0,
+            false => args.document.clone(),
         };
-        let asked = service.question(runner, &[id], &[ChatMessage::new("user", &args.question)])?;
+        let asked = match service.question(runner, &[id], &[ChatMessage::new("user", &args.question)]) {
+            Err(AskError::Unknown { .. }) => {
+                bail!("{} is neither a file nor a document id (see `hillside docs list`)", args.document)
+            }
+            asked => asked?,
+        };
         if let Some(chunk) = asked.excerpts[0].chunk {
             eprintln!("(asking chunk {chunk} of {}: the one that best matches the question)", asked.excerpts[0].chunks);
         }

@@ -118,10 +118,11 @@ impl DocumentService {
     pub fn add(&self, runner: &Runner<'_>, name: &str, bytes: &[u8]) -> Result<AddedDocument, AddError> {
         let reader = self.reader.as_ref().map_err(|why| AddError::ReaderMissing(why.to_string()))?;
         let doc = reader.read(name, bytes, &self.limits)?;
-        let tokens = runner.count_tokens(&doc.text);
-        plan_summary(&doc, runner.context_tokens, &|s| runner.count_tokens(s)).map_err(AddError::CannotSummarize)?;
+        // The plan counts the document's tokens: they are stored with it, not counted again.
+        let plan = plan_summary(&doc, runner.context_tokens, &|s| runner.count_tokens(s))
+            .map_err(AddError::CannotSummarize)?;
         let added = self.library.add(&doc, bytes)?;
-        let entry = self.library.update(&added.entry.id, |e| e.tokens = Some(tokens))?.unwrap_or(added.entry);
+        let entry = self.library.update(&added.entry.id, |e| e.tokens = Some(plan.tokens))?.unwrap_or(added.entry);
         Ok(AddedDocument { entry, created: added.created, document: doc })
     }
 
