@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run on after SIGINT/SIGTERM [default: 10].
     #[arg(long)]
     pub shutdown_grace_s: Option<u64>,
+    /// The most tokens a reply may have when a request gives no `max_tokens` [default: up to
+    /// the end of the context].
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
 }
 
 pub fn serve(args: &ServeArgs) -> Result<()> {
@@ -175,6 +179,10 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
     if max_live == 0 {
         anyhow::bail!("max_live must be at least 1");
     }
+    let default_max_tokens = args.max_tokens.or(file.max_tokens);
+    if default_max_tokens == Some(0) {
+        anyhow::bail!("max_tokens must be at least 1");
+    }
     let cors_origins = if args.cors_origins.is_empty() {
         file.cors_origins.clone().unwrap_or_default()
     } else {
@@ -239,6 +247,7 @@ pub fn prepare(args: &ServeArgs, chosen_paths: Option<Arc<ChosenPaths>>) -> Resu
         documents: Some(documents),
         chosen_paths,
         sampling: hillside_config::get().sampling.params(),
+        default_max_tokens,
         settings_file: hillside_config::path().map(Path::to_path_buf),
     };
     Ok(Prepared { engine, config, shelf })

@@ -133,6 +133,8 @@ pub struct ServerFile {
     pub max_queued: Option<usize>,
     pub cached_sequences: Option<usize>,
     pub shutdown_grace_s: Option<u64>,
+    /// The most tokens a reply may have when an API request gives no `max_tokens`.
+    pub max_tokens: Option<usize>,
 }
 
 impl ServerFile {

@@ -87,6 +87,9 @@ pub struct ServerConfig {
     pub chosen_paths: Option<Arc<ChosenPaths>>,
     /// Sampling for requests that do not set their own (the config file's `[sampling]`).
     pub sampling: SamplingParams,
+    /// The most tokens a reply may have when its request gives no `max_tokens`; `None`: up to
+    /// the context's end, as OpenAI's chat route and llama.cpp's server do.
+    pub default_max_tokens: Option<usize>,
     /// The config file the settings routes edit; `None`: they are off.
     pub settings_file: Option<std::path::PathBuf>,
 }

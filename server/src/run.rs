@@ -81,9 +81,11 @@ pub fn params(
         ))
         .with_param("stop"));
     }
+    // A request without a bound stops at the server's default, else at the context's end
+    // (finish_reason "length" either way).
+    let room = context - prompt_tokens;
     Ok(GenerateParams {
-        // Unbounded requests stop at the context's end (finish_reason "length").
-        max_tokens: max_tokens.unwrap_or(context - prompt_tokens),
+        max_tokens: max_tokens.unwrap_or_else(|| app.config.default_max_tokens.map_or(room, |m| m.min(room))),
         stop,
         sampling,
         logprobs,

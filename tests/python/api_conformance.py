@@ -34,9 +34,11 @@ NOTES = (
 
 
 def start_in(binary, work):
-    """The server with a models folder of its own (the fuzzer deletes, imports and pulls models) and
-    a hub address nothing answers at."""
-    (work / "config.toml").write_text("")
+    """The server with a models folder of its own (the fuzzer deletes, imports and pulls models), a
+    hub address nothing answers at, and replies of at most 16 tokens where a case names no
+    `max_tokens` (OpenAI's default for completions): unbounded, each ran to the end of the context,
+    and those cases took most of the run."""
+    (work / "config.toml").write_text("[server]\nmax_tokens = 16\n")
     model = subprocess.run([binary, "models", "path"], capture_output=True, text=True, check=True).stdout.strip()
     os.environ.update(HILLSIDE_MODELS_DIR=str(work / "models"), HF_ENDPOINT="http://127.0.0.1:9",
                       HF_HOME=str(work / "no-hf-cache"))

@@ -424,7 +424,7 @@ fn cors_answers_only_the_configured_origins() {
 }
 
 #[test]
-fn a_reply_without_max_tokens_ends_at_the_context_with_length() {
+fn a_reply_without_max_tokens_ends_at_the_servers_default_or_the_context_with_length() {
     let s = Server::start(ServerConfig {
         scheduler: SchedulerConfig { context_tokens: Some(64), ..config().scheduler },
         ..config()
@@ -437,6 +437,21 @@ fn a_reply_without_max_tokens_ends_at_the_context_with_length() {
     assert_eq!(r["usage"]["total_tokens"], 64, "it ran to the end of the context: {r}");
     let (st, r) = s.post("/v1/completions", &json!({"prompt": "word ".repeat(100)}));
     assert_error(st, &r, 400, "maximum context length is 64 tokens");
+
+    // With a default (`hillside serve --max-tokens`), such a reply stops there instead; a request
+    // that names its own bound still gets it.
+    let s = Server::start(ServerConfig { default_max_tokens: Some(5), ..config() });
+    let (st, r) = s.post("/v1/completions", &body);
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(
+        (r["choices"][0]["finish_reason"].as_str(), r["usage"]["completion_tokens"].as_u64()),
+        (Some("length"), Some(5)),
+        "{r}"
+    );
+    let mut bounded = body.clone();
+    bounded["max_tokens"] = json!(9);
+    let (_, r) = s.post("/v1/completions", &bounded);
+    assert_eq!(r["usage"]["completion_tokens"], 9, "{r}");
 }
 
 #[test]

@@ -21,10 +21,11 @@ block bytes in the formats its published file uses, for speed runs beside llama.
 (`scripts/bench-vs-llama.sh`): such weights decode to noise, fine for timing and nothing else.
 """
 import argparse
+import struct
 import sys
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, RopeScalingType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, RopeScalingType
 from gguf.quants import quantize
 
 # hidden, heads, kv heads, head size, feed-forward width, blocks
@@ -159,37 +160,81 @@ ADDED_TOKENS = {
 }
 
 
+# The numeric metadata types: their struct code and numpy dtype.
+SCALARS = {
+    GGUFValueType.UINT8: ("B", np.uint8), GGUFValueType.INT8: ("b", np.int8),
+    GGUFValueType.UINT16: ("H", np.uint16), GGUFValueType.INT16: ("h", np.int16),
+    GGUFValueType.UINT32: ("I", np.uint32), GGUFValueType.INT32: ("i", np.int32),
+    GGUFValueType.FLOAT32: ("f", np.float32), GGUFValueType.BOOL: ("?", np.bool_),
+    GGUFValueType.UINT64: ("Q", np.uint64), GGUFValueType.INT64: ("q", np.int64),
+    GGUFValueType.FLOAT64: ("d", np.float64),
+}
+
+
+def read_metadata(source: str) -> list:
+    """The metadata of a GGUF file as (name, type, array item type or None, value), read straight
+    from its header: the `gguf` package's reader makes a numpy view of every string of a
+    vocabulary, which took most of a tiny model's writing time."""
+    data = open(source, "rb").read()
+    at = 0
+
+    def take(code: str):
+        nonlocal at
+        (value,) = struct.unpack_from("<" + code, data, at)
+        at += struct.calcsize(code)
+        return value
+
+    def string() -> str:
+        nonlocal at
+        n = take("Q")
+        at += n
+        return data[at - n:at].decode("utf-8")
+
+    magic, _version, _tensors, n_kv = struct.unpack_from("<4sIQQ", data)
+    if magic != b"GGUF":
+        sys.exit(f"{source}: not a GGUF file")
+    at = struct.calcsize("<4sIQQ")
+    fields = []
+    for _ in range(n_kv):
+        name, kind = string(), GGUFValueType(take("I"))
+        if kind == GGUFValueType.ARRAY:
+            inner, n = GGUFValueType(take("I")), take("Q")
+            if inner == GGUFValueType.STRING:
+                value = [string() for _ in range(n)]
+            else:
+                dtype = np.dtype(SCALARS[inner][1]).newbyteorder("<")
+                value = np.frombuffer(data, dtype, n, at).tolist()
+                at += n * dtype.itemsize
+            fields.append((name, kind, inner, value))
+        elif kind == GGUFValueType.STRING:
+            fields.append((name, kind, None, string()))
+        else:
+            fields.append((name, kind, None, take(SCALARS[kind][0])))
+    return fields
+
+
 def copy_vocabulary(writer: GGUFWriter, source: str, pre: str | None = None, pad_to: int = 0, added=()) -> int:
     """Copies the tokenizer's metadata from `source`, with `pre` as its pre-tokenizer if given,
     then the `added` (token, type) pairs, then placeholder tokens up to `pad_to`."""
-    reader = GGUFReader(source)
-    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    fields = [f for f in read_metadata(source) if f[0].startswith("tokenizer.") and f[0] != "tokenizer.chat_template"]
+    n_vocab = next(len(value) for name, _, _, value in fields if name == "tokenizer.ggml.tokens")
     padding = max(pad_to - n_vocab - len(added), 0)
-    for name, field in reader.fields.items():
-        if not name.startswith("tokenizer.") or name == "tokenizer.chat_template":
-            continue
-        kind = field.types[0]
+    for name, kind, _inner, value in fields:
         if kind == GGUFValueType.ARRAY:
-            inner = field.types[1]
-            if inner == GGUFValueType.STRING:
-                values = [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-            else:
-                values = [field.parts[i].tolist()[0] for i in field.data]
-            if len(values) == n_vocab:
+            if len(value) == n_vocab:
                 if name == "tokenizer.ggml.tokens":
-                    values += [t for t, _ in added] + [f"<pad{i}>" for i in range(padding)]
+                    value += [t for t, _ in added] + [f"<pad{i}>" for i in range(padding)]
                 elif name == "tokenizer.ggml.token_type":
-                    values += [kind for _, kind in added] + [TOKEN_TYPE_NORMAL] * padding
+                    value += [kind for _, kind in added] + [TOKEN_TYPE_NORMAL] * padding
                 else:
-                    values += [0.0] * (len(added) + padding)
-            writer.add_array(name, values)
+                    value += [0.0] * (len(added) + padding)
+            writer.add_array(name, value)
         elif kind == GGUFValueType.STRING:
-            value = bytes(field.parts[-1]).decode("utf-8")
             writer.add_string(name, pre if pre and name == "tokenizer.ggml.pre" else value)
         elif kind == GGUFValueType.BOOL:
-            writer.add_bool(name, bool(field.parts[-1][0]))
+            writer.add_bool(name, bool(value))
         else:
-            writer.add_uint32(name, int(field.parts[-1][0]))
+            writer.add_uint32(name, int(value))
     return n_vocab + len(added) + padding
 
 

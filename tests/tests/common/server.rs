@@ -37,6 +37,7 @@ pub fn config() -> ServerConfig {
         documents: None,
         chosen_paths: None,
         sampling: hillside_engine::SamplingParams::default(),
+        default_max_tokens: None,
         settings_file: None,
     }
 }

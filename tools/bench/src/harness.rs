@@ -58,6 +58,7 @@ impl BenchServer {
             documents,
             chosen_paths: None,
             sampling: hillside_engine::SamplingParams::default(),
+            default_max_tokens: None,
             settings_file: None,
         };
         let runtime = hillside_common::serve::runtime()?;
