@@ -112,9 +112,9 @@ test("a model is downloaded with its progress shown through a reload, switched t
 test("a document added through the API is on the Documents page, and its unfinished summary resumes", async ({ page }) => {
   const pride = readFileSync(PRIDE, "utf8");
   const start = pride.indexOf("It is a truth universally acknowledged");
-  // About 9,500 tokens: three chunks at the tests' 8,192-token context.
+  // About 2,400 tokens: three chunks at the tests' 2,048-token context.
   const form = new FormData();
-  form.append("file", new Blob([pride.slice(start, start + 40_000)], { type: "text/plain" }), "pride.txt");
+  form.append("file", new Blob([pride.slice(start, start + 10_000)], { type: "text/plain" }), "pride.txt");
   const added = await (await fetch(new URL("/v1/hillside/documents", server.url), { method: "POST", body: form })).json();
   // A summary stopped once its first chunk is done, as a closed app leaves it.
   const stop = new AbortController();
@@ -131,7 +131,7 @@ test("a document added through the API is on the Documents page, and its unfinis
   await page.goto(server.url);
   await page.getByRole("button", { name: "Documents", exact: true }).click();
   const row = page.getByRole("list", { name: "Documents" }).getByRole("listitem", { name: "pride.txt" });
-  await expect(row).toContainText(/text · [\d,]+ tokens · 40\.7 kB/);
+  await expect(row).toContainText(/text · [\d,]+ tokens · 10\.3 kB/);
   await expect(row.locator(".summary-state")).toContainText(/Summary unfinished: [1-3] of 3 chunks done/);
   await page.screenshot({ path: join(SCREENSHOTS, "documents.png") });
   await row.getByRole("button", { name: "Resume summary" }).click();

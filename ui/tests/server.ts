@@ -15,7 +15,7 @@ export interface Folders {
 export function folders(extraConfig = ""): Folders {
   const root = mkdtempSync(join(tmpdir(), "hillside-ui-"));
   const config = join(root, "config.toml");
-  writeFileSync(config, `# the UI tests' config\ncontext = 8192\n\n[kv]\ncold_dir = "${join(root, "cold")}"\n${extraConfig}`);
+  writeFileSync(config, `# the UI tests' config\ncontext = 2048\n\n[kv]\ncold_dir = "${join(root, "cold")}"\n${extraConfig}`);
   return { root, config, data: join(root, "data") };
 }
 
