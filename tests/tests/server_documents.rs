@@ -251,12 +251,12 @@ fn small_queue(dir: &Path) -> ServerConfig {
     }
 }
 
-/// About 8,000 tokens of Pride and Prejudice: eight chunks at 2,048, twice the requests the
-/// small queue's slots and waiting places hold.
+/// About 4,800 tokens of Pride and Prejudice: five chunks at 2,048, more requests than the small
+/// queue's slots and waiting places hold.
 fn long_text() -> String {
     let text = common::shared_document("pride-and-prejudice.txt");
     let start = text.find("It is a truth universally acknowledged").unwrap();
-    text[start..start + 34_000].to_string()
+    text[start..start + 21_000].to_string()
 }
 
 /// Reads a summary's events from `reader` until `stop` says so or the stream ends.
