@@ -77,10 +77,10 @@ fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
 fn a_long_text_is_summarized_in_chunks_batched_then_merged_with_progress_in_order() {
     let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
     let text = common::shared_document("pride-and-prejudice.txt");
-    // About 8,000 tokens into a 2,048-token context: chunks of 1,024 tokens, whose notes with
-    // their evidence may take two levels of merges.
+    // About 4,800 tokens into a 2,048-token context: five chunks of at most 1,024 tokens, whose
+    // notes with their evidence may take two levels of merges.
     let start = text.find("It is a truth universally acknowledged").unwrap();
-    let doc = read_bytes("pride.txt", &text.as_bytes()[start..start + 34_000], &Limits::default()).unwrap();
+    let doc = read_bytes("pride.txt", &text.as_bytes()[start..start + 21_000], &Limits::default()).unwrap();
     let front = local(&engine, 2048);
     let scheduler = front.local().expect("the local engine").1;
     let scratch = tempfile::Builder::new().prefix("hillside-chunks-").tempdir().unwrap();

@@ -85,7 +85,7 @@ fn a_cold_pool_over_two_directories_gives_the_logits_of_one() {
     // Where a head's groups lie changes no bit, and each directory serves its heads' reads.
     let engine = Engine::load(&common::model_path()).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
-    let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..700];
+    let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..640];
     let (one, a, b) = (cold_dir("one-dir"), cold_dir("two-dirs-a"), cold_dir("two-dirs-b"));
     for store in [StoreKind::Tiered, StoreKind::Offload] {
         let single = KvConfig { store, cold_dir: one.to_path_buf(), spare_copy: false, ..KvConfig::default() };
@@ -675,7 +675,7 @@ fn re_placing_the_cold_pool_by_hits_changes_no_logit() {
 fn drop_store_keeps_a_fraction_and_pays_for_it_in_fidelity() {
     let engine = Engine::load(&common::model_path()).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
-    let tokens = &engine.tokenizer().encode(&text[200_000..240_000]).unwrap()[..1024];
+    let tokens = &engine.tokenizer().encode(&text[200_000..240_000]).unwrap()[..896];
     let mut full = engine.new_sequence(Some(1024));
     let reference = teacher_forced(&engine, &mut full, tokens, 768, 256, |_| {}).unwrap();
     let config = KvConfig { store: StoreKind::Drop, ..KvConfig::default() };
@@ -690,7 +690,7 @@ fn drop_store_keeps_a_fraction_and_pays_for_it_in_fidelity() {
         kept / 1000,
         full.kv.stats().resident_bytes / 1000
     );
-    // α 0.2 + 68 pinned of 1024 tokens: about a third of the rows, plus the working view.
+    // α 0.2 + 68 pinned of 896 tokens: about a third of the rows, plus the working view.
     assert!(kept < full.kv.stats().resident_bytes * 3 / 4, "{kept}");
     assert!(dropped.perplexity() > reference.perplexity(), "dropping tokens cannot be free here");
     assert!(dropped.top1_agreement(&reference) > 0.6);
