@@ -44,7 +44,7 @@ fn pool_file(dir: &Path) -> PathBuf {
 fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
     let engine = Engine::load(&common::model_path()).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
-    let tokens = &engine.tokenizer().encode(&text[10_000..40_000]).unwrap()[..620];
+    let tokens = &engine.tokenizer().encode(&text[10_000..40_000]).unwrap()[..420];
     for (store, errno) in [(StoreKind::Offload, EIO), (StoreKind::Tiered, ENOSPC), (StoreKind::NearStorage, EIO)] {
         let (healthy_dir, faulty_dir) =
             (cold_dir(&format!("{store:?}-healthy")), cold_dir(&format!("{store:?}-faulty")));
@@ -78,8 +78,8 @@ fn a_failed_spill_loses_nothing_and_the_logits_stay_a_healthy_stores() {
     }
 }
 
-/// Feeds `tokens` (the first 600 in chunks of 100, then one at a time: 20 decode steps read every
-/// spilled block back as well as 100 would) to a healthy sequence
+/// Feeds `tokens` (all but the last 20 in chunks of 100, then those one at a time: 20 decode steps
+/// read every spilled block back as well as 100 would) to a healthy sequence
 /// and a faulty one side by side, running each step the faulty one fails again until it
 /// succeeds. Each failure must pass `check` and leave the sequence as it was; each step's
 /// logits must be the healthy sequence's. Returns how many steps failed.
@@ -92,7 +92,8 @@ fn feed_beside_healthy(
     mut check: impl FnMut(&hillside_engine::Error),
 ) -> usize {
     let mut failures = 0;
-    for step in tokens[..600].chunks(100).chain(tokens[600..].chunks(1)) {
+    let prompt = tokens.len() - 20;
+    for step in tokens[..prompt].chunks(100).chain(tokens[prompt..].chunks(1)) {
         let want = healthy.feed(engine, step).unwrap();
         let got = loop {
             match faulty.feed(engine, step) {
@@ -211,7 +212,7 @@ fn a_failed_read_ahead_is_read_again_at_the_layers_turn() {
     // a healthy store's.
     let engine = Engine::load(&common::model_path()).unwrap();
     let text = common::shared_document("pride-and-prejudice.txt");
-    let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..700];
+    let tokens = &engine.tokenizer().encode(&text[20_000..50_000]).unwrap()[..650];
     let (healthy_dir, faulty_dir) = (cold_dir("read-ahead-healthy"), cold_dir("read-ahead-faulty"));
     let plan = fault::inject(
         &faulty_dir,
@@ -264,7 +265,7 @@ fn the_x_cache_pool_fails_as_cleanly_as_the_k_v_pool() {
     let plan = x_cache(&work).x_cache_plan(c.kv_shape(1024), c.hidden_size);
     assert_eq!(plan.layers, 15, "{plan}");
     let text = common::shared_document("pride-and-prejudice.txt");
-    let tokens = &engine.tokenizer().encode(&text[10_000..40_000]).unwrap()[..620];
+    let tokens = &engine.tokenizer().encode(&text[10_000..40_000]).unwrap()[..420];
 
     // Writes of group 20 (tokens 320..336) of pool layer 5 fail once in each pool file: the X
     // of model layer 5, the K/V of model layer 20. The chunk that spills them fails; its retry
