@@ -8,7 +8,7 @@
 mod common;
 
 use common::llama_server::{self, LlamaServer};
-use hillside_bench::fidelity::teacher_forced;
+use hillside_bench::fidelity::{log_prob, teacher_forced};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::sampling::argmax;
 use hillside_engine::text::reasoning::{Parts, ReasoningSplit};
@@ -400,7 +400,7 @@ fn gemma3_270m_perplexity_matches_llama_cpp() {
     let vocab = engine.model().config.vocab_size;
     let ours = engine.model().forward(&tokens, seq.kv.as_mut(), Logits::All).unwrap();
     let rows = || ours.chunks_exact(vocab).take(tokens.len() - 1);
-    let ppl_ours = perplexity(rows().enumerate().map(|(i, row)| f64::from(log_softmax(row)[tokens[i + 1] as usize])));
+    let ppl_ours = perplexity(rows().enumerate().map(|(i, row)| log_prob(row, tokens[i + 1])));
     let (ppl_theirs, ppl_other) =
         (perplexity(theirs.iter().map(|t| t.1)), perplexity(theirs_other_kernel.iter().map(|t| t.1)));
     let n = theirs.len() as f64;

@@ -30,7 +30,8 @@ impl TeacherForced {
     }
 }
 
-fn log_prob(logits: &[f32], token: u32) -> f64 {
+/// log p(`token`) under the softmax of a row of `logits`.
+pub fn log_prob(logits: &[f32], token: u32) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let log_z = logits.iter().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() + max as f64;
     logits[token as usize] as f64 - log_z
