@@ -62,6 +62,16 @@ def add_document(base):
     return post(f"{base}/v1/hillside/documents", body, f"multipart/form-data; boundary={boundary}")["id"]
 
 
+def check_default_bound(base):
+    """The config file's `[server] max_tokens` is in force: greedy counting, which no end-of-text
+    cuts short, stops at 16 tokens."""
+    body = json.dumps({"prompt": "One, two, three, four,", "temperature": 0, "repeat_penalty": 1.0, "stop": []})
+    reply = post(f"{base}/v1/completions", body.encode(), "application/json")
+    got = (reply["usage"]["completion_tokens"], reply["choices"][0]["finish_reason"])
+    if got != (16, "length"):
+        sys.exit(f"[server] max_tokens = 16 is not in force: {got}")
+
+
 def served_model(base):
     with urllib.request.urlopen(f"{base}/v1/models", timeout=60) as reply:
         return json.load(reply)["data"][0]["id"]
@@ -98,6 +108,7 @@ def main(binary, cli, cases):
             ).returncode
 
         try:
+            check_default_bound(base)
             # Every route in every phase, then the routes that take an id again, with real ones.
             every = run((ROOT / "schemathesis.toml").read_text())
             with_real_ids = run(with_ids(add_document(base), served_model(base)), "--phases", "coverage,fuzzing",
