@@ -31,9 +31,7 @@ fn runner(front: &EngineFront, context_tokens: usize) -> Runner<'_> {
 fn the_gpl_is_summarized_in_one_pass_with_sources_holding_each_points_words() {
     let engine = Arc::new(Engine::load(&common::model_path()).unwrap());
     // Its preamble and first five sections, about 2,300 tokens.
-    let gpl = common::shared_document("gpl-3.0.txt");
-    let part = &gpl[..gpl.find("\n\n  5. Conveying Modified Source Versions.").expect("section 5")];
-    let doc = read_bytes("gpl-3.0.txt", part.as_bytes(), &Limits::default()).unwrap();
+    let doc = read_bytes("gpl-3.0.txt", common::gpl_before_section(5).as_bytes(), &Limits::default()).unwrap();
     let front = local(&engine, 4096);
     let mut progress = Vec::new();
     let summary = summarize(&runner(&front, 4096), &doc, "doc", &mut NoCheckpoints, &CancelFlag::default(), &mut |p| {

@@ -97,9 +97,7 @@ fn a_chat_a_summary_with_sources_and_a_follow_up_run_on_llama_server() {
 
     // A hierarchical summary of the GPL's sections up to 8 (about 4,600 tokens): chunk notes and
     // merges on the remote, sources local.
-    let gpl = common::shared_document("gpl-3.0.txt");
-    let part = &gpl[..gpl.find("\n\n  8. Termination.").expect("section 8")];
-    let doc = read_bytes("gpl-3.0.txt", part.as_bytes(), &Limits::default()).unwrap();
+    let doc = read_bytes("gpl-3.0.txt", common::gpl_before_section(8).as_bytes(), &Limits::default()).unwrap();
     let mut progress = Vec::new();
     let front = EngineFront::Remote(remote.clone());
     let summary = summarize(&runner(&front), &doc, "gpl", &mut Kept::default(), &CancelFlag::default(), &mut |p| {
@@ -328,12 +326,11 @@ fn the_server_on_a_remote_engine_serves_the_api_and_documents_and_refuses_the_ti
 
     // A document: added (tokens counted by the remote), summarized there, asked about. The GPL's
     // preamble and definitions, which a slot holds whole.
-    let gpl = common::shared_document("gpl-3.0.txt");
-    let gpl = &gpl[..gpl.find("\n\n  1. Source Code.").expect("section 1")];
+    let gpl = common::gpl_before_section(1);
     let (status, added) = common::server::upload(&s.base, "gpl.txt", gpl.as_bytes(), &[]);
     assert_eq!(status, 201, "{added}");
     let id = added["id"].as_str().unwrap().to_string();
-    let (tokens, counted) = (added["tokens"].as_u64().unwrap() as f64, remote.count_tokens(gpl) as f64);
+    let (tokens, counted) = (added["tokens"].as_u64().unwrap() as f64, remote.count_tokens(&gpl) as f64);
     assert!(
         (tokens - counted).abs() < counted * 0.02,
         "the remote's tokenizer counted the document: {tokens} against {counted}"

@@ -172,7 +172,7 @@ SCALARS = {
 
 
 def read_metadata(source: str) -> list:
-    """The metadata of a GGUF file as (name, type, array item type or None, value), read straight
+    """The metadata of a GGUF file as (name, type, value), read straight
     from its header: the `gguf` package's reader makes a numpy view of every string of a
     vocabulary, which took most of a tiny model's writing time."""
     data = open(source, "rb").read()
@@ -205,11 +205,11 @@ def read_metadata(source: str) -> list:
                 dtype = np.dtype(SCALARS[inner][1]).newbyteorder("<")
                 value = np.frombuffer(data, dtype, n, at).tolist()
                 at += n * dtype.itemsize
-            fields.append((name, kind, inner, value))
+            fields.append((name, kind, value))
         elif kind == GGUFValueType.STRING:
-            fields.append((name, kind, None, string()))
+            fields.append((name, kind, string()))
         else:
-            fields.append((name, kind, None, take(SCALARS[kind][0])))
+            fields.append((name, kind, take(SCALARS[kind][0])))
     return fields
 
 
@@ -217,9 +217,9 @@ def copy_vocabulary(writer: GGUFWriter, source: str, pre: str | None = None, pad
     """Copies the tokenizer's metadata from `source`, with `pre` as its pre-tokenizer if given,
     then the `added` (token, type) pairs, then placeholder tokens up to `pad_to`."""
     fields = [f for f in read_metadata(source) if f[0].startswith("tokenizer.") and f[0] != "tokenizer.chat_template"]
-    n_vocab = next(len(value) for name, _, _, value in fields if name == "tokenizer.ggml.tokens")
+    n_vocab = next(len(value) for name, _, value in fields if name == "tokenizer.ggml.tokens")
     padding = max(pad_to - n_vocab - len(added), 0)
-    for name, kind, _inner, value in fields:
+    for name, kind, value in fields:
         if kind == GGUFValueType.ARRAY:
             if len(value) == n_vocab:
                 if name == "tokenizer.ggml.tokens":

@@ -69,6 +69,15 @@ pub fn shared_document(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The GPL's preamble and its sections before section `section` (a shorter document of the same
+/// text, for tests whose length is not what they check).
+pub fn gpl_before_section(section: usize) -> String {
+    let mut gpl = shared_document("gpl-3.0.txt");
+    let end = gpl.find(&format!("\n\n  {section}. ")).unwrap_or_else(|| panic!("no section {section} in the GPL"));
+    gpl.truncate(end);
+    gpl
+}
+
 /// A test's scratch folder under the system's temporary directory (named for the test, made
 /// unique), removed with what it holds when the guard drops: when the test ends, passed,
 /// failed or panicked.
