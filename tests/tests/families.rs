@@ -293,10 +293,16 @@ fn gpt_oss_sinks_enter_near_storage_attention_and_the_tiered_guard() {
     let (full, _) = run(&KvConfig::default());
     let (near, near_stats) = run(&config(StoreKind::NearStorage));
     assert!(near_stats.bytes_to_host > 0, "the global layers attended beside the cold pool");
-    for (i, (a, b)) in full.nll.iter().zip(&near.nll).enumerate() {
-        assert!((a - b).abs() < 1e-3, "token {i}: {b} near storage against {a} over the full cache");
-    }
-    assert_eq!(near.top1, full.top1);
+    // Random weights make the int8 roundings of later layers' activations turn last-bit
+    // differences into large ones: measured at AVX2 (where the sums' order differs from the
+    // full cache's), a mean of 0.004 nats a token, top-1 all equal; with the sinks left out of
+    // the merge, 0.025–0.038 and 96.5% (at AVX2 and portable).
+    let mean_change = full.nll.iter().zip(&near.nll).map(|(a, b)| (a - b).abs()).sum::<f64>() / full.nll.len() as f64;
+    let agree = near.top1_agreement(&full);
+    assert!(
+        mean_change < 0.01 && agree >= 0.99,
+        "near storage against the full cache: {mean_change} nats a token, top-1 {agree}"
+    );
 
     let (tiered, tiered_stats) = run(&config(StoreKind::Tiered));
     let tier = tiered_stats.tier.expect("the tiered store's counters");
