@@ -138,13 +138,18 @@ int main(int argc, char ** argv) {
     }
     if (scoring) {
         // Positions are scored on both threads: one pass over a 262K vocabulary per position
-        // took as long as the model's whole pass over the prompt.
+        // took as long as the model's whole pass over the prompt. The rows are fetched first,
+        // on one thread: fetching one reorders the context's outputs when they are out of order.
+        const float ** rows = malloc(sizeof(float *) * n);
+        for (int i = 0; i < n - 1; i++) {
+            rows[i] = llama_get_logits_ith(ctx, i);
+        }
         int * top = malloc(sizeof(int) * n);
         double * log_prob = malloc(sizeof(double) * n);
         double * lead = malloc(sizeof(double) * n);
 #pragma omp parallel for num_threads(2) schedule(static)
         for (int i = 0; i < n - 1; i++) {
-            const float * l = llama_get_logits_ith(ctx, i);
+            const float * l = rows[i];
             int t = argmax(l, n_vocab);
             double z = 0;
             for (int j = 0; j < n_vocab; j++) {
