@@ -138,35 +138,28 @@ int main(int argc, char ** argv) {
     }
     if (scoring) {
         // Positions are scored on both threads: one pass over a 262K vocabulary per position
-        // took as long as the model's whole pass over the prompt. The rows are fetched first,
-        // on one thread: fetching one reorders the context's outputs when they are out of order.
-        const float ** rows = malloc(sizeof(float *) * n);
-        for (int i = 0; i < n - 1; i++) {
-            rows[i] = llama_get_logits_ith(ctx, i);
-        }
-        int * top = malloc(sizeof(int) * n);
-        double * log_prob = malloc(sizeof(double) * n);
-        double * lead = malloc(sizeof(double) * n);
+        // took as long as the model's whole pass over the prompt. The rows are taken at once,
+        // on one thread (taking them puts the context's outputs in order).
+        const float * logits = llama_get_logits(ctx);
+        struct score { int top; double log_prob, lead; } * scores = malloc(sizeof(struct score) * n);
 #pragma omp parallel for num_threads(2) schedule(static)
         for (int i = 0; i < n - 1; i++) {
-            const float * l = rows[i];
-            int t = argmax(l, n_vocab);
+            const float * l = logits + (size_t) i * n_vocab;
+            int top = argmax(l, n_vocab);
             double z = 0;
             for (int j = 0; j < n_vocab; j++) {
-                z += exp((double) l[j] - l[t]);
+                z += exp((double) l[j] - l[top]);
             }
-            int second = t == 0 ? 1 : 0;
+            int second = top == 0 ? 1 : 0;
             for (int j = 0; j < n_vocab; j++) {
-                if (j != t && l[j] > l[second]) {
+                if (j != top && l[j] > l[second]) {
                     second = j;
                 }
             }
-            top[i] = t;
-            log_prob[i] = (double) l[prompt[i + 1]] - l[t] - log(z);
-            lead[i] = (double) l[t] - l[second];
+            scores[i] = (struct score) { top, (double) l[prompt[i + 1]] - l[top] - log(z), (double) l[top] - l[second] };
         }
-        for (int i = 0; i + 1 < n; i++) {
-            printf("%d %.6f %.6f\n", top[i], log_prob[i], lead[i]);
+        for (int i = 0; i < n - 1; i++) {
+            printf("%d %.6f %.6f\n", scores[i].top, scores[i].log_prob, scores[i].lead);
         }
         return 0;
     }
