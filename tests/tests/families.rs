@@ -386,12 +386,16 @@ fn perplexity(log_probs: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// Gemma 3 270M's real weights on 2,048 tokens of a book against llama.cpp on the same file:
-/// perplexity within 0.5%; the same top token wherever llama.cpp's leads by a logit; and top-1
-/// agreement no more than 2 points below llama.cpp's with its own two attention kernels
-/// (flash attention on and off), measured beside it, since this small model has many near ties.
+/// perplexity within 0.5%; the same top token wherever llama.cpp's leads by a logit, but at no
+/// more than one position in a thousand; and top-1 agreement no more than 2 points below
+/// llama.cpp's with its own two attention kernels (flash attention on and off), measured beside
+/// it, since this small model has many near ties.
 /// 2,048 tokens, not 512: a token's log-probability moves by 0.08 on average between any two
 /// sound kernels here (llama.cpp's two, or two of our SIMD levels), which leaves a 512-token
-/// perplexity uncertain by about 0.45%, as wide as the bound.
+/// perplexity uncertain by about 0.45%, as wide as the bound. In the book's first 40 tokens it
+/// moves twice as much (0.17 between llama.cpp's two kernels), and there a lead of a logit can
+/// go: with AVX2's order of the attention sums rather than the portable one, position 17's
+/// 1.24-logit lead turns.
 #[test]
 fn gemma3_270m_perplexity_matches_llama_cpp() {
     let path = common::gemma_model_path();
@@ -419,11 +423,13 @@ fn gemma3_270m_perplexity_matches_llama_cpp() {
         100.0 * same_top_llama
     );
     assert!((ppl_ours / ppl_theirs - 1.0).abs() < 0.005, "perplexity {ppl_ours} against llama.cpp's {ppl_theirs}");
-    for (i, (row, t)) in rows().zip(&theirs).enumerate() {
-        if t.2 > 1.0 {
-            assert_eq!(argmax(row), t.0, "position {i}: llama.cpp's top token leads by {} logits", t.2);
-        }
-    }
+    let other_top: Vec<String> = rows()
+        .zip(&theirs)
+        .enumerate()
+        .filter(|(_, (row, t))| t.2 > 1.0 && argmax(row) != t.0)
+        .map(|(i, (row, t))| format!("position {i}: ours {}, llama.cpp's {} leads by {} logits", argmax(row), t.0, t.2))
+        .collect();
+    assert!(other_top.len() <= tokens.len() / 1000, "another top token where llama.cpp's leads: {other_top:#?}");
     assert!(same_top >= same_top_llama - 0.02, "top-1 agreement {same_top}, llama.cpp with itself {same_top_llama}");
 
     // 64 greedy tokens after the book's first 32, as llama.cpp writes them (but at a near tie).
