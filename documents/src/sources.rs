@@ -59,9 +59,38 @@ impl<'d> SourceIndex<'d> {
     }
 
     /// Up to `max_sources` passages covering `point`'s content words, best first; none when
-    /// together they hold fewer than half of its words (the document does not say it).
+    /// together they hold fewer than half of its words (the document does not say it). A point of
+    /// several sentences that so few passages cannot cover together (a small model sometimes
+    /// writes a paragraph as one point) is traced sentence by sentence: each sentence the
+    /// document holds brings its best passage, in the point's order.
     pub fn sources(&self, point: &str, max_sources: usize) -> Vec<Source> {
-        let mut wanted: HashSet<String> = content_words(point).collect();
+        let whole = self.cover(point, max_sources);
+        let sentences = sentences(point);
+        if !whole.is_empty() || sentences.len() < 2 {
+            return whole;
+        }
+        let mut out: Vec<Source> = Vec::new();
+        for sentence in sentences {
+            if out.len() == max_sources {
+                break;
+            }
+            let Some(found) = self.cover(sentence, 1).pop() else { continue };
+            match out.iter_mut().find(|s| s.bytes == found.bytes) {
+                Some(same) => {
+                    same.words.extend(found.words);
+                    same.words.sort();
+                    same.words.dedup();
+                }
+                None => out.push(found),
+            }
+        }
+        out
+    }
+
+    /// Up to `max_sources` passages that together hold at least half of `text`'s content words,
+    /// each round taking the one that adds the most weight; none if they cannot.
+    fn cover(&self, text: &str, max_sources: usize) -> Vec<Source> {
+        let mut wanted: HashSet<String> = content_words(text).collect();
         let asked = wanted.len();
         let n = self.passages.len() as f64;
         let weight = |w: &str| (n / self.passage_count.get(w).copied().unwrap_or(1) as f64).ln() + 1.0;
@@ -109,6 +138,21 @@ const STOP_WORDS: &[&str] = &[
     "who", "whom", "how", "each", "other", "more", "most", "some", "only", "own", "does", "did", "been", "being",
     "her", "his", "she", "him", "our", "out", "one", "document", "summary", "text",
 ];
+
+/// The sentences of `text`, each with its closing mark.
+fn sentences(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, _) in text.match_indices(['.', '?', '!']) {
+        if text[i + 1..].starts_with(' ') {
+            out.push(text[start..=i].trim());
+            start = i + 1;
+        }
+    }
+    out.push(text[start..].trim());
+    out.retain(|s| !s.is_empty());
+    out
+}
 
 /// Paragraphs, with longer ones cut into windows of whole sentences.
 fn passages(text: &str) -> Vec<Range<usize>> {
@@ -170,6 +214,26 @@ mod tests {
         assert!(
             index.sources("Quantum rent chromodynamics explains gluons.", 3).is_empty(),
             "one word of five is not a source"
+        );
+    }
+
+    #[test]
+    fn a_paragraph_written_as_one_point_is_traced_sentence_by_sentence() {
+        let text = "Rents are paid monthly to the landlord.\n\nThe deposit equals two months of rent and is returned within thirty days.\n\n\
+                    Pets need the landlord's written consent.\n\n";
+        let doc = Document { name: "lease.txt".into(), format: Format::Text, text: text.into(), parts: Vec::new() };
+        let index = SourceIndex::new(&doc);
+        let point = "The deposit equals two months of rent. Quantum chromodynamics explains gluons, quarks and \
+                     hadrons in colliders. Pets need written consent! Neutrinos oscillate between flavours across \
+                     enormous distances.";
+        let sources = index.sources(point, 3);
+        let starts: Vec<&str> = sources.iter().map(|s| &text[s.bytes.start..s.bytes.start + 4]).collect();
+        assert_eq!(starts, ["The ", "Pets"], "the sentences the lease holds, in the point's order: {sources:?}");
+        assert_eq!(sources[1].words, ["consent", "need", "pet", "written"]);
+        assert!(index.sources("Quantum chromodynamics explains gluons. Neutrinos oscillate.", 3).is_empty());
+        assert_eq!(
+            sentences("One. Two? Three! Version 1.5 is out."),
+            ["One.", "Two?", "Three!", "Version 1.5 is out."]
         );
     }
 }
