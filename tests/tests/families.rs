@@ -8,7 +8,7 @@
 mod common;
 
 use common::llama_server::{self, LlamaServer};
-use hillside_bench::fidelity::{log_prob, teacher_forced};
+use hillside_bench::fidelity::{kl_divergence, log_prob, teacher_forced};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::sampling::argmax;
 use hillside_engine::text::reasoning::{Parts, ReasoningSplit};
@@ -69,22 +69,10 @@ fn tiny_model_with(family: &str, formats: &str, dir: &Path, args: &[&std::ffi::O
     path
 }
 
-fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_z = logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln() + max;
-    logits.iter().map(|l| l - log_z).collect()
-}
-
-/// KL(reference ‖ ours) of two positions' next-token distributions.
-fn kl(reference: &[f32], ours: &[f32]) -> f32 {
-    let (lp, lq) = (log_softmax(reference), log_softmax(ours));
-    lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum()
-}
-
 /// Largest KL of one position's next-token distribution that the tiny models may show against
 /// llama.cpp's: both quantize activations to 8 bits per 32 values and keep K/V in f16, in
 /// another order of summation (measured here: at most 0.016, over decode steps of the experts).
-const KL_LIMIT: f32 = 0.03;
+const KL_LIMIT: f64 = 0.03;
 /// Positions of a mixture of experts' test that may exceed [`KL_LIMIT`]: where a token's router
 /// scores two experts within rounding of each other, the engines may pick different ones.
 const ROUTING_TIES: usize = 2;
@@ -164,10 +152,10 @@ fn matches_llama_cpp(family: &str, formats: &str) {
     for &token in &greedy_theirs {
         ours.extend(engine.model().forward(&[token], seq.kv.as_mut(), Logits::Last).unwrap());
     }
-    let mut worst = 0f32;
+    let mut worst = 0f64;
     let mut routing_ties = Vec::new();
     for (i, o) in ours.chunks_exact(vocab).enumerate() {
-        let d = kl(row(i), o);
+        let d = kl_divergence(row(i), o);
         let at =
             if i < prompt.len() { format!("prompt position {i}") } else { format!("decode step {}", i - prompt.len()) };
         if d >= KL_LIMIT && engine.model().config.experts.is_some() && routing_ties.len() < ROUTING_TIES {

@@ -2,13 +2,14 @@
 
 mod common;
 
-use hillside_bench::fidelity::{teacher_forced, teacher_forced_from, TeacherForced};
+use hillside_bench::fidelity::{kl_divergence, likely_deviation, teacher_forced, teacher_forced_from, TeacherForced};
 use hillside_engine::kernels::attention::{attend, k_tile_index};
 use hillside_engine::kv::cold::format::ColdType;
 use hillside_engine::kv::cold::placement::PlacementKind;
 use hillside_engine::kv::{
     HeadsPart, KvConfig, KvShape, KvStore, KvView, Queries, Selection, SelectorKind, StoreKind, TierStats,
 };
+use hillside_engine::sampling::argmax;
 use hillside_engine::{generate, CancelFlag, ChatMessage, Engine, Event, GenerateParams, Logits, SamplingParams};
 
 /// The `KvStore` methods that a test's wrapper of a store (its `inner`) passes on unchanged.
@@ -781,15 +782,15 @@ fn attention_on_a_candle_device_gives_the_cpu_kernels_logits() {
         KvConfig { store: StoreKind::Tiered, cold_dir: dir.to_path_buf(), spare_copy: false, ..KvConfig::default() };
     let mut a = host.new_sequence_with(&tiered, Some(1024)).unwrap();
     let mut b = device.new_sequence_with(&tiered, Some(1024)).unwrap();
-    let (mut worst_kl, mut widest_flip) = (0f64, 0f32);
+    let (mut worst_kl, mut widest_flip) = (0f64, 0f64);
     for (i, step) in std::iter::once(&tokens[..768]).chain(tokens[768..].chunks(1)).enumerate() {
         let la = host.model().forward(step, a.kv.as_mut(), Logits::Last).unwrap();
         let lb = device.model().forward(step, b.kv.as_mut(), Logits::Last).unwrap();
         worst_kl = worst_kl.max(kl_divergence(&la, &lb));
-        let argmax = |l: &[f32]| l.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).unwrap().0;
         // Where the predictions differ, how far apart the host put the two tokens, against how
         // far the two paths' log-probabilities of the likely tokens are apart at this step.
-        let (flip, deviation) = (la[argmax(&la)] - la[argmax(&lb)], likely_deviation(&la, &lb));
+        let flip = (la[argmax(&la) as usize] - la[argmax(&lb) as usize]) as f64;
+        let deviation = likely_deviation(&la, &lb);
         widest_flip = widest_flip.max(flip);
         if flip > 0.0 {
             eprintln!("step {i}: the predictions differ, the host's logits {flip:.3} apart, the paths' log-probabilities by {deviation:.3}");
@@ -815,32 +816,4 @@ fn attention_on_a_candle_device_gives_the_cpu_kernels_logits() {
     eprintln!("worst KL {worst_kl:.5}, widest flip {widest_flip:.3}");
     drop((a, b));
     assert_eq!(common::cold_files(&dir), 0);
-}
-
-/// The largest log-probability difference of two logit rows over the first's 20 likeliest
-/// tokens that it gives 1% or more.
-fn likely_deviation(p: &[f32], q: &[f32]) -> f32 {
-    let log_z = |l: &[f32]| {
-        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        l.iter().map(|&x| (x - max).exp()).sum::<f32>().ln() + max
-    };
-    let (zp, zq) = (log_z(p), log_z(q));
-    let mut order: Vec<usize> = (0..p.len()).collect();
-    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-    order[..20]
-        .iter()
-        .filter(|&&i| p[i] - zp >= 0.01f32.ln())
-        .map(|&i| ((p[i] - zp) - (q[i] - zq)).abs())
-        .fold(0f32, f32::max)
-}
-
-/// KL(p‖q) of the softmax of two logit rows.
-fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
-    let log_softmax = |l: &[f32]| {
-        let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let log_sum = l.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
-        l.iter().map(|&x| x as f64 - log_sum).collect::<Vec<f64>>()
-    };
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }

@@ -7,37 +7,29 @@ mod common;
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2};
+use hillside_bench::fidelity::{kl_divergence, likely_deviation};
 use hillside_engine::sampling::argmax;
 use hillside_engine::{Engine, Logits};
 use std::path::Path;
 
 // Measured here (Sapphire Rapids, every SIMD level, both models): worst KL 0.0124 and worst
-// |Δlog p| 0.43 over the 33 steps; a wrong rotary layout gives KL > 1.
-const KL_LIMIT: f32 = 0.03;
-const LOGP_LIMIT: f32 = 0.6;
-/// Tokens below 1% are left to the KL bound: a change of summation order (one SIMD level
-/// against another) moves a 0.1% token's log-probability by up to 0.8, as int8 rounding flips of
-/// the activations amplify through the layers; candle's own blocks (256 values with an f32
-/// scale for K-quant weights) differ from ours (32 values, f16) more than that.
-const LIKELY_LOGP: f32 = -4.605; // ln 0.01
-
-fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_z = logits.iter().map(|l| (l - max).exp()).sum::<f32>().ln() + max;
-    logits.iter().map(|l| l - log_z).collect()
-}
+// |Δlog p| of the likely tokens 0.43 over the 33 steps; a wrong rotary layout gives KL > 1.
+// Tokens below 1% are left to the KL bound (see `likely_deviation`): a change of summation order
+// (one SIMD level against another) moves a 0.1% token's log-probability by up to 0.8, as int8
+// rounding flips of the activations amplify through the layers; candle's own blocks (256 values
+// with an f32 scale for K-quant weights) differ from ours (32 values, f16) more than that.
+const KL_LIMIT: f64 = 0.03;
+const LOGP_LIMIT: f64 = 0.6;
 
 /// Per-step agreement of the next-token distributions: (KL(reference ‖ ours), the largest
 /// log-probability difference over the reference's 20 likeliest tokens that it gives ≥ 1%).
-fn compare(step: &str, ours: &[f32], reference: &[f32]) -> (f32, f32) {
+fn compare(step: &str, ours: &[f32], reference: &[f32]) -> (f64, f64) {
     assert_eq!(ours.len(), reference.len());
-    let (lp, lq) = (log_softmax(reference), log_softmax(ours));
-    let kl: f32 = lp.iter().zip(&lq).map(|(p, q)| p.exp() * (p - q)).sum();
-    let mut order: Vec<usize> = (0..lp.len()).collect();
-    order.sort_by(|&a, &b| lp[b].total_cmp(&lp[a]));
-    let likely = order[..20].iter().filter(|&&i| lp[i] >= LIKELY_LOGP);
-    let top_diff = likely.map(|&i| (lp[i] - lq[i]).abs()).fold(0f32, f32::max);
-    let margin = lp[order[0]] - lp[order[1]];
+    let kl = kl_divergence(reference, ours);
+    let top_diff = likely_deviation(reference, ours);
+    let top = argmax(reference) as usize;
+    let second = (0..reference.len()).filter(|&i| i != top).map(|i| reference[i]).fold(f32::NEG_INFINITY, f32::max);
+    let margin = (reference[top] - second) as f64;
     eprintln!(
         "{step}: KL {kl:.5}, likely top-20 max |Δlogp| {top_diff:.3}, top-2 margin {margin:.3}, argmax {} vs {}",
         argmax(ours),
@@ -78,8 +70,8 @@ fn check_against_reference(path: &Path, mut reference: impl FnMut(&[u32], usize)
     }
     // Both quantize activations to int8 per 32-value block (with f16 scales); we keep K/V in
     // f16 where candle keeps f32, and sum in another order.
-    let worst_kl = steps.iter().map(|s| s.0).fold(0f32, f32::max);
-    let worst_top = steps.iter().map(|s| s.1).fold(0f32, f32::max);
+    let worst_kl = steps.iter().map(|s| s.0).fold(0.0, f64::max);
+    let worst_top = steps.iter().map(|s| s.1).fold(0.0, f64::max);
     eprintln!("worst KL {worst_kl:.5}, worst likely top-20 |Δlogp| {worst_top:.3}, same top token {same_top}/33");
     assert!(worst_kl < KL_LIMIT, "next-token distributions drift from the reference: KL {worst_kl}");
     assert!(worst_top < LOGP_LIMIT, "log-probabilities drift from the reference: {worst_top}");

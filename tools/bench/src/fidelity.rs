@@ -32,9 +32,40 @@ impl TeacherForced {
 
 /// log p(`token`) under the softmax of a row of `logits`.
 pub fn log_prob(logits: &[f32], token: u32) -> f64 {
+    logits[token as usize] as f64 - log_normalizer(logits)
+}
+
+/// log Σ exp of a row of logits, summed in f64: a token's log-probability is its logit less this.
+fn log_normalizer(logits: &[f32]) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_z = logits.iter().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() + max as f64;
-    logits[token as usize] as f64 - log_z
+    logits.iter().map(|l| ((l - max) as f64).exp()).sum::<f64>().ln() + max as f64
+}
+
+/// KL(p ‖ q) of the next-token distributions two rows of logits give.
+pub fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
+    let (zp, zq) = (log_normalizer(p), log_normalizer(q));
+    p.iter()
+        .zip(q)
+        .map(|(&a, &b)| {
+            let (lp, lq) = (a as f64 - zp, b as f64 - zq);
+            lp.exp() * (lp - lq)
+        })
+        .sum()
+}
+
+/// The largest difference in log-probability between two rows over `p`'s 20 likeliest tokens
+/// that it gives 1% or more: how far two paths are apart on the tokens that can come next (the
+/// tail is left to [`kl_divergence`], where summation order alone moves a 0.1% token a lot).
+pub fn likely_deviation(p: &[f32], q: &[f32]) -> f64 {
+    let (zp, zq) = (log_normalizer(p), log_normalizer(q));
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.select_nth_unstable_by(19.min(p.len() - 1), |&a, &b| p[b].total_cmp(&p[a]));
+    order[..20.min(p.len())]
+        .iter()
+        .map(|&i| (p[i] as f64 - zp, q[i] as f64 - zq))
+        .filter(|(lp, _)| *lp >= 0.01f64.ln())
+        .map(|(lp, lq)| (lp - lq).abs())
+        .fold(0.0, f64::max)
 }
 
 /// Prefills `tokens[..prompt_len]` in chunks, then feeds the rest one token at a time, scoring
@@ -356,5 +387,31 @@ impl SelectionWatch for IdealSelector {
             })
             .collect();
         Selection::per_head(&sets)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divergences_of_two_rows_are_those_of_their_softmaxes() {
+        // Two tokens at 3:1 against 1:1: KL = 0.75 ln 1.5 + 0.25 ln 0.5.
+        let (p, q) = ([3f32.ln(), 0.0], [5.0f32, 5.0]);
+        assert!((kl_divergence(&p, &q) - (0.75 * 1.5f64.ln() + 0.25 * 0.5f64.ln())).abs() < 1e-6);
+        let shifted: Vec<f32> = p.iter().map(|l| l + 7.0).collect();
+        assert!(kl_divergence(&p, &shifted).abs() < 1e-6, "a row's offset changes no probability");
+        assert!((log_prob(&p, 0) - 0.75f64.ln()).abs() < 1e-6);
+
+        // 30 tokens, two likely ones: a 0.1% token's move is left out; a likely one's counts.
+        let mut p = vec![-10f32; 30];
+        (p[4], p[7], p[9]) = (0.0, 0.0, -6.0);
+        let mut q = p.clone();
+        q[9] = -3.0;
+        assert!(likely_deviation(&p, &q) < 0.1, "{}", likely_deviation(&p, &q));
+        q[4] = -3.0;
+        let moved = |t: u32| (log_prob(&p, t) - log_prob(&q, t)).abs();
+        let expected = moved(4).max(moved(7));
+        assert!(expected > 2.0 && (likely_deviation(&p, &q) - expected).abs() < 1e-9, "{expected}");
     }
 }
