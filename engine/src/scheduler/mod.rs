@@ -237,6 +237,23 @@ struct Shared {
 }
 
 impl Shared {
+    /// An empty queue, accepting requests.
+    fn new(config: SchedulerConfig) -> Self {
+        Self {
+            config,
+            state: Mutex::new(State {
+                queue: WaitQueue::default(),
+                live: Vec::new(),
+                totals: Totals::default(),
+                accepting: true,
+                failed: None,
+                stop: false,
+                next_id: 1,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -254,19 +271,7 @@ impl Scheduler {
         if config.kv.startup.is_none() {
             config.kv = config.kv.start_up();
         }
-        let shared = Arc::new(Shared {
-            config,
-            state: Mutex::new(State {
-                queue: WaitQueue::default(),
-                live: Vec::new(),
-                totals: Totals::default(),
-                accepting: true,
-                failed: None,
-                stop: false,
-                next_id: 1,
-            }),
-            changed: Condvar::new(),
-        });
+        let shared = Arc::new(Shared::new(config));
         let worker = {
             let shared = shared.clone();
             std::thread::Builder::new()
@@ -682,19 +687,7 @@ mod tests {
             cached_sequences: 0,
             shared_prefill_tokens: SHARED_PREFILL_TOKENS,
         };
-        let shared = Arc::new(Shared {
-            config,
-            state: Mutex::new(State {
-                queue: WaitQueue::default(),
-                live: Vec::new(),
-                totals: Totals::default(),
-                accepting: true,
-                failed: None,
-                stop: false,
-                next_id: 1,
-            }),
-            changed: Condvar::new(),
-        });
+        let shared = Arc::new(Shared::new(config));
         // No worker thread: the queued request stays queued until the failure ends it.
         let scheduler = Scheduler { shared: shared.clone(), worker: Mutex::new(None) };
         let heard = Arc::new(Mutex::new(Vec::new()));
