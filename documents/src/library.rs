@@ -209,6 +209,17 @@ impl Library {
 
     /// Changes an entry in one transaction; `None` if there is none with that id.
     pub fn update(&self, id: &str, change: impl FnOnce(&mut Entry)) -> Result<Option<Entry>, StoreError> {
+        self.change_entry(id, change, |_| Ok(()))
+    }
+
+    /// Reads entry `id`, changes it and writes it back, doing `also` in the same transaction;
+    /// `None`, with nothing written, if there is no such entry.
+    fn change_entry(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut Entry),
+        also: impl FnOnce(&redb::WriteTransaction) -> Result<(), StoreError>,
+    ) -> Result<Option<Entry>, StoreError> {
         let txn = self.db.begin_write().map_err(err)?;
         let entry = {
             let mut table = txn.open_table(ENTRIES).map_err(err)?;
@@ -225,6 +236,7 @@ impl Library {
             table.insert(id, serde_json::to_vec(&entry).map_err(err)?.as_slice()).map_err(err)?;
             entry
         };
+        also(&txn)?;
         txn.commit().map_err(err)?;
         Ok(Some(entry))
     }
@@ -311,26 +323,14 @@ impl Library {
     /// Stores a finished summary's points (and the document's tokens) and forgets its
     /// checkpoint, in one transaction; `None` if there is no document `id`.
     pub fn finish_summary(&self, id: &str, points: Vec<Point>, tokens: usize) -> Result<Option<Entry>, StoreError> {
-        let txn = self.db.begin_write().map_err(err)?;
-        let entry = {
-            let mut table = txn.open_table(ENTRIES).map_err(err)?;
-            let Some(mut entry) = table
-                .get(id)
-                .map_err(err)?
-                .map(|v| serde_json::from_slice::<Entry>(v.value()))
-                .transpose()
-                .map_err(err)?
-            else {
-                return Ok(None);
-            };
+        let summarized = |entry: &mut Entry| {
             entry.summary = Some(points);
             entry.tokens = Some(tokens);
             entry.used_s = now_s();
-            table.insert(id, serde_json::to_vec(&entry).map_err(err)?.as_slice()).map_err(err)?;
-            txn.open_table(CHECKPOINTS).map_err(err)?.remove(id).map_err(err)?;
-            entry
         };
-        txn.commit().map_err(err)?;
-        Ok(Some(entry))
+        self.change_entry(id, summarized, |txn| {
+            txn.open_table(CHECKPOINTS).map_err(err)?.remove(id).map_err(err)?;
+            Ok(())
+        })
     }
 }
