@@ -8,7 +8,7 @@
 mod common;
 
 use common::llama_server::{self, LlamaServer};
-use hillside_bench::fidelity::{kl_divergence, log_prob, teacher_forced};
+use hillside_bench::fidelity::{kl_divergence, log_prob, teacher_forced, top_margin};
 use hillside_engine::kv::{KvConfig, StoreKind};
 use hillside_engine::sampling::argmax;
 use hillside_engine::text::reasoning::{Parts, ReasoningSplit};
@@ -82,14 +82,6 @@ const ROUTING_TIES: usize = 2;
 /// disagree there too).
 const NEAR_TIE_LOGITS: f32 = 0.25;
 
-/// The lead of the top logit over the second.
-fn margin(logits: &[f32]) -> f32 {
-    let top = argmax(logits) as usize;
-    let second =
-        logits.iter().enumerate().filter(|&(i, _)| i != top).map(|(_, &l)| l).fold(f32::NEG_INFINITY, f32::max);
-    logits[top] - second
-}
-
 /// llama.cpp's greedy continuation of `prompt` for `steps` tokens, and its logits (`vocab` a
 /// row) at every prompt position, then at every step.
 fn llama_cpp_greedy(model: &Path, prompt: &[u32], steps: usize, dir: &Path) -> (Vec<u32>, Vec<f32>) {
@@ -109,7 +101,7 @@ fn same_greedy_tokens(engine: &Engine, prompt: &[u32], theirs: &[u32], their_log
     for (same, &expected) in theirs.iter().enumerate() {
         let next = argmax(&logits);
         if next != expected {
-            let lead = margin(&their_logits[(prompt.len() - 1 + same) * vocab..][..vocab]);
+            let lead = top_margin(&their_logits[(prompt.len() - 1 + same) * vocab..][..vocab]);
             assert!(
                 lead < NEAR_TIE_LOGITS,
                 "{what}: greedy text parts from llama.cpp's at token {same}, where its lead was {lead}"
@@ -164,12 +156,12 @@ fn matches_llama_cpp(family: &str, formats: &str) {
         }
         worst = worst.max(d);
         assert!(d < KL_LIMIT, "{family}: {at}: KL {d} against llama.cpp (and at {routing_ties:?})");
-        if margin(row(i)) >= NEAR_TIE_LOGITS {
+        if top_margin(row(i)) >= NEAR_TIE_LOGITS {
             assert_eq!(
                 argmax(o),
                 argmax(row(i)),
                 "{family}: {at}: another top token where llama.cpp's leads by {}",
-                margin(row(i))
+                top_margin(row(i))
             );
         }
     }

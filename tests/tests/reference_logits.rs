@@ -7,7 +7,7 @@ mod common;
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::{quantized_llama, quantized_qwen2};
-use hillside_bench::fidelity::{kl_divergence, likely_deviation};
+use hillside_bench::fidelity::{kl_divergence, likely_deviation, top_margin};
 use hillside_engine::sampling::argmax;
 use hillside_engine::{Engine, Logits};
 use std::path::Path;
@@ -27,9 +27,7 @@ fn compare(step: &str, ours: &[f32], reference: &[f32]) -> (f64, f64) {
     assert_eq!(ours.len(), reference.len());
     let kl = kl_divergence(reference, ours);
     let top_diff = likely_deviation(reference, ours);
-    let top = argmax(reference) as usize;
-    let second = (0..reference.len()).filter(|&i| i != top).map(|i| reference[i]).fold(f32::NEG_INFINITY, f32::max);
-    let margin = (reference[top] - second) as f64;
+    let margin = top_margin(reference) as f64;
     eprintln!(
         "{step}: KL {kl:.5}, likely top-20 max |Δlogp| {top_diff:.3}, top-2 margin {margin:.3}, argmax {} vs {}",
         argmax(ours),

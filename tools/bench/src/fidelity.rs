@@ -53,6 +53,14 @@ pub fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
         .sum()
 }
 
+/// The lead of a row's top logit over its second: how clear the next token is.
+pub fn top_margin(logits: &[f32]) -> f32 {
+    let top = argmax(logits) as usize;
+    let second =
+        logits.iter().enumerate().filter(|&(i, _)| i != top).map(|(_, &l)| l).fold(f32::NEG_INFINITY, f32::max);
+    logits[top] - second
+}
+
 /// The largest difference in log-probability between two rows over `p`'s 20 likeliest tokens
 /// that it gives 1% or more: how far two paths are apart on the tokens that can come next (the
 /// tail is left to [`kl_divergence`], where summation order alone moves a 0.1% token a lot).
