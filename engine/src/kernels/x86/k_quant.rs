@@ -12,8 +12,9 @@
 //! VNNI is no faster (its scale multiply costs what it saves); with the shared loads it is.
 //! Q4_K's sums fit in i16, so two groups' pack into one vector that `dpwssd` scales: that frees
 //! the registers for all eight groups of a 32-token tile in one pass
-//! ([`q4k_super_block_pairs`]), each unpacked weight serving 32 tokens; the other kernels take
-//! a tile four groups at a time.
+//! ([`q4k_super_block_pairs`], in 512-bit vectors: a core with a full 512-bit datapath, such as
+//! Zen 5, does twice the products an instruction), each unpacked weight serving 32 tokens; the
+//! other kernels take a tile four groups at a time.
 //!
 //! Q6_K ([`q6k_one_token`], [`q6k_token_groups`]) takes its unsigned ints against the same
 //! activations, a `madd` per 16-value span for its i8 scale, and the −32 of every value from the
@@ -74,7 +75,7 @@ pub unsafe fn dot_rows_avx512(
     nt: usize,
     out: &mut [f32],
 ) {
-    if nt == 1 || w.format == KQuantFormat::Q6K {
+    if nt == 1 {
         // SAFETY: the features per this function's contract.
         return unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) };
     }
@@ -107,7 +108,14 @@ pub unsafe fn dot_rows_avx512(
                     }
                 }
             }
-            (KQuantFormat::Q6K, _) => unreachable!("taken above"),
+            (KQuantFormat::Q6K, 2..=4) => q6k_row_pairs::<1>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q6K, 5..=8) => q6k_row_pairs::<2>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q6K, 9..=12) => q6k_row_pairs::<3>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q6K, 13..=16) => q6k_row_pairs::<4>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q6K, 17..=20) => q6k_row_pairs::<5>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q6K, 21..=24) => q6k_row_pairs::<6>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q6K, 25..=28) => q6k_row_pairs::<7>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q6K, _) => q6k_row_pairs::<8>(w, paired.clone(), x, t0, nt, out),
         }
         if paired.end < rows.end {
             let offset = paired.len() * TILE_TOKENS;
@@ -523,6 +531,12 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
             }
         }
     }
+    write_pair_totals::<GROUPS>(&totals, nt, out);
+}
+
+/// Each pair of rows' totals of a tile's groups (`GROUPS` of them a pair, [row 0's four
+/// tokens, row 1's]) into `out[row · TILE_TOKENS + t]`, for its first `nt` tokens.
+fn write_pair_totals<const GROUPS: usize>(totals: &[[f32; 2 * GROUP]], nt: usize, out: &mut [f32]) {
     for (pair, pair_totals) in totals.chunks_exact(GROUPS).enumerate() {
         for r in 0..2 {
             for t in 0..nt {
@@ -596,14 +610,18 @@ unsafe fn sub_block_pairs<const GROUPS: usize>(
 }
 
 /// Q4_K's products of one super-block of two rows, each group's in [`row_pairs`]' lanes
-/// ([r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3]). A sub-block's four `dpbusd` leave i32 lanes
-/// of 16 products of at most 15·128, which fit in i16: two groups' lanes pack into one vector,
-/// whose pairs `dpwssd` scales and adds, one multiply where [`sub_block_pairs`]' `mullo` takes
-/// two. (Q5_K's fifth bit doubles the bound past i16.)
+/// ([r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3]), in 512-bit vectors: one load holds two of a
+/// group's runs (runs 2k and 2k + 1 of a sub-block lie side by side), against a row's 16
+/// weights as [8 broadcast to four tokens | the next 8 likewise], so a sub-block takes two
+/// `dpbusd` a row and group. Their i32 lanes hold 8 products of at most 15·128, which fit in
+/// i16: two groups' lanes pack into one vector, whose pairs `dpwssd` scales and adds, one
+/// multiply where [`sub_block_pairs`]' `mullo` takes two. (Q5_K's fifth bit doubles the bound.)
+/// The halves of each sum are the same tokens' products of other values, added at the end.
 ///
 /// # Safety
 /// Each of `blocks` points at a whole Q4_K super-block whose nibbles start `nibbles_at` bytes
-/// in; each of `xv` at a group's 1,024 values of it; the CPU has avx2, avx512vl and avx512vnni.
+/// in; each of `xv` at a group's 1,024 values of it; the CPU has avx2, avx512f, avx512bw and
+/// avx512vnni.
 #[inline(always)]
 unsafe fn q4k_super_block_pairs<const GROUPS: usize>(
     blocks: [*const u8; 2],
@@ -613,52 +631,250 @@ unsafe fn q4k_super_block_pairs<const GROUPS: usize>(
 ) -> [__m256i; GROUPS] {
     // SAFETY: per the contract.
     unsafe {
-        let low_nibbles = _mm256_set1_epi8(0x0f);
-        // products[row][pair]: lanes [g0t0 g0t1 g1t0 g1t1 | g0t2 g0t3 g1t2 g1t3] of groups
-        // 2·pair and 2·pair + 1 (a group past GROUPS adds zeros).
-        let mut products = [[_mm256_setzero_si256(); TILE_TOKENS / GROUP / 2]; 2];
-        for sub in 0..SUBS {
-            let mut ints = [[_mm256_setzero_si256(); 4]; 2];
-            let mut scale = [_mm256_setzero_si256(); 2];
-            for r in 0..2 {
-                for (j, ints) in ints[r].iter_mut().enumerate() {
-                    let eight = blocks[r].add(nibbles_at + sub / 2 * 32 + 8 * j) as *const i64;
-                    let raw = _mm256_set1_epi64x(eight.read_unaligned());
-                    let shifted = if sub.is_multiple_of(2) { raw } else { _mm256_srli_epi16::<4>(raw) };
-                    *ints = _mm256_and_si256(shifted, low_nibbles);
+        let low_nibbles = _mm512_set1_epi8(0x0f);
+        // products[row][pair]: 128-bit lanes [g0t0 g0t1 g1t0 g1t1], [g0t2 g0t3 g1t2 g1t3], and
+        // the same again for the other values, of groups 2·pair and 2·pair + 1 (a group past
+        // GROUPS adds zeros).
+        let mut products = [[_mm512_setzero_si512(); TILE_TOKENS / GROUP / 2]; 2];
+        for sub_pair in 0..SUBS / 2 {
+            // raw[row][k]: the row's bytes 16k.. of the pair's 32.
+            let mut raw = [[_mm512_setzero_si512(); 2]; 2];
+            for (r, raw) in raw.iter_mut().enumerate() {
+                for (k, raw) in raw.iter_mut().enumerate() {
+                    *raw = spread_runs(blocks[r].add(nibbles_at + sub_pair * 32 + 16 * k));
                 }
-                scale[r] = _mm256_set1_epi16(i16::from((sub_scales[r] >> (8 * sub)) as u8));
             }
-            for pair in 0..GROUPS.div_ceil(2) {
-                let mut a = [[_mm256_setzero_si256(); 4]; 2];
-                for (k, a) in a.iter_mut().enumerate() {
-                    if 2 * pair + k < GROUPS {
-                        let runs = xv[2 * pair + k].add(sub * 4 * 32);
-                        for (j, a) in a.iter_mut().enumerate() {
-                            *a = _mm256_loadu_si256(runs.add(32 * j).cast());
-                        }
-                    }
-                }
+            for sub in 2 * sub_pair..2 * sub_pair + 2 {
+                let mut ints = [[_mm512_setzero_si512(); 2]; 2];
+                let mut scale = [_mm512_setzero_si512(); 2];
                 for r in 0..2 {
-                    let mut s = [_mm256_setzero_si256(); 2];
-                    for (k, s) in s.iter_mut().enumerate() {
-                        if 2 * pair + k < GROUPS {
-                            for j in 0..4 {
-                                *s = _mm256_dpbusd_epi32(*s, ints[r][j], a[k][j]);
+                    for k in 0..2 {
+                        let shifted = if sub.is_multiple_of(2) { raw[r][k] } else { _mm512_srli_epi16::<4>(raw[r][k]) };
+                        ints[r][k] = _mm512_and_si512(shifted, low_nibbles);
+                    }
+                    scale[r] = _mm512_set1_epi16(i16::from((sub_scales[r] >> (8 * sub)) as u8));
+                }
+                for pair in 0..GROUPS.div_ceil(2) {
+                    let mut a = [[_mm512_setzero_si512(); 2]; 2];
+                    for (g, a) in a.iter_mut().enumerate() {
+                        if 2 * pair + g < GROUPS {
+                            let runs = xv[2 * pair + g].add(sub * 4 * 32);
+                            for (k, a) in a.iter_mut().enumerate() {
+                                *a = _mm512_loadu_si512(runs.add(64 * k).cast());
                             }
                         }
                     }
-                    let packed = _mm256_packs_epi32(s[0], s[1]);
-                    products[r][pair] = _mm256_dpwssd_epi32(products[r][pair], packed, scale[r]);
+                    for r in 0..2 {
+                        let mut s = [_mm512_setzero_si512(); 2];
+                        for (g, s) in s.iter_mut().enumerate() {
+                            if 2 * pair + g < GROUPS {
+                                *s = _mm512_dpbusd_epi32(*s, ints[r][0], a[g][0]);
+                                *s = _mm512_dpbusd_epi32(*s, ints[r][1], a[g][1]);
+                            }
+                        }
+                        let packed = _mm512_packs_epi32(s[0], s[1]);
+                        products[r][pair] = _mm512_dpwssd_epi32(products[r][pair], packed, scale[r]);
+                    }
                 }
+            }
+        }
+        pair_lanes::<GROUPS>(&products)
+    }
+}
+
+/// 16 weight bytes from `at` as a 512-bit vector against two of a group's runs side by side:
+/// bytes 0–7 broadcast to the first run's four tokens, bytes 8–15 to the second's.
+///
+/// # Safety
+/// `at` points at 16 readable bytes; the CPU has avx512f and avx512bw.
+#[inline(always)]
+unsafe fn spread_runs(at: *const u8) -> __m512i {
+    // SAFETY: per the contract.
+    unsafe {
+        let halves = _mm512_set_epi64(
+            0x0f0e0d0c0b0a0908,
+            0x0f0e0d0c0b0a0908,
+            0x0f0e0d0c0b0a0908,
+            0x0f0e0d0c0b0a0908,
+            0x0706050403020100,
+            0x0706050403020100,
+            0x0706050403020100,
+            0x0706050403020100,
+        );
+        _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(at.cast())), halves)
+    }
+}
+
+/// Two rows' products of pairs of groups, 128-bit lanes [g0t0 g0t1 g1t0 g1t1],
+/// [g0t2 g0t3 g1t2 g1t3] and the same again for other values, as each group's
+/// [r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3].
+///
+/// # Safety
+/// The CPU has avx2 and avx512f.
+#[inline(always)]
+unsafe fn pair_lanes<const GROUPS: usize>(products: &[[__m512i; TILE_TOKENS / GROUP / 2]; 2]) -> [__m256i; GROUPS] {
+    // SAFETY: per the contract.
+    unsafe {
+        let mut folded = [[_mm256_setzero_si256(); TILE_TOKENS / GROUP / 2]; 2];
+        for r in 0..2 {
+            for (p, folded) in folded[r].iter_mut().enumerate() {
+                let p = products[r][p];
+                *folded = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p));
             }
         }
         let mut paired = [_mm256_setzero_si256(); GROUPS];
         for (g, paired) in paired.iter_mut().enumerate() {
-            let (p0, p1) = (products[0][g / 2], products[1][g / 2]);
+            let (p0, p1) = (folded[0][g / 2], folded[1][g / 2]);
             *paired = if g.is_multiple_of(2) { _mm256_unpacklo_epi64(p0, p1) } else { _mm256_unpackhi_epi64(p0, p1) };
         }
         paired
+    }
+}
+
+/// Q6_K's [`row_pairs`]: two rows at a time, in 512-bit vectors laid out as
+/// [`q4k_super_block_pairs`]' are. A 32-value chunk's two 16-value spans, each with its own
+/// scale, take a `dpbusd` each (i32 lanes of 4 products of at most 63·127, which fit in i16),
+/// and two groups' sums of a span pack into one vector that `dpwssd` scales by the span's
+/// scale. The −32 of every value comes from the groups' sums over 16 values, as in
+/// [`q6k_token_groups`], whose integer totals and f32 operations these are.
+///
+/// # Safety
+/// As for [`row_pairs`].
+#[inline(always)]
+unsafe fn q6k_row_pairs<const GROUPS: usize>(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    let n_sb = w.super_blocks_per_row();
+    let block_bytes = w.format.block_bytes();
+    assert!(rows.len().is_multiple_of(2) && rows.end <= w.rows && out_holds(out, rows.len(), nt));
+    let TileGroups { values, stride, sums, scales } =
+        TileGroups::new(x, w.cols, t0, GROUPS, &x.groups.sixteen_sums, Q6K_SPAN);
+    let mut totals = vec![[0f32; 2 * GROUP]; rows.len() / 2 * GROUPS];
+    // SAFETY: per the contract; every pointer stays inside the rows' super-blocks and the
+    // groups' values, sums and scales (asserted above and by `TileGroups::new`).
+    unsafe {
+        let products_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        let panel_super_blocks = (PANEL_BYTES / (GROUPS * GROUP * SUPER_BLOCK)).max(1);
+        for first_sb in (0..n_sb).step_by(panel_super_blocks) {
+            let panel = first_sb..(first_sb + panel_super_blocks).min(n_sb);
+            for (pair, row) in rows.clone().step_by(2).enumerate() {
+                let row_ptrs = [0, 1].map(|r| w.raw[(row + r) * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr());
+                let pair_totals = &mut totals[pair * GROUPS..][..GROUPS];
+                let mut acc = [_mm256_setzero_ps(); GROUPS];
+                for g in 0..GROUPS {
+                    acc[g] = _mm256_loadu_ps(pair_totals[g].as_ptr());
+                }
+                for sb in panel.clone() {
+                    let blocks = [row_ptrs[0].add(sb * block_bytes), row_ptrs[1].add(sb * block_bytes)];
+                    let mut xv = [values; GROUPS];
+                    for (g, xv) in xv.iter_mut().enumerate() {
+                        *xv = values.add(g * stride + sb * GROUP * SUPER_BLOCK);
+                    }
+                    let paired = q6k_super_block_pairs::<GROUPS>(blocks, &xv);
+                    let scales16 = blocks.map(|b| _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192).cast())));
+                    let d = blocks.map(|b| f16_value(f16::from_bits((b.add(208) as *const u16).read_unaligned())));
+                    let d = _mm256_setr_m128(_mm_set1_ps(d[0]), _mm_set1_ps(d[1]));
+                    for g in 0..GROUPS {
+                        let at = g * n_sb + sb;
+                        let p = _mm256_permutevar8x32_epi32(paired[g], products_order);
+                        // Each row's scales times each token's sixteen sums, reduced to
+                        // [t0 t1 t2 t3] a row (as q6k_token_groups reduces them), then both rows.
+                        let group_sums = sums.add(at * GROUP * 16);
+                        let mut row_offsets = [_mm_setzero_si128(); 2];
+                        for (r, row_offsets) in row_offsets.iter_mut().enumerate() {
+                            let mut offsets = [_mm256_setzero_si256(); GROUP];
+                            for (t, offsets) in offsets.iter_mut().enumerate() {
+                                *offsets =
+                                    _mm256_madd_epi16(scales16[r], _mm256_loadu_si256(group_sums.add(16 * t).cast()));
+                            }
+                            let both = _mm256_hadd_epi32(
+                                _mm256_hadd_epi32(offsets[0], offsets[1]),
+                                _mm256_hadd_epi32(offsets[2], offsets[3]),
+                            );
+                            *row_offsets =
+                                _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256::<1>(both));
+                        }
+                        let m = _mm256_setr_m128i(row_offsets[0], row_offsets[1]);
+                        let total = _mm256_sub_epi32(p, _mm256_slli_epi32::<5>(m));
+                        let dx = _mm256_broadcast_ps(&*(scales.add(at * GROUP) as *const __m128));
+                        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, dx), acc[g]);
+                    }
+                }
+                for g in 0..GROUPS {
+                    _mm256_storeu_ps(pair_totals[g].as_mut_ptr(), acc[g]);
+                }
+            }
+        }
+    }
+    write_pair_totals::<GROUPS>(&totals, nt, out);
+}
+
+/// Q6_K's unsigned products (before the −32) of one super-block of two rows, each group's in
+/// [`row_pairs`]' lanes, as [`q4k_super_block_pairs`] makes Q4_K's.
+///
+/// # Safety
+/// Each of `blocks` points at a whole Q6_K super-block; each of `xv` at a group's 1,024 values
+/// of it; the CPU has avx2, avx512f, avx512bw and avx512vnni.
+#[inline(always)]
+unsafe fn q6k_super_block_pairs<const GROUPS: usize>(
+    blocks: [*const u8; 2],
+    xv: &[*const i8; GROUPS],
+) -> [__m256i; GROUPS] {
+    // SAFETY: per the contract.
+    unsafe {
+        let (low_nibbles, high_pair) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
+        let mut products = [[_mm512_setzero_si512(); TILE_TOKENS / GROUP / 2]; 2];
+        for chunk in 0..SUPER_BLOCK / 32 {
+            // Chunk 4h + k: nibble k / 2 of the low bits at 64h + 32·(k % 2), bit pair k of the
+            // high bits at 128 + 32h (as q6k_one_token unpacks them).
+            let (h, k) = (chunk / 4, chunk % 4);
+            let mut ints = [[_mm512_setzero_si512(); 2]; 2];
+            let mut scale = [[_mm512_setzero_si512(); 2]; 2];
+            for r in 0..2 {
+                for span in 0..2 {
+                    let low = spread_runs(blocks[r].add(64 * h + 32 * (k % 2) + 16 * span));
+                    let high = spread_runs(blocks[r].add(128 + 32 * h + 16 * span));
+                    let nibbles = _mm512_and_si512(if k < 2 { low } else { _mm512_srli_epi16::<4>(low) }, low_nibbles);
+                    let pair = match k {
+                        0 => _mm512_slli_epi16::<4>(high),
+                        1 => _mm512_slli_epi16::<2>(high),
+                        2 => high,
+                        _ => _mm512_srli_epi16::<2>(high),
+                    };
+                    ints[r][span] = _mm512_or_si512(nibbles, _mm512_and_si512(pair, high_pair));
+                    scale[r][span] = _mm512_set1_epi16(i16::from(*blocks[r].add(192 + 2 * chunk + span) as i8));
+                }
+            }
+            for pair in 0..GROUPS.div_ceil(2) {
+                let mut a = [[_mm512_setzero_si512(); 2]; 2];
+                for (g, a) in a.iter_mut().enumerate() {
+                    if 2 * pair + g < GROUPS {
+                        let runs = xv[2 * pair + g].add(chunk * 4 * 32);
+                        for (span, a) in a.iter_mut().enumerate() {
+                            *a = _mm512_loadu_si512(runs.add(64 * span).cast());
+                        }
+                    }
+                }
+                for r in 0..2 {
+                    for span in 0..2 {
+                        let mut s = [_mm512_setzero_si512(); 2];
+                        for (g, s) in s.iter_mut().enumerate() {
+                            if 2 * pair + g < GROUPS {
+                                *s = _mm512_dpbusd_epi32(*s, ints[r][span], a[g][span]);
+                            }
+                        }
+                        let packed = _mm512_packs_epi32(s[0], s[1]);
+                        products[r][pair] = _mm512_dpwssd_epi32(products[r][pair], packed, scale[r][span]);
+                    }
+                }
+            }
+        }
+        pair_lanes::<GROUPS>(&products)
     }
 }
 
