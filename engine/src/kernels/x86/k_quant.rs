@@ -448,24 +448,21 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
     let block_bytes = w.format.block_bytes();
     assert!(rows.len().is_multiple_of(2) && rows.end <= w.rows && out_holds(out, rows.len(), nt));
     let TileGroups { values, stride, sums, scales } = TileGroups::new(x, w.cols, t0, GROUPS, &x.groups.sums, SUM_SPAN);
-    // Each pair's totals a group, [row 0's four tokens, row 1's], kept between panels.
-    let mut totals = vec![[0f32; 2 * GROUP]; rows.len() / 2 * GROUPS];
+    // Each pair of rows' totals a pair of groups, in quad lanes, kept between panels.
+    let quads = GROUPS.div_ceil(2);
+    let mut totals = vec![[0f32; QUAD_LANES]; rows.len() / 2 * quads];
     // SAFETY: per the contract; every pointer stays inside the rows' super-blocks and the
     // groups' values, sums and scales (asserted above and by `TileGroups::new`).
     unsafe {
-        // hadd's lanes [r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3] into each row's tokens in turn.
-        let products_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-        // The mins' last hadd: [r0t0 r0t2 r1t0 r1t2 | r0t1 r0t3 r1t1 r1t3], likewise.
-        let mins_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         let panel_super_blocks = (PANEL_BYTES / (GROUPS * GROUP * SUPER_BLOCK)).max(1);
         for first_sb in (0..n_sb).step_by(panel_super_blocks) {
             let panel = first_sb..(first_sb + panel_super_blocks).min(n_sb);
             for (pair, row) in rows.clone().step_by(2).enumerate() {
                 let row_ptrs = [0, 1].map(|r| w.raw[(row + r) * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr());
-                let pair_totals = &mut totals[pair * GROUPS..][..GROUPS];
-                let mut acc = [_mm256_setzero_ps(); GROUPS];
-                for g in 0..GROUPS {
-                    acc[g] = _mm256_loadu_ps(pair_totals[g].as_ptr());
+                let pair_totals = &mut totals[pair * quads..][..quads];
+                let mut acc = [_mm512_setzero_ps(); QUADS];
+                for q in 0..quads {
+                    acc[q] = _mm512_loadu_ps(pair_totals[q].as_ptr());
                 }
                 for sb in panel.clone() {
                     let blocks = [row_ptrs[0].add(sb * block_bytes), row_ptrs[1].add(sb * block_bytes)];
@@ -500,33 +497,35 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
                             &xv,
                         );
                     }
+                    // Each row's eight mins against each token's eight sums, then the f32
+                    // operations of token_groups, two groups at a time.
                     let mins16 = [
-                        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins0 as i64))),
-                        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins1 as i64))),
+                        _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins0 as i64))),
+                        _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins1 as i64))),
                     ];
-                    let d = _mm256_setr_m128(_mm_set1_ps(d0), _mm_set1_ps(d1));
-                    let neg_dmin = _mm256_setr_m128(_mm_set1_ps(-dmin0), _mm_set1_ps(-dmin1));
-                    for g in 0..GROUPS {
-                        let at = g * n_sb + sb;
-                        let p = _mm256_permutevar8x32_epi32(paired[g], products_order);
-                        // Each row's mins against tokens 0–1's and 2–3's sums, then (as in
-                        // token_groups) [t0 t0 t2 t2 | t1 t1 t3 t3] a row, and both rows' totals.
-                        let group_sums = sums.add(at * GROUP * SUBS);
-                        let (s01, s23) =
-                            (_mm256_loadu_si256(group_sums.cast()), _mm256_loadu_si256(group_sums.add(16).cast()));
-                        let mut quarters = [_mm256_setzero_si256(); 2];
-                        for r in 0..2 {
-                            quarters[r] =
-                                _mm256_hadd_epi32(_mm256_madd_epi16(s01, mins16[r]), _mm256_madd_epi16(s23, mins16[r]));
-                        }
-                        let m = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(quarters[0], quarters[1]), mins_order);
-                        let dx = _mm256_broadcast_ps(&*(scales.add(at * GROUP) as *const __m128));
-                        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(d, dx), acc[g]);
-                        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(neg_dmin, dx), acc[g]);
+                    let (d, neg_dmin) = (quad_rows(d0, d1), quad_rows(-dmin0, -dmin1));
+                    for q in 0..quads {
+                        let (g, second) = (2 * q, 2 * q + 1 < GROUPS);
+                        let first_sums = _mm512_loadu_si512(sums.add((g * n_sb + sb) * GROUP * SUBS).cast());
+                        let second_sums = if second {
+                            _mm512_loadu_si512(sums.add(((g + 1) * n_sb + sb) * GROUP * SUBS).cast())
+                        } else {
+                            _mm512_setzero_si512()
+                        };
+                        let m = quad_sums([
+                            _mm512_madd_epi16(first_sums, mins16[0]),
+                            _mm512_madd_epi16(first_sums, mins16[1]),
+                            _mm512_madd_epi16(second_sums, mins16[0]),
+                            _mm512_madd_epi16(second_sums, mins16[1]),
+                        ]);
+                        let p = quad_products(paired[g], if second { paired[g + 1] } else { _mm256_setzero_si256() });
+                        let dx = quad_scales(scales, n_sb, sb, g, second);
+                        acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, dx), acc[q]);
+                        acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(neg_dmin, dx), acc[q]);
                     }
                 }
-                for g in 0..GROUPS {
-                    _mm256_storeu_ps(pair_totals[g].as_mut_ptr(), acc[g]);
+                for q in 0..quads {
+                    _mm512_storeu_ps(pair_totals[q].as_mut_ptr(), acc[q]);
                 }
             }
         }
@@ -534,15 +533,79 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
     write_pair_totals::<GROUPS>(&totals, nt, out);
 }
 
-/// Each pair of rows' totals of a tile's groups (`GROUPS` of them a pair, [row 0's four
-/// tokens, row 1's]) into `out[row · TILE_TOKENS + t]`, for its first `nt` tokens.
-fn write_pair_totals<const GROUPS: usize>(totals: &[[f32; 2 * GROUP]], nt: usize, out: &mut [f32]) {
-    for (pair, pair_totals) in totals.chunks_exact(GROUPS).enumerate() {
+/// Pairs of groups a tile has at most.
+const QUADS: usize = TILE_TOKENS / GROUP / 2;
+
+/// f32 lanes of a pair of groups' totals for two rows: lane 4t + i holds token t's row 0 of
+/// the first group (i = 0), row 1 (1), then the second group's rows (2, 3).
+const QUAD_LANES: usize = 4 * GROUP;
+
+/// Each pair of rows' totals of a tile's pairs of groups (in [`QUAD_LANES`]) into
+/// `out[row · TILE_TOKENS + t]`, for its first `nt` tokens.
+fn write_pair_totals<const GROUPS: usize>(totals: &[[f32; QUAD_LANES]], nt: usize, out: &mut [f32]) {
+    for (pair, pair_totals) in totals.chunks_exact(GROUPS.div_ceil(2)).enumerate() {
         for r in 0..2 {
             for t in 0..nt {
-                out[(2 * pair + r) * TILE_TOKENS + t] = pair_totals[t / GROUP][r * GROUP + t % GROUP];
+                let (g, lane) = (t / GROUP, t % GROUP);
+                out[(2 * pair + r) * TILE_TOKENS + t] = pair_totals[g / 2][4 * lane + 2 * (g % 2) + r];
             }
         }
+    }
+}
+
+/// Two rows' values in [`QUAD_LANES`]: `first` for row 0, `second` for row 1.
+///
+/// # Safety
+/// The CPU has avx512f.
+#[inline(always)]
+unsafe fn quad_rows(first: f32, second: f32) -> __m512 {
+    // SAFETY: per the contract.
+    unsafe { _mm512_broadcast_f32x4(_mm_setr_ps(first, second, first, second)) }
+}
+
+/// Two groups' products in [`row_pairs`]' lanes ([r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3]
+/// each) in [`QUAD_LANES`].
+///
+/// # Safety
+/// The CPU has avx512f.
+#[inline(always)]
+unsafe fn quad_products(first: __m256i, second: __m256i) -> __m512i {
+    // SAFETY: per the contract.
+    unsafe {
+        let order = _mm512_setr_epi32(0, 2, 8, 10, 1, 3, 9, 11, 4, 6, 12, 14, 5, 7, 13, 15);
+        _mm512_permutexvar_epi32(order, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second))
+    }
+}
+
+/// Four vectors whose 128-bit lane t holds four sums of token t's, as one vector of their
+/// totals in [`QUAD_LANES`]: lane 4t + i holds the total of `v[i]`'s lane t.
+///
+/// # Safety
+/// The CPU has avx512f.
+#[inline(always)]
+unsafe fn quad_sums(v: [__m512i; 4]) -> __m512i {
+    // SAFETY: per the contract.
+    unsafe {
+        // [a0+a2 b0+b2 a1+a3 b1+b3], the same of c and d, then each one's total.
+        let ab = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+        let cd = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+        _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd))
+    }
+}
+
+/// The activations' scales of super-block `sb` for groups `g` and (where `second`) `g + 1`
+/// in [`QUAD_LANES`] (zeros for a group that is not there).
+///
+/// # Safety
+/// `scales` holds the tile's groups' scales ([`TileGroups`]); the CPU has avx512f.
+#[inline(always)]
+unsafe fn quad_scales(scales: *const f32, n_sb: usize, sb: usize, g: usize, second: bool) -> __m512 {
+    // SAFETY: per the contract.
+    unsafe {
+        let first = _mm_loadu_ps(scales.add((g * n_sb + sb) * GROUP));
+        let other = if second { _mm_loadu_ps(scales.add(((g + 1) * n_sb + sb) * GROUP)) } else { _mm_setzero_ps() };
+        let order = _mm512_setr_epi32(0, 0, 16, 16, 1, 1, 17, 17, 2, 2, 18, 18, 3, 3, 19, 19);
+        _mm512_permutex2var_ps(_mm512_castps128_ps512(first), order, _mm512_castps128_ps512(other))
     }
 }
 
@@ -754,20 +817,20 @@ unsafe fn q6k_row_pairs<const GROUPS: usize>(
     assert!(rows.len().is_multiple_of(2) && rows.end <= w.rows && out_holds(out, rows.len(), nt));
     let TileGroups { values, stride, sums, scales } =
         TileGroups::new(x, w.cols, t0, GROUPS, &x.groups.sixteen_sums, Q6K_SPAN);
-    let mut totals = vec![[0f32; 2 * GROUP]; rows.len() / 2 * GROUPS];
+    let quads = GROUPS.div_ceil(2);
+    let mut totals = vec![[0f32; QUAD_LANES]; rows.len() / 2 * quads];
     // SAFETY: per the contract; every pointer stays inside the rows' super-blocks and the
     // groups' values, sums and scales (asserted above and by `TileGroups::new`).
     unsafe {
-        let products_order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
         let panel_super_blocks = (PANEL_BYTES / (GROUPS * GROUP * SUPER_BLOCK)).max(1);
         for first_sb in (0..n_sb).step_by(panel_super_blocks) {
             let panel = first_sb..(first_sb + panel_super_blocks).min(n_sb);
             for (pair, row) in rows.clone().step_by(2).enumerate() {
                 let row_ptrs = [0, 1].map(|r| w.raw[(row + r) * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr());
-                let pair_totals = &mut totals[pair * GROUPS..][..GROUPS];
-                let mut acc = [_mm256_setzero_ps(); GROUPS];
-                for g in 0..GROUPS {
-                    acc[g] = _mm256_loadu_ps(pair_totals[g].as_ptr());
+                let pair_totals = &mut totals[pair * quads..][..quads];
+                let mut acc = [_mm512_setzero_ps(); QUADS];
+                for q in 0..quads {
+                    acc[q] = _mm512_loadu_ps(pair_totals[q].as_ptr());
                 }
                 for sb in panel.clone() {
                     let blocks = [row_ptrs[0].add(sb * block_bytes), row_ptrs[1].add(sb * block_bytes)];
@@ -776,37 +839,42 @@ unsafe fn q6k_row_pairs<const GROUPS: usize>(
                         *xv = values.add(g * stride + sb * GROUP * SUPER_BLOCK);
                     }
                     let paired = q6k_super_block_pairs::<GROUPS>(blocks, &xv);
-                    let scales16 = blocks.map(|b| _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(192).cast())));
-                    let d = blocks.map(|b| f16_value(f16::from_bits((b.add(208) as *const u16).read_unaligned())));
-                    let d = _mm256_setr_m128(_mm_set1_ps(d[0]), _mm_set1_ps(d[1]));
-                    for g in 0..GROUPS {
-                        let at = g * n_sb + sb;
-                        let p = _mm256_permutevar8x32_epi32(paired[g], products_order);
-                        // Each row's scales times each token's sixteen sums, reduced to
-                        // [t0 t1 t2 t3] a row (as q6k_token_groups reduces them), then both rows.
-                        let group_sums = sums.add(at * GROUP * 16);
-                        let mut row_offsets = [_mm_setzero_si128(); 2];
-                        for (r, row_offsets) in row_offsets.iter_mut().enumerate() {
-                            let mut offsets = [_mm256_setzero_si256(); GROUP];
-                            for (t, offsets) in offsets.iter_mut().enumerate() {
-                                *offsets =
-                                    _mm256_madd_epi16(scales16[r], _mm256_loadu_si256(group_sums.add(16 * t).cast()));
+                    // Each row's sixteen scales, twice: against two tokens' sixteen sums.
+                    let mut scales16 = [_mm512_setzero_si512(); 2];
+                    let mut d = [0f32; 2];
+                    for r in 0..2 {
+                        let row_scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(blocks[r].add(192).cast()));
+                        scales16[r] = _mm512_broadcast_i64x4(row_scales);
+                        d[r] = f16_value(f16::from_bits((blocks[r].add(208) as *const u16).read_unaligned()));
+                    }
+                    let d = quad_rows(d[0], d[1]);
+                    for q in 0..quads {
+                        let (g, second) = (2 * q, 2 * q + 1 < GROUPS);
+                        // The −32 of every value: each span's scale times its sum, a row and group
+                        // at a time, as 128-bit lanes [t0 t1 t2 t3] of four partial sums.
+                        let mut m = [_mm512_setzero_si512(); 4];
+                        for k in 0..1 + usize::from(second) {
+                            let group_sums = sums.add(((g + k) * n_sb + sb) * GROUP * 16);
+                            // Tokens 0–1's sixteen sums each, then tokens 2–3's.
+                            let (early, late) =
+                                (_mm512_loadu_si512(group_sums.cast()), _mm512_loadu_si512(group_sums.add(32).cast()));
+                            for r in 0..2 {
+                                let (early, late) =
+                                    (_mm512_madd_epi16(early, scales16[r]), _mm512_madd_epi16(late, scales16[r]));
+                                m[2 * k + r] = _mm512_add_epi32(
+                                    _mm512_shuffle_i64x2::<0b10_00_10_00>(early, late),
+                                    _mm512_shuffle_i64x2::<0b11_01_11_01>(early, late),
+                                );
                             }
-                            let both = _mm256_hadd_epi32(
-                                _mm256_hadd_epi32(offsets[0], offsets[1]),
-                                _mm256_hadd_epi32(offsets[2], offsets[3]),
-                            );
-                            *row_offsets =
-                                _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256::<1>(both));
                         }
-                        let m = _mm256_setr_m128i(row_offsets[0], row_offsets[1]);
-                        let total = _mm256_sub_epi32(p, _mm256_slli_epi32::<5>(m));
-                        let dx = _mm256_broadcast_ps(&*(scales.add(at * GROUP) as *const __m128));
-                        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, dx), acc[g]);
+                        let p = quad_products(paired[g], if second { paired[g + 1] } else { _mm256_setzero_si256() });
+                        let total = _mm512_sub_epi32(p, _mm512_slli_epi32::<5>(quad_sums(m)));
+                        let dx = quad_scales(scales, n_sb, sb, g, second);
+                        acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, dx), acc[q]);
                     }
                 }
-                for g in 0..GROUPS {
-                    _mm256_storeu_ps(pair_totals[g].as_mut_ptr(), acc[g]);
+                for q in 0..quads {
+                    _mm512_storeu_ps(pair_totals[q].as_mut_ptr(), acc[q]);
                 }
             }
         }
