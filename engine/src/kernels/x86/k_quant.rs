@@ -504,7 +504,7 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
                         _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins1 as i64))),
                     ];
                     let (d, neg_dmin) = (quad_rows(d0, d1), quad_rows(-dmin0, -dmin1));
-                    for q in 0..quads {
+                    for (q, acc) in acc.iter_mut().enumerate().take(quads) {
                         let (g, second) = (2 * q, 2 * q + 1 < GROUPS);
                         let first_sums = _mm512_loadu_si512(sums.add((g * n_sb + sb) * GROUP * SUBS).cast());
                         let second_sums = if second {
@@ -520,8 +520,8 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
                         ]);
                         let p = quad_products(paired[g], if second { paired[g + 1] } else { _mm256_setzero_si256() });
                         let dx = quad_scales(scales, n_sb, sb, g, second);
-                        acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, dx), acc[q]);
-                        acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(neg_dmin, dx), acc[q]);
+                        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, dx), *acc);
+                        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(neg_dmin, dx), *acc);
                     }
                 }
                 for q in 0..quads {
@@ -848,7 +848,7 @@ unsafe fn q6k_row_pairs<const GROUPS: usize>(
                         d[r] = f16_value(f16::from_bits((blocks[r].add(208) as *const u16).read_unaligned()));
                     }
                     let d = quad_rows(d[0], d[1]);
-                    for q in 0..quads {
+                    for (q, acc) in acc.iter_mut().enumerate().take(quads) {
                         let (g, second) = (2 * q, 2 * q + 1 < GROUPS);
                         // The −32 of every value: each span's scale times its sum, a row and group
                         // at a time, as 128-bit lanes [t0 t1 t2 t3] of four partial sums.
@@ -870,7 +870,7 @@ unsafe fn q6k_row_pairs<const GROUPS: usize>(
                         let p = quad_products(paired[g], if second { paired[g + 1] } else { _mm256_setzero_si256() });
                         let total = _mm512_sub_epi32(p, _mm512_slli_epi32::<5>(quad_sums(m)));
                         let dx = quad_scales(scales, n_sb, sb, g, second);
-                        acc[q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, dx), acc[q]);
+                        *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, dx), *acc);
                     }
                 }
                 for q in 0..quads {
