@@ -18,7 +18,10 @@
 //!
 //! Q6_K ([`q6k_one_token`], [`q6k_token_groups`]) takes its unsigned ints against the same
 //! activations, a `madd` per 16-value span for its i8 scale, and the −32 of every value from the
-//! activations' sums over each span, at every level.
+//! activations' sums over each span, at every level; at AVX-512 its tiles take two rows at a
+//! time as Q4_K's do ([`q6k_row_pairs`]). There each pair of rows reduces a super-block's
+//! totals two groups at a time, in 512-bit lanes ([`QUAD_LANES`]), with the f32 operations of
+//! the other levels.
 
 use super::super::k_quant::{
     scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, GROUP, Q6K_SPAN, SUM_SPAN, SUPER_BLOCK,
@@ -60,9 +63,8 @@ pub unsafe fn dot_rows(
     unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) }
 }
 
-/// [`dot_rows`] at AVX-512 with VNNI. One token, and Q6_K, take [`dot_rows`]' loops,
-/// EVEX-encoded (32 vector registers); a tile of Q4_K or Q5_K takes two rows at a time
-/// ([`row_pairs`]).
+/// [`dot_rows`] at AVX-512 with VNNI. One token takes [`dot_rows`]' loops, EVEX-encoded (32
+/// vector registers); a tile takes two rows at a time ([`row_pairs`], [`q6k_row_pairs`]).
 ///
 /// # Safety
 /// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
