@@ -629,8 +629,9 @@ mod tests {
     fn a_prompt_across_row_chunks_gets_every_row_with_the_bits_of_each_token_alone() {
         // An offset a block, a table, signed bytes without VNNI, and fifth bits.
         for format in [GgufBlockFormat::Q4_1, GgufBlockFormat::Mxfp4, GgufBlockFormat::Q8_0, GgufBlockFormat::Q5_0] {
-            // A chunk of rows and half of another in every task, whatever the thread count.
-            let cols = 8 * BLOCK;
+            // A chunk of rows and half of another in every task, whatever the thread count; 15
+            // blocks a row, so that the last seven go in runs of 4, 2 and 1.
+            let cols = 15 * BLOCK;
             let probe = UqMatrix::from_gguf(format, &random_blocks(format, 1, cols, 1), 1, cols).unwrap();
             let chunk_rows = CHUNK_BYTES / probe.row_bytes();
             let rows = 4 * pool().threads() * (chunk_rows + chunk_rows / 2);

@@ -407,11 +407,9 @@ pub struct QuantizedActivations {
     /// llama.cpp's and candle's.
     pub scaled_sums: Vec<f32>,
     pub scaled_sums_f16: Vec<f32>,
-    /// For more than one token, on an x86 CPU with AVX2: `qs` four tokens to a group, so a
-    /// vector multiplies 8 values of each of four tokens by the same 8 weights. Per group and
-    /// block, four runs of 32 bytes (run j: values 8j.. of each token in turn); tokens past the
-    /// last are zeros.
-    pub groups: Vec<i8>,
+    /// For more than one token, on an x86 CPU with AVX2: the same activations four tokens to a
+    /// group, for the prompt kernels of the 32-value formats.
+    pub groups: TokenGroups,
     /// The same activations a super-block at a time, for the K-quants (filled only for them).
     pub super_blocks: SuperBlockActivations,
 }
@@ -468,22 +466,124 @@ impl QuantizedActivations {
                 quantize_blocks(x, out)
             };
         });
-        self.groups.clear();
         // Only the x86 tile kernels read them.
         if n > 1 && super::SimdLevel::Avx2.is_supported() {
-            self.groups.resize(n.div_ceil(GROUP_TOKENS) * GROUP_TOKENS * cols, 0);
-            for (t, token) in self.qs.chunks_exact(cols).enumerate() {
-                let group = &mut self.groups[t / GROUP_TOKENS * GROUP_TOKENS * cols..][..GROUP_TOKENS * cols];
-                for (run, eight) in token.chunks_exact(8).enumerate() {
-                    group[run * 8 * GROUP_TOKENS + 8 * (t % GROUP_TOKENS)..][..8].copy_from_slice(eight);
-                }
-            }
+            self.groups.fill(&self.qs, &self.d, &self.scaled_sums, &self.scaled_sums_f16, n, cols);
+        } else {
+            self.groups.clear();
         }
     }
 }
 
 /// Tokens a group of [`QuantizedActivations::groups`] holds.
 pub const GROUP_TOKENS: usize = 4;
+/// Blocks a chunk of [`TokenGroups`] holds.
+pub const CHUNK_BLOCKS: usize = 4;
+/// Values of a block that one lane of a dot product takes.
+pub const QUAD: usize = 4;
+
+/// Activations four tokens to a group, laid out so that one vector lane adds a block's four
+/// products for one token: the lanes of a vector are [block][token], and a weight quad
+/// broadcast to a block's four lanes meets four tokens' values. A block's sum for a token is
+/// then one lane, with no reduction across lanes.
+///
+/// Per group and chunk of [`CHUNK_BLOCKS`] blocks: eight quads (quad q: values 4q..4q+3 of
+/// each block) of 64 bytes each, [block][token][4 values]; the blocks' scales and scaled sums as
+/// [block][token]. Blocks past the row's last and tokens past the last are zeros.
+#[derive(Debug, Default, Clone)]
+pub struct TokenGroups {
+    pub values: Vec<i8>,
+    pub d: Vec<f32>,
+    pub sums: Vec<f32>,
+    pub sums_f16: Vec<f32>,
+    /// Chunks a group holds: the row's blocks over four, rounded up.
+    pub chunks: usize,
+}
+
+/// Bytes of one quad of a chunk of [`TokenGroups::values`]: four blocks × four tokens.
+pub const QUAD_BYTES: usize = CHUNK_BLOCKS * GROUP_TOKENS * QUAD;
+/// Bytes a chunk of [`TokenGroups::values`] holds.
+const GROUP_CHUNK_BYTES: usize = BLOCK / QUAD * QUAD_BYTES;
+/// Scales a chunk of [`TokenGroups::d`] holds.
+pub const CHUNK_SCALES: usize = CHUNK_BLOCKS * GROUP_TOKENS;
+
+impl TokenGroups {
+    fn clear(&mut self) {
+        self.values.clear();
+        self.d.clear();
+        self.sums.clear();
+        self.sums_f16.clear();
+        self.chunks = 0;
+    }
+
+    /// The scaled sums that pair with `w`'s offsets (see [`QuantizedActivations::sums_for`]).
+    #[inline]
+    pub fn sums_for(&self, w: &UqMatrix) -> &[f32] {
+        match w.offset {
+            Offset::Zero(_) => &self.sums,
+            Offset::PerBlock(_) => &self.sums_f16,
+        }
+    }
+
+    /// Where block `b`'s quad 0 for group `g` starts in `values`; quad q is q · [`QUAD_BYTES`]
+    /// further.
+    #[inline]
+    pub fn values_at(&self, g: usize, b: usize) -> usize {
+        (g * self.chunks + b / CHUNK_BLOCKS) * GROUP_CHUNK_BYTES + b % CHUNK_BLOCKS * QUAD * GROUP_TOKENS
+    }
+
+    /// Where block `b`'s scales for group `g` start in `d`, `sums` and `sums_f16`.
+    #[inline]
+    pub fn scales_at(&self, g: usize, b: usize) -> usize {
+        (g * self.chunks + b / CHUNK_BLOCKS) * CHUNK_SCALES + b % CHUNK_BLOCKS * GROUP_TOKENS
+    }
+
+    /// Lays out `n` tokens' quantized values `qs` and their blocks' `d`, `sums` and `sums_f16`.
+    fn fill(&mut self, qs: &[i8], d: &[f32], sums: &[f32], sums_f16: &[f32], n: usize, cols: usize) {
+        let nb = cols / BLOCK;
+        let groups = n.div_ceil(GROUP_TOKENS);
+        self.chunks = nb.div_ceil(CHUNK_BLOCKS);
+        let group_values = self.chunks * GROUP_CHUNK_BYTES;
+        let group_scales = self.chunks * CHUNK_SCALES;
+        // Padding stays zero; every other value is overwritten below.
+        self.values.clear();
+        self.values.resize(groups * group_values, 0);
+        for scales in [&mut self.d, &mut self.sums, &mut self.sums_f16] {
+            scales.clear();
+            scales.resize(groups * group_scales, 0.0);
+        }
+        let tasks = task_count(groups, 2);
+        let groups_per_task = groups.div_ceil(tasks);
+        let values = DisjointWriter::new(&mut self.values);
+        let scales = [&mut self.d, &mut self.sums, &mut self.sums_f16].map(|s| DisjointWriter::new(s));
+        let sources = [d, sums, sums_f16];
+        let layout = TokenGroups { chunks: self.chunks, ..Default::default() };
+        pool().run(tasks, &|task| {
+            for g in task * groups_per_task..((task + 1) * groups_per_task).min(groups) {
+                // SAFETY: each task owns its groups' values and scales.
+                let (out, mut outs) = unsafe {
+                    (
+                        values.slice(g * group_values, group_values),
+                        [0, 1, 2].map(|i| scales[i].slice(g * group_scales, group_scales)),
+                    )
+                };
+                for t in g * GROUP_TOKENS..((g + 1) * GROUP_TOKENS).min(n) {
+                    let k = t % GROUP_TOKENS;
+                    for (b, block) in qs[t * cols..][..cols].chunks_exact(BLOCK).enumerate() {
+                        let at = layout.values_at(0, b) + k * QUAD;
+                        for (q, quad) in block.chunks_exact(QUAD).enumerate() {
+                            out[at + q * QUAD_BYTES..][..QUAD].copy_from_slice(quad);
+                        }
+                        let at = layout.scales_at(0, b) + k;
+                        for (out, source) in outs.iter_mut().zip(sources) {
+                            out[at] = source[t * nb + b];
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
 
 /// Where the quantization of a run of blocks goes: their parts of [`QuantizedActivations`]'
 /// `qs`, `d`, `scaled_sums` and `scaled_sums_f16`.
