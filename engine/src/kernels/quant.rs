@@ -505,7 +505,7 @@ pub const QUAD_BYTES: usize = CHUNK_BLOCKS * GROUP_TOKENS * QUAD;
 /// Bytes a chunk of [`TokenGroups::values`] holds.
 const GROUP_CHUNK_BYTES: usize = BLOCK / QUAD * QUAD_BYTES;
 /// Scales a chunk of [`TokenGroups::d`] holds.
-pub const CHUNK_SCALES: usize = CHUNK_BLOCKS * GROUP_TOKENS;
+const CHUNK_SCALES: usize = CHUNK_BLOCKS * GROUP_TOKENS;
 
 impl TokenGroups {
     fn clear(&mut self) {

@@ -97,7 +97,9 @@ unsafe fn uq_dot_rows_with<V: Lanes>(
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && (2..=TOKEN_TILE).contains(&nt));
     assert!(t0.is_multiple_of(GROUP_TOKENS) && groups.chunks == nb.div_ceil(CHUNK_BLOCKS));
     let last_group = (t0 + nt).div_ceil(GROUP_TOKENS);
-    assert!(groups.values.len() >= groups.values_at(last_group, 0) && groups.d.len() >= groups.scales_at(last_group, 0));
+    assert!(
+        groups.values.len() >= groups.values_at(last_group, 0) && groups.d.len() >= groups.scales_at(last_group, 0)
+    );
     assert!(groups.sums_for(w).len() == groups.d.len());
     assert!(out.len() >= rows.len() * TOKEN_TILE);
     assert!(w.qs.len() >= w.rows * w.row_bytes() && w.d.len() >= w.rows * nb);
@@ -415,11 +417,12 @@ impl<const DOT: u8> Lanes for Ymm<DOT> {
                 let (first, second) = (_mm256_loadu_si256(ptr.cast()), _mm256_loadu_si256(ptr.add(BLOCK).cast()));
                 [_mm256_permute2x128_si256::<0x20>(first, second), _mm256_permute2x128_si256::<0x31>(first, second)]
             } else {
-                let nibbles =
-                    _mm256_set_m128i(_mm_loadu_si128(ptr.add(bpb).cast()), _mm_loadu_si128(ptr.cast()));
+                let nibbles = _mm256_set_m128i(_mm_loadu_si128(ptr.add(bpb).cast()), _mm_loadu_si128(ptr.cast()));
                 let low_nibbles = _mm256_set1_epi8(0x0f);
-                let mut halves =
-                    [_mm256_and_si256(nibbles, low_nibbles), _mm256_and_si256(_mm256_srli_epi16::<4>(nibbles), low_nibbles)];
+                let mut halves = [
+                    _mm256_and_si256(nibbles, low_nibbles),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(nibbles), low_nibbles),
+                ];
                 if BITS == QuantBits::FourTable as u8 {
                     for h in &mut halves {
                         *h = _mm256_shuffle_epi8(table, *h);
@@ -433,10 +436,8 @@ impl<const DOT: u8> Lanes for Ymm<DOT> {
                     let masks = _mm256_setr_epi32(mask(0), 0, 0, 0, mask(1), 0, 0, 0);
                     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
                     let (low, high) = (0x0101_0101_0101_0101i64, 0x0202_0202_0202_0202i64);
-                    let spreads = [
-                        _mm256_setr_epi64x(0, low, 0, low),
-                        _mm256_setr_epi64x(high, high | low, high, high | low),
-                    ];
+                    let spreads =
+                        [_mm256_setr_epi64x(0, low, 0, low), _mm256_setr_epi64x(high, high | low, high, high | low)];
                     for (h, spread) in halves.iter_mut().zip(spreads) {
                         let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(masks, spread), bit), bit);
                         *h = _mm256_or_si256(*h, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
@@ -609,8 +610,10 @@ impl Lanes for Zmm {
                 _mm512_loadu_si512(ptr.cast())
             };
             let low_nibbles = _mm512_set1_epi8(0x0f);
-            let mut halves =
-                [_mm512_and_si512(nibbles, low_nibbles), _mm512_and_si512(_mm512_srli_epi16::<4>(nibbles), low_nibbles)];
+            let mut halves = [
+                _mm512_and_si512(nibbles, low_nibbles),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(nibbles), low_nibbles),
+            ];
             if BITS == QuantBits::FourTable as u8 {
                 for h in &mut halves {
                     *h = _mm512_shuffle_epi8(table, *h);
@@ -721,7 +724,8 @@ impl Lanes for Zmm {
             let mut tokens = [_mm256_setzero_ps(); GROUP_TOKENS];
             for (t, lanes) in tokens.iter_mut().enumerate() {
                 let t = t as i32;
-                let index = _mm512_setr_epi32(t, t + 4, t + 8, t + 12, t + 16, t + 20, t + 24, t + 28, 0, 0, 0, 0, 0, 0, 0, 0);
+                let index =
+                    _mm512_setr_epi32(t, t + 4, t + 8, t + 12, t + 16, t + 20, t + 24, t + 28, 0, 0, 0, 0, 0, 0, 0, 0);
                 *lanes = _mm512_castps512_ps256(_mm512_permutex2var_ps(sets[0], index, sets[1]));
             }
             tokens
