@@ -341,7 +341,8 @@ impl Padded {
 ///
 /// Every method is `unsafe` for its CPU features: the caller is compiled with those of the
 /// width ([`Ymm`]: avx2, fma, f16c, and avxvnni at AVX_VNNI; [`Zmm`]: those and avx512f,
-/// avx512bw, avx512vl, avx512vnni), and pointers point at whole vectors' worth of data.
+/// avx512bw, avx512vl, avx512vnni), and pointers point at whole vectors' worth of data. The
+/// `unsafe` blocks of the two implementations rest on this contract alone.
 trait Lanes {
     type I: Copy;
     type F: Copy;
@@ -364,13 +365,13 @@ trait Lanes {
     unsafe fn halves<const BITS: u8>(ptr: *const u8, bpb: usize, table: Self::I) -> [Self::I; 2];
     /// Quad `j` (0–3) of each 128-bit lane, over the whole lane.
     unsafe fn quad(v: Self::I, j: usize) -> Self::I;
-    /// The values of `n` blocks from `ptr` (zeros or any values after them).
+    /// The values of `n` blocks from `ptr`, zeros after them (a short step is the row's last).
     unsafe fn load_values(ptr: *const i8, n: usize) -> Self::I;
     /// `acc` plus each lane's four quads of weights times values.
     unsafe fn dot_quads<const BITS: u8>(acc: Self::I, weights: &[Self::I; QUAD], values: &[Self::I; QUAD]) -> Self::I;
     /// The blocks' f16 values, each over its block's four lanes.
     unsafe fn block_scales(ptr: *const f16) -> Self::F;
-    /// The scales of `n` blocks from `ptr` (zeros or any values after them).
+    /// The scales of `n` blocks from `ptr`, zeros after them (as for `load_values`).
     unsafe fn load_f(ptr: *const f32, n: usize) -> Self::F;
     unsafe fn splat(v: f32) -> Self::F;
     unsafe fn mul(a: Self::F, b: Self::F) -> Self::F;
