@@ -16,6 +16,7 @@
 //! products take `q` unsigned, and the −32 from the activations' sums over each 16 values:
 //! `Σ sc·(Σ q·x − 32·Σ x)`, again one exact i32 a super-block.
 
+use super::huge_pages::concat_in_huge_pages;
 use super::parallel::{task_count, DisjointWriter};
 use super::spin_pool::pool;
 use half::f16;
@@ -204,7 +205,7 @@ impl KQuantMatrix {
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
             format: first.format,
-            raw: parts.iter().map(|p| p.raw.as_slice()).collect::<Vec<_>>().concat(),
+            raw: concat_in_huge_pages(&parts.iter().map(|p| p.raw.as_slice()).collect::<Vec<_>>()),
         })
     }
 }

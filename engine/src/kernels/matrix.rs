@@ -3,6 +3,7 @@
 //! One call serves decode (one token: a GEMV) and prefill (many tokens: each weight block is
 //! unpacked once and used for a tile of tokens while it sits in registers).
 
+use super::huge_pages::{concat_in_huge_pages, vec_in_huge_pages};
 use super::k_quant::{KQuantFormat, KQuantMatrix, SuperBlockActivations, TILE_TOKENS as K_QUANT_TILE};
 use super::parallel::{task_count, DisjointWriter};
 use super::quant::{GgufBlockFormat, QuantBits, QuantizedActivations, UqMatrix, BLOCK};
@@ -59,8 +60,8 @@ impl HalfMatrix {
     /// The matrix of `a`'s rows, then `b`'s; `None` if their value types differ.
     fn stack(a: &Self, b: &Self) -> Option<Self> {
         let w = match (&a.w, &b.w) {
-            (HalfValues::F16(x), HalfValues::F16(y)) => HalfValues::F16([x.as_slice(), y].concat()),
-            (HalfValues::Bf16(x), HalfValues::Bf16(y)) => HalfValues::Bf16([x.as_slice(), y].concat()),
+            (HalfValues::F16(x), HalfValues::F16(y)) => HalfValues::F16(concat_in_huge_pages(&[x, y])),
+            (HalfValues::Bf16(x), HalfValues::Bf16(y)) => HalfValues::Bf16(concat_in_huge_pages(&[x, y])),
             _ => return None,
         };
         Some(Self { rows: a.rows + b.rows, cols: a.cols, w })
@@ -101,7 +102,7 @@ impl Matrix {
     /// not the shape's or (MXFP4) a block's scale is beyond f16's range.
     pub fn from_gguf_blocks(format: GgufBlockFormat, raw: &[u8], rows: usize, cols: usize) -> Option<Matrix> {
         match k_quant_format(format) {
-            Some(k) => KQuantMatrix::from_gguf(k, raw.to_vec(), rows, cols).map(Self::KQuant),
+            Some(k) => KQuantMatrix::from_gguf(k, concat_in_huge_pages(&[raw]), rows, cols).map(Self::KQuant),
             None => UqMatrix::from_gguf(format, raw, rows, cols).map(Self::Quantized),
         }
     }
@@ -119,7 +120,8 @@ impl Matrix {
         let Some(bytes) = format.tensor_bytes(rows, cols) else { return Ok(None) };
         if let Some(k) = k_quant_format(format) {
             // Kept as the file has them: read straight into the matrix's own bytes.
-            let mut raw = vec![0u8; bytes];
+            let mut raw = vec_in_huge_pages(bytes);
+            raw.resize(bytes, 0);
             for chunk in raw.chunks_mut(READ_CHUNK_BYTES) {
                 read(chunk)?;
             }
@@ -207,7 +209,7 @@ impl Matrix {
                 (Some(Self::Dense(a)), Self::Dense(b)) if a.cols == b.cols => Some(Self::Dense(DenseMatrix {
                     rows: a.rows + b.rows,
                     cols: a.cols,
-                    w: [a.w.as_slice(), &b.w].concat(),
+                    w: concat_in_huge_pages(&[&a.w, &b.w]),
                 })),
                 (Some(Self::Half(a)), Self::Half(b)) => HalfMatrix::stack(a, b).map(Self::Half),
                 _ => None,

@@ -5,6 +5,7 @@
 //! through the portable path, written so the compiler can vectorize it).
 
 pub mod attention;
+pub mod huge_pages;
 pub mod k_quant;
 pub mod kv_q8;
 pub mod matrix;

@@ -11,6 +11,7 @@
 //! Activations: each 32-value block is quantized to int8 with one scale, and the block's sum
 //! times its scale is kept so a weight block's offset costs one multiply per block.
 
+use super::huge_pages::{concat_in_huge_pages, vec_in_huge_pages};
 use super::k_quant::SuperBlockActivations;
 use super::parallel::{task_count, DisjointWriter};
 use super::spin_pool::pool;
@@ -209,8 +210,8 @@ impl UqMatrix {
             rows,
             cols,
             bits,
-            qs: Vec::with_capacity(n_blocks * bits.bytes_per_block()),
-            d: Vec::with_capacity(n_blocks),
+            qs: vec_in_huge_pages(n_blocks * bits.bytes_per_block()),
+            d: vec_in_huge_pages(n_blocks),
             offset,
             table,
         })
@@ -341,22 +342,21 @@ impl UqMatrix {
         }
         let offset = match &first.offset {
             Offset::Zero(z) => Offset::Zero(*z),
-            Offset::PerBlock(_) => Offset::PerBlock(
-                parts
+            Offset::PerBlock(_) => Offset::PerBlock(concat_in_huge_pages(
+                &parts
                     .iter()
                     .map(|p| if let Offset::PerBlock(m) = &p.offset { m.as_slice() } else { &[] })
-                    .collect::<Vec<_>>()
-                    .concat(),
-            ),
+                    .collect::<Vec<_>>(),
+            )),
         };
-        // `concat` allocates exactly what the parts hold; a collected `flat_map` grows by
-        // doubling and can leave a stacked matrix with up to twice its size allocated.
+        // Allocated once at what the parts hold; a collected `flat_map` grows by doubling and
+        // can leave a stacked matrix with up to twice its size allocated.
         Some(Self {
             rows: parts.iter().map(|p| p.rows).sum(),
             cols: first.cols,
             bits: first.bits,
-            qs: parts.iter().map(|p| p.qs.as_slice()).collect::<Vec<_>>().concat(),
-            d: parts.iter().map(|p| p.d.as_slice()).collect::<Vec<_>>().concat(),
+            qs: concat_in_huge_pages(&parts.iter().map(|p| p.qs.as_slice()).collect::<Vec<_>>()),
+            d: concat_in_huge_pages(&parts.iter().map(|p| p.d.as_slice()).collect::<Vec<_>>()),
             offset,
             table: first.table,
         })
