@@ -3,7 +3,9 @@
 //! pairs in `madd`, so a super-block's products add up exactly in i32 lanes; its mins meet the
 //! activations' sums in one more `madd`.
 //!
-//! One token (decode) streams each row once, a 32-value sub-block a vector. A tile of tokens
+//! One token (decode) streams each row once, a 32-value sub-block a vector; at AVX-512, Q4_K
+//! takes four rows a pass ([`q4k_one_token_rows`]), four sub-blocks a 64-byte load, and their
+//! f32 operations in one vector for the four rows. A tile of tokens
 //! goes four at a time ([`token_groups`]): a vector holds 8 values of each of four tokens and the
 //! row's 8 values broadcast against them, so the four `maddubs` of a sub-block add in i16 (at
 //! most 8·31·127 < 2¹⁵) before one `madd` applies its scale, where a vector a sub-block needs a
@@ -63,8 +65,8 @@ pub unsafe fn dot_rows(
     unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) }
 }
 
-/// [`dot_rows`] at AVX-512 with VNNI. One token takes [`dot_rows`]' loops, EVEX-encoded (32
-/// vector registers); a tile takes two rows at a time ([`row_pairs`], [`q6k_row_pairs`]).
+/// [`dot_rows`] at AVX-512 with VNNI. One token takes [`q4k_one_token_rows`] for Q4_K and
+/// [`dot_rows`]' loops, EVEX-encoded (32 vector registers), for the others; a tile takes two rows at a time ([`row_pairs`], [`q6k_row_pairs`]).
 ///
 /// # Safety
 /// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
@@ -79,7 +81,12 @@ pub unsafe fn dot_rows_avx512(
 ) {
     if nt == 1 {
         // SAFETY: the features per this function's contract.
-        return unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) };
+        return unsafe {
+            match w.format {
+                KQuantFormat::Q4K => q4k_one_token_rows(w, rows, x, t0, out),
+                _ => dot_rows_inlined(w, rows, x, t0, nt, out),
+            }
+        };
     }
     assert!(rows.end <= w.rows && t0 + nt <= x.n && x.cols == w.cols && nt <= TILE_TOKENS);
     assert!(out.len() >= rows.len() * TILE_TOKENS && w.raw.len() >= w.rows * w.row_bytes());
@@ -271,6 +278,172 @@ unsafe fn one_token<const FIVE: bool>(
             }
             out[(row - rows.start) * TILE_TOKENS] = acc;
         }
+    }
+}
+
+/// Rows [`q4k_one_token_rows`] takes a pass.
+const ONE_TOKEN_ROWS: usize = 4;
+
+/// Q4_K's one-token products at AVX-512, four rows a pass: a 64-byte load of a row's nibbles
+/// holds four sub-blocks (low nibbles [2k | 2k + 2], high [2k + 1 | 2k + 3]), against the
+/// token's values paired the same way once a super-block for all four rows. Each `dpbusd` lane
+/// sums 4 products of at most 15·127, which fit in i16, so the two halves pack into one vector
+/// that `dpwssd` scales by sub-block. The rows' integer totals then reduce together and take
+/// [`one_token`]'s f32 operations lane by lane, one vector for four rows, where a row alone
+/// pays a horizontal sum and two scalar FMAs a super-block. Rows past the last four take
+/// [`one_token`].
+///
+/// # Safety
+/// The CPU has avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni; `w` is Q4_K.
+#[inline(always)]
+unsafe fn q4k_one_token_rows(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t: usize,
+    out: &mut [f32],
+) {
+    assert!(w.format == KQuantFormat::Q4K && rows.end <= w.rows && t < x.n && x.cols == w.cols);
+    assert!(out.len() >= rows.len() * TILE_TOKENS && w.raw.len() >= w.rows * w.row_bytes());
+    assert!(
+        x.qs.len() >= x.n * x.cols && x.d.len() * SUPER_BLOCK >= x.qs.len() && x.sums.len() * SUM_SPAN >= x.qs.len()
+    );
+    let n_sb = w.super_blocks_per_row();
+    let block_bytes = w.format.block_bytes();
+    let xq = x.qs[t * w.cols..][..w.cols].as_ptr();
+    let xd = &x.d[t * n_sb..][..n_sb];
+    let xs = x.sums[t * n_sb * SUBS..][..n_sb * SUBS].as_ptr();
+    let whole = rows.start..rows.start + rows.len() / ONE_TOKEN_ROWS * ONE_TOKEN_ROWS;
+    // SAFETY: features per the contract; every pointer stays inside the rows' super-blocks and
+    // the token's values and sums (asserted above).
+    unsafe {
+        let scale_orders = [q4k_scale_order(0), q4k_scale_order(1)];
+        for first in whole.clone().step_by(ONE_TOKEN_ROWS) {
+            let row_ptrs: [*const u8; ONE_TOKEN_ROWS] =
+                std::array::from_fn(|r| w.raw[(first + r) * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr());
+            let mut acc = _mm_setzero_ps();
+            for (sb, &dx) in xd.iter().enumerate() {
+                let xb = xq.add(sb * SUPER_BLOCK);
+                // Sub-blocks [0 | 2], [1 | 3], [4 | 6] and [5 | 7].
+                let xv = [
+                    side_by_side(xb, xb.add(64)),
+                    side_by_side(xb.add(32), xb.add(96)),
+                    side_by_side(xb.add(128), xb.add(192)),
+                    side_by_side(xb.add(160), xb.add(224)),
+                ];
+                let sums = _mm_loadu_si128(xs.add(sb * SUBS).cast());
+                // Written out row by row: a loop here is kept as one, its vectors spilled (and a
+                // closure would not take this function's features).
+                let at = sb * block_bytes;
+                for &row_ptr in &row_ptrs {
+                    prefetch_ahead(row_ptr, at, block_bytes);
+                }
+                let (p0, m0, h0) = q4k_super_block_row(row_ptrs[0].add(at), &xv, sums, &scale_orders);
+                let (p1, m1, h1) = q4k_super_block_row(row_ptrs[1].add(at), &xv, sums, &scale_orders);
+                let (p2, m2, h2) = q4k_super_block_row(row_ptrs[2].add(at), &xv, sums, &scale_orders);
+                let (p3, m3, h3) = q4k_super_block_row(row_ptrs[3].add(at), &xv, sums, &scale_orders);
+                let (products, min_products, halves) = ([p0, p1, p2, p3], [m0, m1, m2, m3], [h0, h1, h2, h3]);
+                // Lane r: row r's totals.
+                let p = quad_sums(products);
+                let p = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p));
+                let p = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+                let m = _mm_hadd_epi32(
+                    _mm_hadd_epi32(min_products[0], min_products[1]),
+                    _mm_hadd_epi32(min_products[2], min_products[3]),
+                );
+                // [d0 dmin0 d1 dmin1 …] as [d0 d1 d2 d3 | dmin0 dmin1 dmin2 dmin3].
+                let d_dmin = _mm256_cvtph_ps(_mm_setr_epi32(halves[0], halves[1], halves[2], halves[3]));
+                let d_dmin = _mm256_permutevar8x32_ps(d_dmin, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+                let dx = _mm_set1_ps(dx);
+                let (d, dmin) = (_mm256_castps256_ps128(d_dmin), _mm256_extractf128_ps::<1>(d_dmin));
+                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(p), _mm_mul_ps(d, dx), acc);
+                // −m·(dmin·dx) + acc: one_token's m·(−dmin·dx) + acc to the bit.
+                acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(m), _mm_mul_ps(dmin, dx), acc);
+            }
+            let mut totals = [0f32; ONE_TOKEN_ROWS];
+            _mm_storeu_ps(totals.as_mut_ptr(), acc);
+            for (r, total) in totals.into_iter().enumerate() {
+                out[(first - rows.start + r) * TILE_TOKENS] = total;
+            }
+        }
+        one_token::<false>(w, whole.end..rows.end, x, t, &mut out[whole.len() * TILE_TOKENS..]);
+    }
+}
+
+/// For the nibbles of sub-blocks 4h..4h + 3 in [`q4k_super_block_row`], a `pshufb` order that
+/// spreads the eight sub-block scales into its i16 lanes: in each 128-bit lane, four of one
+/// sub-block's scale (byte 4h or 4h + 2 of the eight), then four of the next; -128 gives the
+/// zero high bytes.
+///
+/// # Safety
+/// The CPU has avx2 and avx512f.
+#[inline(always)]
+unsafe fn q4k_scale_order(h: i8) -> __m512i {
+    // SAFETY: per the contract.
+    unsafe {
+        let (first, second) = (q4k_scale_lane(4 * h), q4k_scale_lane(4 * h + 2));
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(first, first)),
+            _mm256_set_m128i(second, second),
+        )
+    }
+}
+
+/// One 128-bit lane of [`q4k_scale_order`]: scale byte `s` in four i16 lanes, then `s + 1`.
+///
+/// # Safety
+/// The CPU has sse2.
+#[inline(always)]
+unsafe fn q4k_scale_lane(s: i8) -> __m128i {
+    let (a, b, z) = (s, s + 1, -128);
+    // SAFETY: per the contract.
+    unsafe { _mm_setr_epi8(a, z, a, z, a, z, a, z, b, z, b, z, b, z, b, z) }
+}
+
+/// 32 bytes from `first` and 32 from `second` in one vector.
+///
+/// # Safety
+/// Both point at 32 readable bytes; the CPU has avx512f.
+#[inline(always)]
+unsafe fn side_by_side(first: *const i8, second: *const i8) -> __m512i {
+    // SAFETY: per the contract.
+    unsafe {
+        let low = _mm512_castsi256_si512(_mm256_loadu_si256(first.cast()));
+        _mm512_inserti64x4::<1>(low, _mm256_loadu_si256(second.cast()))
+    }
+}
+
+/// One Q4_K super-block's part in [`q4k_one_token_rows`]: its integer products with the
+/// token's values `xv` (sub-blocks side by side as its nibbles lie), its mins times the token's
+/// `sums`, and its d and dmin (two f16 side by side).
+///
+/// # Safety
+/// `block` points at a whole Q4_K super-block; the CPU has avx2, avx512f, avx512bw and avx512vnni.
+#[inline(always)]
+unsafe fn q4k_super_block_row(
+    block: *const u8,
+    xv: &[__m512i; 4],
+    sums: __m128i,
+    scale_orders: &[__m512i; 2],
+) -> (__m512i, __m128i, i32) {
+    // SAFETY: per the contract.
+    unsafe {
+        let low_nibbles = _mm512_set1_epi8(0x0f);
+        let (sub_scales, mins) = scales_and_mins(std::slice::from_raw_parts(block.add(4), 12));
+        let sub_scales = _mm512_set1_epi64(sub_scales as i64);
+        let nibbles = block.add(KQuantFormat::Q4K.nibbles_at());
+        let mut products = _mm512_setzero_si512();
+        for (h, order) in scale_orders.iter().enumerate() {
+            let q = _mm512_loadu_si512(nibbles.add(64 * h).cast());
+            let low = _mm512_and_si512(q, low_nibbles);
+            let high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low_nibbles);
+            let low = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low, xv[2 * h]);
+            let high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), high, xv[2 * h + 1]);
+            let scale = _mm512_shuffle_epi8(sub_scales, *order);
+            products = _mm512_dpwssd_epi32(products, _mm512_packs_epi32(low, high), scale);
+        }
+        let min_products = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins as i64)), sums);
+        (products, min_products, (block as *const i32).read_unaligned())
     }
 }
 
