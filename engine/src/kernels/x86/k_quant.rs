@@ -4,8 +4,11 @@
 //! activations' sums in one more `madd`.
 //!
 //! One token (decode) streams each row once, a 32-value sub-block a vector; at AVX-512, Q4_K
-//! takes four rows a pass ([`q4k_one_token_rows`]), four sub-blocks a 64-byte load, and their
-//! f32 operations in one vector for the four rows. A tile of tokens
+//! and Q6_K take four rows a pass ([`q4k_one_token_rows`], [`q6k_one_token_rows`]), 64 bytes
+//! of a row a load, and their f32 operations in one vector for the four rows. The pass's rows
+//! lie one after another, so each asks for its lines ahead in the next pass's row where they
+//! would run into the next row ([`prefetch_ahead_of_pass`]): a long row (an MLP's down
+//! projection) otherwise starts each pass from memory. A tile of tokens
 //! goes four at a time ([`token_groups`]): a vector holds 8 values of each of four tokens and the
 //! row's 8 values broadcast against them, so the four `maddubs` of a sub-block add in i16 (at
 //! most 8·31·127 < 2¹⁵) before one `madd` applies its scale, where a vector a sub-block needs a
@@ -30,7 +33,7 @@ use super::super::k_quant::{
     TILE_TOKENS,
 };
 use super::avx2::{hsum_i32, hsum_i32_128};
-use super::{f16_value, prefetch_ahead};
+use super::{f16_value, prefetch_ahead, prefetch_ahead_of_pass};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -65,8 +68,9 @@ pub unsafe fn dot_rows(
     unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) }
 }
 
-/// [`dot_rows`] at AVX-512 with VNNI. One token takes [`q4k_one_token_rows`] for Q4_K and
-/// [`dot_rows`]' loops, EVEX-encoded (32 vector registers), for the others; a tile takes two rows at a time ([`row_pairs`], [`q6k_row_pairs`]).
+/// [`dot_rows`] at AVX-512 with VNNI. One token takes [`q4k_one_token_rows`] and
+/// [`q6k_one_token_rows`], or for Q5_K [`dot_rows`]' loops, EVEX-encoded (32 vector
+/// registers); a tile takes two rows at a time ([`row_pairs`], [`q6k_row_pairs`]).
 ///
 /// # Safety
 /// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
@@ -84,6 +88,7 @@ pub unsafe fn dot_rows_avx512(
         return unsafe {
             match w.format {
                 KQuantFormat::Q4K => q4k_one_token_rows(w, rows, x, t0, out),
+                KQuantFormat::Q6K => q6k_one_token_rows(w, rows, x, t0, out),
                 _ => dot_rows_inlined(w, rows, x, t0, nt, out),
             }
         };
@@ -336,7 +341,7 @@ unsafe fn q4k_one_token_rows(
                 // closure would not take this function's features).
                 let at = sb * block_bytes;
                 for &row_ptr in &row_ptrs {
-                    prefetch_ahead(row_ptr, at, block_bytes);
+                    prefetch_ahead_of_pass(row_ptr, at, block_bytes, n_sb * block_bytes, ONE_TOKEN_ROWS);
                 }
                 let (p0, m0, h0) = q4k_super_block_row(row_ptrs[0].add(at), &xv, sums, &scale_orders);
                 let (p1, m1, h1) = q4k_super_block_row(row_ptrs[1].add(at), &xv, sums, &scale_orders);
@@ -444,6 +449,148 @@ unsafe fn q4k_super_block_row(
         }
         let min_products = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins as i64)), sums);
         (products, min_products, (block as *const i32).read_unaligned())
+    }
+}
+
+/// Q6_K's one-token products at AVX-512, four rows a pass as [`q4k_one_token_rows`]: a 64-byte
+/// load of a half's low bits ([low0 | low1]) against its high bits (shifted per 256-bit half)
+/// gives 64 consecutive values, against 64 consecutive activations loaded once for the four
+/// rows. Each `dpbusd` lane sums 4 products of at most 63·127, which fit in i16, so a half's two
+/// vectors pack into one that `dpwssd` scales by span. The −32 of every value comes off as in
+/// [`q6k_one_token`], and the rows' totals take its f32 operations lane by lane. Rows past the
+/// last four take [`q6k_one_token`].
+///
+/// # Safety
+/// The CPU has avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni; `w` is Q6_K.
+#[inline(always)]
+unsafe fn q6k_one_token_rows(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t: usize,
+    out: &mut [f32],
+) {
+    assert!(w.format == KQuantFormat::Q6K && rows.end <= w.rows && t < x.n && x.cols == w.cols);
+    assert!(out.len() >= rows.len() * TILE_TOKENS && w.raw.len() >= w.rows * w.row_bytes());
+    assert!(x.qs.len() >= x.n * x.cols && x.d.len() * SUPER_BLOCK >= x.qs.len());
+    assert!(x.sixteen_sums.len() * Q6K_SPAN >= x.qs.len());
+    let n_sb = w.super_blocks_per_row();
+    let block_bytes = w.format.block_bytes();
+    let xq = x.qs[t * w.cols..][..w.cols].as_ptr();
+    let xd = &x.d[t * n_sb..][..n_sb];
+    let xs = x.sixteen_sums[t * n_sb * 16..][..n_sb * 16].as_ptr();
+    let whole = rows.start..rows.start + rows.len() / ONE_TOKEN_ROWS * ONE_TOKEN_ROWS;
+    // SAFETY: features per the contract; every pointer stays inside the rows' super-blocks and
+    // the token's values and sums (asserted above).
+    unsafe {
+        let span_orders = [q6k_span_order(0), q6k_span_order(1)];
+        for first in whole.clone().step_by(ONE_TOKEN_ROWS) {
+            let row_ptrs: [*const u8; ONE_TOKEN_ROWS] =
+                std::array::from_fn(|r| w.raw[(first + r) * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr());
+            let mut acc = _mm_setzero_ps();
+            for (sb, &dx) in xd.iter().enumerate() {
+                let xb = xq.add(sb * SUPER_BLOCK);
+                let xv = [
+                    _mm512_loadu_si512(xb.cast()),
+                    _mm512_loadu_si512(xb.add(64).cast()),
+                    _mm512_loadu_si512(xb.add(128).cast()),
+                    _mm512_loadu_si512(xb.add(192).cast()),
+                ];
+                let sums = _mm256_loadu_si256(xs.add(sb * 16).cast());
+                let at = sb * block_bytes;
+                for &row_ptr in &row_ptrs {
+                    prefetch_ahead_of_pass(row_ptr, at, block_bytes, n_sb * block_bytes, ONE_TOKEN_ROWS);
+                }
+                // Written out row by row, as in q4k_one_token_rows.
+                let p0 = q6k_super_block_row(row_ptrs[0].add(at), &xv, sums, &span_orders);
+                let p1 = q6k_super_block_row(row_ptrs[1].add(at), &xv, sums, &span_orders);
+                let p2 = q6k_super_block_row(row_ptrs[2].add(at), &xv, sums, &span_orders);
+                let p3 = q6k_super_block_row(row_ptrs[3].add(at), &xv, sums, &span_orders);
+                // Lane r: row r's total.
+                let p = quad_sums([p0, p1, p2, p3]);
+                let p = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p));
+                let p = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+                let d = _mm_setr_epi16(
+                    (row_ptrs[0].add(at + 208) as *const i16).read_unaligned(),
+                    (row_ptrs[1].add(at + 208) as *const i16).read_unaligned(),
+                    (row_ptrs[2].add(at + 208) as *const i16).read_unaligned(),
+                    (row_ptrs[3].add(at + 208) as *const i16).read_unaligned(),
+                    0,
+                    0,
+                    0,
+                    0,
+                );
+                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(p), _mm_mul_ps(_mm_cvtph_ps(d), _mm_set1_ps(dx)), acc);
+            }
+            let mut totals = [0f32; ONE_TOKEN_ROWS];
+            _mm_storeu_ps(totals.as_mut_ptr(), acc);
+            for (r, total) in totals.into_iter().enumerate() {
+                out[(first - rows.start + r) * TILE_TOKENS] = total;
+            }
+        }
+        q6k_one_token(w, whole.end..rows.end, x, t, &mut out[whole.len() * TILE_TOKENS..]);
+    }
+}
+
+/// For half `h` of a Q6_K super-block in [`q6k_super_block_row`], a `vpermw` order that puts
+/// the spans' i16 scales where `packs` leaves their products: in 128-bit lane k, four of span
+/// 8h + k's scale, then four of span 8h + 4 + k's.
+///
+/// # Safety
+/// The CPU has avx512f.
+#[inline(always)]
+unsafe fn q6k_span_order(h: i16) -> __m512i {
+    let order: [i16; 32] = std::array::from_fn(|i| {
+        let (k, j) = (i as i16 / 8, i as i16 % 8);
+        8 * h + k + if j < 4 { 0 } else { 4 }
+    });
+    // SAFETY: per the contract; the array holds 64 bytes.
+    unsafe { _mm512_loadu_si512(order.as_ptr().cast()) }
+}
+
+/// One Q6_K super-block's integer total in [`q6k_one_token_rows`], spread over i32 lanes: its
+/// products with the token's values `xv` (64 consecutive a vector), less 32 times each span's
+/// scale times the token's `sums` over it.
+///
+/// # Safety
+/// `block` points at a whole Q6_K super-block; the CPU has avx2, avx512f, avx512bw and
+/// avx512vnni.
+#[inline(always)]
+unsafe fn q6k_super_block_row(
+    block: *const u8,
+    xv: &[__m512i; 4],
+    sums: __m256i,
+    span_orders: &[__m512i; 2],
+) -> __m512i {
+    // SAFETY: per the contract.
+    unsafe {
+        let (low_nibbles, pair_bits) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
+        // The second 32 low-bit bytes take the high bytes' pairs 1 and 3, two bits up.
+        let high_shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
+        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(block.add(192).cast()));
+        let scales = _mm512_castsi256_si512(scales16);
+        let mut products = _mm512_setzero_si512();
+        for (h, order) in span_orders.iter().enumerate() {
+            let low = _mm512_loadu_si512(block.add(64 * h).cast());
+            let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(128 + 32 * h).cast()));
+            let high = _mm512_srlv_epi16(high, high_shifts);
+            // Values 128h..128h + 64, then 128h + 64..128h + 128.
+            let first = _mm512_or_si512(
+                _mm512_and_si512(low, low_nibbles),
+                _mm512_and_si512(_mm512_slli_epi16::<4>(high), pair_bits),
+            );
+            let second = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(low), low_nibbles),
+                _mm512_and_si512(high, pair_bits),
+            );
+            let first = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, xv[2 * h]);
+            let second = _mm512_dpbusd_epi32(_mm512_setzero_si512(), second, xv[2 * h + 1]);
+            let scale = _mm512_permutexvar_epi16(*order, scales);
+            products = _mm512_dpwssd_epi32(products, _mm512_packs_epi32(first, second), scale);
+        }
+        // The −32 of every value: each scale times its 16 values' sum.
+        let offsets = _mm256_slli_epi32::<5>(_mm256_madd_epi16(scales16, sums));
+        _mm512_sub_epi32(products, _mm512_zextsi256_si512(offsets))
     }
 }
 

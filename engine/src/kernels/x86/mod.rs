@@ -76,6 +76,19 @@ pub(crate) fn prefetch_ahead(row: *const u8, from: usize, len: usize) {
     }
 }
 
+/// [`prefetch_ahead`] for a row read beside `rows - 1` others (the rows of a pass lie one after
+/// another): where the lines ahead pass the row's end they fall in a row the pass reads now, so
+/// the request goes to the row `rows` on, which the next pass starts cold.
+#[inline(always)]
+pub(crate) fn prefetch_ahead_of_pass(row: *const u8, from: usize, len: usize, row_bytes: usize, rows: usize) {
+    for line in (0..len).step_by(64) {
+        let ahead = from + PREFETCH_BYTES + line;
+        let ahead = if ahead < row_bytes { ahead } else { ahead + (rows - 1) * row_bytes };
+        // SAFETY: a prefetch never faults, wherever the address lies.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(ahead).cast()) };
+    }
+}
+
 /// One f16 as f32, by F16C.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
