@@ -529,13 +529,13 @@ impl TokenGroups {
     /// further.
     #[inline]
     pub fn values_at(&self, g: usize, b: usize) -> usize {
-        (g * self.chunks + b / CHUNK_BLOCKS) * GROUP_CHUNK_BYTES + b % CHUNK_BLOCKS * QUAD * GROUP_TOKENS
+        g * self.chunks * GROUP_CHUNK_BYTES + values_in_group(b)
     }
 
     /// Where block `b`'s scales for group `g` start in `d`, `sums` and `sums_f16`.
     #[inline]
     pub fn scales_at(&self, g: usize, b: usize) -> usize {
-        (g * self.chunks + b / CHUNK_BLOCKS) * CHUNK_SCALES + b % CHUNK_BLOCKS * GROUP_TOKENS
+        g * self.chunks * CHUNK_SCALES + scales_in_group(b)
     }
 
     /// Lays out `n` tokens' quantized values `qs` and their blocks' `d`, `sums` and `sums_f16`.
@@ -557,7 +557,6 @@ impl TokenGroups {
         let values = DisjointWriter::new(&mut self.values);
         let scales = [&mut self.d, &mut self.sums, &mut self.sums_f16].map(|s| DisjointWriter::new(s));
         let sources = [d, sums, sums_f16];
-        let layout = TokenGroups { chunks: self.chunks, ..Default::default() };
         pool().run(tasks, &|task| {
             for g in task * groups_per_task..((task + 1) * groups_per_task).min(groups) {
                 // SAFETY: each task owns its groups' values and scales.
@@ -570,11 +569,11 @@ impl TokenGroups {
                 for t in g * GROUP_TOKENS..((g + 1) * GROUP_TOKENS).min(n) {
                     let k = t % GROUP_TOKENS;
                     for (b, block) in qs[t * cols..][..cols].chunks_exact(BLOCK).enumerate() {
-                        let at = layout.values_at(0, b) + k * QUAD;
+                        let at = values_in_group(b) + k * QUAD;
                         for (q, quad) in block.chunks_exact(QUAD).enumerate() {
                             out[at + q * QUAD_BYTES..][..QUAD].copy_from_slice(quad);
                         }
-                        let at = layout.scales_at(0, b) + k;
+                        let at = scales_in_group(b) + k;
                         for (out, source) in outs.iter_mut().zip(sources) {
                             out[at] = source[t * nb + b];
                         }
@@ -583,6 +582,18 @@ impl TokenGroups {
             }
         });
     }
+}
+
+/// Where block `b`'s quad 0 starts in a group's part of [`TokenGroups::values`].
+#[inline]
+fn values_in_group(b: usize) -> usize {
+    b / CHUNK_BLOCKS * GROUP_CHUNK_BYTES + b % CHUNK_BLOCKS * QUAD * GROUP_TOKENS
+}
+
+/// Where block `b`'s scales start in a group's part of [`TokenGroups::d`].
+#[inline]
+fn scales_in_group(b: usize) -> usize {
+    b / CHUNK_BLOCKS * CHUNK_SCALES + b % CHUNK_BLOCKS * GROUP_TOKENS
 }
 
 /// Where the quantization of a run of blocks goes: their parts of [`QuantizedActivations`]'
