@@ -324,8 +324,7 @@ unsafe fn q4k_one_token_rows(
     unsafe {
         let scale_orders = [q4k_scale_order(0), q4k_scale_order(1)];
         for first in whole.clone().step_by(ONE_TOKEN_ROWS) {
-            let row_ptrs: [*const u8; ONE_TOKEN_ROWS] =
-                std::array::from_fn(|r| w.raw[(first + r) * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr());
+            let row_ptrs = pass_rows(w, first);
             let mut acc = _mm_setzero_ps();
             for (sb, &dx) in xd.iter().enumerate() {
                 let xb = xq.add(sb * SUPER_BLOCK);
@@ -347,11 +346,8 @@ unsafe fn q4k_one_token_rows(
                 let (p1, m1, h1) = q4k_super_block_row(row_ptrs[1].add(at), &xv, sums, &scale_orders);
                 let (p2, m2, h2) = q4k_super_block_row(row_ptrs[2].add(at), &xv, sums, &scale_orders);
                 let (p3, m3, h3) = q4k_super_block_row(row_ptrs[3].add(at), &xv, sums, &scale_orders);
-                let (products, min_products, halves) = ([p0, p1, p2, p3], [m0, m1, m2, m3], [h0, h1, h2, h3]);
-                // Lane r: row r's totals.
-                let p = quad_sums(products);
-                let p = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p));
-                let p = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+                let (min_products, halves) = ([m0, m1, m2, m3], [h0, h1, h2, h3]);
+                let p = pass_totals([p0, p1, p2, p3]);
                 let m = _mm_hadd_epi32(
                     _mm_hadd_epi32(min_products[0], min_products[1]),
                     _mm_hadd_epi32(min_products[2], min_products[3]),
@@ -365,11 +361,7 @@ unsafe fn q4k_one_token_rows(
                 // −m·(dmin·dx) + acc: one_token's m·(−dmin·dx) + acc to the bit.
                 acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(m), _mm_mul_ps(dmin, dx), acc);
             }
-            let mut totals = [0f32; ONE_TOKEN_ROWS];
-            _mm_storeu_ps(totals.as_mut_ptr(), acc);
-            for (r, total) in totals.into_iter().enumerate() {
-                out[(first - rows.start + r) * TILE_TOKENS] = total;
-            }
+            store_pass(acc, &mut out[(first - rows.start) * TILE_TOKENS..]);
         }
         one_token::<false>(w, whole.end..rows.end, x, t, &mut out[whole.len() * TILE_TOKENS..]);
     }
@@ -403,6 +395,37 @@ unsafe fn q4k_scale_lane(s: i8) -> __m128i {
     let (a, b, z) = (s, s + 1, -128);
     // SAFETY: per the contract.
     unsafe { _mm_setr_epi8(a, z, a, z, a, z, a, z, b, z, b, z, b, z, b, z) }
+}
+
+/// The starts of rows `first..first + ONE_TOKEN_ROWS` of `w`, each a whole row.
+fn pass_rows(w: &KQuantMatrix, first: usize) -> [*const u8; ONE_TOKEN_ROWS] {
+    let row_bytes = w.row_bytes();
+    std::array::from_fn(|r| w.raw[(first + r) * row_bytes..][..row_bytes].as_ptr())
+}
+
+/// A pass's four rows' i32 lanes as their totals: lane r holds row r's.
+///
+/// # Safety
+/// The CPU has avx2 and avx512f.
+#[inline(always)]
+unsafe fn pass_totals(rows: [__m512i; ONE_TOKEN_ROWS]) -> __m128i {
+    // SAFETY: per the contract.
+    unsafe {
+        let p = quad_sums(rows);
+        let p = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p));
+        _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p))
+    }
+}
+
+/// A pass's four products (lane r: row r's) to `out[r · TILE_TOKENS]`.
+#[inline(always)]
+fn store_pass(products: __m128, out: &mut [f32]) {
+    let mut totals = [0f32; ONE_TOKEN_ROWS];
+    // SAFETY: four floats into the array's four.
+    unsafe { _mm_storeu_ps(totals.as_mut_ptr(), products) };
+    for (r, total) in totals.into_iter().enumerate() {
+        out[r * TILE_TOKENS] = total;
+    }
 }
 
 /// 32 bytes from `first` and 32 from `second` in one vector.
@@ -485,8 +508,7 @@ unsafe fn q6k_one_token_rows(
     unsafe {
         let span_orders = [q6k_span_order(0), q6k_span_order(1)];
         for first in whole.clone().step_by(ONE_TOKEN_ROWS) {
-            let row_ptrs: [*const u8; ONE_TOKEN_ROWS] =
-                std::array::from_fn(|r| w.raw[(first + r) * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr());
+            let row_ptrs = pass_rows(w, first);
             let mut acc = _mm_setzero_ps();
             for (sb, &dx) in xd.iter().enumerate() {
                 let xb = xq.add(sb * SUPER_BLOCK);
@@ -506,10 +528,7 @@ unsafe fn q6k_one_token_rows(
                 let p1 = q6k_super_block_row(row_ptrs[1].add(at), &xv, sums, &span_orders);
                 let p2 = q6k_super_block_row(row_ptrs[2].add(at), &xv, sums, &span_orders);
                 let p3 = q6k_super_block_row(row_ptrs[3].add(at), &xv, sums, &span_orders);
-                // Lane r: row r's total.
-                let p = quad_sums([p0, p1, p2, p3]);
-                let p = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p));
-                let p = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+                let p = pass_totals([p0, p1, p2, p3]);
                 let d = _mm_setr_epi16(
                     (row_ptrs[0].add(at + 208) as *const i16).read_unaligned(),
                     (row_ptrs[1].add(at + 208) as *const i16).read_unaligned(),
@@ -522,11 +541,7 @@ unsafe fn q6k_one_token_rows(
                 );
                 acc = _mm_fmadd_ps(_mm_cvtepi32_ps(p), _mm_mul_ps(_mm_cvtph_ps(d), _mm_set1_ps(dx)), acc);
             }
-            let mut totals = [0f32; ONE_TOKEN_ROWS];
-            _mm_storeu_ps(totals.as_mut_ptr(), acc);
-            for (r, total) in totals.into_iter().enumerate() {
-                out[(first - rows.start + r) * TILE_TOKENS] = total;
-            }
+            store_pass(acc, &mut out[(first - rows.start) * TILE_TOKENS..]);
         }
         q6k_one_token(w, whole.end..rows.end, x, t, &mut out[whole.len() * TILE_TOKENS..]);
     }
