@@ -3,12 +3,8 @@
 //! pairs in `madd`, so a super-block's products add up exactly in i32 lanes; its mins meet the
 //! activations' sums in one more `madd`.
 //!
-//! One token (decode) streams each row once, a 32-value sub-block a vector; at AVX-512, Q4_K
-//! and Q6_K take four rows a pass ([`q4k_one_token_rows`], [`q6k_one_token_rows`]), 64 bytes
-//! of a row a load, and their f32 operations in one vector for the four rows. The pass's rows
-//! lie one after another, so each asks for its lines ahead in the next pass's row where they
-//! would run into the next row ([`prefetch_ahead_of_pass`]): a long row (an MLP's down
-//! projection) otherwise starts each pass from memory. A tile of tokens
+//! One token (decode) takes four rows a pass ([`decode`]); Q5_K's, and the rows a pass leaves,
+//! take [`one_token`], a row at a time. A tile of tokens
 //! goes four at a time ([`token_groups`]): a vector holds 8 values of each of four tokens and the
 //! row's 8 values broadcast against them, so the four `maddubs` of a sub-block add in i16 (at
 //! most 8·31·127 < 2¹⁵) before one `madd` applies its scale, where a vector a sub-block needs a
@@ -21,7 +17,7 @@
 //! Zen 5, does twice the products an instruction), each unpacked weight serving 32 tokens; the
 //! other kernels take a tile four groups at a time.
 //!
-//! Q6_K ([`q6k_one_token`], [`q6k_token_groups`]) takes its unsigned ints against the same
+//! Q6_K ([`q6k_token_groups`]) takes its unsigned ints against the same
 //! activations, a `madd` per 16-value span for its i8 scale, and the −32 of every value from the
 //! activations' sums over each span, at every level; at AVX-512 its tiles take two rows at a
 //! time as Q4_K's do ([`q6k_row_pairs`]). There each pair of rows reduces a super-block's
@@ -33,10 +29,13 @@ use super::super::k_quant::{
     TILE_TOKENS,
 };
 use super::avx2::{hsum_i32, hsum_i32_128};
-use super::{f16_value, prefetch_ahead, prefetch_ahead_of_pass};
+use super::{f16_value, prefetch_ahead};
+use decode::{Lanes256, Lanes512};
 use half::f16;
 use std::arch::x86_64::*;
 use std::ops::Range;
+
+mod decode;
 
 /// Sub-blocks in a super-block.
 const SUBS: usize = SUPER_BLOCK / SUM_SPAN;
@@ -87,8 +86,8 @@ pub unsafe fn dot_rows_avx512(
         // SAFETY: the features per this function's contract.
         return unsafe {
             match w.format {
-                KQuantFormat::Q4K => q4k_one_token_rows(w, rows, x, t0, out),
-                KQuantFormat::Q6K => q6k_one_token_rows(w, rows, x, t0, out),
+                KQuantFormat::Q4K => decode::q4k_rows::<Lanes512>(w, rows, x, t0, out),
+                KQuantFormat::Q6K => decode::q6k_rows(w, rows, x, t0, out),
                 _ => dot_rows_inlined(w, rows, x, t0, nt, out),
             }
         };
@@ -193,7 +192,7 @@ unsafe fn half_tile(
     // SAFETY (every arm): features per this function's contract, and its bounds.
     unsafe {
         match (w.format, nt) {
-            (KQuantFormat::Q4K, 1) => one_token::<false>(w, rows, x, t0, out),
+            (KQuantFormat::Q4K, 1) => decode::q4k_rows::<Lanes256>(w, rows, x, t0, out),
             (KQuantFormat::Q5K, 1) => one_token::<true>(w, rows, x, t0, out),
             (KQuantFormat::Q4K, 2..=4) => token_groups::<1, false>(w, rows, x, t0, nt, out),
             (KQuantFormat::Q5K, 2..=4) => token_groups::<1, true>(w, rows, x, t0, nt, out),
@@ -203,7 +202,7 @@ unsafe fn half_tile(
             (KQuantFormat::Q5K, 9..=12) => token_groups::<3, true>(w, rows, x, t0, nt, out),
             (KQuantFormat::Q4K, _) => token_groups::<4, false>(w, rows, x, t0, nt, out),
             (KQuantFormat::Q5K, _) => token_groups::<4, true>(w, rows, x, t0, nt, out),
-            (KQuantFormat::Q6K, 1) => q6k_one_token(w, rows, x, t0, out),
+            (KQuantFormat::Q6K, 1) => decode::q6k_one_row(w, rows, x, t0, out),
             (KQuantFormat::Q6K, 2..=4) => q6k_token_groups::<1>(w, rows, x, t0, nt, out),
             (KQuantFormat::Q6K, 5..=8) => q6k_token_groups::<2>(w, rows, x, t0, nt, out),
             (KQuantFormat::Q6K, 9..=12) => q6k_token_groups::<3>(w, rows, x, t0, nt, out),
@@ -283,329 +282,6 @@ unsafe fn one_token<const FIVE: bool>(
             }
             out[(row - rows.start) * TILE_TOKENS] = acc;
         }
-    }
-}
-
-/// Rows [`q4k_one_token_rows`] takes a pass.
-const ONE_TOKEN_ROWS: usize = 4;
-
-/// Q4_K's one-token products at AVX-512, four rows a pass: a 64-byte load of a row's nibbles
-/// holds four sub-blocks (low nibbles [2k | 2k + 2], high [2k + 1 | 2k + 3]), against the
-/// token's values paired the same way once a super-block for all four rows. Each `dpbusd` lane
-/// sums 4 products of at most 15·127, which fit in i16, so the two halves pack into one vector
-/// that `dpwssd` scales by sub-block. The rows' integer totals then reduce together and take
-/// [`one_token`]'s f32 operations lane by lane, one vector for four rows, where a row alone
-/// pays a horizontal sum and two scalar FMAs a super-block. Rows past the last four take
-/// [`one_token`].
-///
-/// # Safety
-/// The CPU has avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni; `w` is Q4_K.
-#[inline(always)]
-unsafe fn q4k_one_token_rows(
-    w: &KQuantMatrix,
-    rows: Range<usize>,
-    x: &SuperBlockActivations,
-    t: usize,
-    out: &mut [f32],
-) {
-    assert!(w.format == KQuantFormat::Q4K && rows.end <= w.rows && t < x.n && x.cols == w.cols);
-    assert!(out.len() >= rows.len() * TILE_TOKENS && w.raw.len() >= w.rows * w.row_bytes());
-    assert!(
-        x.qs.len() >= x.n * x.cols && x.d.len() * SUPER_BLOCK >= x.qs.len() && x.sums.len() * SUM_SPAN >= x.qs.len()
-    );
-    let n_sb = w.super_blocks_per_row();
-    let block_bytes = w.format.block_bytes();
-    let xq = x.qs[t * w.cols..][..w.cols].as_ptr();
-    let xd = &x.d[t * n_sb..][..n_sb];
-    let xs = x.sums[t * n_sb * SUBS..][..n_sb * SUBS].as_ptr();
-    let whole = rows.start..rows.start + rows.len() / ONE_TOKEN_ROWS * ONE_TOKEN_ROWS;
-    // SAFETY: features per the contract; every pointer stays inside the rows' super-blocks and
-    // the token's values and sums (asserted above).
-    unsafe {
-        let scale_orders = [q4k_scale_order(0), q4k_scale_order(1)];
-        for first in whole.clone().step_by(ONE_TOKEN_ROWS) {
-            let row_ptrs = pass_rows(w, first);
-            let mut acc = _mm_setzero_ps();
-            for (sb, &dx) in xd.iter().enumerate() {
-                let xb = xq.add(sb * SUPER_BLOCK);
-                // Sub-blocks [0 | 2], [1 | 3], [4 | 6] and [5 | 7].
-                let xv = [
-                    side_by_side(xb, xb.add(64)),
-                    side_by_side(xb.add(32), xb.add(96)),
-                    side_by_side(xb.add(128), xb.add(192)),
-                    side_by_side(xb.add(160), xb.add(224)),
-                ];
-                let sums = _mm_loadu_si128(xs.add(sb * SUBS).cast());
-                // Written out row by row: a loop here is kept as one, its vectors spilled (and a
-                // closure would not take this function's features).
-                let at = sb * block_bytes;
-                for &row_ptr in &row_ptrs {
-                    prefetch_ahead_of_pass(row_ptr, at, block_bytes, n_sb * block_bytes, ONE_TOKEN_ROWS);
-                }
-                let (p0, m0, h0) = q4k_super_block_row(row_ptrs[0].add(at), &xv, sums, &scale_orders);
-                let (p1, m1, h1) = q4k_super_block_row(row_ptrs[1].add(at), &xv, sums, &scale_orders);
-                let (p2, m2, h2) = q4k_super_block_row(row_ptrs[2].add(at), &xv, sums, &scale_orders);
-                let (p3, m3, h3) = q4k_super_block_row(row_ptrs[3].add(at), &xv, sums, &scale_orders);
-                let (min_products, halves) = ([m0, m1, m2, m3], [h0, h1, h2, h3]);
-                let p = pass_totals([p0, p1, p2, p3]);
-                let m = _mm_hadd_epi32(
-                    _mm_hadd_epi32(min_products[0], min_products[1]),
-                    _mm_hadd_epi32(min_products[2], min_products[3]),
-                );
-                // [d0 dmin0 d1 dmin1 …] as [d0 d1 d2 d3 | dmin0 dmin1 dmin2 dmin3].
-                let d_dmin = _mm256_cvtph_ps(_mm_setr_epi32(halves[0], halves[1], halves[2], halves[3]));
-                let d_dmin = _mm256_permutevar8x32_ps(d_dmin, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-                let dx = _mm_set1_ps(dx);
-                let (d, dmin) = (_mm256_castps256_ps128(d_dmin), _mm256_extractf128_ps::<1>(d_dmin));
-                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(p), _mm_mul_ps(d, dx), acc);
-                // −m·(dmin·dx) + acc: one_token's m·(−dmin·dx) + acc to the bit.
-                acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(m), _mm_mul_ps(dmin, dx), acc);
-            }
-            store_pass(acc, &mut out[(first - rows.start) * TILE_TOKENS..]);
-        }
-        one_token::<false>(w, whole.end..rows.end, x, t, &mut out[whole.len() * TILE_TOKENS..]);
-    }
-}
-
-/// For the nibbles of sub-blocks 4h..4h + 3 in [`q4k_super_block_row`], a `pshufb` order that
-/// spreads the eight sub-block scales into its i16 lanes: in each 128-bit lane, four of one
-/// sub-block's scale (byte 4h or 4h + 2 of the eight), then four of the next; -128 gives the
-/// zero high bytes.
-///
-/// # Safety
-/// The CPU has avx2 and avx512f.
-#[inline(always)]
-unsafe fn q4k_scale_order(h: i8) -> __m512i {
-    // SAFETY: per the contract.
-    unsafe {
-        let (first, second) = (q4k_scale_lane(4 * h), q4k_scale_lane(4 * h + 2));
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set_m128i(first, first)),
-            _mm256_set_m128i(second, second),
-        )
-    }
-}
-
-/// One 128-bit lane of [`q4k_scale_order`]: scale byte `s` in four i16 lanes, then `s + 1`.
-///
-/// # Safety
-/// The CPU has sse2.
-#[inline(always)]
-unsafe fn q4k_scale_lane(s: i8) -> __m128i {
-    let (a, b, z) = (s, s + 1, -128);
-    // SAFETY: per the contract.
-    unsafe { _mm_setr_epi8(a, z, a, z, a, z, a, z, b, z, b, z, b, z, b, z) }
-}
-
-/// The starts of rows `first..first + ONE_TOKEN_ROWS` of `w`, each a whole row.
-fn pass_rows(w: &KQuantMatrix, first: usize) -> [*const u8; ONE_TOKEN_ROWS] {
-    let row_bytes = w.row_bytes();
-    std::array::from_fn(|r| w.raw[(first + r) * row_bytes..][..row_bytes].as_ptr())
-}
-
-/// A pass's four rows' i32 lanes as their totals: lane r holds row r's.
-///
-/// # Safety
-/// The CPU has avx2 and avx512f.
-#[inline(always)]
-unsafe fn pass_totals(rows: [__m512i; ONE_TOKEN_ROWS]) -> __m128i {
-    // SAFETY: per the contract.
-    unsafe {
-        let p = quad_sums(rows);
-        let p = _mm256_add_epi32(_mm512_castsi512_si256(p), _mm512_extracti64x4_epi64::<1>(p));
-        _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p))
-    }
-}
-
-/// A pass's four products (lane r: row r's) to `out[r · TILE_TOKENS]`.
-#[inline(always)]
-fn store_pass(products: __m128, out: &mut [f32]) {
-    let mut totals = [0f32; ONE_TOKEN_ROWS];
-    // SAFETY: four floats into the array's four.
-    unsafe { _mm_storeu_ps(totals.as_mut_ptr(), products) };
-    for (r, total) in totals.into_iter().enumerate() {
-        out[r * TILE_TOKENS] = total;
-    }
-}
-
-/// 32 bytes from `first` and 32 from `second` in one vector.
-///
-/// # Safety
-/// Both point at 32 readable bytes; the CPU has avx512f.
-#[inline(always)]
-unsafe fn side_by_side(first: *const i8, second: *const i8) -> __m512i {
-    // SAFETY: per the contract.
-    unsafe {
-        let low = _mm512_castsi256_si512(_mm256_loadu_si256(first.cast()));
-        _mm512_inserti64x4::<1>(low, _mm256_loadu_si256(second.cast()))
-    }
-}
-
-/// One Q4_K super-block's part in [`q4k_one_token_rows`]: its integer products with the
-/// token's values `xv` (sub-blocks side by side as its nibbles lie), its mins times the token's
-/// `sums`, and its d and dmin (two f16 side by side).
-///
-/// # Safety
-/// `block` points at a whole Q4_K super-block; the CPU has avx2, avx512f, avx512bw and avx512vnni.
-#[inline(always)]
-unsafe fn q4k_super_block_row(
-    block: *const u8,
-    xv: &[__m512i; 4],
-    sums: __m128i,
-    scale_orders: &[__m512i; 2],
-) -> (__m512i, __m128i, i32) {
-    // SAFETY: per the contract.
-    unsafe {
-        let low_nibbles = _mm512_set1_epi8(0x0f);
-        let (sub_scales, mins) = scales_and_mins(std::slice::from_raw_parts(block.add(4), 12));
-        let sub_scales = _mm512_set1_epi64(sub_scales as i64);
-        let nibbles = block.add(KQuantFormat::Q4K.nibbles_at());
-        let mut products = _mm512_setzero_si512();
-        for (h, order) in scale_orders.iter().enumerate() {
-            let q = _mm512_loadu_si512(nibbles.add(64 * h).cast());
-            let low = _mm512_and_si512(q, low_nibbles);
-            let high = _mm512_and_si512(_mm512_srli_epi16::<4>(q), low_nibbles);
-            let low = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low, xv[2 * h]);
-            let high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), high, xv[2 * h + 1]);
-            let scale = _mm512_shuffle_epi8(sub_scales, *order);
-            products = _mm512_dpwssd_epi32(products, _mm512_packs_epi32(low, high), scale);
-        }
-        let min_products = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(mins as i64)), sums);
-        (products, min_products, (block as *const i32).read_unaligned())
-    }
-}
-
-/// Q6_K's one-token products at AVX-512, four rows a pass as [`q4k_one_token_rows`]: a 64-byte
-/// load of a half's low bits ([low0 | low1]) against its high bits (shifted per 256-bit half)
-/// gives 64 consecutive values, against 64 consecutive activations loaded once for the four
-/// rows. Each `dpbusd` lane sums 4 products of at most 63·127, which fit in i16, so a half's two
-/// vectors pack into one that `dpwssd` scales by span. The −32 of every value comes off as in
-/// [`q6k_one_token`], and the rows' totals take its f32 operations lane by lane. Rows past the
-/// last four take [`q6k_one_token`].
-///
-/// # Safety
-/// The CPU has avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni; `w` is Q6_K.
-#[inline(always)]
-unsafe fn q6k_one_token_rows(
-    w: &KQuantMatrix,
-    rows: Range<usize>,
-    x: &SuperBlockActivations,
-    t: usize,
-    out: &mut [f32],
-) {
-    assert!(w.format == KQuantFormat::Q6K && rows.end <= w.rows && t < x.n && x.cols == w.cols);
-    assert!(out.len() >= rows.len() * TILE_TOKENS && w.raw.len() >= w.rows * w.row_bytes());
-    assert!(x.qs.len() >= x.n * x.cols && x.d.len() * SUPER_BLOCK >= x.qs.len());
-    assert!(x.sixteen_sums.len() * Q6K_SPAN >= x.qs.len());
-    let n_sb = w.super_blocks_per_row();
-    let block_bytes = w.format.block_bytes();
-    let xq = x.qs[t * w.cols..][..w.cols].as_ptr();
-    let xd = &x.d[t * n_sb..][..n_sb];
-    let xs = x.sixteen_sums[t * n_sb * 16..][..n_sb * 16].as_ptr();
-    let whole = rows.start..rows.start + rows.len() / ONE_TOKEN_ROWS * ONE_TOKEN_ROWS;
-    // SAFETY: features per the contract; every pointer stays inside the rows' super-blocks and
-    // the token's values and sums (asserted above).
-    unsafe {
-        let span_orders = [q6k_span_order(0), q6k_span_order(1)];
-        for first in whole.clone().step_by(ONE_TOKEN_ROWS) {
-            let row_ptrs = pass_rows(w, first);
-            let mut acc = _mm_setzero_ps();
-            for (sb, &dx) in xd.iter().enumerate() {
-                let xb = xq.add(sb * SUPER_BLOCK);
-                let xv = [
-                    _mm512_loadu_si512(xb.cast()),
-                    _mm512_loadu_si512(xb.add(64).cast()),
-                    _mm512_loadu_si512(xb.add(128).cast()),
-                    _mm512_loadu_si512(xb.add(192).cast()),
-                ];
-                let sums = _mm256_loadu_si256(xs.add(sb * 16).cast());
-                let at = sb * block_bytes;
-                for &row_ptr in &row_ptrs {
-                    prefetch_ahead_of_pass(row_ptr, at, block_bytes, n_sb * block_bytes, ONE_TOKEN_ROWS);
-                }
-                // Written out row by row, as in q4k_one_token_rows.
-                let p0 = q6k_super_block_row(row_ptrs[0].add(at), &xv, sums, &span_orders);
-                let p1 = q6k_super_block_row(row_ptrs[1].add(at), &xv, sums, &span_orders);
-                let p2 = q6k_super_block_row(row_ptrs[2].add(at), &xv, sums, &span_orders);
-                let p3 = q6k_super_block_row(row_ptrs[3].add(at), &xv, sums, &span_orders);
-                let p = pass_totals([p0, p1, p2, p3]);
-                let d = _mm_setr_epi16(
-                    (row_ptrs[0].add(at + 208) as *const i16).read_unaligned(),
-                    (row_ptrs[1].add(at + 208) as *const i16).read_unaligned(),
-                    (row_ptrs[2].add(at + 208) as *const i16).read_unaligned(),
-                    (row_ptrs[3].add(at + 208) as *const i16).read_unaligned(),
-                    0,
-                    0,
-                    0,
-                    0,
-                );
-                acc = _mm_fmadd_ps(_mm_cvtepi32_ps(p), _mm_mul_ps(_mm_cvtph_ps(d), _mm_set1_ps(dx)), acc);
-            }
-            store_pass(acc, &mut out[(first - rows.start) * TILE_TOKENS..]);
-        }
-        q6k_one_token(w, whole.end..rows.end, x, t, &mut out[whole.len() * TILE_TOKENS..]);
-    }
-}
-
-/// For half `h` of a Q6_K super-block in [`q6k_super_block_row`], a `vpermw` order that puts
-/// the spans' i16 scales where `packs` leaves their products: in 128-bit lane k, four of span
-/// 8h + k's scale, then four of span 8h + 4 + k's.
-///
-/// # Safety
-/// The CPU has avx512f.
-#[inline(always)]
-unsafe fn q6k_span_order(h: i16) -> __m512i {
-    let order: [i16; 32] = std::array::from_fn(|i| {
-        let (k, j) = (i as i16 / 8, i as i16 % 8);
-        8 * h + k + if j < 4 { 0 } else { 4 }
-    });
-    // SAFETY: per the contract; the array holds 64 bytes.
-    unsafe { _mm512_loadu_si512(order.as_ptr().cast()) }
-}
-
-/// One Q6_K super-block's integer total in [`q6k_one_token_rows`], spread over i32 lanes: its
-/// products with the token's values `xv` (64 consecutive a vector), less 32 times each span's
-/// scale times the token's `sums` over it.
-///
-/// # Safety
-/// `block` points at a whole Q6_K super-block; the CPU has avx2, avx512f, avx512bw and
-/// avx512vnni.
-#[inline(always)]
-unsafe fn q6k_super_block_row(
-    block: *const u8,
-    xv: &[__m512i; 4],
-    sums: __m256i,
-    span_orders: &[__m512i; 2],
-) -> __m512i {
-    // SAFETY: per the contract.
-    unsafe {
-        let (low_nibbles, pair_bits) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(0x30));
-        // The second 32 low-bit bytes take the high bytes' pairs 1 and 3, two bits up.
-        let high_shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
-        let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(block.add(192).cast()));
-        let scales = _mm512_castsi256_si512(scales16);
-        let mut products = _mm512_setzero_si512();
-        for (h, order) in span_orders.iter().enumerate() {
-            let low = _mm512_loadu_si512(block.add(64 * h).cast());
-            let high = _mm512_broadcast_i64x4(_mm256_loadu_si256(block.add(128 + 32 * h).cast()));
-            let high = _mm512_srlv_epi16(high, high_shifts);
-            // Values 128h..128h + 64, then 128h + 64..128h + 128.
-            let first = _mm512_or_si512(
-                _mm512_and_si512(low, low_nibbles),
-                _mm512_and_si512(_mm512_slli_epi16::<4>(high), pair_bits),
-            );
-            let second = _mm512_or_si512(
-                _mm512_and_si512(_mm512_srli_epi16::<4>(low), low_nibbles),
-                _mm512_and_si512(high, pair_bits),
-            );
-            let first = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, xv[2 * h]);
-            let second = _mm512_dpbusd_epi32(_mm512_setzero_si512(), second, xv[2 * h + 1]);
-            let scale = _mm512_permutexvar_epi16(*order, scales);
-            products = _mm512_dpwssd_epi32(products, _mm512_packs_epi32(first, second), scale);
-        }
-        // The −32 of every value: each scale times its 16 values' sum.
-        let offsets = _mm256_slli_epi32::<5>(_mm256_madd_epi16(scales16, sums));
-        _mm512_sub_epi32(products, _mm512_zextsi256_si512(offsets))
     }
 }
 
@@ -1280,82 +956,6 @@ unsafe fn q6k_super_block_pairs<const GROUPS: usize>(
             }
         }
         pair_lanes::<GROUPS>(&products)
-    }
-}
-
-/// One token's Q6_K products, a row at a time: a half super-block (128 values) from three
-/// 32-byte loads, 32 values a vector, each half of a vector's `maddubs` pairs (16 values) scaled
-/// by its own scale in `madd`.
-#[inline(always)]
-unsafe fn q6k_one_token(w: &KQuantMatrix, rows: Range<usize>, x: &SuperBlockActivations, t: usize, out: &mut [f32]) {
-    let n_sb = w.super_blocks_per_row();
-    let block_bytes = w.format.block_bytes();
-    let xq = x.qs[t * w.cols..][..w.cols].as_ptr();
-    let xd = &x.d[t * n_sb..][..n_sb];
-    let xs = x.sixteen_sums[t * n_sb * 16..][..n_sb * 16].as_ptr();
-    // SAFETY: the caller has avx2, fma and f16c; every pointer stays inside the row's
-    // super-blocks and the token's values and sums (asserted by the caller).
-    unsafe {
-        let (low_nibbles, pair_bits) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x30));
-        // Scales [s0 s2 .. s14 | s1 s3 .. s15] (i16) from the sixteen in order, so that one
-        // shuffle puts s(2c) in the low half's lanes and s(2c+1) in the high half's.
-        let even_odd = _mm256_setr_epi8(
-            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-        );
-        for row in rows.clone() {
-            let row_ptr = w.raw[row * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr();
-            let mut acc = 0f32;
-            for (sb, &dx) in xd.iter().enumerate() {
-                let block = row_ptr.add(sb * block_bytes);
-                prefetch_ahead(row_ptr, sb * block_bytes, block_bytes);
-                let scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(block.add(192).cast()));
-                // [s0 s2 s4 s6 s1 s3 s5 s7 | s8 s10 .. s9 s11 ..] → [s0 .. s14 | s1 .. s15]
-                let pairs = _mm256_shuffle_epi8(scales16, even_odd);
-                let split = _mm256_permute4x64_epi64::<0b11_01_10_00>(pairs);
-                let xb = xq.add(sb * SUPER_BLOCK);
-                let mut products = _mm256_setzero_si256();
-                for h in 0..2 {
-                    let (low0, low1) = (
-                        _mm256_loadu_si256(block.add(64 * h).cast()),
-                        _mm256_loadu_si256(block.add(64 * h + 32).cast()),
-                    );
-                    let high = _mm256_loadu_si256(block.add(128 + 32 * h).cast());
-                    // Quarter k: nibble k / 2 of low (k % 2), bit pair k of high, at bits 4–5.
-                    let ints = [
-                        _mm256_or_si256(
-                            _mm256_and_si256(low0, low_nibbles),
-                            _mm256_and_si256(_mm256_slli_epi16::<4>(high), pair_bits),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(low1, low_nibbles),
-                            _mm256_and_si256(_mm256_slli_epi16::<2>(high), pair_bits),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(low0), low_nibbles),
-                            _mm256_and_si256(high, pair_bits),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(low1), low_nibbles),
-                            _mm256_and_si256(_mm256_srli_epi16::<2>(high), pair_bits),
-                        ),
-                    ];
-                    for (k, ints) in ints.into_iter().enumerate() {
-                        let chunk = 4 * h + k;
-                        // s(2·chunk) to the low half's i16 lanes, s(2·chunk + 1) to the high's.
-                        let pick = _mm256_set1_epi16(0x0100 + 0x0202 * chunk as i16);
-                        let scale = _mm256_shuffle_epi8(split, pick);
-                        let pairs = _mm256_maddubs_epi16(ints, _mm256_loadu_si256(xb.add(32 * chunk).cast()));
-                        products = _mm256_add_epi32(products, _mm256_madd_epi16(pairs, scale));
-                    }
-                }
-                // The −32 of every value: each scale times its 16 values' sum.
-                let offsets = _mm256_madd_epi16(scales16, _mm256_loadu_si256(xs.add(sb * 16).cast()));
-                let total = _mm256_sub_epi32(products, _mm256_slli_epi32::<5>(offsets));
-                let d = f16_value(f16::from_bits((block.add(208) as *const u16).read_unaligned()));
-                acc = (hsum_i32(total) as f32).mul_add(d * dx, acc);
-            }
-            out[(row - rows.start) * TILE_TOKENS] = acc;
-        }
     }
 }
 
