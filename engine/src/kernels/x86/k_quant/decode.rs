@@ -175,7 +175,13 @@ pub(super) unsafe fn q6k_rows(
             let mut acc = _mm_setzero_ps();
             for (sb, &dx) in xd.iter().enumerate() {
                 let xb = xq.add(sb * SUPER_BLOCK);
-                let values: [__m512i; 4] = std::array::from_fn(|i| _mm512_loadu_si512(xb.add(64 * i).cast()));
+                // Written out: a closure around an intrinsic does not take this function's features.
+                let values = [
+                    _mm512_loadu_si512(xb.cast()),
+                    _mm512_loadu_si512(xb.add(64).cast()),
+                    _mm512_loadu_si512(xb.add(128).cast()),
+                    _mm512_loadu_si512(xb.add(192).cast()),
+                ];
                 let sums = _mm256_loadu_si256(xs.add(sb * SPANS).cast());
                 let at = sb * block_bytes;
                 for &row_ptr in &row_ptrs {
