@@ -67,9 +67,9 @@ pub unsafe fn dot_rows(
     unsafe { dot_rows_inlined(w, rows, x, t0, nt, out) }
 }
 
-/// [`dot_rows`] at AVX-512 with VNNI. One token takes [`q4k_one_token_rows`] and
-/// [`q6k_one_token_rows`], or for Q5_K [`dot_rows`]' loops, EVEX-encoded (32 vector
-/// registers); a tile takes two rows at a time ([`row_pairs`], [`q6k_row_pairs`]).
+/// [`dot_rows`] at AVX-512 with VNNI. One token takes the 512-bit passes of [`decode`], or for
+/// Q5_K [`dot_rows`]' loop, EVEX-encoded (32 vector registers); a tile takes two rows at a time
+/// ([`row_pairs`], [`q6k_row_pairs`]).
 ///
 /// # Safety
 /// The CPU must support avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni.
