@@ -338,7 +338,10 @@ fn attend_range(
     while c0 < end {
         let len = KEY_CHUNK.min(end - c0);
         let scores = &mut scratch.scores[..rows * len];
-        score_keys(head_k, hd, &scratch.q, rows, c0, len, scores, level);
+        // One token's few rows take too few multiply-adds a key to hide the memory's latency:
+        // its keys and values are asked for ahead.
+        let prefetch = (positions.len() == 1).then_some(head_v);
+        score_keys(head_k, prefetch, hd, &scratch.q, rows, c0, len, scores, level);
         if let Some(key_positions) = view.positions {
             mask_unseen_keys(view, &key_positions[h * view.n_tokens + c0..][..len], positions, group, scores);
         }
@@ -393,6 +396,7 @@ fn mask_unseen_keys(view: &KvView<'_>, key_positions: &[u32], positions: &[usize
 #[allow(clippy::too_many_arguments)]
 fn score_keys(
     k: &[f16],
+    prefetch: Option<&[f16]>,
     hd: usize,
     q: &[f32],
     rows: usize,
@@ -406,9 +410,11 @@ fn score_keys(
     if hd.is_multiple_of(16) {
         // SAFETY: the level guarantees the CPU features; the slices cover every tile touched.
         match level {
-            SimdLevel::Avx512Vnni => return unsafe { super::x86::avx512::score_keys(k, hd, q, rows, c0, len, scores) },
+            SimdLevel::Avx512Vnni => {
+                return unsafe { super::x86::avx512::score_keys(k, prefetch, hd, q, rows, c0, len, scores) }
+            }
             SimdLevel::AvxVnni | SimdLevel::Avx2 => {
-                return unsafe { super::x86::avx2::score_keys(k, hd, q, rows, c0, len, scores) }
+                return unsafe { super::x86::avx2::score_keys(k, prefetch, hd, q, rows, c0, len, scores) }
             }
             SimdLevel::Portable => {}
         }

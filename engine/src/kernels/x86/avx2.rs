@@ -448,18 +448,29 @@ fn round_to_f16(value: f32) -> f32 {
 const MAX_ROWS: usize = 6;
 
 /// Scores of keys `c0..c0+len` (c0 a multiple of KV_TILE) against `rows` query rows:
-/// `scores[r·len + j] = q[r] · k[c0 + j]`.
+/// `scores[r·len + j] = q[r] · k[c0 + j]`. With `prefetch` (the head's V), the keys two
+/// passes ahead and these keys' values are asked for as the keys are scored.
 ///
 /// # Safety
 /// The CPU must support avx2, fma and f16c; `hd % 16 == 0`.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize, len: usize, scores: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn score_keys(
+    k: &[f16],
+    prefetch: Option<&[f16]>,
+    hd: usize,
+    q: &[f32],
+    rows: usize,
+    c0: usize,
+    len: usize,
+    scores: &mut [f32],
+) {
     let tiles_end = (c0 + len).div_ceil(KV_TILE);
     assert!(tiles_end * KV_TILE * hd <= k.len() && q.len() >= rows * hd && scores.len() >= rows * len);
     for block in row_blocks(rows, MAX_ROWS) {
         let (q, scores) = (&q[block.start * hd..], &mut scores[block.start * len..]);
         // SAFETY: features per contract; bounds asserted above.
-        unsafe { dispatch_rows!(block.len(), score_keys_r::<R>(k, hd, q, c0, len, scores)) }
+        unsafe { dispatch_rows!(block.len(), score_keys_r::<R>(k, prefetch, hd, q, c0, len, scores)) }
     }
 }
 
@@ -467,19 +478,34 @@ pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize
 #[target_feature(enable = "avx2,fma,f16c")]
 // The loop index also addresses the tile by pointer, so it stays an index.
 #[allow(clippy::needless_range_loop)]
-unsafe fn score_keys_r<const R: usize>(k: &[f16], hd: usize, q: &[f32], c0: usize, len: usize, scores: &mut [f32]) {
+unsafe fn score_keys_r<const R: usize>(
+    k: &[f16],
+    prefetch: Option<&[f16]>,
+    hd: usize,
+    q: &[f32],
+    c0: usize,
+    len: usize,
+    scores: &mut [f32],
+) {
     let q: [&[f32]; R] = std::array::from_fn(|r| &q[r * hd..][..hd]);
     let mut j = 0;
     while j < len {
         let tile = (c0 + j) / KV_TILE;
         let base = k[tile * hd * KV_TILE..][..hd * KV_TILE].as_ptr();
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let values = prefetch.map(|v| v.as_ptr().wrapping_add((c0 + j) * hd));
         for d in 0..hd {
             // SAFETY: the 16 keys of row d of this tile, inside its hd·KV_TILE values.
             let (lo, hi) = unsafe {
                 let row = base.add(d * KV_TILE);
                 (_mm256_cvtph_ps(_mm_loadu_si128(row.cast())), _mm256_cvtph_ps(_mm_loadu_si128(row.add(8).cast())))
             };
+            // Every other row, as a 64-byte line holds two of a tile's: the K line two passes on, and
+            // the V line at the same offset in these keys' values (which span as many lines).
+            if let (Some(values), 0) = (values, d % 2) {
+                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add((2 * hd + d) * KV_TILE).cast());
+                _mm_prefetch::<_MM_HINT_T0>(values.wrapping_add(d * KV_TILE).cast());
+            }
             for r in 0..R {
                 let qd = _mm256_set1_ps(q[r][d]);
                 acc[r][0] = _mm256_fmadd_ps(qd, lo, acc[r][0]);

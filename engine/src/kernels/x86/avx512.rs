@@ -12,12 +12,23 @@ const MAX_SCORE_ROWS: usize = 8;
 const MAX_VALUE_ROWS: usize = 12;
 
 /// Scores of keys `c0..c0+len` (c0 a multiple of KV_TILE) against `rows` query rows:
-/// `scores[r·len + j] = q[r] · k[c0 + j]`.
+/// `scores[r·len + j] = q[r] · k[c0 + j]`. With `prefetch` (the head's V), the keys two
+/// passes ahead and these keys' values are asked for as the keys are scored.
 ///
 /// # Safety
 /// The CPU must support avx512f and f16c; `hd % 16 == 0`.
 #[target_feature(enable = "avx512f,f16c")]
-pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize, len: usize, scores: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn score_keys(
+    k: &[f16],
+    prefetch: Option<&[f16]>,
+    hd: usize,
+    q: &[f32],
+    rows: usize,
+    c0: usize,
+    len: usize,
+    scores: &mut [f32],
+) {
     let tiles_end = (c0 + len).div_ceil(KV_TILE);
     assert!(tiles_end * KV_TILE * hd <= k.len() && q.len() >= rows * hd && scores.len() >= rows * len);
     for block in row_blocks(rows, MAX_SCORE_ROWS) {
@@ -30,9 +41,9 @@ pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize
             // SAFETY: features per contract; bounds asserted above.
             unsafe {
                 if tiles == 2 {
-                    dispatch_rows!(block.len(), score_tiles::<R, 2>(k, hd, q, c0, len, j, scores))
+                    dispatch_rows!(block.len(), score_tiles::<R, 2>(k, prefetch, hd, q, c0, len, j, scores))
                 } else {
-                    dispatch_rows!(block.len(), score_tiles::<R, 1>(k, hd, q, c0, len, j, scores))
+                    dispatch_rows!(block.len(), score_tiles::<R, 1>(k, prefetch, hd, q, c0, len, j, scores))
                 }
             }
             j = (j + tiles * KV_TILE).min(len);
@@ -49,6 +60,7 @@ pub unsafe fn score_keys(k: &[f16], hd: usize, q: &[f32], rows: usize, c0: usize
 #[allow(clippy::needless_range_loop)]
 unsafe fn score_tiles<const R: usize, const T: usize>(
     k: &[f16],
+    prefetch: Option<&[f16]>,
     hd: usize,
     q: &[f32],
     c0: usize,
@@ -60,12 +72,21 @@ unsafe fn score_tiles<const R: usize, const T: usize>(
     let tile = (c0 + j) / KV_TILE;
     let base = k[tile * hd * KV_TILE..][..T * hd * KV_TILE].as_ptr();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let values = prefetch.map(|v| v.as_ptr().wrapping_add((c0 + j) * hd));
     for d in 0..hd {
         // (Loops, not closures, around intrinsics: a closure would not inherit the features.)
         let mut keys = [_mm512_setzero_ps(); T];
         for (t, key) in keys.iter_mut().enumerate() {
             // SAFETY: row d of tile t, inside the T·hd·KV_TILE values above.
             *key = _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(base.add((t * hd + d) * KV_TILE).cast()) });
+        }
+        // Every other row, as a 64-byte line holds two of a tile's: the K line two passes on, and
+        // the V line at the same offset in these keys' values (which span as many lines).
+        if let (Some(values), 0) = (values, d % 2) {
+            for t in 0..T {
+                _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(((2 * T + t) * hd + d) * KV_TILE).cast());
+                _mm_prefetch::<_MM_HINT_T0>(values.wrapping_add((t * hd + d) * KV_TILE).cast());
+            }
         }
         for r in 0..R {
             let qd = _mm512_set1_ps(q[r][d]);
