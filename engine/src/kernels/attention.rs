@@ -334,13 +334,13 @@ fn attend_range(
     partial.max.fill(f32::NEG_INFINITY);
     partial.sum.fill(0.0);
     partial.acc.fill(0.0);
+    // One token's few rows take too few multiply-adds a key to hide the memory's latency:
+    // its keys and values are asked for ahead.
+    let prefetch = (positions.len() == 1).then_some(head_v);
     let mut c0 = start;
     while c0 < end {
         let len = KEY_CHUNK.min(end - c0);
         let scores = &mut scratch.scores[..rows * len];
-        // One token's few rows take too few multiply-adds a key to hide the memory's latency:
-        // its keys and values are asked for ahead.
-        let prefetch = (positions.len() == 1).then_some(head_v);
         score_keys(head_k, prefetch, hd, &scratch.q, rows, c0, len, scores, level);
         if let Some(key_positions) = view.positions {
             mask_unseen_keys(view, &key_positions[h * view.n_tokens + c0..][..len], positions, group, scores);
