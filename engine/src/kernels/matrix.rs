@@ -22,6 +22,9 @@ pub const TOKEN_TILE: usize = 8;
 /// Weights a prompt's tokens take at a time (see `uq_matmul`).
 const CHUNK_BYTES: usize = 128 * 1024;
 
+/// Rows the widest pass of a product kernel takes (see [`tiled_matmul`]).
+const PASS_ROWS: usize = 4;
+
 /// A dense f32 matrix (safetensors checkpoints, and GGUF types without a quantized kernel).
 #[derive(Debug, Clone)]
 pub struct DenseMatrix {
@@ -315,13 +318,14 @@ type DotRows<'a> = dyn Fn(Range<usize>, usize, usize, &mut [f32]) + Sync + 'a;
 fn tiled_matmul(rows: usize, row_bytes: usize, n: usize, tile: usize, out: &OutRows, dot_rows: &DotRows) {
     // Enough rows per task that the task's weights are worth a trip through the pool.
     let tasks = task_count(rows, 16);
-    // Tasks and chunks of an even number of rows, so that a kernel that takes rows in pairs
-    // (AVX-512's K-quant tiles) leaves none to its slower one-row loop.
-    let rows_per_task = rows.div_ceil(tasks).next_multiple_of(2).max(2);
+    // Tasks and chunks of a whole number of passes, so that a kernel that takes rows four at a
+    // time (the K-quants' decode) or in pairs (their AVX-512 tiles) leaves none to its slower
+    // one-row loop.
+    let rows_per_task = rows.div_ceil(tasks).next_multiple_of(PASS_ROWS).max(PASS_ROWS);
     // A prompt's tokens take a task's rows a chunk at a time, each chunk for every token, so
     // that the chunk's weights stay in the core's L2 cache (512 KiB on Zen 2/3, 256 KiB on
     // older Intel) while every token passes, rather than stream in again for each tile of tokens.
-    let chunk_rows = (CHUNK_BYTES / row_bytes.max(1) / 2 * 2).clamp(2, rows_per_task);
+    let chunk_rows = (CHUNK_BYTES / row_bytes.max(1) / PASS_ROWS * PASS_ROWS).clamp(PASS_ROWS, rows_per_task);
     pool().run(tasks, &|task| {
         let task_rows = task * rows_per_task..((task + 1) * rows_per_task).min(rows);
         let mut sums = vec![0f32; chunk_rows.min(task_rows.len()) * tile];
