@@ -4,6 +4,8 @@
 //! sequential float sums); [`multiversion`] compiles each a second time for x86-64-v3, so the
 //! same source runs 8 lanes wide wherever the CPU has AVX2.
 
+use super::parallel::{map_items, task_count};
+
 /// Defines `fn $name(args) -> ret { body }` compiled twice: as is, and inside a function with
 /// AVX2/FMA/F16C enabled that runs whenever the kernels' level has them. The body is an
 /// `#[inline(always)]` function beside the AVX2 one, so it is always code-generated there (a
@@ -137,21 +139,16 @@ multiversioned! {
 }
 
 /// SwiGLU in place: for rows laid out as `[gate (width) | up (width)]`, `silu(gate) · up` as
-/// rows of `width` at the start of `gate_up`, returned. Each row's result replaces its gate and
-/// then moves down to t·width, where only rows already done lay, so the MLP needs no buffer of
-/// its own.
+/// rows of `width` at the start of `gate_up`, returned (see [`gated_in_place`]).
 pub fn swiglu_in_place(gate_up: &mut [f32], width: usize) -> &[f32] {
-    let n = gate_up.len() / (2 * width);
-    swiglu_rows(gate_up, width);
-    &gate_up[..n * width]
+    gated_in_place(gate_up, width, swiglu_rows)
 }
 
 multiversioned! {
     fn swiglu_rows(gate_up: &mut [f32], width: usize) {
-        for t in 0..gate_up.len() / (2 * width) {
-            let (gate, up) = gate_up[2 * t * width..][..2 * width].split_at_mut(width);
+        for row in gate_up.chunks_exact_mut(2 * width) {
+            let (gate, up) = row.split_at_mut(width);
             gate.iter_mut().zip(&*up).for_each(|(g, &u)| *g = *g / (1.0 + exp_approx(-*g)) * u);
-            gate_up.copy_within(2 * t * width..(2 * t + 1) * width, t * width);
         }
     }
 }
@@ -159,43 +156,64 @@ multiversioned! {
 /// gpt-oss's clamped SwiGLU in place, as [`swiglu_in_place`]: `g·σ(α·g) · (u + 1)` with
 /// `g = min(gate, limit)` and `u = clamp(up, ±limit)` (α 1.702, limit 7: ggml's `swiglu_oai`).
 pub fn swiglu_clamped_in_place(gate_up: &mut [f32], width: usize) -> &[f32] {
+    gated_in_place(gate_up, width, swiglu_clamped_rows)
+}
+
+fn swiglu_clamped_rows(gate_up: &mut [f32], width: usize) {
     const ALPHA: f32 = 1.702;
     const LIMIT: f32 = 7.0;
-    let n = gate_up.len() / (2 * width);
-    for t in 0..n {
-        let (gate, up) = gate_up[2 * t * width..][..2 * width].split_at_mut(width);
+    for row in gate_up.chunks_exact_mut(2 * width) {
+        let (gate, up) = row.split_at_mut(width);
         for (g, &u) in gate.iter_mut().zip(&*up) {
             let x = g.min(LIMIT);
             *g = x / (1.0 + (-ALPHA * x).exp()) * (u.clamp(-LIMIT, LIMIT) + 1.0);
         }
-        gate_up.copy_within(2 * t * width..(2 * t + 1) * width, t * width);
     }
-    &gate_up[..n * width]
 }
 
 /// GeGLU in place, as [`swiglu_in_place`] with the tanh approximation of GELU on the gate:
 /// `gelu(gate) · up` as rows of `width` at the start of `gate_up`, returned.
 pub fn geglu_in_place(gate_up: &mut [f32], width: usize) -> &[f32] {
-    let n = gate_up.len() / (2 * width);
-    geglu_rows(gate_up, width);
-    &gate_up[..n * width]
+    gated_in_place(gate_up, width, geglu_rows)
 }
 
 multiversioned! {
     fn geglu_rows(gate_up: &mut [f32], width: usize) {
         const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-        for t in 0..gate_up.len() / (2 * width) {
-            let (gate, up) = gate_up[2 * t * width..][..2 * width].split_at_mut(width);
+        for row in gate_up.chunks_exact_mut(2 * width) {
+            let (gate, up) = row.split_at_mut(width);
             gate.iter_mut().zip(&*up).for_each(|(g, &u)| {
                 let x = *g;
                 // 0.5·x·(1 + tanh(y)) = x · σ(2y), one exponential.
                 let y = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
                 *g = x / (1.0 + exp_approx(-2.0 * y)) * u;
             });
-            gate_up.copy_within(2 * t * width..(2 * t + 1) * width, t * width);
         }
     }
 }
+
+/// A gated activation in place: `gate_rows` puts each `[gate | up]` row's result in its gate
+/// half, the rows spread over the compute threads (a prompt's would otherwise keep one core
+/// busy while the others wait for the next product); then each result moves down to t·width,
+/// in order, where only rows already moved lay, so the MLP needs no buffer of its own.
+fn gated_in_place(gate_up: &mut [f32], width: usize, gate_rows: fn(&mut [f32], usize)) -> &[f32] {
+    let n = gate_up.len() / (2 * width);
+    let rows = &mut gate_up[..n * 2 * width];
+    let tasks = task_count(n, GATED_ROWS_PER_TASK);
+    if tasks > 1 {
+        let runs: Vec<&mut [f32]> = rows.chunks_mut(n.div_ceil(tasks) * 2 * width).collect();
+        map_items(runs, |run| gate_rows(run, width));
+    } else {
+        gate_rows(rows, width);
+    }
+    for t in 1..n {
+        gate_up.copy_within(2 * t * width..(2 * t + 1) * width, t * width);
+    }
+    &gate_up[..n * width]
+}
+
+/// Rows a gated activation's task takes at least: fewer cost more to hand out than to compute.
+const GATED_ROWS_PER_TASK: usize = 4;
 
 multiversioned! {
     pub fn add_in_place(acc: &mut [f32], x: &[f32]) {
@@ -224,6 +242,22 @@ mod tests {
         let mut buf = gate_up.clone();
         for (got, want) in swiglu_in_place(&mut buf, width).iter().zip(&expected) {
             assert!((got - want).abs() <= 1e-6 * (1.0 + want.abs()), "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn a_prompt_s_rows_gated_across_the_threads_are_each_row_s_alone() {
+        // Enough rows for several tasks, with results moved down across the tasks' bounds.
+        let (n, width) = (67, 24);
+        let gate_up: Vec<f32> = (0..n * 2 * width).map(|i| (i as f32 * 0.23).sin() * 5.0).collect();
+        type Gated = fn(&mut [f32], usize) -> &[f32];
+        let gated: [Gated; 3] = [swiglu_in_place, geglu_in_place, swiglu_clamped_in_place];
+        for gate in gated {
+            let mut all = gate_up.clone();
+            let together = gate(&mut all, width).to_vec();
+            let alone: Vec<f32> =
+                gate_up.chunks_exact(2 * width).flat_map(|row| gate(&mut row.to_vec(), width).to_vec()).collect();
+            assert_eq!(together, alone);
         }
     }
 
