@@ -22,8 +22,9 @@ pub const TOKEN_TILE: usize = 8;
 /// Weights a prompt's tokens take at a time (see `uq_matmul`).
 const CHUNK_BYTES: usize = 128 * 1024;
 
-/// Rows the widest pass of a product kernel takes (see [`tiled_matmul`]).
-const PASS_ROWS: usize = 4;
+/// Rows a task's chunks come in multiples of (see [`tiled_matmul`]): the widest pass of any
+/// product kernel, which each kernel checks its own pass against.
+pub(crate) const PASS_ROWS: usize = 4;
 
 /// A dense f32 matrix (safetensors checkpoints, and GGUF types without a quantized kernel).
 #[derive(Debug, Clone)]

@@ -30,6 +30,9 @@ use std::ops::Range;
 /// Rows a pass takes.
 const PASS_ROWS: usize = 4;
 
+// The rows a task hands the kernel come in whole passes, none left to the one-row loop.
+const _: () = assert!(super::super::super::matrix::PASS_ROWS.is_multiple_of(PASS_ROWS));
+
 /// Q6_K's 16-value spans in a super-block.
 const SPANS: usize = SUPER_BLOCK / Q6K_SPAN;
 
