@@ -7,9 +7,8 @@
 //! FMAs; four rows reduce their totals together into one vector of row lanes and take the f32
 //! operations lane by lane, each lane the same operations in the same order as a row alone (so
 //! the bits are those of every other kernel), and each load of the token's values serves the
-//! four. The pass's rows lie one after another in memory, so each asks for its lines ahead in
-//! the next pass's row where they would run into its neighbour's ([`prefetch_ahead_of_pass`]):
-//! a long row (an MLP's down projection) otherwise starts every pass from memory.
+//! four. The pass's rows lie one after another in memory, so each super-block asks for the
+//! matching part of the next pass, one sequential stream a pass ahead ([`prefetch_next_pass`]).
 //!
 //! At 512 bits a Q4_K load of 64 bytes holds four sub-blocks' nibbles (low nibbles
 //! [2k | 2k + 2], high [2k + 1 | 2k + 3]) against the token's values paired the same way; a
@@ -21,7 +20,7 @@ use super::super::super::k_quant::{
     scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, Q6K_SPAN, SUM_SPAN, SUPER_BLOCK, TILE_TOKENS,
 };
 use super::super::avx2::hsum_i32;
-use super::super::{f16_value, prefetch_ahead, prefetch_ahead_of_pass};
+use super::super::{f16_value, prefetch_ahead, prefetch_next_pass};
 use super::{one_token, quad_sums, SUBS};
 use half::f16;
 use std::arch::x86_64::*;
@@ -105,9 +104,7 @@ pub(super) unsafe fn q4k_rows<W: PassWidth>(
                 let values = W::q4k_values(xq.add(sb * SUPER_BLOCK));
                 let sums = _mm_loadu_si128(xs.add(sb * SUBS).cast());
                 let at = sb * block_bytes;
-                for &row_ptr in &row_ptrs {
-                    prefetch_ahead_of_pass(row_ptr, at, block_bytes, row_bytes, PASS_ROWS);
-                }
+                prefetch_next_pass(row_ptrs[0], at, block_bytes, row_bytes, PASS_ROWS);
                 // Written out row by row: a loop here is kept as one, its vectors spilled.
                 let (p0, m0, h0) = q4k_row::<W>(row_ptrs[0].add(at), &values, sums);
                 let (p1, m1, h1) = q4k_row::<W>(row_ptrs[1].add(at), &values, sums);
@@ -187,9 +184,7 @@ pub(super) unsafe fn q6k_rows(
                 ];
                 let sums = _mm256_loadu_si256(xs.add(sb * SPANS).cast());
                 let at = sb * block_bytes;
-                for &row_ptr in &row_ptrs {
-                    prefetch_ahead_of_pass(row_ptr, at, block_bytes, row_bytes, PASS_ROWS);
-                }
+                prefetch_next_pass(row_ptrs[0], at, block_bytes, row_bytes, PASS_ROWS);
                 // Written out row by row, as in q4k_rows.
                 let p0 = q6k_products_512(row_ptrs[0].add(at), &values, sums);
                 let p1 = q6k_products_512(row_ptrs[1].add(at), &values, sums);
