@@ -283,6 +283,29 @@ pub struct TokenGroups {
     /// Per group and super-block, the 4 × 16 sums over 16 values (each token's sixteen in turn).
     pub sixteen_sums: Vec<i16>,
     pub scales: Vec<f32>,
+    /// Where the CPU has AVX-512 with VNNI (empty elsewhere), the same values two groups to a
+    /// pair, for products eight tokens to a 512-bit vector: per pair and super-block, 32 runs
+    /// of 64 bytes (run r: the eight values from 8r of each of the pair's tokens in turn),
+    /// [`pair_stride`](Self::pair_stride) apart. Zeros for a group past the last.
+    pub pair_values: Vec<i8>,
+    /// Values from one pair's to the next: as `group_stride`, for two groups.
+    pub pair_stride: usize,
+    /// With `pair_values`, per 16 tokens (two pairs) and super-block, in
+    /// [`eight_token_lane`]'s lanes: the sums of sub-blocks 2k and 2k + 1 as an i16 pair, as
+    /// four vectors of 16 (k = 0..4).
+    pub half_sum_pairs: Vec<i32>,
+    /// The same tokens' scales, a vector of 16 per super-block.
+    pub half_scales: Vec<f32>,
+}
+
+/// Tokens a vector of [`TokenGroups::pair_values`] holds.
+pub const PAIR_TOKENS: usize = 2 * GROUP;
+
+/// Where token `t` of 16 (two pairs) lies in the lanes of the pair products: lane 4L + 2j + v
+/// holds token 8j + 2L + v, as `packs` of two pairs' sums and then `dpwssd` leave them.
+pub fn eight_token_lane(t: usize) -> usize {
+    let (j, l, v) = (t / PAIR_TOKENS, t % PAIR_TOKENS / 2, t % 2);
+    4 * l + 2 * j + v
 }
 
 impl SuperBlockActivations {
@@ -332,7 +355,62 @@ impl SuperBlockActivations {
             // SAFETY: as above; the task's tokens are whole groups.
             regroup(cols, group_stride, &part, unsafe { groups_out.group_part(padded, cols, group_stride) });
         });
+        groups.pair_values.clear();
+        if grouped > 0 && super::SimdLevel::Avx512Vnni.is_supported() {
+            pair_groups(groups, cols);
+        }
     }
+}
+
+/// [`TokenGroups::pair_values`], `half_sum_pairs` and `half_scales` from the groups', 16
+/// tokens a task.
+fn pair_groups(groups: &mut TokenGroups, cols: usize) {
+    let n_sb = cols / SUPER_BLOCK;
+    let subs = SUPER_BLOCK / SUM_SPAN;
+    let pair_cols = PAIR_TOKENS * cols;
+    groups.pair_stride = pair_cols + if pair_cols.is_multiple_of(L1_SET_SPAN) { L1_SET_SPAN / 2 } else { 0 };
+    let n_groups = groups.values.len() / groups.group_stride;
+    let halves = n_groups.div_ceil(4);
+    groups.pair_values.resize(2 * halves * groups.pair_stride, 0);
+    groups.half_sum_pairs.clear();
+    groups.half_sum_pairs.resize(halves * n_sb * 4 * 16, 0);
+    groups.half_scales.clear();
+    groups.half_scales.resize(halves * n_sb * 16, 0.0);
+    let (values, group_stride, pair_stride) = (&groups.values, groups.group_stride, groups.pair_stride);
+    let (sums, scales) = (&groups.sums, &groups.scales);
+    let values_out = DisjointWriter::new(&mut groups.pair_values);
+    let sums_out = DisjointWriter::new(&mut groups.half_sum_pairs);
+    let scales_out = DisjointWriter::new(&mut groups.half_scales);
+    pool().run(halves, &|half| {
+        // SAFETY: each task writes its own two pairs' values and its half's sums and scales.
+        let (pairs_out, half_sums, half_scales) = unsafe {
+            (
+                values_out.slice(2 * half * pair_stride, 2 * pair_stride),
+                sums_out.slice(half * n_sb * 64, n_sb * 64),
+                scales_out.slice(half * n_sb * 16, n_sb * 16),
+            )
+        };
+        for g in 4 * half..(4 * half + 4).min(n_groups) {
+            let (j, in_pair) = (g / 2 % 2, g % 2);
+            let group = &values[g * group_stride..][..GROUP * cols];
+            let pair_out = &mut pairs_out[j * pair_stride..][..pair_cols];
+            for (run, four_tokens) in group.chunks_exact(8 * GROUP).enumerate() {
+                pair_out[run * 8 * PAIR_TOKENS + in_pair * 8 * GROUP..][..8 * GROUP].copy_from_slice(four_tokens);
+            }
+            for sb in 0..n_sb {
+                for t in 0..GROUP {
+                    let at = (g * n_sb + sb) * GROUP + t;
+                    let lane = eight_token_lane(GROUP * (g % 4) + t);
+                    half_scales[sb * 16 + lane] = scales[at];
+                    let token_sums = &sums[at * subs..][..subs];
+                    for k in 0..subs / 2 {
+                        let pair = u32::from(token_sums[2 * k] as u16) | u32::from(token_sums[2 * k + 1] as u16) << 16;
+                        half_sums[(sb * 4 + k) * 16 + lane] = pair as i32;
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// Writers into the activations' values, scales and sums (the tokens' or their groups'), which

@@ -11,11 +11,11 @@
 //! `madd` for each. At AVX-512 a tile takes two rows at a time ([`row_pairs`]): one load of the
 //! activations serves both, and VNNI's `dpbusd` sums in i32 before the scale applies. Alone,
 //! VNNI is no faster (its scale multiply costs what it saves); with the shared loads it is.
-//! Q4_K's sums fit in i16, so two groups' pack into one vector that `dpwssd` scales: that frees
-//! the registers for all eight groups of a 32-token tile in one pass
-//! ([`q4k_super_block_pairs`], in 512-bit vectors: a core with a full 512-bit datapath, such as
-//! Zen 5, does twice the products an instruction), each unpacked weight serving 32 tokens; the
-//! other kernels take a tile four groups at a time.
+//! Q4_K's tile takes eight tokens to a 512-bit vector ([`q4k_eight_token_pairs`], from the
+//! activations' [`pair_values`](super::super::k_quant::TokenGroups::pair_values)): a sub-block's
+//! sums fit in i16, so two pairs' pack into one vector that `dpwssd` scales, and all 32 tokens
+//! of a tile go in one pass, each unpacked weight serving 32 tokens; the other kernels take a
+//! tile four groups at a time.
 //!
 //! Q6_K ([`q6k_token_groups`]) takes its unsigned ints against the same
 //! activations, a `madd` per 16-value span for its i8 scale, and the −32 of every value from the
@@ -25,8 +25,8 @@
 //! the other levels.
 
 use super::super::k_quant::{
-    scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, GROUP, Q6K_SPAN, SUM_SPAN, SUPER_BLOCK,
-    TILE_TOKENS,
+    eight_token_lane, scales_and_mins, KQuantFormat, KQuantMatrix, SuperBlockActivations, TokenGroups, GROUP,
+    PAIR_TOKENS, Q6K_SPAN, SUM_SPAN, SUPER_BLOCK, TILE_TOKENS,
 };
 use super::avx2::{hsum_i32, hsum_i32_128};
 use super::{f16_value, prefetch_ahead};
@@ -99,14 +99,10 @@ pub unsafe fn dot_rows_avx512(
     // SAFETY (every arm): features per this function's contract; bounds asserted above.
     unsafe {
         match (w.format, nt) {
-            (KQuantFormat::Q4K, 2..=4) => row_pairs::<1, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q4K, 5..=8) => row_pairs::<2, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q4K, 9..=12) => row_pairs::<3, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q4K, 13..=16) => row_pairs::<4, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q4K, 17..=20) => row_pairs::<5, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q4K, 21..=24) => row_pairs::<6, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q4K, 25..=28) => row_pairs::<7, false>(w, paired.clone(), x, t0, nt, out),
-            (KQuantFormat::Q4K, _) => row_pairs::<8, false>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, 2..=8) => q4k_eight_token_pairs::<1>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, 9..=16) => q4k_eight_token_pairs::<2>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, 17..=24) => q4k_eight_token_pairs::<3>(w, paired.clone(), x, t0, nt, out),
+            (KQuantFormat::Q4K, _) => q4k_eight_token_pairs::<4>(w, paired.clone(), x, t0, nt, out),
             // Q5_K's pairs hold a product a sub-block and group in a register of their own,
             // which 32 tokens would spill: four groups at a time.
             (KQuantFormat::Q5K, _) => {
@@ -114,10 +110,10 @@ pub unsafe fn dot_rows_avx512(
                     let (t0, nt, out) = (t0 + t, HALF_TILE.min(nt - t), &mut out[half * HALF_TILE..]);
                     match nt {
                         1 => one_token::<true>(w, paired.clone(), x, t0, out),
-                        2..=4 => row_pairs::<1, true>(w, paired.clone(), x, t0, nt, out),
-                        5..=8 => row_pairs::<2, true>(w, paired.clone(), x, t0, nt, out),
-                        9..=12 => row_pairs::<3, true>(w, paired.clone(), x, t0, nt, out),
-                        _ => row_pairs::<4, true>(w, paired.clone(), x, t0, nt, out),
+                        2..=4 => row_pairs::<1>(w, paired.clone(), x, t0, nt, out),
+                        5..=8 => row_pairs::<2>(w, paired.clone(), x, t0, nt, out),
+                        9..=12 => row_pairs::<3>(w, paired.clone(), x, t0, nt, out),
+                        _ => row_pairs::<4>(w, paired.clone(), x, t0, nt, out),
                     }
                 }
             }
@@ -441,15 +437,16 @@ unsafe fn sub_block<const GROUPS: usize, const FIVE: bool, const SUB: usize>(
 /// both rows, and a sub-block's four `dpbusd` sum its products in i32 lanes before its scale
 /// applies (both halve the instructions a product takes, which bound this loop on Zen 4: two
 /// vector loads and four vector operations a cycle). The two rows' super-block totals reduce
-/// together, in the same integer sums and f32 operations as [`token_groups`]. Q4_K takes up to
-/// eight groups ([`q4k_super_block_pairs`]), Q5_K up to four ([`sub_block_pairs`]).
+/// together, in the same integer sums and f32 operations as [`token_groups`]. Q5_K's, up to
+/// four groups ([`sub_block_pairs`]); Q4_K's take eight tokens to a vector instead
+/// ([`q4k_eight_token_pairs`]).
 ///
 /// # Safety
 /// The CPU has avx2, fma, f16c, avx512f, avx512bw, avx512vl and avx512vnni; `rows` is an even
 /// number of rows within the matrix, and `out` holds their products with `nt` tokens (see
 /// [`out_holds`]).
 #[inline(always)]
-unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
+unsafe fn row_pairs<const GROUPS: usize>(
     w: &KQuantMatrix,
     rows: Range<usize>,
     x: &SuperBlockActivations,
@@ -485,30 +482,21 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
                     for (g, xv) in xv.iter_mut().enumerate() {
                         *xv = values.add(g * stride + sb * GROUP * SUPER_BLOCK);
                     }
-                    // Each group's products, [r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3].
-                    let mut paired = [_mm256_setzero_si256(); GROUPS];
-                    if FIVE {
-                        let mut products = [[_mm256_setzero_si256(); GROUPS]; 2];
-                        for half in 0..SUBS / 2 {
-                            sub_block_pairs::<GROUPS>(
-                                half,
-                                blocks,
-                                w.format.nibbles_at(),
-                                [sub_scales0, sub_scales1],
-                                &xv,
-                                &mut products,
-                            );
-                        }
-                        for g in 0..GROUPS {
-                            paired[g] = _mm256_hadd_epi32(products[0][g], products[1][g]);
-                        }
-                    } else {
-                        paired = q4k_super_block_pairs::<GROUPS>(
+                    let mut products = [[_mm256_setzero_si256(); GROUPS]; 2];
+                    for half in 0..SUBS / 2 {
+                        sub_block_pairs::<GROUPS>(
+                            half,
                             blocks,
                             w.format.nibbles_at(),
                             [sub_scales0, sub_scales1],
                             &xv,
+                            &mut products,
                         );
+                    }
+                    // Each group's products, [r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3].
+                    let mut paired = [_mm256_setzero_si256(); GROUPS];
+                    for g in 0..GROUPS {
+                        paired[g] = _mm256_hadd_epi32(products[0][g], products[1][g]);
                     }
                     // Each row's eight mins against each token's eight sums, then the f32
                     // operations of token_groups, two groups at a time.
@@ -544,6 +532,202 @@ unsafe fn row_pairs<const GROUPS: usize, const FIVE: bool>(
         }
     }
     write_pair_totals::<GROUPS>(&totals, nt, out);
+}
+
+/// Pairs of sub-blocks a super-block has.
+const SUB_PAIRS: usize = SUBS / 2;
+
+/// Q4_K's tile two rows at a time at AVX-512, eight tokens to a vector
+/// ([`TokenGroups::pair_values`]): a vector holds 8 values of each of eight tokens against the
+/// row's 8 weights broadcast, so a sub-block's four runs chain four `dpbusd` into the same
+/// lanes (16 products of at most 15·127, within i16) and two pairs' sums pack into one
+/// `dpwssd` that applies the scale and leaves one total a token: half the `packs` and `dpwssd`
+/// of four tokens to a vector (as [`q6k_super_block_pairs`] takes), whose lanes hold 8 products. On Zen 4
+/// those, with `dpbusd`, share the two multiply pipes that bound this loop. Totals, mins and
+/// the f32 operations are [`row_pairs`]' (the same bits), in lanes of one row each.
+///
+/// # Safety
+/// As for [`row_pairs`]; `x` has its [`TokenGroups::pair_values`].
+#[inline(always)]
+unsafe fn q4k_eight_token_pairs<const PAIRS: usize>(
+    w: &KQuantMatrix,
+    rows: Range<usize>,
+    x: &SuperBlockActivations,
+    t0: usize,
+    nt: usize,
+    out: &mut [f32],
+) {
+    let n_sb = w.super_blocks_per_row();
+    let block_bytes = w.format.block_bytes();
+    let halves = PAIRS.div_ceil(2);
+    assert!(rows.len().is_multiple_of(2) && rows.end <= w.rows && out_holds(out, rows.len(), nt));
+    assert!(nt <= PAIRS * PAIR_TOKENS && t0.is_multiple_of(2 * PAIR_TOKENS));
+    let TokenGroups { pair_values, pair_stride, half_sum_pairs, half_scales, .. } = &x.groups;
+    let (first_pair, first_half) = (t0 / PAIR_TOKENS, t0 / (2 * PAIR_TOKENS));
+    assert!(*pair_stride >= PAIR_TOKENS * w.cols && (first_pair + PAIRS) * pair_stride <= pair_values.len());
+    assert!((first_half + halves) * n_sb * 16 <= half_scales.len() && half_sum_pairs.len() == 4 * half_scales.len());
+    let lanes = EightTokenLanes {
+        sum_pairs: half_sum_pairs[first_half * n_sb * 64..].as_ptr(),
+        scales: half_scales[first_half * n_sb * 16..].as_ptr(),
+        n_sb,
+    };
+    // Each row's totals, a vector of 16 tokens each, kept between panels.
+    let mut totals = vec![[0f32; 16]; rows.len() * halves];
+    // SAFETY: per the contract; every pointer stays inside the rows' super-blocks and the
+    // pairs' values (asserted above).
+    unsafe {
+        let values = pair_values[first_pair * pair_stride..].as_ptr();
+        let panel_super_blocks = (PANEL_BYTES / (PAIRS * PAIR_TOKENS * SUPER_BLOCK)).max(1);
+        for first_sb in (0..n_sb).step_by(panel_super_blocks) {
+            let panel = first_sb..(first_sb + panel_super_blocks).min(n_sb);
+            for (pair, row) in rows.clone().step_by(2).enumerate() {
+                let row_ptrs = [0, 1].map(|r| w.raw[(row + r) * n_sb * block_bytes..][..n_sb * block_bytes].as_ptr());
+                let pair_totals = &mut totals[2 * pair * halves..][..2 * halves];
+                let mut acc = [[_mm512_setzero_ps(); 2]; 2];
+                for r in 0..2 {
+                    for h in 0..halves {
+                        acc[r][h] = _mm512_loadu_ps(pair_totals[r * halves + h].as_ptr());
+                    }
+                }
+                for sb in panel.clone() {
+                    let blocks = [row_ptrs[0].add(sb * block_bytes), row_ptrs[1].add(sb * block_bytes)];
+                    let headers = [header(blocks[0]), header(blocks[1])];
+                    let mut xv = [values; PAIRS];
+                    for (p, xv) in xv.iter_mut().enumerate() {
+                        *xv = values.add(p * pair_stride + sb * PAIR_TOKENS * SUPER_BLOCK);
+                    }
+                    let products = q4k_eight_token_super_block::<PAIRS>(
+                        blocks,
+                        w.format.nibbles_at(),
+                        [headers[0].2, headers[1].2],
+                        &xv,
+                    );
+                    for (r, &(d, dmin, _, mins)) in headers.iter().enumerate() {
+                        // Mins 2k and 2k + 1 as an i16 pair in every lane, against the tokens'
+                        // sums of the same two sub-blocks.
+                        let mut min_pairs = [_mm512_setzero_si512(); SUB_PAIRS];
+                        for (k, min_pair) in min_pairs.iter_mut().enumerate() {
+                            let two = mins >> (16 * k);
+                            *min_pair = _mm512_set1_epi32((two & 0xff | (two >> 8 & 0xff) << 16) as i32);
+                        }
+                        for h in 0..halves {
+                            let mut m = _mm512_setzero_si512();
+                            for (k, min_pair) in min_pairs.iter().enumerate() {
+                                m = _mm512_dpwssd_epi32(m, *min_pair, lanes.sum_pairs(sb, h, k));
+                            }
+                            let dx = lanes.scales(sb, h);
+                            let total = &mut acc[r][h];
+                            *total = _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(products[r][h]),
+                                _mm512_mul_ps(_mm512_set1_ps(d), dx),
+                                *total,
+                            );
+                            *total = _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(m),
+                                _mm512_mul_ps(_mm512_set1_ps(-dmin), dx),
+                                *total,
+                            );
+                        }
+                    }
+                }
+                for r in 0..2 {
+                    for h in 0..halves {
+                        _mm512_storeu_ps(pair_totals[r * halves + h].as_mut_ptr(), acc[r][h]);
+                    }
+                }
+            }
+        }
+    }
+    for (row, row_totals) in totals.chunks_exact(halves).enumerate() {
+        for t in 0..nt {
+            out[row * TILE_TOKENS + t] = row_totals[t / 16][eight_token_lane(t % 16)];
+        }
+    }
+}
+
+/// A tile's halves' sub-block sums and scales ([`TokenGroups::half_sum_pairs`] and
+/// `half_scales`), from its first half.
+struct EightTokenLanes {
+    sum_pairs: *const i32,
+    scales: *const f32,
+    n_sb: usize,
+}
+
+impl EightTokenLanes {
+    /// Half `h`'s sums of sub-blocks 2k and 2k + 1 in super-block `sb`.
+    ///
+    /// # Safety
+    /// The tile has half `h` (asserted where the pointers are taken); the CPU has avx512f.
+    #[inline(always)]
+    unsafe fn sum_pairs(&self, sb: usize, h: usize, k: usize) -> __m512i {
+        // SAFETY: per the contract.
+        unsafe { _mm512_loadu_si512(self.sum_pairs.add(((h * self.n_sb + sb) * SUB_PAIRS + k) * 16).cast()) }
+    }
+
+    /// Half `h`'s scales of super-block `sb`.
+    ///
+    /// # Safety
+    /// As for [`sum_pairs`](Self::sum_pairs).
+    #[inline(always)]
+    unsafe fn scales(&self, sb: usize, h: usize) -> __m512 {
+        // SAFETY: per the contract.
+        unsafe { _mm512_loadu_ps(self.scales.add((h * self.n_sb + sb) * 16)) }
+    }
+}
+
+/// Q4_K's products of one super-block of two rows for [`q4k_eight_token_pairs`]: `[row][half]`,
+/// lane 4L + 2j + v holding token 8j + 2L + v of the half's two pairs.
+///
+/// # Safety
+/// Each of `blocks` points at a whole Q4_K super-block whose nibbles start `nibbles_at` bytes
+/// in; each of `xv` at a pair's 2,048 values of it; the CPU has avx512f, avx512bw and
+/// avx512vnni.
+#[inline(always)]
+unsafe fn q4k_eight_token_super_block<const PAIRS: usize>(
+    blocks: [*const u8; 2],
+    nibbles_at: usize,
+    sub_scales: [u64; 2],
+    xv: &[*const i8; PAIRS],
+) -> [[__m512i; 2]; 2] {
+    // SAFETY: per the contract.
+    unsafe {
+        let low_nibbles = _mm512_set1_epi8(0x0f);
+        let mut products = [[_mm512_setzero_si512(); 2]; 2];
+        for sub in 0..SUBS {
+            // ints[run][row]: the sub-block's 8 weights from 8·run, broadcast to eight tokens
+            // (sub-blocks 2k and 2k + 1 are the low and high nibbles of the same 32 bytes).
+            let mut ints = [[_mm512_setzero_si512(); 2]; 4];
+            for (run, ints) in ints.iter_mut().enumerate() {
+                for (r, ints) in ints.iter_mut().enumerate() {
+                    let eight = blocks[r].add(nibbles_at + sub / 2 * 32 + 8 * run) as *const i64;
+                    let raw = _mm512_set1_epi64(eight.read_unaligned());
+                    let shifted = if sub.is_multiple_of(2) { raw } else { _mm512_srli_epi16::<4>(raw) };
+                    *ints = _mm512_and_si512(shifted, low_nibbles);
+                }
+            }
+            let mut scale = [_mm512_setzero_si512(); 2];
+            for (scale, row_scales) in scale.iter_mut().zip(sub_scales) {
+                *scale = _mm512_set1_epi16(i16::from((row_scales >> (8 * sub)) as u8));
+            }
+            // s[row][pair]: the pair's eight tokens' sums, two lanes a token.
+            let mut s = [[_mm512_setzero_si512(); 4]; 2];
+            for (p, xv) in xv.iter().enumerate() {
+                for (run, ints) in ints.iter().enumerate() {
+                    let a = _mm512_loadu_si512(xv.add((4 * sub + run) * 64).cast());
+                    for r in 0..2 {
+                        s[r][p] = _mm512_dpbusd_epi32(s[r][p], ints[r], a);
+                    }
+                }
+            }
+            for r in 0..2 {
+                for h in 0..PAIRS.div_ceil(2) {
+                    let packed = _mm512_packs_epi32(s[r][2 * h], s[r][2 * h + 1]);
+                    products[r][h] = _mm512_dpwssd_epi32(products[r][h], packed, scale[r]);
+                }
+            }
+        }
+        products
+    }
 }
 
 /// Pairs of groups a tile has at most.
@@ -685,79 +869,6 @@ unsafe fn sub_block_pairs<const GROUPS: usize>(
     }
 }
 
-/// Q4_K's products of one super-block of two rows, each group's in [`row_pairs`]' lanes
-/// ([r0t0 r0t1 r1t0 r1t1 | r0t2 r0t3 r1t2 r1t3]), in 512-bit vectors: one load holds two of a
-/// group's runs (runs 2k and 2k + 1 of a sub-block lie side by side), against a row's 16
-/// weights as [8 broadcast to four tokens | the next 8 likewise], so a sub-block takes two
-/// `dpbusd` a row and group. Their i32 lanes hold 8 products of at most 15·128, which fit in
-/// i16: two groups' lanes pack into one vector, whose pairs `dpwssd` scales and adds, one
-/// multiply where [`sub_block_pairs`]' `mullo` takes two. (Q5_K's fifth bit doubles the bound.)
-/// The halves of each sum are the same tokens' products of other values, added at the end.
-///
-/// # Safety
-/// Each of `blocks` points at a whole Q4_K super-block whose nibbles start `nibbles_at` bytes
-/// in; each of `xv` at a group's 1,024 values of it; the CPU has avx2, avx512f, avx512bw and
-/// avx512vnni.
-#[inline(always)]
-unsafe fn q4k_super_block_pairs<const GROUPS: usize>(
-    blocks: [*const u8; 2],
-    nibbles_at: usize,
-    sub_scales: [u64; 2],
-    xv: &[*const i8; GROUPS],
-) -> [__m256i; GROUPS] {
-    // SAFETY: per the contract.
-    unsafe {
-        let low_nibbles = _mm512_set1_epi8(0x0f);
-        // products[row][pair]: 128-bit lanes [g0t0 g0t1 g1t0 g1t1], [g0t2 g0t3 g1t2 g1t3], and
-        // the same again for the other values, of groups 2·pair and 2·pair + 1 (a group past
-        // GROUPS adds zeros).
-        let mut products = [[_mm512_setzero_si512(); TILE_TOKENS / GROUP / 2]; 2];
-        for sub_pair in 0..SUBS / 2 {
-            // raw[row][k]: the row's bytes 16k.. of the pair's 32.
-            let mut raw = [[_mm512_setzero_si512(); 2]; 2];
-            for (r, raw) in raw.iter_mut().enumerate() {
-                for (k, raw) in raw.iter_mut().enumerate() {
-                    *raw = spread_runs(blocks[r].add(nibbles_at + sub_pair * 32 + 16 * k));
-                }
-            }
-            for sub in 2 * sub_pair..2 * sub_pair + 2 {
-                let mut ints = [[_mm512_setzero_si512(); 2]; 2];
-                let mut scale = [_mm512_setzero_si512(); 2];
-                for r in 0..2 {
-                    for k in 0..2 {
-                        let shifted = if sub.is_multiple_of(2) { raw[r][k] } else { _mm512_srli_epi16::<4>(raw[r][k]) };
-                        ints[r][k] = _mm512_and_si512(shifted, low_nibbles);
-                    }
-                    scale[r] = _mm512_set1_epi16(i16::from((sub_scales[r] >> (8 * sub)) as u8));
-                }
-                for pair in 0..GROUPS.div_ceil(2) {
-                    let mut a = [[_mm512_setzero_si512(); 2]; 2];
-                    for (g, a) in a.iter_mut().enumerate() {
-                        if 2 * pair + g < GROUPS {
-                            let runs = xv[2 * pair + g].add(sub * 4 * 32);
-                            for (k, a) in a.iter_mut().enumerate() {
-                                *a = _mm512_loadu_si512(runs.add(64 * k).cast());
-                            }
-                        }
-                    }
-                    for r in 0..2 {
-                        let mut s = [_mm512_setzero_si512(); 2];
-                        for (g, s) in s.iter_mut().enumerate() {
-                            if 2 * pair + g < GROUPS {
-                                *s = _mm512_dpbusd_epi32(*s, ints[r][0], a[g][0]);
-                                *s = _mm512_dpbusd_epi32(*s, ints[r][1], a[g][1]);
-                            }
-                        }
-                        let packed = _mm512_packs_epi32(s[0], s[1]);
-                        products[r][pair] = _mm512_dpwssd_epi32(products[r][pair], packed, scale[r]);
-                    }
-                }
-            }
-        }
-        pair_lanes::<GROUPS>(&products)
-    }
-}
-
 /// 16 weight bytes from `at` as a 512-bit vector against two of a group's runs side by side:
 /// bytes 0–7 broadcast to the first run's four tokens, bytes 8–15 to the second's.
 ///
@@ -807,8 +918,8 @@ unsafe fn pair_lanes<const GROUPS: usize>(products: &[[__m512i; TILE_TOKENS / GR
     }
 }
 
-/// Q6_K's [`row_pairs`]: two rows at a time, in 512-bit vectors laid out as
-/// [`q4k_super_block_pairs`]' are. A 32-value chunk's two 16-value spans, each with its own
+/// Q6_K's [`row_pairs`]: two rows at a time, in 512-bit vectors whose lanes [`pair_lanes`]
+/// reads. A 32-value chunk's two 16-value spans, each with its own
 /// scale, take a `dpbusd` each (i32 lanes of 4 products of at most 63·127, which fit in i16),
 /// and two groups' sums of a span pack into one vector that `dpwssd` scales by the span's
 /// scale. The −32 of every value comes from the groups' sums over 16 values, as in
@@ -896,7 +1007,9 @@ unsafe fn q6k_row_pairs<const GROUPS: usize>(
 }
 
 /// Q6_K's unsigned products (before the −32) of one super-block of two rows, each group's in
-/// [`row_pairs`]' lanes, as [`q4k_super_block_pairs`] makes Q4_K's.
+/// [`row_pairs`]' lanes (by way of [`pair_lanes`]): one load holds two of a group's runs (runs
+/// 2k and 2k + 1 lie side by side), against the row's 16 values as [8 broadcast to four tokens
+/// | the next 8 likewise].
 ///
 /// # Safety
 /// Each of `blocks` points at a whole Q6_K super-block; each of `xv` at a group's 1,024 values
