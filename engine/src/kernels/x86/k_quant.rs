@@ -542,9 +542,10 @@ const SUB_PAIRS: usize = SUBS / 2;
 /// row's 8 weights broadcast, so a sub-block's four runs chain four `dpbusd` into the same
 /// lanes (16 products of at most 15·127, within i16) and two pairs' sums pack into one
 /// `dpwssd` that applies the scale and leaves one total a token: half the `packs` and `dpwssd`
-/// of four tokens to a vector (as [`q6k_super_block_pairs`] takes), whose lanes hold 8 products. On Zen 4
-/// those, with `dpbusd`, share the two multiply pipes that bound this loop. Totals, mins and
-/// the f32 operations are [`row_pairs`]' (the same bits), in lanes of one row each.
+/// of four tokens to a vector (as [`q6k_super_block_pairs`] takes them), whose lanes hold 8
+/// products. On Zen 4 `dpwssd` shares the two multiply pipes that bound this loop with
+/// `dpbusd`, and `packs` takes half a slot there. Totals, mins and the f32 operations are
+/// [`row_pairs`]' (the same bits), in lanes of one row each.
 ///
 /// # Safety
 /// As for [`row_pairs`]; `x` has its [`TokenGroups::pair_values`].
